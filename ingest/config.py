@@ -1,0 +1,221 @@
+"""The declarative configuration file (YAML), as typed models validated on load.
+
+One file describes the source (embedded topic log or Kafka, schema registry, value format), where
+Delta tables live, and each table. Relative paths are resolved against the file's ``workdir``
+(itself relative to the file). Every field has a one-line description; a bad file raises
+:class:`ingest.errors.ConfigError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ingest.errors import ConfigError
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def _parse_duration(value: Any) -> Any:
+    """Accept ``7d``/``12h``/``30m`` besides pydantic's seconds and ISO-8601 forms."""
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_parse_duration)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RegistrySpec(_Model):
+    """Where Avro schemas are looked up by id."""
+
+    kind: Literal["embedded", "confluent"] = Field("embedded", description="embedded files or a Confluent-compatible registry")
+    dir: Path = Field(Path("schemas"), description="embedded: directory of the registry, relative to workdir")
+    url: str | None = Field(None, description="confluent: registry URL")
+    credentials_env: str = Field(
+        "SCHEMA_REGISTRY_USER_INFO",
+        description="confluent: name of the environment variable holding 'user:password' (never the secret itself)",
+    )
+
+
+class KafkaSpec(_Model):
+    """Connection to a Kafka cluster (used by Spark's Kafka source when its jar is available)."""
+
+    bootstrap_servers: str = Field(description="host:port list, comma separated")
+    options: dict[str, str] = Field(
+        default_factory=dict, description="extra kafka.* options passed to the Spark Kafka source (no secrets)"
+    )
+    credentials_env: str = Field(
+        "KAFKA_SASL_JAAS_CONFIG", description="environment variable holding the SASL JAAS config, if any"
+    )
+
+
+class SourceSpec(_Model):
+    """Where change events come from."""
+
+    kind: Literal["embedded", "kafka"] = Field("embedded", description="embedded topic log (default) or Kafka")
+    log_dir: Path = Field(Path("topics"), description="embedded: topic log root, relative to workdir")
+    kafka: KafkaSpec | None = Field(None, description="kafka: cluster connection")
+    registry: RegistrySpec = Field(default_factory=RegistrySpec, description="schema registry for Avro values")
+    value_format: Literal["avro", "json"] = Field("avro", description="Debezium converter: avro (Confluent framing) or json")
+    max_records_per_batch: int = Field(
+        20_000, gt=0, description="upper bound on records per micro-batch and table (maxOffsetsPerTrigger)"
+    )
+
+    @model_validator(mode="after")
+    def _kafka_needs_connection(self) -> SourceSpec:
+        if self.kind == "kafka" and self.kafka is None:
+            raise ValueError("source.kind is 'kafka' but source.kafka (bootstrap_servers) is missing")
+        if self.registry.kind == "confluent" and not self.registry.url:
+            raise ValueError("source.registry.kind is 'confluent' but source.registry.url is missing")
+        return self
+
+
+class TargetSpec(_Model):
+    """Where Delta tables, audit, quarantine and checkpoints live."""
+
+    root: Path = Field(Path("tables"), description="directory holding one Delta table per configured table")
+    audit_table: str = Field("_cdc_audit", description="name of the audit Delta table under root")
+    quarantine_table: str = Field("_cdc_quarantine", description="name of the quarantine Delta table under root")
+    checkpoint_dir: Path = Field(Path("checkpoints"), description="Spark checkpoints, one per table (disposable)")
+    target_file_size_mb: int = Field(64, gt=0, description="target Parquet file size written by MERGE and compaction")
+
+
+class TableSpec(_Model):
+    """One target table fed by one Debezium topic."""
+
+    name: str = Field(description="table name: letters, digits and underscores; also its directory name")
+    topic: str = Field(description="Debezium topic carrying this table's changes")
+    primary_key: tuple[str, ...] | None = Field(
+        None, description="primary-key columns; default: the fields of the Kafka message key"
+    )
+    delete_mode: Literal["hard", "soft"] = Field(
+        "hard", description="hard: readers see live rows only; soft: deleted rows stay, flagged _cdc_deleted"
+    )
+    tombstone_retention: Duration = Field(
+        timedelta(days=7), description="how long a deleted key is remembered so old events cannot resurrect it"
+    )
+    expectations: str | None = Field(None, description="Great Expectations suite name under expectations/")
+    quality_policy: Literal["warn", "quarantine", "fail"] = Field(
+        "warn", description="what failing expectations do: record only, quarantine rows, or stop the table"
+    )
+    history_mode: Literal["scd1"] = Field(
+        "scd1", description="scd1: keep the latest version of each row (SCD type 2 is not supported yet)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not _NAME.match(value) or value.startswith("_cdc_"):
+            raise ValueError(
+                "must start with a letter or underscore, hold only letters, digits and underscores "
+                "(at most 128), and not start with '_cdc_'"
+            )
+        return value
+
+
+class SparkSpec(_Model):
+    """Spark session settings."""
+
+    master: str = Field("local[2]", description="Spark master URL")
+    shuffle_partitions: int = Field(2, gt=0, description="spark.sql.shuffle.partitions")
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark configuration")
+
+
+class IngestConfig(_Model):
+    """The whole configuration file."""
+
+    workdir: Path = Field(Path("."), description="base directory for relative paths, relative to this file")
+    source: SourceSpec = Field(default_factory=SourceSpec, description="where changes come from")
+    target: TargetSpec = Field(default_factory=TargetSpec, description="where tables are written")
+    spark: SparkSpec = Field(default_factory=SparkSpec, description="Spark session settings")
+    tables: tuple[TableSpec, ...] = Field(min_length=1, description="the tables to ingest")
+
+    @model_validator(mode="after")
+    def _unique(self) -> IngestConfig:
+        for attr in ("name", "topic"):
+            seen: set[str] = set()
+            for table in self.tables:
+                value = getattr(table, attr)
+                if value in seen:
+                    raise ValueError(f"two tables have the same {attr} {value!r}")
+                seen.add(value)
+        return self
+
+    # -- resolved paths -------------------------------------------------------------------------
+    def path(self, relative: Path) -> Path:
+        return relative if relative.is_absolute() else (self.workdir / relative)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.path(self.source.log_dir)
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.path(self.source.registry.dir)
+
+    @property
+    def tables_root(self) -> Path:
+        return self.path(self.target.root)
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.path(self.target.checkpoint_dir)
+
+    def table_path(self, name: str) -> Path:
+        return self.tables_root / name
+
+    def table(self, name: str) -> TableSpec:
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise ConfigError(f"no table named {name!r} in the configuration (known: {[t.name for t in self.tables]})")
+
+
+def _format_location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def load_config(path: str | os.PathLike[str], *, workdir: str | os.PathLike[str] | None = None) -> IngestConfig:
+    """Read, validate and resolve a configuration file.
+
+    Args:
+        path: the YAML file.
+        workdir: overrides the file's ``workdir`` (used by ``ingest demo --workdir``).
+
+    Raises:
+        ConfigError: the file is missing, not YAML, or a field is invalid; the message names both.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: configuration file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        config = IngestConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{_format_location(e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{path}: {problems}") from None
+    base = Path(workdir) if workdir is not None else (path.parent / config.workdir)
+    return config.model_copy(update={"workdir": base.resolve()})

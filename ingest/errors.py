@@ -1,0 +1,67 @@
+"""Exception hierarchy.
+
+One root (:class:`IngestError`). Classes the loop handles by name: :class:`SchemaIncompatibleError`
+stops one table, :class:`OffsetsConflictError` refuses to move progress backwards,
+:class:`CommitConflictError` reports a second writer. Record-level failures are
+:class:`DecodeError` and end in quarantine, never in a bare ``except``.
+"""
+
+from __future__ import annotations
+
+
+class IngestError(Exception):
+    """Root of every error raised by the engine."""
+
+
+class ConfigError(IngestError):
+    """The configuration file is missing or invalid; the message names the file and the field."""
+
+
+class EnvironmentProblem(IngestError):
+    """The machine lacks something the engine needs (for example Java for Spark)."""
+
+
+class DecodeError(IngestError):
+    """One message cannot be turned into a change event; it goes to quarantine with this reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SchemaRegistryError(IngestError):
+    """A schema id is unknown or a schema cannot be registered."""
+
+
+class TopicLogError(IngestError):
+    """The embedded topic log is missing, corrupt, or was asked for offsets it does not hold."""
+
+
+class TableError(IngestError):
+    """A target table cannot accept the batch; the table stops, the others go on."""
+
+    def __init__(self, table: str, message: str) -> None:
+        super().__init__(f"table {table!r}: {message}")
+        self.table = table
+
+
+class SchemaIncompatibleError(TableError):
+    """A column changed type in a way that cannot be applied safely (not a widening)."""
+
+    def __init__(self, table: str, column: str, current: str, incoming: str) -> None:
+        super().__init__(
+            table,
+            f"column {column!r} changed type from {current} to {incoming}, which is not a safe widening; "
+            "nothing was committed for this table. Fix the source schema or migrate the table by hand.",
+        )
+        self.column = column
+        self.current = current
+        self.incoming = incoming
+
+
+class OffsetsConflictError(TableError):
+    """A batch would move the recorded source offsets of a table backwards."""
+
+
+class CommitConflictError(TableError):
+    """Another writer committed to the table concurrently."""

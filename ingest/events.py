@@ -1,0 +1,167 @@
+"""Domain types shared by the stages: what a decoded Debezium message becomes.
+
+A message decodes to exactly one of:
+
+* :class:`ChangeEvent` -- a row change (``c``, ``u``, ``d``, ``r``) or a truncate (``t``);
+* :class:`ControlRecord` -- something that carries no row change and is counted, not applied
+  (Debezium tombstone, heartbeat, schema-change, transaction metadata, logical message);
+* a :class:`ingest.errors.DecodeError` raised by the decoder -- the message goes to quarantine.
+
+Column values in images are plain Python objects of the column's Delta type (see
+:data:`DELTA_PRIMITIVES`): ``int``, ``float``, ``bool``, ``str``, ``bytes``, ``decimal.Decimal``,
+``datetime.date``, ``datetime.datetime`` (naive for ``timestamp_ntz``, UTC-aware for
+``timestamp``). Times of day are ``int`` microseconds (Delta has no time type). A PostgreSQL
+unchanged-TOAST placeholder is the :data:`UNAVAILABLE` sentinel: the stored value must be kept.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+Op = Literal["c", "u", "d", "r", "t"]
+ControlKind = Literal["tombstone", "heartbeat", "schema_change", "transaction", "message"]
+
+#: Delta primitive type names a column may have (``decimal(p,s)`` is also allowed).
+DELTA_PRIMITIVES: Final = frozenset(
+    {"byte", "short", "integer", "long", "float", "double", "boolean", "string", "binary",
+     "date", "timestamp", "timestamp_ntz"}
+)
+_DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
+
+
+class _Unavailable:
+    """Sentinel for Debezium's ``__debezium_unavailable_value`` (unchanged TOAST)."""
+
+    _instance: _Unavailable | None = None
+
+    def __new__(cls) -> _Unavailable:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNAVAILABLE"
+
+    def __reduce__(self) -> str:
+        # Pickles as the module-level name so identity survives the Spark worker boundary.
+        return "UNAVAILABLE"
+
+
+UNAVAILABLE: Final = _Unavailable()
+
+
+def parse_decimal(type_name: str) -> tuple[int, int] | None:
+    """Return ``(precision, scale)`` for ``decimal(p,s)``, else ``None``."""
+    m = _DECIMAL.match(type_name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def is_valid_type(type_name: str) -> bool:
+    """True if ``type_name`` is a Delta primitive this engine writes."""
+    return type_name in DELTA_PRIMITIVES or parse_decimal(type_name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnSpec:
+    """A column of a change image as the source schema describes it.
+
+    Args:
+        name: source column name, kept as-is in the target table.
+        type: Delta primitive type name, e.g. ``long``, ``decimal(10,2)``, ``timestamp``.
+        nullable: whether the source allows nulls.
+        semantic: the Debezium/Connect semantic type name it came from, if any (for docs/debugging).
+    """
+
+    name: str
+    type: str
+    nullable: bool = True
+    semantic: str | None = None
+
+
+_HEX = 16  # hex digits per position component: 64-bit unsigned
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SourcePosition:
+    """Comparable place of a change in the source's history.
+
+    Built from the Debezium ``source`` block: PostgreSQL ``(last committed LSN from
+    source.sequence, lsn, 0)``, MySQL ``(binlog file number, pos, row)``, and as a fallback the
+    Kafka ``(partition, offset, 0)``. ``phase`` is 0 for snapshot reads and 1 for streamed
+    changes, so a snapshot read orders before a streamed change at the same source point.
+    The encoded form is fixed-width hex, so string order equals position order (Delta and SQL
+    compare it directly).
+    """
+
+    a: int
+    b: int
+    c: int
+    phase: int
+
+    def encode(self) -> str:
+        return f"{self.a:0{_HEX}x}{self.b:0{_HEX}x}{self.c:0{_HEX}x}{self.phase:x}"
+
+    @classmethod
+    def decode(cls, text: str) -> SourcePosition:
+        if len(text) != 3 * _HEX + 1:
+            raise ValueError(f"not an encoded source position: {text!r}")
+        return cls(int(text[0:16], 16), int(text[16:32], 16), int(text[32:48], 16), int(text[48], 16))
+
+    @classmethod
+    def kafka(cls, partition: int, offset: int) -> SourcePosition:
+        return cls(partition, offset, 0, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaCoordinates:
+    """Where a message sits in its topic."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None = None
+
+
+@dataclass(slots=True)
+class ChangeEvent:
+    """One decoded Debezium row change.
+
+    Args:
+        op: ``c`` create, ``u`` update, ``d`` delete, ``r`` snapshot read, ``t`` truncate.
+        key: primary-key column values (from the Kafka key; empty for a truncate).
+        after: the row after the change (``None`` for ``d`` and ``t``).
+        before: the row before the change if the connector sent it.
+        position: ordering position (see :class:`SourcePosition`).
+        columns: types of the image columns, in source order.
+        key_columns: primary-key column names, in key order.
+        source_ts_ms: ``source.ts_ms`` (when the change happened in the database), if known.
+        snapshot: the ``source.snapshot`` value (``true``, ``first``, ``last``, ``incremental`` ...).
+        unavailable: columns whose value is the unchanged-TOAST placeholder.
+        schema_ref: identifies the value schema (e.g. ``avro:42``), for schema-evolution checks.
+    """
+
+    op: Op
+    key: dict[str, Any]
+    after: dict[str, Any] | None
+    before: dict[str, Any] | None
+    position: SourcePosition
+    columns: tuple[ColumnSpec, ...]
+    key_columns: tuple[str, ...]
+    source_ts_ms: int | None = None
+    snapshot: str | None = None
+    unavailable: frozenset[str] = field(default_factory=frozenset)
+    schema_ref: str | None = None
+
+    @property
+    def is_delete(self) -> bool:
+        return self.op == "d"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRecord:
+    """A message that carries no row change; counted as skipped in the audit."""
+
+    kind: ControlKind
+    detail: str = ""

@@ -1,0 +1,163 @@
+"""Schema registries: the embedded one (files beside the topic log) and Confluent's.
+
+Both answer the two questions the decoder and the producers ask: *which Avro schema has id N*
+and *register this schema under this subject*. Avro values then travel in the Confluent wire format
+(magic byte 0, 4-byte big-endian schema id, Avro binary), exactly as they would from Kafka.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+
+import fastavro
+
+from ingest.errors import DecodeError, SchemaRegistryError
+
+MAGIC_BYTE = 0
+_HEADER = struct.Struct(">bI")
+
+
+class SchemaRegistry(Protocol):
+    """What the engine needs from a schema registry."""
+
+    def get_schema(self, schema_id: int) -> dict[str, Any]:
+        """Return the parsed (JSON) Avro schema with this id; raise SchemaRegistryError if unknown."""
+        ...
+
+    def register(self, subject: str, schema: dict[str, Any]) -> int:
+        """Register ``schema`` under ``subject`` (idempotent) and return its id."""
+        ...
+
+
+def frame(schema_id: int, payload: bytes) -> bytes:
+    """Prefix Avro binary with the Confluent wire-format header."""
+    return _HEADER.pack(MAGIC_BYTE, schema_id) + payload
+
+
+def unframe(message: bytes) -> tuple[int, memoryview]:
+    """Split a Confluent-framed message into ``(schema_id, avro_payload)``.
+
+    Raises:
+        DecodeError: the message is too short or does not start with the magic byte.
+    """
+    if len(message) < _HEADER.size:
+        raise DecodeError(f"confluent framing: message of {len(message)} bytes is shorter than the 5-byte header")
+    magic, schema_id = _HEADER.unpack_from(message)
+    if magic != MAGIC_BYTE:
+        raise DecodeError(f"confluent framing: magic byte is {magic & 0xFF:#04x}, expected 0x00")
+    return schema_id, memoryview(message)[_HEADER.size :]
+
+
+def _canonical(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+class EmbeddedSchemaRegistry:
+    """A schema registry kept as JSON files: ``<root>/ids/<id>.json`` and ``<root>/subjects/<s>.json``.
+
+    Ids are assigned in order under a file lock; registering a schema already known under the
+    subject returns its existing id, like Confluent's registry. Safe for several processes.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _write_atomic(self, path: Path, data: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def register(self, subject: str, schema: dict[str, Any]) -> int:
+        try:
+            fastavro.parse_schema(schema)
+        except Exception as exc:
+            raise SchemaRegistryError(f"subject {subject!r}: not a valid Avro schema: {exc}") from exc
+        canonical = _canonical(schema)
+        with self._locked():
+            subject_file = self.root / "subjects" / f"{_safe_name(subject)}.json"
+            versions: list[int] = json.loads(subject_file.read_text()) if subject_file.exists() else []
+            for existing in versions:
+                if _canonical(self.get_schema(existing)) == canonical:
+                    return existing
+            ids = [int(p.stem) for p in (self.root / "ids").glob("*.json")] if (self.root / "ids").exists() else []
+            new_id = max(ids, default=0) + 1
+            self._write_atomic(self.root / "ids" / f"{new_id}.json", {"subject": subject, "schema": schema})
+            self._write_atomic(subject_file, [*versions, new_id])
+            return new_id
+
+    def get_schema(self, schema_id: int) -> dict[str, Any]:
+        return _load_embedded(str(self.root), schema_id)
+
+    def subjects(self) -> dict[str, list[int]]:
+        """All subjects with their schema ids, oldest first."""
+        folder = self.root / "subjects"
+        if not folder.exists():
+            return {}
+        return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+@lru_cache(maxsize=4096)
+def _load_embedded(root: str, schema_id: int) -> dict[str, Any]:
+    # Schemas are immutable once written, so caching by (root, id) is safe across batches.
+    path = Path(root) / "ids" / f"{schema_id}.json"
+    try:
+        return json.loads(path.read_text())["schema"]
+    except FileNotFoundError:
+        raise SchemaRegistryError(f"schema id {schema_id} is not in the registry at {root}") from None
+
+
+def _safe_name(subject: str) -> str:
+    if not subject or "/" in subject or subject.startswith(".") or "\x00" in subject:
+        raise SchemaRegistryError(f"subject name {subject!r} is not allowed")
+    return subject
+
+
+class ConfluentSchemaRegistry:
+    """Adapter over ``confluent_kafka.schema_registry.SchemaRegistryClient`` for production registries.
+
+    Credentials come from the client configuration (built from the environment by the config
+    layer), never from code.
+    """
+
+    def __init__(self, client_config: dict[str, Any]) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        self._client = SchemaRegistryClient(client_config)
+        self._cache: dict[int, dict[str, Any]] = {}
+
+    def get_schema(self, schema_id: int) -> dict[str, Any]:
+        if schema_id not in self._cache:
+            try:
+                schema = self._client.get_schema(schema_id)
+            except Exception as exc:
+                raise SchemaRegistryError(f"schema id {schema_id}: {type(exc).__name__}") from exc
+            self._cache[schema_id] = json.loads(schema.schema_str)
+        return self._cache[schema_id]
+
+    def register(self, subject: str, schema: dict[str, Any]) -> int:
+        from confluent_kafka.schema_registry import Schema
+
+        return int(self._client.register_schema(subject, Schema(json.dumps(schema), "AVRO")))
