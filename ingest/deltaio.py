@@ -1,0 +1,118 @@
+"""Small Delta Lake helpers over delta-rs: type mapping, reads and framework columns.
+
+Reads go through delta-rs's own DataFusion engine (``QueryBuilder``) rather than
+``to_pyarrow_dataset``: pyarrow dataset scanners over delta-rs can abort the interpreter at exit
+(delta-rs#2184, arrow#34314), which would turn a successful CLI run into exit code 134.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+import pyarrow as pa
+from deltalake import DeltaTable, QueryBuilder
+from deltalake.exceptions import TableNotFoundError
+
+from ingest.events import parse_decimal
+
+#: Framework columns on every target table, after the user columns.
+FRAMEWORK_COLUMNS: Final[tuple[tuple[str, pa.DataType], ...]] = (
+    ("_cdc_op", pa.string()),
+    ("_cdc_position", pa.string()),
+    ("_cdc_source_ts", pa.timestamp("us", tz="UTC")),
+    ("_cdc_topic", pa.string()),
+    ("_cdc_partition", pa.int32()),
+    ("_cdc_offset", pa.int64()),
+    ("_cdc_ingested_at", pa.timestamp("us", tz="UTC")),
+    ("_cdc_deleted", pa.bool_()),
+)
+FRAMEWORK_NAMES: Final = frozenset(name for name, _ in FRAMEWORK_COLUMNS)
+
+_PRIMITIVE_TO_ARROW: Final[dict[str, pa.DataType]] = {
+    "byte": pa.int8(),
+    "short": pa.int16(),
+    "integer": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"),
+}
+
+
+def arrow_type(delta_type: str) -> pa.DataType:
+    """Arrow type for a Delta primitive type name."""
+    dec = parse_decimal(delta_type)
+    if dec is not None:
+        return pa.decimal128(*dec)
+    return _PRIMITIVE_TO_ARROW[delta_type]
+
+
+def delta_type_name(arrow: pa.DataType) -> str:
+    """Delta primitive type name for an Arrow type read back from a table."""
+    if pa.types.is_decimal(arrow):
+        return f"decimal({arrow.precision},{arrow.scale})"
+    if pa.types.is_timestamp(arrow):
+        return "timestamp" if arrow.tz else "timestamp_ntz"
+    if pa.types.is_large_string(arrow) or pa.types.is_string_view(arrow):
+        return "string"
+    if pa.types.is_large_binary(arrow) or pa.types.is_binary_view(arrow):
+        return "binary"
+    for name, typ in _PRIMITIVE_TO_ARROW.items():
+        if typ == arrow:
+            return name
+    return str(arrow)
+
+
+def quote(name: str) -> str:
+    """Quote an identifier for delta-rs/DataFusion SQL (names keep their case and spaces)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def open_table(path: str | Path) -> DeltaTable | None:
+    """The Delta table at ``path``, or ``None`` if there is none yet."""
+    try:
+        return DeltaTable(str(path))
+    except TableNotFoundError:
+        return None
+
+
+def query(table: DeltaTable, sql: str, *, name: str = "t") -> pa.Table:
+    """Run ``sql`` against ``table`` registered as ``name`` and return the result."""
+    reader = QueryBuilder().register(name, table).execute(sql)
+    result = reader.read_all()
+    return pa.table(result) if not isinstance(result, pa.Table) else result
+
+
+def read_all(table: DeltaTable, *, columns: list[str] | None = None, where: str | None = None) -> pa.Table:
+    """Read a whole table (optionally some columns and a SQL filter)."""
+    cols = ", ".join(quote(c) for c in columns) if columns else "*"
+    sql = f"SELECT {cols} FROM t" + (f" WHERE {where}" if where else "")
+    return normalize(query(table, sql))
+
+
+def normalize(table: pa.Table) -> pa.Table:
+    """Turn view/large string and binary columns into plain ones so comparisons and pylist work."""
+    fields = []
+    changed = False
+    for f in table.schema:
+        t = f.type
+        if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+            t, changed = pa.string(), True
+        elif pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+            t, changed = pa.binary(), True
+        fields.append(pa.field(f.name, t, f.nullable))
+    return table.cast(pa.schema(fields)) if changed else table
+
+
+def table_schema(table: DeltaTable) -> pa.Schema:
+    return pa.schema(table.schema().to_arrow())
