@@ -171,7 +171,13 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
 
 # -- planning ---------------------------------------------------------------------------------------
 def _image_columns(change: PositionedChange) -> Sequence[ColumnSpec]:
-    return change.event.columns
+    event = change.event
+    if event.schema_ref is None:
+        # Schemaless JSON: a null value says nothing about the column's type, so it must not
+        # decide (or contradict) the table's schema.
+        image = event.after if event.after is not None else (event.before or {})
+        return [c for c in event.columns if image.get(c.name) is not None]
+    return event.columns
 
 
 def _check_reserved(table: str, columns: list[ColumnSpec]) -> None:

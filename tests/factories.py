@@ -36,7 +36,7 @@ def change(op: str, key: int, at: int, *, name: str | None = "x", balance: str =
     after = None if op == "d" else row
     before = row if op in ("u", "d") else None
     return ChangeEvent(op, {"id": key}, after, before, pos(at, 0 if op == "r" else 1), columns, ("id",),  # type: ignore[arg-type]
-                       source_ts_ms=1_700_000_000_000 + at, unavailable=unavailable)
+                       source_ts_ms=1_700_000_000_000 + at, unavailable=unavailable, schema_ref="avro:1")
 
 
 def positioned(event: ChangeEvent, offset: int, partition: int = 0, topic: str = "t") -> PositionedChange:

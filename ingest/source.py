@@ -1,0 +1,159 @@
+"""Read topics as a Spark stream whose rows have exactly the schema of Spark's Kafka source.
+
+``kafka`` uses Spark's built-in Kafka source (when its jar is on the classpath); ``embedded`` uses
+:class:`TopicLogDataSource`, a Python streaming data source over :mod:`ingest.topiclog` that takes
+the Kafka source's option names (``subscribe``, ``startingOffsets``, ``maxOffsetsPerTrigger``), so
+everything downstream of the read is identical for both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from ingest.config import IngestConfig
+from ingest.errors import TopicLogError
+
+KAFKA_SCHEMA_DDL = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "timestampType int, headers array<struct<key:string,value:binary>>"
+)
+FORMAT_NAME = "cdc_topiclog"
+EARLIEST, LATEST = -2, -1  # Kafka's sentinels in startingOffsets JSON
+
+Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON
+
+
+class _Range(InputPartition):
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader: offsets are ``{topic: {partition: next offset}}``, like Kafka's source."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        from ingest.topiclog import TopicLog
+
+        if "path" not in options or "subscribe" not in options:
+            raise TopicLogError("cdc_topiclog needs the options 'path' and 'subscribe'")
+        self.path = options["path"]
+        self.topics = [t.strip() for t in options["subscribe"].split(",") if t.strip()]
+        self.starting = options.get("startingOffsets", "earliest")
+        self.max_rows = int(options["maxOffsetsPerTrigger"]) if "maxOffsetsPerTrigger" in options else None
+        self.log = TopicLog(self.path)
+        self._frozen: Offsets | None = None
+
+    def _end_offsets(self) -> Offsets:
+        if self._frozen is not None:
+            return self._frozen
+        return {t: {str(p): o for p, o in self.log.end_offsets(t).items()} for t in self.topics if self.log.exists(t)}
+
+    def initialOffset(self) -> Offsets:
+        ends = self._end_offsets()
+        if self.starting in ("earliest", "latest"):
+            return {t: {p: (0 if self.starting == "earliest" else e) for p, e in parts.items()} for t, parts in ends.items()}
+        wanted: dict[str, dict[str, int]] = json.loads(self.starting)
+        result: Offsets = {}
+        for topic, parts in ends.items():
+            result[topic] = {}
+            for p, end in parts.items():
+                asked = int(wanted.get(topic, {}).get(p, EARLIEST))
+                result[topic][p] = 0 if asked == EARLIEST else end if asked == LATEST else min(asked, end)
+        return result
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._frozen = None
+        self._frozen = self._end_offsets()
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        ends = self._end_offsets()
+        lag = {(t, p): max(0, e - start.get(t, {}).get(p, 0)) for t, parts in ends.items() for p, e in parts.items()}
+        total = sum(lag.values())
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        result: Offsets = {t: dict(parts) for t, parts in start.items()}
+        for (topic, p), behind in sorted(lag.items()):
+            begin = start.get(topic, {}).get(p, 0)
+            take = behind
+            if budget is not None and total > budget:
+                # Like Kafka's source: share the budget among partitions in proportion to their lag.
+                take = behind * budget // total
+            result.setdefault(topic, {})[p] = begin + take
+        if budget is not None and total > 0 and result == start:
+            # Rounding left nothing: advance the most-lagging partition so the stream progresses.
+            topic, p = max(lag, key=lambda tp: lag[tp])
+            result[topic][p] = start.get(topic, {}).get(p, 0) + min(lag[(topic, p)], max(1, budget))
+        return result
+
+    def reportLatestOffset(self) -> Offsets:
+        return self._end_offsets()
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[_Range]:
+        ranges = []
+        for topic, parts in end.items():
+            for p, stop in parts.items():
+                begin = start.get(topic, {}).get(p, 0)
+                if stop > begin:
+                    ranges.append(_Range(topic, int(p), begin, stop))
+        return ranges
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        from ingest.topiclog import TopicLog
+
+        assert isinstance(partition, _Range)
+        table = TopicLog(self.path).read(partition.topic, partition.partition, partition.start, partition.end)
+        yield from table.to_batches(max_chunksize=10_000)
+
+    def commit(self, end: Offsets) -> None:
+        """Nothing to do: progress is recorded in the Delta tables, not in the log."""
+
+
+class TopicLogDataSource(DataSource):
+    """``spark.readStream.format("cdc_topiclog")``: the embedded topic log as a Kafka-shaped stream."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return KAFKA_SCHEMA_DDL
+
+    def streamReader(self, schema: Any) -> TopicLogStreamReader:
+        return TopicLogStreamReader(self.options)
+
+
+def read_topics(spark: SparkSession, config: IngestConfig, topics: list[str], *,
+                starting_offsets: Offsets | None) -> DataFrame:
+    """A streaming DataFrame of ``topics`` in Spark's Kafka row shape.
+
+    Args:
+        spark: the session.
+        config: source settings (embedded log or Kafka).
+        topics: topics to subscribe to.
+        starting_offsets: next offset per partition to read when the query has no checkpoint;
+            ``None`` reads from the earliest offset. Ignored by Spark once a checkpoint exists.
+    """
+    source = config.source
+    starting = json.dumps(starting_offsets) if starting_offsets else "earliest"
+    if source.kind == "kafka":
+        assert source.kafka is not None
+        reader = (spark.readStream.format("kafka")
+                  .option("kafka.bootstrap.servers", source.kafka.bootstrap_servers)
+                  .option("failOnDataLoss", "true"))
+        for key, value in source.kafka.options.items():
+            reader = reader.option(key, value)
+    else:
+        reader = spark.readStream.format(FORMAT_NAME).option("path", str(config.log_dir))
+    return (reader.option("subscribe", ",".join(topics))
+            .option("startingOffsets", starting)
+            .option("maxOffsetsPerTrigger", str(source.max_records_per_batch))
+            .load())

@@ -1,0 +1,67 @@
+"""The SparkSession: local by default, workers on this interpreter, our topic-log source registered."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from ingest.config import SparkSpec
+from ingest.errors import EnvironmentProblem
+
+JAVA_HINT = "Java 17 is required for Spark: install a JDK/JRE 17 (e.g. `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
+
+
+def check_java() -> None:
+    """Fail with one clear line when Java is missing, instead of a py4j stack trace."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise EnvironmentProblem(JAVA_HINT)
+    try:
+        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise EnvironmentProblem(f"{JAVA_HINT} ({java} -version failed: {exc})") from exc
+
+
+@cache
+def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
+              extra: tuple[tuple[str, str], ...] = ()) -> SparkSession:
+    """One session per process (starting one costs ~5 s), configured for this engine."""
+    check_java()
+    # Python workers and streaming-source runners must use this venv's interpreter.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    log_config = Path(__file__).with_name("log4j2.properties")
+    java_opts = f"-Dlog4j2.configurationFile=file:{log_config}"
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("cdc-ingest")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        .config("spark.driver.memory", "2g")
+        .config("spark.driver.extraJavaOptions", java_opts)
+    )
+    for key, value in extra:
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    from ingest.source import TopicLogDataSource
+
+    spark.dataSource.register(TopicLogDataSource)
+    return spark
+
+
+def session_for(spec: SparkSpec) -> SparkSession:
+    return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(spec.conf.items())))
