@@ -122,6 +122,7 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
 
     stored = _stored_positions(table, request.key_columns, red.winners)
     tombs = _tombstone_positions(request, red.winners) if request.delete_mode == "hard" else {}
+    revert_stale_toast_fills(red.winners, request.key_columns, stored)
     actions = _classify(red.winners, request.key_columns, stored, tombs, state.truncate_position, truncate_pos)
     for action in actions:
         if action == "insert":
@@ -188,6 +189,26 @@ def _check_reserved(table: str, columns: list[ColumnSpec]) -> None:
 
 def _key(change: PositionedChange, key_columns: tuple[str, ...]) -> Key:
     return event_key(change.event, key_columns)
+
+
+def revert_stale_toast_fills(winners: list[PositionedChange], key_columns: tuple[str, ...],
+                             stored: dict[Key, tuple[str, bool]]) -> None:
+    """Undo in-batch TOAST fills whose source image is not newer than the stored row.
+
+    The stored value is then the right one, and the MERGE keeps it (the column is a placeholder again).
+    """
+    for change in winners:
+        if not change.toast_sources or change.event.after is None:
+            continue
+        target = stored.get(_key(change, key_columns))
+        if target is None:
+            continue
+        stale = {col for col, src in change.toast_sources.items() if src <= target[0]}
+        if stale:
+            for col in stale:
+                change.event.after[col] = UNAVAILABLE
+                del change.toast_sources[col]
+            change.event.unavailable = change.event.unavailable | stale
 
 
 def _classify(

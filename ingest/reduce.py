@@ -2,8 +2,10 @@
 
 The latest change per key wins; everything it replaces is *superseded in batch*. A truncate
 supersedes every change older than it. An unchanged-TOAST placeholder in the winning change is
-filled from the newest earlier image of the same key in the batch when one exists; otherwise the
-MERGE keeps the value already stored in the table.
+filled from the newest earlier image of the same key in the batch when one exists, remembering
+that image's position: the MERGE planner keeps the stored value instead when the stored row is
+newer than that image (a redelivered old duplicate must not win). Otherwise the MERGE keeps the
+value already stored in the table.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class PositionedChange:
 
     event: ChangeEvent
     coords: KafkaCoordinates
+    #: TOAST columns filled from an earlier image in the batch -> that image's encoded position.
+    toast_sources: dict[str, str] = field(default_factory=dict)
 
     def sort_key(self) -> tuple[str, int, int]:
         # Kafka coordinates only break ties between identical source positions (duplicates).
@@ -87,6 +91,7 @@ def _fill_toast(changes_of_key: list[PositionedChange]) -> PositionedChange:
         return winner
     after = dict(event.after)
     missing = set(event.unavailable)
+    sources: dict[str, str] = {}
     for earlier in reversed(changes_of_key[:-1]):
         if not missing:
             break
@@ -97,7 +102,10 @@ def _fill_toast(changes_of_key: list[PositionedChange]) -> PositionedChange:
             value = earlier.event.after.get(column, UNAVAILABLE)
             if value is not UNAVAILABLE and column not in earlier.event.unavailable:
                 after[column] = value
+                sources[column] = earlier.event.position.encode()
                 missing.discard(column)
     if len(missing) == len(event.unavailable):
         return winner
-    return PositionedChange(replace(event, after=after, unavailable=frozenset(missing)), winner.coords)
+    # The fill is provisional: a redelivered old image may be older than the stored row, which the
+    # MERGE planner checks (see ingest.merge.revert_stale_toast_fills).
+    return PositionedChange(replace(event, after=after, unavailable=frozenset(missing)), winner.coords, sources)

@@ -188,3 +188,15 @@ def test_audit_is_restored_from_commit_info(tmp_path):
     assert audit.reconcile(paths.audit, "customers", paths.table) == 1
     (row,) = audit.read(paths.audit).to_pylist()
     assert row["delta_version"] == rec.delta_version and row["inserted"] == 1 and row["balanced"]
+
+
+def test_toast_not_filled_from_a_redelivered_older_image(tmp_path):
+    """A stale duplicate in the same batch as a placeholder must not overwrite the newer stored value."""
+    paths = paths_in(tmp_path)
+    apply(HARD, paths, [change("c", 1, 10, notes="first"), change("u", 1, 20, notes="newest")])
+    placeholder = change("u", 1, 30, name="renamed", unavailable=frozenset({"notes"}))
+    placeholder.after["notes"] = UNAVAILABLE
+    redelivered = change("u", 1, 20, notes="first")  # older than the stored row
+    apply(HARD, paths, [placeholder, redelivered], first_offset=2, batch_id=1)
+    row = live(paths)[1]
+    assert row["name"] == "renamed" and row["notes"] == "newest"
