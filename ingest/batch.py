@@ -12,7 +12,7 @@ import pickle
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,7 @@ def decode_batch(decoder: Any, batch: pa.RecordBatch | pa.Table) -> pa.RecordBat
     """Decode Kafka-shaped rows; a message that fails becomes an ``error`` row, never an exception."""
     cols = batch.to_pydict()
     out: dict[str, list[Any]] = {name: [] for name in DECODED_SCHEMA.names}
+    sent_columns: set[str] = set()
     for topic, partition, offset, ts, key, value in zip(
         cols["topic"], cols["partition"], cols["offset"], cols["timestamp"], cols["key"], cols["value"], strict=True
     ):
@@ -99,6 +100,12 @@ def decode_batch(decoder: Any, batch: pa.RecordBatch | pa.Table) -> pa.RecordBat
         try:
             result = decoder.decode(key, value, coords)
             kind = "control" if isinstance(result, ControlRecord) else "change"
+            if isinstance(result, ChangeEvent) and result.schema_ref is not None:
+                # Columns of a schema travel once per batch; restore_columns() puts them back.
+                if result.schema_ref in sent_columns:
+                    result = replace(result, columns=())
+                else:
+                    sent_columns.add(result.schema_ref)
             payload = pickle.dumps(result, protocol=5)
         except DecodeError as exc:
             kind, reason = "error", exc.reason
@@ -114,6 +121,18 @@ def decode_batch(decoder: Any, batch: pa.RecordBatch | pa.Table) -> pa.RecordBat
         out["raw_key"].append(key)
         out["raw_value"].append(value)
     return pa.RecordBatch.from_pydict(out, schema=DECODED_SCHEMA)
+
+
+def load_events(kinds: list[str], payloads: list[bytes | None]) -> list[Any]:
+    """Unpickle decoded payloads and give every event the columns of its schema again."""
+    results: list[Any] = [pickle.loads(p) if k != "error" and p is not None else None
+                          for k, p in zip(kinds, payloads, strict=True)]
+    columns = {r.schema_ref: r.columns for r in results
+               if isinstance(r, ChangeEvent) and r.columns and r.schema_ref is not None}
+    for r in results:
+        if isinstance(r, ChangeEvent) and not r.columns and r.schema_ref in columns:
+            r.columns = columns[r.schema_ref]
+    return results
 
 
 @dataclass(slots=True)
@@ -172,7 +191,8 @@ def process_batch(spec: TableSpec, paths: TablePaths, rows: pa.Table, *, batch_i
     table_key = state.key_columns or spec.primary_key
 
     # 2. Split changes, control records and undecodable messages.
-    for i in keep:
+    payloads = load_events([cols["kind"][i] for i in keep], [cols["payload"][i] for i in keep])
+    for i, result in zip(keep, payloads, strict=True):
         topic, part, off = cols["topic"][i], cols["partition"][i], cols["offset"][i]
         span = offsets.setdefault((topic, part), [off, off])
         span[0], span[1] = min(span[0], off), max(span[1], off)
@@ -180,7 +200,6 @@ def process_batch(spec: TableSpec, paths: TablePaths, rows: pa.Table, *, batch_i
         if kind == "error":
             held.append(_held(spec, cols, i, "decode", cols["reason"][i], batch_id, run_id))
             continue
-        result = pickle.loads(cols["payload"][i])
         if isinstance(result, ControlRecord):
             controls[result.kind] += 1
             continue
