@@ -1,0 +1,405 @@
+"""The event generator: a seeded shop workload, written to topics exactly as Debezium would.
+
+The journey of one run (:func:`generate`):
+
+1. **Snapshot.** The initial rows of customers, products and orders are read as ``op=r``, all at
+   one snapshot LSN (``source.sequence`` is ``[null,"<lsn>"]``: no transaction has committed on
+   the stream yet), ``source.snapshot`` ``first`` / ``true`` ... / ``last``.
+2. **Streaming.** Transactions of one to five changes (inserts, updates, deletes across tables,
+   orders only ever referencing live customers and products) in commit order. Each change carries
+   ``sequence = ["<commit LSN of the previous transaction>","<lsn>"]``. Some pairs of transactions
+   interleave in the WAL: the later-committing one wrote its first change before any change of
+   the earlier one, so its ``lsn`` values are *lower* than those of a transaction that committed
+   before it; half of those pairs touch the same row. (PostgreSQL's row locks would stop two
+   transactions writing one row concurrently; we allow it to make ordering by ``lsn`` alone
+   visibly wrong, which is the point of ordering by ``(lastCommittedLsn, lsn)``.)
+3. Mid-stream, ``customers`` gains ``loyalty_tier`` (a new value schema) and ``orders`` is
+   truncated (``op=t``, null key), after which orders are inserted again.
+4. Deletes are followed by a tombstone; unchanged large ``notes`` on some customer updates
+   arrive as the unchanged-TOAST placeholder; optional malformed messages are *added* beside
+   real ones, never instead of them, so the truth stays exact.
+
+Delivery (partitions, duplicates, skew) is :mod:`ingest.simulator.delivery`'s job.
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from ingest.errors import TopicLogError
+from ingest.registry import SchemaRegistry
+from ingest.simulator.delivery import TopicWriter
+from ingest.simulator.encode import (
+    DEBEZIUM_VERSION,
+    MALFORMED_KINDS,
+    Envelope,
+    make_encoder,
+    malformed_message,
+    topic_name,
+)
+from ingest.simulator.model import LOYALTY_TIER, Key, Row, SourceDatabase
+from ingest.simulator.rows import TOAST_THRESHOLD, RowFactory
+from ingest.simulator.truth import Truth
+from ingest.simulator.wal import Change, Transaction, Wal
+from ingest.simulator.wire import UNAVAILABLE_VALUE
+from ingest.topiclog import TopicLog
+
+DEBEZIUM_DB: Final = "shop"
+INTERLEAVE_PROBABILITY: Final = 0.12
+_T0_US: Final = int(dt.datetime(2024, 6, 3, 8, 0, tzinfo=dt.UTC).timestamp()) * 1_000_000
+_TWO_YEARS_US: Final = 2 * 365 * 86_400 * 1_000_000
+_OP_COUNT: Final = {"r": "reads", "c": "creates", "u": "updates", "d": "deletes", "t": "truncates"}
+_COUNT_KEYS: Final = ("reads", "creates", "updates", "deletes", "truncates", "tombstones",
+                      "toast_placeholders", "duplicates", "malformed", "records")
+# (table, op, weight): orders dominate, as in a shop; deletes are rare.
+_MIX: Final = (("orders", "c", 30), ("orders", "u", 22), ("orders", "d", 3), ("customers", "c", 6),
+               ("customers", "u", 20), ("customers", "d", 2), ("products", "c", 2),
+               ("products", "u", 8), ("products", "d", 1))
+_MIX_CUM: Final = [sum(w for _, _, w in _MIX[: i + 1]) for i in range(len(_MIX))]
+
+
+@dataclass
+class WorkloadSpec:
+    """What to generate. Every field has a default that makes a realistic demo.
+
+    Args:
+        events: row-change events in total (snapshot reads + streamed c/u/d/t).
+        seed: the same seed gives byte-identical topics and truth.
+        partitions: partitions per topic.
+        value_format: ``avro`` (AvroConverter + registry) or ``json`` (JsonConverter, schemas on).
+        prefix: Debezium ``topic.prefix``; topics are ``<prefix>.public.<table>``.
+        duplicate_fraction: share of records delivered a second time, later.
+        reorder_fraction: chance per append window that a partition is held back (skew).
+        malformed_fraction: extra malformed messages per real change event.
+        toast_fraction: chance that an update leaving large ``notes`` unchanged sends the
+            unchanged-TOAST placeholder.
+        truncate: truncate ``orders`` once, mid-stream.
+        add_column: add ``customers.loyalty_tier`` mid-stream (a new value schema).
+        initial_customers: rows in ``customers`` before the snapshot.
+        initial_products: rows in ``products`` before the snapshot.
+        initial_orders: rows in ``orders`` before the snapshot.
+    """
+
+    events: int = 20_000
+    seed: int = 7
+    partitions: int = 3
+    value_format: Literal["avro", "json"] = "avro"
+    prefix: str = "demo"
+    duplicate_fraction: float = 0.02
+    reorder_fraction: float = 0.1
+    malformed_fraction: float = 0.0
+    toast_fraction: float = 0.3
+    truncate: bool = True
+    add_column: bool = True
+    initial_customers: int = 400
+    initial_products: int = 80
+    initial_orders: int = 800
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first field out of range."""
+        for name in ("duplicate_fraction", "reorder_fraction", "malformed_fraction", "toast_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"WorkloadSpec.{name} must be within [0, 1], got {getattr(self, name)}")
+        for name in ("events", "initial_customers", "initial_products", "initial_orders"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"WorkloadSpec.{name} must be >= 0, got {getattr(self, name)}")
+        if self.partitions < 1:
+            raise ValueError(f"WorkloadSpec.partitions must be >= 1, got {self.partitions}")
+        if self.value_format not in ("avro", "json"):
+            raise ValueError(f"WorkloadSpec.value_format must be 'avro' or 'json', got {self.value_format!r}")
+
+
+class _Workload:
+    """One generation run: the source database, its WAL position and the topic writers."""
+
+    def __init__(self, spec: WorkloadSpec, log: TopicLog, registry: SchemaRegistry) -> None:
+        self.spec = spec
+        self.rng = random.Random(spec.seed)
+        self.rows = RowFactory(random.Random(f"rows:{spec.seed}"))
+        self.db = SourceDatabase()
+        self.encoder = make_encoder(spec.value_format, registry, spec.prefix)
+        self.kinds = MALFORMED_KINDS[spec.value_format]
+        self.counts = {t: Counter[str]() for t in self.db.tables}
+        self.refs: dict[str, Counter[Key]] = {"customers": Counter(), "products": Counter()}
+        self.next_id = dict.fromkeys(self.db.tables, 1)
+        self.topics = {t: topic_name(spec.prefix, t) for t in self.db.tables}
+        self.writers: dict[str, TopicWriter] = {}
+        self.malformed_due: dict[str, float] = {}
+        for table, topic in self.topics.items():
+            if log.exists(topic) and any(log.end_offsets(topic).values()):
+                raise TopicLogError(f"topic {topic!r} already holds records; generate into an empty log")
+            log.create_topic(topic, spec.partitions)
+            delivery_rng = random.Random(f"delivery:{spec.seed}:{topic}")
+            self.writers[table] = TopicWriter(
+                log, topic, spec.partitions, delivery_rng,
+                duplicate_fraction=spec.duplicate_fraction, reorder_fraction=spec.reorder_fraction,
+            )
+            # A random phase spreads malformed messages differently per topic.
+            self.malformed_due[table] = delivery_rng.random()
+        self.malformed_seq: Counter[str] = Counter()
+        self.now_us = _T0_US
+        self.wal = Wal(self.rng, 0, 0)
+        self.altered = False
+        self.truncated = False
+
+    # -- sending ------------------------------------------------------------------------------
+    def _source(self, table: str, ts_us: int, snapshot: str, last_commit: int | None, lsn: int,
+                txid: int) -> dict[str, object]:
+        last = "null" if last_commit is None else f'"{last_commit}"'
+        return {
+            "version": DEBEZIUM_VERSION, "connector": "postgresql", "name": self.spec.prefix,
+            "ts_ms": ts_us // 1000, "snapshot": snapshot, "db": DEBEZIUM_DB,
+            "sequence": f'[{last},"{lsn}"]', "ts_us": ts_us, "ts_ns": ts_us * 1000,
+            "schema": "public", "table": table, "txId": txid, "lsn": lsn, "xmin": None,
+        }
+
+    def _send(self, table: str, key: Key | None, envelope: Envelope, row: Row | None) -> None:
+        definition = self.db.definition(table)
+        writer = self.writers[table]
+        key_bytes = None if key is None else self.encoder.key(definition, key)
+        ts_ms = envelope.ts_us // 1000
+        writer.send(key_bytes, self.encoder.value(definition, envelope), ts_ms)
+        counts = self.counts[table]
+        counts[_OP_COUNT[envelope.op]] += 1
+        if envelope.op == "d":
+            writer.send(key_bytes, None, ts_ms)  # Debezium's tombstone (tombstones.on.delete)
+            counts["tombstones"] += 1
+        if key is None or row is None or not self.spec.malformed_fraction:
+            return
+        # Error diffusion: fraction * changes extras (give or take one), spread evenly.
+        self.malformed_due[table] += self.spec.malformed_fraction
+        if self.malformed_due[table] >= 1.0:
+            self.malformed_due[table] -= 1.0
+            kind = self.kinds[self.malformed_seq[table] % len(self.kinds)]
+            self.malformed_seq[table] += 1
+            bad_key, bad_value = malformed_message(self.encoder, kind, definition, key, row, envelope)
+            writer.send(bad_key, bad_value, ts_ms, may_duplicate=False)
+            counts["malformed"] += 1
+            counts[f"malformed_{kind}"] += 1
+
+    # -- snapshot -----------------------------------------------------------------------------
+    def snapshot(self) -> int:
+        """Create the initial rows and emit them as snapshot reads; returns how many."""
+        spec, rng, rows = self.spec, self.rng, self.rows
+        for _ in range(spec.initial_customers):
+            created = _T0_US - rng.randrange(1, _TWO_YEARS_US)
+            updated = created + rng.randrange(_T0_US - created)
+            customer = rows.customer(self._new_id("customers"), created, updated, loyalty=False)
+            self.db["customers"].insert(customer)
+        for _ in range(spec.initial_products):
+            created = _T0_US - rng.randrange(1, _TWO_YEARS_US)
+            self.db["products"].insert(rows.product(self._new_id("products"), created))
+        if len(self.db["customers"]) and len(self.db["products"]):
+            for _ in range(spec.initial_orders):
+                self._add_order(_T0_US - rng.randrange(1, _TWO_YEARS_US // 4), settled=True)
+        snapshot_lsn = 0x3_0000_0000 + rng.randrange(1 << 20) * 8
+        snapshot_txid = 700 + rng.randrange(300)
+        reads = [(t, row) for t, state in self.db.tables.items() for row in state.sorted_rows()]
+        for i, (table, row) in enumerate(reads):
+            flag = "last" if i == len(reads) - 1 else "first" if i == 0 else "true"
+            clock = _T0_US + i * 25
+            source = self._source(table, clock, flag, None, snapshot_lsn, snapshot_txid)
+            self._send(table, self.db[table].key_of(row), Envelope("r", None, row, source, clock + 900), row)
+        # The slot's consistent point is where the stream resumes: the first streamed transaction
+        # follows the snapshot LSN.
+        self.wal = Wal(rng, snapshot_lsn, snapshot_txid)
+        self.now_us = _T0_US + len(reads) * 25 + 5_000_000
+        return len(reads)
+
+    # -- streaming ----------------------------------------------------------------------------
+    def stream(self, budget: int, progress: Callable[[int], None]) -> None:
+        """Emit ``budget`` streamed change events in transactions."""
+        spec, rng = self.spec, self.rng
+        alter_at, truncate_at = budget * 2 // 5, budget * 3 // 5
+        done = reported = 0
+        while done < budget:
+            if spec.add_column and not self.altered and done >= alter_at:
+                # ALTER TABLE emits nothing on the stream; the next customers event shows the column.
+                self.db["customers"].add_column(LOYALTY_TIER)
+                self.altered = True
+            if spec.truncate and not self.truncated and done >= truncate_at:
+                txn = self._begin()
+                txn.changes.append(self._truncate_orders())
+                self.wal.place(txn)
+                self._emit(txn)
+                done += 1
+                continue
+            if budget - done >= 2 and rng.random() < INTERLEAVE_PROBABILITY:
+                first = self._build(self._begin(), budget - done - 1)
+                second = self._build(self._begin(), budget - done - len(first.changes), follow=first)
+                self.wal.place_interleaved(first, second)
+                self._emit(first)
+                self._emit(second)
+                done += len(first.changes) + len(second.changes)
+            else:
+                txn = self._build(self._begin(), budget - done)
+                self.wal.place(txn)
+                self._emit(txn)
+                done += len(txn.changes)
+            if done - reported >= 1000:
+                progress(done)
+                reported = done
+
+    def _begin(self) -> Transaction:
+        self.now_us += self.rng.randint(1_000, 400_000)
+        return Transaction(commit_us=self.now_us)
+
+    def _build(self, txn: Transaction, room: int, follow: Transaction | None = None) -> Transaction:
+        size = min(self.rng.randint(1, 5), room)
+        if follow is not None and self.rng.random() < 0.5:
+            touched = [c for c in follow.changes
+                       if c.op in "cu" and c.key is not None and c.key in self.db[c.table]]
+            if touched:
+                last = touched[-1]
+                txn.changes.append(self._update(last.table, txn.commit_us, last.key))
+        while len(txn.changes) < size:
+            table, op, _ = _MIX[bisect.bisect(_MIX_CUM, self.rng.random() * _MIX_CUM[-1])]
+            change = (
+                self._insert(table, txn.commit_us) if op == "c"
+                else self._update(table, txn.commit_us) if op == "u"
+                else self._delete(table) or self._update(table, txn.commit_us)
+            )
+            txn.changes.append(change)
+        return txn
+
+    def _emit(self, txn: Transaction) -> None:
+        processed_us = txn.commit_us + self.rng.randint(2_000, 80_000)
+        for change in txn.changes:
+            source = self._source(change.table, txn.commit_us, "false", txn.last_commit, change.lsn, txn.txid)
+            envelope = Envelope(change.op, change.before, change.after, source, processed_us)
+            self._send(change.table, change.key, envelope, change.row)
+
+    # -- row changes (applied to the source state at once, in commit order) -------------------
+    def _new_id(self, table: str) -> int:
+        self.next_id[table] += 1
+        return self.next_id[table] - 1
+
+    def _add_order(self, ordered_us: int, *, settled: bool) -> Row:
+        state = self.db["orders"]
+        customer = self.db["customers"].random_key(self.rng)
+        product = self.db["products"].random_key(self.rng)
+        assert customer is not None and product is not None
+        row = self.rows.order(self._new_id("orders"), customer[0], self.db["products"].rows[product],
+                              ordered_us, settled=settled)
+        state.insert(row)
+        self.refs["customers"][customer] += 1
+        self.refs["products"][product] += 1
+        return row
+
+    def _insert(self, table: str, now_us: int) -> Change:
+        if table == "orders" and len(self.db["customers"]) and len(self.db["products"]):
+            row = self._add_order(now_us, settled=False)
+        elif table == "products":
+            row = self.rows.product(self._new_id("products"), now_us)
+            self.db["products"].insert(row)
+        else:
+            table = "customers"
+            row = self.rows.customer(self._new_id("customers"), now_us, now_us, loyalty=self.altered)
+            self.db["customers"].insert(row)
+        return Change(table, "c", self.db[table].key_of(row), None, row, row)
+
+    def _update(self, table: str, now_us: int, key: Key | None = None) -> Change:
+        state = self.db[table]
+        key = key or state.random_key(self.rng)
+        if key is None:
+            return self._insert(table, now_us)
+        old = state.rows[key]
+        if table == "customers":
+            new = self.rows.update_customer(old, now_us, loyalty=self.altered)
+        elif table == "products":
+            new = self.rows.update_product(old)
+        else:
+            new = self.rows.update_order(old, now_us)
+        state.replace(key, new)
+        sent = new
+        notes = old.get("notes")
+        if (table == "customers" and notes is not None and new["notes"] == notes
+                and len(notes) >= TOAST_THRESHOLD and self.rng.random() < self.spec.toast_fraction):
+            sent = {**new, "notes": UNAVAILABLE_VALUE}
+            self.counts[table]["toast_placeholders"] += 1
+        # REPLICA IDENTITY DEFAULT logs no old row for an update that keeps the key.
+        before = old if state.definition.replica_identity == "full" else None
+        return Change(table, "u", key, before, sent, new)
+
+    def _delete(self, table: str) -> Change | None:
+        state = self.db[table]
+        for _ in range(8):
+            key = state.random_key(self.rng)
+            if key is None:
+                return None
+            if table == "orders" or not self.refs[table][key]:
+                break
+        else:
+            return None  # every candidate is still referenced by an order
+        old = state.delete(key)
+        if table == "orders":
+            self.refs["customers"][(old["customer_id"],)] -= 1
+            self.refs["products"][(old["product_id"],)] -= 1
+        definition = state.definition
+        before = old if definition.replica_identity == "full" else definition.key_only_image(old)
+        return Change(table, "d", key, before, None, old)
+
+    def _truncate_orders(self) -> Change:
+        self.db["orders"].truncate()
+        for refs in self.refs.values():
+            refs.clear()
+        self.truncated = True
+        return Change("orders", "t", None, None, None, None)
+
+    # -- results ------------------------------------------------------------------------------
+    def finish(self) -> Truth:
+        for table, writer in self.writers.items():
+            writer.close()
+            self.counts[table]["duplicates"] = writer.duplicates
+            self.counts[table]["records"] = writer.records
+        keys = (*_COUNT_KEYS, *(f"malformed_{k}" for k in self.kinds))
+        return Truth(
+            tables=self.db.to_arrow(),
+            key_columns={t: s.definition.key for t, s in self.db.tables.items()},
+            topics=dict(self.topics),
+            counts={t: {k: int(c[k]) for k in keys} for t, c in self.counts.items()},
+            meta={"spec": asdict(self.spec), "schema_versions": {
+                t: s.definition.version for t, s in self.db.tables.items()}},
+        )
+
+
+def generate(
+    spec: WorkloadSpec,
+    log: TopicLog,
+    registry: SchemaRegistry,
+    truth_dir: Path,
+    progress: Callable[[int, int], None] | None = None,
+) -> Truth:
+    """Simulate the source database, write its Debezium change stream and save the truth.
+
+    Args:
+        spec: what to generate.
+        log: the embedded topic log; the topics are created and must not hold records yet.
+        registry: where Avro schemas are registered (unused for JSON).
+        truth_dir: where :class:`Truth` is saved.
+        progress: called as ``progress(events_done, events_total)`` now and then.
+
+    Returns:
+        The true final state, as saved in ``truth_dir``.
+
+    Raises:
+        ValueError: a spec field is out of range.
+        TopicLogError: a topic already holds records.
+    """
+    spec.validate()
+    report = progress or (lambda done, total: None)
+    workload = _Workload(spec, log, registry)
+    reads = workload.snapshot()
+    report(reads, spec.events)
+    workload.stream(max(0, spec.events - reads), lambda done: report(reads + done, spec.events))
+    truth = workload.finish()
+    truth.save(truth_dir)
+    report(spec.events, spec.events)
+    return truth
