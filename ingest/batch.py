@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest import audit, quarantine
+from ingest import audit, faults, quarantine
 from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import DecodeError
@@ -218,6 +218,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, rows: pa.Table, *, batch_i
     # 3. Quarantine first: if we crash after it, the replay finds the rows already there.
     quarantine.write(paths.quarantine, held)
     record.quarantined = len(held)
+    faults.point("after-quarantine")
 
     # 4. Reduce to the latest change per key, then one commit.
     reduction = reduce_changes(changes, tuple(table_key or ()))
@@ -228,6 +229,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, rows: pa.Table, *, batch_i
         offsets={tp: span[1] for tp, span in offsets.items()},
         describe=lambda outcome: _fill(record, outcome).to_metadata(),
     ))
+    faults.point("after-delta-commit")
     _fill(record, outcome)
     record.rows_truncated = outcome.rows_truncated
     record.delta_version = outcome.delta_version
@@ -236,6 +238,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, rows: pa.Table, *, batch_i
     record.total_ms = decode_ms + int((time.perf_counter() - t0) * 1000)
     record.finished_at = datetime.now(UTC)
     audit.append(paths.audit, [record])
+    faults.point("after-batch")
     return BatchResult(record, already_applied=already, controls=controls)
 
 

@@ -43,7 +43,9 @@ class _Model(BaseModel):
 class RegistrySpec(_Model):
     """Where Avro schemas are looked up by id."""
 
-    kind: Literal["embedded", "confluent"] = Field("embedded", description="embedded files or a Confluent-compatible registry")
+    kind: Literal["embedded", "confluent"] = Field(
+        "embedded", description="embedded files or a Confluent-compatible registry"
+    )
     dir: Path = Field(Path("schemas"), description="embedded: directory of the registry, relative to workdir")
     url: str | None = Field(None, description="confluent: registry URL")
     credentials_env: str = Field(
@@ -71,7 +73,9 @@ class SourceSpec(_Model):
     log_dir: Path = Field(Path("topics"), description="embedded: topic log root, relative to workdir")
     kafka: KafkaSpec | None = Field(None, description="kafka: cluster connection")
     registry: RegistrySpec = Field(default_factory=RegistrySpec, description="schema registry for Avro values")
-    value_format: Literal["avro", "json"] = Field("avro", description="Debezium converter: avro (Confluent framing) or json")
+    value_format: Literal["avro", "json"] = Field(
+        "avro", description="Debezium converter: avro (Confluent framing) or json"
+    )
     max_records_per_batch: int = Field(
         20_000, gt=0, description="upper bound on records per micro-batch and table (maxOffsetsPerTrigger)"
     )

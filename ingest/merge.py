@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
+from ingest import faults
 from ingest.deltaio import (
     FRAMEWORK_COLUMNS,
     arrow_type,
@@ -111,6 +112,7 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
     table = state.table if state.table is not None else _create(request, plan)
     if plan.widened:
         table = _widen(table, request, plan)
+        faults.point("after-widen")
 
     truncate_pos = red.truncate.event.position.encode() if red.truncate else None
     if truncate_pos is not None and state.truncate_position is not None and truncate_pos <= state.truncate_position:
@@ -137,6 +139,7 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
     live = [c for c, a in zip(red.winners, actions, strict=True) if a != "stale"]
     if request.delete_mode == "hard":
         _record_tombstones(request, plan.columns, [c for c in live if c.event.is_delete])
+        faults.point("after-tombstones")
     props = CommitProperties(
         app_transactions=[
             Transaction(app_id(topic, partition), offset, int(time.time() * 1000))
@@ -150,6 +153,7 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
     source_rows = [c for c in live if not (request.delete_mode == "hard" and c.event.is_delete and
                                            _key(c, request.key_columns) not in stored)]
     before = table.version()
+    faults.point("before-commit")
     try:
         if source_rows or truncate_pos:
             source = _source_table(source_rows, plan.columns, request.key_columns)
@@ -340,8 +344,7 @@ def _source_table(rows: list[PositionedChange], columns: list[ColumnSpec], key_c
     events = [c.event for c in rows]
     data["_cdc_op"] = pa.array([e.op for e in events], pa.string())
     data["_cdc_position"] = pa.array([e.position.encode() for e in events], pa.string())
-    data["_cdc_source_ts"] = pa.array([e.source_ts_ms for e in events], pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(
-        pa.timestamp("us", tz="UTC"))
+    data["_cdc_source_ts"] = _millis_to_timestamp([e.source_ts_ms for e in events])
     data["_cdc_topic"] = pa.array([c.coords.topic for c in rows], pa.string())
     data["_cdc_partition"] = pa.array([c.coords.partition for c in rows], pa.int32())
     data["_cdc_offset"] = pa.array([c.coords.offset for c in rows], pa.int64())
@@ -349,6 +352,10 @@ def _source_table(rows: list[PositionedChange], columns: list[ColumnSpec], key_c
     data["_cdc_deleted"] = pa.array([e.is_delete for e in events], pa.bool_())
     table = pa.table(data)
     return table.sort_by([(k, "ascending") for k in key_columns]) if rows else table
+
+
+def _millis_to_timestamp(values: list[int | None]) -> pa.Array:
+    return pa.array(values, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
 
 
 def _merge(table: DeltaTable, request: MergeRequest, columns: list[ColumnSpec], source: pa.Table,
@@ -395,8 +402,7 @@ def _record_tombstones(request: MergeRequest, columns: list[ColumnSpec], deletes
     types = {c.name: c.type for c in columns}
     data = {k: pa.array([c.event.key[k] for c in deletes], arrow_type(types[k])) for k in request.key_columns}
     data["_cdc_position"] = pa.array([c.event.position.encode() for c in deletes], pa.string())
-    data["_cdc_deleted_at"] = pa.array([c.event.source_ts_ms for c in deletes], pa.int64()).cast(
-        pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
+    data["_cdc_deleted_at"] = _millis_to_timestamp([c.event.source_ts_ms for c in deletes])
     source = pa.table(data)
     table = open_table(request.tombstones_path)
     if table is None:

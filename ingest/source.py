@@ -58,7 +58,8 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> Offsets:
         ends = self._end_offsets()
         if self.starting in ("earliest", "latest"):
-            return {t: {p: (0 if self.starting == "earliest" else e) for p, e in parts.items()} for t, parts in ends.items()}
+            latest = self.starting == "latest"
+            return {t: {p: (e if latest else 0) for p, e in parts.items()} for t, parts in ends.items()}
         wanted: dict[str, dict[str, int]] = json.loads(self.starting)
         result: Offsets = {}
         for topic, parts in ends.items():

@@ -14,7 +14,10 @@ from pyspark.sql import SparkSession
 from ingest.config import SparkSpec
 from ingest.errors import EnvironmentProblem
 
-JAVA_HINT = "Java 17 is required for Spark: install a JDK/JRE 17 (e.g. `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
+JAVA_HINT = (
+    "Java 17 is required for Spark: install a JDK/JRE 17 "
+    "(e.g. `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
+)
 
 
 def check_java() -> None:

@@ -252,10 +252,7 @@ class TopicLog:
                 seg = ipc.open_file(source).read_all()
             lo, hi = max(start, first) - first, min(end, nxt) - first
             pieces.append(seg.slice(lo, hi - lo))
-        if pieces:
-            records = pa.concat_tables(pieces)
-        else:
-            records = SEGMENT_SCHEMA.empty_table()
+        records = pa.concat_tables(pieces) if pieces else SEGMENT_SCHEMA.empty_table()
         if records.num_rows != end - start and end > start:
             available = self._end_offset(topic, partition)
             raise TopicLogError(

@@ -141,13 +141,13 @@ def verify_table(
 
 def _read_live(path: Path) -> pa.Table | None:
     """The rows a reader sees, without framework columns; ``None`` if there is no Delta table."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
+    from ingest.deltaio import open_table, read_all
 
-    try:
-        table = DeltaTable(str(path)).to_pyarrow_table()
-    except (TableNotFoundError, FileNotFoundError):
+    delta = open_table(path)
+    if delta is None:
         return None
+    # delta-rs's own engine, not a pyarrow dataset scan (those can abort the interpreter at exit).
+    table = read_all(delta)
     if DELETED_COLUMN in table.column_names and pa.types.is_boolean(table.schema.field(DELETED_COLUMN).type):
         table = table.filter(pc.invert(pc.fill_null(table[DELETED_COLUMN], False)))
     return table.select([c for c in table.column_names if not c.startswith(CDC_PREFIX)])

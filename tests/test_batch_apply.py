@@ -123,7 +123,7 @@ def test_incompatible_type_change_stops_table_without_commit(tmp_path):
     apply(HARD, paths, [change("c", 1, 10)])
     version = open_table(paths.table).version()
     bad = tuple(ColumnSpec(c.name, "long") if c.name == "name" else c for c in COLUMNS)
-    with pytest.raises(SchemaIncompatibleError, match="'name'.*string to long"):
+    with pytest.raises(SchemaIncompatibleError, match=r"'name'.*string to long"):
         apply(HARD, paths, [change("c", 2, 20, columns=bad, name=None)], first_offset=1, batch_id=1)
     assert open_table(paths.table).version() == version
 

@@ -1,0 +1,42 @@
+# Two entry points: `make demo` and `make test`. Both create the virtualenv and install first.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
+
+.PHONY: demo test install lint bench lock clean java
+
+java:
+	@command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || { \
+	  echo "Java 17 is required for Spark: install a JDK/JRE 17 (e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME." >&2; exit 1; }
+
+$(STAMP):
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Python 3.11 is required ($(PYTHON) not found)." >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip uv
+	$(BIN)/uv pip install --python $(BIN)/python --quiet -r requirements.lock
+	$(BIN)/uv pip install --python $(BIN)/python --quiet --no-deps -e .
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: java install
+	$(BIN)/ingest demo
+
+test: java install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check ingest assets dagster_project tests
+	$(BIN)/mypy ingest
+
+bench: java install
+	$(BIN)/python benchmarks/bench_ingest.py
+
+# Re-resolve the pinned set after changing pyproject.toml.
+lock:
+	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 -o requirements.lock
+
+clean:
+	rm -rf $(VENV) demo-work

@@ -1,0 +1,256 @@
+"""The ``ingest`` command line."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ingest.config import IngestConfig, load_config
+from ingest.errors import IngestError
+
+app = typer.Typer(help="CDC lakehouse ingestion: Debezium topics -> Delta Lake tables.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+# Piped output (CI logs, files) gets a width that fits the summary tables instead of 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+DEFAULT_CONFIG = Path("configs/demo.yaml")
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="configuration file (YAML)")]
+WorkdirOpt = Annotated[Path | None, typer.Option(help="override the config's workdir")]
+
+
+def _config(path: Path, workdir: Path | None = None) -> IngestConfig:
+    return load_config(path, workdir=workdir)
+
+
+def _progress_printer() -> Any:
+    def show(table: str, record: Any, result: Any) -> None:
+        if record is None:
+            console.print(f"  [dim]{table}: batch of {result.already_applied} already-applied records skipped[/]")
+            return
+        console.print(
+            f"  {table}: batch {record.batch_id} received {record.received:>6}  "
+            f"+{record.inserted} ~{record.updated} -{record.deleted}  superseded {record.superseded}  "
+            f"stale {record.stale}  quarantined {record.quarantined}  -> v{record.delta_version} "
+            f"({record.total_ms} ms)"
+        )
+    return show
+
+
+@app.command()
+def demo(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+    events: Annotated[int, typer.Option(help="change events to simulate")] = 20_000,
+    seed: Annotated[int, typer.Option(help="simulator seed")] = 7,
+    malformed: Annotated[float, typer.Option(help="fraction of extra malformed messages")] = 0.005,
+) -> None:
+    """Simulate a source database, ingest its changes, verify every table; exit 1 on any mismatch."""
+    from ingest.demo import run_demo
+
+    cfg = _config(config, workdir)
+    console.rule(f"CDC demo in {cfg.workdir}")
+    started = time.perf_counter()
+
+    def on_generate(done: int, total: int) -> None:
+        if done == total or done % 5000 == 0:
+            console.print(f"  simulating: {done}/{total} events")
+
+    result = run_demo(cfg, events=events, seed=seed, malformed_fraction=malformed, progress=_progress_printer(),
+                      on_generate=on_generate)
+    console.print("workload: " + ("generated" if result.generated else "reused (same seed and size); replaying it"))
+    summary = Table(title="Tables after ingestion", show_lines=False)
+    for col in ("table", "rows", "inserted", "updated", "deleted", "superseded", "stale", "quarantined",
+                "replayed", "Delta version", "unchanged", "verification"):
+        summary.add_column(col, justify="right" if col not in ("table", "verification") else "left")
+    verdicts = {v.table: v for v in result.verifications}
+    for name, run in result.report.tables.items():
+        v = verdicts.get(name)
+        verdict = "[green]equal to source[/]" if v and v.ok else f"[red]{_mismatch(v)}[/]"
+        if run.error:
+            verdict = f"[red]failed: {run.error}[/]"
+        summary.add_row(
+            name, str(v.actual_rows if v else "?"), str(run.total("inserted")), str(run.total("updated")),
+            str(run.total("deleted")), str(run.total("superseded")), str(run.total("stale")),
+            str(run.total("quarantined")), str(run.already_applied), str(result.after[name].version),
+            _unchanged(result.before[name], result.after[name]), verdict,
+        )
+    console.print(summary)
+    balanced = all(b.balanced for t in result.report.tables.values() for b in t.batches)
+    console.print(f"audit balance (received = applied + superseded + stale + quarantined + skipped): "
+                  f"{'holds in every batch' if balanced else '[red]BROKEN[/]'}")
+    console.print(f"done in {time.perf_counter() - started:.1f} s")
+    if not (result.ok and balanced):
+        raise typer.Exit(1)
+
+
+def _unchanged(before: Any, after: Any) -> str:
+    if before.version is None:
+        return "created"
+    return "yes (same version, same files)" if before == after else f"no: v{before.version} -> v{after.version}"
+
+
+def _mismatch(v: Any) -> str:
+    if v is None:
+        return "no truth"
+    return f"MISMATCH missing {v.missing} unexpected {v.unexpected} different {v.different}"
+
+
+@app.command()
+def run(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+    table: Annotated[list[str] | None, typer.Option("--table", "-t", help="only these tables")] = None,
+    continuous: Annotated[bool, typer.Option(help="keep running and poll for new changes")] = False,
+    reset_checkpoints: Annotated[bool, typer.Option(help="delete Spark checkpoints; resume from Delta")] = False,
+    from_beginning: Annotated[bool, typer.Option(help="re-read topics from offset 0 (replay)")] = False,
+) -> None:
+    """Ingest the configured tables until caught up (or continuously)."""
+    from ingest.engine import Engine
+
+    cfg = _config(config, workdir)
+    report = Engine(cfg).run(tables=table, mode="continuous" if continuous else "available_now",
+                             reset_checkpoints=reset_checkpoints, from_beginning=from_beginning,
+                             progress=_progress_printer())
+    out = Table(title=f"run {report.run_id} ({report.seconds:.1f} s)")
+    for col in ("table", "batches", "received", "inserted", "updated", "deleted", "quarantined", "replayed", "error"):
+        out.add_column(col)
+    for name, t in report.tables.items():
+        out.add_row(name, str(len(t.batches)), str(t.total("received")), str(t.total("inserted")),
+                    str(t.total("updated")), str(t.total("deleted")), str(t.total("quarantined")),
+                    str(t.already_applied), t.error or "")
+    console.print(out)
+    if report.failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
+    """Per table: applied offsets, lag, Delta version, last batch."""
+    from ingest.status import table_status
+
+    cfg = _config(config, workdir)
+    out = Table(title="Table status")
+    for col in ("table", "topic", "applied offsets", "lag", "Delta version", "live rows", "last batch"):
+        out.add_column(col)
+    for s in table_status(cfg):
+        applied = ", ".join(f"p{p}:{'-' if o is None else o}/{s.end[p] - 1}" for p, o in sorted(s.applied.items()))
+        last = "-"
+        if s.last_batch and s.last_batch.get("finished_at"):
+            b = s.last_batch
+            last = f"#{b['batch_id']} {b['status']} at {b['finished_at']:%Y-%m-%d %H:%M:%S}"
+        out.add_row(s.table, s.topic, applied or "-", str(s.lag), str(s.delta_version), str(s.rows), last)
+    console.print(out)
+
+
+@app.command()
+def verify(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
+    """Compare every table with the simulator's truth; exit 1 on any mismatch."""
+    from ingest.demo import verify_all
+
+    results = verify_all(_config(config, workdir))
+    out = Table(title="Verification against the simulated source")
+    for col in ("table", "expected", "actual", "missing", "unexpected", "different", "result"):
+        out.add_column(col)
+    for v in results:
+        out.add_row(v.table, str(v.expected_rows), str(v.actual_rows), str(v.missing), str(v.unexpected),
+                    str(v.different), "[green]ok[/]" if v.ok else "[red]MISMATCH[/]")
+    console.print(out)
+    for v in results:
+        for example in v.examples:
+            console.print(f"  {v.table}: {example}")
+    if not all(v.ok for v in results):
+        raise typer.Exit(1)
+
+
+@app.command()
+def query(
+    sql: Annotated[str, typer.Argument(help="SQL over the tables (each configured table is a view of live rows)")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+    output: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
+) -> None:
+    """Run SQL (DuckDB) over the live rows of the Delta tables."""
+    from ingest.query import run_sql
+
+    result = run_sql(_config(config, workdir), sql)
+    if output == "json":
+        for row in result.to_pylist():
+            print(json.dumps(row, default=str))
+    elif output == "csv":
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(result, sys.stdout.buffer)
+    else:
+        out = Table(title=f"{result.num_rows} rows")
+        for name in result.column_names:
+            out.add_column(name)
+        for row in result.slice(0, limit).to_pylist():
+            out.add_row(*("" if v is None else str(v) for v in row.values()))
+        console.print(out)
+
+
+@app.command()
+def produce(
+    topic: Annotated[str, typer.Argument(help="topic to append to (created if missing)")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="JSON lines file; default: stdin")] = None,
+    partitions: Annotated[int, typer.Option(help="partitions when the topic is created")] = 3,
+) -> None:
+    """Append records to the embedded topic log from JSON lines.
+
+    One record per line: {"partition": 0 (optional; default by key hash), "key": base64|null,
+    "value": base64|null, "timestamp": epoch millis (optional), "headers": [{"key": "k", "value": base64|null}]}.
+    """
+    from ingest.topiclog import ProducerRecord, TopicLog, partition_for_key
+
+    cfg = _config(config, workdir)
+    log = TopicLog(cfg.log_dir)
+    if not log.exists(topic):
+        log.create_topic(topic, partitions)
+    count = log.partitions(topic)
+    stream = file.open() if file else sys.stdin
+    records = []
+    for lineno, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            key = base64.b64decode(obj["key"], validate=True) if obj.get("key") is not None else None
+            value = base64.b64decode(obj["value"], validate=True) if obj.get("value") is not None else None
+            partition = obj.get("partition")
+            if partition is None:
+                partition = partition_for_key(key, count) if key is not None else lineno % count
+            headers = tuple((h["key"], base64.b64decode(h["value"]) if h.get("value") is not None else None)
+                            for h in obj.get("headers", []))
+            records.append(ProducerRecord(int(partition), key, value, int(obj.get("timestamp", time.time() * 1000)),
+                                          headers))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IngestError(f"line {lineno}: not a valid record ({type(exc).__name__}: {exc})") from exc
+    written = log.append(topic, records)
+    for partition, (first, nxt) in sorted(written.items()):
+        console.print(f"{topic}[{partition}]: offsets {first}..{nxt - 1}")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except IngestError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

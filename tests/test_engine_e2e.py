@@ -1,0 +1,142 @@
+"""End to end on the shared SparkSession: simulator -> topic log -> Spark -> Delta -> verification."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ingest import audit, quarantine
+from ingest.config import IngestConfig, load_config
+from ingest.demo import TableFingerprint, prepare_workload, truth_dir, verify_all
+from ingest.engine import Engine
+from ingest.topiclog import ProducerRecord, TopicLog
+
+pytestmark = pytest.mark.spark
+
+
+def make_config(workdir: Path, *, batch: int = 400, extra_tables: list[dict] | None = None,
+                value_format: str = "avro") -> IngestConfig:
+    raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
+    raw["workdir"] = str(workdir)
+    raw["source"]["max_records_per_batch"] = batch
+    raw["source"]["value_format"] = value_format
+    raw["tables"] += extra_tables or []
+    path = workdir / "config.yaml"
+    workdir.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw))
+    return load_config(path)
+
+
+@pytest.fixture(scope="module")
+def ingested(tmp_path_factory, spark):
+    """A small workload with duplicates, reorders, a truncate, an added column, TOAST and malformed input."""
+    config = make_config(tmp_path_factory.mktemp("e2e"))
+    prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
+    report = Engine(config, spark=spark).run()
+    return config, report
+
+
+def test_tables_equal_the_source(ingested):
+    config, report = ingested
+    assert not report.failed
+    for result in verify_all(config):
+        assert result.ok, (result.table, result.examples)
+
+
+def test_several_batches_and_balance_in_every_batch(ingested):
+    config, _ = ingested
+    rows = audit.read(config.tables_root / "_cdc_audit").to_pylist()
+    assert len(rows) >= 6
+    assert all(r["balanced"] for r in rows)
+    assert sum(r["superseded"] + r["stale"] for r in rows) > 0  # duplicates were really exercised
+
+
+def test_malformed_messages_are_quarantined_with_reasons(ingested):
+    config, _ = ingested
+    from ingest.simulator import Truth
+
+    counts = Truth.load(truth_dir(config)).counts
+    injected = sum(c.get("malformed", 0) for c in counts.values())
+    held = quarantine.read(config.tables_root / "_cdc_quarantine").to_pylist()
+    assert injected > 0 and len(held) == injected
+    assert all((r["reason"] and r["raw_value"] is not None) or r["raw_key"] is not None for r in held)
+    rows = audit.read(config.tables_root / "_cdc_audit").to_pylist()
+    assert sum(r["quarantined"] for r in rows) == injected
+
+
+def test_replay_of_everything_changes_no_table(ingested, spark):
+    config, _ = ingested
+    before = {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
+    report = Engine(config, spark=spark).run(from_beginning=True)
+    after = {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
+    assert before == after
+    assert all(not t.batches for t in report.tables.values())
+    assert sum(t.already_applied for t in report.tables.values()) > 2500
+
+
+def _json_change(op: str, row: dict, lsn: int) -> bytes:
+    value = {"before": None if op == "c" else row, "after": None if op == "d" else row,
+             "source": {"connector": "postgresql", "lsn": lsn, "sequence": json.dumps([str(lsn - 1), str(lsn)]),
+                        "ts_ms": 1_700_000_000_000, "snapshot": "false"},
+             "op": op, "ts_ms": 1_700_000_000_000}
+    return json.dumps(value).encode()
+
+
+def _produce(log: TopicLog, topic: str, changes: list[tuple[str, dict, int]], partition: int = 0) -> None:
+    if not log.exists(topic):
+        log.create_topic(topic, 2)
+    log.append(topic, [ProducerRecord(partition, json.dumps({"id": row["id"]}).encode(), _json_change(op, row, lsn),
+                                      1_700_000_000_000) for op, row, lsn in changes])
+
+
+def test_lost_checkpoint_resumes_from_delta_without_rereading(tmp_path, spark):
+    config = make_config(tmp_path, value_format="json",
+                         extra_tables=[{"name": "notes", "topic": "app.notes"}])
+    config = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name == "notes")})
+    log = TopicLog(config.log_dir)
+    _produce(log, "app.notes", [("c", {"id": i, "body": f"v{i}"}, 100 + i) for i in range(10)])
+    first = Engine(config, spark=spark).run()
+    assert first.tables["notes"].total("inserted") == 10
+    shutil.rmtree(config.checkpoint_root)
+    _produce(log, "app.notes", [("u", {"id": 1, "body": "changed"}, 200), ("d", {"id": 2}, 201)])
+    second = Engine(config, spark=spark).run()
+    run = second.tables["notes"]
+    assert run.already_applied == 0  # resumed from the Delta log: no re-read
+    assert run.total("received") == 2 and run.total("updated") == 1 and run.total("deleted") == 1
+
+
+def test_incompatible_change_stops_only_that_table(tmp_path, spark):
+    config = make_config(tmp_path, value_format="json", extra_tables=[
+        {"name": "good", "topic": "app.good"}, {"name": "bad", "topic": "app.bad"}])
+    config = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name in ("good", "bad"))})
+    log = TopicLog(config.log_dir)
+    _produce(log, "app.good", [("c", {"id": 1, "body": "x"}, 10)])
+    _produce(log, "app.bad", [("c", {"id": 1, "body": "x"}, 10)])
+    assert not Engine(config, spark=spark).run().failed
+    _produce(log, "app.bad", [("u", {"id": 1, "body": 5}, 20)])
+    _produce(log, "app.good", [("u", {"id": 1, "body": "y"}, 20)])
+    report = Engine(config, spark=spark).run()
+    assert report.failed == ["bad"]
+    assert "'body'" in report.tables["bad"].error and "string" in report.tables["bad"].error
+    assert report.tables["good"].total("updated") == 1
+
+
+def test_produce_command_appends_json_lines(tmp_path):
+    from typer.testing import CliRunner
+
+    from ingest.cli import app
+
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(yaml.safe_dump({"workdir": str(tmp_path), "tables": [{"name": "x", "topic": "t.x"}]}))
+    lines = "\n".join(json.dumps({"key": base64.b64encode(b"k%d" % i).decode(), "value": None, "partition": i % 2,
+                                  "timestamp": 5}) for i in range(5))
+    result = CliRunner().invoke(app, ["produce", "t.x", "-c", str(config_path), "--partitions", "2"], input=lines)
+    assert result.exit_code == 0, result.output
+    log = TopicLog(tmp_path / "topics")
+    assert log.end_offsets("t.x") == {0: 3, 1: 2}
+    assert log.read("t.x", 1, 0, 2)["key"].to_pylist() == [b"k1", b"k3"]
