@@ -36,11 +36,11 @@ from ingest.deltaio import (
     read_all,
     sql_string,
 )
-from ingest.errors import CommitConflictError, TableError
+from ingest.errors import CommitConflictError, OffsetsConflictError, TableError
 from ingest.events import UNAVAILABLE, ColumnSpec
 from ingest.reduce import Key, PositionedChange, Reduction, event_key
 from ingest.schema import SchemaPlan, combine, plan_schema
-from ingest.tablestate import BATCH_KEY, STATE_KEY, app_id, load_state
+from ingest.tablestate import BATCH_KEY, STATE_KEY, TableState, app_id, load_state
 
 Action = Literal["insert", "update", "delete", "stale"]
 _TOAST_PREFIX = "__cdc_toast__"
@@ -98,6 +98,7 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
     """
     started = time.perf_counter()
     state = load_state(request.path)
+    _refuse_to_move_backwards(request, state)
     red = request.reduction
     images = [_image_columns(c) for c in red.winners]
     incoming = combine(request.table, images)
@@ -172,6 +173,18 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
     outcome.delta_version = table.version()
     outcome.merge_ms = int((time.perf_counter() - started) * 1000)
     return outcome
+
+
+def _refuse_to_move_backwards(request: MergeRequest, state: TableState) -> None:
+    """The batch's offsets must be beyond what the table records (another writer may have moved it)."""
+    for (topic, partition), offset in sorted(request.offsets.items()):
+        applied = state.applied_offset(topic, partition)
+        if applied is not None and offset <= applied:
+            raise OffsetsConflictError(
+                request.table,
+                f"{topic}[{partition}] is already applied up to offset {applied}; this batch ends at {offset}. "
+                "Refusing to move progress backwards (is another writer running on this table?)",
+            )
 
 
 # -- planning ---------------------------------------------------------------------------------------

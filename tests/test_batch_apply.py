@@ -200,3 +200,17 @@ def test_toast_not_filled_from_a_redelivered_older_image(tmp_path):
     apply(HARD, paths, [placeholder, redelivered], first_offset=2, batch_id=1)
     row = live(paths)[1]
     assert row["name"] == "renamed" and row["notes"] == "newest"
+
+
+def test_commit_refuses_to_move_progress_backwards(tmp_path):
+    from ingest.errors import OffsetsConflictError
+    from ingest.merge import MergeRequest, apply_batch
+    from ingest.reduce import Reduction
+
+    paths = paths_in(tmp_path)
+    apply(HARD, paths, [change("c", 1, 10)], first_offset=5)
+    request = MergeRequest(table="customers", path=paths.table, tombstones_path=paths.tombstones,
+                           delete_mode="hard", key_columns=("id",), reduction=Reduction(),
+                           offsets={("t", 0): 3}, describe=lambda outcome: {})
+    with pytest.raises(OffsetsConflictError, match=r"t\[0\] is already applied up to offset 5"):
+        apply_batch(request)

@@ -1,0 +1,54 @@
+from datetime import timedelta
+
+import pytest
+
+from ingest.config import load_config
+from ingest.errors import ConfigError
+
+
+def write(tmp_path, text):
+    path = tmp_path / "ingest.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_demo_config_is_valid_and_documents_every_table():
+    config = load_config("configs/demo.yaml")
+    assert [t.name for t in config.tables] == ["customers", "products", "orders"]
+    assert config.table("orders").primary_key == ("id",)
+    assert config.table("customers").tombstone_retention == timedelta(days=7)
+
+
+def test_relative_paths_resolve_against_the_file(tmp_path):
+    config = load_config(write(tmp_path, "workdir: work\ntables: [{name: a, topic: t.a}]\n"))
+    assert config.table_path("a") == (tmp_path / "work" / "tables" / "a").resolve()
+    assert config.log_dir == (tmp_path / "work" / "topics").resolve()
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "message"),
+    [
+        ("tables: [{name: a, topic: t, delete_mode: never}]", "tables[0].delete_mode", "'hard' or 'soft'"),
+        ("tables: [{name: '../x', topic: t}]", "tables[0].name", "letters, digits"),
+        ("tables: [{name: _cdc_x, topic: t}]", "tables[0].name", "_cdc_"),
+        ("tables: [{name: a, topic: t, colour: red}]", "tables[0].colour", "Extra inputs"),
+        ("tables: []", "tables", "at least 1"),
+        ("source: {kind: kafka}\ntables: [{name: a, topic: t}]", "source", "bootstrap_servers"),
+        ("tables: [{name: a, topic: t}, {name: b, topic: t}]", "(top level)", "same topic"),
+        ("source: {max_records_per_batch: 0}\ntables: [{name: a, topic: t}]", "source.max_records_per_batch",
+         "greater than 0"),
+    ],
+)
+def test_errors_name_the_file_and_the_field(tmp_path, text, field, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: {field}")
+    assert message in str(info.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "tables: [unclosed"))
