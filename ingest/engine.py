@@ -116,7 +116,7 @@ class Engine:
         if self.config.source.kind == "embedded":
             log_ = TopicLog(self.config.log_dir)
             return log_.partitions(topic) if log_.exists(topic) else 0
-        raise IngestError("partition discovery for Kafka needs the Kafka admin client; not configured")
+        return _kafka_partitions(self.config, topic)
 
     def run(self, *, tables: list[str] | None = None, mode: Mode = "available_now",
             reset_checkpoints: bool = False, from_beginning: bool = False,
@@ -194,6 +194,19 @@ class Engine:
             registry_url=source.registry.url if source.registry.kind == "confluent" else None,
             key_columns=spec.primary_key,
         )
+
+
+def _kafka_partitions(config: IngestConfig, topic: str) -> int:
+    """Partition count of a Kafka topic, from the cluster's metadata."""
+    from confluent_kafka.admin import AdminClient
+
+    assert config.source.kafka is not None
+    admin = AdminClient({"bootstrap.servers": config.source.kafka.bootstrap_servers})
+    metadata = admin.list_topics(topic, timeout=30)
+    info = metadata.topics.get(topic)
+    if info is None or info.error is not None:
+        raise IngestError(f"Kafka topic {topic!r} is not available: {info.error if info else 'unknown topic'}")
+    return len(info.partitions)
 
 
 def _short(exc: BaseException) -> str:

@@ -140,3 +140,22 @@ def test_produce_command_appends_json_lines(tmp_path):
     log = TopicLog(tmp_path / "topics")
     assert log.end_offsets("t.x") == {0: 3, 1: 2}
     assert log.read("t.x", 1, 0, 2)["key"].to_pylist() == [b"k1", b"k3"]
+
+
+def test_continuous_mode_picks_up_records_appended_while_running(tmp_path, spark):
+    import threading
+    import time
+
+    config = make_config(tmp_path, value_format="json", extra_tables=[{"name": "live", "topic": "app.live"}])
+    config = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name == "live")})
+    log = TopicLog(config.log_dir)
+    _produce(log, "app.live", [("c", {"id": 1, "body": "a"}, 10)])
+    reports = []
+    runner = threading.Thread(target=lambda: reports.append(
+        Engine(config, spark=spark).run(mode="continuous", stop_after=25)))
+    runner.start()
+    time.sleep(12)
+    _produce(log, "app.live", [("c", {"id": 2, "body": "b"}, 20)], partition=1)
+    runner.join(timeout=90)
+    (report,) = reports
+    assert report.tables["live"].total("inserted") == 2 and not report.failed
