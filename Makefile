@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: demo test install lint bench lock clean java
+.PHONY: demo test install lint bench lock clean java dagster ui-screenshot
 
 java:
 	@command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || { \
@@ -28,11 +28,22 @@ test: java install
 	$(BIN)/python -m pytest -q
 
 lint: install
-	$(BIN)/ruff check ingest assets dagster_project tests
+	$(BIN)/ruff check ingest assets dagster_project tests scripts
 	$(BIN)/mypy ingest
 
 bench: java install
 	$(BIN)/python benchmarks/bench_ingest.py
+
+# The Dagster UI (http://127.0.0.1:3000) over configs/demo.yaml; runs, materializations, checks and
+# sensor cursors are kept in .dagster_home/ (git-ignored) across restarts.
+dagster: java install
+	mkdir -p .dagster_home && cp dagster_project/dagster.yaml .dagster_home/dagster.yaml
+	DAGSTER_HOME=$(CURDIR)/.dagster_home VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg dev --port 3000
+
+# Materialize every asset through the webserver's GraphQL API and screenshot the asset graph
+# (docs/img/dagster-asset-graph.png). Needs Chromium (apt-get install chromium); not part of `make test`.
+ui-screenshot: java install
+	$(BIN)/python scripts/ui_screenshot.py
 
 # Re-resolve the pinned set after changing pyproject.toml.
 lock:

@@ -1,0 +1,52 @@
+"""The one place the Dagster definitions are assembled, from the ingestion configuration.
+
+Every configured table becomes an asset (with its checks and its sensor), so adding a table to
+the configuration adds an asset. ``dagster_project`` calls :func:`build_definitions` with the real
+engine; tests call it with a stub or the real engine on a small workload.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.analytics import build_analytics_assets
+from assets.checks import DEFAULT_THRESHOLDS, LagThresholds, build_table_checks
+from assets.constants import CDC_TABLES_GROUP, ENGINE_RESOURCE_KEY
+from assets.jobs import build_maintenance_job, build_maintenance_schedule
+from assets.resources import IngestEngine
+from assets.sensors import DEFAULT_INTERVAL_SECONDS, build_offsets_sensor
+from assets.tables import build_table_asset
+from ingest.config import IngestConfig
+
+INGEST_JOB = "cdc_ingest_all_tables"
+
+
+def build_definitions(config: IngestConfig, engine: IngestEngine, *,
+                      thresholds: LagThresholds = DEFAULT_THRESHOLDS,
+                      sensor_interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
+                      sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
+                      schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
+                      ) -> dg.Definitions:
+    """Assets, checks, sensors, jobs and schedule for ``config``, bound to ``engine``.
+
+    Args:
+        config: the ingestion configuration the assets are generated from.
+        engine: the resource that drains tables (bound as ``ingest_engine``).
+        thresholds: when the ``lag`` check calls a table stale.
+        sensor_interval_seconds: minimum seconds between two ticks of a table's sensor.
+        sensor_status: whether the sensors start running when first loaded.
+        schedule_status: whether the maintenance schedule starts running when first loaded.
+    """
+    tables = [build_table_asset(spec) for spec in config.tables]
+    maintenance = build_maintenance_job(config.tables)
+    return dg.Definitions(
+        assets=[*tables, *build_analytics_assets(config)],
+        asset_checks=[build_table_checks(spec, thresholds) for spec in config.tables],
+        sensors=[build_offsets_sensor(spec, minimum_interval_seconds=sensor_interval_seconds,
+                                      default_status=sensor_status) for spec in config.tables],
+        jobs=[maintenance,
+              dg.define_asset_job(INGEST_JOB, selection=dg.AssetSelection.groups(CDC_TABLES_GROUP),
+                                  description="Drain every CDC table (each in its own step and pool).")],
+        schedules=[build_maintenance_schedule(maintenance, default_status=schedule_status)],
+        resources={ENGINE_RESOURCE_KEY: engine},
+    )

@@ -1,0 +1,163 @@
+"""Table maintenance over delta-rs: compaction, log checkpoint, vacuum, log clean-up, tombstones.
+
+No Dagster here (the maintenance job in :mod:`assets.jobs` calls it). Maintenance commits carry
+``cdc.maintenance`` in their commit info and never ``cdc.state``/``cdc.batch``, so the engine,
+which reads its progress and key from the newest commit that has them, looks straight past them;
+Delta app transactions (the applied offsets) live in the table's snapshot and survive any commit.
+
+Maintenance holds the same writer lock as an ingestion run (``ingest.locks``), so it never
+rewrites files under a run, whether the run came from Dagster or from ``ingest run``.
+
+Log clean-up removes commit files older than ``delta.logRetentionDuration`` before the newest
+checkpoint. The engine's newest commit info must survive it (it holds the primary key and the
+truncate mark), so clean-up runs only while that commit is younger than the retention.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from deltalake import CommitProperties, DeltaTable
+
+from ingest import locks
+from ingest.batch import TablePaths
+from ingest.config import IngestConfig, TableSpec
+from ingest.deltaio import open_table
+from ingest.merge import purge_tombstones
+from ingest.tablestate import latest_cdc_commit, load_state
+
+MAINTENANCE_KEY = "cdc.maintenance"
+_DEFAULT_LOG_RETENTION = timedelta(days=30)
+_INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(second|minute|hour|day|week)s?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceOptions:
+    """What maintenance does to a table.
+
+    Args:
+        layout: ``compact`` bin-packs small files; ``zorder`` rewrites the table clustered by its
+            primary key (MERGE then touches fewer files, but every run rewrites the whole table);
+            ``none`` leaves the files alone.
+        target_file_size_mb: size of the files compaction writes.
+        vacuum_retention_hours: files no longer referenced are deleted once older than this;
+            ``None`` skips vacuum.
+        checkpoint: write a Delta log checkpoint at the current version.
+        cleanup_log: remove expired log files (guarded, see the module docstring).
+    """
+
+    layout: Literal["compact", "zorder", "none"] = "compact"
+    target_file_size_mb: int = 64
+    vacuum_retention_hours: int | None = 168
+    checkpoint: bool = True
+    cleanup_log: bool = True
+
+
+@dataclass(slots=True)
+class TableMaintenance:
+    """What maintenance did to one Delta table."""
+
+    path: str
+    exists: bool = True
+    version_before: int | None = None
+    version_after: int | None = None
+    files_removed: int = 0
+    files_added: int = 0
+    vacuumed_files: int = 0
+    checkpoint_version: int | None = None
+    log_cleanup: str = "skipped"
+    tombstones_purged: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+def maintain(path: Path, options: MaintenanceOptions, *, key_columns: tuple[str, ...] | None = None,
+             now: datetime | None = None) -> TableMaintenance:
+    """Compact, vacuum, checkpoint and clean up one Delta table (any table, CDC or not)."""
+    report = TableMaintenance(str(path))
+    table = open_table(path)
+    if table is None:
+        report.exists = False
+        return report
+    now = now or datetime.now(UTC)
+    report.version_before = table.version()
+    commit = CommitProperties(custom_metadata={MAINTENANCE_KEY: options.layout})
+    target = options.target_file_size_mb * 1024 * 1024
+    metrics: dict[str, Any] = {}
+    if options.layout == "zorder" and key_columns:
+        metrics = table.optimize.z_order(list(key_columns), target_size=target, commit_properties=commit)
+    elif options.layout in ("compact", "zorder"):
+        metrics = table.optimize.compact(target_size=target, commit_properties=commit)
+    report.files_removed = int(metrics.get("numFilesRemoved", 0))
+    report.files_added = int(metrics.get("numFilesAdded", 0))
+    if options.vacuum_retention_hours is not None:
+        removed = table.vacuum(retention_hours=options.vacuum_retention_hours, dry_run=False,
+                               enforce_retention_duration=False,
+                               commit_properties=CommitProperties(custom_metadata={MAINTENANCE_KEY: "vacuum"}))
+        report.vacuumed_files = len(removed)
+    table = DeltaTable(str(path))  # the new snapshot after optimize and vacuum
+    if options.checkpoint:
+        table.create_checkpoint()
+        report.checkpoint_version = table.version()
+    if options.cleanup_log:
+        report.log_cleanup = _cleanup_log(table, now)
+    report.version_after = DeltaTable(str(path)).version()
+    return report
+
+
+def maintain_cdc_table(config: IngestConfig, spec: TableSpec, options: MaintenanceOptions, *,
+                       now: datetime | None = None) -> TableMaintenance:
+    """Maintain a CDC target table and its tombstones, holding the table's writer lock.
+
+    Deletes older than the table's ``tombstone_retention`` are forgotten.
+
+    Raises:
+        TableLockedError: a run is writing the table (maintenance waits for the next time).
+    """
+    now = now or datetime.now(UTC)
+    paths = TablePaths.of(config, spec.name)
+    held = locks.acquire_all(config.tables_root, [spec.name])
+    try:
+        state = load_state(paths.table)
+        report = maintain(paths.table, options, key_columns=state.key_columns, now=now)
+        report.tombstones_purged = purge_tombstones(paths.tombstones, now - spec.tombstone_retention)
+        stones = maintain(paths.tombstones, options, key_columns=state.key_columns, now=now)
+    finally:
+        locks.release_all(held)
+    if stones.exists:
+        report.notes.append(f"tombstones: {stones.files_removed} files compacted, {stones.vacuumed_files} vacuumed")
+    return report
+
+
+def maintain_shared_table(path: Path, options: MaintenanceOptions) -> TableMaintenance:
+    """Maintain a table every run appends to (audit, quarantine), under its shared writer lock."""
+    with locks.shared(path):
+        return maintain(path, options)
+
+
+def log_retention(table: DeltaTable) -> timedelta:
+    """The table's ``delta.logRetentionDuration`` (Delta's default: 30 days)."""
+    raw = table.metadata().configuration.get("delta.logRetentionDuration")
+    match = _INTERVAL.match(raw or "")
+    if not match:
+        return _DEFAULT_LOG_RETENTION
+    return timedelta(**{match.group(2).lower() + "s": int(match.group(1))})
+
+
+def _cleanup_log(table: DeltaTable, now: datetime) -> str:
+    latest = latest_cdc_commit(table)
+    retention = log_retention(table)
+    if latest is not None:
+        stamp = latest.get("timestamp")
+        committed = datetime.fromtimestamp(stamp / 1000, UTC) if isinstance(stamp, int | float) else None
+        # A margin of a day keeps the engine's newest commit well clear of the expiry.
+        if committed is None or now - committed > retention - timedelta(days=1):
+            return "skipped: the engine's newest commit would expire with it"
+    table.cleanup_metadata()
+    return "done"

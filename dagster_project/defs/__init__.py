@@ -1,0 +1,1 @@
+"""Definitions autoloaded by ``dg.load_from_defs_folder``."""

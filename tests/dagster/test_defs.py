@@ -1,0 +1,59 @@
+"""The code location loads, and its definitions follow the ingestion configuration."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.constants import (
+    ANALYTICS_GROUP,
+    BALANCE_CHECK,
+    CDC_TABLES_GROUP,
+    LAG_CHECK,
+    QUALITY_CHECK,
+    table_key,
+    table_pool,
+)
+from assets.jobs import MAINTENANCE_JOB, MAINTENANCE_SCHEDULE
+from assets.resources import SparkIngestEngine
+from dagster_project.settings import CONFIG_ENV, WORKDIR_ENV
+from ingest.config import load_config
+from tests.dagster.conftest import DEMO_CONFIG, write_config
+
+
+def _load() -> dg.Definitions:
+    from dagster_project.definitions import defs
+
+    loaded = defs()
+    loaded.validate_loadable(loaded)
+    return loaded
+
+
+def test_definitions_load_with_every_configured_table(monkeypatch, tmp_path):
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    monkeypatch.setenv(WORKDIR_ENV, str(tmp_path))
+    defs = _load()
+    graph = defs.get_repository_def().asset_graph
+    tables = [t.name for t in load_config(DEMO_CONFIG).tables]
+    for name in tables:
+        node = graph.get(table_key(name))
+        assert node.group_name == CDC_TABLES_GROUP and defs.get_assets_def(table_key(name)).op.pool == table_pool(name)
+        assert {k.name for k in graph.asset_check_keys if k.asset_key == table_key(name)} == {
+            QUALITY_CHECK, BALANCE_CHECK, LAG_CHECK}
+    analytics = [k for k in graph.get_all_asset_keys() if graph.get(k).group_name == ANALYTICS_GROUP]
+    assert len(analytics) == 1 and graph.get(analytics[0]).parent_keys == {table_key("orders"), table_key("customers")}
+    assert {s.name for s in defs.sensors} == {f"{name}_offsets_sensor" for name in tables}  # type: ignore[union-attr]
+    [schedule] = defs.schedules  # type: ignore[misc]
+    assert schedule.name == MAINTENANCE_SCHEDULE and schedule.job_name == MAINTENANCE_JOB
+    engine = defs.resources["ingest_engine"]  # type: ignore[index]
+    assert isinstance(engine, SparkIngestEngine) and engine.workdir == str(tmp_path.resolve())
+
+
+def test_a_table_added_to_the_config_becomes_an_asset(monkeypatch, tmp_path):
+    path, _ = write_config(tmp_path, tables=[{"name": "invoices", "topic": "erp.public.invoices",
+                                              "quality_policy": "fail"}])
+    monkeypatch.setenv(CONFIG_ENV, str(path))
+    defs = _load()
+    graph = defs.get_repository_def().asset_graph
+    assert {k for k in graph.get_all_asset_keys()} == {table_key("invoices")}  # no orders: no analytics
+    [quality] = [s for s in defs.get_assets_def(table_key("invoices")).check_specs if s.name == QUALITY_CHECK]
+    assert quality.blocking  # policy fail: the quality check blocks
