@@ -42,6 +42,8 @@ def main() -> None:
     args.workdir.mkdir(parents=True)
     raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
     raw["workdir"] = str(args.workdir.resolve())
+    # The config is written elsewhere: keep its suites where demo.yaml points.
+    raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
     raw["source"]["max_records_per_batch"] = args.batch
     cfg_path = args.workdir / "bench.yaml"
     cfg_path.write_text(yaml.safe_dump(raw))

@@ -5,10 +5,21 @@ Balance that must hold in every row::
     received = inserted + updated + deleted + truncates + superseded + stale + quarantined + skipped
 
 ``skipped`` counts messages that carry no row change (Debezium tombstones, heartbeats,
-schema-change and transaction records). The record is first written into the target table's
-commit info (``cdc.batch``) in the same commit as the data, so it can never be lost; the audit
-Delta table is its queryable copy, appended after the commit and repaired from the commit info
-(:func:`reconcile`) if a crash fell in between.
+schema-change and transaction records). ``quarantined`` counts every message held back, whether it
+did not decode or failed the quality gate; when the gate holds a key's winning change, the key's
+earlier changes in the batch (which it would have superseded) are held with it and counted as
+quarantined rather than superseded, so each message stays in exactly one term.
+
+Quality columns: ``expectations_evaluated``, ``expectations_failed``, ``quality_status``
+(``passed``, ``warned``, ``quarantined``, ``failed``, ``skipped``) and ``quality_failures`` (JSON
+``{expectation name: unexpected count}``; an aggregate expectation counts every validated row).
+Replays of quarantined messages (``ingest quarantine replay``) add rows with ``batch_id`` -1 and
+status ``replayed``. A batch stopped by policy ``fail`` commits nothing and leaves no row; its
+validation result is kept for ``ingest quality show``.
+
+The record is first written into the target table's commit info (``cdc.batch``) in the same
+commit as the data, so it can never be lost; the audit Delta table is its queryable copy, appended
+after the commit and repaired from the commit info (:func:`reconcile`) if a crash fell in between.
 """
 
 from __future__ import annotations
@@ -22,7 +33,9 @@ from typing import Any
 import pyarrow as pa
 from deltalake import write_deltalake
 
+from ingest import locks
 from ingest.deltaio import open_table, read_all, sql_string
+from ingest.secrets import redact
 from ingest.tablestate import BATCH_KEY, cdc_commits
 
 _LOCK = threading.Lock()  # one process appends for several tables' queries
@@ -50,6 +63,10 @@ class AuditRecord:
     status: str = "committed"
     schema_change: str = ""
     error: str = ""
+    expectations_evaluated: int = 0
+    expectations_failed: int = 0
+    quality_status: str = "skipped"
+    quality_failures: str = "{}"
     decode_ms: int = 0
     apply_ms: int = 0
     total_ms: int = 0
@@ -100,6 +117,10 @@ AUDIT_SCHEMA = pa.schema(
         ("status", pa.string()),
         ("schema_change", pa.string()),
         ("error", pa.string()),
+        ("expectations_evaluated", pa.int64()),
+        ("expectations_failed", pa.int64()),
+        ("quality_status", pa.string()),
+        ("quality_failures", pa.string()),
         ("decode_ms", pa.int64()),
         ("apply_ms", pa.int64()),
         ("total_ms", pa.int64()),
@@ -118,10 +139,12 @@ def append(audit_path: Path, records: list[AuditRecord]) -> None:
     for rec in records:
         row = asdict(rec)
         row["balanced"] = rec.balanced
+        row["error"] = redact(row["error"]) if row["error"] else row["error"]
         rows.append(row)
     table = pa.Table.from_pylist(rows, schema=AUDIT_SCHEMA)
-    with _LOCK:
-        write_deltalake(str(audit_path), table, mode="append")
+    with _LOCK, locks.shared(audit_path):  # shared by every run's tables, in this process and others
+        # schema_mode merge: an audit table written before a column was added takes it on.
+        write_deltalake(str(audit_path), table, mode="append", schema_mode="merge")
 
 
 def read(audit_path: Path, *, table: str | None = None) -> pa.Table:

@@ -20,8 +20,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from ingest.errors import ConfigError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_SECRET_OPTION = re.compile(r"(?i)password|jaas|secret|token")
+_URL_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+#: What failing expectations do: record only, quarantine the failing rows, or stop the table's batch.
+QualityPolicy = Literal["warn", "quarantine", "fail"]
 
 
 def _parse_duration(value: Any) -> Any:
@@ -53,6 +59,15 @@ class RegistrySpec(_Model):
         description="confluent: name of the environment variable holding 'user:password' (never the secret itself)",
     )
 
+    @field_validator("url")
+    @classmethod
+    def _no_credentials_in_url(cls, value: str | None) -> str | None:
+        # The message must not echo the URL: it holds the secret.
+        if value and _URL_USERINFO.match(value.strip()):
+            raise ValueError("must not contain credentials (user:password@); put 'user:password' in the "
+                             "environment variable named by credentials_env or in the secrets file")
+        return value
+
 
 class KafkaSpec(_Model):
     """Connection to a Kafka cluster (used by Spark's Kafka source when its jar is available)."""
@@ -64,6 +79,15 @@ class KafkaSpec(_Model):
     credentials_env: str = Field(
         "KAFKA_SASL_JAAS_CONFIG", description="environment variable holding the SASL JAAS config, if any"
     )
+
+    @field_validator("options")
+    @classmethod
+    def _no_secret_options(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if _SECRET_OPTION.search(key):
+                raise ValueError(f"option {key!r} carries a secret; supply it through the environment "
+                                 "(credentials_env) or the secrets file, not the configuration")
+        return value
 
 
 class SourceSpec(_Model):
@@ -113,13 +137,27 @@ class TableSpec(_Model):
     tombstone_retention: Duration = Field(
         timedelta(days=7), description="how long a deleted key is remembered so old events cannot resurrect it"
     )
-    expectations: str | None = Field(None, description="Great Expectations suite name under expectations/")
-    quality_policy: Literal["warn", "quarantine", "fail"] = Field(
+    expectations: str | None = Field(
+        None, description="Great Expectations suite name: <quality.expectations_dir>/<name>.json"
+    )
+    quality_policy: QualityPolicy = Field(
         "warn", description="what failing expectations do: record only, quarantine rows, or stop the table"
+    )
+    expectation_policies: dict[str, QualityPolicy] = Field(
+        default_factory=dict,
+        description="policy per expectation name, overriding the suite's meta.policy and quality_policy",
     )
     history_mode: Literal["scd1"] = Field(
         "scd1", description="scd1: keep the latest version of each row (SCD type 2 is not supported yet)"
     )
+
+    @field_validator("topic")
+    @classmethod
+    def _kafka_topic(cls, value: str) -> str:
+        # Kafka's own rules; they also keep the name safe as a directory and in `cdc:<topic>:<p>` ids.
+        if not _TOPIC.match(value) or value in (".", ".."):
+            raise ValueError("must be 1-249 characters from [A-Za-z0-9._-] and not '.' or '..' (Kafka's topic rules)")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -130,6 +168,24 @@ class TableSpec(_Model):
                 "(at most 128), and not start with '_cdc_'"
             )
         return value
+
+    @model_validator(mode="after")
+    def _policies_need_a_suite(self) -> TableSpec:
+        if self.expectation_policies and not self.expectations:
+            raise ValueError("expectation_policies is set but the table names no expectations suite")
+        return self
+
+
+class QualitySpec(_Model):
+    """Where Great Expectations suites live and how validation results are kept."""
+
+    expectations_dir: Path = Field(
+        Path("expectations"), description="directory of GX suite JSON files (<suite>.json), relative to this file"
+    )
+    results_dir: Path = Field(
+        Path("quality"), description="validation results per table and batch (ingest quality show), relative to workdir"
+    )
+    keep_results: int = Field(200, gt=0, description="validation results kept per table; older ones are pruned")
 
 
 class SparkSpec(_Model):
@@ -146,7 +202,11 @@ class IngestConfig(_Model):
     workdir: Path = Field(Path("."), description="base directory for relative paths, relative to this file")
     source: SourceSpec = Field(default_factory=SourceSpec, description="where changes come from")
     target: TargetSpec = Field(default_factory=TargetSpec, description="where tables are written")
+    secrets_file: Path | None = Field(
+        None, description="optional YAML file of NAME: value secrets, consulted after the environment (chmod 600)"
+    )
     spark: SparkSpec = Field(default_factory=SparkSpec, description="Spark session settings")
+    quality: QualitySpec = Field(default_factory=QualitySpec, description="data quality suites and results")
     tables: tuple[TableSpec, ...] = Field(min_length=1, description="the tables to ingest")
 
     @model_validator(mode="after")
@@ -179,6 +239,19 @@ class IngestConfig(_Model):
     @property
     def checkpoint_root(self) -> Path:
         return self.path(self.target.checkpoint_dir)
+
+    @property
+    def secrets_path(self) -> Path | None:
+        return self.path(self.secrets_file) if self.secrets_file is not None else None
+
+    @property
+    def expectations_dir(self) -> Path:
+        """Suites directory (made absolute against the config file by :func:`load_config`)."""
+        return self.quality.expectations_dir
+
+    @property
+    def quality_results_dir(self) -> Path:
+        return self.path(self.quality.results_dir)
 
     def table_path(self, name: str) -> Path:
         return self.tables_root / name
@@ -222,4 +295,7 @@ def load_config(path: str | os.PathLike[str], *, workdir: str | os.PathLike[str]
         problems = "; ".join(f"{_format_location(e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"{path}: {problems}") from None
     base = Path(workdir) if workdir is not None else (path.parent / config.workdir)
-    return config.model_copy(update={"workdir": base.resolve()})
+    # Suites belong with the configuration (versioned beside it), not with the data in workdir.
+    suites = config.quality.expectations_dir
+    quality = config.quality.model_copy(update={"expectations_dir": (path.parent / suites).resolve()})
+    return config.model_copy(update={"workdir": base.resolve(), "quality": quality})

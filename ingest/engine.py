@@ -15,21 +15,26 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from pyspark.sql import DataFrame, SparkSession
 
-from ingest import audit
+from ingest import audit, locks, secrets
+from ingest import checkpoint as checkpoints
 from ingest.audit import AuditRecord
 from ingest.batch import DECODED_DDL, BatchResult, DecodeStep, TablePaths, process_batch
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import IngestError
+from ingest.quality import QualityGate
 from ingest.source import Offsets, read_topics
 from ingest.spark import session_for
 from ingest.tablestate import load_state
 from ingest.topiclog import TopicLog
 
 log = logging.getLogger(__name__)
+_START_ATTEMPTS = 3  # restarts of a query that dies before its first batch (see Engine._restart_failed)
+_SOURCE_INIT_WAIT = 30.0  # seconds to let one query's source start before starting the next
 Mode = Literal["available_now", "continuous"]
 
 
@@ -64,8 +69,9 @@ class _BatchHandler:
     """``foreachBatch`` callback of one table's query."""
 
     def __init__(self, spec: TableSpec, paths: TablePaths, run: TableRun, run_id: str,
-                 progress: ProgressFn | None) -> None:
+                 progress: ProgressFn | None, gate: QualityGate | None = None) -> None:
         self.spec, self.paths, self.run, self.run_id, self.progress = spec, paths, run, run_id, progress
+        self.gate = gate
         self.error: BaseException | None = None
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
@@ -74,7 +80,7 @@ class _BatchHandler:
             rows = frame.toArrow()
             decode_ms = int((time.perf_counter() - t0) * 1000)
             result = process_batch(self.spec, self.paths, rows, batch_id=batch_id, run_id=self.run_id,
-                                   decode_ms=decode_ms)
+                                   decode_ms=decode_ms, gate=self.gate)
         except BaseException as exc:
             # Keep the real exception: Spark only hands back a stringified copy. Re-raising stops
             # this table's query before its checkpoint records the batch.
@@ -93,6 +99,7 @@ class Engine:
     def __init__(self, config: IngestConfig, *, spark: SparkSession | None = None) -> None:
         self.config = config
         self._spark = spark
+        self._restarts: dict[str, int] = {}
 
     @property
     def spark(self) -> SparkSession:
@@ -131,14 +138,34 @@ class Engine:
                 applied records are recognised and skipped).
             progress: called after every table batch.
             stop_after: continuous mode only: stop after this many seconds.
+
+        Raises:
+            SuiteError: a table's expectations suite cannot be loaded or does not fit the table.
+            TableLockedError: another process is writing one of the tables.
         """
         specs = [self.config.table(n) for n in tables] if tables else list(self.config.tables)
+        gates = self.quality_gates(specs)
+        source = self.config.source
+        secrets.prepare([source.registry.credentials_env, *([source.kafka.credentials_env] if source.kafka else [])],
+                        self.config.secrets_path)
+        # One writer per table: a second run on any of these tables fails here, before Spark starts.
+        held = locks.acquire_all(self.config.tables_root, [s.name for s in specs])
+        try:
+            return self._run(specs, gates, mode=mode, reset_checkpoints=reset_checkpoints,
+                             from_beginning=from_beginning, progress=progress, stop_after=stop_after)
+        finally:
+            locks.release_all(held)
+
+    def _run(self, specs: list[TableSpec], gates: dict[str, QualityGate], *, mode: Mode, reset_checkpoints: bool,
+             from_beginning: bool, progress: ProgressFn | None, stop_after: float | None) -> RunReport:
         run_id = uuid.uuid4().hex[:12]
+        self._restarts = {}
         report = RunReport(run_id, {s.name: TableRun(s.name) for s in specs})
         started = time.perf_counter()
-        spark = self.spark
+        _ = self.spark  # start Spark (about 5 s) before the per-table set-up
         handlers: dict[str, _BatchHandler] = {}
         queries: dict[str, Any] = {}
+        restarts: dict[str, Callable[[], Any]] = {}
         for spec in specs:
             paths = TablePaths.of(self.config, spec.name)
             restored = audit.reconcile(paths.audit, spec.name, paths.table)
@@ -147,30 +174,118 @@ class Engine:
             checkpoint = self.config.checkpoint_root / spec.name
             if reset_checkpoints or from_beginning:
                 shutil.rmtree(checkpoint, ignore_errors=True)
+            self._check_checkpoint(spec, checkpoint)
             starting = None if from_beginning else self.starting_offsets(spec)
             try:
-                stream = read_topics(spark, self.config, [spec.topic], starting_offsets=starting)
-                decoded = stream.mapInArrow(self._decode_step(spec), DECODED_DDL)
-                handler = _BatchHandler(spec, paths, report.tables[spec.name], run_id, progress)
-                writer = (decoded.writeStream.foreachBatch(handler)
-                          .option("checkpointLocation", str(checkpoint))
-                          .queryName(f"cdc_{spec.name}_{run_id}"))
-                writer = (writer.trigger(availableNow=True) if mode == "available_now"
-                          else writer.trigger(processingTime="2 seconds"))
-                queries[spec.name] = writer.start()
+                handler = _BatchHandler(spec, paths, report.tables[spec.name], run_id, progress, gates.get(spec.name))
+                queries[spec.name] = self._start(spec, handler, checkpoint, starting, mode, run_id)
                 handlers[spec.name] = handler
+                restarts[spec.name] = self._restart_without_checkpoint(spec, handler, checkpoint, starting, mode,
+                                                                       run_id)
             except Exception as exc:
-                report.tables[spec.name].error = f"could not start: {exc}"
-        self._await(queries, handlers, report, mode, stop_after)
+                report.tables[spec.name].error = secrets.redact(f"could not start: {exc}")
+        self._await(queries, handlers, report, mode, stop_after, restarts)
         report.seconds = time.perf_counter() - started
         return report
 
+    def quality_gates(self, specs: list[TableSpec]) -> dict[str, QualityGate]:
+        """Load and check every table's suite now (start-up), before any query runs."""
+        gates = {}
+        for spec in specs:
+            gate = QualityGate.for_table(self.config, spec)
+            if gate is not None:
+                gates[spec.name] = gate
+        return gates
+
+    def _start(self, spec: TableSpec, handler: _BatchHandler, directory: Path, starting: Offsets | None,
+               mode: Mode, run_id: str) -> Any:
+        """Start one table's query; a checkpoint Spark cannot start from is discarded and the start retried."""
+        try:
+            return self._start_query(spec, handler, directory, starting, mode, run_id)
+        except Exception as exc:
+            if not directory.exists():
+                raise
+            log.warning("table %s: Spark cannot start from checkpoint %s (%s); discarding it and resuming "
+                        "from the offsets in the table's Delta log", spec.name, directory, secrets.describe(exc))
+            checkpoints.discard(directory)
+            return self._start_query(spec, handler, directory, starting, mode, run_id)
+
+    def _start_query(self, spec: TableSpec, handler: _BatchHandler, directory: Path, starting: Offsets | None,
+                     mode: Mode, run_id: str) -> Any:
+        stream = read_topics(self.spark, self.config, [spec.topic], starting_offsets=starting)
+        decoded = stream.mapInArrow(self._decode_step(spec), DECODED_DDL)
+        writer = (decoded.writeStream.foreachBatch(handler)
+                  .option("checkpointLocation", str(directory))
+                  .queryName(f"cdc_{spec.name}_{run_id}"))
+        writer = (writer.trigger(availableNow=True) if mode == "available_now"
+                  else writer.trigger(processingTime="2 seconds"))
+        query = writer.start()
+        # Start the queries one after another: each spawns a Python source runner that must connect
+        # back to the JVM within 10 s, which several at once on a busy machine can miss.
+        deadline = time.monotonic() + _SOURCE_INIT_WAIT
+        while query.isActive and query.status["message"] == "Initializing sources" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return query
+
+    def _restart_without_checkpoint(self, spec: TableSpec, handler: _BatchHandler, directory: Path,
+                                    starting: Offsets | None, mode: Mode, run_id: str) -> Callable[[], Any]:
+        """What to do if the query dies before its first batch: an unusable checkpoint or a transient start failure.
+
+        ``starting`` still holds: nothing was committed since it was read from the Delta log.
+        """
+        def restart() -> Any:
+            checkpoints.discard(directory)
+            return self._start_query(spec, handler, directory, starting, mode, run_id)
+        return restart
+
+    def _check_checkpoint(self, spec: TableSpec, directory: Path) -> None:
+        """Discard a checkpoint that is damaged or claims more progress than the table has (ingest.checkpoint)."""
+        paths = TablePaths.of(self.config, spec.name)
+        state = load_state(paths.table)
+        verdict = checkpoints.inspect(directory, topic=spec.topic,
+                                     applied=lambda p: state.applied_offset(spec.topic, p),
+                                     audit_path=paths.audit, table=spec.name)
+        if not verdict.ok:
+            log.warning("table %s: Spark checkpoint %s cannot be trusted (%s); discarding it and resuming from "
+                        "the offsets in the table's Delta log", spec.name, directory, verdict.problem)
+            checkpoints.discard(directory)
+
+    def _restart_failed(self, name: str, query: Any, handler: _BatchHandler, run: TableRun,
+                        restarts: dict[str, Callable[[], Any]]) -> Any | None:
+        """A new query if this one died before its first batch for a reason outside our code, else None.
+
+        Such a death is an unusable checkpoint or a transient start failure (Spark gives a Python
+        source runner 10 s to connect back, which a loaded machine can miss). Nothing was committed,
+        so starting again from the Delta log's offsets is always safe; it is tried a few times.
+        """
+        if handler.error is not None or run.batches or run.already_applied or name not in restarts:
+            return None
+        self._restarts[name] = attempt = self._restarts.get(name, 0) + 1
+        if attempt > _START_ATTEMPTS:
+            return None
+        log.warning("table %s: the query failed before its first batch (%s); restarting it from the offsets in "
+                    "the Delta log, without its Spark checkpoint (attempt %d of %d)", name,
+                    _short(query.exception() or "unknown error"), attempt, _START_ATTEMPTS)
+        time.sleep(2 * attempt)
+        try:
+            return restarts[name]()
+        except Exception as exc:  # the original failure stays the table's error
+            log.warning("table %s: the restart failed too: %s", name, secrets.describe(exc))
+            return None
+
     def _await(self, queries: dict[str, Any], handlers: dict[str, _BatchHandler], report: RunReport,
-               mode: Mode, stop_after: float | None) -> None:
+               mode: Mode, stop_after: float | None, restarts: dict[str, Callable[[], Any]] | None = None) -> None:
+        restarts = restarts if restarts is not None else {}
         if mode == "continuous":
             deadline = time.monotonic() + stop_after if stop_after else None
             try:
-                while any(q.isActive for q in queries.values()):
+                while True:
+                    for name, q in list(queries.items()):
+                        if not q.isActive and q.exception() is not None:
+                            fresh = self._restart_failed(name, q, handlers[name], report.tables[name], restarts)
+                            queries[name] = fresh if fresh is not None else q
+                    if not any(q.isActive for q in queries.values()):
+                        break
                     if deadline and time.monotonic() > deadline:
                         break
                     time.sleep(0.5)
@@ -180,20 +295,23 @@ class Engine:
                 if q.isActive:
                     q.stop()
         for name, query in queries.items():
-            try:
-                query.awaitTermination()
-            except Exception as exc:
-                real = handlers[name].error
-                report.tables[name].error = f"{type(real).__name__}: {real}" if real else _short(exc)
+            while True:
+                try:
+                    query.awaitTermination()
+                    break
+                except Exception as exc:
+                    fresh = (self._restart_failed(name, query, handlers[name], report.tables[name], restarts)
+                             if mode == "available_now" else None)
+                    if fresh is not None:
+                        query = fresh
+                        continue
+                    real = handlers[name].error
+                    text = f"{type(real).__name__}: {real}" if real else _short(exc)
+                    report.tables[name].error = secrets.redact(text)
+                    break
 
     def _decode_step(self, spec: TableSpec) -> DecodeStep:
-        source = self.config.source
-        return DecodeStep(
-            value_format=source.value_format,
-            registry_dir=str(self.config.registry_dir) if source.registry.kind == "embedded" else None,
-            registry_url=source.registry.url if source.registry.kind == "confluent" else None,
-            key_columns=spec.primary_key,
-        )
+        return DecodeStep.for_table(self.config, spec)
 
 
 def _kafka_partitions(config: IngestConfig, topic: str) -> int:
@@ -209,8 +327,8 @@ def _kafka_partitions(config: IngestConfig, topic: str) -> int:
     return len(info.partitions)
 
 
-def _short(exc: BaseException) -> str:
+def _short(exc: BaseException | str) -> str:
     text = str(exc).strip().splitlines()
-    return text[0][:500] if text else type(exc).__name__
+    return secrets.redact(text[0][:500]) if text else type(exc).__name__
 
 

@@ -2,8 +2,10 @@
 
 One root (:class:`IngestError`). Classes the loop handles by name: :class:`SchemaIncompatibleError`
 stops one table, :class:`OffsetsConflictError` refuses to move progress backwards,
-:class:`CommitConflictError` reports a second writer. Record-level failures are
-:class:`DecodeError` and end in quarantine, never in a bare ``except``.
+:class:`CommitConflictError` reports a second writer, :class:`QualityGateError` stops a table whose
+batch failed expectations under policy ``fail``. Record-level failures are :class:`DecodeError`
+(and failed expectations under policy ``quarantine``) and end in quarantine, never in a bare
+``except``.
 """
 
 from __future__ import annotations
@@ -65,3 +67,43 @@ class OffsetsConflictError(TableError):
 
 class CommitConflictError(TableError):
     """Another writer committed to the table concurrently."""
+
+
+class SuiteError(ConfigError):
+    """A Great Expectations suite cannot be loaded or does not fit its table; raised at start-up."""
+
+
+class SuiteMismatchError(TableError):
+    """A suite names a column the batch does not have (found on a table's first batch, before any commit)."""
+
+
+class QualityGateError(TableError):
+    """Expectations under policy ``fail`` failed: nothing was committed and the offsets did not advance.
+
+    Attributes:
+        expectations: names of the failed ``fail``-policy expectations.
+    """
+
+    def __init__(self, table: str, message: str, expectations: list[str]) -> None:
+        super().__init__(table, message)
+        self.expectations = expectations
+
+
+class TableLockedError(TableError):
+    """Another process is writing the table: one writer per table (see README, "Operating rules").
+
+    Attributes:
+        holder: what the lock file says about the holder (pid, host, since), if readable.
+    """
+
+    def __init__(self, table: str, message: str, holder: str) -> None:
+        super().__init__(table, message)
+        self.holder = holder
+
+
+class RegistryUnavailableError(IngestError):
+    """The schema registry could not answer (network, authentication, server error).
+
+    Not the message's fault, so nothing is quarantined: the batch fails, the table stops, and the
+    next run retries. The message is already redacted (no URL credentials).
+    """

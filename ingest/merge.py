@@ -39,7 +39,7 @@ from ingest.deltaio import (
 from ingest.errors import CommitConflictError, OffsetsConflictError, TableError
 from ingest.events import UNAVAILABLE, ColumnSpec
 from ingest.reduce import Key, PositionedChange, Reduction, event_key
-from ingest.schema import SchemaPlan, combine, plan_schema
+from ingest.schema import SchemaPlan, check_column_names, combine, plan_schema
 from ingest.tablestate import BATCH_KEY, STATE_KEY, TableState, app_id, load_state
 
 Action = Literal["insert", "update", "delete", "stale"]
@@ -104,6 +104,7 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
     incoming = combine(request.table, images)
     _check_reserved(request.table, incoming)
     plan = plan_schema(request.table, state.columns, incoming)
+    check_column_names(request.table, plan.columns)
     outcome = MergeOutcome(schema_change=plan.describe())
 
     if state.table is None and not plan.columns:
@@ -112,6 +113,7 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
         return outcome
     table = state.table if state.table is not None else _create(request, plan)
     if plan.widened:
+        faults.point("before-widen")
         table = _widen(table, request, plan)
         faults.point("after-widen")
 
@@ -244,7 +246,7 @@ def _classify(
         if target is not None and new_truncate is not None and target[0] < new_truncate:
             target = None  # the truncate in this batch removes that row first
         if (old_truncate is not None and pos <= old_truncate) or (target is not None and target[0] >= pos) or (
-            key in tombs and tombs[key] >= pos
+            _buried(tombs.get(key), pos, change.event.is_delete, target is not None)
         ):
             actions.append("stale")
         elif change.event.is_delete:
@@ -254,6 +256,19 @@ def _classify(
         else:
             actions.append("update")
     return actions
+
+
+def _buried(tomb: str | None, pos: str, is_delete: bool, row_in_table: bool) -> bool:
+    """True if a remembered delete makes this change stale.
+
+    Tombstones are written before the MERGE commit (a separate commit). A delete that meets its own
+    tombstone (same position) while its row is still in the table is a replay after a crash between
+    the two: it must apply again, or the row would outlive its delete. Without the row it is a
+    duplicate, and stale.
+    """
+    if tomb is None:
+        return False
+    return tomb > pos or (tomb == pos and not (is_delete and row_in_table))
 
 
 def _matched_deletes(actions: list[Action], winners: list[PositionedChange], request: MergeRequest,
@@ -434,7 +449,8 @@ def purge_tombstones(tombstones_path: Path, older_than: datetime) -> int:
     if table is None:
         return 0
     stamp = older_than.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    result = table.delete(f"_cdc_deleted_at < '{stamp}'::timestamp")
+    # The column is UTC-aware: compare with a UTC literal (a naive `::timestamp` fails in delta-rs's delete).
+    result = table.delete(f"_cdc_deleted_at < arrow_cast('{stamp}Z', 'Timestamp(Microsecond, Some(\"UTC\"))')")
     return int(result.get("num_deleted_rows", 0))
 
 

@@ -17,10 +17,12 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import fastavro
 
-from ingest.errors import DecodeError, SchemaRegistryError
+from ingest import secrets
+from ingest.errors import DecodeError, RegistryUnavailableError, SchemaRegistryError
 
 MAGIC_BYTE = 0
 _HEADER = struct.Struct(">bI")
@@ -138,26 +140,66 @@ def _safe_name(subject: str) -> str:
 class ConfluentSchemaRegistry:
     """Adapter over ``confluent_kafka.schema_registry.SchemaRegistryClient`` for production registries.
 
-    Credentials come from the client configuration (built from the environment by the config
-    layer), never from code.
+    Credentials come from the environment or the secrets file (:meth:`from_settings`), never from
+    the configuration or code. Only "this id does not exist" (HTTP 404) is the message's fault and
+    ends in quarantine; any other failure (unreachable, 401/403, 5xx) raises
+    :class:`RegistryUnavailableError` with a redacted message, so the batch fails and nothing is
+    quarantined for a registry outage.
     """
 
     def __init__(self, client_config: dict[str, Any]) -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
-        self._client = SchemaRegistryClient(client_config)
+        _register_url_credentials(str(client_config.get("url", "")))
+        secrets.register(client_config.get("basic.auth.user.info"))
+        try:
+            self._client = SchemaRegistryClient(client_config)
+        except Exception as exc:
+            raise RegistryUnavailableError(
+                f"schema registry client cannot be created: {secrets.describe(exc)}") from None
         self._cache: dict[int, dict[str, Any]] = {}
 
+    @classmethod
+    def from_settings(cls, url: str, *, credentials_env: str | None,
+                      secrets_file: str | os.PathLike[str] | None = None) -> ConfluentSchemaRegistry:
+        """A client for ``url`` with ``user:password`` from ``credentials_env`` (environment, then secrets file)."""
+        config: dict[str, Any] = {"url": url}
+        user_info = secrets.lookup(credentials_env, secrets_file) if credentials_env else None
+        if user_info:
+            config["basic.auth.user.info"] = user_info
+        return cls(config)
+
     def get_schema(self, schema_id: int) -> dict[str, Any]:
+        from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
+
         if schema_id not in self._cache:
             try:
                 schema = self._client.get_schema(schema_id)
-            except Exception as exc:
-                raise SchemaRegistryError(f"schema id {schema_id}: {type(exc).__name__}") from exc
-            self._cache[schema_id] = json.loads(schema.schema_str)
+            except ClientError as exc:
+                if exc.http_status_code == 404:
+                    raise SchemaRegistryError(f"schema id {schema_id} is not in the registry") from None
+                raise RegistryUnavailableError(secrets.redact(
+                    f"schema registry refused schema id {schema_id}: HTTP {exc.http_status_code} {exc.error_message}"
+                )) from None
+            except Exception as exc:  # httpx transport errors and the like: the registry is not there
+                raise RegistryUnavailableError(
+                    f"schema registry unreachable while fetching schema id {schema_id}: {secrets.describe(exc)}"
+                ) from None
+            try:
+                self._cache[schema_id] = json.loads(schema.schema_str or "")
+            except ValueError:
+                raise SchemaRegistryError(
+                    f"schema id {schema_id}: the registry returned a schema that is not JSON") from None
         return self._cache[schema_id]
 
     def register(self, subject: str, schema: dict[str, Any]) -> int:
         from confluent_kafka.schema_registry import Schema
 
         return int(self._client.register_schema(subject, Schema(json.dumps(schema), "AVRO")))
+
+
+def _register_url_credentials(url: str) -> None:
+    """Credentials inside a URL are masked wherever the URL might be echoed."""
+    parts = urlsplit(url)
+    if parts.password:
+        secrets.register(f"{parts.username}:{parts.password}")

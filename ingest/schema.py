@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ingest.errors import SchemaIncompatibleError
+from ingest.errors import SchemaIncompatibleError, TableError
 from ingest.events import ColumnSpec, parse_decimal
 
 _INT_RANK = {"byte": 0, "short": 1, "integer": 2, "long": 3}
@@ -96,3 +96,20 @@ def plan_schema(table: str, current: list[ColumnSpec] | None, incoming: list[Col
         else:
             raise SchemaIncompatibleError(table, col.name, existing.type, col.type)
     return plan
+
+
+def check_column_names(table: str, columns: list[ColumnSpec]) -> None:
+    """Column names Delta cannot hold stop the table with a named error, before anything is written.
+
+    Quotes, SQL metacharacters and spaces are fine (every identifier is quoted); what Delta's
+    case-insensitive schema or a reader cannot tell apart is not.
+    """
+    seen: dict[str, str] = {}
+    for col in columns:
+        if not col.name or any(ord(ch) < 32 or ord(ch) == 127 for ch in col.name):
+            raise TableError(table, f"source column {col.name!r} is empty or holds control characters; "
+                                    "Delta cannot store it (rename it in the source or drop it in Debezium)")
+        other = seen.setdefault(col.name.lower(), col.name)
+        if other != col.name:
+            raise TableError(table, f"source columns {other!r} and {col.name!r} differ only in case; Delta "
+                                    "column names are case-insensitive (rename one in the source)")

@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
+from ingest import secrets
 from ingest.config import IngestConfig
 from ingest.errors import TopicLogError
 
@@ -152,6 +153,10 @@ def read_topics(spark: SparkSession, config: IngestConfig, topics: list[str], *,
                   .option("failOnDataLoss", "true"))
         for key, value in source.kafka.options.items():
             reader = reader.option(key, value)
+        jaas = secrets.lookup(source.kafka.credentials_env, config.secrets_path)
+        if jaas:
+            # Spark redacts option values that mention a password in its plans and logs.
+            reader = reader.option("kafka.sasl.jaas.config", jaas)
     else:
         reader = spark.readStream.format(FORMAT_NAME).option("path", str(config.log_dir))
     return (reader.option("subscribe", ",".join(topics))

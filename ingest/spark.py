@@ -52,6 +52,9 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # Arrow batches between the JVM and Python stay far below the 2 GiB per binary column,
+        # however large the messages (the decode step bounds its own output the same way).
+        .config("spark.sql.execution.arrow.maxBytesPerBatch", str(256 * 1024 * 1024))
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.driver.memory", "2g")
         .config("spark.driver.extraJavaOptions", java_opts)

@@ -31,6 +31,11 @@ _COMPLEX: Final = {
     "record": "struct", "error": "struct", "enum": "string", "fixed": "bytes", "array": "array", "map": "map",
 }
 _MAX_CACHED: Final = 1024  # schema ids kept per codec; a registry rarely holds more for one job
+# Debezium's schemas are a few levels deep and a few hundred nodes. Far beyond that a schema is
+# hostile: fastavro's compiled reader recurses on the C stack (a recursive or very deep schema
+# crashes the worker) and expanding named types can grow exponentially.
+MAX_SCHEMA_DEPTH: Final = 64
+MAX_SCHEMA_NODES: Final = 100_000
 
 
 class AvroCodec:
@@ -106,6 +111,7 @@ class AvroCodec:
             raw = self._registry.get_schema(schema_id)
         except SchemaRegistryError as exc:
             raise DecodeError(f"{what}: unknown schema id {schema_id}") from exc
+        _check_shape(raw, schema_id, what)
         try:
             parsed = fastavro.parse_schema(_strip_logical_types(raw))
             expanded = expand_schema(raw)
@@ -211,3 +217,51 @@ def _strip_logical_types(schema: Any) -> Any:
     elif kind == "map" and "values" in out:
         out["values"] = _strip_logical_types(out["values"])
     return out
+
+
+def _check_shape(schema: Any, schema_id: int, what: str) -> None:
+    """Refuse recursive, very deep or explosively large schemas before fastavro sees them.
+
+    Raises:
+        DecodeError: the schema refers to itself, nests deeper than :data:`MAX_SCHEMA_DEPTH` or
+            expands to more than :data:`MAX_SCHEMA_NODES` types.
+    """
+    sizes: dict[str, int] = {}  # named type -> expanded size (names defined so far)
+
+    def visit(node: Any, depth: int, path: frozenset[str], namespace: str) -> int:
+        if depth > MAX_SCHEMA_DEPTH:
+            raise DecodeError(f"{what}: schema id {schema_id} nests deeper than {MAX_SCHEMA_DEPTH} levels")
+        if isinstance(node, str):
+            full = node if "." in node or not namespace else f"{namespace}.{node}"
+            if node in path or full in path:
+                raise DecodeError(f"{what}: schema id {schema_id} is recursive (type {node!r} contains itself)")
+            return sizes.get(full, sizes.get(node, 1))
+        if isinstance(node, list):
+            return 1 + sum(visit(branch, depth + 1, path, namespace) for branch in node)
+        if not isinstance(node, dict):
+            return 1
+        kind = node.get("type")
+        name = node.get("name") if kind in ("record", "error", "enum", "fixed") else None
+        if isinstance(name, str):
+            declared = node.get("namespace")
+            namespace = declared if isinstance(declared, str) else namespace
+            full = name if "." in name or not namespace else f"{namespace}.{name}"
+            path = path | {name, full}
+        total = 1
+        if kind in ("record", "error") and isinstance(node.get("fields"), list):
+            for field in node["fields"]:
+                if isinstance(field, dict):
+                    total += visit(field.get("type"), depth + 1, path, namespace)
+        elif kind == "array":
+            total += visit(node.get("items"), depth + 1, path, namespace)
+        elif kind == "map":
+            total += visit(node.get("values"), depth + 1, path, namespace)
+        elif isinstance(kind, dict | list):
+            total += visit(kind, depth + 1, path, namespace)
+        if total > MAX_SCHEMA_NODES:
+            raise DecodeError(f"{what}: schema id {schema_id} expands to more than {MAX_SCHEMA_NODES} types")
+        if isinstance(name, str):
+            sizes[name] = sizes[full] = total
+        return total
+
+    visit(schema, 0, frozenset(), "")

@@ -115,7 +115,7 @@ class _PlanCache(Generic[_Plan]):
             ref = "json:" + hashlib.sha1(canonical.encode(), usedforsecurity=False).hexdigest()[:12]
             plan = self._build(schema, ref, what)
             _remember(self._by_canonical, canonical, plan)
-        if text.startswith(_HEAD):
+        if text.startswith(_HEAD + "{"):  # compact layout only: raw_decode does not skip whitespace
             raw_schema, end = _DECODER.raw_decode(text, len(_HEAD))
             # Only a text that is exactly this schema may shortcut later messages (duplicate keys).
             if raw_schema == schema and text.startswith(_JOINT, end):

@@ -131,6 +131,13 @@ class TableDef:
             raise ValueError(f"added column {column.name!r} must be nullable: existing rows hold null")
         return replace(self, columns=(*self.columns, column), version=self.version + 1)
 
+    def with_column_type(self, name: str, kind: ColumnKind) -> TableDef:
+        """This table after ``ALTER TABLE ... ALTER COLUMN ... TYPE`` (a new schema version)."""
+        columns = tuple(replace(c, kind=kind) if c.name == name else c for c in self.columns)
+        if columns == self.columns:
+            raise KeyError(f"table {self.name!r} has no column {name!r} to alter")
+        return replace(self, columns=columns, version=self.version + 1)
+
     def key_only_image(self, row: Row) -> Row:
         """The ``before`` image of a delete under ``REPLICA IDENTITY DEFAULT``."""
         keys = set(self.key)
@@ -268,6 +275,10 @@ class TableState:
         self.definition = self.definition.with_column(column)
         for row in self.rows.values():
             row[column.name] = None
+
+    def alter_column_type(self, name: str, kind: ColumnKind) -> None:
+        """Apply ``ALTER COLUMN ... TYPE`` to a type that holds every stored value (rows unchanged)."""
+        self.definition = self.definition.with_column_type(name, kind)
 
     def sorted_rows(self) -> Iterator[Row]:
         for key in sorted(self.rows):

@@ -31,6 +31,8 @@ _WORDS: Final = ("order", "call", "prefers", "email", "delivery", "weekend", "in
                  "address", "changed", "support", "ticket", "loyal", "discount", "asked", "about", "the",
                  "new", "catalog", "returned", "item", "late", "payment", "agreed", "plan")
 LOYALTY_TIERS: Final = ("bronze", "silver", "gold", None)
+#: Values the demo's expectations suites (expectations/*.json) reject, per table, used in turn.
+QUALITY_VIOLATIONS: Final = {"customers": ("email",), "products": ("sku",), "orders": ("quantity", "status")}
 #: Notes above this size are TOASTed by PostgreSQL (stored out of line, sent as a placeholder
 #: when an update leaves them unchanged).
 TOAST_THRESHOLD: Final = 2000
@@ -215,3 +217,19 @@ class RowFactory:
         else:
             new["note"] = rng.choice(("returned", "complaint filed", "re-delivered", None))
         return new
+
+
+def violate(row: Row, kind: str) -> Row:
+    """Write a value a suite rejects into ``row`` (in place): see :data:`QUALITY_VIOLATIONS`."""
+    if kind == "email":
+        row["email"] = row["email"].replace("@", " at ")
+    elif kind == "sku":
+        row["sku"] = row["sku"].lower()
+    elif kind == "quantity":
+        row["quantity"] = -abs(row["quantity"])
+        row["amount"] = row["unit_price"] * row["quantity"]
+    elif kind == "status":
+        row["status"] = "lost"
+    else:
+        raise ValueError(f"unknown quality violation {kind!r}")
+    return row

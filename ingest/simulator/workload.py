@@ -18,6 +18,10 @@ The journey of one run (:func:`generate`):
 4. Deletes are followed by a tombstone; unchanged large ``notes`` on some customer updates
    arrive as the unchanged-TOAST placeholder; optional malformed messages are *added* beside
    real ones, never instead of them, so the truth stays exact.
+5. Optionally, some streamed inserts and updates write values the demo's expectations suites
+   reject (:data:`QUALITY_VIOLATIONS`: an e-mail without ``@``, a malformed SKU, a negative
+   quantity, an unknown order status). The source really holds them, so the truth has them too;
+   the ingested table differs exactly where the quality gate quarantined such a change.
 
 Delivery (partitions, duplicates, skew) is :mod:`ingest.simulator.delivery`'s job.
 """
@@ -45,7 +49,7 @@ from ingest.simulator.encode import (
     topic_name,
 )
 from ingest.simulator.model import LOYALTY_TIER, Key, Row, SourceDatabase
-from ingest.simulator.rows import TOAST_THRESHOLD, RowFactory
+from ingest.simulator.rows import QUALITY_VIOLATIONS, TOAST_THRESHOLD, RowFactory, violate
 from ingest.simulator.truth import Truth
 from ingest.simulator.wal import Change, Transaction, Wal
 from ingest.simulator.wire import UNAVAILABLE_VALUE
@@ -57,11 +61,13 @@ _T0_US: Final = int(dt.datetime(2024, 6, 3, 8, 0, tzinfo=dt.UTC).timestamp()) * 
 _TWO_YEARS_US: Final = 2 * 365 * 86_400 * 1_000_000
 _OP_COUNT: Final = {"r": "reads", "c": "creates", "u": "updates", "d": "deletes", "t": "truncates"}
 _COUNT_KEYS: Final = ("reads", "creates", "updates", "deletes", "truncates", "tombstones",
-                      "toast_placeholders", "duplicates", "malformed", "records")
+                      "toast_placeholders", "duplicates", "malformed", "quality_violations", "records")
 # (table, op, weight): orders dominate, as in a shop; deletes are rare.
 _MIX: Final = (("orders", "c", 30), ("orders", "u", 22), ("orders", "d", 3), ("customers", "c", 6),
                ("customers", "u", 20), ("customers", "d", 2), ("products", "c", 2),
                ("products", "u", 8), ("products", "d", 1))
+#: (share of the streamed budget, new type) of ``orders.quantity`` when ``widen_column`` is set.
+_WIDENINGS: Final = ((0.45, "int32"), (0.8, "int64"))
 _MIX_CUM: Final = [sum(w for _, _, w in _MIX[: i + 1]) for i in range(len(_MIX))]
 
 
@@ -78,10 +84,14 @@ class WorkloadSpec:
         duplicate_fraction: share of records delivered a second time, later.
         reorder_fraction: chance per append window that a partition is held back (skew).
         malformed_fraction: extra malformed messages per real change event.
+        quality_violation_fraction: share of streamed inserts and updates that write a value the
+            demo's expectations suites reject (see :data:`QUALITY_VIOLATIONS`); part of the truth.
         toast_fraction: chance that an update leaving large ``notes`` unchanged sends the
             unchanged-TOAST placeholder.
         truncate: truncate ``orders`` once, mid-stream.
         add_column: add ``customers.loyalty_tier`` mid-stream (a new value schema).
+        widen_column: widen ``orders.quantity`` mid-stream, ``smallint`` -> ``integer`` -> ``bigint``
+            (two new value schemas; the target must apply both safe widenings).
         initial_customers: rows in ``customers`` before the snapshot.
         initial_products: rows in ``products`` before the snapshot.
         initial_orders: rows in ``orders`` before the snapshot.
@@ -95,16 +105,19 @@ class WorkloadSpec:
     duplicate_fraction: float = 0.02
     reorder_fraction: float = 0.1
     malformed_fraction: float = 0.0
+    quality_violation_fraction: float = 0.0
     toast_fraction: float = 0.3
     truncate: bool = True
     add_column: bool = True
+    widen_column: bool = False
     initial_customers: int = 400
     initial_products: int = 80
     initial_orders: int = 800
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field out of range."""
-        for name in ("duplicate_fraction", "reorder_fraction", "malformed_fraction", "toast_fraction"):
+        for name in ("duplicate_fraction", "reorder_fraction", "malformed_fraction", "quality_violation_fraction",
+                     "toast_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"WorkloadSpec.{name} must be within [0, 1], got {getattr(self, name)}")
         for name in ("events", "initial_customers", "initial_products", "initial_orders"):
@@ -144,10 +157,13 @@ class _Workload:
             # A random phase spreads malformed messages differently per topic.
             self.malformed_due[table] = delivery_rng.random()
         self.malformed_seq: Counter[str] = Counter()
+        # Error diffusion, like malformed messages: fraction * changes violations, evenly spread.
+        self.violation_due = 0.0
         self.now_us = _T0_US
         self.wal = Wal(self.rng, 0, 0)
         self.altered = False
         self.truncated = False
+        self.widened = 0
 
     # -- sending ------------------------------------------------------------------------------
     def _source(self, table: str, ts_us: int, snapshot: str, last_commit: int | None, lsn: int,
@@ -224,6 +240,10 @@ class _Workload:
                 # ALTER TABLE emits nothing on the stream; the next customers event shows the column.
                 self.db["customers"].add_column(LOYALTY_TIER)
                 self.altered = True
+            if spec.widen_column and self.widened < len(_WIDENINGS) and done >= _WIDENINGS[self.widened][0] * budget:
+                # ALTER COLUMN TYPE emits nothing either; the next orders event carries the wider type.
+                self.db["orders"].alter_column_type("quantity", _WIDENINGS[self.widened][1])
+                self.widened += 1
             if spec.truncate and not self.truncated and done >= truncate_at:
                 txn = self._begin()
                 txn.changes.append(self._truncate_orders())
@@ -303,6 +323,7 @@ class _Workload:
             table = "customers"
             row = self.rows.customer(self._new_id("customers"), now_us, now_us, loyalty=self.altered)
             self.db["customers"].insert(row)
+        self._violate(table, row)  # in place: the row the source table now holds
         return Change(table, "c", self.db[table].key_of(row), None, row, row)
 
     def _update(self, table: str, now_us: int, key: Key | None = None) -> Change:
@@ -317,7 +338,7 @@ class _Workload:
             new = self.rows.update_product(old)
         else:
             new = self.rows.update_order(old, now_us)
-        state.replace(key, new)
+        state.replace(key, self._violate(table, new))
         sent = new
         notes = old.get("notes")
         if (table == "customers" and notes is not None and new["notes"] == notes
@@ -327,6 +348,22 @@ class _Workload:
         # REPLICA IDENTITY DEFAULT logs no old row for an update that keeps the key.
         before = old if state.definition.replica_identity == "full" else None
         return Change(table, "u", key, before, sent, new)
+
+    def _violate(self, table: str, row: Row) -> Row:
+        """Now and then write a value the table's suite rejects (in place; the source holds it)."""
+        if not self.spec.quality_violation_fraction:
+            return row
+        self.violation_due += self.spec.quality_violation_fraction
+        if self.violation_due < 1.0:
+            return row
+        self.violation_due -= 1.0
+        counts = self.counts[table]
+        kinds = QUALITY_VIOLATIONS[table]
+        kind = kinds[counts["quality_violations"] % len(kinds)]
+        violate(row, kind)
+        counts["quality_violations"] += 1
+        counts[f"violation_{kind}"] += 1
+        return row
 
     def _delete(self, table: str) -> Change | None:
         state = self.db[table]
@@ -359,7 +396,8 @@ class _Workload:
             writer.close()
             self.counts[table]["duplicates"] = writer.duplicates
             self.counts[table]["records"] = writer.records
-        keys = (*_COUNT_KEYS, *(f"malformed_{k}" for k in self.kinds))
+        keys = (*_COUNT_KEYS, *(f"malformed_{k}" for k in self.kinds),
+                *(f"violation_{k}" for kinds in QUALITY_VIOLATIONS.values() for k in kinds))
         return Truth(
             tables=self.db.to_arrow(),
             key_columns={t: s.definition.key for t, s in self.db.tables.items()},
