@@ -199,7 +199,7 @@ def memory(root: Path, batches: int, events: int, *, full: bool, suite: bool = T
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000, help="events per batch for the overhead rounds")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="overhead rounds (0: skip)")
     parser.add_argument("--violations-every", type=int, default=0,
                         help="overhead rounds: one event in N breaks the suite (0: clean data, pure validation cost)")
     parser.add_argument("--memory-batches", type=int, default=1000)
@@ -218,8 +218,10 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
         root = Path(tmp)
-        console.print(f"overhead: {args.rounds} rounds of {args.events} events per table")
-        cost = overhead(root, args.events, args.rounds, args.violations_every)
+        cost = None
+        if args.rounds:
+            console.print(f"overhead: {args.rounds} rounds of {args.events} events per table")
+            cost = overhead(root, args.events, args.rounds, args.violations_every)
         gate_mem = full_mem = control_mem = None
         if args.memory_batches:
             console.print(f"memory: {args.memory_batches} batches of {args.memory_events} events, gate only")
@@ -236,7 +238,7 @@ def main() -> None:
     out = Table(title=f"Quality validation cost ({args.events}-event batches, suite expectations/orders.json)")
     out.add_column("measure")
     out.add_column("value", justify="right")
-    for unit, label in (("wall", "wall"), ("cpu", "CPU")):
+    for unit, label in (("wall", "wall"), ("cpu", "CPU")) if cost else ():
         out.add_row(f"batch time without validation (median, {label})", f"{cost[f'plain_{unit}']:.2f} s")
         out.add_row(f"batch time with validation (median, {label})", f"{cost[f'checked_{unit}']:.2f} s")
         out.add_row(f"validation itself: frame + GX + result file (median, {label})",
@@ -244,7 +246,8 @@ def main() -> None:
         out.add_row(f"overhead = validation / batch time without it ({label})", f"{cost[f'share_{unit}']:.1%}")
         out.add_row(f"difference of the two medians ({label}; noisy on a busy machine)",
                     f"{cost[f'diff_{unit}']:+.1%}")
-    out.add_row("rows quarantined per batch (injected violations)", f"{cost['held']:.0f}")
+    if cost:
+        out.add_row("rows quarantined per batch (injected violations)", f"{cost['held']:.0f}")
     out.add_row("GX import + context + first suite (once per process)", f"{first:.1f} s")
     out.add_row("second suite load (same process)", f"{second * 1000:.0f} ms")
     runs = [(label, samples) for label, samples in (("gate only", gate_mem), ("full process_batch", full_mem),

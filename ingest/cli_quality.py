@@ -111,6 +111,16 @@ def quality_show(
 
 
 # -- quarantine ---------------------------------------------------------------------------------------
+def _names(expectations: str | None) -> str:
+    """The JSON list of expectation names a quality hold carries, as text."""
+    if not expectations:
+        return ""
+    try:
+        return ", ".join(json.loads(expectations))
+    except ValueError:
+        return expectations
+
+
 def _message_id(row: dict[str, Any]) -> str:
     return f"{row['topic']}:{row['partition']}:{row['offset']}"
 
@@ -148,8 +158,7 @@ def quarantine_list(
         replayed = f"v{r['replay_version']}" if r["replayed_at"] and r["replay_version"] is not None else (
             "yes" if r["replayed_at"] else "")
         out.add_row(r["table"], _message_id(r), r["stage"], str(r["batch_id"]), r["row_key"] or "",
-                    _short(", ".join(json.loads(r["expectations"])) if r["expectations"] else r["reason"], 60),
-                    replayed)
+                    _short(_names(r["expectations"]) or r["reason"], 60), replayed)
     console.print(out)
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -153,6 +152,7 @@ class Torture:
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> TortureResult:
+        """Prepare, crash ``spec.kills`` times, recover, and check (see module docstring)."""
         started = time.perf_counter()
         config = self.prepare()
         self.say(f"workload: {self.spec.events} events, batches of {self.spec.batch}; "
@@ -272,9 +272,4 @@ def _config(spec: TortureSpec) -> dict[str, object]:
     }
 
 
-def clean(workdir: Path) -> None:
-    """Remove a torture workdir."""
-    shutil.rmtree(workdir, ignore_errors=True)
-
-
-__all__ = ["KILLS", "Torture", "TortureResult", "TortureSpec", "clean"]
+__all__ = ["KILLS", "Torture", "TortureResult", "TortureSpec"]
