@@ -57,9 +57,11 @@ def gx_context() -> Any:
             from great_expectations.data_context.types.base import ProgressBarsConfig
 
             # GX logs its set-up at INFO (temporary docs directories ...): not the engine's news.
-            gx_log = logging.getLogger("great_expectations")
-            if gx_log.level == logging.NOTSET:
-                gx_log.setLevel(logging.WARNING)
+            # One of its modules sets its own logger to INFO on import, so that one is quietened too.
+            for name in ("great_expectations", "great_expectations.data_context.types.base"):
+                gx_log = logging.getLogger(name)
+                if gx_log.level in (logging.NOTSET, logging.INFO):
+                    gx_log.setLevel(logging.WARNING)
             context = gx.get_context(mode="ephemeral")
             # Progress bars would print one line per metric and batch into the engine's output.
             context.variables.progress_bars = ProgressBarsConfig(globally=False)
