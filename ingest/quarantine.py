@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from ingest import locks
@@ -71,6 +72,21 @@ class QuarantineRecord:
     replay_version: int | None = None
 
 
+def _match(source: pa.Table) -> str:
+    """The MERGE condition: same message and stage, and literal bounds delta-rs prunes files with.
+
+    The quarantine table gains a small file per batch; without the bounds every MERGE would scan
+    all of them, and time and memory would grow with the table. The bounds hold for any row that
+    matches, so they change nothing else.
+    """
+    on = [f't."{k}" = s."{k}"' for k in _KEY]
+    offsets = pc.min_max(source["offset"])
+    on.append(f't."offset" BETWEEN {offsets["min"].as_py()} AND {offsets["max"].as_py()}')
+    topics = ", ".join(sql_string(t) for t in sorted(set(source["topic"].to_pylist())))
+    on.append(f't."topic" IN ({topics})')
+    return " AND ".join(on)
+
+
 def write(path: Path, records: list[QuarantineRecord]) -> int:
     """Insert records not already quarantined; returns how many were new."""
     if not records:
@@ -83,7 +99,7 @@ def write(path: Path, records: list[QuarantineRecord]) -> int:
         if table is None:
             write_deltalake(str(path), source, mode="append")
             return source.num_rows
-        on = " AND ".join(f't."{k}" = s."{k}"' for k in _KEY)
+        on = _match(source)
         # merge_schema: a quarantine table written before a column was added takes it on.
         metrics = (table.merge(source, on, source_alias="s", target_alias="t", merge_schema=True)
                    .when_not_matched_insert_all().execute())
@@ -128,8 +144,7 @@ def mark_replayed(path: Path, table: str, ids: Iterable[tuple[str, int, int, str
         delta = open_table(path)
         if delta is None:
             return 0
-        on = " AND ".join(f't."{k}" = s."{k}"' for k in _KEY)
-        metrics = (delta.merge(source, on, source_alias="s", target_alias="t", merge_schema=True)
+        metrics = (delta.merge(source, _match(source), source_alias="s", target_alias="t", merge_schema=True)
                    .when_matched_update({"replayed_at": "s.replayed_at", "replay_version": "s.replay_version"})
                    .execute())
         return int(metrics.get("num_target_rows_updated", 0))
