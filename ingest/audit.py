@@ -4,7 +4,8 @@ Balance that must hold in every row::
 
     received = inserted + updated + deleted + truncates + superseded + stale + quarantined + skipped
 
-``skipped`` counts messages that carry no row change (Debezium tombstones, heartbeats,
+``skipped`` counts messages that carry no row change (Debezium tombstones after a full envelope's
+delete -- in a flattened stream a tombstone is a delete and counts as one --, heartbeats,
 schema-change and transaction records). ``quarantined`` counts every message held back, whether it
 did not decode or failed the quality gate; when the gate holds a key's winning change, the key's
 earlier changes in the batch (which it would have superseded) are held with it and counted as
@@ -58,6 +59,9 @@ class AuditRecord:
     quarantined: int = 0
     skipped: int = 0
     rows_truncated: int = 0
+    #: rows written with a column whose value is unknown (TOAST placeholder, no stored value); not a
+    #: term of the balance, a flag on rows already counted (see ``_cdc_unknown_columns``).
+    toast_unknown: int = 0
     offsets: str = "{}"
     delta_version: int | None = None
     status: str = "committed"
@@ -112,6 +116,7 @@ AUDIT_SCHEMA = pa.schema(
         ("quarantined", pa.int64()),
         ("skipped", pa.int64()),
         ("rows_truncated", pa.int64()),
+        ("toast_unknown", pa.int64()),
         ("offsets", pa.string()),
         ("delta_version", pa.int64()),
         ("status", pa.string()),

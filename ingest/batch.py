@@ -30,7 +30,8 @@ from ingest.merge import MergeOutcome, MergeRequest, apply_batch
 from ingest.quality.gate import Hold, QualityGate, QualityReport
 from ingest.quarantine import QuarantineRecord
 from ingest.reduce import PositionedChange, Reduction, event_key, reduce_changes
-from ingest.tablestate import load_state
+from ingest.tablestate import TableState, load_state
+from ingest.tombstone_deletes import Tombstone, are_deletes, resolve
 
 #: Rows produced by the decode step (Spark ``mapInArrow``), one per Kafka message.
 DECODED_SCHEMA = pa.schema(
@@ -218,6 +219,10 @@ class SplitBatch:
     table_key: tuple[str, ...] | None
     #: ``(topic, partition, offset)`` of a change -> its row in the decoded batch (raw bytes live there).
     rows: dict[tuple[str, int, int], int]
+    #: Kafka tombstones, resolved once the batch is split (:mod:`ingest.tombstone_deletes`).
+    tombstones: list[Tombstone] = field(default_factory=list)
+    #: whether the batch's records are ``ExtractNewRecordState`` rows (``None``: it holds none).
+    flattened: bool | None = None
 
 
 def process_batch(spec: TableSpec, paths: TablePaths, rows: pa.Table, *, batch_id: int, run_id: str,
@@ -254,15 +259,17 @@ def process_batch(spec: TableSpec, paths: TablePaths, rows: pa.Table, *, batch_i
 
     record = AuditRecord(table=spec.name, run_id=run_id, batch_id=batch_id, received=len(keep),
                          started_at=started_at, decode_ms=decode_ms)
-    # 2. Split changes, control records and undecodable messages.
+    # 2. Split changes, control records and undecodable messages; tombstones of a flattened stream
+    # become the deletes of their keys.
     split = split_batch(spec, cols, keep, state.key_columns or spec.primary_key, batch_id=batch_id, run_id=run_id)
+    resolve_tombstones(spec, split, cols, state, batch_id=batch_id, run_id=run_id)
     record.skipped = sum(split.controls.values())
     record.offsets = json.dumps({f"{t}:{p}": span for (t, p), span in sorted(split.offsets.items())})
 
     # 3. Reduce to the latest change per key; 4. validate those after-images (a `fail` raises here,
     # before anything is written, so the table's offsets do not move).
     table_key = tuple(split.table_key or ())
-    reduction = reduce_changes(split.changes, table_key)
+    reduction = reduce_changes(split.changes, table_key, keep_truncated=spec.delete_mode == "soft")
     report = check_quality(spec, gate, reduction, split, cols, state.columns, batch_id=batch_id, run_id=run_id)
     fill_quality(record, report)
 
@@ -278,6 +285,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, rows: pa.Table, *, batch_i
         key_columns=table_key, reduction=reduction,
         offsets={tp: span[1] for tp, span in split.offsets.items()},
         describe=lambda outcome: fill_outcome(record, outcome).to_metadata(),
+        flattened=split.flattened,
     ))
     faults.point("after-delta-commit")
     fill_outcome(record, outcome)
@@ -306,9 +314,13 @@ def split_batch(spec: TableSpec, cols: dict[str, list[Any]], keep: list[int], ta
             split.held.append(_held(spec, cols, i, "decode", cols["reason"][i], batch_id, run_id))
             continue
         if isinstance(result, ControlRecord):
-            split.controls[result.kind] += 1
+            if result.kind == "tombstone":
+                split.tombstones.append(Tombstone(result, KafkaCoordinates(topic, part, off, _millis(cols, i)), i))
+            else:
+                split.controls[result.kind] += 1
             continue
         event: ChangeEvent = result
+        split.flattened = event.flattened or bool(split.flattened)
         if event.op != "t":
             if split.table_key is None:
                 split.table_key = event.key_columns
@@ -320,6 +332,32 @@ def split_batch(spec: TableSpec, cols: dict[str, list[Any]], keep: list[int], ta
         split.rows[(topic, part, off)] = i
         split.changes.append(PositionedChange(event, KafkaCoordinates(topic, part, off, None)))
     return split
+
+
+def resolve_tombstones(spec: TableSpec, split: SplitBatch, cols: dict[str, list[Any]], state: TableState, *,
+                       batch_id: int, run_id: str) -> None:
+    """Step 2b: tombstones are skipped, or (flattened streams) become deletes of their keys."""
+    if not split.tombstones:
+        return
+    if not are_deletes(spec.kafka_tombstones, split.flattened, state.flattened):
+        split.controls["tombstone"] += len(split.tombstones)
+        return
+    resolution = resolve(split.tombstones, split.changes, split.table_key, state.table, table_name=spec.name)
+    for tomb, reason in resolution.unusable:
+        split.held.append(_held(spec, cols, tomb.row, "key", reason, batch_id, run_id))
+    split.controls.update(resolution.skipped)
+    rows = {(t.coords.topic, t.coords.partition, t.coords.offset): t.row for t in split.tombstones}
+    for delete in resolution.deletes:
+        c = delete.coords
+        split.rows[(c.topic, c.partition, c.offset)] = rows[(c.topic, c.partition, c.offset)]
+        split.changes.append(delete)
+    if split.table_key is None and resolution.deletes:
+        split.table_key = resolution.deletes[0].event.key_columns
+
+
+def _millis(cols: dict[str, list[Any]], i: int) -> int | None:
+    ts = cols["timestamp"][i]
+    return int(ts.timestamp() * 1000) if ts is not None else None
 
 
 def check_quality(spec: TableSpec, gate: QualityGate | None, reduction: Reduction, split: SplitBatch,
@@ -385,6 +423,7 @@ def fill_outcome(record: AuditRecord, outcome: MergeOutcome) -> AuditRecord:
     record.inserted, record.updated, record.deleted = outcome.inserted, outcome.updated, outcome.deleted
     record.truncates = outcome.truncates_applied
     record.stale = outcome.stale
+    record.toast_unknown = outcome.toast_unknown
     record.schema_change = outcome.schema_change
     return record
 

@@ -137,6 +137,10 @@ class TableSpec(_Model):
     tombstone_retention: Duration = Field(
         timedelta(days=7), description="how long a deleted key is remembered so old events cannot resurrect it"
     )
+    kafka_tombstones: Literal["auto", "delete", "ignore"] = Field(
+        "auto", description="what a Kafka tombstone (null value) means: auto: the delete of its key when the "
+        "stream carries ExtractNewRecordState rows, nothing after full envelopes; delete; ignore"
+    )
     expectations: str | None = Field(
         None, description="Great Expectations suite name: <quality.expectations_dir>/<name>.json"
     )

@@ -26,6 +26,8 @@ FRAMEWORK_COLUMNS: Final[tuple[tuple[str, pa.DataType], ...]] = (
     ("_cdc_offset", pa.int64()),
     ("_cdc_ingested_at", pa.timestamp("us", tz="UTC")),
     ("_cdc_deleted", pa.bool_()),
+    # Columns whose value is unknown: an unchanged-TOAST placeholder with no stored value to keep.
+    ("_cdc_unknown_columns", pa.list_(pa.string())),
 )
 FRAMEWORK_NAMES: Final = frozenset(name for name, _ in FRAMEWORK_COLUMNS)
 
@@ -101,17 +103,20 @@ def read_all(table: DeltaTable, *, columns: list[str] | None = None, where: str 
 
 
 def normalize(table: pa.Table) -> pa.Table:
-    """Turn view/large string and binary columns into plain ones so comparisons and pylist work."""
-    fields = []
-    changed = False
-    for f in table.schema:
-        t = f.type
-        if pa.types.is_string_view(t) or pa.types.is_large_string(t):
-            t, changed = pa.string(), True
-        elif pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
-            t, changed = pa.binary(), True
-        fields.append(pa.field(f.name, t, f.nullable))
-    return table.cast(pa.schema(fields)) if changed else table
+    """Turn view/large string and binary types (also inside lists) into plain ones for comparisons and pylist."""
+    fields = [pa.field(f.name, _plain(f.type), f.nullable) for f in table.schema]
+    schema = pa.schema(fields)
+    return table.cast(schema) if schema != table.schema else table
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return pa.list_(_plain(t.value_type))
+    return t
 
 
 def table_schema(table: DeltaTable) -> pa.Schema:

@@ -84,41 +84,83 @@ class ColumnSpec:
         return (ColumnSpec, (self.name, self.type, self.nullable, self.semantic))
 
 
-_HEX = 16  # hex digits per position component: 64-bit unsigned
+#: Phases of a change at one source point: a snapshot read orders before a streamed change there,
+#: and a delete carried only by a Kafka tombstone orders right after the change it follows.
+SNAPSHOT, STREAMED, AFTER = 0, 1, 2
+#: Widest component accepted (an SQL Server LSN has 80 bits; Oracle SCNs are unbounded in theory).
+MAX_COMPONENT: Final = (1 << 128) - 1
+_KAFKA_PARTITION_HEX = 8  # Kafka partitions are int32: fixed width, so SQL can compare the prefix
+
+
+def _component(value: int) -> str:
+    """Order-preserving text of a non-negative integer: two hex digits of length, then the digits."""
+    digits = format(value, "x") if value else ""
+    return f"{len(digits):02x}{digits}"
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class SourcePosition:
     """Comparable place of a change in the source's history.
 
-    Built from the Debezium ``source`` block: PostgreSQL ``(last committed LSN from
-    source.sequence, lsn, 0)``, MySQL ``(binlog file number, pos, row)``, and as a fallback the
-    Kafka ``(partition, offset, 0)``. ``phase`` is 0 for snapshot reads and 1 for streamed
-    changes, so a snapshot read orders before a streamed change at the same source point.
-    The encoded form is fixed-width hex, so string order equals position order (Delta and SQL
-    compare it directly).
+    Built from the Debezium ``source`` block (see :func:`ingest.decode.envelope.source_position`):
+    PostgreSQL ``(commit point, lsn, 0)``, MySQL ``(binlog file number, pos, row)``, SQL Server and
+    Db2 ``(commit_lsn, change_lsn, event_serial_no)``, Oracle ``(commit_scn, scn, txSeq)``, MongoDB
+    ``(ts_ms, ord, 0)``. ``phase`` is :data:`SNAPSHOT` for reads, :data:`STREAMED` for changes and
+    :data:`AFTER` for a delete carried only by a Kafka tombstone.
+
+    Without any of those (``fallback``), the position is the Kafka ``(partition, offset)``. Offsets
+    of different partitions are not comparable; :mod:`ingest.ordering` never compares them as one
+    sequence.
+
+    The encoded form (``s...``/``k...``) is text whose order is the position order, so Delta and SQL
+    compare it directly; every component is variable-width with a length prefix.
     """
 
     a: int
     b: int
     c: int
     phase: int
+    fallback: bool = False
 
-    def __reduce__(self) -> tuple[type, tuple[int, int, int, int]]:
-        return (SourcePosition, (self.a, self.b, self.c, self.phase))
+    def __reduce__(self) -> tuple[type, tuple[int, int, int, int, bool]]:
+        return (SourcePosition, (self.a, self.b, self.c, self.phase, self.fallback))
 
     def encode(self) -> str:
-        return f"{self.a:0{_HEX}x}{self.b:0{_HEX}x}{self.c:0{_HEX}x}{self.phase:x}"
+        if self.fallback:
+            return f"k{self.a:0{_KAFKA_PARTITION_HEX}x}{_component(self.b)}{_component(self.c)}{self.phase}"
+        return f"s{_component(self.a)}{_component(self.b)}{_component(self.c)}{self.phase}"
 
     @classmethod
     def decode(cls, text: str) -> SourcePosition:
-        if len(text) != 3 * _HEX + 1:
-            raise ValueError(f"not an encoded source position: {text!r}")
-        return cls(int(text[0:16], 16), int(text[16:32], 16), int(text[32:48], 16), int(text[48], 16))
+        """Inverse of :meth:`encode`.
+
+        Raises:
+            ValueError: ``text`` is not an encoded position.
+        """
+        try:
+            kind, rest = text[0], text[1:]
+            parts: list[int] = []
+            if kind == "k":
+                parts.append(int(rest[:_KAFKA_PARTITION_HEX], 16))
+                rest = rest[_KAFKA_PARTITION_HEX:]
+            elif kind != "s":
+                raise ValueError(kind)
+            while len(rest) > 1:
+                width = int(rest[:2], 16)
+                parts.append(int(rest[2:2 + width] or "0", 16))
+                rest = rest[2 + width:]
+            a, b, c = parts
+            return cls(a, b, c, int(rest), kind == "k")
+        except (ValueError, IndexError):
+            raise ValueError(f"not an encoded source position: {text!r}") from None
 
     @classmethod
     def kafka(cls, partition: int, offset: int) -> SourcePosition:
-        return cls(partition, offset, 0, 1)
+        return cls(partition, offset, 0, STREAMED, True)
+
+    def after(self) -> SourcePosition:
+        """The position right after this one at the same source point (a tombstone's delete)."""
+        return SourcePosition(self.a, self.b, self.c, AFTER, self.fallback)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +189,8 @@ class ChangeEvent:
         snapshot: the ``source.snapshot`` value (``true``, ``first``, ``last``, ``incremental`` ...).
         unavailable: columns whose value is the unchanged-TOAST placeholder.
         schema_ref: identifies the value schema (e.g. ``avro:42``), for schema-evolution checks.
+        flattened: the record was a row flattened by ``ExtractNewRecordState`` (``__op``, ``__lsn``
+            ...), not a full envelope; in such a stream a Kafka tombstone is the delete of its key.
     """
 
     op: Op
@@ -160,6 +204,7 @@ class ChangeEvent:
     snapshot: str | None = None
     unavailable: frozenset[str] = field(default_factory=frozenset)
     schema_ref: str | None = None
+    flattened: bool = False
 
     @property
     def is_delete(self) -> bool:
@@ -167,12 +212,21 @@ class ChangeEvent:
 
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
         return (ChangeEvent, (self.op, self.key, self.after, self.before, self.position, self.columns,
-                              self.key_columns, self.source_ts_ms, self.snapshot, self.unavailable, self.schema_ref))
+                              self.key_columns, self.source_ts_ms, self.snapshot, self.unavailable, self.schema_ref,
+                              self.flattened))
 
 
 @dataclass(frozen=True, slots=True)
 class ControlRecord:
-    """A message that carries no row change; counted as skipped in the audit."""
+    """A message that carries no row change of its own; counted as skipped in the audit.
+
+    A Kafka tombstone (``kind="tombstone"``) also carries its decoded ``key`` (or why the key could
+    not be read, ``key_error``): after a full envelope's ``d`` it only serves log compaction, but in
+    a flattened stream it is the delete of that key (see :mod:`ingest.batch`).
+    """
 
     kind: ControlKind
     detail: str = ""
+    key: dict[str, Any] | None = None
+    key_columns: tuple[str, ...] = ()
+    key_error: str | None = None

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from ingest import faults
+from ingest import faults, tombstones
 from ingest.deltaio import (
     FRAMEWORK_COLUMNS,
     arrow_type,
@@ -38,11 +38,20 @@ from ingest.deltaio import (
 )
 from ingest.errors import CommitConflictError, OffsetsConflictError, TableError
 from ingest.events import UNAVAILABLE, ColumnSpec
+from ingest.mergeplan import (
+    UNKNOWN_COLUMNS,
+    classify,
+    keeps_truncated,
+    matched_deletes,
+    revert_stale_toast_fills,
+    stored_rows,
+    unknown_columns,
+)
+from ingest.ordering import later_than_stored, later_than_stored_sql, replaces_stored_sql
 from ingest.reduce import Key, PositionedChange, Reduction, event_key
 from ingest.schema import SchemaPlan, check_column_names, combine, plan_schema
-from ingest.tablestate import BATCH_KEY, STATE_KEY, TableState, app_id, load_state
+from ingest.tablestate import BATCH_KEY, POSITION_FORMAT, STATE_KEY, TableState, app_id, load_state
 
-Action = Literal["insert", "update", "delete", "stale"]
 _TOAST_PREFIX = "__cdc_toast__"
 
 
@@ -61,6 +70,8 @@ class MergeOutcome:
     schema_change: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
     merge_ms: int = 0
+    #: rows written with a column whose value is unknown (unchanged-TOAST placeholder, nothing stored).
+    toast_unknown: int = 0
 
 
 @dataclass(slots=True)
@@ -77,6 +88,8 @@ class MergeRequest:
         offsets: last offset of the batch per ``(topic, partition)`` (progress markers).
         describe: builds the audit record stored in the commit info (``cdc.batch``) from the
             outcome's counts, just before the commit.
+        flattened: whether the batch showed the stream to be ``ExtractNewRecordState`` rows
+            (``None``: it did not say); remembered in the table's state.
     """
 
     table: str
@@ -87,6 +100,7 @@ class MergeRequest:
     reduction: Reduction
     offsets: dict[tuple[str, int], int]
     describe: Callable[[MergeOutcome], dict[str, Any]]
+    flattened: bool | None = None
 
 
 def apply_batch(request: MergeRequest) -> MergeOutcome:
@@ -95,40 +109,48 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
     Raises:
         SchemaIncompatibleError: a column changed type unsafely; nothing was committed.
         CommitConflictError: another writer committed to the table at the same time.
+        TableError: the table was written with another position encoding, or a key column cannot
+            hold the batch's values.
     """
     started = time.perf_counter()
     state = load_state(request.path)
     _refuse_to_move_backwards(request, state)
+    _check_position_format(request.table, state)
     red = request.reduction
-    images = [_image_columns(c) for c in red.winners]
+    images = [_image_columns(c) for c in [*red.winners, *red.truncated]]
     incoming = combine(request.table, images)
     _check_reserved(request.table, incoming)
     plan = plan_schema(request.table, state.columns, incoming)
     check_column_names(request.table, plan.columns)
     outcome = MergeOutcome(schema_change=plan.describe())
 
-    if state.table is None and not plan.columns:
-        # Nothing to create a table from (e.g. only a truncate before any row): nothing to record.
-        outcome.stale = len(red.winners)
+    if state.table is None and not plan.columns and red.truncate is None:
+        # Nothing to create a table from (only control records): nothing to record.
         return outcome
+    # A truncate before any row still creates the (empty) table: its position must be remembered,
+    # or a late change from before it could land afterwards.
     table = state.table if state.table is not None else _create(request, plan)
+    key_types = {c.name: c.type for c in plan.columns if c.name in request.key_columns}
     if plan.widened:
         faults.point("before-widen")
         table = _widen(table, request, plan)
         faults.point("after-widen")
 
     truncate_pos = red.truncate.event.position.encode() if red.truncate else None
-    if truncate_pos is not None and state.truncate_position is not None and truncate_pos <= state.truncate_position:
+    if truncate_pos is not None and state.truncate_position is not None and not later_than_stored(
+            truncate_pos, state.truncate_position):
         truncate_pos = None  # an older or replayed truncate changes nothing
     outcome.truncates_applied = 1 if truncate_pos else 0
     if red.truncate is not None and not truncate_pos:
         outcome.stale += 1
-    watermark = max(filter(None, [state.truncate_position, truncate_pos]), default=None)
+    watermark = truncate_pos or state.truncate_position
 
-    stored = _stored_positions(table, request.key_columns, red.winners)
-    tombs = _tombstone_positions(request, red.winners) if request.delete_mode == "hard" else {}
+    stored = stored_rows(table, request.key_columns, [*red.winners, *red.truncated], table_name=request.table)
+    hard = request.delete_mode == "hard"
+    tombs = tombstones.positions(request.tombstones_path, request.key_columns, key_types, request.table) \
+        if hard and red.winners else {}
     revert_stale_toast_fills(red.winners, request.key_columns, stored)
-    actions = _classify(red.winners, request.key_columns, stored, tombs, state.truncate_position, truncate_pos)
+    actions = classify(red.winners, request.key_columns, stored, tombs, state.truncate_position, truncate_pos)
     for action in actions:
         if action == "insert":
             outcome.inserted += 1
@@ -138,10 +160,16 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
             outcome.deleted += 1
         else:
             outcome.stale += 1
-
     live = [c for c, a in zip(red.winners, actions, strict=True) if a != "stale"]
-    if request.delete_mode == "hard":
-        _record_tombstones(request, plan.columns, [c for c in live if c.event.is_delete])
+    truncated = [c for c in red.truncated if keeps_truncated(c, request.key_columns, stored, state.truncate_position)]
+    live += truncated
+    unknown = unknown_columns(live, request.key_columns, stored)
+    outcome.toast_unknown = sum(1 for u in unknown.values() if u)
+
+    if hard:
+        tombstones.record(request.tombstones_path, request.table, request.key_columns, key_types,
+                          [(_key(c, request.key_columns), c.event.position.encode(), c.event.source_ts_ms)
+                           for c in live if c.event.is_delete])
         faults.point("after-tombstones")
     props = CommitProperties(
         app_transactions=[
@@ -150,19 +178,23 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
         ],
         custom_metadata={
             BATCH_KEY: json.dumps(request.describe(outcome)),
-            STATE_KEY: json.dumps({"primary_key": list(request.key_columns), "truncate_position": watermark}),
+            STATE_KEY: json.dumps({"primary_key": list(request.key_columns), "truncate_position": watermark,
+                                   "position_format": POSITION_FORMAT,
+                                   "flattened": request.flattened if request.flattened is not None
+                                   else state.flattened}),
         },
     )
-    source_rows = [c for c in live if not (request.delete_mode == "hard" and c.event.is_delete and
-                                           _key(c, request.key_columns) not in stored)]
+    source_rows = [c for c in live if not (hard and c.event.is_delete and _key(c, request.key_columns) not in stored)]
     before = table.version()
     faults.point("before-commit")
     try:
-        if source_rows or truncate_pos:
-            source = _source_table(source_rows, plan.columns, request.key_columns)
+        # A table without user columns (created by a truncate) holds no rows: nothing to merge.
+        if source_rows or (truncate_pos and state.columns):
+            source = _source_table(request.table, source_rows, plan.columns, request.key_columns, truncate_pos, unknown,
+                                   {id(c) for c in truncated})
             metrics = _merge(table, request, plan.columns, source, truncate_pos, props)
             outcome.metrics = metrics
-            matched = _matched_deletes(actions, red.winners, request, stored)
+            matched = matched_deletes(actions, red.winners, request.key_columns, stored) if hard else 0
             outcome.rows_truncated = max(0, metrics.get("num_target_rows_deleted", 0) - matched)
             table.update_incremental()
         if table.version() == before:
@@ -175,6 +207,14 @@ def apply_batch(request: MergeRequest) -> MergeOutcome:
     outcome.delta_version = table.version()
     outcome.merge_ms = int((time.perf_counter() - started) * 1000)
     return outcome
+
+
+def _check_position_format(table: str, state: TableState) -> None:
+    if state.table is not None and state.position_format != POSITION_FORMAT and state.key_columns is not None:
+        raise TableError(table, f"was written with source-position format {state.position_format or 1}; this "
+                                f"version writes format {POSITION_FORMAT} and cannot compare the two. Rebuild it: "
+                                "remove its directory and its _cdc_tombstones entry, then "
+                                "`ingest run --from-beginning`")
 
 
 def _refuse_to_move_backwards(request: MergeRequest, state: TableState) -> None:
@@ -210,117 +250,6 @@ def _key(change: PositionedChange, key_columns: tuple[str, ...]) -> Key:
     return event_key(change.event, key_columns)
 
 
-def revert_stale_toast_fills(winners: list[PositionedChange], key_columns: tuple[str, ...],
-                             stored: dict[Key, tuple[str, bool]]) -> None:
-    """Undo in-batch TOAST fills whose source image is not newer than the stored row.
-
-    The stored value is then the right one, and the MERGE keeps it (the column is a placeholder again).
-    """
-    for change in winners:
-        if not change.toast_sources or change.event.after is None:
-            continue
-        target = stored.get(_key(change, key_columns))
-        if target is None:
-            continue
-        stale = {col for col, src in change.toast_sources.items() if src <= target[0]}
-        if stale:
-            for col in stale:
-                change.event.after[col] = UNAVAILABLE
-                del change.toast_sources[col]
-            change.event.unavailable = change.event.unavailable | stale
-
-
-def _classify(
-    winners: list[PositionedChange],
-    key_columns: tuple[str, ...],
-    stored: dict[Key, tuple[str, bool]],
-    tombs: dict[Key, str],
-    old_truncate: str | None,
-    new_truncate: str | None,
-) -> list[Action]:
-    actions: list[Action] = []
-    for change in winners:
-        pos = change.event.position.encode()
-        key = _key(change, key_columns)
-        target = stored.get(key)
-        if target is not None and new_truncate is not None and target[0] < new_truncate:
-            target = None  # the truncate in this batch removes that row first
-        if (old_truncate is not None and pos <= old_truncate) or (target is not None and target[0] >= pos) or (
-            _buried(tombs.get(key), pos, change.event.is_delete, target is not None)
-        ):
-            actions.append("stale")
-        elif change.event.is_delete:
-            actions.append("delete")
-        elif target is None or target[1]:
-            actions.append("insert")
-        else:
-            actions.append("update")
-    return actions
-
-
-def _buried(tomb: str | None, pos: str, is_delete: bool, row_in_table: bool) -> bool:
-    """True if a remembered delete makes this change stale.
-
-    Tombstones are written before the MERGE commit (a separate commit). A delete that meets its own
-    tombstone (same position) while its row is still in the table is a replay after a crash between
-    the two: it must apply again, or the row would outlive its delete. Without the row it is a
-    duplicate, and stale.
-    """
-    if tomb is None:
-        return False
-    return tomb > pos or (tomb == pos and not (is_delete and row_in_table))
-
-
-def _matched_deletes(actions: list[Action], winners: list[PositionedChange], request: MergeRequest,
-                     stored: dict[Key, tuple[str, bool]]) -> int:
-    return sum(1 for a, c in zip(actions, winners, strict=True)
-               if a == "delete" and _key(c, request.key_columns) in stored and request.delete_mode == "hard")
-
-
-def _stored_positions(table: DeltaTable, key_columns: tuple[str, ...], winners: list[PositionedChange]
-                      ) -> dict[Key, tuple[str, bool]]:
-    """``key -> (stored position, soft-deleted)`` for the batch's keys present in the table."""
-    if not winners:
-        return {}
-    first = key_columns[0]
-    values = [c.event.key[first] for c in winners]
-    lo, hi = min(values), max(values)
-    # A range filter on the first key column lets delta-rs skip files by their min/max stats.
-    where = f"{quote(first)} >= {_literal(lo)} AND {quote(first)} <= {_literal(hi)}" if _literal(lo) else None
-    found = read_all(table, columns=[*key_columns, "_cdc_position", "_cdc_deleted"], where=where)
-    if found.num_rows == 0:
-        return {}
-    wanted = pa.table({k: pa.array([c.event.key[k] for c in winners]) for k in key_columns})
-    wanted = wanted.cast(pa.schema([found.schema.field(k) for k in key_columns]))
-    found = found.join(wanted, keys=list(key_columns), join_type="inner")
-    keys = zip(*(found[k].to_pylist() for k in key_columns), strict=True)
-    return {
-        key: (pos, bool(deleted))
-        for key, pos, deleted in zip(keys, found["_cdc_position"].to_pylist(),
-                                     found["_cdc_deleted"].to_pylist(), strict=True)
-    }
-
-
-def _literal(value: Any) -> str | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return sql_string(value)
-    return None
-
-
-def _tombstone_positions(request: MergeRequest, winners: list[PositionedChange]) -> dict[Key, str]:
-    table = open_table(request.tombstones_path)
-    if table is None or not winners:
-        return {}
-    rows = read_all(table, columns=[*request.key_columns, "_cdc_position"])
-    keys = zip(*(rows[k].to_pylist() for k in request.key_columns), strict=True)
-    return dict(zip(keys, rows["_cdc_position"].to_pylist(), strict=True))
-
-
-# -- writing ------------------------------------------------------------------------------------------
 def _framework_schema() -> list[pa.Field]:
     return [pa.field(name, typ) for name, typ in FRAMEWORK_COLUMNS]
 
@@ -333,8 +262,9 @@ def _create(request: MergeRequest, plan: SchemaPlan) -> DeltaTable:
         mode="ignore",
         name=request.table,
         description=f"CDC target table {request.table} (primary key {', '.join(request.key_columns)})",
-        commit_properties=CommitProperties(custom_metadata={
-            STATE_KEY: json.dumps({"primary_key": list(request.key_columns), "truncate_position": None})}),
+        commit_properties=CommitProperties(custom_metadata={STATE_KEY: json.dumps({
+            "primary_key": list(request.key_columns), "truncate_position": None,
+            "position_format": POSITION_FORMAT, "flattened": request.flattened})}),
     )
 
 
@@ -345,9 +275,13 @@ def _widen(table: DeltaTable, request: MergeRequest, plan: SchemaPlan) -> DeltaT
         [pa.field(c.name, arrow_type(c.type)) for c in plan.columns if c.name in current.column_names]
         + _framework_schema()
     )
+    # int -> double is the one widening that rounds (beyond 2**53): pyarrow's checked cast refuses it.
+    columns = [current[f.name].cast(f.type, safe=not (pa.types.is_floating(f.type)
+                                                       and pa.types.is_integer(current[f.name].type)))
+               for f in target]
     write_deltalake(
         table,
-        current.select(target.names).cast(target),
+        pa.Table.from_arrays(columns, schema=target),
         mode="overwrite",
         schema_mode="overwrite",
         commit_properties=CommitProperties(custom_metadata={"cdc.schema_change": plan.describe()}),
@@ -356,8 +290,13 @@ def _widen(table: DeltaTable, request: MergeRequest, plan: SchemaPlan) -> DeltaT
     return table
 
 
-def _source_table(rows: list[PositionedChange], columns: list[ColumnSpec], key_columns: tuple[str, ...]) -> pa.Table:
-    """The MERGE source: user columns, framework columns and TOAST flags, one row per change."""
+def _source_table(table: str, rows: list[PositionedChange], columns: list[ColumnSpec], key_columns: tuple[str, ...],
+                  truncate_pos: str | None, unknown: dict[int, list[str] | None], truncated_ids: set[int]) -> pa.Table:
+    """The MERGE source: user columns, framework columns and TOAST flags, one row per change.
+
+    A change the batch's truncate superseded but soft-delete mode keeps (a *truncated* row) is
+    written as the truncate left it: flagged deleted, ``_cdc_op`` ``t`` at the truncate's position.
+    """
     now = datetime.now(UTC)
     data: dict[str, pa.Array] = {}
     images = [(c.event.after if c.event.after is not None else {**(c.event.before or {}), **c.event.key})
@@ -368,22 +307,22 @@ def _source_table(rows: list[PositionedChange], columns: list[ColumnSpec], key_c
         if any(toast):
             values = [None if t else v for v, t in zip(values, toast, strict=True)]
             data[_TOAST_PREFIX + col.name] = pa.array(toast, pa.bool_())
-        data[col.name] = pa.array(values, arrow_type(col.type))
+        data[col.name] = tombstones.key_array(table, col.name, values, col.type) if col.name in key_columns \
+            else pa.array(values, arrow_type(col.type))
     events = [c.event for c in rows]
-    data["_cdc_op"] = pa.array([e.op for e in events], pa.string())
-    data["_cdc_position"] = pa.array([e.position.encode() for e in events], pa.string())
-    data["_cdc_source_ts"] = _millis_to_timestamp([e.source_ts_ms for e in events])
+    truncated = [id(c) in truncated_ids and c.event.op != "d" for c in rows]
+    data["_cdc_op"] = pa.array(["t" if t else e.op for e, t in zip(events, truncated, strict=True)], pa.string())
+    data["_cdc_position"] = pa.array([truncate_pos if t else e.position.encode()
+                                      for e, t in zip(events, truncated, strict=True)], pa.string())
+    data["_cdc_source_ts"] = tombstones.millis_to_timestamp([e.source_ts_ms for e in events])
     data["_cdc_topic"] = pa.array([c.coords.topic for c in rows], pa.string())
     data["_cdc_partition"] = pa.array([c.coords.partition for c in rows], pa.int32())
     data["_cdc_offset"] = pa.array([c.coords.offset for c in rows], pa.int64())
     data["_cdc_ingested_at"] = pa.array([now] * len(rows), pa.timestamp("us", tz="UTC"))
-    data["_cdc_deleted"] = pa.array([e.is_delete for e in events], pa.bool_())
-    table = pa.table(data)
-    return table.sort_by([(k, "ascending") for k in key_columns]) if rows else table
-
-
-def _millis_to_timestamp(values: list[int | None]) -> pa.Array:
-    return pa.array(values, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
+    data["_cdc_deleted"] = pa.array([e.is_delete or t for e, t in zip(events, truncated, strict=True)], pa.bool_())
+    data[UNKNOWN_COLUMNS] = pa.array([unknown.get(id(c)) for c in rows], pa.list_(pa.string()))
+    source = pa.table(data)
+    return source.sort_by([(k, "ascending") for k in key_columns]) if rows else source
 
 
 def _merge(table: DeltaTable, request: MergeRequest, columns: list[ColumnSpec], source: pa.Table,
@@ -398,10 +337,12 @@ def _merge(table: DeltaTable, request: MergeRequest, columns: list[ColumnSpec], 
 
     user = [c.name for c in columns]
     all_updates = {quote(c): value(c) for c in user + framework}
-    framework_updates = {quote(c): f"s.{quote(c)}" for c in framework}
+    # A soft delete keeps the stored values, and with them what is known of them.
+    framework_updates = {quote(c): f"s.{quote(c)}" for c in framework if c != UNKNOWN_COLUMNS}
     inserts = {quote(c): f"s.{quote(c)}" for c in user + framework}
-    newer = "s._cdc_position > t._cdc_position"
+    newer = replaces_stored_sql("s", "t")
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in request.key_columns)
+    removed_by_truncate = later_than_stored_sql(sql_string(truncate_pos), "t._cdc_position") if truncate_pos else ""
 
     merger = table.merge(source, on, source_alias="s", target_alias="t", merge_schema=True,
                          commit_properties=props)
@@ -410,48 +351,24 @@ def _merge(table: DeltaTable, request: MergeRequest, columns: list[ColumnSpec], 
                   .when_matched_update(all_updates, f"NOT s._cdc_deleted AND {newer}")
                   .when_not_matched_insert(inserts, "NOT s._cdc_deleted"))
         if truncate_pos:
-            merger = merger.when_not_matched_by_source_delete(f"t._cdc_position < {sql_string(truncate_pos)}")
+            merger = merger.when_not_matched_by_source_delete(removed_by_truncate)
     else:
-        merger = (merger.when_matched_update(framework_updates, f"s._cdc_deleted AND {newer}")
+        # A delete's image may hold only the key: keep the stored values. A truncated row carries
+        # the values its change gave it.
+        merger = (merger.when_matched_update(framework_updates, f"s._cdc_op = 'd' AND {newer}")
                   .when_matched_update(all_updates, newer)
                   .when_not_matched_insert(inserts))
         if truncate_pos:
             merger = merger.when_not_matched_by_source_update(
                 {"_cdc_deleted": "true", "_cdc_op": "'t'", "_cdc_position": sql_string(truncate_pos)},
-                f"t._cdc_position < {sql_string(truncate_pos)} AND NOT t._cdc_deleted",
+                f"{removed_by_truncate} AND NOT t._cdc_deleted",
             )
     return merger.execute()
 
 
-def _record_tombstones(request: MergeRequest, columns: list[ColumnSpec], deletes: list[PositionedChange]) -> None:
-    """Remember deleted keys with their position (hard mode), idempotently and guarded by position."""
-    if not deletes:
-        return
-    types = {c.name: c.type for c in columns}
-    data = {k: pa.array([c.event.key[k] for c in deletes], arrow_type(types[k])) for k in request.key_columns}
-    data["_cdc_position"] = pa.array([c.event.position.encode() for c in deletes], pa.string())
-    data["_cdc_deleted_at"] = _millis_to_timestamp([c.event.source_ts_ms for c in deletes])
-    source = pa.table(data)
-    table = open_table(request.tombstones_path)
-    if table is None:
-        write_deltalake(str(request.tombstones_path), source, mode="append")
-        return
-    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in request.key_columns)
-    (table.merge(source, on, source_alias="s", target_alias="t")
-     .when_matched_update_all("s._cdc_position > t._cdc_position")
-     .when_not_matched_insert_all()
-     .execute())
-
-
 def purge_tombstones(tombstones_path: Path, older_than: datetime) -> int:
-    """Forget deletes older than the retention; returns how many were removed."""
-    table = open_table(tombstones_path)
-    if table is None:
-        return 0
-    stamp = older_than.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    # The column is UTC-aware: compare with a UTC literal (a naive `::timestamp` fails in delta-rs's delete).
-    result = table.delete(f"_cdc_deleted_at < arrow_cast('{stamp}Z', 'Timestamp(Microsecond, Some(\"UTC\"))')")
-    return int(result.get("num_deleted_rows", 0))
+    """Forget deletes recorded before ``older_than`` (see :func:`ingest.tombstones.purge`)."""
+    return tombstones.purge(tombstones_path, older_than)
 
 
 def live_row_count(path: Path) -> int:

@@ -1,9 +1,11 @@
 """Schema evolution between a batch and its target table (DESIGN 3.8).
 
 New columns are added (existing rows read null). Safe widenings are applied: integers to wider
-integers, ``float`` to ``double``, decimals to more precision without fewer integer digits or
-less scale. Anything else stops the table with :class:`SchemaIncompatibleError`, naming the column
-and both types, before anything is committed.
+integers, ``float`` to ``double``, integers to ``double`` (schemaless JSON reads ``1`` as a long
+and ``1.5`` as a double in one column; integers beyond 2**53 are rounded, as any double would hold
+them), decimals to more precision without fewer integer digits or less scale. Anything else stops
+the table with :class:`SchemaIncompatibleError`, naming the column and both types, before anything
+is committed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ def holds(wide: str, narrow: str) -> bool:
         return _INT_RANK[wide] >= _INT_RANK[narrow]
     if wide in _FLOAT_RANK and narrow in _FLOAT_RANK:
         return _FLOAT_RANK[wide] >= _FLOAT_RANK[narrow]
+    if wide == "double" and narrow in _INT_RANK:
+        return True
     w, n = parse_decimal(wide), parse_decimal(narrow)
     if w and n:
         return w[1] >= n[1] and (w[0] - w[1]) >= (n[0] - n[1])

@@ -19,6 +19,9 @@ from ingest.events import ColumnSpec
 
 STATE_KEY = "cdc.state"
 BATCH_KEY = "cdc.batch"
+#: How ``_cdc_position`` is encoded (:meth:`ingest.events.SourcePosition.encode`). 1: fixed-width
+#: hex of three 64-bit components; 2: variable-width components with Kafka fallback positions apart.
+POSITION_FORMAT = 2
 _HISTORY_PAGE = 50
 
 
@@ -35,6 +38,9 @@ class TableState:
     columns: list[ColumnSpec] | None
     key_columns: tuple[str, ...] | None
     truncate_position: str | None
+    position_format: int | None = None
+    #: whether the stream is known to carry ``ExtractNewRecordState`` rows (``None``: not known yet).
+    flattened: bool | None = None
 
     @property
     def version(self) -> int | None:
@@ -58,7 +64,8 @@ def load_state(path: str | Path) -> TableState:
     latest = latest_cdc_commit(table)
     state = latest.get(STATE_KEY, {}) if latest else {}
     key = tuple(state["primary_key"]) if state.get("primary_key") else None
-    return TableState(table, columns, key, state.get("truncate_position"))
+    return TableState(table, columns, key, state.get("truncate_position"), state.get("position_format"),
+                      state.get("flattened"))
 
 
 def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ from ingest.schema import combine, holds, plan_schema
     ("wide", "narrow", "ok"),
     [
         ("long", "integer", True), ("integer", "long", False), ("short", "byte", True),
-        ("double", "float", True), ("float", "double", False), ("double", "long", False),
+        ("double", "float", True), ("float", "double", False), ("double", "long", True), ("long", "double", False),
         ("decimal(12,2)", "decimal(10,2)", True), ("decimal(12,4)", "decimal(10,2)", True),
         ("decimal(12,1)", "decimal(10,2)", False), ("decimal(11,3)", "decimal(10,2)", True),
         ("decimal(10,3)", "decimal(10,2)", False),

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, Final, Literal
 
 from ingest.decode.avro import AvroCodec
-from ingest.decode.envelope import TOMBSTONE, KeyReader, ValuePlan, to_event
+from ingest.decode.envelope import KeyReader, ValuePlan, to_event, tombstone
 from ingest.decode.jsonconv import JsonCodec
 from ingest.errors import ConfigError, DecodeError
 from ingest.events import ChangeEvent, ControlRecord, KafkaCoordinates
@@ -102,7 +102,10 @@ class MessageDecoder:
             DecodeError: the message cannot be decoded; ``reason`` says why.
         """
         if value is None:
-            return TOMBSTONE
+            try:
+                return tombstone(key, self._read_key, self.key_columns)
+            except _UNEXPECTED as exc:
+                return ControlRecord("tombstone", key_error=f"key: unexpected {type(exc).__name__}: {exc}")
         try:
             record, plan = self._read_value(value)
             return to_event(record, plan, key=key, read_key=self._read_key, key_columns=self.key_columns,

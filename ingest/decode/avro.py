@@ -19,7 +19,7 @@ import fastavro
 from fastavro.schema import expand_schema
 
 from ingest.decode.envelope import ValuePlan, classify, make_value_plan
-from ingest.decode.semantic import FieldPlan, convert_image, field_plan
+from ingest.decode.semantic import FieldPlan, as_key_field, convert_image, field_plan
 from ingest.errors import DecodeError, SchemaRegistryError
 from ingest.registry import SchemaRegistry, unframe
 
@@ -104,7 +104,7 @@ class AvroCodec:
 
     def _key_entry(self, schema_id: int) -> tuple[Any, tuple[FieldPlan, ...]]:
         schema, parsed = self._load(schema_id, "key: avro")
-        return parsed, tuple(_field(f) for f in _record_fields(schema, schema_id, "key: avro"))
+        return parsed, tuple(as_key_field(_field(f)) for f in _record_fields(schema, schema_id, "key: avro"))
 
     def _load(self, schema_id: int, what: str) -> tuple[dict[str, Any], Any]:
         try:

@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from ingest.decode.semantic import FieldPlan, convert_image, infer_image
+from ingest.decode.semantic import FieldPlan, as_key_field, convert_image, infer_image
 from ingest.errors import DecodeError
 from ingest.events import (
+    MAX_COMPONENT,
+    SNAPSHOT,
+    STREAMED,
     UNAVAILABLE,
     ChangeEvent,
     ColumnSpec,
@@ -31,12 +34,13 @@ RecordKind = Literal["envelope", "flattened", "heartbeat", "schema_change", "tra
 #: Reads the Kafka key bytes into ``{column: value}`` (``None`` when the message has no key).
 KeyReader = Callable[[bytes | None], dict[str, Any] | None]
 
-TOMBSTONE: Final = ControlRecord("tombstone")
 _OPS: Final[frozenset[str]] = frozenset({"c", "u", "d", "r", "t"})
 _SCHEMA_CHANGE_FIELDS: Final = frozenset({"ddl", "tableChanges", "historyRecord"})
 _IMAGE_FIELDS: Final = frozenset({"before", "after"})
 _BINLOG_NUMBER: Final = re.compile(r"(\d+)$")
-_MAX_POSITION: Final = (1 << 64) - 1  # SourcePosition encodes each component as 64-bit unsigned
+_LOG_SEQUENCE: Final = re.compile(r"^[0-9A-Fa-f]+(:[0-9A-Fa-f]+)*$")  # SQL Server / Db2 LSN text
+#: Kafka key already decoded by the caller (or not yet: :data:`_UNREAD`).
+_UNREAD: Final[Any] = object()
 _NO_UNAVAILABLE: Final[frozenset[str]] = frozenset()
 
 
@@ -58,6 +62,21 @@ class ValuePlan:
     columns: tuple[ColumnSpec, ...]
     schema_ref: str
     meta: tuple[str, ...] = ()
+    _by_key: dict[tuple[str, ...], ValuePlan] = field(default_factory=dict, compare=False, repr=False)
+
+    def for_key(self, key_columns: tuple[str, ...]) -> ValuePlan:
+        """This plan with its primary-key columns read as keys (:func:`.semantic.as_key_field`).
+
+        A key must keep every value distinct: a nanosecond timestamp key stays exact instead of
+        being cut to Delta's microseconds. Worked out once per schema and key.
+        """
+        plan = self._by_key.get(key_columns)
+        if plan is None:
+            image = tuple(as_key_field(f) if f.name in key_columns else f for f in self.image)
+            same = all(a is b for a, b in zip(image, self.image, strict=True))
+            plan = self if same else make_value_plan(self.kind, image, self.schema_ref, self.meta)
+            self._by_key[key_columns] = plan
+        return plan
 
 
 def classify(field_names: Collection[str], schema_name: str | None) -> RecordKind:
@@ -107,7 +126,7 @@ def to_event(
         DecodeError: the record is not a change Debezium could have sent.
     """
     if record is None:
-        return TOMBSTONE
+        return tombstone(key, read_key, key_columns)
     if not isinstance(record, dict):
         raise DecodeError(f"envelope: value is a {type(record).__name__}, not a record")
     if plan is not None:
@@ -136,7 +155,7 @@ def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None,
     source = record.get("source")
     if not isinstance(source, dict):
         source = {}
-    position = source_position(source, 0 if op == "r" else 1, coords, trust_connector=True)
+    position = source_position(source, SNAPSHOT if op == "r" else STREAMED, coords, trust_connector=True)
     source_ts_ms = _optional_int(source.get("ts_ms"))
     if source_ts_ms is None:
         source_ts_ms = _optional_int(record.get("ts_ms"))
@@ -146,6 +165,7 @@ def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None,
         columns = plan.columns if plan is not None else ()
         return ChangeEvent("t", {}, None, None, position, columns, (), source_ts_ms, snapshot,
                            _NO_UNAVAILABLE, schema_ref)
+    plan, kafka_key = _keyed(plan, key_columns, key, read_key)
     before, before_columns, before_unavailable = _image(record.get("before"), plan, "before")
     after, after_columns, after_unavailable = _image(record.get("after"), plan, "after")
     if op == "d":
@@ -154,9 +174,29 @@ def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None,
         raise DecodeError(f"envelope: op '{op}' without an 'after' image")
     else:
         image, columns, unavailable = after, after_columns, after_unavailable
-    key_values, key_names = resolve_key(image, key_columns, key, read_key)
+    key_values, key_names = resolve_key(image, key_columns, key, read_key, kafka_key)
     return ChangeEvent(op, key_values, after, before, position, columns, key_names, source_ts_ms, snapshot,
                        unavailable, schema_ref)
+
+
+def _keyed(plan: ValuePlan | None, key_columns: tuple[str, ...] | None, key: bytes | None,
+           read_key: KeyReader) -> tuple[ValuePlan | None, Any]:
+    """The value plan specialised for the row's key columns, and the Kafka key if it had to be read."""
+    if plan is None:
+        return None, _UNREAD
+    if key_columns:
+        return plan.for_key(key_columns), _UNREAD
+    kafka_key = read_key(key)
+    return (plan.for_key(tuple(kafka_key)) if kafka_key else plan), kafka_key
+
+
+def tombstone(key: bytes | None, read_key: KeyReader, key_columns: tuple[str, ...] | None) -> ControlRecord:
+    """A Kafka tombstone with its key decoded (or why it could not be), never an error by itself."""
+    try:
+        values, names = resolve_key(None, key_columns or None, key, read_key)
+    except DecodeError as exc:
+        return ControlRecord("tombstone", key_error=exc.reason)
+    return ControlRecord("tombstone", key=values, key_columns=names)
 
 
 def _image(raw: Any, plan: ValuePlan | None, label: str
@@ -186,23 +226,24 @@ def _flattened(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None
     # Without __op a row is an upsert: "u" is the safe reading for both inserts and updates.
     op: Op = "d" if is_deleted else (raw_op or "u")
     source = _flattened_source(meta)
-    position = source_position(source, 0 if op == "r" else 1, coords, trust_connector=False)
+    position = source_position(source, SNAPSHOT if op == "r" else STREAMED, coords, trust_connector=False)
     source_ts_ms = _optional_int(source.get("ts_ms"))
     snapshot = _snapshot(source.get("snapshot"))
     schema_ref = plan.schema_ref if plan is not None else None
     if op == "t":
         columns = plan.columns if plan is not None else ()
         return ChangeEvent("t", {}, None, None, position, columns, (), source_ts_ms, snapshot,
-                           _NO_UNAVAILABLE, schema_ref)
+                           _NO_UNAVAILABLE, schema_ref, True)
+    plan, kafka_key = _keyed(plan, key_columns, key, read_key)
     if plan is None:
         row, columns, unavailable = infer_image(record, skip_meta=True)
     else:
         row, unavailable = convert_image(record, plan.image)
         columns = plan.columns
-    key_values, key_names = resolve_key(row, key_columns, key, read_key)
+    key_values, key_names = resolve_key(row, key_columns, key, read_key, kafka_key)
     after, before = (None, row) if op == "d" else (row, None)
     return ChangeEvent(op, key_values, after, before, position, columns, key_names, source_ts_ms, snapshot,
-                       unavailable, schema_ref)
+                       unavailable, schema_ref, True)
 
 
 def _flattened_source(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -223,7 +264,7 @@ def _control(kind: RecordKind, record: Mapping[str, Any]) -> ControlRecord:
 
 
 def resolve_key(image: Mapping[str, Any] | None, key_columns: tuple[str, ...] | None, key: bytes | None,
-                read_key: KeyReader) -> tuple[dict[str, Any], tuple[str, ...]]:
+                read_key: KeyReader, kafka_key: Any = _UNREAD) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Primary-key values of a change.
 
     With ``key_columns`` configured, values come from the row image by those names; the Kafka key
@@ -235,8 +276,7 @@ def resolve_key(image: Mapping[str, Any] | None, key_columns: tuple[str, ...] | 
     """
     if key_columns:
         values: dict[str, Any] = {}
-        kafka_key: dict[str, Any] | None = None
-        key_read = False
+        key_read = kafka_key is not _UNREAD
         for name in key_columns:
             value = image.get(name) if image is not None else None
             if value is None or value is UNAVAILABLE:
@@ -249,7 +289,8 @@ def resolve_key(image: Mapping[str, Any] | None, key_columns: tuple[str, ...] | 
                     raise DecodeError(f"key: null primary key column '{name}'{suffix}")
             values[name] = value
         return values, key_columns
-    kafka_key = read_key(key)
+    if kafka_key is _UNREAD:
+        kafka_key = read_key(key)
     if kafka_key is None:
         raise DecodeError("key: the message has no Kafka key and no key_columns are configured for its table")
     if not kafka_key:
@@ -264,13 +305,24 @@ def source_position(source: Mapping[str, Any], phase: int, coords: KafkaCoordina
                     trust_connector: bool) -> SourcePosition:
     """Comparable position of a change from its Debezium ``source`` block.
 
-    PostgreSQL: ``(last committed LSN, lsn, 0)`` -- ``lsn`` alone does not order transactions, the
-    commit point does. MySQL/MariaDB: ``(binlog file number, pos, row)``. Anything else: the Kafka
-    ``(partition, offset)``, always phase 1.
+    Each connector's fields, as Debezium documents them:
+
+    * PostgreSQL: ``(commit point, lsn, 0)`` where the commit point is ``source.sequence[0]`` (the
+      last committed LSN; ``lsn`` alone does not order transactions). A snapshot read -- the
+      initial one or a re-snapshot after lost offsets or a new slot -- carries no commit point
+      (``[null, "<lsn>"]``): it is consistent as of its LSN, so that LSN is its commit point and it
+      orders against streamed changes by it (and before them at the same point, by phase).
+    * MySQL/MariaDB: ``(binlog file number, pos, row)``.
+    * SQL Server and Db2: ``(commit_lsn, change_lsn, event_serial_no)``, LSNs read as hexadecimal.
+    * Oracle: ``(commit_scn, scn, txSeq)`` (``ssn`` when ``txSeq`` is absent); a snapshot read has
+      no ``commit_scn`` and orders by its ``scn``.
+    * MongoDB: ``(ts_ms, ord, 0)`` -- the oplog's cluster time and its ordinal.
+    * Anything else: the Kafka ``(partition, offset)`` as a fallback position (see
+      :mod:`ingest.ordering` for how those compare).
 
     Args:
         source: the ``source`` block (or the fields a flattened row kept from it).
-        phase: 0 for snapshot reads, 1 for streamed changes.
+        phase: :data:`SNAPSHOT` for snapshot reads, :data:`STREAMED` for changes.
         coords: Kafka coordinates for the fallback.
         trust_connector: take ``source.connector`` as proof of the layout (envelopes); flattened
             rows only carry what was asked for, so there the position fields must be present.
@@ -279,21 +331,38 @@ def source_position(source: Mapping[str, Any], phase: int, coords: KafkaCoordina
         DecodeError: a position field is present but malformed.
     """
     connector = source.get("connector") if trust_connector else None
-    lsn = source.get("lsn")
+    get = source.get
+    lsn = get("lsn")
     if connector == "postgresql" or lsn is not None:
-        committed, sequence_lsn = _pg_sequence(source.get("sequence"))
+        committed, sequence_lsn = _pg_sequence(get("sequence"))
         lsn = _position_int("lsn", lsn if lsn is not None else sequence_lsn)
-        return SourcePosition(committed, lsn, 0, phase)
-    file, pos = source.get("file"), source.get("pos")
+        return SourcePosition(lsn if committed is None else committed, lsn, 0, phase)
+    file, pos = get("file"), get("pos")
     if connector in ("mysql", "mariadb") or (file is not None and pos is not None):
-        return SourcePosition(_binlog_number(file), _position_int("pos", pos),
-                              _position_int("row", source.get("row")), phase)
+        return SourcePosition(_binlog_number(file), _position_int("pos", pos), _position_int("row", get("row")), phase)
+    commit_lsn, change_lsn = get("commit_lsn"), get("change_lsn")
+    if connector in ("sqlserver", "db2") or commit_lsn is not None or change_lsn is not None:
+        change = _log_sequence("change_lsn", change_lsn)
+        commit = _log_sequence("commit_lsn", commit_lsn)
+        return SourcePosition((change or 0) if commit is None else commit, change or 0,
+                              _position_int("event_serial_no", get("event_serial_no")), phase)
+    scn = get("scn")
+    if connector == "oracle" or scn is not None:
+        event_scn = _position_int("scn", scn)
+        commit_scn = get("commit_scn")
+        sequence = get("txSeq") if get("txSeq") is not None else get("ssn")
+        return SourcePosition(event_scn if commit_scn is None else _position_int("commit_scn", commit_scn),
+                              event_scn, _position_int("txSeq", sequence), phase)
+    ordinal = get("ord")
+    if connector == "mongodb" or ordinal is not None:
+        return SourcePosition(_position_int("ts_ms", get("ts_ms")), _position_int("ord", ordinal), 0, phase)
     return SourcePosition.kafka(coords.partition, coords.offset)
 
 
-def _pg_sequence(sequence: Any) -> tuple[int, Any]:
+def _pg_sequence(sequence: Any) -> tuple[int | None, Any]:
+    """``(commit point or None, lsn text)`` from ``source.sequence``."""
     if sequence is None:
-        return 0, None
+        return None, None
     if type(sequence) is str and sequence.startswith('["') and sequence.endswith('"]'):
         # The usual '["<committed>","<lsn>"]' without a JSON parse; anything else takes json.loads.
         committed, _, lsn = sequence[2:-2].partition('","')
@@ -305,7 +374,16 @@ def _pg_sequence(sequence: Any) -> tuple[int, Any]:
         raise DecodeError(f"envelope: source.sequence is not a JSON array: {sequence!r}") from exc
     if not isinstance(items, list) or len(items) != 2:
         raise DecodeError(f"envelope: source.sequence is not a [lastCommittedLsn, lsn] pair: {sequence!r}")
-    return _position_int("sequence[0]", items[0]), items[1]
+    return (None if items[0] is None else _position_int("sequence[0]", items[0])), items[1]
+
+
+def _log_sequence(field: str, value: Any) -> int | None:
+    """An SQL Server / Db2 LSN (``00000027:00000758:0003``) as a number; ``None``/``NULL`` -> None."""
+    if value is None or value == "NULL":
+        return None
+    if type(value) is not str or not _LOG_SEQUENCE.match(value):
+        raise DecodeError(f"envelope: source.{field} is not a hexadecimal log sequence number: {value!r}")
+    return _position_int(field, int(value.replace(":", ""), 16))
 
 
 def _binlog_number(file: Any) -> int:
@@ -324,8 +402,8 @@ def _position_int(field: str, value: Any) -> int:
         number = int(value) if type(value) is int or type(value) is str else None
     except ValueError:
         number = None
-    if number is None or not 0 <= number <= _MAX_POSITION:
-        raise DecodeError(f"envelope: source.{field} is not a 64-bit unsigned integer: {value!r}")
+    if number is None or not 0 <= number <= MAX_COMPONENT:
+        raise DecodeError(f"envelope: source.{field} is not an unsigned integer of at most 128 bits: {value!r}")
     return number
 
 

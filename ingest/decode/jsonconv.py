@@ -19,6 +19,7 @@ from ingest.decode.semantic import (
     Converter,
     ConvertError,
     FieldPlan,
+    as_key_field,
     b64decode,
     convert_image,
     field_plan,
@@ -150,7 +151,7 @@ def _value_plan(schema: Mapping[str, Any], ref: str, what: str) -> ValuePlan:
 
 
 def _key_plan(schema: Mapping[str, Any], _ref: str, what: str) -> tuple[FieldPlan, ...]:
-    return tuple(_field(f, what) for f in _struct_fields(schema, what, "key"))
+    return tuple(as_key_field(_field(f, what)) for f in _struct_fields(schema, what, "key"))
 
 
 def _struct_fields(schema: Mapping[str, Any], what: str, label: str) -> list[dict[str, Any]]:

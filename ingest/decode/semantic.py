@@ -14,6 +14,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime, time, timedelta
@@ -140,6 +141,43 @@ def _semantic(base: str, semantic: str | None, params: Mapping[str, Any], name: 
     if base in COMPOSITE_TYPES:
         return "string", to_json
     return _BASE_TYPES[base], check
+
+
+_NANO_KEYS: Final = frozenset({"io.debezium.time.NanoTimestamp", "io.debezium.time.NanoTime"})
+_FRACTION: Final = re.compile(r"\.(\d+)")
+
+
+def as_key_field(plan: FieldPlan) -> FieldPlan:
+    """The plan of a column that is part of the primary key: every distinct source value stays distinct.
+
+    Delta timestamps hold microseconds. A nanosecond column (``NanoTimestamp``, ``NanoTime``; e.g.
+    SQL Server ``datetime2(7)``, Oracle ``TIMESTAMP(9)``) in a key would merge keys that differ
+    below a microsecond, so a key column of those types is kept exact as ``long`` nanoseconds
+    (since the epoch, or since midnight). A ``ZonedTimestamp`` key stays a timestamp; a value with
+    digits below the microsecond is refused (the message is quarantined with the reason).
+    """
+    semantic = plan.spec.semantic
+    if semantic in _NANO_KEYS and plan.spec.type in ("timestamp_ntz", "long"):
+        spec = ColumnSpec(plan.name, "long", plan.spec.nullable, semantic)
+        return FieldPlan(plan.name, _exact_nanos, plan.toast, spec)
+    if semantic == ZONED_TIMESTAMP and plan.spec.type == "timestamp":
+        return FieldPlan(plan.name, _zoned_timestamp_key, plan.toast, plan.spec)
+    return plan
+
+
+def _exact_nanos(value: Any) -> int:
+    if type(value) is int:
+        return value
+    raise ConvertError(f"expected integer nanoseconds, got {value!r}")
+
+
+def _zoned_timestamp_key(value: Any) -> datetime:
+    if type(value) is str:
+        fraction = _FRACTION.search(value)
+        if fraction is not None and fraction.group(1)[6:].strip("0"):
+            raise ConvertError(f"key value {value!r} has digits below the microsecond, which a Delta timestamp "
+                               "cannot hold; keys that differ only there would collide")
+    return _zoned_timestamp(value)
 
 
 def _toast_values(base: str, wire: Wire) -> tuple[Any, ...]:

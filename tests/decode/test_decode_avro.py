@@ -122,7 +122,7 @@ def test_snapshot_read(decoder: MessageDecoder, registry: EmbeddedSchemaRegistry
         "r", after=avro_order_row(8), source=pg_source(lsn=4000, committed=None, snapshot="last")
     )
     event = change(decoder, key(registry, 8), value(registry, record))
-    assert (event.op, event.snapshot, event.position) == ("r", "last", SourcePosition(0, 4000, 0, 0))
+    assert (event.op, event.snapshot, event.position) == ("r", "last", SourcePosition(4000, 4000, 0, 0))
 
 
 def test_composite_avro_key(decoder: MessageDecoder, registry: EmbeddedSchemaRegistry) -> None:
@@ -179,7 +179,8 @@ def test_flattened_avro_row(decoder: MessageDecoder, registry: EmbeddedSchemaReg
     row = {"id": 4, "customer": "Eve", "__op": "d", "__lsn": 321, "__deleted": "true"}
     event = change(decoder, key(registry, 4), avro_encode(registry, "flat-value", schema, row))
     assert (event.op, event.before, event.after) == ("d", {"id": 4, "customer": "Eve"}, None)
-    assert event.position == SourcePosition(0, 321, 0, 1)
+    assert event.position == SourcePosition(321, 321, 0, 1)
+    assert event.flattened
     assert [c.name for c in event.columns] == ["id", "customer"]
 
 
@@ -262,7 +263,12 @@ def test_control_records(
 
 
 def test_tombstone(decoder: MessageDecoder, registry: EmbeddedSchemaRegistry) -> None:
-    assert decoder.decode(key(registry, 7), None, COORDS) == ControlRecord("tombstone")
+    # The key travels with the tombstone: in a flattened stream it is the delete of that key.
+    assert decoder.decode(key(registry, 7), None, COORDS) == ControlRecord("tombstone", key={"id": 7},
+                                                                            key_columns=("id",))
+    unreadable = decoder.decode(b"\x00\x00\x00\x03\xe7", None, COORDS)
+    assert unreadable.kind == "tombstone" and unreadable.key is None
+    assert unreadable.key_error is not None and unreadable.key_error.startswith("key:")
 
 
 def test_errors(decoder: MessageDecoder, registry: EmbeddedSchemaRegistry) -> None:

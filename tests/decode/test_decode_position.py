@@ -50,7 +50,8 @@ def test_pg_lsn_taken_from_sequence_when_missing() -> None:
 def test_pg_sequence_with_nulls() -> None:
     source = pg_source(lsn=88, committed=None)
     assert source["sequence"] == '[null,"88"]'
-    assert position(source) == SourcePosition(0, 88, 0, 1)
+    # No commit point (the first change after a start, or a snapshot read): its own LSN orders it.
+    assert position(source) == SourcePosition(88, 88, 0, 1)
 
 
 @pytest.mark.parametrize(
@@ -83,10 +84,8 @@ def test_mysql_position_components() -> None:
 
 def test_kafka_fallback_for_unknown_source() -> None:
     coords = KafkaCoordinates(topic="t", partition=5, offset=123)
-    assert position(
-        {"connector": "sqlserver", "change_lsn": "00000025:00000d98:0002"}, coords=coords
-    ) == SourcePosition(5, 123, 0, 1)
-    assert position({}, op="r", coords=coords) == SourcePosition(5, 123, 0, 1)
+    assert position({"connector": "spanner", "ts_ms": 5}, coords=coords) == SourcePosition.kafka(5, 123)
+    assert position({}, op="r", coords=coords) == SourcePosition(5, 123, 0, 1, True)
 
 
 def test_encoded_position_round_trips() -> None:

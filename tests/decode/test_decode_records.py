@@ -60,7 +60,8 @@ def test_flattened(meta: dict[str, Any], op: str, is_delete: bool, with_schema: 
     assert event.key == {"id": 3}
     image = {"id": 3, "customer": "Di"}
     assert (event.before, event.after) == ((image, None) if is_delete else (None, image))
-    assert event.position == SourcePosition(0, 777, 0, 0 if op == "r" else 1)
+    assert event.position == SourcePosition(777, 777, 0, 0 if op == "r" else 1)
+    assert event.flattened
     assert event.source_ts_ms == 1_700_000_000_001
     assert [c.name for c in event.columns] == ["id", "customer"]
 
@@ -87,8 +88,8 @@ def test_flattened_unknown_op() -> None:
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        (None, ControlRecord("tombstone")),
-        (json_message(None, wrap=True), ControlRecord("tombstone")),
+        (None, ControlRecord("tombstone", key={"id": 3}, key_columns=("id",))),
+        (json_message(None, wrap=True), ControlRecord("tombstone", key={"id": 3}, key_columns=("id",))),
         (json_message({"ts_ms": 1_700_000_000_000}), ControlRecord("heartbeat", "ts_ms=1700000000000")),
         (
             json_message(
@@ -151,7 +152,7 @@ def test_flattened_unknown_op() -> None:
     ],
 )
 def test_control_records(value: bytes | None, expected: ControlRecord) -> None:
-    assert json_decoder().decode(None, value, COORDS) == expected
+    assert json_decoder().decode(json_key(3), value, COORDS) == expected
 
 
 def test_flattened_source_ts_falls_back_to_envelope_ts() -> None:

@@ -56,13 +56,13 @@ EXPECTED: dict[str, tuple[tuple[str, ...] | None, list[dict[str, Any] | ControlR
     ),
     "postgres-update.json": (
         ID,
-        [{"op": "u", "key": {"id": 1}, "position": SourcePosition(0, 24023128, 0, 1)}],
+        [{"op": "u", "key": {"id": 1}, "position": SourcePosition(24023128, 24023128, 0, 1)}],
     ),
     "postgres-delete.json": (
         ID,
-        [{"op": "d", "key": {"id": 1}, "after": None, "position": SourcePosition(0, 46523128, 0, 1)}],
+        [{"op": "d", "key": {"id": 1}, "after": None, "position": SourcePosition(46523128, 46523128, 0, 1)}],
     ),
-    "postgres-truncate.json": (None, [{"op": "t", "key": {}, "position": SourcePosition(0, 46523128, 0, 1)}]),
+    "postgres-truncate.json": (None, [{"op": "t", "key": {}, "position": SourcePosition(46523128, 46523128, 0, 1)}]),
     "postgres-message-transactional.json": (None, [ControlRecord("message", "foo")]),
     "postgres-transaction-boundary-events.json": (
         None,
@@ -106,7 +106,8 @@ EXPECTED: dict[str, tuple[tuple[str, ...] | None, list[dict[str, Any] | ControlR
         [{"op": "u", "snapshot": None, "position": SourcePosition(3, 364, 0, 1)}],
     ),
     "mysql-tutorial-delete-value.json": (ID, [{"op": "d", "position": SourcePosition(3, 725, 0, 1)}]),
-    "mysql-tutorial-tombstone-value.json": (None, [ControlRecord("tombstone")]),
+    "mysql-tutorial-tombstone-value.json": (None, [ControlRecord("tombstone", key_error=(
+        "key: the message has no Kafka key and no key_columns are configured for its table"))]),
     "mysql-fixture-serde-with-schema.json": (ID, [{"op": "c", "position": SourcePosition(3, 154, 0, 1)}]),
     "mysql-fixture-serde-update.json": (
         ID,
@@ -176,6 +177,14 @@ def test_sample_value_decodes(path: Path) -> None:
         assert isinstance(result, ChangeEvent)
         for field, value in want.items():
             assert getattr(result, field) == value, field
+
+
+def test_sample_tombstone_carries_its_key() -> None:
+    [key] = documents(SAMPLES / "mysql-tutorial-tombstone-key.json")
+    [value] = documents(SAMPLES / "mysql-tutorial-tombstone-value.json")
+    decoder = MessageDecoder(value_format="json", registry=None)
+    assert decoder.decode(key, value, COORDS) == ControlRecord(
+        "tombstone", key={"id": 1004}, key_columns=("id",))
 
 
 def test_sample_with_schema_has_typed_columns() -> None:

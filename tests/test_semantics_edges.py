@@ -1,0 +1,375 @@
+"""Edges where a table could end different from its source (issue: ten ways changes were lost).
+
+Every test writes Debezium messages as Kafka holds them and applies them through the engine's own
+decode and apply (tests/harness.py), cutting the stream into batches the way the case needs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from ingest import audit
+from ingest.config import TableSpec
+from ingest.deltaio import open_table, read_all, table_schema
+from ingest.errors import TableError
+from ingest.merge import purge_tombstones
+from ingest.tombstones import positions as tombstone_positions
+from tests.harness import Topic, envelope, flat, ingest_batch, ingest_in_batches, key, paths_in, pg, rows
+
+HARD = TableSpec(name="t", topic="t")
+SOFT = TableSpec(name="t", topic="t", delete_mode="soft")
+MODES = pytest.mark.parametrize("spec", [HARD, SOFT], ids=["hard", "soft"])
+
+
+def audit_rows(paths):
+    return audit.read(paths.audit).to_pylist()
+
+
+# -- 1. a truncate seen before its table exists ------------------------------------------------------
+@MODES
+def test_truncate_before_its_table_exists_is_remembered(tmp_path, spec):
+    paths, topic = paths_in(tmp_path), Topic()
+    insert = topic.send(key(1), pg("c", {"id": 1, "v": "a"}, lsn=3), partition=0)
+    truncate = topic.send(None, pg("t", None, lsn=5), partition=1)
+    # The truncate (partition 1) is applied in a run before the insert (partition 0) arrives.
+    first = ingest_batch(spec, paths, topic, [truncate], batch_id=0).record
+    ingest_batch(spec, paths, topic, [insert], batch_id=1)
+    assert rows(paths) == {}
+    assert first is not None and first.truncates == 1 and first.balanced
+    assert open_table(paths.table) is not None  # the table exists, empty, and holds the truncate's position
+    assert all(r["balanced"] for r in audit_rows(paths))
+
+
+# -- 2. deletes carried only by a Kafka tombstone ------------------------------------------------------
+@MODES
+@pytest.mark.parametrize("with_lsn", [True, False], ids=["lsn-added", "no-position-fields"])
+def test_tombstone_deletes_its_key_in_a_flattened_stream(tmp_path, spec, with_lsn):
+    paths, topic = paths_in(tmp_path), Topic()
+    lsn = (lambda n: n) if with_lsn else (lambda n: None)
+    topic.send(key(1), flat({"id": 1, "v": "a"}, lsn=lsn(100)))
+    topic.send(key(2), flat({"id": 2, "v": "b"}, lsn=lsn(110)))
+    topic.send(key(1), None)  # delete.tombstone.handling.mode=tombstone: the delete is this tombstone
+    results = ingest_in_batches(spec, paths, topic, [])
+    assert set(rows(paths)) == {2}
+    record = results[0].record
+    assert record.deleted == 1 and record.skipped == 0 and record.balanced
+
+
+@MODES
+def test_tombstone_in_a_later_batch_deletes_the_stored_row_and_keeps_order(tmp_path, spec):
+    paths, topic = paths_in(tmp_path), Topic()
+    topic.send(key(1), flat({"id": 1, "v": "a"}, lsn=100))
+    topic.send(key(1), None)
+    topic.send(key(1), flat({"id": 1, "v": "a"}, lsn=100))  # Connect redelivers the older insert
+    topic.send(key(3), flat({"id": 3, "v": "c"}, lsn=120))
+    results = ingest_in_batches(spec, paths, topic, [1, 2, 3])
+    assert set(rows(paths)) == {3}
+    assert [r.record.deleted for r in results[1:2]] == [1]
+    assert results[2].record.stale == 1  # the redelivered insert does not resurrect the key
+    # A later change of the key (a re-insert) is newer than the tombstone's delete.
+    topic.send(key(1), flat({"id": 1, "v": "again"}, lsn=130))
+    ingest_batch(spec, paths, topic, topic.messages[4:], batch_id=4)
+    assert rows(paths)[1]["v"] == "again"
+    assert all(r["balanced"] for r in audit_rows(paths))
+
+
+def test_tombstone_after_a_full_envelope_delete_changes_nothing(tmp_path):
+    paths, topic = paths_in(tmp_path), Topic()
+    topic.send(key(1), pg("c", {"id": 1, "v": "a"}, lsn=100))
+    topic.send(key(1), pg("d", {"id": 1, "v": "a"}, lsn=110))
+    topic.send(key(1), None)
+    topic.send(key(1), pg("c", {"id": 1, "v": "b"}, lsn=120))
+    for cuts in ([], [2], [3]):
+        paths = paths_in(tmp_path / ("cut" + "-".join(map(str, cuts))))
+        results = ingest_in_batches(HARD, paths, topic, cuts)
+        assert rows(paths)[1]["v"] == "b"
+        assert sum(r.record.skipped for r in results) == 1  # the tombstone: log compaction only
+
+
+def test_tombstones_can_be_forced_or_ignored_per_table(tmp_path):
+    topic = Topic()
+    topic.send(key(1), flat({"id": 1, "v": "a"}, lsn=100))
+    topic.send(key(1), None)
+    ignoring = paths_in(tmp_path / "ignore")
+    ingest_in_batches(TableSpec(name="t", topic="t", kafka_tombstones="ignore"), ignoring, topic, [])
+    assert set(rows(ignoring)) == {1}
+    # A batch of tombstones only: with `auto` the table remembers that its stream is flattened.
+    auto = paths_in(tmp_path / "auto")
+    ingest_in_batches(HARD, auto, topic, [1])
+    assert rows(auto) == {}
+
+
+# -- 3. PostgreSQL re-snapshot -------------------------------------------------------------------------
+@MODES
+def test_resnapshot_read_orders_by_its_lsn(tmp_path, spec):
+    paths, topic = paths_in(tmp_path), Topic()
+    topic.send(key(1), pg("r", {"id": 1, "v": "snap-1"}, lsn=1000, committed=None, snapshot="true"))
+    topic.send(key(1), pg("u", {"id": 1, "v": "old"}, lsn=1100, committed=1000))
+    topic.send(key(2), pg("u", {"id": 2, "v": "streamed"}, lsn=5000, committed=5000))
+    # Offsets lost or the slot recreated: Debezium re-snapshots with sequence [null, "5000"].
+    topic.send(key(1), pg("r", {"id": 1, "v": "re-read"}, lsn=5000, committed=None, snapshot="true"))
+    topic.send(key(2), pg("r", {"id": 2, "v": "re-read"}, lsn=5000, committed=None, snapshot="true"))
+    for cuts in ([], [2, 3]):
+        paths = paths_in(tmp_path / ("cut" + "-".join(map(str, cuts))))
+        ingest_in_batches(spec, paths, topic, cuts)
+        got = {k: r["v"] for k, r in rows(paths).items()}
+        # The re-read at LSN 5000 corrects the row an update at LSN 1100 left; a streamed change at
+        # the same point as the re-read still wins over it (snapshot reads order first).
+        assert got == {1: "re-read", 2: "streamed"}
+
+
+# -- 4. a key widened int -> long, and the tombstones keyed by it --------------------------------------
+def _key_schema(width: str):
+    return {"type": "struct", "name": "t.Key", "optional": False,
+            "fields": [{"field": "id", "type": width, "optional": False}]}
+
+
+def _value_schema(width: str):
+    row = {"type": "struct", "name": "t.Value", "optional": True,
+           "fields": [{"field": "id", "type": width, "optional": False},
+                      {"field": "v", "type": "string", "optional": True}]}
+    source = {"type": "struct", "name": "io.debezium.connector.postgresql.Source", "optional": False,
+              "fields": [{"field": "connector", "type": "string", "optional": True},
+                         {"field": "lsn", "type": "int64", "optional": True},
+                         {"field": "sequence", "type": "string", "optional": True},
+                         {"field": "snapshot", "type": "string", "optional": True},
+                         {"field": "ts_ms", "type": "int64", "optional": True}]}
+    return {"type": "struct", "name": "t.Envelope", "optional": False,
+            "fields": [{**row, "field": "before"}, {**row, "field": "after"}, {**source, "field": "source"},
+                       {"field": "op", "type": "string", "optional": False},
+                       {"field": "ts_ms", "type": "int64", "optional": True}]}
+
+
+def _typed(op, id_, lsn, width):
+    row = {"id": id_, "v": "x"}
+    source = {"connector": "postgresql", "lsn": lsn, "sequence": json.dumps([str(lsn - 1), str(lsn)]),
+              "snapshot": "false", "ts_ms": 1}
+    payload = {"op": op, "before": row if op == "d" else None, "after": None if op == "d" else row,
+               "source": source, "ts_ms": 1}
+    return json.dumps({"schema": _value_schema(width), "payload": payload}).encode()
+
+
+def test_key_widening_reaches_the_tombstones(tmp_path):
+    paths, topic = paths_in(tmp_path), Topic()
+    topic.send(key(1, _key_schema("int32")), _typed("c", 1, 10, "int32"))
+    topic.send(key(1, _key_schema("int32")), _typed("d", 1, 20, "int32"))
+    big = 3_000_000_000
+    topic.send(key(big, _key_schema("int64")), _typed("c", big, 30, "int64"))
+    topic.send(key(big, _key_schema("int64")), _typed("d", big, 40, "int64"))
+    topic.send(key(big, _key_schema("int64")), _typed("c", big, 35, "int64"))  # late, older: stays out
+    results = ingest_in_batches(HARD, paths, topic, [2, 3, 4])
+    assert rows(paths) == {}
+    assert [r.record.deleted for r in results] == [1, 0, 1, 0]
+    assert results[3].record.stale == 1
+    tombs = tombstone_positions(paths.tombstones, ("id",), {"id": "long"}, "t")
+    assert set(tombs) == {(1,), (big,)}
+    assert str(table_schema(open_table(paths.tombstones)).field("id").type) == "int64"
+
+
+def test_a_key_type_the_tombstones_cannot_follow_names_table_and_column(tmp_path):
+    paths, topic = paths_in(tmp_path), Topic()
+    topic.send(key(1, _key_schema("int64")), _typed("c", 1, 10, "int64"))
+    topic.send(key(1, _key_schema("int64")), _typed("d", 1, 20, "int64"))
+    ingest_in_batches(HARD, paths, topic, [])
+    with pytest.raises(TableError, match=r"table 't'.*primary-key column 'id' is integer in the table but long"):
+        tombstone_positions(paths.tombstones, ("id",), {"id": "integer"}, "t")
+
+
+# -- 5. tombstone retention counts from when the tombstone was written ------------------------------
+def test_retention_counts_from_when_the_tombstone_was_written(tmp_path):
+    paths, topic = paths_in(tmp_path), Topic()
+    old = int((datetime.now(UTC) - timedelta(days=29)).timestamp() * 1000)
+    topic.send(key(1), pg("c", {"id": 1, "v": "a"}, lsn=10, ts_ms=old))
+    topic.send(key(1), pg("d", {"id": 1, "v": "a"}, lsn=20, ts_ms=old))  # caught up from a 29-day backlog
+    ingest_in_batches(HARD, paths, topic, [])
+    assert purge_tombstones(paths.tombstones, datetime.now(UTC) - timedelta(days=7)) == 0
+    topic.send(key(1), pg("c", {"id": 1, "v": "a"}, lsn=10, ts_ms=old))  # a redelivered older insert
+    result = ingest_batch(HARD, paths, topic, topic.messages[2:], batch_id=1)
+    assert rows(paths) == {} and result.record.stale == 1
+    # Retention still ends: eight days after it was written, the tombstone goes.
+    assert purge_tombstones(paths.tombstones, datetime.now(UTC) + timedelta(days=1)) == 1
+
+
+# -- 6. positions of other connectors, and partitions without a comparable position ----------------
+def _sqlserver(commit: str, change: str, serial: int, snapshot: str = "false"):
+    return {"connector": "sqlserver", "snapshot": snapshot, "commit_lsn": commit, "change_lsn": change,
+            "event_serial_no": serial, "ts_ms": 1}
+
+
+def _oracle(scn: str, commit_scn: str | None, seq: int):
+    return {"connector": "oracle", "snapshot": "false", "scn": scn, "commit_scn": commit_scn, "txSeq": seq,
+            "ts_ms": 1}
+
+
+def _mongo(ts_ms: int, ordinal: int):
+    return {"connector": "mongodb", "snapshot": "false", "ts_ms": ts_ms, "ord": ordinal}
+
+
+def _db2(commit: str, change: str):
+    return {"connector": "db2", "snapshot": "false", "commit_lsn": commit, "change_lsn": change, "ts_ms": 1}
+
+
+@pytest.mark.parametrize(("earlier", "later"), [
+    # A later commit wins even when its change LSN is lower (interleaved transactions).
+    (_sqlserver("00000027:00000758:0005", "00000027:00000758:0003", 1),
+     _sqlserver("00000027:00000760:0002", "00000027:00000750:0001", 1)),
+    (_sqlserver("00000027:00000758:0005", "00000027:00000758:0003", 1),
+     _sqlserver("00000027:00000758:0005", "00000027:00000758:0003", 2)),
+    # LSNs above 64 bits (a large VLF sequence number)
+    (_sqlserver("ffffffff:00000758:0005", "ffffffff:00000758:0003", 1),
+     _sqlserver("ffffffff:00000759:0001", "ffffffff:00000758:0004", 1)),
+    (_oracle("2919961", "2919970", 1), _oracle("2919955", "2919980", 1)),
+    (_oracle("2919961", "2919970", 1), _oracle("2919961", "2919970", 2)),
+    (_oracle("18446744073709551616", None, 0), _oracle("18446744073709551617", "18446744073709551618", 0)),
+    (_mongo(1_700_000_000_000, 5), _mongo(1_700_000_000_000, 6)),
+    (_mongo(1_700_000_000_000, 9), _mongo(1_700_000_001_000, 1)),
+    (_db2("00000000:00000001:0000000000000020", "00000000:00000001:0000000000000010"),
+     _db2("00000000:00000001:0000000000000030", "00000000:00000001:0000000000000005")),
+], ids=["sqlserver-commit", "sqlserver-serial", "sqlserver-80-bit", "oracle-commit", "oracle-txseq",
+        "oracle-big-scn", "mongo-ord", "mongo-ts", "db2-commit"])
+def test_other_connectors_order_by_their_source_position(tmp_path, earlier, later):
+    for reverse in (False, True):
+        paths, topic = paths_in(tmp_path / str(reverse)), Topic()
+        messages = [envelope("u", {"id": 1, "v": "earlier"}, earlier), envelope("u", {"id": 1, "v": "later"}, later)]
+        for value in reversed(messages) if reverse else messages:
+            topic.send(key(1), value)
+        ingest_in_batches(HARD, paths, topic, [1])
+        assert rows(paths)[1]["v"] == "later"
+
+
+@MODES
+def test_fallback_truncate_removes_what_was_stored_before_it_from_every_partition(tmp_path, spec):
+    paths, topic = paths_in(tmp_path), Topic()
+    source = {"connector": "spanner"}  # a source with no comparable position: Kafka (partition, offset)
+    topic.send(key(1), envelope("c", {"id": 1, "v": "a"}, source), partition=1)
+    topic.send(key(2), envelope("c", {"id": 2, "v": "b"}, source), partition=1)
+    topic.send(key(3), envelope("c", {"id": 3, "v": "c"}, source), partition=0)
+    truncate = topic.send(None, envelope("t", None, source), partition=0)
+    ingest_in_batches(spec, paths, topic, [3])
+    assert rows(paths) == {}
+    after = topic.send(key(4), envelope("c", {"id": 4, "v": "d"}, source), partition=1)
+    ingest_batch(spec, paths, topic, [after], batch_id=2)
+    assert set(rows(paths)) == {4}  # partition 1's offset 2 is not "before" partition 0's offset 1
+    assert truncate.partition == 0
+
+
+def test_fallback_change_from_another_partition_is_not_stale(tmp_path):
+    paths, topic = paths_in(tmp_path), Topic()
+    source = {"connector": "spanner"}
+    for n in range(5):
+        topic.send(key(9), envelope("u", {"id": 9, "v": f"p3-{n}"}, source), partition=3)
+    topic.send(key(9), envelope("u", {"id": 9, "v": "moved"}, source), partition=0)  # after repartitioning
+    results = ingest_in_batches(HARD, paths, topic, [5])
+    assert rows(paths)[9]["v"] == "moved"
+    assert results[1].record.updated == 1
+
+
+# -- 7. two fresh runs give identical tables ----------------------------------------------------------
+def _history() -> Topic:
+    topic = Topic()
+    send = topic.send
+    send(key(1), pg("c", {"id": 1, "v": "a"}, lsn=10), partition=0)
+    send(key(2), pg("c", {"id": 2, "v": "b"}, lsn=11), partition=1)
+    send(key(1), pg("u", {"id": 1, "v": "a2"}, lsn=12), partition=0)
+    send(key(1), pg("u", {"id": 1, "v": "a2"}, lsn=12), partition=0)  # duplicate, same position
+    send(key(2), pg("c", {"id": 2, "v": "b"}, lsn=11), partition=1)  # duplicate
+    send(key(3), pg("c", {"id": 3, "v": "c"}, lsn=13), partition=1)
+    send(key(3), pg("d", {"id": 3}, lsn=14), partition=1)
+    send(key(4), pg("c", {"id": 4, "v": "d"}, lsn=15), partition=0)
+    send(None, pg("t", None, lsn=16), partition=1)
+    send(key(5), pg("c", {"id": 5, "v": "e"}, lsn=17), partition=0)
+    send(key(5), pg("c", {"id": 5, "v": "e"}, lsn=17), partition=1)  # duplicate on another partition
+    send(key(1), pg("c", {"id": 1, "v": "again"}, lsn=18), partition=0)
+    send(key(6), pg("c", {"id": 6, "v": "f"}, lsn=19), partition=1)
+    send(key(6), pg("u", {"id": 6, "v": "f2"}, lsn=20), partition=1)
+    return topic
+
+
+def _table(paths):
+    table = read_all(open_table(paths.table)).drop_columns(["_cdc_ingested_at"])  # wall clock, by design
+    return sorted(table.to_pylist(), key=lambda r: r["id"])
+
+
+@MODES
+def test_two_fresh_runs_give_identical_tables(tmp_path, spec):
+    topic = _history()
+    n = len(topic.messages)
+    cuttings = [[], list(range(1, n)), [3, 4], [5, 9], [2, 8, 11], [4, 10, 13]]
+    tables = []
+    for i, cuts in enumerate(cuttings):
+        paths = paths_in(tmp_path / f"run{i}")
+        ingest_in_batches(spec, paths, topic, cuts)
+        assert all(r["balanced"] for r in audit_rows(paths))
+        tables.append(_table(paths))
+    for cuts, table in itertools.islice(zip(cuttings, tables, strict=True), 1, None):
+        assert table == tables[0], cuts
+    kept = {r["id"]: (r["_cdc_partition"], r["_cdc_offset"]) for r in tables[0] if not r["_cdc_deleted"]}
+    assert kept[5] == (0, 4)  # of two copies of one change, the lowest (partition, offset) is kept
+
+
+# -- 8. an unchanged-TOAST placeholder on a key never seen ----------------------------------------------
+def test_toast_placeholder_on_an_unseen_key_is_marked_unknown(tmp_path):
+    paths, topic = paths_in(tmp_path), Topic()
+    marker = "__debezium_unavailable_value"
+    topic.send(key(1), pg("u", {"id": 1, "v": "a", "doc": marker}, lsn=10))  # its insert was never seen
+    topic.send(key(2), pg("c", {"id": 2, "v": "b", "doc": None}, lsn=11))  # a real NULL
+    first = ingest_in_batches(HARD, paths, topic, [])[0].record
+    got = rows(paths)
+    assert got[1]["doc"] is None and got[1]["_cdc_unknown_columns"] == ["doc"]
+    assert got[2]["doc"] is None and got[2]["_cdc_unknown_columns"] is None
+    assert first.toast_unknown == 1 and first.balanced
+    topic.send(key(1), pg("u", {"id": 1, "v": "a", "doc": marker}, lsn=12))  # still unknown
+    ingest_batch(HARD, paths, topic, topic.messages[2:], batch_id=1)
+    assert rows(paths)[1]["_cdc_unknown_columns"] == ["doc"]
+    topic.send(key(1), pg("u", {"id": 1, "v": "a", "doc": "known"}, lsn=13))
+    ingest_batch(HARD, paths, topic, topic.messages[3:], batch_id=2)
+    assert rows(paths)[1]["doc"] == "known" and rows(paths)[1]["_cdc_unknown_columns"] is None
+
+
+# -- 9. schemaless JSON: a whole number, then a fraction ------------------------------------------------
+def test_schemaless_long_then_double_widens(tmp_path):
+    paths, topic = paths_in(tmp_path), Topic()
+    topic.send(key(1), pg("c", {"id": 1, "amount": 1}, lsn=10))
+    topic.send(key(2), pg("c", {"id": 2, "amount": 1.5}, lsn=11))
+    topic.send(key(3), pg("c", {"id": 3, "amount": 7}, lsn=12))
+    results = ingest_in_batches(HARD, paths, topic, [1])
+    assert {k: r["amount"] for k, r in rows(paths).items()} == {1: 1.0, 2: 1.5, 3: 7.0}
+    assert "widened amount long->double" in results[1].record.schema_change
+    assert str(table_schema(open_table(paths.table)).field("amount").type) == "double"
+
+
+# -- 10. nanosecond key columns ---------------------------------------------------------------------------
+NANO = "io.debezium.time.NanoTimestamp"
+
+
+def _nano_schemas():
+    key_schema = {"type": "struct", "name": "t.Key", "optional": False,
+                  "fields": [{"field": "at", "type": "int64", "optional": False, "name": NANO}]}
+    row = {"type": "struct", "name": "t.Value", "optional": True,
+           "fields": [{"field": "at", "type": "int64", "optional": False, "name": NANO},
+                      {"field": "seen", "type": "int64", "optional": True, "name": NANO},
+                      {"field": "v", "type": "string", "optional": True}]}
+    envelope_schema = {"type": "struct", "name": "t.Envelope", "optional": False,
+                       "fields": [{**row, "field": "before"}, {**row, "field": "after"},
+                                  {"field": "op", "type": "string", "optional": False}]}
+    return key_schema, envelope_schema
+
+
+def test_nanosecond_keys_stay_distinct(tmp_path):
+    paths, topic = paths_in(tmp_path), Topic()
+    key_schema, value_schema = _nano_schemas()
+    base = 1_700_000_000_123_456_000
+    for n, at in enumerate((base + 100, base + 200, base + 200_000)):
+        row = {"at": at, "seen": at, "v": str(n)}
+        topic.send(json.dumps({"schema": key_schema, "payload": {"at": at}}).encode(),
+                   json.dumps({"schema": value_schema, "payload": {"op": "c", "before": None, "after": row}}).encode())
+    ingest_in_batches(HARD, paths, topic, [])
+    table = read_all(open_table(paths.table))
+    # Keys that differ below the microsecond stay three rows, exactly; a non-key column is a timestamp.
+    assert sorted(table["at"].to_pylist()) == [base + 100, base + 200, base + 200_000]
+    assert str(table.schema.field("at").type) == "int64"
+    assert str(table.schema.field("seen").type).startswith("timestamp")
