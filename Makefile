@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: demo test install lint bench lock clean java dagster ui-screenshot
+.PHONY: demo test install lint bench lock clean java dagster ui-screenshot jars stack stack-down stack-status
 
 java:
 	@command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || { \
@@ -44,6 +44,21 @@ dagster: java install
 # (docs/img/dagster-asset-graph.png). Needs Chromium (apt-get install chromium); not part of `make test`.
 ui-screenshot: java install
 	$(BIN)/python scripts/ui_screenshot.py
+
+# The real stack on loopback, without Docker (docs/stack.md): PostgreSQL 15, Kafka 4.3 (KRaft),
+# Kafka Connect + Debezium 3.6, Apicurio Registry 3.3 (+ nginx basic auth). Data, logs and jars go
+# to .stack/ (git-ignored; STACK_DIR overrides). `jars` resolves the JVM jars with Maven (infra/jvm).
+jars: install
+	$(BIN)/python -m ingest.stack jars
+
+stack: install
+	$(BIN)/python -m ingest.stack up
+
+stack-down: install
+	$(BIN)/python -m ingest.stack down
+
+stack-status: install
+	$(BIN)/python -m ingest.stack status
 
 # Re-resolve the pinned set after changing pyproject.toml.
 lock:
