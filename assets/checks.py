@@ -19,6 +19,7 @@ from assets.resources import IngestEngine
 from ingest import audit
 from ingest.audit import AuditRecord
 from ingest.config import TableSpec
+from ingest.secrets import redact
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,13 @@ def lag_check_result(spec: TableSpec, engine: IngestEngine, thresholds: LagThres
     now = now or datetime.now(UTC)
     finished = (status.last_batch or {}).get("finished_at")
     age = (now - finished) if isinstance(finished, datetime) else None
+    key = table_key(spec.name)
+    if status.lag is None:
+        # The source did not answer: the lag is unknown, and saying "0 pending" would hide an outage.
+        return dg.AssetCheckResult(check_name=LAG_CHECK, asset_key=key, passed=False,
+                                   severity=dg.AssetCheckSeverity.ERROR,
+                                   metadata={"source_error": redact(status.source_error or "")},
+                                   description=f"lag unknown: {redact(status.source_error or '')}")
     metadata: dict[str, Any] = {
         "lag": status.lag,
         "max_lag_records": thresholds.max_lag_records,
@@ -100,7 +108,6 @@ def lag_check_result(spec: TableSpec, engine: IngestEngine, thresholds: LagThres
         "max_staleness_seconds": thresholds.max_staleness.total_seconds(),
         "delta_version": status.delta_version if status.delta_version is not None else -1,
     }
-    key = table_key(spec.name)
     if status.lag <= thresholds.max_lag_records:
         return dg.AssetCheckResult(check_name=LAG_CHECK, asset_key=key, passed=True, metadata=metadata,
                                    description=f"caught up: {status.lag} records pending")

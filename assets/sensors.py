@@ -40,6 +40,8 @@ def build_offsets_sensor(spec: TableSpec, *, minimum_interval_seconds: int = DEF
     )
     def _sensor(context: dg.SensorEvaluationContext, ingest_engine: IngestEngine) -> dg.SensorResult | dg.SkipReason:
         status = ingest_engine.status(spec.name)
+        if status.source_error is not None:
+            return dg.SkipReason(f"{spec.name}: {status.source_error}")
         pending = pending_partitions(status)
         if not pending:
             return dg.SkipReason(f"{spec.name}: caught up with {spec.topic}")

@@ -18,6 +18,7 @@ from assets.resources import IngestEngine
 from ingest.config import TableSpec
 from ingest.deltaio import FRAMEWORK_NAMES, open_table, table_schema
 from ingest.engine import TableRun
+from ingest.secrets import redact
 from ingest.status import TableStatus
 
 #: Counts summed over a run's batches and reported as metadata.
@@ -90,7 +91,10 @@ def materialization_metadata(spec: TableSpec, run: TableRun, before: TableStatus
     meta["already_applied"] = run.already_applied
     meta["offsets_before"] = dg.MetadataValue.json(_offsets(before))
     meta["offsets_after"] = dg.MetadataValue.json(_offsets(after))
-    meta["lag"] = after.lag
+    if after.lag is not None:
+        meta["lag"] = after.lag
+    else:
+        meta["lag_unknown"] = redact(after.source_error or "")
     meta["delta_version"] = after.delta_version if after.delta_version is not None else -1
     meta["dagster/row_count"] = after.rows
     meta["table_path"] = dg.MetadataValue.path(str(path))

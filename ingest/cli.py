@@ -169,14 +169,21 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> No
     out = Table(title="Table status")
     for col in ("table", "topic", "applied offsets", "lag", "Delta version", "live rows", "last batch"):
         out.add_column(col)
-    for s in table_status(cfg):
+    statuses = table_status(cfg)
+    for s in statuses:
         applied = ", ".join(f"p{p}:{'-' if o is None else o}/{s.end[p] - 1}" for p, o in sorted(s.applied.items()))
         last = "-"
         if s.last_batch and s.last_batch.get("finished_at"):
             b = s.last_batch
             last = f"#{b['batch_id']} {b['status']} at {b['finished_at']:%Y-%m-%d %H:%M:%S}"
-        out.add_row(s.table, s.topic, applied or "-", str(s.lag), str(s.delta_version), str(s.rows), last)
+        lag = str(s.lag) if s.lag is not None else "[red]unknown[/]"
+        out.add_row(s.table, s.topic, applied or "-", lag, str(s.delta_version), str(s.rows), last)
     console.print(out)
+    unreachable = {s.source_error for s in statuses if s.source_error}
+    for problem in sorted(unreachable):
+        err.print(f"[red]source unavailable:[/] {escape(problem)}")
+    if unreachable:
+        raise typer.Exit(3)
 
 
 @app.command()

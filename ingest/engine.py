@@ -25,12 +25,10 @@ from ingest import checkpoint as checkpoints
 from ingest.audit import AuditRecord
 from ingest.batch import DECODED_DDL, BatchResult, DecodeStep, TablePaths, process_batch
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import IngestError
 from ingest.quality import QualityGate
-from ingest.source import Offsets, read_topics
+from ingest.source import Offsets, read_topics, source_for
 from ingest.spark import session_for
 from ingest.tablestate import load_state
-from ingest.topiclog import TopicLog
 
 log = logging.getLogger(__name__)
 _START_ATTEMPTS = 3  # restarts of a query that dies before its first batch (see Engine._restart_failed)
@@ -104,26 +102,23 @@ class Engine:
     @property
     def spark(self) -> SparkSession:
         if self._spark is None:
-            self._spark = session_for(self.config.spark)
+            self._spark = session_for(self.config)
         return self._spark
 
     def starting_offsets(self, spec: TableSpec) -> Offsets | None:
-        """Next offset per partition as the table's Delta log records it (``None``: from the start)."""
+        """Next offset per partition as the table's Delta log records it (``None``: from the start).
+
+        Raises:
+            SourceUnavailableError: the source cannot say which partitions the topic has.
+        """
         state = load_state(TablePaths.of(self.config, spec.name).table)
         if state.table is None:
             return None
-        partitions = self._partitions(spec.topic)
         offsets = {}
-        for p in range(partitions):
+        for p in sorted(source_for(self.config).end_offsets(spec.topic)):
             done = state.applied_offset(spec.topic, p)
             offsets[str(p)] = -2 if done is None else done + 1
         return {spec.topic: offsets}
-
-    def _partitions(self, topic: str) -> int:
-        if self.config.source.kind == "embedded":
-            log_ = TopicLog(self.config.log_dir)
-            return log_.partitions(topic) if log_.exists(topic) else 0
-        return _kafka_partitions(self.config, topic)
 
     def run(self, *, tables: list[str] | None = None, mode: Mode = "available_now",
             reset_checkpoints: bool = False, from_beginning: bool = False,
@@ -175,8 +170,8 @@ class Engine:
             if reset_checkpoints or from_beginning:
                 shutil.rmtree(checkpoint, ignore_errors=True)
             self._check_checkpoint(spec, checkpoint)
-            starting = None if from_beginning else self.starting_offsets(spec)
             try:
+                starting = None if from_beginning else self.starting_offsets(spec)
                 handler = _BatchHandler(spec, paths, report.tables[spec.name], run_id, progress, gates.get(spec.name))
                 queries[spec.name] = self._start(spec, handler, checkpoint, starting, mode, run_id)
                 handlers[spec.name] = handler
@@ -312,19 +307,6 @@ class Engine:
 
     def _decode_step(self, spec: TableSpec) -> DecodeStep:
         return DecodeStep.for_table(self.config, spec)
-
-
-def _kafka_partitions(config: IngestConfig, topic: str) -> int:
-    """Partition count of a Kafka topic, from the cluster's metadata."""
-    from confluent_kafka.admin import AdminClient
-
-    assert config.source.kafka is not None
-    admin = AdminClient({"bootstrap.servers": config.source.kafka.bootstrap_servers})
-    metadata = admin.list_topics(topic, timeout=30)
-    info = metadata.topics.get(topic)
-    if info is None or info.error is not None:
-        raise IngestError(f"Kafka topic {topic!r} is not available: {info.error if info else 'unknown topic'}")
-    return len(info.partitions)
 
 
 def _short(exc: BaseException | str) -> str:

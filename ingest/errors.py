@@ -107,3 +107,11 @@ class RegistryUnavailableError(IngestError):
     Not the message's fault, so nothing is quarantined: the batch fails, the table stops, and the
     next run retries. The message is already redacted (no URL credentials).
     """
+
+
+class SourceUnavailableError(IngestError):
+    """The source (Kafka broker, embedded topic log) cannot answer: the lag is unknown, not zero.
+
+    Transient: nothing is committed, and the next run or tick asks again. The message names the
+    source and what failed, never a credential.
+    """

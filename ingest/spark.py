@@ -11,8 +11,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from ingest.config import SparkSpec
+from ingest.config import IngestConfig
 from ingest.errors import EnvironmentProblem
+from ingest.jvm import Connector, classpath_conf
 
 JAVA_HINT = (
     "Java 17 is required for Spark: install a JDK/JRE 17 "
@@ -69,5 +70,9 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
     return spark
 
 
-def session_for(spec: SparkSpec) -> SparkSession:
-    return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(spec.conf.items())))
+def session_for(config: IngestConfig) -> SparkSession:
+    """The session for a configuration: its Spark settings, plus the Kafka source's jars when it reads Kafka."""
+    spec = config.spark
+    connectors: list[Connector] = ["spark-kafka"] if config.source.kind == "kafka" else []
+    conf = {**spec.conf, **classpath_conf(connectors, spec.conf)}
+    return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))

@@ -1,4 +1,8 @@
-"""Per-table status: applied offsets, lag, Delta version, last batch."""
+"""Per-table status: applied offsets, lag, Delta version, last batch.
+
+End offsets come from the configured source (Kafka's admin API or the embedded log). A source that
+cannot answer leaves the lag unknown and says why (``source_error``); it is never reported as 0.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,10 @@ from dataclasses import dataclass
 from ingest import audit
 from ingest.batch import TablePaths
 from ingest.config import IngestConfig
+from ingest.errors import SourceUnavailableError
 from ingest.merge import live_row_count
+from ingest.source import Source, source_for
 from ingest.tablestate import load_state
-from ingest.topiclog import TopicLog
 
 
 @dataclass(slots=True)
@@ -21,23 +26,33 @@ class TableStatus:
     delta_version: int | None
     rows: int
     last_batch: dict | None
+    #: why the source's end offsets are unknown (``None``: they are known)
+    source_error: str | None = None
 
     @property
-    def lag(self) -> int:
+    def lag(self) -> int | None:
+        """Records in the topic the table has not applied; ``None`` when the source did not answer."""
+        if self.source_error is not None:
+            return None
         return sum(end - ((self.applied.get(p) or -1) + 1) for p, end in self.end.items())
 
 
-def table_status(config: IngestConfig) -> list[TableStatus]:
-    log = TopicLog(config.log_dir)
+def table_status(config: IngestConfig, *, source: Source | None = None) -> list[TableStatus]:
+    """The status of every configured table (one source connection for all of them)."""
+    source = source or source_for(config)
     out = []
     for spec in config.tables:
         paths = TablePaths.of(config, spec.name)
         state = load_state(paths.table)
-        end = log.end_offsets(spec.topic) if log.exists(spec.topic) else {}
+        try:
+            end, error = source.end_offsets(spec.topic), None
+        except SourceUnavailableError as exc:
+            end, error = {}, str(exc)
         applied = {p: state.applied_offset(spec.topic, p) for p in end}
         batches = audit.read(paths.audit, table=spec.name)
         last = None
         if batches.num_rows:
             last = max(batches.to_pylist(), key=lambda r: (r["delta_version"] or -1, r["finished_at"]))
-        out.append(TableStatus(spec.name, spec.topic, applied, end, state.version, live_row_count(paths.table), last))
+        out.append(TableStatus(spec.name, spec.topic, applied, end, state.version, live_row_count(paths.table), last,
+                               error))
     return out

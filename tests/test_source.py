@@ -3,7 +3,8 @@ import json
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from ingest.source import KAFKA_SCHEMA_DDL, TopicLogStreamReader
+from ingest.source import KAFKA_SCHEMA_DDL
+from ingest.source.embedded import TopicLogStreamReader
 from ingest.topiclog import ProducerRecord, TopicLog
 
 
@@ -62,3 +63,37 @@ def test_stream_schema_is_the_kafka_source_schema(spark, log):
     frame = (spark.readStream.format("cdc_topiclog").option("path", str(log.root)).option("subscribe", "t").load())
     assert frame.isStreaming
     assert frame.schema == _parse_datatype_string(KAFKA_SCHEMA_DDL)
+
+
+def test_an_unreachable_broker_is_reported_never_lag_zero(tmp_path):
+    import yaml
+
+    from ingest.config import KafkaSpec, load_config
+    from ingest.errors import SourceUnavailableError
+    from ingest.source.kafka import KafkaSource
+    from ingest.status import table_status
+
+    source = KafkaSource(KafkaSpec(bootstrap_servers="127.0.0.1:1"), timeout=2)
+    with pytest.raises(SourceUnavailableError, match=r"Kafka at 127\.0\.0\.1:1 did not answer for topic 'x'"):
+        source.end_offsets("x")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"workdir": str(tmp_path), "tables": [{"name": "x", "topic": "x"}],
+                                    "source": {"kind": "kafka", "kafka": {"bootstrap_servers": "127.0.0.1:1"}}}))
+    [status] = table_status(load_config(path), source=source)
+    assert status.lag is None and "did not answer" in (status.source_error or "")
+
+
+def test_the_admin_client_gets_the_sasl_credentials_of_the_jaas_config():
+    from ingest.config import KafkaSpec
+    from ingest.source.kafka import admin_config
+
+    spec = KafkaSpec(bootstrap_servers="b:9095", options={"kafka.security.protocol": "SASL_PLAINTEXT",
+                                                          "kafka.sasl.mechanism": "SCRAM-SHA-512",
+                                                          "kafka.ssl.truststore.location": "/x.jks"})
+    jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="cdc" password="p\\"w";'
+    conf = admin_config(spec, jaas)
+    assert {k: conf[k] for k in ("bootstrap.servers", "security.protocol", "sasl.mechanism", "sasl.username")} == {
+        "bootstrap.servers": "b:9095", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "cdc"}
+    assert conf["sasl.password"] == 'p"w'
+    assert "ssl.truststore.location" not in conf  # a Java-only option librdkafka would refuse

@@ -1,23 +1,22 @@
-"""Read topics as a Spark stream whose rows have exactly the schema of Spark's Kafka source.
+"""The embedded topic log as a source: its partitions and end offsets, and a Spark stream over it.
 
-``kafka`` uses Spark's built-in Kafka source (when its jar is on the classpath); ``embedded`` uses
-:class:`TopicLogDataSource`, a Python streaming data source over :mod:`ingest.topiclog` that takes
-the Kafka source's option names (``subscribe``, ``startingOffsets``, ``maxOffsetsPerTrigger``), so
-everything downstream of the read is identical for both.
+:class:`TopicLogDataSource` is a Python streaming data source over :mod:`ingest.topiclog` that
+takes the Kafka source's option names (``subscribe``, ``startingOffsets``, ``maxOffsetsPerTrigger``)
+and yields rows of exactly the schema of Spark's Kafka source, so everything downstream of the read
+is identical for both sources.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from ingest import secrets
-from ingest.config import IngestConfig
 from ingest.errors import TopicLogError
 
 KAFKA_SCHEMA_DDL = (
@@ -133,33 +132,22 @@ class TopicLogDataSource(DataSource):
         return TopicLogStreamReader(self.options)
 
 
-def read_topics(spark: SparkSession, config: IngestConfig, topics: list[str], *,
-                starting_offsets: Offsets | None) -> DataFrame:
-    """A streaming DataFrame of ``topics`` in Spark's Kafka row shape.
+class EmbeddedSource:
+    """The embedded topic log under ``log_dir``."""
 
-    Args:
-        spark: the session.
-        config: source settings (embedded log or Kafka).
-        topics: topics to subscribe to.
-        starting_offsets: next offset per partition to read when the query has no checkpoint;
-            ``None`` reads from the earliest offset. Ignored by Spark once a checkpoint exists.
-    """
-    source = config.source
-    starting = json.dumps(starting_offsets) if starting_offsets else "earliest"
-    if source.kind == "kafka":
-        assert source.kafka is not None
-        reader = (spark.readStream.format("kafka")
-                  .option("kafka.bootstrap.servers", source.kafka.bootstrap_servers)
-                  .option("failOnDataLoss", "true"))
-        for key, value in source.kafka.options.items():
-            reader = reader.option(key, value)
-        jaas = secrets.lookup(source.kafka.credentials_env, config.secrets_path)
-        if jaas:
-            # Spark redacts option values that mention a password in its plans and logs.
-            reader = reader.option("kafka.sasl.jaas.config", jaas)
-    else:
-        reader = spark.readStream.format(FORMAT_NAME).option("path", str(config.log_dir))
-    return (reader.option("subscribe", ",".join(topics))
-            .option("startingOffsets", starting)
-            .option("maxOffsetsPerTrigger", str(source.max_records_per_batch))
-            .load())
+    def __init__(self, log_dir: str | Path) -> None:
+        self.log_dir = Path(log_dir)
+
+    def describe(self) -> str:
+        return f"embedded topic log {self.log_dir}"
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        from ingest.topiclog import TopicLog
+
+        log = TopicLog(self.log_dir)
+        return log.end_offsets(topic) if log.exists(topic) else {}
+
+    def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int) -> DataFrame:
+        return (spark.readStream.format(FORMAT_NAME).option("path", str(self.log_dir))
+                .option("subscribe", ",".join(topics)).option("startingOffsets", starting)
+                .option("maxOffsetsPerTrigger", str(max_records)).load())

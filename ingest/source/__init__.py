@@ -1,0 +1,70 @@
+"""Where records come from: the embedded topic log or Kafka, behind one :class:`Source`.
+
+A source answers the questions the engine, ``ingest status``, the Dagster checks and sensors ask --
+which partitions a topic has and where each ends -- and gives Spark a stream whose rows have
+exactly the schema of Spark's Kafka source (key, value, topic, partition, offset, timestamp,
+timestampType, headers), so everything downstream of the read is identical for both.
+
+A source that cannot answer raises :class:`ingest.errors.SourceUnavailableError`: a lag is then
+unknown, never zero.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+
+from ingest.config import IngestConfig
+from ingest.source.embedded import EARLIEST, FORMAT_NAME, KAFKA_SCHEMA_DDL, LATEST, EmbeddedSource, TopicLogDataSource
+from ingest.source.kafka import KafkaSource
+
+__all__ = ["EARLIEST", "FORMAT_NAME", "KAFKA_SCHEMA_DDL", "LATEST", "EmbeddedSource", "KafkaSource", "Offsets",
+           "Source", "TopicLogDataSource", "read_topics", "source_for"]
+
+Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON
+
+
+class Source(Protocol):
+    """What the engine needs from a source of topics."""
+
+    def describe(self) -> str:
+        """Where it is, for messages (no credentials)."""
+        ...
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """Next offset per partition of ``topic``; ``{}`` when the topic does not exist yet.
+
+        Raises:
+            SourceUnavailableError: the source cannot answer.
+        """
+        ...
+
+    def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int) -> DataFrame:
+        """A streaming DataFrame of ``topics`` in Spark's Kafka row shape."""
+        ...
+
+
+def source_for(config: IngestConfig) -> Source:
+    """The configured source."""
+    if config.source.kind == "kafka":
+        assert config.source.kafka is not None  # validated with the configuration
+        secrets_file = str(config.secrets_path) if config.secrets_path else None
+        return KafkaSource(config.source.kafka, secrets_file=secrets_file)
+    return EmbeddedSource(config.log_dir)
+
+
+def read_topics(spark: SparkSession, config: IngestConfig, topics: list[str], *,
+                starting_offsets: Offsets | None) -> DataFrame:
+    """A streaming DataFrame of ``topics`` from the configured source.
+
+    Args:
+        spark: the session.
+        config: source settings (embedded log or Kafka).
+        topics: topics to subscribe to.
+        starting_offsets: next offset per partition to read when the query has no checkpoint;
+            ``None`` reads from the earliest offset. Ignored by Spark once a checkpoint exists.
+    """
+    starting = json.dumps(starting_offsets) if starting_offsets else "earliest"
+    return source_for(config).stream(spark, topics, starting, config.source.max_records_per_batch)

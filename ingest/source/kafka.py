@@ -1,0 +1,113 @@
+"""A Kafka cluster as a source: partitions and end offsets from its admin API, Spark's Kafka source for the stream.
+
+The admin client is confluent-kafka (librdkafka); Spark reads with its own Java Kafka source, whose
+jars the engine puts on the classpath (:mod:`ingest.jvm`). Both get the same connection settings:
+``source.kafka.bootstrap_servers``, the ``kafka.*`` options of the configuration, and the SASL JAAS
+config from the environment (``source.kafka.credentials_env``) or the secrets file. librdkafka has
+no JAAS: the username and password are read out of it for the admin client.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Final
+
+from pyspark.sql import DataFrame, SparkSession
+
+from ingest import secrets
+from ingest.config import KafkaSpec
+from ingest.errors import SourceUnavailableError
+
+log = logging.getLogger(__name__)
+#: Java client options (``kafka.<name>`` in the configuration) that mean the same to librdkafka.
+_SHARED_OPTIONS: Final = frozenset({
+    "security.protocol", "sasl.mechanism", "ssl.ca.location", "ssl.endpoint.identification.algorithm",
+    "client.id", "client.dns.lookup",
+})
+_JAAS_FIELD: Final = re.compile(r'\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
+#: Seconds the admin client waits for the cluster before the source counts as unavailable.
+ADMIN_TIMEOUT: Final = 15.0
+
+
+def admin_config(spec: KafkaSpec, jaas: str | None) -> dict[str, Any]:
+    """librdkafka settings equivalent to what Spark's Kafka source gets."""
+    conf: dict[str, Any] = {"bootstrap.servers": spec.bootstrap_servers, "logger": log}
+    for key, value in spec.options.items():
+        name = key.removeprefix("kafka.")
+        if name in _SHARED_OPTIONS:
+            conf[name] = value
+    if jaas:
+        fields = {name: re.sub(r"\\(.)", r"\1", value) for name, value in _JAAS_FIELD.findall(jaas)}
+        if "username" in fields:
+            conf["sasl.username"] = fields["username"]
+        if "password" in fields:
+            conf["sasl.password"] = fields["password"]
+    return conf
+
+
+class KafkaSource:
+    """A Kafka cluster."""
+
+    def __init__(self, spec: KafkaSpec, *, secrets_file: str | None = None, timeout: float = ADMIN_TIMEOUT) -> None:
+        self.spec = spec
+        self.secrets_file = secrets_file
+        self.timeout = timeout
+        self._admin: Any = None
+
+    def describe(self) -> str:
+        return f"Kafka at {self.spec.bootstrap_servers}"
+
+    def _jaas(self) -> str | None:
+        return secrets.lookup(self.spec.credentials_env, self.secrets_file)
+
+    def _client(self) -> Any:
+        if self._admin is None:
+            from confluent_kafka.admin import AdminClient
+
+            self._admin = AdminClient(admin_config(self.spec, self._jaas()))
+        return self._admin
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """Next offset of every partition of ``topic`` (``{}`` if the topic does not exist yet).
+
+        Raises:
+            SourceUnavailableError: the cluster did not answer, or refused the credentials.
+        """
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        admin = self._client()
+        try:
+            metadata = admin.list_topics(topic, timeout=self.timeout)
+            info = metadata.topics.get(topic)
+            if info is None or (info.error is not None and info.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                return {}
+            if info.error is not None:
+                raise KafkaException(info.error)
+            wanted = {TopicPartition(topic, p): OffsetSpec.latest() for p in info.partitions}
+            futures = admin.list_offsets(wanted, request_timeout=self.timeout)
+            return {tp.partition: future.result().offset for tp, future in futures.items()}
+        except KafkaException as exc:
+            raise SourceUnavailableError(secrets.redact(
+                f"{self.describe()} did not answer for topic {topic!r}: {_reason(exc)}")) from None
+
+    def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int) -> DataFrame:
+        reader = (spark.readStream.format("kafka")
+                  .option("kafka.bootstrap.servers", self.spec.bootstrap_servers)
+                  .option("failOnDataLoss", "true"))
+        for key, value in self.spec.options.items():
+            reader = reader.option(key, value)
+        jaas = self._jaas()
+        if jaas:
+            # Spark redacts option values that mention a password in its plans and logs.
+            reader = reader.option("kafka.sasl.jaas.config", jaas)
+        return (reader.option("subscribe", ",".join(topics)).option("startingOffsets", starting)
+                .option("maxOffsetsPerTrigger", str(max_records)).load())
+
+
+def _reason(exc: Exception) -> str:
+    error = exc.args[0] if exc.args else None
+    if hasattr(error, "str") and hasattr(error, "name"):
+        return f"{error.name()}: {error.str()}"
+    return str(exc)
