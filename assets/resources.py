@@ -19,9 +19,9 @@ import dagster as dg
 from pydantic import Field
 
 from ingest.audit import AuditRecord
-from ingest.batch import TablePaths
 from ingest.config import IngestConfig, TableSpec, load_config
 from ingest.engine import Engine, TableRun
+from ingest.paths import TablePaths
 from ingest.status import TableStatus, table_status
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import pickle
 import statistics
 import tempfile
 import time
@@ -36,11 +35,15 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from ingest.batch import DECODED_SCHEMA, TablePaths, load_events, process_batch
+from ingest.apply.microbatch import MicroBatch
+from ingest.apply.pipeline import apply_parts as process_batch
+from ingest.apply.reduce import reduce_changes
 from ingest.config import TableSpec
-from ingest.events import ChangeEvent, ColumnSpec, KafkaCoordinates, SourcePosition
+from ingest.decode.columnar import PartsBuilder
+from ingest.events import ChangeEvent, ColumnSpec, SourcePosition
+from ingest.paths import TablePaths
 from ingest.quality import QualityGate, ResultStore, load_suite
-from ingest.reduce import PositionedChange, reduce_changes
+from ingest.tablestate import TableState
 
 console = Console()
 SUITES = Path(__file__).resolve().parent.parent / "expectations"
@@ -69,9 +72,14 @@ class Batches:
         self.offset = 0
         self.lsn = 1_000_000
 
-    def next(self, events: int) -> pa.Table:
-        rows: dict[str, list[Any]] = {name: [] for name in DECODED_SCHEMA.names}
+    def next(self, events: int) -> list[pa.RecordBatch]:
+        """The decode step's parts for ``events`` changes of ``orders``."""
         ts = datetime(2026, 1, 1, tzinfo=UTC)
+        source = pa.table({"topic": pa.array(["orders"] * events, pa.string()),
+                           "partition": pa.array([0] * events, pa.int32()),
+                           "offset": pa.array(range(self.offset, self.offset + events), pa.int64()),
+                           "timestamp": pa.array([ts] * events, pa.timestamp("us", tz="UTC"))})
+        out = PartsBuilder(source)
         for i in range(events):
             self.lsn += 1
             key = (self.lsn * 7919) % self.keys  # spread over the key space, some keys twice per batch
@@ -84,20 +92,15 @@ class Batches:
                      "unit_price": price, "amount": price * qty, "status": status,
                      "ordered_at": datetime(2026, 1, 1), "ship_date": date(2026, 1, 3) if status == "shipped" else None,
                      "note": None}
-            event = ChangeEvent("u", {"id": key}, after, None, SourcePosition(self.lsn, self.lsn, 0, 1),
-                                ORDERS if i == 0 else (), ("id",), source_ts_ms=1_767_225_600_000 + i,
-                                schema_ref="avro:1")
-            rows["topic"].append("orders")
-            rows["partition"].append(0)
-            rows["offset"].append(self.offset)
-            rows["timestamp"].append(ts)
-            rows["kind"].append("change")
-            rows["payload"].append(pickle.dumps(event, protocol=5))
-            rows["reason"].append(None)
-            rows["raw_key"].append(b"k%d" % key)
-            rows["raw_value"].append(b"v" * 200)
-            self.offset += 1
-        return pa.Table.from_pydict(rows, schema=DECODED_SCHEMA)
+            out.change(ChangeEvent("u", {"id": key}, after, None, SourcePosition(self.lsn, self.lsn, 0, 1), ORDERS,
+                                   ("id",), source_ts_ms=1_767_225_600_000 + i, schema_ref="avro:1"), i)
+        self.offset += events
+        return out.parts()
+
+
+def _raw(coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[bytes, bytes, None]]:
+    """The raw bytes of held messages, as the engine fetches them again from the source."""
+    return {c: (b"k%d" % c[2], b"v" * 200, None) for c in coords}
 
 
 def paths_in(root: Path, name: str) -> TablePaths:
@@ -142,10 +145,12 @@ def overhead(root: Path, events: int, rounds: int, bad_every: int) -> dict[str, 
     for n in range(rounds + 1):  # round 0 warms both tables up (creation) and is not counted
         rows = plain_src.next(events)
         with Clock() as a:
-            process_batch(plain_spec, paths_in(root, "plain"), rows, batch_id=n, run_id="bench")
+            process_batch(plain_spec, paths_in(root, "plain"), rows, batch_id=n, run_id="bench",
+                          fetch_raw=_raw)
         rows = checked_src.next(events)
         with Clock() as b:
-            result = process_batch(spec, paths_in(root, "checked"), rows, batch_id=n, run_id="bench", gate=gate)
+            result = process_batch(spec, paths_in(root, "checked"), rows, batch_id=n, run_id="bench", gate=gate,
+                                   fetch_raw=_raw)
         del rows
         v = gate.clocks[-1]
         if n:
@@ -178,13 +183,12 @@ def memory(root: Path, batches: int, events: int, *, full: bool, suite: bool = T
         rows = source.next(events)
         if full:
             process_batch(spec, paths_in(root, spec.name), rows, batch_id=n, run_id="mem",
-                          gate=gate if suite else None)
+                          gate=gate if suite else None, fetch_raw=_raw)
         else:
-            cols = rows.to_pydict()
-            changes = [PositionedChange(e, KafkaCoordinates("orders", 0, o)) for e, o in
-                       zip(load_events(cols["kind"], cols["payload"]), cols["offset"], strict=True)]
-            gate.check(reduce_changes(changes, ("id",)).winners, list(ORDERS), batch_id=n, run_id="mem")
-            del cols, changes
+            batch = MicroBatch.from_parts(rows, TableState(None, None, None, None))
+            winners = reduce_changes(batch.changes, ("id",), batch.columns).winners
+            gate.check(winners, list(ORDERS), batch_id=n, run_id="mem")
+            del batch, winners
         del rows
         if n == 1 or n % 100 == 0:
             gc.collect()

@@ -19,7 +19,7 @@ import json
 import shutil
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -46,21 +46,27 @@ class _Damaged(Exception):
     """Internal: what is wrong with the checkpoint."""
 
 
-def inspect(directory: Path, *, topic: str, applied: AppliedFn, audit_path: Path | None = None,
-            table: str | None = None) -> Verdict:
-    """Check a table's checkpoint (see module docstring).
+def inspect(directory: Path, *, topic: str | None = None, applied: AppliedFn | None = None,
+            audit_path: Path | None = None, table: str | None = None,
+            topics: Mapping[str, tuple[AppliedFn, str]] | None = None) -> Verdict:
+    """Check a query's checkpoint (see module docstring).
 
     Args:
         directory: the query's checkpoint directory (may be missing: then there is nothing to check).
-        topic: the table's topic; the checkpoint must be for it.
+        topic: the topic of a one-table query (with ``applied`` and ``table``).
         applied: last offset applied to the table per partition, from its Delta log.
         audit_path: the audit table, consulted for batches of a table that did not exist yet
             (such batches hold only undecodable or control records and commit no progress).
         table: table name, for the audit lookup.
+        topics: for a query of several tables: ``topic -> (applied, table)``. The checkpoint must
+            be for these topics, and no table may be behind what it claims.
 
     Returns:
         The verdict; its ``problem`` says what is wrong, for the warning.
     """
+    if topics is None:
+        assert topic is not None and applied is not None
+        topics = {topic: (applied, table or "")}
     if not directory.exists():
         return Verdict()
     try:
@@ -77,11 +83,13 @@ def inspect(directory: Path, *, topic: str, applied: AppliedFn, audit_path: Path
         last_commit = max(commits, default=None)
         if last_commit is not None and not (ids[-1] - 1 <= last_commit <= ids[-1]):
             raise _Damaged(f"commit log ends at batch {last_commit} but the offsets log at {ids[-1]}")
-        parsed = {batch: _read_offsets(path, topic) for batch, path in offsets.items()}
+        parsed = {batch: _read_offsets(path, set(topics)) for batch, path in offsets.items()}
         for batch, path in commits.items():
             _read_commit(path, batch)
         if last_commit is not None:
-            _not_ahead(parsed[last_commit], last_commit, applied, audit_path, table, topic)
+            for name, ends in parsed[last_commit].items():
+                fn, owner = topics[name]
+                _not_ahead(ends, last_commit, fn, audit_path, owner or None, name)
     except _Damaged as exc:
         return Verdict(str(exc))
     return Verdict()
@@ -145,7 +153,7 @@ def _version_and_lines(path: Path, least: int) -> list[str]:
     return lines
 
 
-def _read_offsets(path: Path, topic: str) -> dict[int, int]:
+def _read_offsets(path: Path, topics: set[str]) -> dict[str, dict[int, int]]:
     where = f"offsets/{path.name}"
     lines = _version_and_lines(path, 3)
     if not isinstance(_json(lines[1], where), dict):
@@ -154,14 +162,17 @@ def _read_offsets(path: Path, topic: str) -> dict[int, int]:
     if len(sources) != 1:
         raise _Damaged(f"{where}: expected offsets of one source, found {len(sources)}")
     offsets = _json(sources[0], where)
-    if not isinstance(offsets, dict) or set(offsets) - {topic}:
-        raise _Damaged(f"{where}: offsets are not for topic {topic!r}")
-    parts = offsets.get(topic, {})
-    if not isinstance(parts, dict) or not all(
-        isinstance(p, str) and p.isdigit() and type(o) is int and o >= 0 for p, o in parts.items()
-    ):
-        raise _Damaged(f"{where}: malformed partition offsets")
-    return {int(p): o for p, o in parts.items()}
+    if not isinstance(offsets, dict) or set(offsets) - topics:
+        wanted = ", ".join(repr(t) for t in sorted(topics))
+        raise _Damaged(f"{where}: offsets are not for topic{'s' if len(topics) > 1 else ''} {wanted}")
+    out = {}
+    for name, parts in offsets.items():
+        if not isinstance(parts, dict) or not all(
+            isinstance(p, str) and p.isdigit() and type(o) is int and o >= 0 for p, o in parts.items()
+        ):
+            raise _Damaged(f"{where}: malformed partition offsets")
+        out[name] = {int(p): o for p, o in parts.items()}
+    return out
 
 
 def _read_commit(path: Path, batch: int) -> None:

@@ -145,7 +145,7 @@ def quarantine_list(
 ) -> None:
     """Quarantined messages (pending ones unless --all)."""
     from ingest import quarantine
-    from ingest.batch import TablePaths
+    from ingest.paths import TablePaths
 
     cfg = _config(config, workdir)
     path = TablePaths.of(cfg, cfg.tables[0].name).quarantine
@@ -171,7 +171,7 @@ def quarantine_show(
 ) -> None:
     """Everything about one quarantined message, with its raw bytes and the change it decodes to."""
     from ingest import quarantine
-    from ingest.batch import TablePaths
+    from ingest.paths import TablePaths
 
     cfg = _config(config, workdir)
     topic, partition, offset = _parse_id(message)
@@ -192,11 +192,11 @@ def quarantine_show(
 
 
 def _decoded(cfg: IngestConfig, row: dict[str, Any]) -> str:
-    from ingest.batch import DecodeStep
+    from ingest.decode.columnar import DecoderSpec
     from ingest.errors import DecodeError
     from ingest.events import ChangeEvent, KafkaCoordinates
 
-    decoder = DecodeStep.for_table(cfg, cfg.table(row["table"])).decoder()
+    decoder = DecoderSpec.for_table(cfg, cfg.table(row["table"]), keep_before=True)()
     try:
         result = decoder.decode(row["raw_key"], row["raw_value"],
                                 KafkaCoordinates(row["topic"], row["partition"], row["offset"]))

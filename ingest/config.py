@@ -21,6 +21,7 @@ from ingest.errors import ConfigError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_SOURCE_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}\.[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _SECRET_OPTION = re.compile(r"(?i)password|jaas|secret|token")
 _URL_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
@@ -101,7 +102,12 @@ class SourceSpec(_Model):
         "avro", description="Debezium converter: avro (Confluent framing) or json"
     )
     max_records_per_batch: int = Field(
-        20_000, gt=0, description="upper bound on records per micro-batch and table (maxOffsetsPerTrigger)"
+        20_000, gt=0, description="upper bound on records per micro-batch of a query, all its topics together "
+        "(maxOffsetsPerTrigger)"
+    )
+    queries: int = Field(
+        1, gt=0, description="streaming queries the tables share (tables are dealt to them in turn); each "
+        "micro-batch of a query is decoded once and applied per table"
     )
 
     @model_validator(mode="after")
@@ -154,6 +160,18 @@ class TableSpec(_Model):
     history_mode: Literal["scd1"] = Field(
         "scd1", description="scd1: keep the latest version of each row (SCD type 2 is not supported yet)"
     )
+    source_table: str | None = Field(
+        None, description="schema.table in the source database, for verify --source-db; default from a "
+        "Debezium topic name <prefix>.<schema>.<table>"
+    )
+
+    @field_validator("source_table")
+    @classmethod
+    def _schema_dot_table(cls, value: str | None) -> str | None:
+        if value is not None and not _SOURCE_TABLE.match(value):
+            raise ValueError("must be <schema>.<table>: two names of letters, digits, underscores or $, "
+                             "separated by one dot")
+        return value
 
     @field_validator("topic")
     @classmethod

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingest import audit, quarantine
-from ingest.batch import TablePaths
 from ingest.config import IngestConfig
 from ingest.deltaio import open_table, read_all
+from ingest.paths import TablePaths
 from ingest.tablestate import cdc_commits
 from ingest.topiclog import TopicLog
 from ingest.verify import TableVerification

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ingest import quarantine
-from ingest.batch import TablePaths
 from ingest.config import IngestConfig
 from ingest.deltaio import open_table
 from ingest.engine import Engine, ProgressFn, RunReport
+from ingest.paths import TablePaths
 from ingest.registry import EmbeddedSchemaRegistry
 from ingest.topiclog import TopicLog
 from ingest.verify import TableVerification, verify_table

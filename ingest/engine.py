@@ -1,30 +1,46 @@
-"""The streaming loop: one Spark Structured Streaming query per table, each micro-batch one commit.
+"""The streaming loop: a few Spark Structured Streaming queries for many tables, one commit per table and batch.
 
-One query per table keeps a failing table from holding the others back (its query stops; theirs
-go on) and lets each table resume from its own Delta log. A query starts from the offsets its
-table's Delta log records (``startingOffsets``), so a lost Spark checkpoint means neither
-duplicates nor gaps nor a full re-read; with a checkpoint, anything Spark replays that the table
-already has is recognised by the table's app transactions and skipped.
+The tables share a bounded number of queries (``source.queries``, one by default): a query reads all
+its tables' topics, its executors decode every micro-batch once (:mod:`ingest.decode.columnar`), and
+the driver applies it table by table (:mod:`ingest.apply`), each table with its own MERGE commit and
+its own offsets. Cost follows the data, not the number of tables.
+
+What one query per table used to give stays:
+
+* **A failing table stops alone.** A table whose batch fails is retried when the error is
+  transient (:func:`ingest.errors.is_transient`: a registry or broker that does not answer, a
+  concurrent commit) and otherwise stops; the others go on committing.
+* **Every table resumes from its own Delta log.** A query starts from the offsets its tables'
+  Delta logs record (``startingOffsets``), so a lost Spark checkpoint means neither duplicates nor
+  gaps nor a full re-read. A checkpoint that claims more than some table applied -- a table that
+  stopped while the shared query moved on -- is discarded, and the query resumes from the Delta
+  logs; what the other tables already have is recognised by their app transactions and skipped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pyspark.sql import DataFrame, SparkSession
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ingest import audit, locks, secrets
 from ingest import checkpoint as checkpoints
+from ingest.apply.pipeline import BatchResult, apply_parts
 from ingest.audit import AuditRecord
-from ingest.batch import DECODED_DDL, BatchResult, DecodeStep, TablePaths, process_batch
 from ingest.config import IngestConfig, TableSpec
+from ingest.decode.columnar import PARTS_DDL, BatchDecoder, DecoderSpec, read_parts
+from ingest.errors import is_transient
+from ingest.paths import TablePaths
 from ingest.quality import QualityGate
 from ingest.source import Offsets, read_topics, source_for
 from ingest.spark import session_for
@@ -33,6 +49,7 @@ from ingest.tablestate import load_state
 log = logging.getLogger(__name__)
 _START_ATTEMPTS = 3  # restarts of a query that dies before its first batch (see Engine._restart_failed)
 _SOURCE_INIT_WAIT = 30.0  # seconds to let one query's source start before starting the next
+_RETRIES = 3  # attempts at a table's batch when its error is transient
 Mode = Literal["available_now", "continuous"]
 
 
@@ -63,32 +80,102 @@ class RunReport:
 ProgressFn = Callable[[str, AuditRecord | None, BatchResult], None]
 
 
-class _BatchHandler:
-    """``foreachBatch`` callback of one table's query."""
+class _AllTablesStopped(Exception):
+    """Every table of the query has stopped: the query ends (their errors are in the report)."""
 
-    def __init__(self, spec: TableSpec, paths: TablePaths, run: TableRun, run_id: str,
-                 progress: ProgressFn | None, gate: QualityGate | None = None) -> None:
-        self.spec, self.paths, self.run, self.run_id, self.progress = spec, paths, run, run_id, progress
-        self.gate = gate
-        self.error: BaseException | None = None
+
+def query_name(specs: list[TableSpec]) -> str:
+    """A query's name and checkpoint directory: its tables' names (a digest of them when they are many)."""
+    names = "+".join(sorted(s.name for s in specs))
+    if len(names) <= 100:
+        return names
+    return f"tables-{len(specs)}-{hashlib.sha1(names.encode(), usedforsecurity=False).hexdigest()[:10]}"
+
+
+def query_groups(specs: list[TableSpec], queries: int) -> list[list[TableSpec]]:
+    """The tables dealt to ``queries`` queries in turn (never more queries than tables)."""
+    count = max(1, min(queries, len(specs)))
+    return [g for g in (specs[i::count] for i in range(count)) if g]
+
+
+class _BatchHandler:
+    """``foreachBatch`` callback of one query: decode in the executors, apply each table on the driver."""
+
+    def __init__(self, config: IngestConfig, specs: list[TableSpec], report: RunReport, run_id: str,
+                 progress: ProgressFn | None, gates: dict[str, QualityGate]) -> None:
+        self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
+        self.progress, self.gates = progress, gates
+        self.decoder = BatchDecoder({s.topic: DecoderSpec.for_table(config, s) for s in specs})
+        self.stopped: dict[str, BaseException] = {}
+        self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)
+        self.batches = 0
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         try:
+            active = [s for s in self.specs if s.name not in self.stopped]
+            if not active:
+                raise _AllTablesStopped
             t0 = time.perf_counter()
-            rows = frame.toArrow()
+            # The executors decode the Kafka rows into typed columnar parts; the driver gets those only.
+            parts = read_parts(frame.mapInArrow(self.decoder, PARTS_DDL).toArrow().column("part").to_pylist())
             decode_ms = int((time.perf_counter() - t0) * 1000)
-            result = process_batch(self.spec, self.paths, rows, batch_id=batch_id, run_id=self.run_id,
-                                   decode_ms=decode_ms, gate=self.gate)
+            by_topic: dict[str, list[Any]] = {}
+            for part in parts:
+                if part.num_rows:
+                    by_topic.setdefault(part.column("_cdc_topic")[0].as_py(), []).append(part)
+            work = [s for s in active if s.topic in by_topic]
+            # Tables apply side by side: delta-rs and DuckDB work outside the GIL.
+            with ThreadPoolExecutor(max_workers=max(1, min(len(work), 4))) as pool:
+                futures = {s.name: pool.submit(self._apply, s, frame, by_topic[s.topic], batch_id, decode_ms)
+                           for s in work}
+            for spec in work:
+                exc = futures[spec.name].exception()
+                if exc is not None:
+                    self._stop(spec, exc)
+            self.batches += 1
+            if len(self.stopped) == len(self.specs):
+                raise _AllTablesStopped
         except BaseException as exc:
-            # Keep the real exception: Spark only hands back a stringified copy. Re-raising stops
-            # this table's query before its checkpoint records the batch.
             self.error = exc
             raise
-        self.run.already_applied += result.already_applied
+
+    def _apply(self, spec: TableSpec, frame: DataFrame, parts: list[Any], batch_id: int, decode_ms: int) -> None:
+        paths = TablePaths.of(self.config, spec.name)
+        for attempt in Retrying(stop=stop_after_attempt(_RETRIES), wait=wait_exponential(multiplier=1, max=15),
+                                retry=retry_if_exception(is_transient), reraise=True,
+                                before_sleep=lambda state: log.warning(
+                                    "table %s: batch %d failed (%s); retrying", spec.name, batch_id,
+                                    secrets.describe(state.outcome.exception()))):
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:  # decode the table's records again
+                    mine = frame.filter(frame.topic == spec.topic)
+                    parts = read_parts(mine.mapInArrow(self.decoder, PARTS_DDL).toArrow().column("part").to_pylist())
+                result = apply_parts(spec, paths, parts, batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
+                                     gate=self.gates.get(spec.name),
+                                     fetch_raw=lambda coords: fetch_raw(frame, coords))
+        run = self.report.tables[spec.name]
+        run.already_applied += result.already_applied
         if result.record is not None:
-            self.run.batches.append(result.record)
+            run.batches.append(result.record)
         if self.progress is not None:
-            self.progress(self.spec.name, result.record, result)
+            self.progress(spec.name, result.record, result)
+
+    def _stop(self, spec: TableSpec, exc: BaseException) -> None:
+        """The table stops; its offsets stay where its Delta log has them, and the next run resumes there."""
+        self.stopped[spec.name] = exc
+        self.report.tables[spec.name].error = secrets.redact(f"{type(exc).__name__}: {exc}")
+        log.error("table %s stopped: %s", spec.name, secrets.describe(exc))
+
+
+@dataclass(slots=True)
+class _Query:
+    name: str
+    specs: list[TableSpec]
+    directory: Path
+    handler: _BatchHandler
+    starting: Offsets | None
+    query: Any = None
+    restarts: int = 0
 
 
 class Engine:
@@ -97,7 +184,6 @@ class Engine:
     def __init__(self, config: IngestConfig, *, spark: SparkSession | None = None) -> None:
         self.config = config
         self._spark = spark
-        self._restarts: dict[str, int] = {}
 
     @property
     def spark(self) -> SparkSession:
@@ -105,20 +191,26 @@ class Engine:
             self._spark = session_for(self.config)
         return self._spark
 
-    def starting_offsets(self, spec: TableSpec) -> Offsets | None:
-        """Next offset per partition as the table's Delta log records it (``None``: from the start).
+    def starting_offsets(self, specs: list[TableSpec]) -> Offsets | None:
+        """Next offset per topic-partition as the tables' Delta logs record them (``None``: from the start).
 
         Raises:
-            SourceUnavailableError: the source cannot say which partitions the topic has.
+            SourceUnavailableError: the source cannot say which partitions a topic has.
         """
-        state = load_state(TablePaths.of(self.config, spec.name).table)
-        if state.table is None:
+        states = {s.name: load_state(TablePaths.of(self.config, s.name).table) for s in specs}
+        if all(state.table is None for state in states.values()):
             return None
-        offsets = {}
-        for p in sorted(source_for(self.config).end_offsets(spec.topic)):
-            done = state.applied_offset(spec.topic, p)
-            offsets[str(p)] = -2 if done is None else done + 1
-        return {spec.topic: offsets}
+        source = source_for(self.config)
+        offsets: Offsets = {}
+        for spec in specs:
+            state = states[spec.name]
+            parts = {}
+            for p in sorted(source.end_offsets(spec.topic)):
+                done = state.applied_offset(spec.topic, p)
+                parts[str(p)] = -2 if done is None else done + 1
+            if parts:
+                offsets[spec.topic] = parts
+        return offsets or None
 
     def run(self, *, tables: list[str] | None = None, mode: Mode = "available_now",
             reset_checkpoints: bool = False, from_beginning: bool = False,
@@ -151,38 +243,6 @@ class Engine:
         finally:
             locks.release_all(held)
 
-    def _run(self, specs: list[TableSpec], gates: dict[str, QualityGate], *, mode: Mode, reset_checkpoints: bool,
-             from_beginning: bool, progress: ProgressFn | None, stop_after: float | None) -> RunReport:
-        run_id = uuid.uuid4().hex[:12]
-        self._restarts = {}
-        report = RunReport(run_id, {s.name: TableRun(s.name) for s in specs})
-        started = time.perf_counter()
-        _ = self.spark  # start Spark (about 5 s) before the per-table set-up
-        handlers: dict[str, _BatchHandler] = {}
-        queries: dict[str, Any] = {}
-        restarts: dict[str, Callable[[], Any]] = {}
-        for spec in specs:
-            paths = TablePaths.of(self.config, spec.name)
-            restored = audit.reconcile(paths.audit, spec.name, paths.table)
-            if restored:
-                log.warning("table %s: restored %d audit rows from the Delta commit info", spec.name, restored)
-            checkpoint = self.config.checkpoint_root / spec.name
-            if reset_checkpoints or from_beginning:
-                shutil.rmtree(checkpoint, ignore_errors=True)
-            self._check_checkpoint(spec, checkpoint)
-            try:
-                starting = None if from_beginning else self.starting_offsets(spec)
-                handler = _BatchHandler(spec, paths, report.tables[spec.name], run_id, progress, gates.get(spec.name))
-                queries[spec.name] = self._start(spec, handler, checkpoint, starting, mode, run_id)
-                handlers[spec.name] = handler
-                restarts[spec.name] = self._restart_without_checkpoint(spec, handler, checkpoint, starting, mode,
-                                                                       run_id)
-            except Exception as exc:
-                report.tables[spec.name].error = secrets.redact(f"could not start: {exc}")
-        self._await(queries, handlers, report, mode, stop_after, restarts)
-        report.seconds = time.perf_counter() - started
-        return report
-
     def quality_gates(self, specs: list[TableSpec]) -> dict[str, QualityGate]:
         """Load and check every table's suite now (start-up), before any query runs."""
         gates = {}
@@ -192,26 +252,54 @@ class Engine:
                 gates[spec.name] = gate
         return gates
 
-    def _start(self, spec: TableSpec, handler: _BatchHandler, directory: Path, starting: Offsets | None,
-               mode: Mode, run_id: str) -> Any:
-        """Start one table's query; a checkpoint Spark cannot start from is discarded and the start retried."""
-        try:
-            return self._start_query(spec, handler, directory, starting, mode, run_id)
-        except Exception as exc:
-            if not directory.exists():
-                raise
-            log.warning("table %s: Spark cannot start from checkpoint %s (%s); discarding it and resuming "
-                        "from the offsets in the table's Delta log", spec.name, directory, secrets.describe(exc))
-            checkpoints.discard(directory)
-            return self._start_query(spec, handler, directory, starting, mode, run_id)
+    def _run(self, specs: list[TableSpec], gates: dict[str, QualityGate], *, mode: Mode, reset_checkpoints: bool,
+             from_beginning: bool, progress: ProgressFn | None, stop_after: float | None) -> RunReport:
+        run_id = uuid.uuid4().hex[:12]
+        report = RunReport(run_id, {s.name: TableRun(s.name) for s in specs})
+        started = time.perf_counter()
+        _ = self.spark  # start Spark before the per-query set-up
+        queries = []
+        for group in query_groups(specs, self.config.source.queries):
+            for spec in group:
+                paths = TablePaths.of(self.config, spec.name)
+                restored = audit.reconcile(paths.audit, spec.name, paths.table)
+                if restored:
+                    log.warning("table %s: restored %d audit rows from the Delta commit info", spec.name, restored)
+            name = query_name(group)
+            directory = self.config.checkpoint_root / name
+            if reset_checkpoints or from_beginning:
+                shutil.rmtree(directory, ignore_errors=True)
+            self._check_checkpoint(group, directory)
+            handler = _BatchHandler(self.config, group, report, run_id, progress, gates)
+            q = _Query(name, group, directory, handler, None)
+            try:
+                q.starting = None if from_beginning else self.starting_offsets(group)
+                q.query = self._start(q, mode, run_id)
+                queries.append(q)
+            except Exception as exc:
+                for spec in group:
+                    report.tables[spec.name].error = secrets.redact(f"could not start: {exc}")
+        self._await(queries, report, mode, stop_after, run_id)
+        report.seconds = time.perf_counter() - started
+        return report
 
-    def _start_query(self, spec: TableSpec, handler: _BatchHandler, directory: Path, starting: Offsets | None,
-                     mode: Mode, run_id: str) -> Any:
-        stream = read_topics(self.spark, self.config, [spec.topic], starting_offsets=starting)
-        decoded = stream.mapInArrow(self._decode_step(spec), DECODED_DDL)
-        writer = (decoded.writeStream.foreachBatch(handler)
-                  .option("checkpointLocation", str(directory))
-                  .queryName(f"cdc_{spec.name}_{run_id}"))
+    def _start(self, q: _Query, mode: Mode, run_id: str) -> Any:
+        """Start a query; a checkpoint Spark cannot start from is discarded and the start retried."""
+        try:
+            return self._start_query(q, mode, run_id)
+        except Exception as exc:
+            if not q.directory.exists():
+                raise
+            log.warning("query %s: Spark cannot start from checkpoint %s (%s); discarding it and resuming "
+                        "from the offsets in the tables' Delta logs", q.name, q.directory, secrets.describe(exc))
+            checkpoints.discard(q.directory)
+            return self._start_query(q, mode, run_id)
+
+    def _start_query(self, q: _Query, mode: Mode, run_id: str) -> Any:
+        stream = read_topics(self.spark, self.config, [s.topic for s in q.specs], starting_offsets=q.starting)
+        writer = (stream.writeStream.foreachBatch(q.handler)
+                  .option("checkpointLocation", str(q.directory))
+                  .queryName(f"cdc_{q.name}_{run_id}"[:200]))
         writer = (writer.trigger(availableNow=True) if mode == "available_now"
                   else writer.trigger(processingTime="2 seconds"))
         query = writer.start()
@@ -222,95 +310,98 @@ class Engine:
             time.sleep(0.2)
         return query
 
-    def _restart_without_checkpoint(self, spec: TableSpec, handler: _BatchHandler, directory: Path,
-                                    starting: Offsets | None, mode: Mode, run_id: str) -> Callable[[], Any]:
-        """What to do if the query dies before its first batch: an unusable checkpoint or a transient start failure.
-
-        ``starting`` still holds: nothing was committed since it was read from the Delta log.
-        """
-        def restart() -> Any:
-            checkpoints.discard(directory)
-            return self._start_query(spec, handler, directory, starting, mode, run_id)
-        return restart
-
-    def _check_checkpoint(self, spec: TableSpec, directory: Path) -> None:
-        """Discard a checkpoint that is damaged or claims more progress than the table has (ingest.checkpoint)."""
-        paths = TablePaths.of(self.config, spec.name)
-        state = load_state(paths.table)
-        verdict = checkpoints.inspect(directory, topic=spec.topic,
-                                     applied=lambda p: state.applied_offset(spec.topic, p),
-                                     audit_path=paths.audit, table=spec.name)
+    def _check_checkpoint(self, specs: list[TableSpec], directory: Path) -> None:
+        """Discard a checkpoint that is damaged or claims more progress than a table has (ingest.checkpoint)."""
+        topics = {}
+        audit_path = None
+        for spec in specs:
+            paths = TablePaths.of(self.config, spec.name)
+            state = load_state(paths.table)
+            topics[spec.topic] = ((lambda p, state=state, topic=spec.topic: state.applied_offset(topic, p)),
+                                  spec.name)
+            audit_path = paths.audit
+        verdict = checkpoints.inspect(directory, topics=topics, audit_path=audit_path)
         if not verdict.ok:
-            log.warning("table %s: Spark checkpoint %s cannot be trusted (%s); discarding it and resuming from "
-                        "the offsets in the table's Delta log", spec.name, directory, verdict.problem)
+            log.warning("query %s (tables %s): Spark checkpoint %s cannot be trusted (%s); discarding it and "
+                        "resuming from the offsets in the tables' Delta logs", directory.name,
+                        ", ".join(s.name for s in specs), directory, verdict.problem)
             checkpoints.discard(directory)
 
-    def _restart_failed(self, name: str, query: Any, handler: _BatchHandler, run: TableRun,
-                        restarts: dict[str, Callable[[], Any]]) -> Any | None:
-        """A new query if this one died before its first batch for a reason outside our code, else None.
+    def _restart_failed(self, q: _Query, mode: Mode, run_id: str) -> bool:
+        """Start the query again if it died before its first batch for a reason outside our code.
 
         Such a death is an unusable checkpoint or a transient start failure (Spark gives a Python
         source runner 10 s to connect back, which a loaded machine can miss). Nothing was committed,
-        so starting again from the Delta log's offsets is always safe; it is tried a few times.
+        so starting again from the Delta logs' offsets is always safe; it is tried a few times.
         """
-        if handler.error is not None or run.batches or run.already_applied or name not in restarts:
-            return None
-        self._restarts[name] = attempt = self._restarts.get(name, 0) + 1
-        if attempt > _START_ATTEMPTS:
-            return None
-        log.warning("table %s: the query failed before its first batch (%s); restarting it from the offsets in "
-                    "the Delta log, without its Spark checkpoint (attempt %d of %d)", name,
-                    _short(query.exception() or "unknown error"), attempt, _START_ATTEMPTS)
-        time.sleep(2 * attempt)
+        if q.handler.error is not None or q.handler.batches:
+            return False
+        q.restarts += 1
+        if q.restarts > _START_ATTEMPTS:
+            return False
+        log.warning("query %s: it failed before its first batch (%s); restarting it from the offsets in the "
+                    "Delta logs, without its Spark checkpoint (attempt %d of %d)", q.name,
+                    _short(q.query.exception() or "unknown error"), q.restarts, _START_ATTEMPTS)
+        time.sleep(2 * q.restarts)
         try:
-            return restarts[name]()
-        except Exception as exc:  # the original failure stays the table's error
-            log.warning("table %s: the restart failed too: %s", name, secrets.describe(exc))
-            return None
+            checkpoints.discard(q.directory)
+            q.query = self._start_query(q, mode, run_id)
+            return True
+        except Exception as exc:  # the original failure stays the tables' error
+            log.warning("query %s: the restart failed too: %s", q.name, secrets.describe(exc))
+            return False
 
-    def _await(self, queries: dict[str, Any], handlers: dict[str, _BatchHandler], report: RunReport,
-               mode: Mode, stop_after: float | None, restarts: dict[str, Callable[[], Any]] | None = None) -> None:
-        restarts = restarts if restarts is not None else {}
+    def _await(self, queries: list[_Query], report: RunReport, mode: Mode, stop_after: float | None,
+               run_id: str) -> None:
         if mode == "continuous":
             deadline = time.monotonic() + stop_after if stop_after else None
             try:
-                while True:
-                    for name, q in list(queries.items()):
-                        if not q.isActive and q.exception() is not None:
-                            fresh = self._restart_failed(name, q, handlers[name], report.tables[name], restarts)
-                            queries[name] = fresh if fresh is not None else q
-                    if not any(q.isActive for q in queries.values()):
-                        break
+                while any(q.query.isActive for q in queries):
+                    for q in queries:
+                        if not q.query.isActive and q.query.exception() is not None:
+                            self._restart_failed(q, mode, run_id)
                     if deadline and time.monotonic() > deadline:
                         break
                     time.sleep(0.5)
             except KeyboardInterrupt:
                 log.warning("interrupted: stopping queries after their current batch")
-            for q in queries.values():
-                if q.isActive:
-                    q.stop()
-        for name, query in queries.items():
+            for q in queries:
+                if q.query.isActive:
+                    q.query.stop()
+        for q in queries:
             while True:
                 try:
-                    query.awaitTermination()
+                    q.query.awaitTermination()
                     break
                 except Exception as exc:
-                    fresh = (self._restart_failed(name, query, handlers[name], report.tables[name], restarts)
-                             if mode == "available_now" else None)
-                    if fresh is not None:
-                        query = fresh
+                    if mode == "available_now" and self._restart_failed(q, mode, run_id):
                         continue
-                    real = handlers[name].error
+                    real = q.handler.error
+                    if isinstance(real, _AllTablesStopped):
+                        break  # every table has its own error already
                     text = f"{type(real).__name__}: {real}" if real else _short(exc)
-                    report.tables[name].error = secrets.redact(text)
+                    for spec in q.specs:
+                        if not report.tables[spec.name].error:
+                            report.tables[spec.name].error = secrets.redact(text)
                     break
 
-    def _decode_step(self, spec: TableSpec) -> DecodeStep:
-        return DecodeStep.for_table(self.config, spec)
+
+def fetch_raw(frame: DataFrame, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
+    """Raw key, value and timestamp of some messages of a micro-batch, read again from the source."""
+    from pyspark.sql import functions as F
+
+    by_topic_partition: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, offset in coords:
+        by_topic_partition.setdefault((topic, partition), []).append(offset)
+    condition = None
+    for (topic, partition), offsets in by_topic_partition.items():
+        clause = (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").isin(offsets)
+        condition = clause if condition is None else condition | clause
+    rows = frame.filter(condition).select("topic", "partition", "offset", "key", "value", "timestamp").toArrow()
+    return {(t, p, o): (k, v, ts) for t, p, o, k, v, ts in zip(*(rows[c].to_pylist() for c in rows.column_names),
+                                                               strict=True)}
 
 
 def _short(exc: BaseException | str) -> str:
     text = str(exc).strip().splitlines()
     return secrets.redact(text[0][:500]) if text else type(exc).__name__
-
-

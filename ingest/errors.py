@@ -10,9 +10,18 @@ batch failed expectations under policy ``fail``. Record-level failures are :clas
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class IngestError(Exception):
-    """Root of every error raised by the engine."""
+    """Root of every error raised by the engine.
+
+    ``transient`` says what the engine does about it: a transient error (a registry or broker that
+    does not answer, a concurrent commit) is retried with backoff; a terminal one (bad configuration,
+    an incompatible schema, a failed quality gate) stops the table until someone acts.
+    """
+
+    transient: ClassVar[bool] = False
 
 
 class ConfigError(IngestError):
@@ -66,7 +75,9 @@ class OffsetsConflictError(TableError):
 
 
 class CommitConflictError(TableError):
-    """Another writer committed to the table concurrently."""
+    """Another writer committed to the table concurrently (transient: the retry re-reads the table)."""
+
+    transient: ClassVar[bool] = True
 
 
 class SuiteError(ConfigError):
@@ -108,6 +119,8 @@ class RegistryUnavailableError(IngestError):
     next run retries. The message is already redacted (no URL credentials).
     """
 
+    transient: ClassVar[bool] = True
+
 
 class SourceUnavailableError(IngestError):
     """The source (Kafka broker, embedded topic log) cannot answer: the lag is unknown, not zero.
@@ -115,3 +128,12 @@ class SourceUnavailableError(IngestError):
     Transient: nothing is committed, and the next run or tick asks again. The message names the
     source and what failed, never a credential.
     """
+
+    transient: ClassVar[bool] = True
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying the same work later may succeed (see :class:`IngestError`)."""
+    if isinstance(exc, IngestError):
+        return exc.transient
+    return isinstance(exc, (ConnectionError, TimeoutError))

@@ -222,7 +222,7 @@ class ControlRecord:
 
     A Kafka tombstone (``kind="tombstone"``) also carries its decoded ``key`` (or why the key could
     not be read, ``key_error``): after a full envelope's ``d`` it only serves log compaction, but in
-    a flattened stream it is the delete of that key (see :mod:`ingest.batch`).
+    a flattened stream it is the delete of that key (see :mod:`ingest.apply.kafka_tombstones`).
     """
 
     kind: ControlKind

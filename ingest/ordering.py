@@ -62,10 +62,19 @@ def later_than_stored_sql(new: str, stored: str) -> str:
             f"THEN true ELSE {new} > {stored} END)")
 
 
-def replaces_stored_sql(source: str = "s", target: str = "t") -> str:
-    """SQL for :func:`replaces_stored` between a MERGE's source and target rows (framework columns)."""
-    s_pos, t_pos = f"{source}._cdc_position", f"{target}._cdc_position"
-    s_part, t_part = f"{source}._cdc_partition", f"{target}._cdc_partition"
-    s_off, t_off = f"{source}._cdc_offset", f"{target}._cdc_offset"
+def replaces_sql(new: tuple[str, str, str], stored: tuple[str, str, str]) -> str:
+    """SQL for :func:`replaces_stored` over ``(position, partition, offset)`` expressions of both rows."""
+    (s_pos, s_part, s_off), (t_pos, t_part, t_off) = new, stored
     tie = f"({s_part} < {t_part} OR ({s_part} = {t_part} AND {s_off} < {t_off}))"
     return f"(CASE WHEN {s_pos} = {t_pos} THEN {tie} ELSE {later_than_stored_sql(s_pos, t_pos)} END)"
+
+
+def replaces_stored_sql(source: str = "s", target: str = "t") -> str:
+    """SQL for :func:`replaces_stored` between a MERGE's source and target rows (framework columns)."""
+    return replaces_sql(*((f"{alias}._cdc_position", f"{alias}._cdc_partition", f"{alias}._cdc_offset")
+                          for alias in (source, target)))
+
+
+def after_sql(position: str) -> str:
+    """SQL for :meth:`ingest.events.SourcePosition.after`: the same point, at phase 2 (the last character)."""
+    return f"(left({position}, length({position}) - 1) || '2')"

@@ -2,7 +2,7 @@
 
 The held messages' raw bytes are decoded again with the table's decoder (so a registry or decoder
 fix takes effect), split, reduced and -- unless bypassed -- validated again with the table's
-current suite, then applied through the stream's own path (:func:`ingest.merge.apply_batch`):
+current suite, then applied through the stream's own path (:func:`ingest.apply.pipeline.process_batch`):
 
 * **Ordering holds.** The MERGE is guarded by position and by the tombstones of deleted keys, so
   a quarantined change older than what the table holds is *stale* and never overwrites newer
@@ -20,7 +20,6 @@ with its original reason. Under policy ``fail`` a re-check that fails raises
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,22 +27,15 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from ingest import audit, quarantine
+from ingest import quarantine
+from ingest.apply.microbatch import MicroBatch
+from ingest.apply.pipeline import process_batch
 from ingest.audit import AuditRecord
-from ingest.batch import (
-    DecodeStep,
-    TablePaths,
-    check_quality,
-    decode_batch,
-    fill_outcome,
-    fill_quality,
-    split_batch,
-)
 from ingest.config import IngestConfig
-from ingest.merge import MergeRequest, apply_batch
+from ingest.decode.columnar import BatchDecoder, DecoderSpec
+from ingest.paths import TablePaths
 from ingest.quality import QualityGate, QualityReport
-from ingest.reduce import reduce_changes
-from ingest.tablestate import load_state
+from ingest.tablestate import TableState, load_state
 
 #: ``batch_id`` of replay commits in the audit table (stream batches are >= 0).
 REPLAY_BATCH = -1
@@ -99,9 +91,8 @@ def replay_quarantine(config: IngestConfig, table: str, *, stage: str | None = N
     report.selected = len(picked)
     if not picked:
         return report
-    started_at, t0 = datetime.now(UTC), time.perf_counter()
-
-    # Decode again from the raw bytes, exactly as the stream's decode step does.
+    # Decode again from the raw bytes, exactly as the stream's decode step does, and apply through
+    # the stream's own path.
     kafka = pa.table({
         "topic": pa.array([r["topic"] for r in picked], pa.string()),
         "partition": pa.array([r["partition"] for r in picked], pa.int32()),
@@ -110,45 +101,23 @@ def replay_quarantine(config: IngestConfig, table: str, *, stage: str | None = N
         "key": pa.array([r["raw_key"] for r in picked], pa.binary()),
         "value": pa.array([r["raw_value"] for r in picked], pa.binary()),
     })
-    cols = pa.Table.from_batches([decode_batch(DecodeStep.for_table(config, spec).decoder(), kafka)]).to_pydict()
     state = load_state(paths.table)
-    split = split_batch(spec, cols, list(range(len(picked))), state.key_columns or spec.primary_key,
-                        batch_id=REPLAY_BATCH, run_id=run_id)
-    table_key = tuple(split.table_key or ())
-    reduction = reduce_changes(split.changes, table_key)
-    record = AuditRecord(table=table, run_id=run_id, batch_id=REPLAY_BATCH, received=len(picked),
-                         started_at=started_at, status="replayed")
-    if recheck and spec.expectations:
-        report.quality = check_quality(spec, QualityGate.for_table(config, spec), reduction, split, cols,
-                                       state.columns, batch_id=REPLAY_BATCH, run_id=run_id)
-    else:
-        report.quality = QualityReport()
-    fill_quality(record, report.quality)
-    record.skipped = sum(split.controls.values())
-    record.quarantined = len(split.held)
-    record.superseded = reduction.superseded
-    held = {(h.topic, h.partition, h.offset) for h in split.held}
+    # The held messages sit below the table's stream offsets: none of them may count as applied.
+    unapplied = TableState(None, None, None, None)
+    batch = MicroBatch.from_parts(BatchDecoder(DecoderSpec.for_table(config, spec)).decode(kafka), unapplied,
+                                  table=spec.name)
+    gate = QualityGate.for_table(config, spec) if recheck and spec.expectations else None
+    replay_spec = spec if gate is not None else spec.model_copy(update={"expectations": None})
+    result = process_batch(replay_spec, paths, batch, batch_id=REPLAY_BATCH, run_id=run_id, state=state, gate=gate,
+                           replay=True)
+    report.quality = result.quality or QualityReport()
+    report.record = result.record
     stage_of = {(r["topic"], r["partition"], r["offset"]): r["stage"] for r in picked}
+    held = {(h.topic, h.partition, h.offset) for h in result.held}
     report.still_held = [((h.topic, h.partition, h.offset, stage_of[(h.topic, h.partition, h.offset)]), h.reason)
-                         for h in split.held]
-
-    version = None
-    if reduction.winners or reduction.truncate is not None:
-        outcome = apply_batch(MergeRequest(
-            table=table, path=paths.table, tombstones_path=paths.tombstones, delete_mode=spec.delete_mode,
-            key_columns=table_key, reduction=reduction, offsets={},
-            describe=lambda outcome: fill_outcome(record, outcome).to_metadata(),
-        ))
-        fill_outcome(record, outcome)
-        record.rows_truncated = outcome.rows_truncated
-        record.delta_version = version = outcome.delta_version
-        record.apply_ms = outcome.merge_ms
-        report.record = record
+                         for h in result.held]
     done = [(r["topic"], r["partition"], r["offset"], r["stage"]) for r in picked
             if (r["topic"], r["partition"], r["offset"]) not in held]
+    version = result.record.delta_version if result.record is not None else None
     report.replayed = quarantine.mark_replayed(paths.quarantine, table, done, at=datetime.now(UTC), version=version)
-    record.total_ms = int((time.perf_counter() - t0) * 1000)
-    record.finished_at = datetime.now(UTC)
-    if report.record is not None:
-        audit.append(paths.audit, [record])
     return report

@@ -6,9 +6,11 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from ingest.config import IngestConfig
@@ -67,7 +69,32 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
     from ingest.source import TopicLogDataSource
 
     spark.dataSource.register(TopicLogDataSource)
+    warm_up(spark)
     return spark
+
+
+def _import_decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import ingest.decode.columnar  # the imports are the point
+    import ingest.source.embedded  # noqa: F401
+
+    yield from batches
+
+
+def warm_up(spark: SparkSession) -> None:
+    """Start the Python workers (one per core) with the decode step imported, and the py4j callback
+    server foreachBatch needs, as part of the session start.
+
+    A worker's first task otherwise pays its start and the imports (several seconds, more when the
+    tables' queries start together), and the first micro-batch of every table with it. Workers are
+    reused from then on (``spark.python.worker.reuse``).
+    """
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    cores = spark.sparkContext.defaultParallelism
+    spark.range(0, cores, numPartitions=cores).mapInArrow(_import_decode, "id long").toArrow()
+    # foreachBatch calls back into this process through py4j's callback server: start it now, not
+    # on the first micro-batch.
+    ensure_callback_server_started(spark.sparkContext._gateway)
 
 
 def session_for(config: IngestConfig) -> SparkSession:

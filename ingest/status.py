@@ -7,12 +7,15 @@ cannot answer leaves the lag unknown and says why (``source_error``); it is neve
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.compute as pc
 
 from ingest import audit
-from ingest.batch import TablePaths
 from ingest.config import IngestConfig
+from ingest.deltaio import open_table, query
 from ingest.errors import SourceUnavailableError
-from ingest.merge import live_row_count
+from ingest.paths import TablePaths
 from ingest.source import Source, source_for
 from ingest.tablestate import load_state
 
@@ -56,3 +59,12 @@ def table_status(config: IngestConfig, *, source: Source | None = None) -> list[
         out.append(TableStatus(spec.name, spec.topic, applied, end, state.version, live_row_count(paths.table), last,
                                error))
     return out
+
+
+def live_row_count(path: Path) -> int:
+    """Rows a reader sees (soft-deleted rows excluded)."""
+    table = open_table(path)
+    if table is None:
+        return 0
+    result = query(table, "SELECT count(*) AS n FROM t WHERE NOT coalesce(_cdc_deleted, false)")
+    return int(pc.sum(result["n"]).as_py() or 0)

@@ -35,27 +35,42 @@ def key_array(table: str, column: str, values: Sequence[Any], delta_type: str) -
                                 f"{delta_type}: {exc}") from exc
 
 
-def positions(path: Path, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str) -> dict[Key, str]:
-    """``key -> position of its delete`` for every remembered delete."""
+def read(path: Path, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str) -> pa.Table | None:
+    """Every remembered delete: the key columns and ``_cdc_position`` (``None``: none yet)."""
     delta = _aligned(path, key_types, table)
     if delta is None:
+        return None
+    return read_all(delta, columns=[*key_columns, "_cdc_position"])
+
+
+def positions(path: Path, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str) -> dict[Key, str]:
+    """``key -> position of its delete`` for every remembered delete (for tools and tests)."""
+    rows = read(path, key_columns, key_types, table)
+    if rows is None:
         return {}
-    rows = read_all(delta, columns=[*key_columns, "_cdc_position"])
     keys = zip(*(rows[k].to_pylist() for k in key_columns), strict=True)
     return dict(zip(keys, rows["_cdc_position"].to_pylist(), strict=True))
 
 
 def record(path: Path, table: str, key_columns: tuple[str, ...], key_types: Mapping[str, str],
-           deletes: Sequence[tuple[Key, str, int | None]]) -> None:
-    """Remember deleted keys ``(key, position, source ts ms)``, idempotently and guarded by position."""
-    if not deletes:
+           deletes: pa.Table) -> None:
+    """Remember deleted keys, idempotently and guarded by position.
+
+    Args:
+        deletes: the key columns, ``_cdc_position`` and ``_cdc_source_ts`` of each delete.
+    """
+    if deletes.num_rows == 0:
         return
-    data: dict[str, pa.Array] = {
-        k: key_array(table, k, [d[0][i] for d in deletes], key_types[k]) for i, k in enumerate(key_columns)
-    }
-    data["_cdc_position"] = pa.array([d[1] for d in deletes], pa.string())
-    data["_cdc_deleted_at"] = millis_to_timestamp([d[2] for d in deletes])
-    data["_cdc_recorded_at"] = pa.array([datetime.now(UTC)] * len(deletes), _TIMESTAMP)
+    data: dict[str, pa.Array | pa.ChunkedArray] = {}
+    for k in key_columns:
+        try:
+            data[k] = deletes[k].cast(arrow_type(key_types[k]))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise TableError(table, f"primary-key column {k!r} cannot hold the batch's values as "
+                                    f"{key_types[k]}: {exc}") from exc
+    data["_cdc_position"] = deletes["_cdc_position"]
+    data["_cdc_deleted_at"] = deletes["_cdc_source_ts"].cast(_TIMESTAMP)
+    data["_cdc_recorded_at"] = pa.array([datetime.now(UTC)] * deletes.num_rows, _TIMESTAMP)
     source = pa.table(data)
     delta = _aligned(path, key_types, table)
     if delta is None:

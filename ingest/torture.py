@@ -195,10 +195,11 @@ class Torture:
             self.rng.choice(DAMAGES) if self.rng.random() < self.spec.damage_probability else None)
         if kind is None:
             return ""
-        tables = [t.name for t in config.tables if (config.checkpoint_root / t.name).exists()]
+        # One checkpoint per query (a query serves several tables).
+        queries = sorted(p.name for p in config.checkpoint_root.iterdir()) if config.checkpoint_root.exists() else []
         what = ""
-        for table in self.rng.sample(tables, len(tables)):
-            what = damage_checkpoint(config.checkpoint_root / table, kind, self.rng)
+        for query in self.rng.sample(queries, len(queries)):
+            what = damage_checkpoint(config.checkpoint_root / query, kind, self.rng)
             if what:
                 break
         if not what:
@@ -206,7 +207,7 @@ class Torture:
         if damages:
             damages.pop(0)
         self.result.damages[kind] += 1
-        return f"; before it, {table}'s checkpoint: {what}"
+        return f"; before it, checkpoint {query}: {what}"
 
     def _lag(self, config: IngestConfig) -> int:
         log, lag = TopicLog(config.log_dir), 0

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import pickle
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 
-from ingest.batch import DECODED_SCHEMA
-from ingest.events import ChangeEvent, ColumnSpec, ControlRecord, KafkaCoordinates, SourcePosition
-from ingest.reduce import PositionedChange
+from ingest.decode.columnar import PartsBuilder
+from ingest.events import ChangeEvent, ColumnSpec, ControlRecord, SourcePosition
 
 COLUMNS = (
     ColumnSpec("id", "integer", False),
@@ -39,22 +37,26 @@ def change(op: str, key: int, at: int, *, name: str | None = "x", balance: str =
                        source_ts_ms=1_700_000_000_000 + at, unavailable=unavailable, schema_ref="avro:1")
 
 
-def positioned(event: ChangeEvent, offset: int, partition: int = 0, topic: str = "t") -> PositionedChange:
-    return PositionedChange(event, KafkaCoordinates(topic, partition, offset))
+def source_bytes(coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[bytes, bytes, None]]:
+    """The ``fetch_raw`` of the source these rows came from: every message was key ``k``, value ``v``."""
+    return {c: (b"k", b"v", None) for c in coords}
 
 
 def decoded_rows(items: list[ChangeEvent | ControlRecord | str], *, topic: str = "t", partition: int = 0,
-                 first_offset: int = 0) -> pa.Table:
-    """Rows as the decode step emits them; a ``str`` item is an undecodable message with that reason."""
-    rows = []
-    for i, item in enumerate(items):
-        is_error = isinstance(item, str)
-        rows.append({
-            "topic": topic, "partition": partition, "offset": first_offset + i,
-            "timestamp": datetime(2026, 1, 1, tzinfo=UTC),
-            "kind": "error" if is_error else ("control" if isinstance(item, ControlRecord) else "change"),
-            "payload": None if is_error else pickle.dumps(item),
-            "reason": item if is_error else None,
-            "raw_key": b"k", "raw_value": b"garbage" if is_error else b"v",
-        })
-    return pa.Table.from_pylist(rows, schema=DECODED_SCHEMA)
+                 first_offset: int = 0) -> list[pa.RecordBatch]:
+    """The decode step's parts for these results; a ``str`` item is an undecodable message with that reason."""
+    n = len(items)
+    source = pa.table({
+        "topic": pa.array([topic] * n, pa.string()), "partition": pa.array([partition] * n, pa.int32()),
+        "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
+        "timestamp": pa.array([datetime(2026, 1, 1, tzinfo=UTC)] * n, pa.timestamp("us", tz="UTC")),
+    })
+    out = PartsBuilder(source)
+    for row, item in enumerate(items):
+        if isinstance(item, str):
+            out.error((None, row, b"k", b"garbage"), item)  # type: ignore[arg-type]
+        elif isinstance(item, ControlRecord):
+            out.control(item, row, b"k")
+        else:
+            out.change(item, row)
+    return out.parts()

@@ -17,10 +17,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest.batch import BatchResult, TablePaths, decode_batch, process_batch
+from ingest.apply.microbatch import MicroBatch
+from ingest.apply.pipeline import BatchResult, process_batch
 from ingest.config import TableSpec
-from ingest.decode import MessageDecoder
+from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.deltaio import open_table, read_all
+from ingest.paths import TablePaths
+from ingest.tablestate import load_state
 
 KAFKA_SCHEMA = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
@@ -68,9 +71,13 @@ def kafka_rows(topic: str, messages: list[Message]) -> pa.Table:
 def ingest_batch(spec: TableSpec, paths: TablePaths, topic: Topic, messages: list[Message], *,
                  batch_id: int = 0) -> BatchResult:
     """Decode ``messages`` as the executors do and apply them as one micro-batch."""
-    decoder = MessageDecoder(value_format="json", registry=None, key_columns=spec.primary_key)
-    decoded = decode_batch(decoder, kafka_rows(topic.name, messages))
-    return process_batch(spec, paths, pa.Table.from_batches([decoded]), batch_id=batch_id, run_id="test")
+    rows = kafka_rows(topic.name, messages)
+    parts = BatchDecoder(DecoderSpec("json", key_columns=spec.primary_key, keep_before=False)).decode(rows)
+    state = load_state(paths.table)
+    raw = {(topic.name, m.partition, m.offset): (m.key, m.value, None) for m in messages}
+    batch = MicroBatch.from_parts(parts, state, table=spec.name)
+    return process_batch(spec, paths, batch, batch_id=batch_id, run_id="test", state=state,
+                         fetch_raw=lambda coords: {c: raw[c] for c in coords})
 
 
 def ingest_in_batches(spec: TableSpec, paths: TablePaths, topic: Topic, cuts: list[int]) -> list[BatchResult]:

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from ingest import audit, quarantine
-from ingest.batch import TablePaths, process_batch
+from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all
 from ingest.errors import SchemaIncompatibleError
 from ingest.events import UNAVAILABLE, ColumnSpec, ControlRecord
+from ingest.paths import TablePaths
 from ingest.tablestate import BATCH_KEY, app_id, cdc_commits
 from tests.factories import COLUMNS, change, decoded_rows
 
@@ -29,7 +30,7 @@ def live(paths: TablePaths) -> dict[int, dict]:
 
 
 def apply(spec, paths, items, *, first_offset=0, batch_id=0, partition=0):
-    return process_batch(spec, paths, decoded_rows(items, first_offset=first_offset, partition=partition),
+    return apply_parts(spec, paths, decoded_rows(items, first_offset=first_offset, partition=partition),
                          batch_id=batch_id, run_id="test")
 
 
@@ -203,14 +204,15 @@ def test_toast_not_filled_from_a_redelivered_older_image(tmp_path):
 
 
 def test_commit_refuses_to_move_progress_backwards(tmp_path):
+    from ingest.apply.microbatch import MicroBatch
+    from ingest.apply.pipeline import process_batch
     from ingest.errors import OffsetsConflictError
-    from ingest.merge import MergeRequest, apply_batch
-    from ingest.reduce import Reduction
+    from ingest.tablestate import TableState, load_state
 
     paths = paths_in(tmp_path)
     apply(HARD, paths, [change("c", 1, 10)], first_offset=5)
-    request = MergeRequest(table="customers", path=paths.table, tombstones_path=paths.tombstones,
-                           delete_mode="hard", key_columns=("id",), reduction=Reduction(),
-                           offsets={("t", 0): 3}, describe=lambda outcome: {})
+    # A batch assembled against an older view of the table (another writer moved it meanwhile).
+    stale_view = TableState(None, None, None, None)
+    batch = MicroBatch.from_parts(decoded_rows([change("u", 1, 20)], first_offset=3), stale_view)
     with pytest.raises(OffsetsConflictError, match=r"t\[0\] is already applied up to offset 5"):
-        apply_batch(request)
+        process_batch(HARD, paths, batch, batch_id=1, run_id="test", state=load_state(paths.table))

@@ -1,44 +1,71 @@
-from ingest.events import UNAVAILABLE
-from ingest.reduce import reduce_changes
-from tests.factories import change, positioned
+"""Reduce on the columnar batch: latest change per key, duplicates, truncates, snapshot order, TOAST fills."""
+
+from ingest.apply.microbatch import MicroBatch
+from ingest.apply.reduce import Reduction, reduce_changes
+from ingest.events import UNAVAILABLE, ChangeEvent
+from ingest.tablestate import TableState
+from tests.factories import change, decoded_rows
+
+NOTHING_APPLIED = TableState(None, None, None, None)
+
+
+def reduce_of(events: list[ChangeEvent], *, partitions: list[int] | None = None, soft: bool = False) -> Reduction:
+    """Reduce ``events`` delivered in this order (offsets follow the order; a partition per event if given)."""
+    parts = []
+    for i, event in enumerate(events):
+        parts += decoded_rows([event], partition=(partitions or [0] * len(events))[i], first_offset=i)
+    batch = MicroBatch.from_parts(parts, NOTHING_APPLIED)
+    return reduce_changes(batch.changes, ("id",), batch.columns, soft=soft)
+
+
+def by_key(red: Reduction, column: str) -> dict[int, object]:
+    return {row["id"]: row[column] for row in red.winners.to_pylist()}
 
 
 def test_latest_change_per_key_wins_regardless_of_arrival_order():
     events = [change("u", 1, 30, name="c"), change("c", 1, 10, name="a"), change("u", 1, 20, name="b"),
               change("c", 2, 15, name="z")]
-    red = reduce_changes([positioned(e, i) for i, e in enumerate(events)], ("id",))
-    assert {w.event.key["id"]: w.event.after["name"] for w in red.winners} == {1: "c", 2: "z"}
+    red = reduce_of(events)
+    assert by_key(red, "name") == {1: "c", 2: "z"}
     assert red.superseded == 2
 
 
-def test_exact_duplicates_count_as_superseded():
+def test_exact_duplicates_count_as_superseded_and_the_first_delivered_copy_wins():
     e = change("c", 1, 10)
-    red = reduce_changes([positioned(e, 0), positioned(e, 1, partition=1)], ("id",))
-    assert len(red.winners) == 1 and red.superseded == 1
+    red = reduce_of([e, e], partitions=[1, 0])
+    assert red.winners.num_rows == 1 and red.superseded == 1
+    assert red.winners["_cdc_partition"].to_pylist() == [0]
 
 
 def test_truncate_supersedes_older_changes_only():
     events = [change("c", 1, 10), change("t", 0, 20), change("c", 2, 30), change("t", 0, 5)]
-    red = reduce_changes([positioned(e, i) for i, e in enumerate(events)], ("id",))
-    assert red.truncate is not None and red.truncate.event.position.a == 20
-    assert [w.event.key["id"] for w in red.winners] == [2]
+    red = reduce_of(events)
+    assert red.truncate is not None and red.truncate.position == events[1].position.encode()
+    assert by_key(red, "name") == {2: "x"}
     assert red.truncates == 2 and red.superseded == 2  # the older truncate and key 1
+
+
+def test_soft_mode_keeps_what_the_truncate_superseded_as_truncated_rows():
+    events = [change("c", 1, 10, name="gone"), change("t", 0, 20), change("c", 2, 30)]
+    red = reduce_of(events, soft=True)
+    assert red.truncated is not None and red.truncated["id"].to_pylist() == [1]
+    assert red.truncated["name"].to_pylist() == ["gone"]
 
 
 def test_snapshot_read_orders_before_streamed_change_at_same_point():
     read = change("r", 1, 10, name="snap")
     upd = change("u", 1, 10, name="live")
-    red = reduce_changes([positioned(upd, 0), positioned(read, 1)], ("id",))
-    assert red.winners[0].event.after["name"] == "live"
+    assert by_key(reduce_of([upd, read]), "name") == {1: "live"}
 
 
 def test_toast_placeholder_filled_from_earlier_image_in_batch():
     first = change("c", 1, 10, notes="long text")
     second = change("u", 1, 20, name="y", notes=None, unavailable=frozenset({"notes"}))
     second.after["notes"] = UNAVAILABLE
-    red = reduce_changes([positioned(first, 0), positioned(second, 1)], ("id",))
-    (winner,) = red.winners
-    assert winner.event.after["notes"] == "long text" and not winner.event.unavailable
+    red = reduce_of([first, second])
+    (winner,) = red.winners.to_pylist()
+    assert winner["notes"] == "long text" and winner["_cdc_toast"] is None
+    assert winner["_cdc_fill_0"] == first.position.encode()  # where the value came from, for the merge plan
 
 
 def test_toast_not_filled_across_a_delete():
@@ -46,5 +73,13 @@ def test_toast_not_filled_across_a_delete():
     gone = change("d", 1, 15)
     again = change("c", 1, 20, unavailable=frozenset({"notes"}))
     again.after["notes"] = UNAVAILABLE
-    red = reduce_changes([positioned(e, i) for i, e in enumerate([first, gone, again])], ("id",))
-    assert red.winners[0].event.unavailable == frozenset({"notes"})
+    (winner,) = reduce_of([first, gone, again]).winners.to_pylist()
+    assert winner["_cdc_toast"] == ["notes"] and winner["notes"] is None
+
+
+def test_soft_mode_delete_takes_the_values_its_before_image_lacks():
+    first = change("c", 1, 10, name="kept", notes="n")
+    gone = change("d", 1, 15)
+    gone.before = {"id": 1, "name": None, "balance": None, "notes": None}  # REPLICA IDENTITY DEFAULT: the key
+    (winner,) = reduce_of([first, gone], soft=True).winners.to_pylist()
+    assert winner["_cdc_op"] == "d" and winner["name"] == "kept" and winner["notes"] == "n"

@@ -45,13 +45,15 @@ class MessageDecoder:
         key_columns: primary-key override from the table config. When given, key values are read
             from the after image (the before image for deletes) by these names, and the Kafka key
             only for a column the image lacks. ``None`` or empty: the Kafka key's columns are the key.
+        keep_before: also convert the before image of creates, updates and reads (only a delete's
+            before image is ever applied; the stream's decode step skips the others).
 
     Raises:
         ConfigError: unknown ``value_format``, or ``avro`` without a registry.
     """
 
     def __init__(self, *, value_format: ValueFormat, registry: SchemaRegistry | None,
-                 key_columns: tuple[str, ...] | None = None) -> None:
+                 key_columns: tuple[str, ...] | None = None, keep_before: bool = True) -> None:
         if value_format not in ("avro", "json"):
             raise ConfigError(f"value_format must be 'avro' or 'json', not {value_format!r}")
         if value_format == "avro" and registry is None:
@@ -59,6 +61,7 @@ class MessageDecoder:
         self.value_format: ValueFormat = value_format
         self.registry = registry
         self.key_columns: tuple[str, ...] | None = tuple(key_columns) if key_columns else None
+        self.keep_before = keep_before
         self._start()
 
     def _start(self) -> None:
@@ -67,20 +70,58 @@ class MessageDecoder:
             avro = AvroCodec(self.registry)
             self._read_value: ValueReader = avro.read_value
             self._read_key: KeyReader = avro.read_key
+            self._key_names: Callable[[bytes | None], tuple[str, ...] | None] = avro.key_names
         else:
             codec = JsonCodec()
             self._read_value = codec.read_value
             self._read_key = codec.read_key
+            self._key_names = codec.key_names
 
     def __getstate__(self) -> dict[str, Any]:
         # Caches hold fastavro-parsed schemas and closures; workers rebuild them on first use.
-        return {"value_format": self.value_format, "registry": self.registry, "key_columns": self.key_columns}
+        return {"value_format": self.value_format, "registry": self.registry, "key_columns": self.key_columns,
+                "keep_before": self.keep_before}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.value_format = state["value_format"]
         self.registry = state["registry"]
         self.key_columns = state["key_columns"]
+        self.keep_before = state.get("keep_before", True)
         self._start()
+
+    def event_of(self, record: Any, plan: ValuePlan | None, key: bytes | None,
+                 coords: KafkaCoordinates) -> ChangeEvent | ControlRecord:
+        """:meth:`decode` from a value already read with :meth:`read_value`.
+
+        Raises:
+            DecodeError: the record is not a change Debezium could have sent.
+        """
+        try:
+            return to_event(record, plan, key=key, read_key=self._read_key, key_columns=self.key_columns,
+                            coords=coords, keep_before=self.keep_before)
+        except DecodeError:
+            raise
+        except _UNEXPECTED as exc:
+            raise DecodeError(f"decode: unexpected {type(exc).__name__}: {exc}") from exc
+
+    def read_value(self, value: bytes) -> tuple[Any, ValuePlan | None]:
+        """The raw record of a value and its schema's plan (no conversion; see :mod:`.columnar`).
+
+        Raises:
+            DecodeError: the bytes are not a value of this format.
+        """
+        return self._read_value(value)
+
+    def key_names(self, key: bytes | None) -> tuple[str, ...] | None:
+        """The primary-key columns of a message: the configured ones, else the Kafka key schema's fields.
+
+        ``None`` when the key's schema alone cannot say, or lets a key column be null (the message
+        then takes :meth:`decode`, which reads the key's values). Otherwise the key's values are
+        read from the row image, where Debezium writes the same values.
+        """
+        if self.key_columns:
+            return self.key_columns
+        return self._key_names(key)
 
     def __repr__(self) -> str:
         return f"MessageDecoder(value_format={self.value_format!r}, key_columns={self.key_columns!r})"
@@ -109,7 +150,7 @@ class MessageDecoder:
         try:
             record, plan = self._read_value(value)
             return to_event(record, plan, key=key, read_key=self._read_key, key_columns=self.key_columns,
-                            coords=coords)
+                            coords=coords, keep_before=self.keep_before)
         except DecodeError:
             raise
         except _UNEXPECTED as exc:

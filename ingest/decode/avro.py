@@ -85,6 +85,22 @@ class AvroCodec:
         values, _unavailable = convert_image(record, fields)
         return values
 
+    def key_names(self, message: bytes | None) -> tuple[str, ...] | None:
+        """The key's column names from its schema alone (cached per id); ``None`` if it cannot say."""
+        if message is None or len(message) < 5 or message[0] != 0:
+            return None
+        schema_id = int.from_bytes(message[1:5], "big")
+        entry = self._keys.get(schema_id)
+        if entry is None:
+            try:
+                entry = self._key_entry(schema_id)
+            except DecodeError:
+                return None
+            _remember(self._keys, schema_id, entry)
+        if any(f.spec.nullable for f in entry[1]):
+            return None  # a key that may be null is read message by message (a null key is refused)
+        return tuple(f.name for f in entry[1])
+
     def _value_entry(self, schema_id: int) -> tuple[Any, ValuePlan]:
         schema, parsed = self._load(schema_id, "avro")
         fields = _record_fields(schema, schema_id, "avro")

@@ -111,6 +111,7 @@ def to_event(
     read_key: KeyReader,
     key_columns: tuple[str, ...] | None,
     coords: KafkaCoordinates,
+    keep_before: bool = True,
 ) -> ChangeEvent | ControlRecord:
     """Turn one decoded value record into a change event or a control record.
 
@@ -136,14 +137,15 @@ def to_event(
     else:
         kind = classify(record.keys(), None)
     if kind == "envelope":
-        return _envelope(record, plan, key, read_key, key_columns or None, coords)
+        return _envelope(record, plan, key, read_key, key_columns or None, coords, keep_before)
     if kind == "flattened":
         return _flattened(record, plan, key, read_key, key_columns or None, coords)
     return _control(kind, record)
 
 
 def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None, read_key: KeyReader,
-              key_columns: tuple[str, ...] | None, coords: KafkaCoordinates) -> ChangeEvent | ControlRecord:
+              key_columns: tuple[str, ...] | None, coords: KafkaCoordinates,
+              keep_before: bool = True) -> ChangeEvent | ControlRecord:
     op = record.get("op")
     if op is None:
         raise DecodeError("envelope: missing 'op'")
@@ -156,9 +158,9 @@ def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None,
     if not isinstance(source, dict):
         source = {}
     position = source_position(source, SNAPSHOT if op == "r" else STREAMED, coords, trust_connector=True)
-    source_ts_ms = _optional_int(source.get("ts_ms"))
+    source_ts_ms = optional_int(source.get("ts_ms"))
     if source_ts_ms is None:
-        source_ts_ms = _optional_int(record.get("ts_ms"))
+        source_ts_ms = optional_int(record.get("ts_ms"))
     snapshot = _snapshot(source.get("snapshot"))
     schema_ref = plan.schema_ref if plan is not None else None
     if op == "t":
@@ -166,7 +168,8 @@ def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None,
         return ChangeEvent("t", {}, None, None, position, columns, (), source_ts_ms, snapshot,
                            _NO_UNAVAILABLE, schema_ref)
     plan, kafka_key = _keyed(plan, key_columns, key, read_key)
-    before, before_columns, before_unavailable = _image(record.get("before"), plan, "before")
+    raw_before = record.get("before") if keep_before or op == "d" else None
+    before, before_columns, before_unavailable = _image(raw_before, plan, "before")
     after, after_columns, after_unavailable = _image(record.get("after"), plan, "after")
     if op == "d":
         image, columns, unavailable, after = before, before_columns, before_unavailable, None
@@ -227,7 +230,7 @@ def _flattened(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None
     op: Op = "d" if is_deleted else (raw_op or "u")
     source = _flattened_source(meta)
     position = source_position(source, SNAPSHOT if op == "r" else STREAMED, coords, trust_connector=False)
-    source_ts_ms = _optional_int(source.get("ts_ms"))
+    source_ts_ms = optional_int(source.get("ts_ms"))
     snapshot = _snapshot(source.get("snapshot"))
     schema_ref = plan.schema_ref if plan is not None else None
     if op == "t":
@@ -407,7 +410,7 @@ def _position_int(field: str, value: Any) -> int:
     return number
 
 
-def _optional_int(value: Any) -> int | None:
+def optional_int(value: Any) -> int | None:
     # Documentation samples show timestamps as strings; accept those, ignore anything else.
     if type(value) is int:
         return value

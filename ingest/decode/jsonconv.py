@@ -14,6 +14,8 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
+import orjson
+
 from ingest.decode.envelope import ValuePlan, classify, make_value_plan
 from ingest.decode.semantic import (
     Converter,
@@ -29,6 +31,8 @@ from ingest.errors import DecodeError
 
 _HEAD: Final = '{"schema":'
 _JOINT: Final = ',"payload":'
+_HEAD_BYTES: Final = _HEAD.encode()
+_JOINT_BYTES: Final = _JOINT.encode()
 _DECODER: Final = json.JSONDecoder()
 _MAX_CACHED: Final = 256  # distinct schemas kept; more than one job's topics ever need
 _INT_BITS: Final = {"int8": 7, "int16": 15, "int32": 31, "int64": 63}
@@ -71,32 +75,67 @@ class JsonCodec:
         return values
 
 
+    def key_names(self, message: bytes | None) -> tuple[str, ...] | None:
+        """The key's column names from its schema alone (cached per schema text); ``None`` if it cannot say."""
+        if message is None:
+            return None
+        fields = self._keys.known(message)
+        if fields is None:
+            try:
+                self.read_key(message)  # parses and remembers the schema, or says what is wrong
+            except DecodeError:
+                return None
+            fields = self._keys.known(message)
+        if fields is None or any(f.spec.nullable for f in fields):
+            return None  # a key that may be null is read message by message (a null key is refused)
+        return tuple(f.name for f in fields)
+
+
 class _PlanCache(Generic[_Plan]):
     """Parses wrapped messages and keeps one plan per distinct schema."""
 
     def __init__(self, build: Callable[[dict[str, Any], str, str], _Plan], noun: str) -> None:
         self._build = build
         self._noun = noun
-        self._by_text: dict[str, _Plan] = {}  # raw schema text -> plan (compact-layout fast path)
+        self._by_text: dict[bytes, _Plan] = {}  # raw schema bytes -> plan (compact-layout fast path)
         self._by_canonical: dict[str, _Plan] = {}  # canonical schema JSON -> plan
+        self._last: tuple[bytes, _Plan | None] = (b"", None)  # the last known prefix, up to the payload
+
+    def _prefix(self, message: bytes) -> tuple[_Plan | None, int]:
+        """The plan of a compact-layout message whose schema text was seen before, and where its payload starts."""
+        # Consecutive messages usually share a schema: one memcmp against the last prefix.
+        last, plan = self._last
+        if plan is not None and message.startswith(last):
+            return plan, len(last)
+        if not message.startswith(_HEAD_BYTES):
+            return None, 0
+        joint = message.find(_JOINT_BYTES, len(_HEAD_BYTES))
+        plan = self._by_text.get(message[len(_HEAD_BYTES):joint]) if joint > 0 else None
+        if plan is None:
+            return None, 0
+        start = joint + len(_JOINT_BYTES)
+        self._last = (message[:start], plan)
+        return plan, start
+
+    def known(self, message: bytes) -> _Plan | None:
+        """The plan of a compact-layout message whose schema text was seen before, without parsing it."""
+        return self._prefix(message)[0]
 
     def read(self, message: bytes, what: str) -> tuple[Any, _Plan | None]:
+        plan, start = self._prefix(message)
+        if plan is not None:
+            # The schema text is one already parsed in full, so the payload is all that is left;
+            # orjson reads (and checks the UTF-8 of) just those bytes.
+            end = len(message.rstrip())
+            if message[end - 1:end] == b"}":
+                try:
+                    return orjson.loads(memoryview(message)[start:end - 1]), plan
+                except orjson.JSONDecodeError:
+                    pass  # the general path below reports the error with its position
         try:
             text = str(message, "utf-8")
         except UnicodeDecodeError as exc:
             raise DecodeError(f"{what}: {self._noun} is not valid UTF-8 (byte {exc.start})") from exc
-        if text.startswith(_HEAD):
-            joint = text.find(_JOINT, len(_HEAD))
-            plan = self._by_text.get(text[len(_HEAD):joint]) if joint > 0 else None
-            if plan is not None:
-                # The schema text is one already parsed in full, so the payload is all that is left.
-                try:
-                    payload, end = _DECODER.raw_decode(text, joint + len(_JOINT))
-                except ValueError:
-                    pass  # the general path below reports the error with its position
-                else:
-                    if text[end:].rstrip() == "}":
-                        return payload, plan
         try:
             document = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -120,7 +159,7 @@ class _PlanCache(Generic[_Plan]):
             raw_schema, end = _DECODER.raw_decode(text, len(_HEAD))
             # Only a text that is exactly this schema may shortcut later messages (duplicate keys).
             if raw_schema == schema and text.startswith(_JOINT, end):
-                _remember(self._by_text, text[len(_HEAD):end], plan)
+                _remember(self._by_text, text[len(_HEAD):end].encode(), plan)
         return payload, plan
 
 
@@ -164,20 +203,25 @@ def _struct_fields(schema: Mapping[str, Any], what: str, label: str) -> list[dic
     return fields
 
 
+#: JsonConverter's names of Connect types that differ from the type's own name (FLOAT32, FLOAT64).
+_JSON_TYPE_NAMES: Final = {"float": "float32", "double": "float64"}
+
+
 def _field(schema: Mapping[str, Any], what: str) -> FieldPlan:
-    base = schema.get("type")
-    if not isinstance(base, str):
+    raw = schema.get("type")
+    if not isinstance(raw, str):
         raise DecodeError(f"{what}: field {schema.get('field')!r} has no Connect type")
+    base = _JSON_TYPE_NAMES.get(raw.lower(), raw.lower())
     semantic = schema.get("name")
     params = schema.get("parameters")
     return field_plan(
         schema["field"],
-        base=base.lower(),
+        base=base,
         semantic=semantic if isinstance(semantic, str) else None,
         params=params if isinstance(params, dict) else {},
         nullable=schema.get("optional") is True,
         wire="json",
-        check=_PRIMITIVE_CHECKS.get(base.lower()),
+        check=_PRIMITIVE_CHECKS.get(base),
     )
 
 
@@ -201,7 +245,12 @@ def _json_float(value: Any) -> float:
         return value
     if type(value) is int:
         return float(value)
+    if value in _NON_FINITE:  # JsonConverter writes NaN and the infinities as strings
+        return float(value)
     raise ConvertError(f"expected a number, got {value!r}")
+
+
+_NON_FINITE: Final = frozenset({"NaN", "Infinity", "-Infinity"})
 
 
 def _json_bool(value: Any) -> bool:

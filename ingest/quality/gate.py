@@ -7,11 +7,11 @@ one of the same key supersedes in the batch never reaches the table, so it is no
 truncates no row: neither is validated (they always apply). Unchanged-TOAST placeholders are
 validated as null.
 
-**Row identity.** The pandas frame handed to GX is indexed by position in the list of validated
-winners. Map expectations (column, column-pair and multicolumn) run with result format
-``COMPLETE``, whose ``unexpected_index_list`` holds those positions, so each failing row leads back
-to its change event, its Kafka coordinates and raw bytes. Other (aggregate) expectations judge the
-batch as a whole.
+**Row identity.** The pandas frame handed to GX is indexed by position among the validated
+winners (the winners' Arrow table without its deletes). Map expectations (column, column-pair and
+multicolumn) run with result format ``COMPLETE``, whose ``unexpected_index_list`` holds those
+positions, so each failing row leads back to its change, its Kafka coordinates and raw bytes. Other
+(aggregate) expectations judge the batch as a whole.
 
 **Policies** (per expectation, see :func:`ingest.quality.suites.effective_policies`): ``warn``
 records; ``quarantine`` holds back the failing rows -- for an aggregate expectation, or one GX could
@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.config import IngestConfig, QualityPolicy, TableSpec
-from ingest.deltaio import arrow_type
+from ingest.deltaio import arrow_type, delta_type_name
 from ingest.errors import QualityGateError
-from ingest.events import UNAVAILABLE, ColumnSpec
+from ingest.events import ColumnSpec
 from ingest.quality.results import ResultStore
 from ingest.quality.suites import (
     ExpectationInfo,
@@ -48,7 +49,6 @@ from ingest.quality.suites import (
     gx_context,
     load_suite,
 )
-from ingest.reduce import PositionedChange
 from ingest.tablestate import load_state
 
 RESULT_FORMAT: Final = {"result_format": "COMPLETE", "partial_unexpected_count": 5}
@@ -150,46 +150,47 @@ class QualityGate:
             check_columns(spec, suite, [c.name for c in state.columns], where="table")
         return gate
 
-    def check(self, winners: Sequence[PositionedChange], table_columns: Sequence[ColumnSpec] | None, *,
+    def check(self, winners: pa.Table, table_columns: Sequence[ColumnSpec] | None, *,
               batch_id: int, run_id: str) -> QualityReport:
-        """Validate the batch's winners; returns what to hold back.
+        """Validate the batch's winners (one row per key, columnar); returns what to hold back, by row.
 
         Raises:
             SuiteMismatchError: the suite reads a column neither the table nor the batch has.
             QualityGateError: an expectation under policy ``fail`` failed (its result is stored first).
         """
         report = QualityReport()
-        validated = [i for i, w in enumerate(winners) if w.event.after is not None]
+        mask = pc.not_equal(winners["_cdc_op"], "d") if winners.num_rows else pa.array([], pa.bool_())
+        validated = pc.indices_nonzero(mask).to_pylist() if winners.num_rows else []
         if not validated:
             return report
-        types = _column_types(table_columns, [winners[i] for i in validated])
+        types = _column_types(table_columns, winners)
         check_columns(self.spec, self.suite, types, where="batch")
         wanted = types if self.suite.needs_all_columns else {c: types[c] for c in types if c in self.suite.columns}
-        rows = [winners[i] for i in validated]
+        rows = winners.filter(mask)
         frame = build_frame(rows, wanted)
         with _GX_LOCK:
             batch = self._batch_definition.get_batch(batch_parameters={"dataframe": frame})
             result = batch.validate(self.suite.gx_suite, result_format=RESULT_FORMAT)
         del frame, batch  # nothing of the batch may outlive it (memory stays flat over many batches)
 
-        report.rows_validated = len(rows)
+        report.rows_validated = rows.num_rows
         report.outcomes = self._outcomes(result)
         report.evaluated = len(report.outcomes)
         failing = [o for o in report.outcomes if not o.success]
         report.failed = len(failing)
-        report.failures = {o.info.name: o.unexpected if o.names_rows else len(rows) for o in failing}
+        report.failures = {o.info.name: o.unexpected if o.names_rows else rows.num_rows for o in failing}
         for o in failing:
             if o.policy != "quarantine":
                 continue
-            for pos in (o.rows if o.names_rows else range(len(rows))):
+            for pos in (o.rows if o.names_rows else range(rows.num_rows)):
                 hold = report.held.setdefault(validated[pos], Hold())
                 hold.expectations.append(o.info.name)
-                hold.reasons.append(_describe_row(o, rows[pos]))
+                hold.reasons.append(_describe_row(o, _row(rows, pos)))
         gate = [o for o in failing if o.policy == "fail"]
         report.status = ("failed" if gate else "quarantined" if report.held else "warned" if failing else "passed")
         self._store(report, result, batch_id=batch_id, run_id=run_id)
         if gate:
-            raise QualityGateError(self.spec.name, _gate_message(batch_id, gate, rows, len(rows)),
+            raise QualityGateError(self.spec.name, _gate_message(batch_id, gate, rows, rows.num_rows),
                                    [o.info.name for o in gate])
         return report
 
@@ -234,55 +235,36 @@ def _batch_definition(table: str) -> Any:
             else asset.add_batch_definition_whole_dataframe("micro_batch"))
 
 
-def _column_types(table_columns: Sequence[ColumnSpec] | None, rows: Sequence[PositionedChange]) -> dict[str, str]:
-    """Delta type of every column of the table and of the batch's images (newest schema wins)."""
+def _column_types(table_columns: Sequence[ColumnSpec] | None, winners: pa.Table) -> dict[str, str]:
+    """Delta type of every column of the table and of the batch (the batch's types win)."""
     types = {c.name: c.type for c in table_columns or ()}
-    seen: set[int] = set()
-    for row in rows:
-        columns = row.event.columns
-        if id(columns) not in seen:  # events of one schema share one columns tuple
-            seen.add(id(columns))
-            types.update({c.name: c.type for c in columns})
+    types.update({f.name: delta_type_name(f.type) for f in winners.schema if not f.name.startswith("_cdc_")})
     return types
 
 
-def build_frame(rows: Sequence[PositionedChange], columns: dict[str, str]) -> Any:
+def build_frame(rows: pa.Table, columns: dict[str, str]) -> Any:
     """The pandas frame GX validates: one row per winner (index = position), typed columns.
 
     Numbers become int64 / float64, decimals float64: GX's pandas metrics take their vectorized
     path only for those dtypes (``column.dtype in [int, float]``) and map a Python function over
-    every value otherwise -- ten times slower on a 100k-row batch.
+    every value otherwise -- ten times slower on a 100k-row batch. Unchanged-TOAST placeholders are
+    null in the batch already. A column the batch lacks (the table has it) is all null.
     """
-    import pandas as pd
-
-    images = [row.event.after or {} for row in rows]
-    placeholders = any(row.event.unavailable for row in rows)
-    arrays: dict[str, pa.Array] = {}
-    loose: dict[str, list[Any]] = {}
+    arrays: dict[str, pa.Array | pa.ChunkedArray] = {}
     for name, type_name in columns.items():
-        values = [image.get(name) for image in images]
-        if placeholders:
-            values = [_plain(v) for v in values]
-        try:
-            array = pa.array(values, arrow_type(type_name))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, KeyError, OverflowError):
-            # A value that does not fit the declared type is itself worth validating: keep it as is.
-            loose[name] = values
-            continue
+        array = rows[name] if name in rows.column_names else pa.nulls(rows.num_rows, arrow_type(type_name))
         if pa.types.is_integer(array.type) and array.type != pa.int64():
             array = array.cast(pa.int64())
         elif pa.types.is_decimal(array.type) or pa.types.is_floating(array.type):
             array = array.cast(pa.float64())
         arrays[name] = array
     # One Arrow table converted at once builds pandas' blocks far faster than column by column.
-    frame = pa.table(arrays).to_pandas() if arrays else pd.DataFrame(index=pd.RangeIndex(len(rows)))
-    for name, values in loose.items():
-        frame[name] = pd.Series(values, dtype=object)
-    return frame[list(columns)] if loose else frame
+    return pa.table(arrays).to_pandas() if arrays else pa.table({"_": pa.nulls(rows.num_rows)}).to_pandas()[[]]
 
 
-def _plain(value: Any) -> Any:
-    return None if value is UNAVAILABLE else value
+def _row(rows: pa.Table, pos: int) -> dict[str, Any]:
+    """One validated row's values (a held row, to describe)."""
+    return rows.slice(pos, 1).to_pylist()[0]
 
 
 def _exception(info: Any) -> str | None:
@@ -301,18 +283,17 @@ def _value(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _describe_row(outcome: Outcome, row: PositionedChange) -> str:
+def _describe_row(outcome: Outcome, row: dict[str, Any]) -> str:
     name = outcome.info.name
     if outcome.error is not None:
         return f"{name}: could not be evaluated ({outcome.error}); the whole batch is held"
     if not outcome.info.row_level:
         return f"{name}: observed {_value(outcome.observed)} for the batch; the whole batch is held"
-    after = row.event.after or {}
-    observed = ", ".join(f"{c}={_value(_plain(after.get(c)))}" for c in outcome.info.columns)
+    observed = ", ".join(f"{c}={_value(row.get(c))}" for c in outcome.info.columns)
     return f"{name}: observed {observed}"
 
 
-def _gate_message(batch_id: int, gate: list[Outcome], rows: Sequence[PositionedChange], total: int) -> str:
+def _gate_message(batch_id: int, gate: list[Outcome], rows: pa.Table, total: int) -> str:
     parts = []
     for o in gate:
         if o.error is not None:
@@ -322,9 +303,10 @@ def _gate_message(batch_id: int, gate: list[Outcome], rows: Sequence[PositionedC
         else:
             samples = []
             for pos in o.rows[:_SAMPLES]:
-                event = rows[pos].event
-                key = ", ".join(f"{k}={_value(v)}" for k, v in event.key.items())
-                values = ", ".join(f"{c}={_value(_plain((event.after or {}).get(c)))}" for c in o.info.columns)
+                row = _row(rows, pos)
+                keys = json.loads(row["_cdc_key_columns"] or "[]")
+                key = ", ".join(f"{k}={_value(row.get(k))}" for k in keys)
+                values = ", ".join(f"{c}={_value(row.get(c))}" for c in o.info.columns)
                 samples.append(f"({key}) {values}")
             parts.append(f"{o.info.name} failed for {o.unexpected} of {total} rows, e.g. " + "; ".join(samples))
     return (f"batch {batch_id}: expectations under policy 'fail' failed; nothing was committed and the offsets "

@@ -47,6 +47,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.topics = [t.strip() for t in options["subscribe"].split(",") if t.strip()]
         self.starting = options.get("startingOffsets", "earliest")
         self.max_rows = int(options["maxOffsetsPerTrigger"]) if "maxOffsetsPerTrigger" in options else None
+        self.min_partitions = int(options.get("minPartitions", "1"))
         self.log = TopicLog(self.path)
         self._frozen: Offsets | None = None
 
@@ -99,12 +100,21 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._end_offsets()
 
     def partitions(self, start: Offsets, end: Offsets) -> list[_Range]:
-        ranges = []
+        """One range per topic-partition; like Kafka's ``minPartitions``, large ones are cut so that
+        there are at least that many, and every core decodes."""
+        spans = []
         for topic, parts in end.items():
             for p, stop in parts.items():
                 begin = start.get(topic, {}).get(p, 0)
                 if stop > begin:
-                    ranges.append(_Range(topic, int(p), begin, stop))
+                    spans.append((topic, int(p), begin, stop))
+        total = sum(stop - begin for _, _, begin, stop in spans)
+        ranges = []
+        for topic, p, begin, stop in spans:
+            pieces = max(1, round((stop - begin) * self.min_partitions / total)) if len(spans) < self.min_partitions \
+                else 1
+            step = -(-(stop - begin) // pieces)
+            ranges += [_Range(topic, p, lo, min(lo + step, stop)) for lo in range(begin, stop, step)]
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -150,4 +160,5 @@ class EmbeddedSource:
     def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int) -> DataFrame:
         return (spark.readStream.format(FORMAT_NAME).option("path", str(self.log_dir))
                 .option("subscribe", ",".join(topics)).option("startingOffsets", starting)
-                .option("maxOffsetsPerTrigger", str(max_records)).load())
+                .option("maxOffsetsPerTrigger", str(max_records))
+                .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())

@@ -102,8 +102,10 @@ class KafkaSource:
         if jaas:
             # Spark redacts option values that mention a password in its plans and logs.
             reader = reader.option("kafka.sasl.jaas.config", jaas)
+        # minPartitions: a topic of one partition is still decoded by every core.
         return (reader.option("subscribe", ",".join(topics)).option("startingOffsets", starting)
-                .option("maxOffsetsPerTrigger", str(max_records)).load())
+                .option("maxOffsetsPerTrigger", str(max_records))
+                .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
 
 
 def _reason(exc: Exception) -> str:

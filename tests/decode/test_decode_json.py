@@ -371,3 +371,22 @@ def test_schema_ref_follows_schema_not_layout() -> None:
     b = json_change(json_message(payload, other), json_key(7))
     c = json_change(json.dumps({"payload": payload, "schema": SCHEMA}).encode(), json_key(7))
     assert a.schema_ref == c.schema_ref != b.schema_ref
+
+
+def test_float_and_double_as_jsonconverter_names_them_including_non_finite_values() -> None:
+    """JsonConverter writes FLOAT32/FLOAT64 as "float"/"double" and NaN, +-Infinity as strings."""
+    import math
+
+    from tests.decode.fixtures import cfield, envelope_schema
+
+    schema = envelope_schema([cfield("id", "int32", optional=False), cfield("r", "float"), cfield("d", "double")])
+    rows = [{"id": 1, "r": 1.5, "d": -2.25}, {"id": 2, "r": "NaN", "d": "Infinity"},
+            {"id": 3, "r": None, "d": "-Infinity"}]
+    got = []
+    for row in rows:
+        value = json_message(envelope("c", after=row, source=pg_source(lsn=10 + row["id"], committed=9)), schema)
+        event = json_change(value, json_key(row["id"]))
+        got.append(event.after)
+        assert {c.name: c.type for c in event.columns} == {"id": "integer", "r": "float", "d": "double"}
+    assert got[0] == {"id": 1, "r": 1.5, "d": -2.25}
+    assert math.isnan(got[1]["r"]) and got[1]["d"] == math.inf and got[2]["d"] == -math.inf

@@ -15,10 +15,12 @@ import pyarrow as pa
 import yaml
 
 from ingest import quarantine
+from ingest.apply.pipeline import apply_parts
 from ingest.audit import AuditRecord
-from ingest.batch import DecodeStep, TablePaths, decode_batch, process_batch
 from ingest.config import IngestConfig, load_config
+from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.deltaio import open_table, read_all
+from ingest.paths import TablePaths
 from ingest.quality import QualityGate
 from ingest.simulator.encode import DEBEZIUM_VERSION, Envelope, JsonChangeEncoder
 from ingest.simulator.model import Column, TableDef
@@ -100,11 +102,16 @@ class Accounts:
         return out
 
 
-def decoded(messages: list[dict[str, Any]]) -> pa.Table:
-    """The messages through the stream's own decode step (raw bytes kept on every row)."""
-    step = DecodeStep(value_format="json", registry_dir=None, registry_url=None, key_columns=None)
-    batch = decode_batch(step.decoder(), pa.Table.from_pylist(messages, schema=KAFKA_SCHEMA))
-    return pa.Table.from_batches([batch])
+def decoded(messages: list[dict[str, Any]]) -> list[pa.RecordBatch]:
+    """The messages through the stream's own decode step."""
+    return BatchDecoder(DecoderSpec("json", keep_before=False)).decode(
+        pa.Table.from_pylist(messages, schema=KAFKA_SCHEMA))
+
+
+def raw_of(messages: list[dict[str, Any]]) -> Any:
+    """A ``fetch_raw`` that finds the messages' raw bytes again, as the engine does in the source."""
+    raw = {(m["topic"], m["partition"], m["offset"]): (m["key"], m["value"], m["timestamp"]) for m in messages}
+    return lambda coords: {c: raw[c] for c in coords}
 
 
 def accounts_paths(config: IngestConfig) -> TablePaths:
@@ -114,8 +121,8 @@ def accounts_paths(config: IngestConfig) -> TablePaths:
 def ingest(config: IngestConfig, messages: list[dict[str, Any]], batch_id: int) -> AuditRecord | None:
     """One stream batch of ``accounts`` through process_batch with the table's gate."""
     spec = config.table("accounts")
-    return process_batch(spec, accounts_paths(config), decoded(messages), batch_id=batch_id, run_id="stream",
-                         gate=QualityGate.for_table(config, spec)).record
+    return apply_parts(spec, accounts_paths(config), decoded(messages), batch_id=batch_id, run_id="stream",
+                       gate=QualityGate.for_table(config, spec), fetch_raw=raw_of(messages)).record
 
 
 def live(config: IngestConfig) -> dict[int, dict[str, Any]]:

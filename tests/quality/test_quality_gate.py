@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from ingest import audit, quarantine
-from ingest.batch import TablePaths, process_batch
+from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all
 from ingest.errors import QualityGateError, SuiteMismatchError, TableError
 from ingest.events import ColumnSpec
+from ingest.paths import TablePaths
 from ingest.quality import QualityGate, ResultStore, load_suite
 from ingest.tablestate import app_id
-from tests.factories import COLUMNS, change, decoded_rows
+from tests.factories import COLUMNS, change, decoded_rows, source_bytes
 from tests.quality.helpers import write_suite
 
 NAME_RE = "expect_column_values_to_match_regex(name)"
@@ -45,8 +46,8 @@ def spec_with(policy: str, **extra) -> TableSpec:
 
 
 def run(spec, paths, gate, items, *, first_offset=0, batch_id=0):
-    return process_batch(spec, paths, decoded_rows(items, first_offset=first_offset), batch_id=batch_id,
-                         run_id="test", gate=gate)
+    return apply_parts(spec, paths, decoded_rows(items, first_offset=first_offset), batch_id=batch_id,
+                       run_id="test", gate=gate, fetch_raw=source_bytes)
 
 
 def live(paths: TablePaths) -> dict[int, dict]:
@@ -131,7 +132,7 @@ def test_fail_commits_nothing_and_does_not_advance_the_offsets(tmp_path):
     with pytest.raises(QualityGateError):
         run(spec, paths, gate, bad, first_offset=1, batch_id=2)
     other = TableSpec(name="other", topic="t")
-    assert process_batch(other, paths_in(tmp_path, "other"), decoded_rows([change("c", 5, 50)]), batch_id=0,
+    assert apply_parts(other, paths_in(tmp_path, "other"), decoded_rows([change("c", 5, 50)]), batch_id=0,
                          run_id="test").record.inserted == 1
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import great_expectations as gx
 import pytest
 
-from ingest.batch import TablePaths, process_batch
+from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec
 from ingest.engine import Engine
 from ingest.errors import ConfigError, SuiteError
+from ingest.paths import TablePaths
 from ingest.quality import QualityGate
 from ingest.quality.suites import effective_policies, load_suite
 from tests.factories import change, decoded_rows
@@ -87,7 +88,7 @@ def test_engine_start_up_refuses_a_suite_naming_a_missing_column(tmp_path):
     config = make_config(tmp_path, tables=[{"name": "customers", "topic": "t", "expectations": "s"}])
     write_suite(config.expectations_dir, "s", [
         {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "no_such_column"}}])
-    process_batch(TableSpec(name="customers", topic="t"), TablePaths.of(config, "customers"),
+    apply_parts(TableSpec(name="customers", topic="t"), TablePaths.of(config, "customers"),
                   decoded_rows([change("c", 1, 10)]), batch_id=0, run_id="r")  # the table exists now
     with pytest.raises(SuiteError, match=r"no_such_column"):
         Engine(config).run()

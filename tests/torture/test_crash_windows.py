@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 from ingest import audit, faults, quarantine
-from ingest.batch import TablePaths, process_batch
+from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all
 from ingest.events import ColumnSpec, ControlRecord
+from ingest.paths import TablePaths
 from tests.factories import COLUMNS, change, decoded_rows
 
 WIDE = (COLUMNS[0], COLUMNS[1], ColumnSpec("balance", "decimal(14,2)"), COLUMNS[3])
@@ -43,7 +44,7 @@ def _paths(root: Path) -> TablePaths:
 
 
 def _apply(spec: TableSpec, paths: TablePaths, items: list[Any], first: int, batch: int) -> None:
-    process_batch(spec, paths, decoded_rows(items, first_offset=first), batch_id=batch, run_id=f"r{batch}")
+    apply_parts(spec, paths, decoded_rows(items, first_offset=first), batch_id=batch, run_id=f"r{batch}")
 
 
 def _state(paths: TablePaths) -> dict[str, Any]:

@@ -15,11 +15,12 @@ import pytest
 import yaml
 
 from ingest import faults, locks
-from ingest.batch import TablePaths, process_batch
+from ingest.apply.pipeline import apply_parts
 from ingest.config import IngestConfig, TableSpec, load_config
 from ingest.deltaio import open_table, read_all
 from ingest.engine import Engine
 from ingest.errors import CommitConflictError, TableLockedError
+from ingest.paths import TablePaths
 from ingest.tablestate import app_id
 from tests.factories import change, decoded_rows
 
@@ -102,7 +103,7 @@ def test_a_writer_racing_past_the_lock_gets_a_conflict_and_the_table_stays_consi
     """delta-rs optimistic concurrency: the loser's MERGE commit fails; the winner's batch is intact."""
     spec = TableSpec(name="t", topic="t")
     paths = _paths(tmp_path)
-    process_batch(spec, paths, decoded_rows([change("c", k, 10 + k) for k in range(5)]), batch_id=0, run_id="a")
+    apply_parts(spec, paths, decoded_rows([change("c", k, 10 + k) for k in range(5)]), batch_id=0, run_id="a")
     raced = False
     real_point = faults.point
 
@@ -110,13 +111,13 @@ def test_a_writer_racing_past_the_lock_gets_a_conflict_and_the_table_stays_consi
         nonlocal raced
         if name == "before-commit" and not raced:
             raced = True  # the other writer commits the same offsets while this one is about to
-            process_batch(spec, paths, decoded_rows([change("u", 1, 50, name="winner")], first_offset=5),
+            apply_parts(spec, paths, decoded_rows([change("u", 1, 50, name="winner")], first_offset=5),
                           batch_id=1, run_id="b")
         real_point(name)
 
     monkeypatch.setattr(faults, "point", race)
     with pytest.raises(CommitConflictError, match="another writer"):
-        process_batch(spec, paths, decoded_rows([change("u", 1, 40, name="loser"), change("c", 9, 41)],
+        apply_parts(spec, paths, decoded_rows([change("u", 1, 40, name="loser"), change("c", 9, 41)],
                                                 first_offset=5), batch_id=1, run_id="c")
     table = open_table(paths.table)
     rows = {r["id"]: r["name"] for r in read_all(table).to_pylist()}

@@ -1,0 +1,162 @@
+"""Reduce a micro-batch to at most one change per key, by source position (DESIGN 3.1, 3.3, 3.6, 3.9).
+
+SQL over the batch's Arrow ``changes`` (:mod:`ingest.apply.sql`). The batch order is
+:func:`ingest.ordering.batch_order`: by position, and among copies of one position the lowest Kafka
+coordinates last, so the last change of a key in that order -- its *winner* -- is the latest one and,
+of several copies, the first delivered. Everything the winner replaces is *superseded in batch*. The
+latest truncate supersedes every change before it; earlier truncates are superseded by it.
+
+A key's history is cut into *lives* by its deletes (an image before a delete describes another life
+of the row). Two fills keep the outcome independent of how the stream was cut into batches:
+
+* an unchanged-TOAST placeholder in a winner is filled from the newest earlier image of the same
+  life that holds the column, remembering that image's position (``_cdc_fill_<n>``): the merge plan
+  keeps the stored value instead when the stored row is newer than that image (a redelivered old
+  duplicate must not win). Without an earlier image the MERGE keeps the stored value;
+* in soft-delete mode a winning delete takes the values its before image lacks (PostgreSQL sends
+  only the key by default) from the newest earlier image of its life: what the table would hold
+  had the earlier change come in an earlier batch.
+
+In soft-delete mode the last change of each key that only has changes before the truncate is kept
+as a *truncated* row (``_cdc_truncated``): the table then holds it flagged deleted, as if the change
+had been applied in one batch and the truncate in the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingest.apply.sql import connect, ident, key_list, literal, query
+from ingest.events import ColumnSpec
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateMark:
+    """The batch's latest truncate."""
+
+    position: str
+    partition: int
+    offset: int
+
+
+@dataclass(slots=True)
+class Reduction:
+    """The outcome of reducing one table's batch.
+
+    Attributes:
+        winners: the latest change per key: the batch's columns, TOAST fills applied, and for each
+            column of :attr:`toast_columns` a ``_cdc_fill_<n>`` column (the filling image's position).
+        toast_columns: columns that held an unchanged-TOAST placeholder somewhere in the batch.
+        truncate: the latest truncate of the batch, if any.
+        truncates: truncate events seen (the latest applies, earlier ones are superseded).
+        superseded: changes replaced by a later change of the same key or by a truncate.
+        truncated: soft-delete mode: the last change of each key the truncate superseded entirely.
+    """
+
+    winners: pa.Table
+    toast_columns: list[str] = field(default_factory=list)
+    truncate: TruncateMark | None = None
+    truncates: int = 0
+    superseded: int = 0
+    truncated: pa.Table | None = None
+
+
+def reduce_changes(changes: pa.Table, key_columns: tuple[str, ...], columns: list[ColumnSpec], *,
+                   soft: bool = False) -> Reduction:
+    """Keep the latest change per key (see module docstring)."""
+    columns = [c for c in columns if c.name in changes.column_names]
+    ordered = changes.append_column("_cdc_ord", pc.cast(_batch_order(changes), pa.int64()))
+    con = connect(ordered=ordered)
+    try:
+        marks = query(con, "SELECT _cdc_position, _cdc_partition, _cdc_offset, _cdc_ord FROM ordered "
+                           "WHERE _cdc_op = 't' ORDER BY _cdc_ord DESC")
+        truncate, cutoff = None, None
+        if marks.num_rows:
+            first = marks.slice(0, 1).to_pylist()[0]
+            truncate = TruncateMark(first["_cdc_position"], first["_cdc_partition"], first["_cdc_offset"])
+            cutoff = first["_cdc_ord"]
+        fills = _toast_columns(con, [c.name for c in columns])
+        after = f"_cdc_ord > {cutoff}" if cutoff is not None else "TRUE"
+        winners = query(con, _winners_sql(key_columns, columns, fills, after, fill_deletes=soft))
+        counts = query(con, "SELECT count(*) FILTER (WHERE _cdc_op <> 't') AS changes FROM ordered").to_pylist()[0]
+        truncated = None
+        if soft and cutoff is not None:
+            before = query(con, _winners_sql(key_columns, columns, fills, f"_cdc_ord < {cutoff}", fill_deletes=True))
+            truncated = _without_keys(con, before, winners, key_columns)
+    finally:
+        con.close()
+    superseded = (marks.num_rows - 1 if marks.num_rows else 0) + counts["changes"] - winners.num_rows
+    return Reduction(winners=winners, toast_columns=fills, truncate=truncate, truncates=marks.num_rows,
+                     superseded=superseded, truncated=truncated)
+
+
+def _batch_order(changes: pa.Table) -> pa.Array:
+    """Rank of every change in the batch order (1 = first): the inverse of the sorting permutation."""
+    order = pc.sort_indices(changes, sort_keys=[("_cdc_position", "ascending"), ("_cdc_partition", "descending"),
+                                                ("_cdc_offset", "descending")])
+    return pc.add(pc.sort_indices(order), 1)
+
+
+def _toast_columns(con: Any, user: list[str]) -> list[str]:
+    found = query(con, "SELECT DISTINCT unnest(_cdc_toast) AS c FROM ordered WHERE _cdc_toast IS NOT NULL")
+    present = set(found["c"].to_pylist()) if found.num_rows else set()
+    return [c for c in user if c in present]
+
+
+def _winners_sql(key_columns: tuple[str, ...], columns: list[ColumnSpec], toast: list[str], where: str, *,
+                 fill_deletes: bool) -> str:
+    """The last change per key among the rows matching ``where``, with the fills of the module docstring."""
+    keys = key_list(key_columns)
+    life = (f"coalesce(sum(CASE WHEN _cdc_op = 'd' THEN 1 ELSE 0 END) OVER (PARTITION BY {keys} ORDER BY _cdc_ord "
+            "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)")
+    window = f"(PARTITION BY {keys}, _cdc_life ORDER BY _cdc_ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)"
+    extra, replace = [], []
+    for n, name in enumerate(toast):
+        col, known = ident(name), f"NOT list_contains(coalesce(_cdc_toast, []), {literal(name)})"
+        extra.append(f"max_by({col}, _cdc_ord) FILTER (WHERE _cdc_op <> 'd' AND {known}) OVER {window} AS _cdc_fv_{n}")
+        extra.append(f"max_by(_cdc_position, _cdc_ord) FILTER (WHERE _cdc_op <> 'd' AND {known}) OVER {window} "
+                     f"AS _cdc_fill_{n}")
+    if fill_deletes:
+        for n, c in enumerate(columns):
+            if c.name in key_columns:
+                continue
+            col = ident(c.name)
+            known = f"NOT list_contains(coalesce(_cdc_toast, []), {literal(c.name)})"
+            extra.append(f"max_by({col}, _cdc_ord) FILTER (WHERE _cdc_op <> 'd' AND {known}) OVER {window} "
+                         f"AS _cdc_dv_{n}")
+    for n, name in enumerate(toast):
+        col, placeholder = ident(name), f"list_contains(coalesce(_cdc_toast, []), {literal(name)})"
+        replace.append(f"CASE WHEN _cdc_op <> 'd' AND {placeholder} AND _cdc_fill_{n} IS NOT NULL "
+                       f"THEN _cdc_fv_{n} ELSE {col} END AS {col}")
+    if fill_deletes:
+        for n, c in enumerate(columns):
+            if c.name in key_columns or c.name in toast:
+                continue
+            col = ident(c.name)
+            replace.append(f"CASE WHEN _cdc_op = 'd' THEN coalesce({col}, _cdc_dv_{n}) ELSE {col} END AS {col}")
+    filled = " OR ".join(f"(x = {literal(name)} AND _cdc_fill_{n} IS NOT NULL AND _cdc_op <> 'd')"
+                         for n, name in enumerate(toast))
+    toast_left = f"list_filter(_cdc_toast, lambda x: NOT ({filled}))" if toast else "_cdc_toast"
+    replace.append(f"CASE WHEN len({toast_left}) > 0 THEN {toast_left} END AS _cdc_toast")
+    fills = [f"CASE WHEN _cdc_op <> 'd' AND list_contains(coalesce(_cdc_toast, []), {literal(name)}) "
+             f"THEN _cdc_fill_{n} END AS _cdc_fill_{n}" for n, name in enumerate(toast)]
+    internal = [f"_cdc_fv_{n}" for n in range(len(toast))] + [f"_cdc_fill_{n}" for n in range(len(toast))]
+    internal += [f"_cdc_dv_{n}" for n, c in enumerate(columns) if fill_deletes and c.name not in key_columns]
+    return f"""
+        WITH rows AS (SELECT *, {life} AS _cdc_life FROM ordered WHERE _cdc_op <> 't' AND {where}),
+        history AS (SELECT *, max(_cdc_ord) OVER (PARTITION BY {keys}) AS _cdc_last
+                    {''.join(', ' + e for e in extra)} FROM rows)
+        SELECT * EXCLUDE (_cdc_life, _cdc_last{''.join(', ' + i for i in internal)})
+               REPLACE ({', '.join(replace)}) {''.join(', ' + f for f in fills)}
+        FROM history WHERE _cdc_ord = _cdc_last ORDER BY _cdc_ord"""
+
+
+def _without_keys(con: Any, rows: pa.Table, winners: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
+    con.register("older", rows)
+    con.register("newer", winners.select(list(key_columns)))
+    keys = " AND ".join(f"o.{ident(k)} = n.{ident(k)}" for k in key_columns)
+    return query(con, f"SELECT o.* FROM older o WHERE NOT EXISTS (SELECT 1 FROM newer n WHERE {keys})")
