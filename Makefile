@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: demo test install lint bench lock clean java dagster ui-screenshot jars stack stack-down stack-status
+.PHONY: demo test install lint bench lock clean java dagster ui-screenshot jars stack stack-down stack-status demo-stack
 
 java:
 	@command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || { \
@@ -59,6 +59,14 @@ stack-down: install
 
 stack-status: install
 	$(BIN)/python -m ingest.stack status
+
+# The real path end to end: start the stack, reset the `shop` schema (and its topics and the
+# workdirs under stack-work/), run the seeded SQL workload, wait for Debezium, ingest it with
+# configs/stack.yaml (Avro) and configs/stack-json.yaml (JSON), and verify both against SELECTs of
+# PostgreSQL (`ingest verify --source-db`). Exit 1 on any difference. Credentials come from the
+# stack's settings (.stack/credentials.env), not from the shell.
+demo-stack: java install
+	$(BIN)/ingest demo-stack
 
 # Re-resolve the pinned set after changing pyproject.toml.
 lock:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ingest.cli_proof import demo_stack, pg_load
 from ingest.cli_quality import quality_app, quarantine_app
 from ingest.config import IngestConfig, load_config
 from ingest.errors import IngestError
@@ -187,8 +188,23 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> No
 
 
 @app.command()
-def verify(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
-    """Compare every table with the simulator's truth; exit 1 on any mismatch."""
+def verify(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+    source_db: Annotated[str | None, typer.Option(
+        "--source-db", help="libpq URL of the source PostgreSQL database: wait for Debezium and the tables, then "
+        "compare each table with a SELECT of its source table (default: the simulator's truth)")] = None,
+    wait: Annotated[float, typer.Option(
+        help="--source-db: seconds to wait for Debezium's slots, and again for the tables to catch up")] = 120.0,
+    table: Annotated[list[str] | None, typer.Option("--table", "-t", help="--source-db: only these tables")] = None,
+) -> None:
+    """Compare every table with its source (the simulator's truth, or --source-db); exit 1 on any mismatch."""
+    if source_db is not None:
+        from ingest.cli_proof import verify_source
+
+        if not verify_source(_config(config, workdir), source_db, wait=wait, tables=table):
+            raise typer.Exit(1)
+        return
     from ingest.demo import verify_all
 
     results = verify_all(_config(config, workdir))
@@ -321,6 +337,10 @@ def torture(
     console.print("[green]consistent[/]" if result.ok else "[red]DIVERGED[/]")
     if not result.ok:
         raise typer.Exit(1)
+
+
+app.command("demo-stack")(demo_stack)
+app.command("pg-load")(pg_load)
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -58,6 +58,7 @@ def verify_table(
     key_columns: tuple[str, ...],
     *,
     explained_keys: set[tuple[Any, ...]] | None = None,
+    normalizers: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> TableVerification:
     """Compare the Delta table at ``delta_path`` with ``expected``.
 
@@ -67,6 +68,8 @@ def verify_table(
         expected: the true rows (e.g. ``Truth.tables[name]``).
         key_columns: primary-key columns.
         explained_keys: keys whose mismatch is explained elsewhere; reported, not counted.
+        normalizers: per non-key column, a function applied to both sides' non-null values before
+            they are compared (e.g. parse JSON text, so that formatting does not count).
 
     Returns:
         The comparison; ``ok`` is true when nothing unexplained differs.
@@ -85,8 +88,8 @@ def verify_table(
             examples=[f"{name}: the table has no key column(s) {lacking}"],
         )
     explained = {_norm_key(k) for k in (explained_keys or set())}
-    exp_rows = _index(expected, key_columns, expected)
-    act_rows = _index(actual, key_columns, expected) if actual is not None else {}
+    exp_rows = _index(expected, key_columns, expected, normalizers)
+    act_rows = _index(actual, key_columns, expected, normalizers) if actual is not None else {}
     problems: list[str] = []
     notes: list[str] = []
     missing = unexpected = different = explained_hits = 0
@@ -154,7 +157,8 @@ def _read_live(path: Path) -> pa.Table | None:
 
 
 def _index(
-    table: pa.Table, key_columns: tuple[str, ...], reference: pa.Table
+    table: pa.Table, key_columns: tuple[str, ...], reference: pa.Table,
+    normalizers: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> dict[tuple[Any, ...], Any]:
     """Rows by normalized key: ``(normalized, raw)`` for the truth, ``(normalized, raw, copies)`` else.
 
@@ -165,6 +169,9 @@ def _index(
     names = [c for c in reference.column_names if c in table.column_names]
     raw = {c: table[c].to_pylist() for c in names}
     norm = {c: _normalized(_aligned(table[c], reference.schema.field(c).type)) for c in names}
+    for c, normalize in (normalizers or {}).items():
+        if c in norm and c not in key_columns:
+            norm[c] = [None if x is None else normalize(x) for x in norm[c]]
     keys = list(zip(*(norm[k] for k in key_columns), strict=True)) if key_columns else []
     value_columns = [c for c in reference.column_names if c not in key_columns]
     out: dict[tuple[Any, ...], Any] = {}

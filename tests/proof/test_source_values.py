@@ -1,0 +1,64 @@
+"""Source values in the engine's representation (no database needed)."""
+
+from __future__ import annotations
+
+from datetime import UTC, time, timedelta, timezone
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+from ingest.proof.source_values import NotRepresentable, column_plan, parse_json, time_micros, zoned_time
+
+
+def _typmod(precision: int, scale: int) -> int:
+    return ((precision << 16) | scale) + 4
+
+
+def test_time_of_day_in_microseconds() -> None:
+    assert time_micros(time(23, 59, 59, 999_999)) == 86_399_999_999
+    assert time_micros(time(0, 0)) == 0
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (time(23, 59, 59, 999_999, tzinfo=timezone(timedelta(hours=5, minutes=30))), "18:29:59.999999Z"),
+    (time(0, 0, tzinfo=timezone(timedelta(hours=-8))), "08:00:00Z"),
+    (time(12, 0, 0, 500_000, tzinfo=UTC), "12:00:00.5Z"),
+    (time(1, 0, tzinfo=timezone(timedelta(hours=2))), "23:00:00Z"),  # wraps around midnight
+])
+def test_timetz_as_debezium_zoned_time(value: time, text: str) -> None:
+    assert zoned_time(value) == text
+
+
+def test_json_compares_parsed_not_as_text() -> None:
+    assert parse_json('{"b": [1, 2.50], "a": null}') == parse_json('{"a":null,"b":[1,2.5]}')
+    assert parse_json('{"a": 1}') != parse_json('{"a": true}')
+    assert parse_json('{"a": 1}') != parse_json('{"a": 2}')
+    assert parse_json("not json") == "not json"
+
+
+def test_numeric_columns_take_the_engines_decimal_types() -> None:
+    fixed = column_plan("n", "numeric(12,2)", "numeric", "b", _typmod(12, 2), None)
+    assert fixed.arrow == pa.decimal128(12, 2)
+    assert fixed.convert is not None and fixed.convert(Decimal("-1.5")) == Decimal("-1.50")
+    plain = column_plan("n", "numeric", "numeric", "b", -1, None)
+    assert plain.arrow == pa.decimal128(38, 18)
+    with pytest.raises(NotRepresentable):
+        plain.convert(Decimal("1e-19"))  # type: ignore[misc]
+    assert column_plan("n", "numeric(50,2)", "numeric", "b", _typmod(50, 2), None).arrow == pa.decimal128(38, 2)
+
+
+def test_types_and_their_representation() -> None:
+    assert column_plan("t", "time", "time", "b", -1, None).arrow == pa.int64()
+    assert column_plan("t", "timestamptz", "timestamptz", "b", -1, None).arrow == pa.timestamp("us", tz="UTC")
+    assert column_plan("t", "timestamp", "timestamp", "b", -1, None).arrow == pa.timestamp("us")
+    assert column_plan("e", "mood", "mood", "e", -1, None).arrow == pa.string()
+    array = column_plan("a", "text[]", "_text", "b", -1, "text")
+    assert array.arrow == pa.string() and array.convert is not None
+    assert array.convert(["a", None, "ü"]) == '["a", null, "\\u00fc"]'
+    assert column_plan("j", "jsonb", "jsonb", "b", -1, None).normalize is parse_json
+
+
+def test_unknown_types_are_not_compared_and_say_so() -> None:
+    plan = column_plan("i", "interval", "interval", "b", -1, None)
+    assert plan.arrow is None and plan.note is not None and "interval" in plan.note

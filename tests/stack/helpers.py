@@ -1,0 +1,74 @@
+"""Configurations and Kafka reads for the stack tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ingest.config import IngestConfig, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+PREFIX = {"avro": "pgavro", "json": "pgjson"}
+CONFIG_FILE = {"avro": REPO / "configs" / "stack.yaml", "json": REPO / "configs" / "stack-json.yaml"}
+
+
+def stack_config(fmt: str, workdir: Path, *, schema: str | None = None,
+                 tables: list[str] | None = None) -> IngestConfig:
+    """configs/stack*.yaml with its own workdir, moved to another schema or to other tables.
+
+    Args:
+        fmt: ``avro`` or ``json``.
+        workdir: the configuration's workdir.
+        schema: source schema replacing ``shop`` in topics and source tables.
+        tables: replace the configured tables by these (topics ``<prefix>.<schema>.<table>``).
+    """
+    config = load_config(CONFIG_FILE[fmt], workdir=workdir)
+    specs = []
+    if tables is not None:
+        specs = [{"name": t, "topic": f"{PREFIX[fmt]}.{schema}.{t}"} for t in tables]
+    else:
+        for spec in config.tables:
+            data = spec.model_dump(mode="json", exclude_defaults=True)
+            if schema is not None:
+                data["topic"] = data["topic"].replace(".shop.", f".{schema}.")
+                if "source_table" in data:
+                    data["source_table"] = data["source_table"].replace("shop.", f"{schema}.")
+            specs.append(data)
+    return config.model_copy(update={"tables": tuple(type(config.tables[0]).model_validate(s) for s in specs)})
+
+
+def write_config(config: IngestConfig, path: Path) -> Path:
+    """The configuration as a YAML file (for the command line)."""
+    data = config.model_dump(mode="json", exclude_defaults=True)
+    data["workdir"] = str(config.workdir)
+    data.pop("quality", None)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def read_topic(topic: str, bootstrap: str = "127.0.0.1:9092", timeout: float = 5.0) -> list[tuple[Any, Any]]:
+    """Every ``(key, value)`` of a one-partition topic, raw bytes."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tests-stack", "enable.auto.commit": False})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
+        consumer.assign([TopicPartition(topic, 0, low)])
+        out: list[tuple[Any, Any]] = []
+        while len(out) < high - low:
+            message = consumer.poll(timeout)
+            if message is None:
+                break
+            if message.error() is None:
+                out.append((message.key(), message.value()))
+        return out
+    finally:
+        consumer.close()
+
+
+def json_events(topic: str) -> list[dict[str, Any]]:
+    """The JsonConverter envelopes (``schema`` and ``payload``) of a topic, tombstones left out."""
+    return [json.loads(v) for _, v in read_topic(topic) if v is not None]

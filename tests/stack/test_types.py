@@ -1,0 +1,250 @@
+"""Every PostgreSQL type of docs/types.md, with edge values, through the real Debezium, Kafka and engine.
+
+One module fixture writes the rows once (schema ``typeprobe``; its topics are deleted first, so
+every run starts from empty topics), waits until Debezium has captured them, then each format is
+ingested once into its own workdir. The tests then check, per format: what Debezium emitted
+against the documented Connect/JSON/Avro types, the Delta column types against the documented
+ones, and the Delta values against hand-written expectations and against a SELECT of the source.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import struct
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import requests
+from deltalake import DeltaTable
+
+from ingest.config import IngestConfig
+from ingest.deltaio import open_table, read_all
+from ingest.engine import Engine
+from ingest.proof.capture import delete_topics, wait_for_capture
+from ingest.proof.pg_values import large_text
+from ingest.proof.source_db import check_table
+from tests.stack.helpers import PREFIX, REPO, json_events, read_topic, stack_config
+
+pytestmark = [pytest.mark.stack, pytest.mark.spark]
+
+SCHEMA = "typeprobe"
+TABLES = ["edge", "toast_pk", "floats"]
+FLOAT_COLUMNS = ("c_real", "c_double")
+# Random text, so PostgreSQL cannot compress it below its ~2 kB TOAST threshold: stored out of line.
+BIG = large_text(random.Random(7))
+BIG2 = large_text(random.Random(8))
+DDL = """
+CREATE TYPE typeprobe.mood AS ENUM ('happy', 'sad', 'ünïcode');
+CREATE TABLE typeprobe.edge (
+    id integer PRIMARY KEY, c_smallint smallint, c_bigint bigint, c_numeric_12_2 numeric(12,2), c_numeric numeric,
+    c_timestamptz timestamptz, c_timestamp timestamp, c_timestamp3 timestamp(3), c_date date, c_time time,
+    c_time3 time(3), c_timetz timetz, c_interval interval, c_jsonb jsonb, c_json json, c_uuid uuid,
+    c_enum typeprobe.mood, c_bytea bytea, c_text_array text[], c_int_array integer[], c_text text,
+    c_varchar varchar(10), c_char char(3), c_boolean boolean, c_big text);
+CREATE TABLE typeprobe.toast_pk (id integer PRIMARY KEY, note text, c_big text);
+CREATE TABLE typeprobe.floats (id integer PRIMARY KEY, c_real real, c_double double precision);
+"""
+ROW_1 = """INSERT INTO typeprobe.edge VALUES (1, -32768, -9223372036854775808, -1234567890.12,
+  -123456789012345678.123456789012345678, '1969-07-20 20:17:40.123456+00', '1900-01-01 00:00:00.000001',
+  '1960-02-29 12:00:00.5', '0001-01-01', '23:59:59.999999', '23:59:59.999', '23:59:59.999999+05:30',
+  '1 year 2 mons 3 days 04:05:06.789', '{"ü": [1, 2.50, null], "a": {"b": "✓"}, "big": 1e400}',
+  '{"x" :  1}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 'ünïcode', '\\x00ff00', '{}', '{}', '', 'äöü€ 🚀',
+  'x', false, %s)"""
+ROW_3 = """INSERT INTO typeprobe.edge VALUES (3, 32767, 9223372036854775807, 9999999999.99,
+  0.000000000000000001, '9999-12-31 23:59:59.999999+00', '2262-04-11 23:47:16.854775', '1970-01-01 00:00:00',
+  '9999-12-31', '00:00:00', '00:00:00.001', '00:00:00-08:00', '-3 days', '[]', 'null',
+  '00000000-0000-0000-0000-000000000000', 'happy', '', '{"a,b", NULL, "c\\"d", "ü"}', '{1, NULL, -3}',
+  'it''s; DROP TABLE x; --', 'abcdefghij', 'abc', true, 'short')"""
+STATEMENTS = [
+    ("INSERT INTO typeprobe.edge (id) VALUES (2)", None),
+    ("UPDATE typeprobe.edge SET c_text = 'updated ✓' WHERE id = 1", None),  # c_big unchanged: TOAST placeholder
+    ("INSERT INTO typeprobe.edge (id, c_text) VALUES (5, 'to be deleted')", None),
+    ("DELETE FROM typeprobe.edge WHERE id = 5", None),
+    ("INSERT INTO typeprobe.edge (id, c_text, c_big) VALUES (6, 'moves', 'small')", None),
+    ("UPDATE typeprobe.edge SET id = 60 WHERE id = 6", None),
+    ("INSERT INTO typeprobe.toast_pk VALUES (1, 'n', %s)", BIG2),
+    ("UPDATE typeprobe.toast_pk SET id = 2 WHERE id = 1", None),  # the new key's TOASTed value is unknown
+    ("INSERT INTO typeprobe.floats VALUES (1, -1.5, 1.0000000000000002), (2, 'Infinity', '-Infinity'), "
+     "(3, NULL, -0.1)", None),
+]
+
+
+def _documented() -> list[dict[str, str]]:
+    """The rows of docs/types.md's type table, cells by header (first backticked token of each cell)."""
+    lines = [ln for ln in (REPO / "docs" / "types.md").read_text().splitlines() if ln.startswith("|")]
+    header = [c.strip().replace("`", "") for c in lines[0].strip("|").split("|")]
+    rows = []
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(header):
+            continue
+        token = {h: (m.group(1) if (m := re.search(r"`([^`]*)`", c)) else "")
+                 for h, c in zip(header, cells, strict=True)}
+        if token.get("probe column"):
+            rows.append(token)
+    return rows
+
+
+DOCUMENTED = _documented()
+
+
+@pytest.fixture(scope="module")
+def probe(pg_dsn: str, stack: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, IngestConfig]:
+    """Write the probe rows once, let Debezium capture them, ingest both formats."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS typeprobe CASCADE")
+        delete_topics(stack.bootstrap_servers(), [f"{p}.{SCHEMA}.{t}" for p in PREFIX.values() for t in TABLES])
+        conn.execute("CREATE SCHEMA typeprobe")
+        conn.execute(DDL.encode())
+        conn.execute(ROW_1.encode(), (BIG,))
+        conn.execute(ROW_3.encode())
+        for statement, param in STATEMENTS:
+            conn.execute(statement.encode(), (param,) if param is not None else None)
+    assert wait_for_capture(pg_dsn, timeout=120).ok
+    configs = {}
+    for fmt in PREFIX:
+        config = stack_config(fmt, tmp_path_factory.mktemp(f"types-{fmt}"), schema=SCHEMA, tables=TABLES)
+        report = Engine(config, spark=spark).run()
+        assert not report.failed, {n: t.error for n, t in report.tables.items()}
+        configs[fmt] = config
+    return configs
+
+
+def _delta_rows(config: IngestConfig, table: str) -> dict[int, dict[str, Any]]:
+    delta = open_table(config.table_path(table))
+    assert delta is not None, f"{table}: no Delta table"
+    return {r["id"]: r for r in read_all(delta).to_pylist()}
+
+
+def _json_schema(table: str) -> dict[str, tuple[str, str | None]]:
+    """Column -> (JSON schema type, semantic name) of the ``after`` image, from the table's first message."""
+    envelope = json_events(f"{PREFIX['json']}.{SCHEMA}.{table}")[0]["schema"]
+    after = next(f for f in envelope["fields"] if f["field"] == "after")
+    return {f["field"]: (f["type"], f.get("name")) for f in after["fields"]}
+
+
+def _avro_schema(table: str) -> dict[str, tuple[str, str | None]]:
+    """Column -> (Avro type, connect.name) from the writer schema of the table's first message."""
+    value = read_topic(f"{PREFIX['avro']}.{SCHEMA}.{table}")[0][1]
+    schema_id = struct.unpack(">bI", value[:5])[1]
+    response = requests.get(f"http://127.0.0.1:8081/apis/ccompat/v7/schemas/ids/{schema_id}", timeout=10)
+    envelope = json.loads(response.json()["schema"])
+    before = next(f for f in envelope["fields"] if f["name"] == "before")
+    record = next(t for t in before["type"] if t != "null")
+    out = {}
+    for field in record["fields"]:
+        typ = field["type"]
+        typ = next(t for t in typ if t != "null") if isinstance(typ, list) else typ
+        out[field["name"]] = (typ, None) if isinstance(typ, str) else (typ["type"], typ.get("connect.name"))
+    return out
+
+
+def test_docs_list_every_probe_column() -> None:
+    documented = {row["probe column"] for row in DOCUMENTED}
+    columns = set(re.findall(r"\b(c_\w+|id) \w", DDL))
+    assert columns - {"id"} <= documented, f"columns without a row in docs/types.md: {columns - documented}"
+
+
+@pytest.mark.parametrize("row", DOCUMENTED, ids=[f"{r['PostgreSQL']}-{r['probe column']}" for r in DOCUMENTED])
+def test_debezium_emits_what_the_docs_say(probe: dict[str, IngestConfig], row: dict[str, str]) -> None:
+    table = "floats" if row["probe column"] in FLOAT_COLUMNS else "edge"
+    column, semantic = row["probe column"], row["semantic name"] or None
+    assert _json_schema(table)[column] == (row["JSON schema type"], semantic)
+    assert _avro_schema(table)[column] == (row["Avro type"], semantic)
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_delta_types_are_the_documented_ones(probe: dict[str, IngestConfig], fmt: str) -> None:
+    delta = DeltaTable(str(probe[fmt].table_path("edge")))
+    types = {f.name: f.type.type for f in delta.schema().fields if hasattr(f.type, "type")}
+    wrong = {r["probe column"]: (types.get(r["probe column"]), r["Delta type"]) for r in DOCUMENTED
+             if r["probe column"] in types and types[r["probe column"]] != r["Delta type"]}
+    assert not wrong, f"column: (Delta type, documented type): {wrong}"
+    documented_edge = {r["probe column"] for r in DOCUMENTED} - set(FLOAT_COLUMNS)
+    assert documented_edge <= set(types)
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_edge_values_as_the_engine_writes_them(probe: dict[str, IngestConfig], fmt: str) -> None:
+    rows = _delta_rows(probe[fmt], "edge")
+    assert sorted(rows) == [1, 2, 3, 60]
+    one, three = rows[1], rows[3]
+    assert one["c_smallint"] == -32768 and one["c_bigint"] == -(2**63)
+    assert one["c_numeric_12_2"] == Decimal("-1234567890.12")
+    assert one["c_numeric"] == Decimal("-123456789012345678.123456789012345678")
+    assert three["c_numeric"] == Decimal("0.000000000000000001")
+    assert one["c_timestamptz"] == datetime(1969, 7, 20, 20, 17, 40, 123456, tzinfo=UTC)
+    assert one["c_timestamp"] == datetime(1900, 1, 1, 0, 0, 0, 1) and one["c_timestamp"].tzinfo is None
+    assert one["c_timestamp3"] == datetime(1960, 2, 29, 12, 0, 0, 500000)
+    assert three["c_timestamptz"] == datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+    assert one["c_date"] == date(1, 1, 1) and three["c_date"] == date(9999, 12, 31)
+    assert one["c_time"] == 86_399_999_999 and three["c_time"] == 0
+    assert one["c_time3"] == 86_399_999_000 and three["c_time3"] == 1000
+    assert one["c_timetz"] == "18:29:59.999999Z" and three["c_timetz"] == "08:00:00Z"
+    assert one["c_interval"] == 37_091_106_789_000  # Debezium: a month is 30.4375 days
+    assert json.loads(one["c_jsonb"], parse_float=Decimal) == {"a": {"b": "✓"}, "big": Decimal("1e400"),
+                                                             "ü": [1, Decimal("2.50"), None]}
+    assert one["c_json"] == '{"x" :  1}'  # json keeps its text as written
+    assert one["c_uuid"] == "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11" and one["c_enum"] == "ünïcode"
+    assert one["c_bytea"] == b"\x00\xff\x00" and three["c_bytea"] == b""
+    assert one["c_text_array"] == "[]" and one["c_int_array"] == "[]"
+    assert json.loads(three["c_text_array"]) == ["a,b", None, 'c"d', "ü"]
+    assert three["c_int_array"] == "[1, null, -3]"
+    assert one["c_text"] == "updated ✓" and one["c_varchar"] == "äöü€ 🚀" and one["c_char"] == "x  "
+    assert three["c_text"] == "it's; DROP TABLE x; --" and one["c_boolean"] is False
+    assert all(v is None for k, v in rows[2].items() if not k.startswith("_cdc_") and k != "id")
+    # The update left c_big unchanged: Debezium sent a placeholder and the engine kept the stored value.
+    assert one["c_big"] == BIG and not one["_cdc_unknown_columns"]
+    assert rows[60]["c_text"] == "moves" and rows[60]["c_big"] == "small"
+
+
+def test_debezium_really_sent_the_unchanged_toast_placeholder(probe: dict[str, IngestConfig]) -> None:
+    updates = [e["payload"] for e in json_events(f"{PREFIX['json']}.{SCHEMA}.edge") if e["payload"]["op"] == "u"]
+    assert [u["after"]["c_big"] for u in updates if u["after"]["id"] == 1] == ["__debezium_unavailable_value"]
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_edge_table_equals_its_source(probe: dict[str, IngestConfig], fmt: str, pg_dsn: str) -> None:
+    config = probe[fmt]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        check = check_table(config, config.table("edge"), conn)
+    assert check.error is None
+    assert check.verification is not None and check.verification.ok, check.verification.examples
+    assert check.verification.expected_rows == 4
+    assert any("c_interval" in note and "not compared" in note for note in check.notes)
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_primary_key_update_of_a_toasted_row_leaves_the_value_unknown(probe: dict[str, IngestConfig], fmt: str,
+                                                                      pg_dsn: str) -> None:
+    """Debezium sends the moved row with the placeholder; no consumer can know the value (docs/types.md)."""
+    rows = _delta_rows(probe[fmt], "toast_pk")
+    assert list(rows) == [2]
+    assert rows[2]["c_big"] is None and rows[2]["_cdc_unknown_columns"] == ["c_big"]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        check = check_table(probe[fmt], probe[fmt].table("toast_pk"), conn)
+    assert check.verification is not None and check.verification.different == 1
+    assert "(id=2)" in check.verification.examples[0] and "c_big" in check.verification.examples[0]
+    assert check.unknown_rows == 1 and any("marked unknown" in note for note in check.notes)
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_real_and_double_columns(probe: dict[str, IngestConfig], fmt: str) -> None:
+    rows = _delta_rows(probe[fmt], "floats")
+    types = {f.name: f.type.type for f in DeltaTable(str(probe[fmt].table_path("floats"))).schema().fields}
+    documented = {r["probe column"]: r["Delta type"] for r in DOCUMENTED if r["probe column"] in FLOAT_COLUMNS}
+    assert {c: types[c] for c in FLOAT_COLUMNS} == documented
+    assert rows[1]["c_real"] == -1.5 and rows[1]["c_double"] == 1.0000000000000002
+    assert rows[2]["c_real"] == float("inf") and rows[2]["c_double"] == float("-inf")
+    assert rows[3]["c_real"] is None and rows[3]["c_double"] == -0.1
+
+
+def test_workdirs_are_separate(probe: dict[str, IngestConfig]) -> None:
+    assert probe["avro"].workdir != probe["json"].workdir
+    assert all(Path(c.workdir).is_dir() for c in probe.values())
