@@ -8,9 +8,10 @@ Reads go through delta-rs's own DataFusion engine (``QueryBuilder``) rather than
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
@@ -78,6 +79,32 @@ def quote(name: str) -> str:
 
 def sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
+
+
+def key_range(keys: pa.Table | None, column: str, alias: str = "") -> str | None:
+    """``column`` between the smallest and largest of ``keys[column]``, as a SQL predicate.
+
+    Delta engines skip every file whose min/max statistics fall outside it, so with a table laid out
+    by key a batch reads and rewrites only the files its keys live in. ``None`` when there are no
+    keys or the values have no plain literal (then nothing is pruned).
+    """
+    if keys is None or keys.num_rows == 0 or column not in keys.column_names:
+        return None
+    literals = [_literal(v.as_py()) for v in pc.min_max(keys[column]).values()]
+    if None in literals:
+        return None
+    col = f"{alias}.{quote(column)}" if alias else quote(column)
+    return f"{col} >= {literals[0]} AND {col} <= {literals[1]}"
+
+
+def _literal(value: Any) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return sql_string(value)
+    return None
 
 
 def open_table(path: str | Path) -> DeltaTable | None:

@@ -35,6 +35,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from ingest import audit, locks, secrets
 from ingest import checkpoint as checkpoints
+from ingest.apply.delta_rs import DeltaRsEngine
 from ingest.apply.pipeline import BatchResult, apply_parts
 from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, TableSpec
@@ -106,6 +107,7 @@ class _BatchHandler:
         self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
         self.progress, self.gates = progress, gates
         self.decoder = BatchDecoder({s.topic: DecoderSpec.for_table(config, s) for s in specs})
+        self.engine = DeltaRsEngine(target_file_size=config.target.target_file_size_mb * 1024 * 1024)
         self.stopped: dict[str, BaseException] = {}
         self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)
         self.batches = 0
@@ -151,7 +153,7 @@ class _BatchHandler:
                     mine = frame.filter(frame.topic == spec.topic)
                     parts = read_parts(mine.mapInArrow(self.decoder, PARTS_DDL).toArrow().column("part").to_pylist())
                 result = apply_parts(spec, paths, parts, batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
-                                     gate=self.gates.get(spec.name),
+                                     gate=self.gates.get(spec.name), engine=self.engine,
                                      fetch_raw=lambda coords: fetch_raw(frame, coords))
         run = self.report.tables[spec.name]
         run.already_applied += result.already_applied

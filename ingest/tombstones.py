@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from ingest.deltaio import arrow_type, delta_type_name, open_table, quote, read_all, table_schema
+from ingest.deltaio import arrow_type, delta_type_name, key_range, open_table, quote, read_all, table_schema
 from ingest.errors import TableError
 from ingest.ordering import later_than_stored_sql
 from ingest.schema import holds
@@ -35,12 +35,18 @@ def key_array(table: str, column: str, values: Sequence[Any], delta_type: str) -
                                 f"{delta_type}: {exc}") from exc
 
 
-def read(path: Path, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str) -> pa.Table | None:
-    """Every remembered delete: the key columns and ``_cdc_position`` (``None``: none yet)."""
+def read(path: Path, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str,
+         keys: pa.Table | None = None) -> pa.Table | None:
+    """The remembered deletes: the key columns and ``_cdc_position`` (``None``: none yet).
+
+    Args:
+        keys: only the deletes within the range of these keys' first key column (default: all).
+    """
     delta = _aligned(path, key_types, table)
     if delta is None:
         return None
-    return read_all(delta, columns=[*key_columns, "_cdc_position"])
+    where = key_range(keys, key_columns[0]) if keys is not None and key_columns else None
+    return read_all(delta, columns=[*key_columns, "_cdc_position"], where=where)
 
 
 def positions(path: Path, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str) -> dict[Key, str]:

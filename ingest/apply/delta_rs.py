@@ -27,7 +27,7 @@ from deltalake.exceptions import CommitFailedError
 
 from ingest import faults, tombstones
 from ingest.apply.plan import TOAST_FLAG, MergePlan
-from ingest.deltaio import FRAMEWORK_COLUMNS, arrow_type, quote, read_all, sql_string
+from ingest.deltaio import FRAMEWORK_COLUMNS, arrow_type, key_range, quote, read_all, sql_string
 from ingest.errors import CommitConflictError
 from ingest.events import ColumnSpec
 from ingest.ordering import later_than_stored_sql, replaces_stored_sql
@@ -80,10 +80,13 @@ class CommitOutcome:
     merge_ms: int = 0
 
 
+@dataclass(slots=True)
 class DeltaRsEngine:
     """Commits planned batches with delta-rs, on the driver (DataFusion, multi-threaded)."""
 
-    name = "delta-rs"
+    #: bytes of the Parquet files a new table's writes aim at (its ``delta.targetFileSize``)
+    target_file_size: int = 64 * 1024 * 1024
+    name: str = "delta-rs"
 
     def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
         """Apply ``request`` in one commit.
@@ -95,7 +98,7 @@ class DeltaRsEngine:
         started = time.perf_counter()
         outcome = CommitOutcome()
         columns = request.schema.columns
-        table = state.table if state.table is not None else _create(request)
+        table = state.table if state.table is not None else _create(request, self.target_file_size)
         if request.schema.widened:
             faults.point("before-widen")
             table = _widen(table, columns, request.schema.describe())
@@ -145,11 +148,12 @@ def _framework_schema() -> list[pa.Field]:
     return [pa.field(name, typ) for name, typ in FRAMEWORK_COLUMNS]
 
 
-def _create(request: CommitRequest) -> DeltaTable:
+def _create(request: CommitRequest, target_file_size: int) -> DeltaTable:
     columns = request.schema.columns
     schema = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in columns] + _framework_schema())
     return DeltaTable.create(
         str(request.path), schema, mode="ignore", name=request.table,
+        configuration={"delta.targetFileSize": str(target_file_size)},
         description=f"CDC target table {request.table} (primary key {', '.join(request.key_columns)})",
         commit_properties=CommitProperties(custom_metadata={STATE_KEY: json.dumps(
             state_metadata(request.key_columns, None, request.flattened))}),
@@ -190,8 +194,14 @@ def _merge(table: DeltaTable, request: CommitRequest, columns: list[ColumnSpec],
     framework_updates = {quote(c): f"s.{quote(c)}" for c in framework if c != "_cdc_unknown_columns"}
     inserts = {quote(c): f"s.{quote(c)}" for c in user + framework}
     newer = replaces_stored_sql("s", "t")
-    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in request.key_columns)
     truncate = request.truncate
+    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in request.key_columns)
+    if on and not truncate:
+        # Literal bounds of the batch's keys let delta-rs skip every file outside them by its
+        # min/max statistics: with the table laid out by key, a batch of recent keys rewrites only
+        # the newest files. (A truncate must see every row, so then there are no bounds.)
+        bounds = key_range(source, request.key_columns[0], "t")
+        on = f"{bounds} AND {on}" if bounds else on
     removed_by_truncate = later_than_stored_sql(sql_string(truncate), "t._cdc_position") if truncate else ""
 
     merger = table.merge(source, on or "false", source_alias="s", target_alias="t", merge_schema=True,

@@ -211,7 +211,7 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
         parts = [t.select(list(key_columns)) for t in (reduction.winners, reduction.truncated) if t is not None]
         keys = pa.concat_tables(parts)
         stored = stored_rows(state.table, key_columns, keys)
-        tombs = tombstones.read(paths.tombstones, key_columns, key_types, spec.name) \
+        tombs = tombstones.read(paths.tombstones, key_columns, key_types, spec.name, keys) \
             if hard and keys.num_rows else None
         plan = plan_merge(reduction, key_columns=key_columns, columns=schema.columns, stored=stored, tombstones=tombs,
                           old_truncate=state.truncate_position, new_truncate=truncate, hard=hard)

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from ingest.apply.sql import connect, ident, query
-from ingest.deltaio import quote, read_all, sql_string, table_schema
+from ingest.deltaio import key_range, read_all, table_schema
 
 #: Framework column naming the columns whose value is unknown (an unresolved TOAST placeholder).
 UNKNOWN_COLUMNS = "_cdc_unknown_columns"
@@ -29,11 +26,7 @@ def stored_rows(table: DeltaTable | None, key_columns: tuple[str, ...], keys: pa
     if table is None or keys.num_rows == 0 or not key_columns or any(k not in names for k in key_columns):
         # A table created by a truncate has no key columns yet, and no rows.
         return _empty(keys, key_columns)
-    first = key_columns[0]
-    lo, hi = pc.min_max(keys[first]).values()
-    bounds = _literal(lo.as_py()), _literal(hi.as_py())
-    # A range filter on the first key column lets delta-rs skip files by their min/max stats.
-    where = f"{quote(first)} >= {bounds[0]} AND {quote(first)} <= {bounds[1]}" if None not in bounds else None
+    where = key_range(keys, key_columns[0])
     unknown = UNKNOWN_COLUMNS in names
     found = read_all(table, columns=[*key_columns, "_cdc_position", "_cdc_partition", "_cdc_offset", "_cdc_deleted",
                                      *([UNKNOWN_COLUMNS] if unknown else [])], where=where)
@@ -53,12 +46,3 @@ def _empty(keys: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
     fields = [keys.schema.field(k) for k in key_columns if k in keys.column_names]
     return pa.schema([*fields, *STORED_SCHEMA]).empty_table()
 
-
-def _literal(value: Any) -> str | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return sql_string(value)
-    return None
