@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,9 +40,10 @@ from ingest.apply.pipeline import BatchResult, apply_parts
 from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode.columnar import PARTS_DDL, BatchDecoder, DecoderSpec, read_parts
-from ingest.errors import is_transient
+from ingest.errors import RegistryUnavailableError, is_transient
 from ingest.paths import TablePaths
 from ingest.quality import QualityGate
+from ingest.registry import ConfluentSchemaRegistry
 from ingest.source import Offsets, read_topics, source_for
 from ingest.spark import session_for
 from ingest.tablestate import load_state
@@ -106,7 +107,9 @@ class _BatchHandler:
                  progress: ProgressFn | None, gates: dict[str, QualityGate]) -> None:
         self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
         self.progress, self.gates = progress, gates
-        self.decoder = BatchDecoder({s.topic: DecoderSpec.for_table(config, s) for s in specs})
+        self.specs_by_topic = {s.topic: DecoderSpec.for_table(config, s) for s in specs}
+        self.decoder = BatchDecoder(self.specs_by_topic)
+        self.registry = _driver_registry(config)
         self.engine = DeltaRsEngine(target_file_size=config.target.target_file_size_mb * 1024 * 1024)
         self.stopped: dict[str, BaseException] = {}
         self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)
@@ -118,6 +121,7 @@ class _BatchHandler:
             if not active:
                 raise _AllTablesStopped
             t0 = time.perf_counter()
+            self._prefetch_schemas(active)
             # The executors decode the Kafka rows into typed columnar parts; the driver gets those only.
             parts = read_parts(frame.mapInArrow(self.decoder, PARTS_DDL).toArrow().column("part").to_pylist())
             decode_ms = int((time.perf_counter() - t0) * 1000)
@@ -140,6 +144,25 @@ class _BatchHandler:
         except BaseException as exc:
             self.error = exc
             raise
+
+    def _prefetch_schemas(self, active: list[TableSpec]) -> None:
+        """Hand the executors every schema of the active topics, so they need not call the registry.
+
+        A registry the driver cannot read is not an error here: the workers then try themselves, and
+        a table whose schemas stay unreachable fails its batch as before (retried, then stopped).
+        """
+        if self.registry is None:
+            return
+        for spec in active:
+            try:
+                found = self.registry.subject_schemas([f"{spec.topic}-key", f"{spec.topic}-value"])
+            except RegistryUnavailableError as exc:
+                log.warning("table %s: schemas not prefetched (%s); the executors will ask the registry",
+                            spec.name, secrets.describe(exc))
+                continue
+            known = self.specs_by_topic[spec.topic]
+            self.specs_by_topic[spec.topic] = replace(known, schemas=tuple(sorted(found.items())))
+        self.decoder = BatchDecoder(self.specs_by_topic)
 
     def _apply(self, spec: TableSpec, frame: DataFrame, parts: list[Any], batch_id: int, decode_ms: int) -> None:
         paths = TablePaths.of(self.config, spec.name)
@@ -386,6 +409,20 @@ class Engine:
                         if not report.tables[spec.name].error:
                             report.tables[spec.name].error = secrets.redact(text)
                     break
+
+
+def _driver_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:
+    """The driver's client of a Confluent-compatible registry (None for the embedded one)."""
+    registry = config.source.registry
+    if registry.kind != "confluent" or not registry.url:
+        return None
+    try:
+        return ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
+                                                     secrets_file=config.secrets_path)
+    except RegistryUnavailableError as exc:
+        log.warning("schema registry client not created on the driver (%s); the executors will ask it",
+                    secrets.describe(exc))
+        return None
 
 
 def fetch_raw(frame: DataFrame, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:

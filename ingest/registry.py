@@ -12,7 +12,7 @@ import json
 import os
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -158,6 +158,7 @@ class ConfluentSchemaRegistry:
             raise RegistryUnavailableError(
                 f"schema registry client cannot be created: {secrets.describe(exc)}") from None
         self._cache: dict[int, dict[str, Any]] = {}
+        self._versions: dict[tuple[str, int], tuple[int, str]] = {}
 
     @classmethod
     def from_settings(cls, url: str, *, credentials_env: str | None,
@@ -196,6 +197,76 @@ class ConfluentSchemaRegistry:
         from confluent_kafka.schema_registry import Schema
 
         return int(self._client.register_schema(subject, Schema(json.dumps(schema), "AVRO")))
+
+    def subject_schemas(self, subjects: Iterable[str]) -> dict[int, str]:
+        """Every schema registered under ``subjects`` as ``{id: schema JSON}`` (a missing subject is empty).
+
+        A registered version never changes, so each is fetched once per client.
+
+        Raises:
+            RegistryUnavailableError: the registry did not answer, or refused (401/403, 5xx).
+        """
+        from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
+
+        found: dict[int, str] = {}
+        for subject in subjects:
+            try:
+                versions = self._client.get_versions(subject)
+                for version in versions:
+                    key = (subject, version)
+                    if key not in self._versions:
+                        registered = self._client.get_version(subject, version)
+                        self._versions[key] = (int(registered.schema_id), registered.schema.schema_str or "")
+                    schema_id, text = self._versions[key]
+                    found[schema_id] = text
+            except ClientError as exc:
+                if exc.http_status_code == 404:
+                    continue
+                raise RegistryUnavailableError(secrets.redact(
+                    f"schema registry refused subject {subject}: HTTP {exc.http_status_code} {exc.error_message}"
+                )) from None
+            except Exception as exc:
+                raise RegistryUnavailableError(
+                    f"schema registry unreachable while listing subject {subject}: {secrets.describe(exc)}"
+                ) from None
+        return found
+
+
+class PrefetchedSchemaRegistry:
+    """Schemas the driver fetched, handed to a worker; an id outside them goes to ``fallback``.
+
+    Debezium's converters register under the topic's subjects (``<topic>-key``/``-value``), so the
+    driver's prefetch normally covers a batch and the executors never call the registry: they need
+    neither its credentials nor a route to it. ``fallback`` (created on first miss) serves ids
+    registered elsewhere (another subject name strategy) with the worker's own credentials.
+    """
+
+    def __init__(self, schemas: Iterable[tuple[int, str]], fallback: Callable[[], SchemaRegistry] | None) -> None:
+        self._text = dict(schemas)
+        self._parsed: dict[int, dict[str, Any]] = {}
+        self._make_fallback = fallback
+        self._fallback: SchemaRegistry | None = None
+
+    def get_schema(self, schema_id: int) -> dict[str, Any]:
+        if schema_id in self._parsed:
+            return self._parsed[schema_id]
+        text = self._text.get(schema_id)
+        if text is not None:
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                raise SchemaRegistryError(
+                    f"schema id {schema_id}: the registry returned a schema that is not JSON") from None
+            self._parsed[schema_id] = parsed
+            return parsed
+        if self._make_fallback is None:
+            raise SchemaRegistryError(f"schema id {schema_id} is not in the registry")
+        if self._fallback is None:
+            self._fallback = self._make_fallback()
+        return self._fallback.get_schema(schema_id)
+
+    def register(self, subject: str, schema: dict[str, Any]) -> int:
+        raise NotImplementedError("a worker's prefetched registry is read-only")
 
 
 def _register_url_credentials(url: str) -> None:

@@ -42,3 +42,25 @@ def test_missing_java_is_one_clear_line(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(EnvironmentProblem, match="apt-get install openjdk-17"):
         check_java()
+
+
+def test_prefetched_schemas_need_no_registry_and_a_miss_asks_the_fallback(tmp_path):
+    import json
+
+    from ingest.registry import PrefetchedSchemaRegistry
+
+    embedded = EmbeddedSchemaRegistry(tmp_path)
+    other = embedded.register("elsewhere-value", {"type": "record", "name": "B", "fields": []})
+    calls = []
+
+    def fallback():
+        calls.append(1)
+        return embedded
+
+    schema = {"type": "record", "name": "A", "fields": [{"name": "id", "type": "int"}]}
+    registry = PrefetchedSchemaRegistry([(7, json.dumps(schema))], fallback)
+    assert registry.get_schema(7) == schema and registry.get_schema(7) == schema
+    assert calls == []  # a prefetched id never creates the worker's own client
+    assert registry.get_schema(other)["name"] == "B" and calls == [1]
+    with pytest.raises(SchemaRegistryError, match="not in the registry"):
+        PrefetchedSchemaRegistry([], None).get_schema(99)

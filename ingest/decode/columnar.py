@@ -454,8 +454,10 @@ class BatchDecoder:
 class DecoderSpec:
     """How to build a table's :class:`~ingest.decode.MessageDecoder` in a worker (picklable).
 
-    Where the registry's credentials are found travels, never the credentials: they are looked up
-    in the worker, so no secret is in the pickled plan.
+    Where the registry's credentials are found travels, never the credentials, so no secret is in
+    the pickled plan. ``schemas`` are the topic's schemas the driver already fetched (see
+    :class:`~ingest.registry.PrefetchedSchemaRegistry`); only an id outside them makes the worker
+    call the registry, with credentials looked up in the worker.
     """
 
     value_format: str
@@ -465,6 +467,7 @@ class DecoderSpec:
     registry_credentials_env: str | None = None
     secrets_file: str | None = None
     keep_before: bool = True
+    schemas: tuple[tuple[int, str], ...] = ()  # (id, schema JSON) the driver fetched for this topic
 
     @classmethod
     def for_table(cls, config: IngestConfig, spec: TableSpec, *, keep_before: bool = False) -> DecoderSpec:
@@ -481,11 +484,14 @@ class DecoderSpec:
         )
 
     def __call__(self) -> MessageDecoder:
-        from ingest.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry
+        from ingest.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, PrefetchedSchemaRegistry
 
-        registry: Any = (
-            ConfluentSchemaRegistry.from_settings(self.registry_url, credentials_env=self.registry_credentials_env,
-                                                  secrets_file=self.secrets_file) if self.registry_url
-            else EmbeddedSchemaRegistry(self.registry_dir) if self.registry_dir else None)
+        registry: Any = None
+        if self.registry_url:
+            url, env, file = self.registry_url, self.registry_credentials_env, self.secrets_file
+            registry = PrefetchedSchemaRegistry(self.schemas, lambda: ConfluentSchemaRegistry.from_settings(
+                url, credentials_env=env, secrets_file=file))
+        elif self.registry_dir:
+            registry = EmbeddedSchemaRegistry(self.registry_dir)
         return MessageDecoder(value_format=self.value_format,  # type: ignore[arg-type]
                               registry=registry, key_columns=self.key_columns, keep_before=self.keep_before)

@@ -77,13 +77,12 @@ def clean_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
     return out
 
 
-@pytest.mark.parametrize("mode", ["hard", "soft"])
-@pytest.mark.parametrize("point", faults.POINTS)
+# Soft mode keeps deleted rows and writes no tombstones, so it has no "after-tombstones" point.
+@pytest.mark.parametrize(("point", "mode"), [(p, m) for m in ("hard", "soft") for p in faults.POINTS
+                                             if not (p == "after-tombstones" and m == "soft")])
 def test_a_crash_at_any_point_then_replay_equals_a_clean_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              clean_states: dict[str, Any], point: str,
                                                              mode: str) -> None:
-    if point == "after-tombstones" and mode == "soft":
-        pytest.skip("soft mode keeps deleted rows and writes no tombstones")
     spec = TableSpec(name="t", topic="t", delete_mode=mode)
     paths = _paths(tmp_path)
     _apply(spec, paths, FIRST, 0, 0)

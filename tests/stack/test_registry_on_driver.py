@@ -1,0 +1,55 @@
+"""The executors decode Avro without the registry's credentials: the driver fetches the schemas.
+
+On a cluster the executors often have neither a route to the registry nor its credentials, and a
+credential exported after the Spark session started never reaches the local Python workers. The
+test makes that explicit: the credential is put under a name only the driver's environment has,
+set after Spark started, and the run must still decode every change.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from ingest.deltaio import open_table, read_all
+from ingest.engine import Engine
+from ingest.proof.capture import delete_topics, wait_for_capture
+from tests.stack.helpers import PREFIX, stack_config
+
+pytestmark = [pytest.mark.stack, pytest.mark.spark]
+
+SCHEMA = "regprobe"
+DRIVER_ONLY = "INGEST_TEST_DRIVER_ONLY_REGISTRY_AUTH"
+
+
+def test_avro_decodes_with_credentials_only_the_driver_has(
+        pg_dsn: str, stack: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        delete_topics(stack.bootstrap_servers(), [f"{PREFIX['avro']}.{SCHEMA}.item"])
+        conn.execute(f"CREATE SCHEMA {SCHEMA}")
+        conn.execute(f"CREATE TABLE {SCHEMA}.item (id integer PRIMARY KEY, name text, price numeric(8,2))")
+        conn.execute(f"INSERT INTO {SCHEMA}.item SELECT g, 'n' || g, g * 1.25 FROM generate_series(1, 50) g")
+        conn.execute(f"UPDATE {SCHEMA}.item SET price = price + 1 WHERE id <= 10")
+        conn.execute(f"DELETE FROM {SCHEMA}.item WHERE id > 45")
+    assert wait_for_capture(pg_dsn, timeout=120).ok
+
+    config = stack_config("avro", tmp_path, schema=SCHEMA, tables=["item"])
+    registry = config.source.registry.model_copy(update={"credentials_env": DRIVER_ONLY})
+    config = config.model_copy(update={"source": config.source.model_copy(update={"registry": registry})})
+    # Only the driver sees it: the Spark session (and its workers' environment) already exists.
+    monkeypatch.setenv(DRIVER_ONLY, os.environ["SCHEMA_REGISTRY_USER_INFO"])
+
+    report = Engine(config, spark=spark).run()
+
+    assert not report.failed, {n: t.error for n, t in report.tables.items()}
+    table = open_table(config.table_path("item"))
+    assert table is not None
+    rows = read_all(table).to_pylist()
+    with psycopg.connect(pg_dsn) as conn:
+        truth = conn.execute(f"SELECT id, name, price FROM {SCHEMA}.item ORDER BY id").fetchall()
+    assert sorted((r["id"], r["name"], r["price"]) for r in rows) == truth
