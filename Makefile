@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: demo test install lint bench lock clean java dagster ui-screenshot jars stack stack-down stack-status demo-stack
+.PHONY: demo test install lint bench lock clean java dagster ui-screenshot jars stack stack-down stack-status demo-stack \
+	torture-stack bench-latency
 
 java:
 	@command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || { \
@@ -67,6 +68,17 @@ stack-status: install
 # stack's settings (.stack/credentials.env), not from the shell.
 demo-stack: java install
 	$(BIN)/ingest demo-stack
+
+# Faults on the real stack while PostgreSQL keeps changing (about 30 min here; resets the `shop` schema and its
+# topics): `ingest run --continuous` SIGKILLed (from outside and at named points) and restarted, broker, Connect,
+# registry and PostgreSQL restarted, 30 faults in a seeded order; then every table against PostgreSQL, duplicate
+# keys, audit balance, records received once. Exit 1 on any divergence.
+torture-stack: java install
+	$(BIN)/ingest torture --stack --seed 1 --faults 30
+
+# Continuous-mode latency (PostgreSQL commit -> visible in Delta) at 500, 2,000 and 5,000 changes/s on the stack.
+bench-latency: java install
+	$(BIN)/python benchmarks/bench_latency.py
 
 # Re-resolve the pinned set after changing pyproject.toml.
 lock:

@@ -21,14 +21,33 @@ DAILY_REVENUE: Final = "daily_revenue_by_segment"
 #: The tables the analytic asset reads; it exists only when both are configured.
 _SOURCES: Final = ("orders", "customers")
 
-DAILY_REVENUE_SQL: Final = """
+_LIVE_CUSTOMERS: Final = "(SELECT * FROM customers WHERE NOT coalesce(_cdc_deleted, false))"
+
+#: The demo's orders carry their own quantity and amount.
+DAILY_REVENUE_SQL: Final = f"""
 SELECT CAST(o.ordered_at AS DATE)            AS order_date,
        coalesce(c.segment, 'unknown')        AS segment,
        count(*)                              AS orders,
        sum(CAST(o.quantity AS BIGINT))       AS units,
        sum(o.amount)                         AS revenue
 FROM orders o
-LEFT JOIN (SELECT * FROM customers WHERE NOT coalesce(_cdc_deleted, false)) c ON o.customer_id = c.id
+LEFT JOIN {_LIVE_CUSTOMERS} c ON o.customer_id = c.id
+WHERE NOT coalesce(o._cdc_deleted, false) AND o.status <> 'cancelled'
+GROUP BY 1, 2
+ORDER BY 1, 2
+"""
+
+#: A normalised schema (the stack's ``shop``): the order's total, units from its live lines.
+DAILY_REVENUE_WITH_ITEMS_SQL: Final = f"""
+SELECT CAST(o.ordered_at AS DATE)            AS order_date,
+       coalesce(c.segment, 'unknown')        AS segment,
+       count(*)                              AS orders,
+       sum(coalesce(i.units, 0))             AS units,
+       sum(o.total)                          AS revenue
+FROM orders o
+LEFT JOIN {_LIVE_CUSTOMERS} c ON o.customer_id = c.id
+LEFT JOIN (SELECT order_id, sum(CAST(quantity AS BIGINT)) AS units FROM order_items
+           WHERE NOT coalesce(_cdc_deleted, false) GROUP BY order_id) i ON o.id = i.order_id
 WHERE NOT coalesce(o._cdc_deleted, false) AND o.status <> 'cancelled'
 GROUP BY 1, 2
 ORDER BY 1, 2
@@ -36,14 +55,32 @@ ORDER BY 1, 2
 
 
 def daily_revenue(config: IngestConfig) -> pa.Table:
-    """Daily revenue per customer segment from the live rows of the Delta tables."""
-    builder = QueryBuilder()
-    for name in _SOURCES:
-        table = open_table(config.table_path(name))
-        if table is None:
+    """Daily revenue per customer segment from the live rows of the Delta tables.
+
+    Orders with ``quantity`` and ``amount`` (the demo) are summed as they are; orders with a
+    ``total`` and an ``order_items`` table with ``quantity`` (a normalised schema) take units from
+    their live lines.
+    """
+    tables = {}
+    for name in (*_SOURCES, "order_items"):
+        table = open_table(config.table_path(name)) if name in {t.name for t in config.tables} else None
+        if table is None and name in _SOURCES:
             raise dg.Failure(f"table {name} has no Delta table yet: materialize {table_key(name).to_user_string()}")
+        if table is not None:
+            tables[name] = table
+    columns = {f.name for f in tables["orders"].schema().fields}
+    items = tables.get("order_items")
+    if {"quantity", "amount"} <= columns:
+        sql = DAILY_REVENUE_SQL
+    elif "total" in columns and items is not None and "quantity" in {f.name for f in items.schema().fields}:
+        sql = DAILY_REVENUE_WITH_ITEMS_SQL
+    else:
+        raise dg.Failure("orders has neither quantity and amount, nor a total with order_items.quantity: "
+                         f"its columns are {sorted(c for c in columns if not c.startswith('_cdc_'))}")
+    builder = QueryBuilder()
+    for name, table in tables.items():
         builder = builder.register(name, table)
-    result = builder.execute(DAILY_REVENUE_SQL).read_all()
+    result = builder.execute(sql).read_all()
     return normalize(result if isinstance(result, pa.Table) else pa.table(result))
 
 

@@ -302,10 +302,29 @@ def torture(
     workdir: Annotated[Path | None, typer.Option(help="fresh directory (default: a new one under /tmp)")] = None,
     damage: Annotated[float, typer.Option(help="chance of damaging a Spark checkpoint before a restart")] = 0.2,
     value_format: Annotated[str, typer.Option("--format", help="avro or json")] = "avro",
+    stack: Annotated[bool, typer.Option(
+        "--stack", help="on the real stack: PostgreSQL under load, `ingest run --continuous`, faults: ingest "
+        "SIGKILLs and broker, Connect, registry and PostgreSQL restarts; verified against PostgreSQL")] = False,
+    faults: Annotated[int, typer.Option(help="--stack: faults to inject")] = 30,
+    rate: Annotated[float, typer.Option(help="--stack: row changes per second written to PostgreSQL")] = 100.0,
+    schema: Annotated[str, typer.Option(help="--stack: PostgreSQL schema to reset and load")] = "shop",
+    scale: Annotated[float, typer.Option(help="--stack: size of the initial SQL workload")] = 0.3,
+    pause: Annotated[tuple[float, float], typer.Option(help="--stack: seconds between faults (min max)")] = (
+        10.0, 30.0),
 ) -> None:
-    """Kill the engine N times while it ingests a simulated source, then prove nothing diverged (exit 1 if so)."""
+    """Kill the engine N times while it ingests a simulated source, then prove nothing diverged (exit 1 if so).
+
+    With --stack: inject faults into the real stack and the engine while PostgreSQL keeps changing, then
+    verify every table against PostgreSQL (exit 1 on any divergence).
+    """
     import tempfile
 
+    if stack:
+        from ingest.cli_stack import exit_unless, torture_stack
+
+        exit_unless(torture_stack(seed=seed, faults=faults, rate=rate, value_format=value_format,  # type: ignore[arg-type]
+                                  workdir=workdir, schema=schema, scale=scale, pause=pause))
+        return
     from ingest.torture import Torture, TortureSpec
 
     where = workdir or Path(tempfile.mkdtemp(prefix="cdc-torture-"))

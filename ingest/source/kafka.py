@@ -54,6 +54,7 @@ class KafkaSource:
         self.secrets_file = secrets_file
         self.timeout = timeout
         self._admin: Any = None
+        self._client_error: str | None = None  # what librdkafka last reported (an auth failure says so only here)
 
     def describe(self) -> str:
         return f"Kafka at {self.spec.bootstrap_servers}"
@@ -65,8 +66,22 @@ class KafkaSource:
         if self._admin is None:
             from confluent_kafka.admin import AdminClient
 
-            self._admin = AdminClient(admin_config(self.spec, self._jaas()))
+            self._admin = AdminClient({**admin_config(self.spec, self._jaas()), "error_cb": self._on_error})
         return self._admin
+
+    def _on_error(self, error: Any) -> None:
+        # A refused SASL login surfaces in requests only as a transport failure; its cause comes here.
+        # Served by poll(); a refused login is the most telling error, so a later generic one keeps it.
+        if self._client_error is None or not self._client_error.startswith("_AUTHENTICATION"):
+            self._client_error = secrets.redact(f"{error.name()}: {error.str()}")
+
+    def _why(self, exc: Exception) -> str:
+        if self._admin is not None:
+            self._admin.poll(0)  # runs error_cb for what the client saw while the request failed
+        reason = _reason(exc)
+        if self._client_error and self._client_error not in reason:
+            reason += f" ({self._client_error})"
+        return reason
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         """Next offset of every partition of ``topic`` (``{}`` if the topic does not exist yet).
@@ -90,7 +105,7 @@ class KafkaSource:
             return {tp.partition: future.result().offset for tp, future in futures.items()}
         except KafkaException as exc:
             raise SourceUnavailableError(secrets.redact(
-                f"{self.describe()} did not answer for topic {topic!r}: {_reason(exc)}")) from None
+                f"{self.describe()} did not answer for topic {topic!r}: {self._why(exc)}")) from None
 
     def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int) -> DataFrame:
         reader = (spark.readStream.format("kafka")

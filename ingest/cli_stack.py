@@ -1,0 +1,92 @@
+"""``ingest torture --stack``: the output of the stack torture (:mod:`ingest.proof.stack_torture`)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _say(line: str) -> None:
+    console.print(line, markup=False, highlight=False)
+
+
+def torture_stack(*, seed: int, faults: int, rate: float, value_format: Literal["avro", "json"],
+                  workdir: Path | None, schema: str, scale: float, pause: tuple[float, float]) -> bool:
+    """Run the stack torture, print one line per fault and a summary table; returns whether it held."""
+    from ingest.errors import EnvironmentProblem
+    from ingest.proof.stack_torture import StackTorture, StackTortureSpec
+    from ingest.stack import StackError
+
+    where = workdir or Path(tempfile.mkdtemp(prefix="cdc-torture-stack-"))
+    spec = StackTortureSpec(workdir=where, seed=seed, faults=faults, rate=rate, value_format=value_format,
+                            schema=schema, scale=scale, pause=pause)
+    console.rule(f"torture on the stack: seed {seed}, {faults} faults, {rate:.0f} changes/s, {value_format}, "
+                 f"schema {schema}")
+    try:
+        result = StackTorture(spec, say=_say).run()
+    except StackError as exc:
+        raise EnvironmentProblem(f"the local stack could not start: {exc}") from None
+    summary(result, where)
+    return result.ok
+
+
+def summary(result: object, where: Path) -> None:
+    """The summary table of a :class:`~ingest.proof.stack_torture.StackTortureResult`."""
+    from ingest.proof.stack_torture import StackTortureResult
+
+    assert isinstance(result, StackTortureResult)
+    c, w, load = result.check, result.watch, result.load
+    out = Table(title=f"torture on the stack in {where}")
+    out.add_column("measure")
+    out.add_column("value", justify="right")
+    kinds = result.by_kind()
+    out.add_row("faults (ingest kill / broker / Connect / registry / PostgreSQL)",
+                f"{sum(kinds.values())} ({' / '.join(str(n) for n in kinds.values())})")
+    kills = " / ".join(f"{k} {n}" for k, n in sorted(result.kills.items()))
+    out.add_row("ingest SIGKILLs (from outside / at named points)", kills or "0")
+    out.add_row("ingest processes started (incl. restarts) / ended on their own", f"{result.ingest_starts} / "
+                f"{len(w.unexpected_exits)}")
+    out.add_row("table batches committed by the continuous runs / retried / tables stopped",
+                f"{w.batches} / {w.retries} / {len(w.table_stops)}")
+    out.add_row("longest time without a committed batch (process up > 90 s)",
+                f"{w.longest_stall:.0f} s (after {w.stall_after or '-'})")
+    if result.workload is not None:
+        out.add_row("initial SQL workload: transactions / row changes", f"{result.workload.transactions} / "
+                    f"{result.workload.changes}")
+    if load is not None:
+        out.add_row("load: row changes committed (rate) / failed / uncertain tx / reconnects",
+                    f"{load.committed_changes:,} ({load.rate:.0f}/s) / {load.failed_transactions} / "
+                    f"{load.uncertain_transactions} / {load.reconnects}")
+    out.add_row("final ingest run (availableNow) exit code", str(result.final_exit))
+    if c is not None:
+        out.add_row("rows: PostgreSQL / Delta", f"{c.source_rows:,} / {c.delta_rows:,}")
+        out.add_row("records in the topics / received across the audit", f"{c.records:,} / {c.received:,}")
+        out.add_row("engine commits (all tables) / quarantined", f"{c.commits} / {c.quarantined}")
+        out.add_row("changes counted stale (redelivered or replayed, older than the row)", f"{c.stale:,}")
+        out.add_row("divergent rows", str(c.divergent_rows))
+        out.add_row("duplicate keys", str(c.duplicate_keys))
+        out.add_row("audit rows / unbalanced", f"{c.audit_rows} / {c.unbalanced_audit_rows}")
+    out.add_row("wall time", f"{result.seconds / 60:.1f} min")
+    console.print(out)
+    for text in w.unexpected_exits:
+        console.print(f"[yellow]ingest process ended on its own: {escape(text)}[/]", highlight=False)
+    for text in w.table_stops:
+        console.print(f"[yellow]table stopped in a continuous run: {escape(text)}[/]", highlight=False)
+    for problem in ([result.failure] if result.failure else []) + (c.problems if c else []):
+        console.print(f"[red]{escape(problem)}[/]", highlight=False)
+    console.print("[green]consistent: every table equals PostgreSQL[/]" if result.ok else "[red]DIVERGED[/]")
+
+
+def exit_unless(ok: bool) -> None:
+    """Exit 1 unless ``ok``."""
+    if not ok:
+        raise typer.Exit(1)

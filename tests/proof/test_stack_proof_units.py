@@ -1,0 +1,133 @@
+"""Parts of the stack torture and the latency benchmark that need no stack: schedules, offsets spans, configs."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from ingest.config import load_config
+from ingest.proof.ingest_process import IngestProcess
+from ingest.proof.latency import CommitIndex, latencies_of, summarize
+from ingest.proof.stack_faults import KINDS, kill_at, schedule
+from ingest.proof.stack_setup import stack_config, topics_of
+from ingest.tablestate import BATCH_KEY
+
+
+def test_schedule_is_seeded_balanced_and_covers_every_kind() -> None:
+    plan = schedule(random.Random(1), 30)
+    assert Counter(plan) == {k: 6 for k in KINDS}
+    assert plan == schedule(random.Random(1), 30) != schedule(random.Random(2), 30)
+    assert plan != sorted(plan)  # shuffled
+    small = schedule(random.Random(3), 5)
+    assert sorted(small) == sorted(KINDS)
+    odd = Counter(schedule(random.Random(4), 7))
+    assert sum(odd.values()) == 7 and set(odd) == set(KINDS) and max(odd.values()) == 2
+
+
+def test_kill_points_are_valid_fault_specs() -> None:
+    rng = random.Random(5)
+    assert kill_at(rng, "after-batch") == "after-batch:1"
+    point, hit, delay = kill_at(rng, "during-merge").split(":")
+    assert point == "before-commit" and hit == "1" and 5 <= int(delay) <= 250
+
+
+def _commit(version: int, ts: int, offsets: dict[str, list[int]]) -> dict[str, object]:
+    return {"version": version, "timestamp": ts, BATCH_KEY: {"offsets": json.dumps(offsets)}}
+
+
+def test_a_row_is_visible_at_the_first_commit_whose_span_holds_its_offset() -> None:
+    index = CommitIndex.from_commits([
+        _commit(1, 10_000, {"t:0": [0, 99], "t:1": [0, 9]}),
+        _commit(2, 12_000, {"t:0": [100, 149]}),
+        _commit(3, 15_000, {"t:0": [150, 150], "t:1": [10, 19]}),
+    ])
+    assert index.visible("t", 0, 0) == (1, 10_000)
+    assert index.visible("t", 0, 99) == (1, 10_000)
+    assert index.visible("t", 0, 100) == (2, 12_000)
+    assert index.visible("t", 0, 150) == (3, 15_000)
+    assert index.visible("t", 1, 15) == (3, 15_000)
+    assert index.visible("t", 0, 151) is None  # not committed yet
+    assert index.visible("other", 0, 1) is None
+
+
+def test_a_replayed_span_does_not_move_a_row_to_a_later_version() -> None:
+    index = CommitIndex.from_commits([_commit(4, 20_000, {"t:0": [0, 50]}), _commit(7, 30_000, {"t:0": [40, 60]})])
+    assert index.visible("t", 0, 45) == (4, 20_000)
+    assert index.visible("t", 0, 55) == (7, 30_000)
+
+
+def test_latencies_take_the_rows_in_the_window_and_subtract_the_source_commit() -> None:
+    index = CommitIndex.from_commits([_commit(1, 1_700_000_010_500, {"t:0": [0, 9]})])
+    ts = [datetime.fromtimestamp(1_700_000_010 - s, UTC) for s in (0, 1, 2, 30)]
+    rows = pa.table({"_cdc_source_ts": ts, "_cdc_topic": ["t", "t", "t", "t"], "_cdc_partition": [0, 0, 0, 0],
+                     "_cdc_offset": [1, 2, 12, 3]})
+    lat = latencies_of(rows, index, since=datetime.fromtimestamp(1_700_000_000, UTC))
+    assert sorted(lat.values) == [500.0, 1500.0]  # offset 12 is not committed; the row 30 s back is outside
+    assert lat.unmatched == 1
+    assert summarize(list(range(1, 101))) == {50: 50, 95: 95, 99: 99}
+    assert summarize([]) == {50: None, 95: None, 99: None}
+
+
+class _FakeStack:
+    def bootstrap_servers(self, *, sasl: bool = False) -> str:
+        return "127.0.0.1:9095" if sasl else "127.0.0.1:9092"
+
+    def registry_url(self, *, authenticated: bool = False) -> str:
+        return "http://127.0.0.1:8082" if authenticated else "http://127.0.0.1:8081"
+
+
+@pytest.mark.parametrize("sasl", [False, True])
+def test_stack_config_is_valid_and_holds_no_secret(tmp_path: Path, sasl: bool) -> None:
+    path = stack_config(_FakeStack(), tmp_path / "w", schema="shopx", sasl=sasl, max_records_per_batch=500)
+    config = load_config(path)
+    assert [t.topic for t in config.tables] == [f"pgavro.shopx.{t}" for t in ("customers", "products", "orders",
+                                                                               "order_items")]
+    kafka = config.source.kafka
+    assert kafka is not None and kafka.bootstrap_servers.endswith("9095" if sasl else "9092")
+    assert (kafka.options.get("kafka.sasl.mechanism") == "SCRAM-SHA-512") is sasl
+    assert config.source.registry.url == "http://127.0.0.1:8082/apis/ccompat/v7"
+    assert config.source.max_records_per_batch == 500
+    assert "password" not in path.read_text().lower()
+    json_config = load_config(stack_config(_FakeStack(), tmp_path / "j", value_format="json"))
+    assert json_config.source.registry.kind == "embedded" and json_config.tables[0].topic == "pgjson.shop.customers"
+    assert topics_of("s", ["a"]) == ["pgavro.s.a", "pgjson.s.a"]
+
+
+def test_ingest_process_kills_the_whole_group_and_numbers_its_logs(tmp_path: Path) -> None:
+    process = IngestProcess(tmp_path / "missing.yaml", tmp_path / "logs", {"PATH": "/usr/bin:/bin"})
+    process.start()
+    assert process.wait(60) not in (None, 0)  # a missing configuration: the command fails on its own
+    process.start(kill_at="after-batch:1")
+    process.wait(60)
+    assert [p.name for p in sorted((tmp_path / "logs").iterdir())] == ["ingest-001.log", "ingest-002.log"]
+    # kill() takes the child's process group: a grandchild dies with it.
+    process._child = subprocess.Popen([sys.executable, "-c", "import subprocess, time; "
+                                       "subprocess.Popen(['sleep', '60']); time.sleep(60)"], start_new_session=True)
+    time.sleep(0.5)
+    group = process._child.pid
+    assert len(_live_members(group)) == 2
+    assert process.kill() == -9
+    time.sleep(0.3)
+    assert _live_members(group) == []
+
+
+def _live_members(group: int) -> list[int]:
+    """Pids of the process group that are alive (zombies waiting for their parent do not count)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out

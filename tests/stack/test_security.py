@@ -1,0 +1,212 @@
+"""Credentials on the real stack: Kafka over SASL_PLAINTEXT / SCRAM-SHA-512, the registry behind basic auth.
+
+A configuration (:func:`ingest.proof.stack_setup.stack_config` with ``sasl=True``) reads Kafka
+through the SCRAM listener (``kafka.security.protocol=SASL_PLAINTEXT``,
+``kafka.sasl.mechanism=SCRAM-SHA-512``, the JAAS config from ``KAFKA_SASL_JAAS_CONFIG``) and Avro
+schemas through nginx's basic-auth port (``SCHEMA_REGISTRY_USER_INFO``). Spark's scratch space is
+in the workdir, so it is searched too.
+
+1. ``ingest run`` (a subprocess) ingests the schema; every table equals PostgreSQL.
+2. ``ingest status`` and ``ingest verify --source-db`` (subprocesses) report lag 0 and equal.
+3. A Dagster materialization of every asset (in process, on the shared SparkSession, a persistent
+   instance in a temporary directory) after more source changes.
+4. A wrong SCRAM password (fresh workdir: Spark's Kafka source; existing tables: the admin client
+   and ``ingest status``) and a wrong registry password each fail with an error that names the
+   authentication that failed, and without any secret.
+5. Every byte written -- Delta tables, audit, quarantine, checkpoints, logs, captured output, the
+   Dagster instance's storage and materialization metadata -- is searched for the passwords.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+from psycopg import sql
+
+from ingest.config import load_config
+from ingest.proof import pg_schema
+from ingest.proof.capture import wait_for_capture
+from ingest.proof.pg_workload import WorkloadSpec, run_workload
+from ingest.proof.source_db import verify_source_db
+from ingest.proof.stack_setup import reset_source, stack_config
+
+pytestmark = pytest.mark.stack
+
+SCHEMA = "shopsec"
+WRONG_SCRAM = "Wr0ng-Scram-Passw0rd-4711"
+WRONG_REGISTRY = "Wr0ng-Registry-Passw0rd-0815"
+
+
+REVENUE_IN_PG = """
+SELECT (o.ordered_at AT TIME ZONE 'UTC')::date, c.segment::text, count(*)::bigint,
+       sum(coalesce(i.units, 0))::bigint, sum(o.total)
+FROM {o} o JOIN {c} c ON o.customer_id = c.id
+LEFT JOIN (SELECT order_id, sum(quantity) AS units FROM {i} GROUP BY order_id) i ON o.id = i.order_id
+WHERE o.status <> 'cancelled'
+GROUP BY 1, 2
+"""
+
+
+class Written:
+    """Everything the runs of this module wrote or printed, to be searched for secrets at the end."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.texts: list[tuple[str, str]] = []
+
+    def add(self, label: str, text: str) -> str:
+        self.texts.append((label, text))
+        return text
+
+
+def _env(stack: Any, *, jaas: str | None = None, user_info: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("SCHEMA_REGISTRY_USER_INFO", "KAFKA_SASL_JAAS_CONFIG")}
+    engine = stack.engine_env()
+    env["KAFKA_SASL_JAAS_CONFIG"] = jaas or engine["KAFKA_SASL_JAAS_CONFIG"]
+    env["SCHEMA_REGISTRY_USER_INFO"] = user_info or engine["SCHEMA_REGISTRY_USER_INFO"]
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _ingest(written: Written, label: str, env: dict[str, str], *args: str,
+            timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "ingest.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    written.add(f"{label} stdout", done.stdout)
+    written.add(f"{label} stderr", done.stderr)
+    return done
+
+
+def _config(stack: Any, written: Written, name: str) -> Path:
+    """A SASL + basic-auth configuration with Spark's scratch space in its workdir."""
+    workdir = written.root / name
+    conf = {"spark.local.dir": str(workdir / "spark-local")}
+    return stack_config(stack, workdir, value_format="avro", schema=SCHEMA, sasl=True, spark_conf=conf)
+
+
+@pytest.fixture(scope="module")
+def written(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Written]:
+    """The schema with a small workload, captured by Debezium; one first SASL run over it."""
+    out = Written(tmp_path_factory.mktemp("security"))
+    reset_source(stack, SCHEMA)
+    run_workload(stack.pg_dsn(), WorkloadSpec(seed=21, scale=0.05, schema=SCHEMA))
+    assert wait_for_capture(stack.pg_dsn(), timeout=180).ok
+    yield out
+
+
+def secrets_of(stack: Any) -> dict[str, str]:
+    user, password = stack.registry_auth()
+    return {"SCRAM password": stack.settings.credentials.kafka_sasl_password, "registry password": password,
+            "registry user:password": f"{user}:{password}", "wrong SCRAM password": WRONG_SCRAM,
+            "wrong registry password": WRONG_REGISTRY}
+
+
+def test_a_sasl_and_basic_auth_run_ingests_every_table_equal(stack: Any, written: Written, pg_dsn: str) -> None:
+    config_path = _config(stack, written, "good")
+    done = _ingest(written, "run", _env(stack), "run", "-c", str(config_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # Port 9095 is the broker's SASL_PLAINTEXT listener only: the run logged in with SCRAM to read anything.
+    assert config_path.read_text().count(stack.bootstrap_servers(sasl=True)) == 1
+    result = verify_source_db(load_config(config_path), pg_dsn, wait=120)
+    assert result.ok, [(t.table, t.verification and t.verification.examples, t.error) for t in result.tables]
+    assert all(t.verification and t.verification.expected_rows > 0 for t in result.tables)
+
+
+def test_status_and_verify_over_sasl(stack: Any, written: Written, pg_dsn: str) -> None:
+    config = str(written.root / "good" / "config.yaml")
+    status = _ingest(written, "status", _env(stack), "status", "-c", config)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "unknown" not in status.stdout and status.stdout.count(f"pgavro.{SCHEMA}.") == 4
+    verify = _ingest(written, "verify", _env(stack), "verify", "-c", config, "--source-db", pg_dsn, "--wait", "60")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "every table equals its source table" in verify.stdout
+
+
+@pytest.mark.spark
+def test_dagster_materializations_over_sasl(stack: Any, written: Written, pg_dsn: str, spark: Any) -> None:
+    import dagster as dg
+
+    from assets.definitions import build_definitions
+    from assets.resources import SparkIngestEngine
+
+    orders = pg_schema.qualified(SCHEMA, "orders")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("UPDATE {t} SET coupon_code = 'SEC-1' WHERE id IN (SELECT id FROM {t} ORDER BY id "
+                             "LIMIT 5)").format(t=orders))
+    assert wait_for_capture(pg_dsn, timeout=120).ok
+    config_path = written.root / "good" / "config.yaml"
+    engine = SparkIngestEngine(config_path=str(config_path))
+    defs = build_definitions(load_config(config_path), engine)
+    home = written.root / "dagster-home"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        result = dg.materialize([*defs.assets, *defs.asset_checks], instance=instance,  # type: ignore[list-item]
+                                resources={"ingest_engine": engine})
+        assert result.success
+        metadata = [{k: str(v.value) for k, v in e.materialization.metadata.items()}
+                    for e in result.get_asset_materialization_events()]
+    meta = next(m for m in metadata if m.get("table_path", "").endswith("/orders"))
+    assert int(meta["updated"]) >= 5 and meta["lag"] == "0"
+    # The analytic asset over the Delta tables equals the same question asked of PostgreSQL.
+    config = load_config(config_path)
+    revenue = DeltaTable(str(config.tables_root / "analytics" / "daily_revenue_by_segment")).to_pyarrow_table()
+    with psycopg.connect(pg_dsn) as conn:
+        truth = conn.execute(sql.SQL(REVENUE_IN_PG).format(
+            o=orders, c=pg_schema.qualified(SCHEMA, "customers"),
+            i=pg_schema.qualified(SCHEMA, "order_items"))).fetchall()
+    assert truth and sorted(tuple(r.values()) for r in revenue.to_pylist()) == sorted(truth)
+    written.add("dagster metadata", json.dumps(metadata))
+
+
+def test_a_wrong_scram_password_names_kafka_authentication(stack: Any, written: Written) -> None:
+    wrong = stack.engine_env()["KAFKA_SASL_JAAS_CONFIG"].replace(stack.settings.credentials.kafka_sasl_password,
+                                                                WRONG_SCRAM)
+    # A fresh workdir: Spark's Kafka source is the first to log in.
+    fresh = _config(stack, written, "wrong-scram")
+    done = _ingest(written, "run wrong SCRAM", _env(stack, jaas=wrong), "run", "-c", str(fresh), timeout=300)
+    assert done.returncode != 0
+    text = done.stdout + done.stderr
+    assert "SaslAuthenticationException" in text or "Authentication failed" in text, text[-3000:]
+    # Existing tables: the admin client (end offsets) is the first; `ingest status` too.
+    config = str(written.root / "good" / "config.yaml")
+    done = _ingest(written, "run wrong SCRAM, tables exist", _env(stack, jaas=wrong), "run", "-c", config,
+                   timeout=300)
+    assert done.returncode != 0
+    assert "authentication" in (done.stdout + done.stderr).lower(), done.stdout[-3000:] + done.stderr[-3000:]
+    status = _ingest(written, "status wrong SCRAM", _env(stack, jaas=wrong), "status", "-c", config, timeout=300)
+    assert status.returncode == 3, status.stdout + status.stderr
+    assert "source unavailable" in status.stderr and "authentication" in status.stderr.lower(), status.stderr
+
+
+def test_a_wrong_registry_password_names_the_registry_refusal(stack: Any, written: Written) -> None:
+    user, _ = stack.registry_auth()
+    fresh = _config(stack, written, "wrong-registry")
+    done = _ingest(written, "run wrong registry", _env(stack, user_info=f"{user}:{WRONG_REGISTRY}"),
+                   "run", "-c", str(fresh), timeout=300)
+    assert done.returncode == 1
+    text = done.stdout + done.stderr
+    assert "schema registry refused" in text and "HTTP 401" in text, text[-3000:]
+    tables = load_config(fresh).tables_root
+    assert not (tables / "_cdc_quarantine").exists()  # a refused login is not bad data
+
+
+def test_no_secret_in_anything_written_or_printed(stack: Any, written: Written) -> None:
+    """Runs last (file order): every byte the module's runs wrote, and everything they printed."""
+    assert len(written.texts) >= 12
+    files = [p for p in written.root.rglob("*") if p.is_file()]
+    assert any("_delta_log" in p.parts for p in files) and any("checkpoints" in p.parts for p in files)
+    assert any(p.suffix == ".db" or "dagster-home" in p.parts for p in files)
+    for name, secret in secrets_of(stack).items():
+        for label, text in written.texts:
+            assert secret not in text, f"the {name} appears in {label}"
+        for path in files:
+            assert secret.encode() not in path.read_bytes(), f"the {name} appears in {path}"
