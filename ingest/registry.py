@@ -216,6 +216,8 @@ class ConfluentSchemaRegistry:
                     key = (subject, version)
                     if key not in self._versions:
                         registered = self._client.get_version(subject, version)
+                        if registered.schema_id is None:  # a registry that does not say: the worker asks by id
+                            continue
                         self._versions[key] = (int(registered.schema_id), registered.schema.schema_str or "")
                     schema_id, text = self._versions[key]
                     found[schema_id] = text

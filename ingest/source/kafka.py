@@ -66,7 +66,8 @@ class KafkaSource:
         if self._admin is None:
             from confluent_kafka.admin import AdminClient
 
-            self._admin = AdminClient({**admin_config(self.spec, self._jaas()), "error_cb": self._on_error})
+            conf: dict[str, Any] = {**admin_config(self.spec, self._jaas()), "error_cb": self._on_error}
+            self._admin = AdminClient(conf)
         return self._admin
 
     def _on_error(self, error: Any) -> None:
