@@ -1,0 +1,166 @@
+"""What one MERGE costs as the table grows: a 10k-change batch into 200k, 2M and 20M rows (not a test).
+
+The table is laid out by primary key (rows written in key order, files of ``target_file_size``), as
+the engine's own writes and the ``zorder`` maintenance leave it. Two batches of changes, each applied
+through the engine's whole driver path (parts -> reduce -> plan -> delta-rs MERGE -> audit):
+
+* **hot set**: the usual OLTP shape -- 80 % updates of the most recent 50,000 keys, 20 % new keys.
+  The MERGE prunes files by key range, so it rewrites the few newest files: its cost should follow
+  the batch, not the table (target: at most 1.5x from 200k to 20M rows).
+* **random keys**: updates spread over the whole key space. delta-rs writes copy-on-write (no
+  deletion vectors), so every file holding a touched key is rewritten: the cost grows with the
+  table. Reported, not a target (deletion vectors come with the delta-spark engine).
+
+    .venv/bin/python benchmarks/bench_merge.py [--sizes 200000,2000000,20000000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from rich.console import Console
+from rich.table import Table
+
+from ingest.apply.delta_rs import DeltaRsEngine
+from ingest.apply.pipeline import apply_parts
+from ingest.config import TableSpec, TargetSpec
+from ingest.decode.columnar import PartsBuilder
+from ingest.deltaio import FRAMEWORK_COLUMNS
+from ingest.events import ChangeEvent, ColumnSpec, SourcePosition
+from ingest.paths import TablePaths
+
+console = Console()
+COLUMNS = (ColumnSpec("id", "long", False), ColumnSpec("customer_id", "integer"), ColumnSpec("amount", "decimal(12,2)"),
+           ColumnSpec("status", "string"), ColumnSpec("note", "string"))
+SPEC = TableSpec(name="orders", topic="orders")
+STATUSES = ("pending", "paid", "shipped", "cancelled")
+HOT = 50_000
+
+
+def note(seed: int) -> str:
+    """A free-text column of 40-odd characters that compresses like real text, not like a counter."""
+    return f"deliver to door {seed % 9973}, ref {(seed * 2654435761) % 4294967296:010d}-{seed % 7919:04d}"
+
+
+class Source:
+    """Changes of ``orders`` at increasing positions, as the decode step's parts."""
+
+    def __init__(self, rows: int) -> None:
+        self.lsn = rows + 10
+        self.offset = 0
+        self.next_id = rows
+
+    def parts(self, keys: list[int]) -> list[pa.RecordBatch]:
+        n = len(keys)
+        source = pa.table({"topic": pa.array(["orders"] * n), "partition": pa.array([0] * n, pa.int32()),
+                           "offset": pa.array(range(self.offset, self.offset + n), pa.int64()),
+                           "timestamp": pa.array([datetime.now(UTC)] * n, pa.timestamp("us", tz="UTC"))})
+        out = PartsBuilder(source)
+        for row, key in enumerate(keys):
+            self.lsn += 1
+            after = {"id": key, "customer_id": key % 997, "amount": Decimal(self.lsn % 100_000).scaleb(-2),
+                     "status": STATUSES[self.lsn % 4], "note": note(key * 31 + self.lsn)}
+            out.change(ChangeEvent("u", {"id": key}, after, None, SourcePosition(self.lsn, self.lsn, 0, 1), COLUMNS,
+                                   ("id",), source_ts_ms=1_767_225_600_000), row)
+        self.offset += n
+        return out.parts()
+
+
+def build(root: Path, rows: int, file_mb: int) -> tuple[TablePaths, Source]:
+    """A table of ``rows`` rows in key order, created by the engine and filled in bulk."""
+    shutil.rmtree(root, ignore_errors=True)
+    paths = TablePaths(root / "orders", root / "_cdc_tombstones" / "orders", root / "_cdc_audit",
+                       root / "_cdc_quarantine")
+    source = Source(rows)
+    engine = DeltaRsEngine(target_file_size=file_mb * 1024 * 1024)
+    apply_parts(SPEC, paths, source.parts([rows + 10_000_000]), batch_id=0, run_id="build",  # engine-made table
+                engine=engine)
+    table = DeltaTable(str(paths.table))
+    schema = pa.schema(table.schema().to_arrow())
+    chunk = 1_000_000
+    for start in range(0, rows, chunk):
+        ids = pa.array(range(start, min(rows, start + chunk)), pa.int64())
+        n = len(ids)
+        data = {
+            "id": ids, "customer_id": pa.compute.cast(pa.compute.bit_wise_and(ids, 1023), pa.int32()),
+            "amount": pa.array([Decimal(i % 100_000).scaleb(-2) for i in range(n)], pa.decimal128(12, 2)),
+            "status": pa.array([STATUSES[i % 4] for i in range(n)]),
+            "note": pa.array([note(i * 17) for i in range(start, start + n)]),
+            "_cdc_op": pa.array(["r"] * n), "_cdc_position": pa.array([SourcePosition(5, i + 1, 0, 0).encode()
+                                                                       for i in range(start, start + n)]),
+        }
+        for name, typ in FRAMEWORK_COLUMNS:
+            data.setdefault(name, pa.nulls(n, typ))
+        data["_cdc_deleted"] = pa.array([False] * n)
+        write_deltalake(table, pa.table(data).select(schema.names).cast(schema), mode="append",
+                        target_file_size=file_mb * 1024 * 1024)
+        console.print(f"  built {min(rows, start + chunk):,} of {rows:,} rows")
+    return paths, source
+
+
+def batch_keys(kind: str, rows: int, source: Source, size: int, rng: random.Random) -> list[int]:
+    if kind == "random":
+        return rng.sample(range(rows), size)
+    updates = rng.sample(range(max(0, source.next_id - HOT), source.next_id), int(size * 0.8))
+    inserts = list(range(source.next_id, source.next_id + size - len(updates)))
+    source.next_id += len(inserts)
+    return updates + inserts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="200000,2000000,20000000")
+    parser.add_argument("--batch", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--file-mb", type=int, default=TargetSpec().target_file_size_mb,
+                        help="target file size of the table (default: the engine's target.target_file_size_mb)")
+    parser.add_argument("--workdir", type=Path, default=Path("bench-work/merge"))
+    args = parser.parse_args()
+    rng = random.Random(7)
+    results: dict[tuple[int, str], list[float]] = {}
+    files: dict[tuple[int, str], list[int]] = {}
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for rows in sizes:
+        console.print(f"table of {rows:,} rows")
+        paths, source = build(args.workdir / str(rows), rows, args.file_mb)
+        engine = DeltaRsEngine(target_file_size=args.file_mb * 1024 * 1024)
+        table_files = len(DeltaTable(str(paths.table)).file_uris())
+        for kind in ("hot set", "random"):
+            for n in range(args.rounds):
+                parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
+                t0 = time.perf_counter()
+                result = apply_parts(SPEC, paths, parts, batch_id=n + 1, run_id="bench", engine=engine)
+                seconds = time.perf_counter() - t0
+                record = result.record
+                assert record is not None and record.balanced
+                touched = DeltaTable(str(paths.table)).history(1)[0].get("operationMetrics", {})
+                results.setdefault((rows, kind), []).append(seconds)
+                files.setdefault((rows, kind), []).append(int(touched.get("num_target_files_removed", 0)))
+                console.print(f"  {kind}: {seconds:.2f} s, {record.updated} updated, {record.inserted} inserted, "
+                              f"files rewritten {files[(rows, kind)][-1]} of {table_files}")
+        shutil.rmtree(args.workdir / str(rows), ignore_errors=True)
+    out = Table(title=f"A {args.batch:,}-change batch through the engine's delta-rs path (median of {args.rounds})")
+    for col in ("table rows", "hot set", "files rewritten", "random keys", "files rewritten "):
+        out.add_column(col, justify="right")
+    for rows in sizes:
+        hot, rnd = results[(rows, "hot set")], results[(rows, "random")]
+        hot_files, rnd_files = files[(rows, "hot set")], files[(rows, "random")]
+        out.add_row(f"{rows:,}", f"{statistics.median(hot):.2f} s", str(int(statistics.median(hot_files))),
+                    f"{statistics.median(rnd):.2f} s", str(int(statistics.median(rnd_files))))
+    console.print(out)
+    first, last = sizes[0], sizes[-1]
+    growth = statistics.median(results[(last, "hot set")]) / statistics.median(results[(first, "hot set")])
+    console.print(f"hot set, {last:,} rows / {first:,} rows: {growth:.2f}x (target <= 1.5x)")
+
+
+if __name__ == "__main__":
+    main()
