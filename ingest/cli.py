@@ -9,7 +9,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,6 +20,9 @@ from ingest.cli_proof import demo_stack, pg_load
 from ingest.cli_quality import quality_app, quarantine_app
 from ingest.config import IngestConfig, load_config
 from ingest.errors import IngestError
+
+if TYPE_CHECKING:
+    from ingest.consistency import ConsistencyReport
 
 app = typer.Typer(help="CDC lakehouse ingestion: Debezium topics -> Delta Lake tables.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -346,9 +349,7 @@ def torture(
         out.add_row("batches committed (all tables)", str(c.commits))
         out.add_row("records in topics / received in audit", f"{c.records} / {c.received}")
         out.add_row("quarantined / malformed injected", f"{c.quarantined} / {c.malformed}")
-        out.add_row("divergent rows", str(c.divergent_rows))
-        out.add_row("duplicate keys", str(c.duplicate_keys))
-        out.add_row("audit rows / unbalanced", f"{c.audit_rows} / {c.unbalanced_audit_rows}")
+        add_consistency_rows(out, c)
     out.add_row("wall time", f"{result.seconds / 60:.1f} min")
     console.print(out)
     for problem in ([result.failure] if result.failure else []) + (c.problems if c else []):
@@ -372,6 +373,13 @@ def main() -> None:
     except IngestError as exc:
         err.print(f"[red]error:[/] {escape(redact(exc))}", highlight=False)
         sys.exit(2)
+
+
+def add_consistency_rows(out: Table, report: ConsistencyReport) -> None:
+    """The verdict rows every torture table ends with."""
+    out.add_row("divergent rows", str(report.divergent_rows))
+    out.add_row("duplicate keys", str(report.duplicate_keys))
+    out.add_row("audit rows / unbalanced", f"{report.audit_rows} / {report.unbalanced_audit_rows}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ingest.cli import add_consistency_rows
+
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
@@ -72,9 +74,7 @@ def summary(result: object, where: Path) -> None:
         out.add_row("records in the topics / received across the audit", f"{c.records:,} / {c.received:,}")
         out.add_row("engine commits (all tables) / quarantined", f"{c.commits} / {c.quarantined}")
         out.add_row("changes counted stale (redelivered or replayed, older than the row)", f"{c.stale:,}")
-        out.add_row("divergent rows", str(c.divergent_rows))
-        out.add_row("duplicate keys", str(c.duplicate_keys))
-        out.add_row("audit rows / unbalanced", f"{c.audit_rows} / {c.unbalanced_audit_rows}")
+        add_consistency_rows(out, c)
     out.add_row("wall time", f"{result.seconds / 60:.1f} min")
     console.print(out)
     for text in w.unexpected_exits:

@@ -21,37 +21,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ingest import audit, quarantine
+from ingest import quarantine
 from ingest.config import IngestConfig
-from ingest.consistency import ConsistencyReport as _Counts
-from ingest.consistency import _audit_matches_commits, _balanced, _duplicate_keys
+from ingest.consistency import ConsistencyReport, account_table
 from ingest.paths import TablePaths
 from ingest.proof.pg_schema import TABLES
 from ingest.proof.source_db import SourceVerification, source_table_of, verify_source_db
 from ingest.source import source_for
+from ingest.verify import TableVerification
 
 Say = Callable[[str], None]
 _SHOP_KEYS = {t.name: t.key for t in TABLES}
 
 
-@dataclass
-class StackCheck:
-    """What :func:`check_stack` found; ``ok`` only when every count that must be zero is zero."""
+@dataclass(slots=True)
+class StackCheck(ConsistencyReport):
+    """What :func:`check_stack` found: the embedded proof's counts, plus the comparison with PostgreSQL."""
 
+    verifications: list[TableVerification] = field(default_factory=list)
     verification: SourceVerification | None = None
-    divergent_rows: int = 0
-    duplicate_keys: int = 0
-    audit_rows: int = 0
-    unbalanced_audit_rows: int = 0
-    commits: int = 0
-    records: int = 0
-    received: int = 0
-    quarantined: int = 0
     #: changes the audit counts as ``stale`` (older than the row: Debezium's redeliveries, replays)
     stale: int = 0
     source_rows: int = 0
     delta_rows: int = 0
-    problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -80,28 +72,15 @@ def check_stack(config: IngestConfig, dsn: str, *, wait: float = 300.0, say: Say
         result.divergent_rows += tv.missing + tv.unexpected + tv.different
         result.problems += [f"{tv.table}: {e}" for e in tv.examples] if not tv.ok else []
     source = source_for(config)
-    counts = _Counts([])  # the embedded proof's counters, filled by its helpers
     for spec in config.tables:
         paths = TablePaths.of(config, spec.name)
         keys = spec.primary_key or _SHOP_KEYS.get(source_table_of(spec)[1], ())
-        result.duplicate_keys += _duplicate_keys(paths, tuple(keys), result.problems)
-        rows = audit.read(paths.audit, table=spec.name).to_pylist()
-        result.audit_rows += len(rows)
-        result.stale += sum(r["stale"] or 0 for r in rows)
-        result.unbalanced_audit_rows += sum(1 for r in rows if not _balanced(r))
-        _audit_matches_commits(spec.name, paths, rows, counts)
         records = sum(source.end_offsets(spec.topic).values())
-        received = sum(r["received"] for r in rows if r["batch_id"] >= 0)
-        result.records += records
-        result.received += received
-        if received != records:
-            result.problems.append(f"{spec.name}: the audit accounts for {received} records but topic {spec.topic} "
-                                   f"holds {records} ({'a gap' if received < records else 'a double count'})")
+        rows = account_table(spec.name, spec.topic, paths, tuple(keys), records, result)
+        result.stale += sum(r["stale"] or 0 for r in rows)
         held = quarantine.read(paths.quarantine, table=spec.name).to_pylist()
         result.quarantined += len(held)
         for row in held[:3]:
             result.problems.append(f"{spec.name}: quarantined {row['topic']}:{row['partition']}:{row['offset']} "
                                    f"({row['stage']}): {row['reason']}")
-    result.commits = counts.commits
-    result.problems += counts.problems
     return result
