@@ -7,8 +7,8 @@ against what Debezium really emits, and the project's machines can provide every
 needs (Debian packages, Maven Central), so a stack that does not start is a problem to fix, not to
 hide. Deselect these tests explicitly with ``-m "not stack"``.
 
-The stack is left running at the end (other runs and developers share it); ``make stack-down``
-stops it.
+A stack this run started is stopped at its end, as on CI's clean machine; a stack that was
+already running (``make stack``: a developer's, shared with other runs) is left running.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def stack() -> Iterator[Any]:
 
     try:
         running = Stack.from_env()
+        already = [c.name for c in running.status() if c.pid is not None]
         running.up()
         running.wait_connectors()
     except Exception as exc:  # StackError, a missing package, a port in use ...
@@ -38,6 +39,8 @@ def stack() -> Iterator[Any]:
         for key, value in running.engine_env().items():
             patch.setenv(key, value)
         yield running
+    if not already:
+        running.down()
 
 
 @pytest.fixture(scope="session")
