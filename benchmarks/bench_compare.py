@@ -4,8 +4,9 @@ Generates one simulated workload (snapshot, updates, deletes, duplicates, cross-
 reordering, a truncate, an added and a widened column, TOAST placeholders), applies it with the bare
 baseline (``benchmarks/bare.py``: json or fastavro + Arrow + delta-rs MERGE, no Spark) and with the
 engine (``ingest.engine.Engine``, no quality suites, as the bare script has none), verifies both
-against the simulator's truth, and prints a table. The engine's one-time Spark session start is
-excluded; every batch after it, the first included, counts. The last line is
+against the simulator's truth, and prints a table. The engine's one-time Spark session start and
+the start of its streaming queries are excluded (and shown); every batch, the first included,
+counts. The last line is
 ``ratio engine/bare: X.XX`` (the engine's throughput divided by the baseline's).
 
     .venv/bin/python benchmarks/bench_compare.py --format json --events 200000 --batch 20000
@@ -126,8 +127,13 @@ def main() -> None:
     console.print("engine: running")
     t0 = time.perf_counter()
     report = engine.run(progress=lambda table, record, result: console.print(
-        f"  {table}: batch {record.batch_id} {record.received} records {record.total_ms} ms") if record else None)
-    engine_s = time.perf_counter() - t0
+        f"  {table}: batch {record.batch_id} {record.received} records {record.total_ms} ms"
+        f" (decode {record.decode_ms}, apply {record.apply_ms})") if record else None)
+    run_s = time.perf_counter() - t0
+    # Starting the streaming queries (the source's Python runner, the first plan) is a one-time cost
+    # like the session start: excluded, and shown. Every batch, the first included, counts.
+    query_start_s = report.startup_seconds or 0.0
+    engine_s = run_s - query_start_s
     if hog is not None:
         hog.terminate()
     engine_ok = all(v.ok for v in verify_all(config)) and not report.failed
@@ -153,9 +159,11 @@ def main() -> None:
     jvm = jvm_peak_mb(engine)
     out.add_row("Spark JVM peak RSS", "-", f"{jvm:.0f} MB" if jvm else "?")
     out.add_row("Spark session start and worker warm-up (excluded)", "-", f"{start_s:.1f} s")
+    out.add_row("streaming query start, before the first batch (excluded)", "-", f"{query_start_s:.1f} s")
     out.add_row("tables equal to the source", str(bare_ok) if bare_ok is not None else "-", str(engine_ok))
     console.print(out)
     if bare_s:
+        console.print(f"ratio counting the query start too: {(records / run_s) / (records / bare_s):.2f}")
         console.print(f"ratio engine/bare: {(records / engine_s) / (records / bare_s):.2f}")
     raise SystemExit(0 if engine_ok and bare_ok is not False else 1)
 

@@ -44,7 +44,7 @@ from ingest.errors import RegistryUnavailableError, is_transient
 from ingest.paths import TablePaths
 from ingest.quality import QualityGate
 from ingest.registry import ConfluentSchemaRegistry
-from ingest.source import Offsets, read_topics, source_for
+from ingest.source import EmbeddedSource, Offsets, decodes_at_read, read_topics, source_for
 from ingest.spark import session_for
 from ingest.tablestate import load_state
 
@@ -73,6 +73,9 @@ class RunReport:
     run_id: str
     tables: dict[str, TableRun]
     seconds: float = 0.0
+    #: when the run began (``time.perf_counter``), and how long until its first micro-batch began
+    started: float = field(default_factory=time.perf_counter)
+    startup_seconds: float | None = None
 
     @property
     def failed(self) -> list[str]:
@@ -110,6 +113,8 @@ class _BatchHandler:
         self.specs_by_topic = {s.topic: DecoderSpec.for_table(config, s) for s in specs}
         self.decoder = BatchDecoder(self.specs_by_topic)
         self.registry = _driver_registry(config)
+        #: the embedded log, when it decodes as it reads (the stream's rows are then parts)
+        self.source = EmbeddedSource(config.log_dir) if decodes_at_read(config) else None
         self.engine = DeltaRsEngine(target_file_size=config.target.target_file_size_mb * 1024 * 1024)
         self.stopped: dict[str, BaseException] = {}
         self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)
@@ -121,29 +126,41 @@ class _BatchHandler:
             if not active:
                 raise _AllTablesStopped
             t0 = time.perf_counter()
+            if self.report.startup_seconds is None:
+                self.report.startup_seconds = t0 - self.report.started
             self._prefetch_schemas(active)
             # The executors decode the Kafka rows into typed columnar parts; the driver gets those only.
-            parts = read_parts(frame.mapInArrow(self.decoder, PARTS_DDL).toArrow().column("part").to_pylist())
+            parts = self._decoded(frame)
             decode_ms = int((time.perf_counter() - t0) * 1000)
-            by_topic: dict[str, list[Any]] = {}
-            for part in parts:
-                if part.num_rows:
-                    by_topic.setdefault(part.column("_cdc_topic")[0].as_py(), []).append(part)
-            work = [s for s in active if s.topic in by_topic]
-            # Tables apply side by side: delta-rs and DuckDB work outside the GIL.
-            with ThreadPoolExecutor(max_workers=max(1, min(len(work), 4))) as pool:
-                futures = {s.name: pool.submit(self._apply, s, frame, by_topic[s.topic], batch_id, decode_ms)
-                           for s in work}
-            for spec in work:
-                exc = futures[spec.name].exception()
-                if exc is not None:
-                    self._stop(spec, exc)
             self.batches += 1
+            self._apply_all(active, frame, parts, batch_id, decode_ms)
             if len(self.stopped) == len(self.specs):
                 raise _AllTablesStopped
         except BaseException as exc:
             self.error = exc
             raise
+
+    def _apply_all(self, active: list[TableSpec], frame: DataFrame, parts: list[Any], batch_id: int,
+                   decode_ms: int) -> None:
+        by_topic: dict[str, list[Any]] = {}
+        for part in parts:
+            if part.num_rows:
+                by_topic.setdefault(part.column("_cdc_topic")[0].as_py(), []).append(part)
+        work = [s for s in active if s.topic in by_topic]
+        # Tables apply side by side: delta-rs and DuckDB work outside the GIL.
+        with ThreadPoolExecutor(max_workers=max(1, min(len(work), 4))) as pool:
+            futures = {s.name: pool.submit(self._apply, s, frame, by_topic[s.topic], batch_id, decode_ms)
+                       for s in work}
+        for spec in work:
+            exc = futures[spec.name].exception()
+            if exc is not None:
+                self._stop(spec, exc)
+
+    def _decoded(self, frame: DataFrame) -> list[Any]:
+        """The micro-batch's parts: decoded as the source read them, or here by ``mapInArrow``."""
+        if self.source is None:
+            frame = frame.mapInArrow(self.decoder, PARTS_DDL)
+        return read_parts(frame.toArrow().column("part").to_pylist())
 
     def _prefetch_schemas(self, active: list[TableSpec]) -> None:
         """Hand the executors every schema of the active topics, so they need not call the registry.
@@ -172,12 +189,14 @@ class _BatchHandler:
                                     "table %s: batch %d failed (%s); retrying", spec.name, batch_id,
                                     secrets.describe(state.outcome.exception()))):
             with attempt:
-                if attempt.retry_state.attempt_number > 1:  # decode the table's records again
-                    mine = frame.filter(frame.topic == spec.topic)
-                    parts = read_parts(mine.mapInArrow(self.decoder, PARTS_DDL).toArrow().column("part").to_pylist())
+                if attempt.retry_state.attempt_number > 1 and self.source is None:
+                    # decode the table's records again (the registry may answer now); the embedded
+                    # log's parts depend on no service
+                    parts = self._decoded(frame.filter(frame.topic == spec.topic))
                 result = apply_parts(spec, paths, parts, batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
                                      gate=self.gates.get(spec.name), engine=self.engine,
-                                     fetch_raw=lambda coords: fetch_raw(frame, coords))
+                                     fetch_raw=self.source.fetch if self.source is not None
+                                     else lambda coords: fetch_raw(frame, coords))
         run = self.report.tables[spec.name]
         run.already_applied += result.already_applied
         if result.record is not None:
@@ -321,7 +340,9 @@ class Engine:
             return self._start_query(q, mode, run_id)
 
     def _start_query(self, q: _Query, mode: Mode, run_id: str) -> Any:
-        stream = read_topics(self.spark, self.config, [s.topic for s in q.specs], starting_offsets=q.starting)
+        decoder = q.handler.decoder if q.handler.source is not None else None
+        stream = read_topics(self.spark, self.config, [s.topic for s in q.specs], starting_offsets=q.starting,
+                             decoder=decoder)
         writer = (stream.writeStream.foreachBatch(q.handler)
                   .option("checkpointLocation", str(q.directory))
                   .queryName(f"cdc_{q.name}_{run_id}"[:200]))

@@ -51,9 +51,34 @@ def test_available_now_freezes_the_target(log):
 def test_partitions_and_read_cover_exactly_the_range(log):
     r = reader(log)
     parts = r.partitions({"t": {"0": 10, "1": 30, "2": 0}}, {"t": {"0": 12, "1": 30, "2": 3}})
-    assert sorted((p.partition, p.start, p.end) for p in parts) == [(0, 10, 12), (2, 0, 3)]
+    assert [p.spans for p in parts] == [[("t", 0, 10, 12), ("t", 2, 0, 3)]]  # one core: one task
     rows = [row for p in parts for batch in r.read(p) for row in batch.to_pylist()]
     assert sorted((row["partition"], row["offset"]) for row in rows) == [(0, 10), (0, 11), (2, 0), (2, 1), (2, 2)]
+
+
+def test_one_task_per_core_of_about_equal_size_covering_the_range(log):
+    r = reader(log, minPartitions="2")
+    parts = r.partitions({"t": {"0": 0, "1": 0, "2": 0}}, {"t": {"0": 60, "1": 30, "2": 10}})
+    sizes = [sum(stop - begin for _, _, begin, stop in p.spans) for p in parts]
+    assert sizes == [50, 50]  # partition 0 is cut; the small ones share a task
+    rows = [(row["partition"], row["offset"]) for p in parts for batch in r.read(p) for row in batch.to_pylist()]
+    assert sorted(rows) == sorted((p, o) for p, n in ((0, 60), (1, 30), (2, 10)) for o in range(n))
+
+
+def test_a_decoding_reader_yields_parts_and_the_log_gives_raw_messages_back(tmp_path):
+    from ingest.decode.columnar import BatchDecoder, DecoderSpec, read_parts
+    from ingest.source.embedded import EmbeddedSource, encode_decoder
+
+    log = TopicLog(tmp_path)
+    log.create_topic("t", 1)
+    log.append("t", [ProducerRecord(0, b"k", b"not json", 1), ProducerRecord(0, None, None, 2)])
+    r = reader(log, decode=encode_decoder(BatchDecoder({"t": DecoderSpec("json")})))
+    [task] = r.partitions({"t": {"0": 0}}, {"t": {"0": 2}})
+    parts = read_parts([blob for batch in r.read(task) for blob in batch.column("part").to_pylist()])
+    meta = [row for part in parts for row in part.select(["_cdc_kind", "_cdc_offset"]).to_pylist()]
+    assert sorted((m["_cdc_offset"], m["_cdc_kind"]) for m in meta) == [(0, "error"), (1, "tombstone")]
+    raw = EmbeddedSource(tmp_path).fetch([("t", 0, 0)])
+    assert list(raw) == [("t", 0, 0)] and raw[("t", 0, 0)][:2] == (b"k", b"not json")
 
 
 @pytest.mark.spark

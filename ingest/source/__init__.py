@@ -21,7 +21,7 @@ from ingest.source.embedded import EARLIEST, FORMAT_NAME, KAFKA_SCHEMA_DDL, LATE
 from ingest.source.kafka import KafkaSource
 
 __all__ = ["EARLIEST", "FORMAT_NAME", "KAFKA_SCHEMA_DDL", "LATEST", "EmbeddedSource", "KafkaSource", "Offsets",
-           "Source", "TopicLogDataSource", "read_topics", "source_for"]
+           "Source", "TopicLogDataSource", "decodes_at_read", "read_topics", "source_for"]
 
 Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON
 
@@ -46,6 +46,16 @@ class Source(Protocol):
         ...
 
 
+def decodes_at_read(config: IngestConfig) -> bool:
+    """Whether the source decodes as it reads (the embedded log with its own registry).
+
+    Then the stream's rows are the decode step's parts, and raw messages are fetched from the log
+    by their coordinates. A registry served over HTTP is not used from the reader: the driver hands
+    the executors that registry's schemas batch by batch (``mapInArrow``).
+    """
+    return config.source.kind != "kafka" and config.source.registry.kind == "embedded"
+
+
 def source_for(config: IngestConfig) -> Source:
     """The configured source."""
     if config.source.kind == "kafka":
@@ -56,7 +66,7 @@ def source_for(config: IngestConfig) -> Source:
 
 
 def read_topics(spark: SparkSession, config: IngestConfig, topics: list[str], *,
-                starting_offsets: Offsets | None) -> DataFrame:
+                starting_offsets: Offsets | None, decoder: object = None) -> DataFrame:
     """A streaming DataFrame of ``topics`` from the configured source.
 
     Args:
@@ -65,6 +75,12 @@ def read_topics(spark: SparkSession, config: IngestConfig, topics: list[str], *,
         topics: topics to subscribe to.
         starting_offsets: next offset per partition to read when the query has no checkpoint;
             ``None`` reads from the earliest offset. Ignored by Spark once a checkpoint exists.
+        decoder: a :class:`~ingest.decode.columnar.BatchDecoder`, for a source that
+            :func:`decodes_at_read`: the stream's rows are then its parts.
     """
     starting = json.dumps(starting_offsets) if starting_offsets else "earliest"
-    return source_for(config).stream(spark, topics, starting, config.source.max_records_per_batch)
+    source = source_for(config)
+    if decoder is not None:
+        assert isinstance(source, EmbeddedSource) and decodes_at_read(config)
+        return source.stream(spark, topics, starting, config.source.max_records_per_batch, decoder=decoder)
+    return source.stream(spark, topics, starting, config.source.max_records_per_batch)

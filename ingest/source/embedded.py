@@ -4,11 +4,19 @@
 takes the Kafka source's option names (``subscribe``, ``startingOffsets``, ``maxOffsetsPerTrigger``)
 and yields rows of exactly the schema of Spark's Kafka source, so everything downstream of the read
 is identical for both sources.
+
+Given a decoder (option ``decode``), the reader decodes what it reads in the same Python worker and
+yields the decode step's parts (:data:`ingest.decode.columnar.PARTS_DDL`) instead of raw rows: the
+raw bytes (some kilobytes per schema-carrying JSON message) then never cross into the JVM and back
+into another Python worker, which cost more than the decoding itself. The Kafka source, read by the
+JVM, is decoded by ``mapInArrow`` in the same executors; both give the driver the same parts.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import pickle
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,15 +32,18 @@ KAFKA_SCHEMA_DDL = (
     "timestampType int, headers array<struct<key:string,value:binary>>"
 )
 FORMAT_NAME = "cdc_topiclog"
+PARTS_DDL = "part binary"  # ingest.decode.columnar.PARTS_DDL, not imported: the reader must start light
 EARLIEST, LATEST = -2, -1  # Kafka's sentinels in startingOffsets JSON
 
 Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON
 
 
 class _Range(InputPartition):
-    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
-        super().__init__((topic, partition, start, end))
-        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+    """One task's share of a micro-batch: offset ranges ``(topic, partition, start, end)``."""
+
+    def __init__(self, spans: list[tuple[str, int, int, int]]) -> None:
+        super().__init__(tuple(spans))
+        self.spans = spans
 
 
 class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -49,6 +60,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_rows = int(options["maxOffsetsPerTrigger"]) if "maxOffsetsPerTrigger" in options else None
         self.min_partitions = int(options.get("minPartitions", "1"))
         self.log = TopicLog(self.path)
+        self.decode = options.get("decode")
         self._frozen: Offsets | None = None
 
     def _end_offsets(self) -> Offsets:
@@ -100,32 +112,62 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._end_offsets()
 
     def partitions(self, start: Offsets, end: Offsets) -> list[_Range]:
-        """One range per topic-partition; like Kafka's ``minPartitions``, large ones are cut so that
-        there are at least that many, and every core decodes."""
+        """As many tasks as ``minPartitions`` (the cores), of about equal record counts.
+
+        Like Kafka's ``minPartitions``, large partition ranges are cut so that every core decodes;
+        small ones share a task, since each task costs a Python worker round trip.
+        """
         spans = []
         for topic, parts in end.items():
             for p, stop in parts.items():
                 begin = start.get(topic, {}).get(p, 0)
                 if stop > begin:
                     spans.append((topic, int(p), begin, stop))
+        tasks = max(1, self.min_partitions)
         total = sum(stop - begin for _, _, begin, stop in spans)
-        ranges = []
+        if not total:
+            return []
+        share = -(-total // tasks)
+        pieces = []
         for topic, p, begin, stop in spans:
-            pieces = max(1, round((stop - begin) * self.min_partitions / total)) if len(spans) < self.min_partitions \
-                else 1
-            step = -(-(stop - begin) // pieces)
-            ranges += [_Range(topic, p, lo, min(lo + step, stop)) for lo in range(begin, stop, step)]
-        return ranges
+            pieces += [(topic, p, lo, min(lo + share, stop)) for lo in range(begin, stop, share)]
+        bins: list[list[tuple[str, int, int, int]]] = [[] for _ in range(tasks)]
+        sizes = [0] * tasks
+        for piece in sorted(pieces, key=lambda s: s[2] - s[3]):  # largest first, into the emptiest task
+            i = sizes.index(min(sizes))
+            bins[i].append(piece)
+            sizes[i] += piece[3] - piece[2]
+        return [_Range(sorted(b)) for b in bins if b]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         from ingest.topiclog import TopicLog
 
         assert isinstance(partition, _Range)
-        table = TopicLog(self.path).read(partition.topic, partition.partition, partition.start, partition.end)
-        yield from table.to_batches(max_chunksize=10_000)
+        log = TopicLog(self.path)
+        decoder = _decoder(self.decode) if self.decode else None
+        for topic, p, begin, stop in partition.spans:
+            for batch in log.read(topic, p, begin, stop).to_batches(max_chunksize=10_000):
+                yield decoder.parts(batch) if decoder is not None else batch
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: progress is recorded in the Delta tables, not in the log."""
+
+
+def encode_decoder(decoder: Any) -> str:
+    """A :class:`~ingest.decode.columnar.BatchDecoder` as the reader's ``decode`` option (no secrets in it)."""
+    return base64.b64encode(pickle.dumps(decoder)).decode("ascii")
+
+
+_DECODER_CACHE: dict[str, Any] = {}
+
+
+def _decoder(option: str) -> Any:
+    # One decoder per worker process and option, so its schema plans survive across tasks.
+    found = _DECODER_CACHE.get(option)
+    if found is None:
+        _DECODER_CACHE.clear()
+        found = _DECODER_CACHE[option] = pickle.loads(base64.b64decode(option))  # the engine wrote it
+    return found
 
 
 class TopicLogDataSource(DataSource):
@@ -136,7 +178,7 @@ class TopicLogDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        return KAFKA_SCHEMA_DDL
+        return PARTS_DDL if self.options.get("decode") else KAFKA_SCHEMA_DDL
 
     def streamReader(self, schema: Any) -> TopicLogStreamReader:
         return TopicLogStreamReader(self.options)
@@ -157,8 +199,33 @@ class EmbeddedSource:
         log = TopicLog(self.log_dir)
         return log.end_offsets(topic) if log.exists(topic) else {}
 
-    def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int) -> DataFrame:
-        return (spark.readStream.format(FORMAT_NAME).option("path", str(self.log_dir))
-                .option("subscribe", ",".join(topics)).option("startingOffsets", starting)
-                .option("maxOffsetsPerTrigger", str(max_records))
-                .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
+    def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int,
+               decoder: Any = None) -> DataFrame:
+        reader = (spark.readStream.format(FORMAT_NAME).option("path", str(self.log_dir))
+                  .option("subscribe", ",".join(topics)).option("startingOffsets", starting)
+                  .option("maxOffsetsPerTrigger", str(max_records))
+                  .option("minPartitions", str(spark.sparkContext.defaultParallelism)))
+        if decoder is not None:
+            reader = reader.option("decode", encode_decoder(decoder))
+        return reader.load()
+
+    def fetch(self, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
+        """Raw key, value and timestamp of some messages, read again from the log by their coordinates."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from ingest.topiclog import TopicLog
+
+        log = TopicLog(self.log_dir)
+        wanted: dict[tuple[str, int], set[int]] = {}
+        for topic, partition, offset in coords:
+            wanted.setdefault((topic, partition), set()).add(offset)
+        out = {}
+        for (topic, partition), offsets in wanted.items():
+            rows = log.read(topic, partition, min(offsets), max(offsets) + 1)
+            rows = rows.filter(pc.is_in(rows["offset"], pa.array(sorted(offsets), pa.int64())))
+            for offset, key, value, ts in zip(*(rows[c].to_pylist() for c in ("offset", "key", "value", "timestamp")),
+                                              strict=True):
+                if offset in offsets:
+                    out[(topic, partition, offset)] = (key, value, ts)
+        return out
