@@ -24,11 +24,11 @@ from typing import Any, Literal
 from deltalake import CommitProperties, DeltaTable
 
 from ingest import locks
+from ingest.apply.tablestate import latest_cdc_commit, load_state
+from ingest.apply.tombstones import purge as purge_tombstones
 from ingest.config import IngestConfig, TableSpec
 from ingest.deltaio import open_table
 from ingest.paths import TablePaths
-from ingest.tablestate import latest_cdc_commit, load_state
-from ingest.tombstones import purge as purge_tombstones
 
 MAINTENANCE_KEY = "cdc.maintenance"
 _DEFAULT_LOG_RETENTION = timedelta(days=30)

@@ -21,8 +21,8 @@ from pydantic import Field
 from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, TableSpec, load_config
 from ingest.engine import Engine, TableRun
+from ingest.ops.status import TableStatus, table_status
 from ingest.paths import TablePaths
-from ingest.status import TableStatus, table_status
 
 
 class IngestEngine(dg.ConfigurableResource):

@@ -16,7 +16,7 @@ import dagster as dg
 from assets.constants import TABLE_TAG, table_key
 from assets.resources import IngestEngine
 from ingest.config import TableSpec
-from ingest.status import TableStatus
+from ingest.ops.status import TableStatus
 
 #: Default seconds between two evaluations of a table's sensor.
 DEFAULT_INTERVAL_SECONDS = 30

@@ -18,8 +18,8 @@ from assets.resources import IngestEngine
 from ingest.config import TableSpec
 from ingest.deltaio import FRAMEWORK_NAMES, open_table, table_schema
 from ingest.engine import TableRun
+from ingest.ops.status import TableStatus
 from ingest.secrets import redact
-from ingest.status import TableStatus
 
 #: Counts summed over a run's batches and reported as metadata.
 COUNTS = ("received", "inserted", "updated", "deleted", "truncates", "superseded", "stale", "quarantined", "skipped")

@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bare
 
 from ingest.config import IngestConfig, load_config
-from ingest.demo import prepare_workload, truth_dir, verify_all
 from ingest.engine import Engine
-from ingest.simulator import Truth
-from ingest.topiclog import TopicLog
-from ingest.verify import verify_table
+from ingest.proof.demo import prepare_workload, truth_dir, verify_all
+from ingest.proof.simulator import Truth
+from ingest.proof.verify import verify_table
+from ingest.source.topiclog import TopicLog
 
 console = Console()
 

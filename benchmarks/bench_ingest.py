@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest.config import load_config
-from ingest.demo import prepare_workload, verify_all
 from ingest.engine import Engine
+from ingest.proof.demo import prepare_workload, verify_all
 
 console = Console()
 

@@ -35,9 +35,9 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from ingest import locks
+from ingest.apply.tablestate import BATCH_KEY, cdc_commits
 from ingest.deltaio import open_table, read_all, sql_string
 from ingest.secrets import redact
-from ingest.tablestate import BATCH_KEY, cdc_commits
 
 _LOCK = threading.Lock()  # one process appends for several tables' queries
 

@@ -22,7 +22,7 @@ from ingest.config import IngestConfig, load_config
 from ingest.errors import IngestError
 
 if TYPE_CHECKING:
-    from ingest.consistency import ConsistencyReport
+    from ingest.proof.consistency import ConsistencyReport
 
 app = typer.Typer(help="CDC lakehouse ingestion: Debezium topics -> Delta Lake tables.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -65,7 +65,7 @@ def demo(
     violations: Annotated[float, typer.Option(help="fraction of changes that break the expectations suites")] = 0.004,
 ) -> None:
     """Simulate a source database, ingest its changes, verify every table; exit 1 on any mismatch."""
-    from ingest.demo import run_demo
+    from ingest.proof.demo import run_demo
 
     cfg = _config(config, workdir)
     console.rule(f"CDC demo in {cfg.workdir}")
@@ -167,7 +167,7 @@ def run(
 @app.command()
 def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
     """Per table: applied offsets, lag, Delta version, last batch."""
-    from ingest.status import table_status
+    from ingest.ops.status import table_status
 
     cfg = _config(config, workdir)
     out = Table(title="Table status")
@@ -208,7 +208,7 @@ def verify(
         if not verify_source(_config(config, workdir), source_db, wait=wait, tables=table):
             raise typer.Exit(1)
         return
-    from ingest.demo import verify_all
+    from ingest.proof.demo import verify_all
 
     results = verify_all(_config(config, workdir))
     out = Table(title="Verification against the simulated source")
@@ -266,7 +266,7 @@ def produce(
     One record per line: {"partition": 0 (optional; default by key hash), "key": base64|null,
     "value": base64|null, "timestamp": epoch millis (optional), "headers": [{"key": "k", "value": base64|null}]}.
     """
-    from ingest.topiclog import ProducerRecord, TopicLog, partition_for_key
+    from ingest.source.topiclog import ProducerRecord, TopicLog, partition_for_key
 
     cfg = _config(config, workdir)
     log = TopicLog(cfg.log_dir)
@@ -328,7 +328,7 @@ def torture(
         exit_unless(torture_stack(seed=seed, faults=faults, rate=rate, value_format=value_format,  # type: ignore[arg-type]
                                   workdir=workdir, schema=schema, scale=scale, pause=pause))
         return
-    from ingest.torture import Torture, TortureSpec
+    from ingest.proof.torture import Torture, TortureSpec
 
     where = workdir or Path(tempfile.mkdtemp(prefix="cdc-torture-"))
     spec = TortureSpec(workdir=where, seed=seed, kills=kills, events=events, batch=batch,

@@ -219,7 +219,7 @@ def quarantine_replay(
     recheck: Annotated[bool, typer.Option(help="validate again with the table's current suite")] = True,
 ) -> None:
     """Re-apply pending quarantined messages after a fix (idempotent; stale ones never win)."""
-    from ingest.replay import replay_quarantine
+    from ingest.ops.replay import replay_quarantine
 
     cfg = _config(config, workdir)
     ids = [_parse_id(m) for m in message] if message else None

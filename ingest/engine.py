@@ -37,16 +37,16 @@ from ingest import audit, locks, secrets
 from ingest import checkpoint as checkpoints
 from ingest.apply.delta_rs import DeltaRsEngine
 from ingest.apply.pipeline import BatchResult, apply_parts
+from ingest.apply.tablestate import load_state
 from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode.columnar import PARTS_DDL, BatchDecoder, DecoderSpec, read_parts
+from ingest.decode.registry import ConfluentSchemaRegistry
 from ingest.errors import RegistryUnavailableError, is_transient
 from ingest.paths import TablePaths
 from ingest.quality import QualityGate
-from ingest.registry import ConfluentSchemaRegistry
 from ingest.source import EmbeddedSource, Offsets, decodes_at_read, read_topics, source_for
 from ingest.spark import session_for
-from ingest.tablestate import load_state
 
 log = logging.getLogger(__name__)
 _START_ATTEMPTS = 3  # restarts of a query that dies before its first batch (see Engine._restart_failed)

@@ -109,7 +109,7 @@ class SourcePosition:
     :data:`AFTER` for a delete carried only by a Kafka tombstone.
 
     Without any of those (``fallback``), the position is the Kafka ``(partition, offset)``. Offsets
-    of different partitions are not comparable; :mod:`ingest.ordering` never compares them as one
+    of different partitions are not comparable; :mod:`ingest.apply.ordering` never compares them as one
     sequence.
 
     The encoded form (``s...``/``k...``) is text whose order is the position order, so Delta and SQL

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from dagster_project.settings import CONFIG_ENV, WORKDIR_ENV  # noqa: E402
 from ingest.config import load_config  # noqa: E402
-from ingest.demo import prepare_workload  # noqa: E402
+from ingest.proof.demo import prepare_workload  # noqa: E402
 
 LOCATION = "cdc_ingest"
 REPOSITORY = "__repository__"

@@ -19,11 +19,11 @@ import pyarrow as pa
 
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.pipeline import BatchResult, process_batch
+from ingest.apply.tablestate import load_state
 from ingest.config import TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.deltaio import open_table, read_all
 from ingest.paths import TablePaths
-from ingest.tablestate import load_state
 
 KAFKA_SCHEMA = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),

@@ -9,12 +9,12 @@ import pytest
 
 from ingest import audit, quarantine
 from ingest.apply.pipeline import apply_parts
+from ingest.apply.tablestate import BATCH_KEY, app_id, cdc_commits
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all
 from ingest.errors import SchemaIncompatibleError
 from ingest.events import UNAVAILABLE, ColumnSpec, ControlRecord
 from ingest.paths import TablePaths
-from ingest.tablestate import BATCH_KEY, app_id, cdc_commits
 from tests.factories import COLUMNS, change, decoded_rows
 
 
@@ -206,8 +206,8 @@ def test_toast_not_filled_from_a_redelivered_older_image(tmp_path):
 def test_commit_refuses_to_move_progress_backwards(tmp_path):
     from ingest.apply.microbatch import MicroBatch
     from ingest.apply.pipeline import process_batch
+    from ingest.apply.tablestate import TableState, load_state
     from ingest.errors import OffsetsConflictError
-    from ingest.tablestate import TableState, load_state
 
     paths = paths_in(tmp_path)
     apply(HARD, paths, [change("c", 1, 10)], first_offset=5)

@@ -12,9 +12,9 @@ import yaml
 
 from ingest import audit, quarantine
 from ingest.config import IngestConfig, load_config
-from ingest.demo import TableFingerprint, prepare_workload, truth_dir, verify_all
 from ingest.engine import Engine
-from ingest.topiclog import ProducerRecord, TopicLog
+from ingest.proof.demo import TableFingerprint, prepare_workload, truth_dir, verify_all
+from ingest.source.topiclog import ProducerRecord, TopicLog
 
 pytestmark = pytest.mark.spark
 
@@ -60,7 +60,7 @@ def test_several_batches_and_balance_in_every_batch(ingested):
 
 def test_malformed_messages_are_quarantined_with_reasons(ingested):
     config, _ = ingested
-    from ingest.simulator import Truth
+    from ingest.proof.simulator import Truth
 
     counts = Truth.load(truth_dir(config)).counts
     injected = sum(c.get("malformed", 0) for c in counts.values())

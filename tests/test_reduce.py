@@ -2,8 +2,8 @@
 
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.reduce import Reduction, reduce_changes
+from ingest.apply.tablestate import TableState
 from ingest.events import UNAVAILABLE, ChangeEvent
-from ingest.tablestate import TableState
 from tests.factories import change, decoded_rows
 
 NOTHING_APPLIED = TableState(None, None, None, None)

@@ -1,7 +1,7 @@
 import pytest
 
+from ingest.decode.registry import EmbeddedSchemaRegistry, frame, unframe
 from ingest.errors import DecodeError, EnvironmentProblem, SchemaRegistryError
-from ingest.registry import EmbeddedSchemaRegistry, frame, unframe
 from ingest.spark import check_java
 
 SCHEMA = {"type": "record", "name": "K", "fields": [{"name": "id", "type": "int"}]}
@@ -47,7 +47,7 @@ def test_missing_java_is_one_clear_line(monkeypatch, tmp_path):
 def test_prefetched_schemas_need_no_registry_and_a_miss_asks_the_fallback(tmp_path):
     import json
 
-    from ingest.registry import PrefetchedSchemaRegistry
+    from ingest.decode.registry import PrefetchedSchemaRegistry
 
     embedded = EmbeddedSchemaRegistry(tmp_path)
     other = embedded.register("elsewhere-value", {"type": "record", "name": "B", "fields": []})

@@ -1,8 +1,8 @@
 import pytest
 
+from ingest.apply.schema import combine, holds, plan_schema
 from ingest.errors import SchemaIncompatibleError
 from ingest.events import ColumnSpec
-from ingest.schema import combine, holds, plan_schema
 
 
 @pytest.mark.parametrize(

@@ -13,11 +13,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ingest import audit
+from ingest.apply.tombstones import positions as tombstone_positions
+from ingest.apply.tombstones import purge as purge_tombstones
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all, table_schema
 from ingest.errors import TableError
-from ingest.tombstones import positions as tombstone_positions
-from ingest.tombstones import purge as purge_tombstones
 from tests.harness import Topic, envelope, flat, ingest_batch, ingest_in_batches, key, paths_in, pg, rows
 
 HARD = TableSpec(name="t", topic="t")

@@ -5,7 +5,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from ingest.source import KAFKA_SCHEMA_DDL
 from ingest.source.embedded import TopicLogStreamReader
-from ingest.topiclog import ProducerRecord, TopicLog
+from ingest.source.topiclog import ProducerRecord, TopicLog
 
 
 @pytest.fixture
@@ -95,8 +95,8 @@ def test_an_unreachable_broker_is_reported_never_lag_zero(tmp_path):
 
     from ingest.config import KafkaSpec, load_config
     from ingest.errors import SourceUnavailableError
+    from ingest.ops.status import table_status
     from ingest.source.kafka import KafkaSource
-    from ingest.status import table_status
 
     source = KafkaSource(KafkaSpec(bootstrap_servers="127.0.0.1:1"), timeout=2)
     with pytest.raises(SourceUnavailableError, match=r"Kafka at 127\.0\.0\.1:1 did not answer for topic 'x'"):

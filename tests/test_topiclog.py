@@ -3,7 +3,7 @@ import os
 import pytest
 
 from ingest.errors import TopicLogError
-from ingest.topiclog import KAFKA_ROW_SCHEMA, ProducerRecord, TopicLog, murmur2, partition_for_key
+from ingest.source.topiclog import KAFKA_ROW_SCHEMA, ProducerRecord, TopicLog, murmur2, partition_for_key
 
 
 @pytest.fixture

@@ -25,14 +25,15 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from ingest import faults, tombstones
+from ingest.apply import tombstones
+from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
 from ingest.apply.plan import TOAST_FLAG, MergePlan
+from ingest.apply.schema import SchemaPlan
+from ingest.apply.tablestate import BATCH_KEY, POSITION_FORMAT, STATE_KEY, TableState, app_id
 from ingest.deltaio import FRAMEWORK_COLUMNS, arrow_type, key_range, quote, read_all, sql_string
 from ingest.errors import CommitConflictError
 from ingest.events import ColumnSpec
-from ingest.ordering import later_than_stored_sql, replaces_stored_sql
-from ingest.schema import SchemaPlan
-from ingest.tablestate import BATCH_KEY, POSITION_FORMAT, STATE_KEY, TableState, app_id
+from ingest.proof import faults
 
 
 @dataclass(slots=True)
@@ -139,7 +140,7 @@ class DeltaRsEngine:
 
 
 def state_metadata(key_columns: tuple[str, ...], watermark: str | None, flattened: bool | None) -> dict[str, Any]:
-    """The ``cdc.state`` a commit carries (read back by :func:`ingest.tablestate.load_state`)."""
+    """The ``cdc.state`` a commit carries (read back by :func:`ingest.apply.tablestate.load_state`)."""
     return {"primary_key": list(key_columns), "truncate_position": watermark, "position_format": POSITION_FORMAT,
             "flattened": flattened}
 

@@ -28,9 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from ingest.apply.ordering import after_sql
 from ingest.apply.sql import connect, ident, key_list, query
 from ingest.apply.stored import stored_rows
-from ingest.ordering import after_sql
 
 
 def are_deletes(setting: str, batch_flattened: bool | None, table_flattened: bool | None) -> bool:

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.apply.schema import combine
+from ingest.apply.tablestate import TableState
 from ingest.decode.columnar import FRAME, INFERRED, columns_of, part_kind
 from ingest.deltaio import arrow_type, delta_type_name
 from ingest.errors import RegistryUnavailableError, TableError
 from ingest.events import ColumnSpec
-from ingest.schema import combine
-from ingest.tablestate import TableState
 
 #: Control kinds that carry no row change, as the decode step names them.
 CONTROL_KINDS = ("heartbeat", "schema_change", "transaction", "message")
@@ -115,7 +115,7 @@ class MicroBatch:
 
 
 def combine_columns(versions: Sequence[Sequence[ColumnSpec]]) -> list[ColumnSpec]:
-    """The union of the schema versions' columns, widened where they differ (see :func:`ingest.schema.combine`).
+    """The union of the schema versions' columns, widened where they differ (see :func:`ingest.apply.schema.combine`).
 
     Raises:
         SchemaIncompatibleError: two versions disagree on a column in a way no widening covers.

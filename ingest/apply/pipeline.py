@@ -29,24 +29,26 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest import audit, faults, quarantine, tombstones
+from ingest import audit, quarantine
+from ingest.apply import tombstones
 from ingest.apply.delta_rs import CommitOutcome, CommitRequest, DeltaRsEngine
 from ingest.apply.kafka_tombstones import are_deletes, resolve
 from ingest.apply.microbatch import MicroBatch
+from ingest.apply.ordering import later_than_stored
 from ingest.apply.plan import MergePlan, plan_merge
 from ingest.apply.reduce import Reduction, reduce_changes
+from ingest.apply.schema import check_column_names, plan_schema
 from ingest.apply.stored import stored_rows
+from ingest.apply.tablestate import TableState, load_state
 from ingest.audit import AuditRecord
 from ingest.config import TableSpec
 from ingest.deltaio import arrow_type
 from ingest.errors import TableError
 from ingest.events import ColumnSpec
-from ingest.ordering import later_than_stored
 from ingest.paths import TablePaths
+from ingest.proof import faults
 from ingest.quality.gate import QualityGate, QualityReport
 from ingest.quarantine import QuarantineRecord
-from ingest.schema import check_column_names, plan_schema
-from ingest.tablestate import TableState, load_state
 
 #: Raw key and value (and Kafka timestamp) of messages by ``(topic, partition, offset)``, fetched
 #: again from the source for changes held back after decoding.
@@ -253,7 +255,7 @@ def _refuse_to_move_backwards(table: str, batch: MicroBatch, state: TableState, 
 
 
 def _check_position_format(table: str, state: TableState) -> None:
-    from ingest.tablestate import POSITION_FORMAT
+    from ingest.apply.tablestate import POSITION_FORMAT
 
     if state.table is not None and state.position_format != POSITION_FORMAT and state.key_columns is not None:
         raise TableError(table, f"was written with source-position format {state.position_format or 1}; this "

@@ -2,7 +2,7 @@
 
 The batch's winners are joined with what the table stores for their keys (and, in hard-delete mode,
 with the remembered deletes) and each is classified -- insert, update, delete or stale -- by the
-same rule the MERGE's predicates apply (:mod:`ingest.ordering`), so the audit counts what the
+same rule the MERGE's predicates apply (:mod:`ingest.apply.ordering`), so the audit counts what the
 commit does. The plan also undoes TOAST fills from images older than the stored row, decides which
 columns stay unknown (``_cdc_unknown_columns``), and builds the MERGE's source table. SQL over Arrow
 (:mod:`ingest.apply.sql`): no row becomes a Python object.
@@ -17,12 +17,12 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.apply.ordering import later_than_stored_sql, replaces_sql
 from ingest.apply.reduce import Reduction
 from ingest.apply.sql import connect, ident, literal, query
 from ingest.apply.stored import UNKNOWN_COLUMNS
 from ingest.deltaio import FRAMEWORK_COLUMNS, arrow_type
 from ingest.events import ColumnSpec
-from ingest.ordering import later_than_stored_sql, replaces_sql
 
 Action = Literal["insert", "update", "delete", "stale", "truncated", "dropped"]
 #: Prefix of the MERGE source's per-column "keep the stored value" flags (unchanged TOAST).

@@ -1,7 +1,7 @@
 """Reduce a micro-batch to at most one change per key, by source position (DESIGN 3.1, 3.3, 3.6, 3.9).
 
 SQL over the batch's Arrow ``changes`` (:mod:`ingest.apply.sql`). The batch order is
-:func:`ingest.ordering.batch_order`: by position, and among copies of one position the lowest Kafka
+:func:`ingest.apply.ordering.batch_order`: by position, and among copies of one position the lowest Kafka
 coordinates last, so the last change of a key in that order -- its *winner* -- is the latest one and,
 of several copies, the first delivered. Everything the winner replaces is *superseded in batch*. The
 latest truncate supersedes every change before it; earlier truncates are superseded by it.

@@ -21,9 +21,9 @@ from typing import Any, Final, Literal
 from ingest.decode.avro import AvroCodec
 from ingest.decode.envelope import KeyReader, ValuePlan, to_event, tombstone
 from ingest.decode.jsonconv import JsonCodec
+from ingest.decode.registry import SchemaRegistry
 from ingest.errors import ConfigError, DecodeError
 from ingest.events import ChangeEvent, ControlRecord, KafkaCoordinates
-from ingest.registry import SchemaRegistry
 
 __all__ = ["MessageDecoder", "decode_message"]
 

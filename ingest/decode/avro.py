@@ -19,9 +19,9 @@ import fastavro
 from fastavro.schema import expand_schema
 
 from ingest.decode.envelope import ValuePlan, classify, make_value_plan
+from ingest.decode.registry import SchemaRegistry, unframe
 from ingest.decode.semantic import FieldPlan, as_key_field, convert_image, field_plan
 from ingest.errors import DecodeError, SchemaRegistryError
-from ingest.registry import SchemaRegistry, unframe
 
 _PRIMITIVES: Final = {
     "null": "null", "boolean": "boolean", "int": "int32", "long": "int64", "float": "float32",

@@ -456,7 +456,7 @@ class DecoderSpec:
 
     Where the registry's credentials are found travels, never the credentials, so no secret is in
     the pickled plan. ``schemas`` are the topic's schemas the driver already fetched (see
-    :class:`~ingest.registry.PrefetchedSchemaRegistry`); only an id outside them makes the worker
+    :class:`~ingest.decode.registry.PrefetchedSchemaRegistry`); only an id outside them makes the worker
     call the registry, with credentials looked up in the worker.
     """
 
@@ -484,7 +484,7 @@ class DecoderSpec:
         )
 
     def __call__(self) -> MessageDecoder:
-        from ingest.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, PrefetchedSchemaRegistry
+        from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, PrefetchedSchemaRegistry
 
         registry: Any = None
         if self.registry_url:

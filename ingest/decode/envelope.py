@@ -321,7 +321,7 @@ def source_position(source: Mapping[str, Any], phase: int, coords: KafkaCoordina
       no ``commit_scn`` and orders by its ``scn``.
     * MongoDB: ``(ts_ms, ord, 0)`` -- the oplog's cluster time and its ordinal.
     * Anything else: the Kafka ``(partition, offset)`` as a fallback position (see
-      :mod:`ingest.ordering` for how those compare).
+      :mod:`ingest.apply.ordering` for how those compare).
 
     Args:
         source: the ``source`` block (or the fields a flattened row kept from it).

@@ -9,7 +9,7 @@ One wrinkle: a slot confirms the position of the last change it *decoded*. When 
 records that decode to nothing (DDL, a vacuum, a checkpoint; PostgreSQL 15's ``pgoutput`` also
 skips empty transactions), the slot never reaches the current LSN, however long one waits. If the
 slots make no progress for a few seconds, :func:`wait_for_capture` therefore writes one
-transactional logical-decoding message (``pg_logical_emit_message``, prefix ``ingest.verify``);
+transactional logical-decoding message (``pg_logical_emit_message``, prefix ``ingest.proof.verify``);
 it changes no table, lies past the target, and Debezium forwards it to its ``<prefix>.message``
 topic and confirms its position. Writing it needs superuser or the REPLICATION attribute.
 """
@@ -24,7 +24,7 @@ from typing import Any, Final
 import psycopg
 
 Say = Callable[[str], None]
-MARKER_PREFIX: Final = "ingest.verify"
+MARKER_PREFIX: Final = "ingest.proof.verify"
 #: Seconds without progress before the marker message is written (and between further markers).
 STALL_SECONDS: Final = 2.0
 _MARKER_EVERY: Final = 15.0

@@ -2,7 +2,7 @@
 
 Each start runs ``python -m ingest.cli run -c <config> [--continuous]`` in its own session (process
 group), so a SIGKILL of the group takes the Spark JVM and the Python workers with the driver, as
-a crash would. ``INGEST_KILL_AT`` (:mod:`ingest.faults`) can be armed per start so that the process
+a crash would. ``INGEST_KILL_AT`` (:mod:`ingest.proof.faults`) can be armed per start so that the process
 kills itself at a named point. Output (stdout and stderr) goes to ``<logs>/<name>-<n>.log``.
 """
 

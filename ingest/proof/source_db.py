@@ -5,11 +5,11 @@ Steps:
 1. read the source's WAL position and wait until Debezium's replication slots have confirmed it
    (:func:`ingest.proof.capture.wait_for_capture`): Kafka then holds every change committed before;
 2. wait until each table has applied its topic's current end offsets
-   (:func:`ingest.status.table_status`, which asks the configured source), so a concurrently running
+   (:func:`ingest.ops.status.table_status`, which asks the configured source), so a concurrently running
    ``ingest run --continuous`` can catch up;
 3. compare each table's live rows (``_cdc_*`` columns dropped) with the source rows converted to
    the engine's representation (:mod:`ingest.proof.source_values`), key by key
-   (:func:`ingest.verify.verify_table`).
+   (:func:`ingest.proof.verify.verify_table`).
 
 The comparison is exact only for a quiescent source: rows written after step 1 are in the
 ``SELECT`` but not necessarily in the tables.
@@ -31,7 +31,7 @@ from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError
 from ingest.proof.capture import CaptureResult, wait_for_capture
 from ingest.proof.source_values import NotRepresentable, SourceColumn, column_plan
-from ingest.verify import TableVerification, verify_table
+from ingest.proof.verify import TableVerification, verify_table
 
 Say = Callable[[str], None]
 _COLUMNS_QUERY = """
@@ -189,8 +189,8 @@ def verify_source_db(config: IngestConfig, dsn: str, *, wait: float = 120.0, say
 
 def wait_for_tables(config: IngestConfig, specs: list[TableSpec], *, wait: float, say: Say) -> CatchUp:
     """Wait until every table's applied offsets reach its topic's end offsets (lag 0)."""
+    from ingest.ops.status import table_status
     from ingest.source import source_for
-    from ingest.status import table_status
 
     names = {s.name for s in specs}
     started = time.monotonic()

@@ -1,6 +1,6 @@
 """End-state checks after a run on the real stack: every table against PostgreSQL, keys, audit, records.
 
-The stack's counterpart of :func:`ingest.consistency.check` (which needs the simulator's truth):
+The stack's counterpart of :func:`ingest.proof.consistency.check` (which needs the simulator's truth):
 
 * every table equals its PostgreSQL table (``verify --source-db``:
   :func:`ingest.proof.source_db.verify_source_db`, which first waits for Debezium and for the
@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 from ingest import quarantine
 from ingest.config import IngestConfig
-from ingest.consistency import ConsistencyReport, account_table
 from ingest.paths import TablePaths
+from ingest.proof.consistency import ConsistencyReport, account_table
 from ingest.proof.pg_schema import TABLES
 from ingest.proof.source_db import SourceVerification, source_table_of, verify_source_db
+from ingest.proof.verify import TableVerification
 from ingest.source import source_for
-from ingest.verify import TableVerification
 
 Say = Callable[[str], None]
 _SHOP_KEYS = {t.name: t.key for t in TABLES}

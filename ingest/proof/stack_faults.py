@@ -7,7 +7,7 @@ redelivers from its last flushed offset), ``registry`` (Apicurio behind nginx) a
 (PostgreSQL; the load generator reconnects, Debezium restarts its task).
 
 An ``ingest-kill`` is either a SIGKILL from outside at whatever moment the schedule reaches, or
-one at a named point of :mod:`ingest.faults`: the running process is killed and restarted with
+one at a named point of :mod:`ingest.proof.faults`: the running process is killed and restarted with
 ``INGEST_KILL_AT`` armed, so that it dies again exactly there (after the tombstones, before the
 commit, during the MERGE, between the Delta commit and the audit row, between the batch and
 Spark's checkpoint commit); then it is started unarmed.

@@ -36,6 +36,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig, QualityPolicy, TableSpec
 from ingest.deltaio import arrow_type, delta_type_name
 from ingest.errors import QualityGateError
@@ -49,7 +50,6 @@ from ingest.quality.suites import (
     gx_context,
     load_suite,
 )
-from ingest.tablestate import load_state
 
 RESULT_FORMAT: Final = {"result_format": "COMPLETE", "partial_unexpected_count": 5}
 DATASOURCE: Final = "cdc_micro_batches"

@@ -1,6 +1,6 @@
 """The embedded topic log as a source: its partitions and end offsets, and a Spark stream over it.
 
-:class:`TopicLogDataSource` is a Python streaming data source over :mod:`ingest.topiclog` that
+:class:`TopicLogDataSource` is a Python streaming data source over :mod:`ingest.source.topiclog` that
 takes the Kafka source's option names (``subscribe``, ``startingOffsets``, ``maxOffsetsPerTrigger``)
 and yields rows of exactly the schema of Spark's Kafka source, so everything downstream of the read
 is identical for both sources.
@@ -50,7 +50,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader: offsets are ``{topic: {partition: next offset}}``, like Kafka's source."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
-        from ingest.topiclog import TopicLog
+        from ingest.source.topiclog import TopicLog
 
         if "path" not in options or "subscribe" not in options:
             raise TopicLogError("cdc_topiclog needs the options 'path' and 'subscribe'")
@@ -140,7 +140,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [_Range(sorted(b)) for b in bins if b]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from ingest.topiclog import TopicLog
+        from ingest.source.topiclog import TopicLog
 
         assert isinstance(partition, _Range)
         log = TopicLog(self.path)
@@ -194,7 +194,7 @@ class EmbeddedSource:
         return f"embedded topic log {self.log_dir}"
 
     def end_offsets(self, topic: str) -> dict[int, int]:
-        from ingest.topiclog import TopicLog
+        from ingest.source.topiclog import TopicLog
 
         log = TopicLog(self.log_dir)
         return log.end_offsets(topic) if log.exists(topic) else {}
@@ -214,7 +214,7 @@ class EmbeddedSource:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from ingest.topiclog import TopicLog
+        from ingest.source.topiclog import TopicLog
 
         log = TopicLog(self.log_dir)
         wanted: dict[tuple[str, int], set[int]] = {}

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ingest.config import IngestConfig, load_config
-from ingest.topiclog import ProducerRecord, TopicLog
+from ingest.source.topiclog import ProducerRecord, TopicLog
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 

@@ -11,10 +11,10 @@ from assets.constants import table_key
 from assets.definitions import build_definitions
 from assets.jobs import MAINTENANCE_JOB
 from assets.resources import SparkIngestEngine
+from ingest.apply.tablestate import load_state
 from ingest.deltaio import open_table, read_all
 from ingest.engine import Engine
 from ingest.paths import TablePaths
-from ingest.tablestate import load_state
 from tests.dagster.conftest import produce, write_config
 
 pytestmark = pytest.mark.spark

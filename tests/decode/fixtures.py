@@ -14,8 +14,8 @@ from typing import Any
 import fastavro
 
 from ingest.decode import MessageDecoder
+from ingest.decode.registry import EmbeddedSchemaRegistry, frame
 from ingest.events import ChangeEvent, KafkaCoordinates
-from ingest.registry import EmbeddedSchemaRegistry, frame
 
 COORDS = KafkaCoordinates(topic="shop.public.orders", partition=2, offset=41, timestamp_ms=1_700_000_000_000)
 MARKER = "__debezium_unavailable_value"

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from ingest.decode import MessageDecoder
+from ingest.decode.registry import EmbeddedSchemaRegistry, frame
 from ingest.errors import ConfigError, DecodeError
 from ingest.events import UNAVAILABLE, ChangeEvent, ColumnSpec, ControlRecord, SourcePosition
-from ingest.registry import EmbeddedSchemaRegistry, frame
 
 from .fixtures import (
     AVRO_ORDER_FIELDS,

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from ingest.decode import MessageDecoder
+from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.decode.semantic import convert_image, field_plan, fit_decimal
 from ingest.errors import DecodeError
 from ingest.events import UNAVAILABLE, ChangeEvent
-from ingest.registry import EmbeddedSchemaRegistry
 
 from .fixtures import (
     COORDS,

@@ -15,7 +15,7 @@ from ingest.proof import pg_values
 from ingest.proof.demo_stack import remove_workdir, schema_of
 from ingest.proof.source_db import source_table_of
 from ingest.proof.source_values import parse_json
-from ingest.verify import verify_table
+from ingest.proof.verify import verify_table
 
 
 def test_source_table_defaults_to_the_topic_name() -> None:

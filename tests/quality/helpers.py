@@ -21,9 +21,9 @@ from ingest.config import IngestConfig, load_config
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.deltaio import open_table, read_all
 from ingest.paths import TablePaths
+from ingest.proof.simulator.encode import DEBEZIUM_VERSION, Envelope, JsonChangeEncoder
+from ingest.proof.simulator.model import Column, TableDef
 from ingest.quality import QualityGate
-from ingest.simulator.encode import DEBEZIUM_VERSION, Envelope, JsonChangeEncoder
-from ingest.simulator.model import Column, TableDef
 
 ACCOUNTS = TableDef(
     "accounts",

@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from ingest import audit, quarantine
+from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig, load_config
-from ingest.demo import prepare_workload, verify_all
 from ingest.engine import Engine
-from ingest.tablestate import load_state
-from ingest.topiclog import TopicLog
+from ingest.proof.demo import prepare_workload, verify_all
+from ingest.source.topiclog import TopicLog
 
 pytestmark = pytest.mark.spark
 

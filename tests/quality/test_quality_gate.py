@@ -10,13 +10,13 @@ import pytest
 
 from ingest import audit, quarantine
 from ingest.apply.pipeline import apply_parts
+from ingest.apply.tablestate import app_id
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all
 from ingest.errors import QualityGateError, SuiteMismatchError, TableError
 from ingest.events import ColumnSpec
 from ingest.paths import TablePaths
 from ingest.quality import QualityGate, ResultStore, load_suite
-from ingest.tablestate import app_id
 from tests.factories import COLUMNS, change, decoded_rows, source_bytes
 from tests.quality.helpers import write_suite
 

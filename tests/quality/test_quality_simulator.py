@@ -5,10 +5,10 @@ from __future__ import annotations
 import pyarrow.compute as pc
 import pytest
 
-from ingest.registry import EmbeddedSchemaRegistry
-from ingest.simulator import WorkloadSpec, generate
-from ingest.simulator.rows import QUALITY_VIOLATIONS
-from ingest.topiclog import TopicLog
+from ingest.decode.registry import EmbeddedSchemaRegistry
+from ingest.proof.simulator import WorkloadSpec, generate
+from ingest.proof.simulator.rows import QUALITY_VIOLATIONS
+from ingest.source.topiclog import TopicLog
 
 
 def make(tmp_path, name, **spec):

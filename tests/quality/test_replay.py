@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from ingest import audit, quarantine
+from ingest.apply.tablestate import app_id
 from ingest.deltaio import open_table
 from ingest.errors import QualityGateError
-from ingest.replay import REPLAY_BATCH, replay_quarantine
-from ingest.tablestate import app_id
+from ingest.ops.replay import REPLAY_BATCH, replay_quarantine
 from tests.quality.helpers import ACCOUNTS_SUITE, TOPIC, accounts_paths, ingest, live, pending, write_suite
 
 EMAIL = "expect_column_values_to_match_regex(email)"

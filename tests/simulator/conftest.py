@@ -21,10 +21,10 @@ from typing import Any
 import fastavro
 import pytest
 
-from ingest.registry import EmbeddedSchemaRegistry, unframe
-from ingest.simulator import Truth, WorkloadSpec, generate
-from ingest.simulator.model import LOYALTY_TIER, default_tables
-from ingest.topiclog import TopicLog
+from ingest.decode.registry import EmbeddedSchemaRegistry, unframe
+from ingest.proof.simulator import Truth, WorkloadSpec, generate
+from ingest.proof.simulator.model import LOYALTY_TIER, default_tables
+from ingest.source.topiclog import TopicLog
 
 PLACEHOLDER = "__debezium_unavailable_value"
 _EPOCH = dt.datetime(1970, 1, 1)

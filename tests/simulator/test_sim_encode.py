@@ -14,16 +14,16 @@ from typing import Any
 import fastavro
 import pytest
 
-from ingest.registry import EmbeddedSchemaRegistry, frame
-from ingest.simulator.encode import (
+from ingest.decode.registry import EmbeddedSchemaRegistry, frame
+from ingest.proof.simulator.encode import (
     MALFORMED_KINDS,
     AvroChangeEncoder,
     Envelope,
     JsonChangeEncoder,
     malformed_message,
 )
-from ingest.simulator.model import UTC, default_tables
-from ingest.simulator.wire import UNAVAILABLE_VALUE, unscaled_bytes, variable_scale, zoned_timestamp
+from ingest.proof.simulator.model import UTC, default_tables
+from ingest.proof.simulator.wire import UNAVAILABLE_VALUE, unscaled_bytes, variable_scale, zoned_timestamp
 
 TABLES = default_tables()
 SOURCE: dict[str, Any] = {

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pytest
 
-from ingest.simulator import Truth
-from ingest.simulator.model import LOYALTY_TIER, TableDef, TableState, default_tables
+from ingest.proof.simulator import Truth
+from ingest.proof.simulator.model import LOYALTY_TIER, TableDef, TableState, default_tables
 
 EXPECTED_TYPES = {
     "customers": {

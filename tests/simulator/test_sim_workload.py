@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.errors import TopicLogError
-from ingest.registry import EmbeddedSchemaRegistry
-from ingest.simulator import WorkloadSpec, generate
-from ingest.simulator.encode import MALFORMED_KINDS
-from ingest.topiclog import TopicLog, partition_for_key
+from ingest.proof.simulator import WorkloadSpec, generate
+from ingest.proof.simulator.encode import MALFORMED_KINDS
+from ingest.source.topiclog import TopicLog, partition_for_key
 
 TABLES = ("customers", "products", "orders")
 SMALL: dict[str, Any] = {"events": 600, "initial_customers": 40, "initial_products": 10, "initial_orders": 60}

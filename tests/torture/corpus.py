@@ -18,8 +18,8 @@ from typing import Any
 
 import fastavro
 
-from ingest.registry import EmbeddedSchemaRegistry, frame
-from ingest.topiclog import ProducerRecord, TopicLog
+from ingest.decode.registry import EmbeddedSchemaRegistry, frame
+from ingest.source.topiclog import ProducerRecord, TopicLog
 from tests.decode.fixtures import cfield, pg_source
 from tests.decode.fixtures import envelope_schema as json_envelope
 from tests.decode.fixtures import key_schema as json_key

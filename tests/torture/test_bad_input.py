@@ -17,12 +17,12 @@ import yaml
 from ingest import audit, quarantine
 from ingest.config import IngestConfig, load_config
 from ingest.decode import MessageDecoder
+from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.deltaio import open_table, read_all
 from ingest.engine import Engine, RunReport
 from ingest.errors import ConfigError
 from ingest.events import KafkaCoordinates
-from ingest.registry import EmbeddedSchemaRegistry
-from ingest.topiclog import TopicLog
+from ingest.source.topiclog import TopicLog
 from tests.torture.corpus import AVRO_STOPPERS, HOSTILE_COLUMNS, JSON_STOPPERS, Topic, avro_corpus, json_corpus
 
 Run = tuple[IngestConfig, RunReport, dict[str, Topic]]
@@ -177,7 +177,7 @@ def test_the_decode_step_ships_raw_bytes_only_for_what_did_not_decode() -> None:
     import pyarrow as pa
 
     from ingest.decode.columnar import BatchDecoder, DecoderSpec, read_parts
-    from ingest.topiclog import KAFKA_ROW_SCHEMA
+    from ingest.source.topiclog import KAFKA_ROW_SCHEMA
 
     value = json.dumps({"op": "c", "after": {"id": 1, "blob": "x" * 1000}, "source": {}}).encode()
     values = [value] * 39 + [b"{not json"]

@@ -23,8 +23,8 @@ from ingest.checkpoint import inspect
 from ingest.config import IngestConfig, load_config
 from ingest.deltaio import open_table, read_all
 from ingest.engine import Engine
-from ingest.topiclog import ProducerRecord, TopicLog
-from ingest.torture_faults import DAMAGES, damage_checkpoint
+from ingest.proof.torture_faults import DAMAGES, damage_checkpoint
+from ingest.source.topiclog import ProducerRecord, TopicLog
 
 TOPIC = "app.notes"
 
@@ -84,7 +84,7 @@ def ingested(template: Path, tmp_path: Path) -> IngestConfig:
 
 # -- inspect ----------------------------------------------------------------------------------------
 def _verdict(config: IngestConfig, applied: dict[int, int] | None = None) -> Any:
-    from ingest.tablestate import load_state
+    from ingest.apply.tablestate import load_state
 
     state = load_state(config.table_path("notes"))
     done = applied if applied is not None else {p: state.applied_offset(TOPIC, p) for p in (0, 1)}

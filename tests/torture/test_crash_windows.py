@@ -1,7 +1,7 @@
 """Every crash window of a batch, in process: crash at a named point, replay the batch, compare.
 
 The in-process twin of ``ingest torture``: fast and deterministic. At each point of
-:data:`ingest.faults.POINTS` the batch stops as a SIGKILL would stop it (nothing after the point
+:data:`ingest.proof.faults.POINTS` the batch stops as a SIGKILL would stop it (nothing after the point
 runs); replaying the same batch -- as Spark does after a restart -- must leave the table, its
 tombstones, the audit (after the start-up repair) and the quarantine exactly as one clean run does.
 """
@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from ingest import audit, faults, quarantine
+from ingest import audit, quarantine
 from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all
 from ingest.events import ColumnSpec, ControlRecord
 from ingest.paths import TablePaths
+from ingest.proof import faults
 from tests.factories import COLUMNS, change, decoded_rows
 
 WIDE = (COLUMNS[0], COLUMNS[1], ColumnSpec("balance", "decimal(14,2)"), COLUMNS[3])

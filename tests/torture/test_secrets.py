@@ -28,10 +28,10 @@ import yaml
 
 from ingest import audit, quarantine, secrets
 from ingest.config import load_config
+from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry
 from ingest.deltaio import open_table, read_all
 from ingest.errors import ConfigError, RegistryUnavailableError, SchemaRegistryError
-from ingest.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry
-from ingest.topiclog import ProducerRecord, TopicLog
+from ingest.source.topiclog import ProducerRecord, TopicLog
 from tests.torture.corpus import ITEM_FIELDS, AvroTable, Topic, item
 
 USER, PASSWORD = "svc-ingest", "S3cret-Registry-Pa55"

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from ingest.config import load_config
-from ingest.consistency import check
 from ingest.deltaio import open_table, read_all
-from ingest.torture import Torture, TortureSpec
+from ingest.proof.consistency import check
+from ingest.proof.torture import Torture, TortureSpec
 
 
 @pytest.mark.spark
@@ -53,9 +53,9 @@ def test_the_torture_command_prints_its_figures_and_fails_on_divergence(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, divergent: int) -> None:
     from collections import Counter
 
-    from ingest import torture
     from ingest.cli import app
-    from ingest.consistency import ConsistencyReport
+    from ingest.proof import torture
+    from ingest.proof.consistency import ConsistencyReport
 
     def fake_run(self: torture.Torture) -> torture.TortureResult:
         report = ConsistencyReport([], divergent_rows=divergent, commits=120, records=9000, received=9000,

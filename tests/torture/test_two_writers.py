@@ -14,14 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest import faults, locks
+from ingest import locks
 from ingest.apply.pipeline import apply_parts
+from ingest.apply.tablestate import app_id
 from ingest.config import IngestConfig, TableSpec, load_config
 from ingest.deltaio import open_table, read_all
 from ingest.engine import Engine
 from ingest.errors import CommitConflictError, TableLockedError
 from ingest.paths import TablePaths
-from ingest.tablestate import app_id
+from ingest.proof import faults
 from tests.factories import change, decoded_rows
 
 

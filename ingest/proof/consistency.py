@@ -2,7 +2,7 @@
 
 After any history of crashes, replays and lost checkpoints, a correct engine leaves:
 
-* every table equal to the simulated source (:func:`ingest.demo.verify_all`): no divergent rows;
+* every table equal to the simulated source (:func:`ingest.proof.demo.verify_all`): no divergent rows;
 * no primary key twice in a table (soft-deleted rows included);
 * one audit row per engine commit, each balanced
   (``received = inserted + updated + deleted + truncates + superseded + stale + quarantined + skipped``);
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingest import audit, quarantine
+from ingest.apply.tablestate import cdc_commits
 from ingest.config import IngestConfig
 from ingest.deltaio import open_table, read_all
 from ingest.paths import TablePaths
-from ingest.tablestate import cdc_commits
-from ingest.topiclog import TopicLog
-from ingest.verify import TableVerification
+from ingest.proof.verify import TableVerification
+from ingest.source.topiclog import TopicLog
 
 _BALANCE_TERMS = ("inserted", "updated", "deleted", "truncates", "superseded", "stale", "quarantined", "skipped")
 
@@ -51,8 +51,8 @@ class ConsistencyReport:
 
 def check(config: IngestConfig) -> ConsistencyReport:
     """Check every configured table of a simulated workload (see module docstring)."""
-    from ingest.demo import truth_dir, verify_all
-    from ingest.simulator import Truth
+    from ingest.proof.demo import truth_dir, verify_all
+    from ingest.proof.simulator import Truth
 
     truth = Truth.load(truth_dir(config))
     report = ConsistencyReport(verify_all(config))

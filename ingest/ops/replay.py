@@ -30,12 +30,12 @@ import pyarrow as pa
 from ingest import quarantine
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.pipeline import process_batch
+from ingest.apply.tablestate import TableState, load_state
 from ingest.audit import AuditRecord
 from ingest.config import IngestConfig
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.paths import TablePaths
 from ingest.quality import QualityGate, QualityReport
-from ingest.tablestate import TableState, load_state
 
 #: ``batch_id`` of replay commits in the audit table (stream batches are >= 0).
 REPLAY_BATCH = -1

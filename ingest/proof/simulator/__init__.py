@@ -9,7 +9,7 @@ transactions), ``wal`` (LSNs, xids, commit order), ``wire`` and ``encode`` (Debe
 JsonConverter shapes), ``delivery`` (partitioning, redelivery, skew) and ``truth`` (on disk).
 """
 
-from ingest.simulator.truth import Truth
-from ingest.simulator.workload import WorkloadSpec, generate
+from ingest.proof.simulator.truth import Truth
+from ingest.proof.simulator.workload import WorkloadSpec, generate
 
 __all__ = ["Truth", "WorkloadSpec", "generate"]

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig
 from ingest.decode import MessageDecoder
+from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.errors import DecodeError
 from ingest.events import ChangeEvent, KafkaCoordinates
-from ingest.registry import EmbeddedSchemaRegistry
-from ingest.tablestate import load_state
-from ingest.topiclog import TopicLog
+from ingest.source.topiclog import TopicLog
 
-#: Kill labels in the report. Named points are :data:`ingest.faults.POINTS`; ``during-merge`` and
+#: Kill labels in the report. Named points are :data:`ingest.proof.faults.POINTS`; ``during-merge`` and
 #: ``during-widen`` arm a SIGKILL a few milliseconds after ``before-commit`` / ``before-widen`` so it
 #: lands inside the MERGE or the schema rewrite; ``random-delay`` is SIGKILL from outside at a random time.
 KILLS: Final = ("after-quarantine", "after-tombstones", "before-commit", "during-merge", "during-widen",

@@ -1,6 +1,6 @@
 """Plausible shop rows for the simulated database, drawn from a seeded ``random.Random``.
 
-Values are in source (Python) types; see :mod:`ingest.simulator.model`.
+Values are in source (Python) types; see :mod:`ingest.proof.simulator.model`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import random
 from decimal import Decimal
 from typing import Final
 
-from ingest.simulator.model import (
+from ingest.proof.simulator.model import (
     CUSTOMER_SEGMENTS,
     PRODUCT_CATEGORIES,
     UTC,

@@ -17,10 +17,10 @@ from typing import Any
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
+from ingest.apply.ordering import later_than_stored_sql
+from ingest.apply.schema import holds
 from ingest.deltaio import arrow_type, delta_type_name, key_range, open_table, quote, read_all, table_schema
 from ingest.errors import TableError
-from ingest.ordering import later_than_stored_sql
-from ingest.schema import holds
 
 Key = tuple[Any, ...]
 _TIMESTAMP = pa.timestamp("us", tz="UTC")

@@ -8,17 +8,17 @@ The journey of ``ingest torture``:
 2. **Crash loop.** Before each run, release the next slice of the staging log into the live log
    (the source keeps producing while we crash), maybe damage a table's Spark checkpoint (deleted,
    truncated, overwritten, rewound, or claiming progress the table lacks), then start
-   ``ingest run`` as a separate process and SIGKILL it: at a named point (:mod:`ingest.faults`)
+   ``ingest run`` as a separate process and SIGKILL it: at a named point (:mod:`ingest.proof.faults`)
    -- after the quarantine write, after the tombstones, before the commit, during the MERGE,
    during a schema rewrite, after it, between the Delta commit and the audit row, between the
    batch and Spark's checkpoint commit -- or after a random delay. Repeat until the wanted number
    of kills has happened.
 3. **Recovery.** Release the rest and run without faults until caught up.
-4. **Verdict.** :func:`ingest.consistency.check`: tables equal the source, no duplicate keys,
+4. **Verdict.** :func:`ingest.proof.consistency.check`: tables equal the source, no duplicate keys,
    every audit row balanced and one per commit, every record received once, every malformed
    message quarantined once.
 
-Damage and kill helpers live in :mod:`ingest.torture_faults`.
+Damage and kill helpers live in :mod:`ingest.proof.torture_faults`.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ from typing import Literal
 
 import yaml
 
+from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig, load_config
-from ingest.consistency import ConsistencyReport, check
-from ingest.registry import EmbeddedSchemaRegistry
-from ingest.tablestate import load_state
-from ingest.topiclog import ProducerRecord, TopicLog
-from ingest.torture_faults import DAMAGES, KILLS, Kill, WidenWatch, choose_kill, damage_checkpoint
+from ingest.decode.registry import EmbeddedSchemaRegistry
+from ingest.proof.consistency import ConsistencyReport, check
+from ingest.proof.torture_faults import DAMAGES, KILLS, Kill, WidenWatch, choose_kill, damage_checkpoint
+from ingest.source.topiclog import ProducerRecord, TopicLog
 
 Say = Callable[[str], None]
 
@@ -61,7 +61,7 @@ class TortureSpec:
         value_format: ``avro`` or ``json``.
         damage_probability: chance, before each restart, of damaging a table's Spark checkpoint.
         timer_fraction: share of kills after a random delay instead of at a named point.
-        schedule: kill labels to use first, in order (see :data:`ingest.torture_faults.KILLS`);
+        schedule: kill labels to use first, in order (see :data:`ingest.proof.torture_faults.KILLS`);
             ``label@n`` kills at the n-th hit of the point.
         damages: damage kinds to apply first, one per restart (see :data:`DAMAGES`).
         run_timeout: seconds after which a run counts as hung.
@@ -114,7 +114,7 @@ class Torture:
     # -- set-up -------------------------------------------------------------------------------------
     def prepare(self) -> IngestConfig:
         """Write the config and generate the workload into the staging log."""
-        from ingest.simulator import WorkloadSpec, generate
+        from ingest.proof.simulator import WorkloadSpec, generate
 
         if self.workdir.exists() and any(self.workdir.iterdir()):
             raise SystemExit(f"{self.workdir} is not empty; torture needs a fresh workdir")

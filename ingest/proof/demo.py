@@ -18,12 +18,12 @@ from pathlib import Path
 
 from ingest import quarantine
 from ingest.config import IngestConfig
+from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.deltaio import open_table
 from ingest.engine import Engine, ProgressFn, RunReport
 from ingest.paths import TablePaths
-from ingest.registry import EmbeddedSchemaRegistry
-from ingest.topiclog import TopicLog
-from ingest.verify import TableVerification, verify_table
+from ingest.proof.verify import TableVerification, verify_table
+from ingest.source.topiclog import TopicLog
 
 
 @dataclass(slots=True)
@@ -66,7 +66,7 @@ def prepare_workload(config: IngestConfig, *, events: int, seed: int, malformed_
                      violation_fraction: float = 0.0, progress: ProgressFn | None = None,
                      on_generate=None) -> bool:
     """Generate the simulated change stream unless this workdir already holds the same one."""
-    from ingest.simulator import WorkloadSpec, generate
+    from ingest.proof.simulator import WorkloadSpec, generate
 
     spec = WorkloadSpec(events=events, seed=seed, malformed_fraction=malformed_fraction,
                         quality_violation_fraction=violation_fraction, value_format=config.source.value_format)
@@ -88,7 +88,7 @@ def prepare_workload(config: IngestConfig, *, events: int, seed: int, malformed_
 
 
 def verify_all(config: IngestConfig) -> list[TableVerification]:
-    from ingest.simulator import Truth
+    from ingest.proof.simulator import Truth
 
     truth = Truth.load(truth_dir(config))
     results = []
@@ -112,7 +112,7 @@ def run_demo(config: IngestConfig, *, events: int, seed: int, malformed_fraction
     # Always read the stream from offset 0: on a second run this is the replay the demo shows off.
     report = Engine(config).run(from_beginning=True, progress=progress)
     after = {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
-    from ingest.simulator import Truth
+    from ingest.proof.simulator import Truth
 
     counts = Truth.load(truth_dir(config)).counts
     return DemoResult(generated, report, verify_all(config), before, after, counts)

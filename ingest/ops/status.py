@@ -12,12 +12,12 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from ingest import audit
+from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig
 from ingest.deltaio import open_table, query
 from ingest.errors import SourceUnavailableError
 from ingest.paths import TablePaths
 from ingest.source import Source, source_for
-from ingest.tablestate import load_state
 
 
 @dataclass(slots=True)

@@ -17,10 +17,10 @@ from typing import Any, Final, Literal, Protocol
 
 import fastavro
 
-from ingest.registry import SchemaRegistry, frame
-from ingest.simulator import wire
-from ingest.simulator.model import Key, Row, TableDef
-from ingest.simulator.wire import ImageConverter, ValueFormat
+from ingest.decode.registry import SchemaRegistry, frame
+from ingest.proof.simulator import wire
+from ingest.proof.simulator.model import Key, Row, TableDef
+from ingest.proof.simulator.wire import ImageConverter, ValueFormat
 
 DEBEZIUM_VERSION: Final = "2.7.3.Final"
 #: A schema id no registry hands out; used for the "unknown schema id" malformed messages.

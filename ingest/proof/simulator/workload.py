@@ -23,7 +23,7 @@ The journey of one run (:func:`generate`):
    quantity, an unknown order status). The source really holds them, so the truth has them too;
    the ingested table differs exactly where the quality gate quarantined such a change.
 
-Delivery (partitions, duplicates, skew) is :mod:`ingest.simulator.delivery`'s job.
+Delivery (partitions, duplicates, skew) is :mod:`ingest.proof.simulator.delivery`'s job.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final, Literal
 
+from ingest.decode.registry import SchemaRegistry
 from ingest.errors import TopicLogError
-from ingest.registry import SchemaRegistry
-from ingest.simulator.delivery import TopicWriter
-from ingest.simulator.encode import (
+from ingest.proof.simulator.delivery import TopicWriter
+from ingest.proof.simulator.encode import (
     DEBEZIUM_VERSION,
     MALFORMED_KINDS,
     Envelope,
@@ -48,12 +48,12 @@ from ingest.simulator.encode import (
     malformed_message,
     topic_name,
 )
-from ingest.simulator.model import LOYALTY_TIER, Key, Row, SourceDatabase
-from ingest.simulator.rows import QUALITY_VIOLATIONS, TOAST_THRESHOLD, RowFactory, violate
-from ingest.simulator.truth import Truth
-from ingest.simulator.wal import Change, Transaction, Wal
-from ingest.simulator.wire import UNAVAILABLE_VALUE
-from ingest.topiclog import TopicLog
+from ingest.proof.simulator.model import LOYALTY_TIER, Key, Row, SourceDatabase
+from ingest.proof.simulator.rows import QUALITY_VIOLATIONS, TOAST_THRESHOLD, RowFactory, violate
+from ingest.proof.simulator.truth import Truth
+from ingest.proof.simulator.wal import Change, Transaction, Wal
+from ingest.proof.simulator.wire import UNAVAILABLE_VALUE
+from ingest.source.topiclog import TopicLog
 
 DEBEZIUM_DB: Final = "shop"
 INTERLEAVE_PROBABILITY: Final = 0.12

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from ingest.simulator.model import Key, Row
+from ingest.proof.simulator.model import Key, Row
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Final, Literal
 
-from ingest.simulator.model import EPOCH_DATE, UTC, Column, Row, TableDef
+from ingest.proof.simulator.model import EPOCH_DATE, UTC, Column, Row, TableDef
 
 ValueFormat = Literal["avro", "json"]
 #: What Debezium writes for an unchanged TOASTed column (``unavailable.value.placeholder``).

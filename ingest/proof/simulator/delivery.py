@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Protocol
 
-from ingest.topiclog import ProducerRecord, partition_for_key
+from ingest.source.topiclog import ProducerRecord, partition_for_key
 
 #: Records per append; several thousand keeps segment files large and appends cheap.
 DEFAULT_WINDOW = 4096
@@ -38,7 +38,7 @@ _MAX_HOLD_WINDOWS = 3
 
 
 class RecordSink(Protocol):
-    """Where records go: :class:`ingest.topiclog.TopicLog` or anything with its ``append``."""
+    """Where records go: :class:`ingest.source.topiclog.TopicLog` or anything with its ``append``."""
 
     def append(self, topic: str, records: Sequence[ProducerRecord]) -> dict[int, tuple[int, int]]: ...
 
