@@ -29,7 +29,7 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from deltalake import write_deltalake
@@ -38,6 +38,12 @@ from ingest import locks
 from ingest.apply.tablestate import BATCH_KEY, cdc_commits
 from ingest.deltaio import open_table, read_all, sql_string
 from ingest.secrets import redact
+
+#: What a batch did: committed its changes and offsets; found nothing to write (offsets still move
+#: only with a commit); or re-applied quarantined messages (no offsets).
+BatchStatus = Literal["committed", "nothing-to-commit", "replayed"]
+#: The quality gate's verdict on a batch (``skipped``: no suite, or nothing to validate).
+QualityStatus = Literal["passed", "warned", "quarantined", "failed", "skipped"]
 
 _LOCK = threading.Lock()  # one process appends for several tables' queries
 
@@ -64,12 +70,12 @@ class AuditRecord:
     toast_unknown: int = 0
     offsets: str = "{}"
     delta_version: int | None = None
-    status: str = "committed"
+    status: BatchStatus = "committed"
     schema_change: str = ""
     error: str = ""
     expectations_evaluated: int = 0
     expectations_failed: int = 0
-    quality_status: str = "skipped"
+    quality_status: QualityStatus = "skipped"
     quality_failures: str = "{}"
     decode_ms: int = 0
     apply_ms: int = 0

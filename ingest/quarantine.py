@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +25,10 @@ from deltalake import write_deltalake
 from ingest import locks
 from ingest.deltaio import open_table, read_all, sql_string
 from ingest.secrets import redact
+
+#: Where a message was held back: it did not decode; its key is not the table's; or its after-image
+#: failed an expectation under policy ``quarantine``.
+Stage = Literal["decode", "key", "quality"]
 
 _LOCK = threading.Lock()
 
@@ -61,7 +66,7 @@ class QuarantineRecord:
     kafka_timestamp: datetime | None
     raw_key: bytes | None
     raw_value: bytes | None
-    stage: str  # decode | key | quality
+    stage: Stage
     reason: str
     batch_id: int
     run_id: str

@@ -48,7 +48,7 @@ from ingest.events import ColumnSpec
 from ingest.paths import TablePaths
 from ingest.proof import faults
 from ingest.quality.gate import QualityGate, QualityReport
-from ingest.quarantine import QuarantineRecord
+from ingest.quarantine import QuarantineRecord, Stage
 
 #: Raw key and value (and Kafka timestamp) of messages by ``(topic, partition, offset)``, fetched
 #: again from the source for changes held back after decoding.
@@ -72,9 +72,9 @@ class _Held:
     """Messages held back so far: ``(row of a table, stage, reason, expectations)`` gathered by step."""
 
     records: list[QuarantineRecord] = field(default_factory=list)
-    pending: list[tuple[dict[str, Any], str, str, str, str | None]] = field(default_factory=list)
+    pending: list[tuple[dict[str, Any], Stage, str, str, str | None]] = field(default_factory=list)
 
-    def add_rows(self, rows: pa.Table, stage: str, reasons: Sequence[str] | None = None,
+    def add_rows(self, rows: pa.Table, stage: Stage, reasons: Sequence[str] | None = None,
                  expectations: Sequence[str] | None = None, row_keys: Sequence[str | None] | None = None) -> None:
         for i, row in enumerate(rows.select(["_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_timestamp",
                                              "_cdc_reason", "_cdc_raw_key", "_cdc_raw_value"]).to_pylist()):

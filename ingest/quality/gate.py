@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.apply.tablestate import load_state
+from ingest.audit import QualityStatus
 from ingest.config import IngestConfig, QualityPolicy, TableSpec
 from ingest.deltaio import arrow_type, delta_type_name
 from ingest.errors import QualityGateError
@@ -102,7 +103,7 @@ class QualityReport:
         outcomes: per-expectation details.
     """
 
-    status: str = "skipped"
+    status: QualityStatus = "skipped"
     evaluated: int = 0
     failed: int = 0
     failures: dict[str, int] = field(default_factory=dict)

@@ -128,9 +128,9 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not total:
             return []
         share = -(-total // tasks)
-        pieces = []
-        for topic, p, begin, stop in spans:
-            pieces += [(topic, p, lo, min(lo + share, stop)) for lo in range(begin, stop, share)]
+        pieces: list[tuple[str, int, int, int]] = []
+        for topic, partition, begin, stop in spans:
+            pieces += [(topic, partition, lo, min(lo + share, stop)) for lo in range(begin, stop, share)]
         bins: list[list[tuple[str, int, int, int]]] = [[] for _ in range(tasks)]
         sizes = [0] * tasks
         for piece in sorted(pieces, key=lambda s: s[2] - s[3]):  # largest first, into the emptiest task
