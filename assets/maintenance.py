@@ -51,7 +51,7 @@ class MaintenanceOptions:
     """
 
     layout: Literal["compact", "zorder", "none"] = "compact"
-    target_file_size_mb: int = 64
+    target_file_size_mb: int = 8
     vacuum_retention_hours: int | None = 168
     checkpoint: bool = True
     cleanup_log: bool = True

@@ -126,7 +126,9 @@ class TargetSpec(_Model):
     audit_table: str = Field("_cdc_audit", description="name of the audit Delta table under root")
     quarantine_table: str = Field("_cdc_quarantine", description="name of the quarantine Delta table under root")
     checkpoint_dir: Path = Field(Path("checkpoints"), description="Spark checkpoints, one per table (disposable)")
-    target_file_size_mb: int = Field(64, gt=0, description="target Parquet file size written by MERGE and compaction")
+    target_file_size_mb: int = Field(
+        8, gt=0, description="target Parquet file size written by MERGE and compaction; delta-rs rewrites every "
+        "file a MERGE touches, so small files keep a hot-set MERGE small (benchmarks/bench_merge.py)")
 
 
 class TableSpec(_Model):
