@@ -23,7 +23,7 @@ from ingest.engine import Engine, RunReport
 from ingest.errors import ConfigError
 from ingest.events import KafkaCoordinates
 from ingest.source.topiclog import TopicLog
-from tests.torture.corpus import AVRO_STOPPERS, HOSTILE_COLUMNS, JSON_STOPPERS, Topic, avro_corpus, json_corpus
+from tests.proof.torture.corpus import AVRO_STOPPERS, HOSTILE_COLUMNS, JSON_STOPPERS, Topic, avro_corpus, json_corpus
 
 Run = tuple[IngestConfig, RunReport, dict[str, Topic]]
 

@@ -32,7 +32,7 @@ from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegist
 from ingest.deltaio import open_table, read_all
 from ingest.errors import ConfigError, RegistryUnavailableError, SchemaRegistryError
 from ingest.source.topiclog import ProducerRecord, TopicLog
-from tests.torture.corpus import ITEM_FIELDS, AvroTable, Topic, item
+from tests.proof.torture.corpus import ITEM_FIELDS, AvroTable, Topic, item
 
 USER, PASSWORD = "svc-ingest", "S3cret-Registry-Pa55"
 WRONG = "Wr0ng-Secret-Value-77"
