@@ -33,7 +33,7 @@ from rich.table import Table
 from ingest.apply.delta_rs import DeltaRsEngine
 from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec, TargetSpec
-from ingest.decode.columnar import PartsBuilder
+from ingest.decode.parts import PartsBuilder
 from ingest.deltaio import FRAMEWORK_COLUMNS
 from ingest.events import ChangeEvent, ColumnSpec, SourcePosition
 from ingest.paths import TablePaths

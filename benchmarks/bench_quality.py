@@ -40,7 +40,7 @@ from ingest.apply.pipeline import apply_parts as process_batch
 from ingest.apply.reduce import reduce_changes
 from ingest.apply.tablestate import TableState
 from ingest.config import TableSpec
-from ingest.decode.columnar import PartsBuilder
+from ingest.decode.parts import PartsBuilder
 from ingest.events import ChangeEvent, ColumnSpec, SourcePosition
 from ingest.paths import TablePaths
 from ingest.quality import QualityGate, ResultStore, load_suite

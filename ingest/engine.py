@@ -40,7 +40,8 @@ from ingest.apply.pipeline import BatchResult, apply_parts
 from ingest.apply.tablestate import load_state
 from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, TableSpec
-from ingest.decode.columnar import PARTS_DDL, BatchDecoder, DecoderSpec, read_parts
+from ingest.decode.columnar import BatchDecoder, DecoderSpec
+from ingest.decode.parts import PARTS_DDL, read_parts
 from ingest.decode.registry import ConfluentSchemaRegistry
 from ingest.errors import RegistryUnavailableError, is_transient
 from ingest.paths import TablePaths

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest.decode.columnar import PartsBuilder
+from ingest.decode.parts import PartsBuilder
 from ingest.events import ChangeEvent, ColumnSpec, ControlRecord, SourcePosition
 
 COLUMNS = (

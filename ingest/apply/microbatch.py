@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from ingest.apply.schema import combine
 from ingest.apply.tablestate import TableState
-from ingest.decode.columnar import FRAME, INFERRED, columns_of, part_kind
+from ingest.decode.parts import FRAME, INFERRED, columns_of, part_kind
 from ingest.deltaio import arrow_type, delta_type_name
 from ingest.errors import RegistryUnavailableError, TableError
 from ingest.events import ColumnSpec
@@ -33,7 +33,7 @@ class MicroBatch:
     """One table's batch, columnar.
 
     Attributes:
-        changes: row changes and truncates: :data:`~ingest.decode.columnar.FRAME` columns, then the
+        changes: row changes and truncates: :data:`~ingest.decode.parts.FRAME` columns, then the
             user columns of every schema version in the batch (combined: new columns added, safe
             widenings applied); a column a schema version lacks is null in its rows.
         tombstones: Kafka tombstones whose key decoded: framework columns and the key columns.

@@ -6,7 +6,7 @@ and yields rows of exactly the schema of Spark's Kafka source, so everything dow
 is identical for both sources.
 
 Given a decoder (option ``decode``), the reader decodes what it reads in the same Python worker and
-yields the decode step's parts (:data:`ingest.decode.columnar.PARTS_DDL`) instead of raw rows: the
+yields the decode step's parts (:data:`ingest.decode.parts.PARTS_DDL`) instead of raw rows: the
 raw bytes (some kilobytes per schema-carrying JSON message) then never cross into the JVM and back
 into another Python worker, which cost more than the decoding itself. The Kafka source, read by the
 JVM, is decoded by ``mapInArrow`` in the same executors; both give the driver the same parts.
@@ -32,7 +32,7 @@ KAFKA_SCHEMA_DDL = (
     "timestampType int, headers array<struct<key:string,value:binary>>"
 )
 FORMAT_NAME = "cdc_topiclog"
-PARTS_DDL = "part binary"  # ingest.decode.columnar.PARTS_DDL, not imported: the reader must start light
+PARTS_DDL = "part binary"  # ingest.decode.parts.PARTS_DDL, not imported: the reader must start light
 EARLIEST, LATEST = -2, -1  # Kafka's sentinels in startingOffsets JSON
 
 Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON

@@ -66,7 +66,8 @@ def test_one_task_per_core_of_about_equal_size_covering_the_range(log):
 
 
 def test_a_decoding_reader_yields_parts_and_the_log_gives_raw_messages_back(tmp_path):
-    from ingest.decode.columnar import BatchDecoder, DecoderSpec, read_parts
+    from ingest.decode.columnar import BatchDecoder, DecoderSpec
+    from ingest.decode.parts import read_parts
     from ingest.source.embedded import EmbeddedSource, encode_decoder
 
     log = TopicLog(tmp_path)

@@ -176,7 +176,8 @@ def test_the_decode_step_ships_raw_bytes_only_for_what_did_not_decode() -> None:
     """Decoded changes travel as typed columns; only undecodable messages carry their raw bytes."""
     import pyarrow as pa
 
-    from ingest.decode.columnar import BatchDecoder, DecoderSpec, read_parts
+    from ingest.decode.columnar import BatchDecoder, DecoderSpec
+    from ingest.decode.parts import read_parts
     from ingest.source.topiclog import KAFKA_ROW_SCHEMA
 
     value = json.dumps({"op": "c", "after": {"id": 1, "blob": "x" * 1000}, "source": {}}).encode()

@@ -1,0 +1,241 @@
+"""The decode step's output format: *parts*, and the builder that gathers them.
+
+A part is an Arrow record batch of one kind -- the change rows of one value schema, the tombstones
+of one key shape, or the messages that carry no change (errors, heartbeats, schema changes,
+transaction markers) -- with the framework columns of :data:`FRAME` first and the user columns
+after them, named by position (:func:`user_field`) and declared, with their Delta types, in the
+part's schema metadata (:func:`columns_of`). Each part travels as one Arrow IPC stream in one
+binary cell (:data:`PARTS_DDL`); :func:`read_parts` opens them on the driver.
+
+Imports nothing heavy: Python workers start fast.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import pyarrow as pa
+
+from ingest.decode import MessageDecoder
+from ingest.errors import DecodeError, RegistryUnavailableError
+from ingest.events import UNAVAILABLE, ChangeEvent, ColumnSpec, ControlRecord, KafkaCoordinates
+
+if TYPE_CHECKING:
+    pass
+
+#: Output of the decode step: one Arrow IPC stream (a part) per row.
+PARTS_DDL: Final = "part binary"
+PARTS_SCHEMA: Final = pa.schema([("part", pa.binary())])
+COLUMNS_KEY: Final = b"cdc.columns"
+KIND_KEY: Final = b"cdc.part"
+#: A column type the driver decides (a tombstone's key values: cast to the table's key types).
+INFERRED: Final = "inferred"
+
+TS: Final = pa.timestamp("us", tz="UTC")
+#: Framework columns of every part, before the user columns.
+FRAME: Final = pa.schema([
+    ("_cdc_kind", pa.string()),  # change | tombstone | error | heartbeat | schema_change | transaction | message
+    ("_cdc_op", pa.string()),
+    ("_cdc_position", pa.string()),
+    ("_cdc_topic", pa.string()),
+    ("_cdc_partition", pa.int32()),
+    ("_cdc_offset", pa.int64()),
+    ("_cdc_timestamp", TS),  # the Kafka timestamp
+    ("_cdc_source_ts", TS),
+    ("_cdc_flattened", pa.bool_()),
+    ("_cdc_toast", pa.list_(pa.string())),  # columns that held the unchanged-TOAST placeholder
+    ("_cdc_key_columns", pa.string()),  # JSON list of the primary-key columns
+    ("_cdc_schema", pa.string()),
+    ("_cdc_reason", pa.string()),
+    ("_cdc_raw_key", pa.binary()),
+    ("_cdc_raw_value", pa.binary()),
+])
+_FRAME_NAMES: Final = tuple(FRAME.names)
+#: Framework columns taken from the input batch by row number.
+_FROM_INPUT: Final = {"_cdc_topic": "topic", "_cdc_partition": "partition", "_cdc_offset": "offset",
+                      "_cdc_timestamp": "timestamp"}
+ROW_OPS: Final = frozenset({"c", "u", "r", "d"})
+Message = tuple[KafkaCoordinates, int, Any, Any]  # coordinates, row in the input batch, key, value
+
+
+def arrow_type_of(type_name: str) -> pa.DataType:
+    from ingest.deltaio import arrow_type
+
+    return arrow_type(type_name)
+
+
+def user_field(index: int) -> str:
+    """The name a part gives its ``index``-th user column (see :func:`columns_of` for the real one)."""
+    return f"_u{index}"
+
+
+def columns_of(schema: pa.Schema) -> tuple[ColumnSpec, ...]:
+    """The user columns a part declares (Delta types), from its schema metadata."""
+    raw = json.loads((schema.metadata or {}).get(COLUMNS_KEY, b"[]"))
+    return tuple(ColumnSpec(name, typ, nullable, semantic) for name, typ, nullable, semantic in raw)
+
+
+def part_kind(schema: pa.Schema) -> str:
+    """``changes``, ``tombstones`` or ``meta``."""
+    return (schema.metadata or {}).get(KIND_KEY, b"changes").decode()
+
+
+def read_parts(blobs: Sequence[bytes]) -> list[pa.RecordBatch]:
+    """The parts of a decoded batch, from their IPC streams (the inverse of :meth:`ingest.decode.columnar.BatchDecoder.parts`)."""
+    out = []
+    for blob in blobs:
+        with pa.ipc.open_stream(pa.py_buffer(blob)) as reader:
+            out.extend(reader)
+    return out
+
+
+def _metadata(kind: str, columns: tuple[ColumnSpec, ...]) -> dict[bytes, bytes]:
+    return {KIND_KEY: kind.encode(),
+            COLUMNS_KEY: json.dumps([[c.name, c.type, c.nullable, c.semantic] for c in columns]).encode()}
+
+
+def assemble(kind: str, columns: tuple[ColumnSpec, ...], rows: list[int], given: dict[str, pa.Array],
+              user: list[pa.Array], source: pa.Table) -> pa.RecordBatch:
+    """A part: framework columns (given, taken from the input by row, or null) and user columns."""
+    n = len(rows)
+    taken = source.take(pa.array(rows, pa.int64())) if n else source.slice(0, 0)
+    arrays = []
+    for name in _FRAME_NAMES:
+        if name in given:
+            arrays.append(given[name])
+        elif name in _FROM_INPUT:
+            arrays.append(taken.column(_FROM_INPUT[name]).combine_chunks().cast(FRAME.field(name).type))
+        else:
+            arrays.append(pa.nulls(n, FRAME.field(name).type))
+    # User columns travel under positional names: a source column may be called anything, even
+    # like a framework column (the driver refuses that, naming it); their names are in the metadata.
+    fields = [*FRAME, *(pa.field(user_field(i), a.type) for i, a in enumerate(user))]
+    return pa.RecordBatch.from_arrays(arrays + user, schema=pa.schema(fields, metadata=_metadata(kind, columns)))
+
+
+def _typed(col: ColumnSpec, values: list[Any]) -> pa.Array:
+    if col.type == INFERRED:
+        return pa.array(values)
+    return pa.array(values, arrow_type_of(col.type))
+
+
+@dataclass(slots=True)
+class _Rows:
+    """Rows decoded message by message, gathered for one part."""
+
+    kind: str  # "changes" | "tombstones" | "meta"
+    columns: tuple[ColumnSpec, ...]
+    rows: list[int] = field(default_factory=list)
+    frame: dict[str, list[Any]] = field(default_factory=dict)
+    values: dict[str, list[Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.frame = {n: [] for n in _FRAME_NAMES if n not in _FROM_INPUT}
+        self.values = {c.name: [] for c in self.columns}
+
+    def add(self, kind: str, row: int, *, op: str | None = None, position: str | None = None,
+            source_ts_ms: int | None = None, flattened: bool = False, toast: list[str] | None = None,
+            key_columns: tuple[str, ...] = (), schema: str | None = None, reason: str | None = None,
+            raw_key: bytes | None = None, raw_value: bytes | None = None,
+            image: dict[str, Any] | None = None) -> None:
+        f = self.frame
+        self.rows.append(row)
+        f["_cdc_kind"].append(kind)
+        f["_cdc_op"].append(op)
+        f["_cdc_position"].append(position)
+        f["_cdc_source_ts"].append(None if source_ts_ms is None else source_ts_ms * 1000)
+        f["_cdc_flattened"].append(flattened)
+        f["_cdc_toast"].append(toast)
+        f["_cdc_key_columns"].append(json.dumps(list(key_columns)) if key_columns else None)
+        f["_cdc_schema"].append(schema)
+        f["_cdc_reason"].append(reason)
+        f["_cdc_raw_key"].append(raw_key)
+        f["_cdc_raw_value"].append(raw_value)
+        get = image.get if image is not None else (lambda _name: None)
+        for name, column in self.values.items():
+            column.append(get(name))
+
+    def part(self, source: pa.Table) -> pa.RecordBatch:
+        given = {}
+        for name, values in self.frame.items():
+            typ = FRAME.field(name).type
+            given[name] = (pa.array(values, pa.int64()).cast(typ) if name == "_cdc_source_ts"
+                           else pa.array(values, typ))
+        user = [_typed(c, self.values[c.name]) for c in self.columns]
+        return assemble(self.kind, self.columns, self.rows, given, user, source)
+
+
+class PartsBuilder:
+    """The parts being gathered for one input batch (rows by their number in ``source``)."""
+
+    def __init__(self, source: pa.Table) -> None:
+        self.source = source
+        self.changes: dict[int, tuple[tuple[ColumnSpec, ...], _Rows]] = {}
+        self.tombstones: dict[tuple[str, ...], _Rows] = {}
+        self.meta = _Rows("meta", ())
+        self.converted: list[pa.RecordBatch] = []
+
+    def parts(self) -> list[pa.RecordBatch]:
+        out = list(self.converted)
+        out += [rows.part(self.source) for _, rows in self.changes.values()]
+        out += [rows.part(self.source) for rows in self.tombstones.values()]
+        if self.meta.rows:
+            out.append(self.meta.part(self.source))
+        return out
+
+    def error(self, message: Message, reason: str, *, raw_value: bool = True) -> None:
+        _coords, row, key, value = message
+        self.meta.add("error", row, reason=reason, raw_key=key, raw_value=value if raw_value else None)
+
+    def slow(self, decoder: MessageDecoder, message: Message, *, record: Any = None, plan: Any = None) -> None:
+        """One message through the per-message decoder (the reference for every rule)."""
+        coords, row, key, value = message
+        try:
+            result = (decoder.event_of(record, plan, key, coords) if record is not None
+                      else decoder.decode(key, value, coords))
+        except DecodeError as exc:
+            self.error(message, exc.reason)
+            return
+        except RegistryUnavailableError:
+            raise  # not the message's fault: fail the batch (the table stops, a rerun retries)
+        except Exception as exc:  # a decoder bug must not lose the message either
+            self.error(message, f"decoder failure: {type(exc).__name__}: {exc}")
+            return
+        if isinstance(result, ControlRecord):
+            self.control(result, row, key)
+        else:
+            self.change(result, row)
+
+    def control(self, record: ControlRecord, row: int, key: Any) -> None:
+        if record.kind != "tombstone":
+            self.meta.add(record.kind, row)
+        elif record.key is None:
+            self.meta.add("tombstone", row, reason=record.key_error or "no key", raw_key=key)
+        else:
+            names = tuple(record.key_columns)
+            rows = self.tombstones.get(names)
+            if rows is None:
+                rows = self.tombstones[names] = _Rows("tombstones", tuple(ColumnSpec(n, INFERRED) for n in names))
+            rows.add("tombstone", row, key_columns=names, image=record.key)
+
+    def change(self, event: ChangeEvent, row: int) -> None:
+        columns = event.columns
+        entry = self.changes.get(id(columns))
+        if entry is None:
+            # Key columns the image lacks (a key from the Kafka key only) still need a column.
+            known = {c.name for c in columns}
+            extra = tuple(ColumnSpec(k, INFERRED) for k in event.key_columns if k not in known)
+            entry = self.changes[id(columns)] = (columns, _Rows("changes", columns + extra))
+        image = event.after if event.after is not None else event.before
+        if image is not None and event.key:
+            image = {**image, **event.key}
+        toast = None
+        if event.unavailable:
+            toast = sorted(event.unavailable)
+            image = {k: (None if v is UNAVAILABLE else v) for k, v in (image or {}).items()}
+        entry[1].add("change", row, op=event.op, position=event.position.encode(), source_ts_ms=event.source_ts_ms,
+                     flattened=event.flattened, toast=toast, key_columns=event.key_columns,
+                     schema=event.schema_ref, image=image)
