@@ -84,7 +84,7 @@ def part_kind(schema: pa.Schema) -> str:
 
 
 def read_parts(blobs: Sequence[bytes]) -> list[pa.RecordBatch]:
-    """The parts of a decoded batch, from their IPC streams (the inverse of :meth:`ingest.decode.columnar.BatchDecoder.parts`)."""
+    """The parts of a decoded batch, from their IPC streams (inverse of ``BatchDecoder.parts``)."""
     out = []
     for blob in blobs:
         with pa.ipc.open_stream(pa.py_buffer(blob)) as reader:

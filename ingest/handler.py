@@ -1,0 +1,208 @@
+"""One query's micro-batch on the driver: decode in the executors, then apply it table by table.
+
+:class:`BatchHandler` is the ``foreachBatch`` callback. It hands the executors the registry's
+schemas, collects the decoded parts (never raw rows), and applies each table's share in its own
+thread, with its own MERGE commit and offsets; a transient error is retried, any other stops that
+table alone. :class:`RunReport` is what a run did, table by table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pyspark.sql import DataFrame
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from ingest import secrets
+from ingest.apply.delta_rs import DeltaRsEngine
+from ingest.apply.pipeline import BatchResult, apply_parts
+from ingest.audit import AuditRecord
+from ingest.config import IngestConfig, TableSpec
+from ingest.decode.columnar import BatchDecoder, DecoderSpec
+from ingest.decode.parts import PARTS_DDL, read_parts
+from ingest.decode.registry import ConfluentSchemaRegistry
+from ingest.errors import RegistryUnavailableError, is_transient
+from ingest.paths import TablePaths
+from ingest.quality import QualityGate
+from ingest.source import EmbeddedSource, decodes_at_read
+
+log = logging.getLogger(__name__)
+_RETRIES = 3  # attempts at a table's batch when its error is transient
+
+
+@dataclass(slots=True)
+class TableRun:
+    """What one table did during a run."""
+
+    table: str
+    batches: list[AuditRecord] = field(default_factory=list)
+    already_applied: int = 0
+    error: str | None = None
+
+    def total(self, attr: str) -> int:
+        return sum(getattr(b, attr) for b in self.batches)
+
+
+@dataclass(slots=True)
+class RunReport:
+    run_id: str
+    tables: dict[str, TableRun]
+    seconds: float = 0.0
+    #: when the run began (``time.perf_counter``), and how long until its first micro-batch began
+    started: float = field(default_factory=time.perf_counter)
+    startup_seconds: float | None = None
+
+    @property
+    def failed(self) -> list[str]:
+        return [name for name, t in self.tables.items() if t.error]
+
+
+ProgressFn = Callable[[str, AuditRecord | None, BatchResult], None]
+
+
+class AllTablesStopped(Exception):
+    """Every table of the query has stopped: the query ends (their errors are in the report)."""
+
+
+class BatchHandler:
+    """``foreachBatch`` callback of one query: decode in the executors, apply each table on the driver."""
+
+    def __init__(self, config: IngestConfig, specs: list[TableSpec], report: RunReport, run_id: str,
+                 progress: ProgressFn | None, gates: dict[str, QualityGate]) -> None:
+        self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
+        self.progress, self.gates = progress, gates
+        self.specs_by_topic = {s.topic: DecoderSpec.for_table(config, s) for s in specs}
+        self.decoder = BatchDecoder(self.specs_by_topic)
+        self.registry = _driver_registry(config)
+        #: the embedded log, when it decodes as it reads (the stream's rows are then parts)
+        self.source = EmbeddedSource(config.log_dir) if decodes_at_read(config) else None
+        self.engine = DeltaRsEngine(target_file_size=config.target.target_file_size_mb * 1024 * 1024)
+        self.stopped: dict[str, BaseException] = {}
+        self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)
+        self.batches = 0
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        try:
+            active = [s for s in self.specs if s.name not in self.stopped]
+            if not active:
+                raise AllTablesStopped
+            t0 = time.perf_counter()
+            if self.report.startup_seconds is None:
+                self.report.startup_seconds = t0 - self.report.started
+            self._prefetch_schemas(active)
+            # The executors decode the Kafka rows into typed columnar parts; the driver gets those only.
+            parts = self._decoded(frame)
+            decode_ms = int((time.perf_counter() - t0) * 1000)
+            self.batches += 1
+            self._apply_all(active, frame, parts, batch_id, decode_ms)
+            if len(self.stopped) == len(self.specs):
+                raise AllTablesStopped
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def _apply_all(self, active: list[TableSpec], frame: DataFrame, parts: list[Any], batch_id: int,
+                   decode_ms: int) -> None:
+        by_topic: dict[str, list[Any]] = {}
+        for part in parts:
+            if part.num_rows:
+                by_topic.setdefault(part.column("_cdc_topic")[0].as_py(), []).append(part)
+        work = [s for s in active if s.topic in by_topic]
+        # Tables apply side by side: delta-rs and DuckDB work outside the GIL.
+        with ThreadPoolExecutor(max_workers=max(1, min(len(work), 4))) as pool:
+            futures = {s.name: pool.submit(self._apply, s, frame, by_topic[s.topic], batch_id, decode_ms)
+                       for s in work}
+        for spec in work:
+            exc = futures[spec.name].exception()
+            if exc is not None:
+                self._stop(spec, exc)
+
+    def _decoded(self, frame: DataFrame) -> list[Any]:
+        """The micro-batch's parts: decoded as the source read them, or here by ``mapInArrow``."""
+        if self.source is None:
+            frame = frame.mapInArrow(self.decoder, PARTS_DDL)
+        return read_parts(frame.toArrow().column("part").to_pylist())
+
+    def _prefetch_schemas(self, active: list[TableSpec]) -> None:
+        """Hand the executors every schema of the active topics, so they need not call the registry.
+
+        A registry the driver cannot read is not an error here: the workers then try themselves, and
+        a table whose schemas stay unreachable fails its batch as before (retried, then stopped).
+        """
+        if self.registry is None:
+            return
+        for spec in active:
+            try:
+                found = self.registry.subject_schemas([f"{spec.topic}-key", f"{spec.topic}-value"])
+            except RegistryUnavailableError as exc:
+                log.warning("table %s: schemas not prefetched (%s); the executors will ask the registry",
+                            spec.name, secrets.describe(exc))
+                continue
+            known = self.specs_by_topic[spec.topic]
+            self.specs_by_topic[spec.topic] = replace(known, schemas=tuple(sorted(found.items())))
+        self.decoder = BatchDecoder(self.specs_by_topic)
+
+    def _apply(self, spec: TableSpec, frame: DataFrame, parts: list[Any], batch_id: int, decode_ms: int) -> None:
+        paths = TablePaths.of(self.config, spec.name)
+        for attempt in Retrying(stop=stop_after_attempt(_RETRIES), wait=wait_exponential(multiplier=1, max=15),
+                                retry=retry_if_exception(is_transient), reraise=True,
+                                before_sleep=lambda state: log.warning(
+                                    "table %s: batch %d failed (%s); retrying", spec.name, batch_id,
+                                    secrets.describe(state.outcome.exception()))):
+            with attempt:
+                if attempt.retry_state.attempt_number > 1 and self.source is None:
+                    # decode the table's records again (the registry may answer now); the embedded
+                    # log's parts depend on no service
+                    parts = self._decoded(frame.filter(frame.topic == spec.topic))
+                result = apply_parts(spec, paths, parts, batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
+                                     gate=self.gates.get(spec.name), engine=self.engine,
+                                     fetch_raw=self.source.fetch if self.source is not None
+                                     else lambda coords: fetch_raw(frame, coords))
+        run = self.report.tables[spec.name]
+        run.already_applied += result.already_applied
+        if result.record is not None:
+            run.batches.append(result.record)
+        if self.progress is not None:
+            self.progress(spec.name, result.record, result)
+
+    def _stop(self, spec: TableSpec, exc: BaseException) -> None:
+        """The table stops; its offsets stay where its Delta log has them, and the next run resumes there."""
+        self.stopped[spec.name] = exc
+        self.report.tables[spec.name].error = secrets.redact(f"{type(exc).__name__}: {exc}")
+        log.error("table %s stopped: %s", spec.name, secrets.describe(exc))
+
+
+
+def _driver_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:
+    """The driver's client of a Confluent-compatible registry (None for the embedded one)."""
+    registry = config.source.registry
+    if registry.kind != "confluent" or not registry.url:
+        return None
+    try:
+        return ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
+                                                     secrets_file=config.secrets_path)
+    except RegistryUnavailableError as exc:
+        log.warning("schema registry client not created on the driver (%s); the executors will ask it",
+                    secrets.describe(exc))
+        return None
+
+
+def fetch_raw(frame: DataFrame, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
+    """Raw key, value and timestamp of some messages of a micro-batch, read again from the source."""
+    from pyspark.sql import functions as F
+
+    by_topic_partition: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, offset in coords:
+        by_topic_partition.setdefault((topic, partition), []).append(offset)
+    condition = None
+    for (topic, partition), offsets in by_topic_partition.items():
+        clause = (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").isin(offsets)
+        condition = clause if condition is None else condition | clause
+    rows = frame.filter(condition).select("topic", "partition", "offset", "key", "value", "timestamp").toArrow()
+    return {(t, p, o): (k, v, ts) for t, p, o, k, v, ts in zip(*(rows[c].to_pylist() for c in rows.column_names),
+                                                               strict=True)}
