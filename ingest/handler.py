@@ -29,7 +29,7 @@ from ingest.decode.registry import ConfluentSchemaRegistry
 from ingest.errors import RegistryUnavailableError, is_transient
 from ingest.paths import TablePaths
 from ingest.quality import QualityGate
-from ingest.source import EmbeddedSource, decodes_at_read
+from ingest.source import EmbeddedSource, decodes_at_read, source_for
 
 log = logging.getLogger(__name__)
 _RETRIES = 3  # attempts at a table's batch when its error is transient
@@ -80,7 +80,8 @@ class BatchHandler:
         self.decoder = BatchDecoder(self.specs_by_topic)
         self.registry = _driver_registry(config)
         #: the embedded log, when it decodes as it reads (the stream's rows are then parts)
-        self.source = EmbeddedSource(config.log_dir) if decodes_at_read(config) else None
+        source = source_for(config) if decodes_at_read(config) else None
+        self.source = source if isinstance(source, EmbeddedSource) else None
         self.engine = DeltaRsEngine(target_file_size=config.target.target_file_size_mb * 1024 * 1024)
         self.stopped: dict[str, BaseException] = {}
         self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)

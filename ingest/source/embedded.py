@@ -32,7 +32,6 @@ KAFKA_SCHEMA_DDL = (
     "timestampType int, headers array<struct<key:string,value:binary>>"
 )
 FORMAT_NAME = "cdc_topiclog"
-PARTS_DDL = "part binary"  # ingest.decode.parts.PARTS_DDL, not imported: the reader must start light
 EARLIEST, LATEST = -2, -1  # Kafka's sentinels in startingOffsets JSON
 
 Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON
@@ -144,7 +143,8 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         assert isinstance(partition, _Range)
         log = TopicLog(self.path)
-        decoder = _decoder(self.decode) if self.decode else None
+        # Unpickled per task; its decoders (schema plans) are cached per worker process by BatchDecoder.
+        decoder = pickle.loads(base64.b64decode(self.decode)) if self.decode else None  # the engine wrote it
         for topic, p, begin, stop in partition.spans:
             for batch in log.read(topic, p, begin, stop).to_batches(max_chunksize=10_000):
                 yield decoder.parts(batch) if decoder is not None else batch
@@ -158,18 +158,6 @@ def encode_decoder(decoder: Any) -> str:
     return base64.b64encode(pickle.dumps(decoder)).decode("ascii")
 
 
-_DECODER_CACHE: dict[str, Any] = {}
-
-
-def _decoder(option: str) -> Any:
-    # One decoder per worker process and option, so its schema plans survive across tasks.
-    found = _DECODER_CACHE.get(option)
-    if found is None:
-        _DECODER_CACHE.clear()
-        found = _DECODER_CACHE[option] = pickle.loads(base64.b64decode(option))  # the engine wrote it
-    return found
-
-
 class TopicLogDataSource(DataSource):
     """``spark.readStream.format("cdc_topiclog")``: the embedded topic log as a Kafka-shaped stream."""
 
@@ -178,7 +166,11 @@ class TopicLogDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        return PARTS_DDL if self.options.get("decode") else KAFKA_SCHEMA_DDL
+        if self.options.get("decode"):
+            from ingest.decode.parts import PARTS_DDL
+
+            return PARTS_DDL
+        return KAFKA_SCHEMA_DDL
 
     def streamReader(self, schema: Any) -> TopicLogStreamReader:
         return TopicLogStreamReader(self.options)
@@ -226,6 +218,5 @@ class EmbeddedSource:
             rows = rows.filter(pc.is_in(rows["offset"], pa.array(sorted(offsets), pa.int64())))
             for offset, key, value, ts in zip(*(rows[c].to_pylist() for c in ("offset", "key", "value", "timestamp")),
                                               strict=True):
-                if offset in offsets:
-                    out[(topic, partition, offset)] = (key, value, ts)
+                out[(topic, partition, offset)] = (key, value, ts)
         return out
