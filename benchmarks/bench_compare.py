@@ -11,6 +11,13 @@ counts. The last line is
 
     .venv/bin/python benchmarks/bench_compare.py --format json --events 200000 --batch 20000
     .venv/bin/python benchmarks/bench_compare.py --format avro --busy-core   # a CPU hog beside the engine
+    .venv/bin/python benchmarks/bench_compare.py --skip-bare --quality       # what the demo's suites cost
+
+``--quality`` then runs the engine on the same records with the demo's expectation suites
+(``configs/demo.yaml``) into tables of their own, and once more without them (both warm), and
+reports what validation adds to the engine's time end to end; loading the suites (GX's import,
+once per process) is excluded and shown. ``benchmarks/bench_quality.py`` measures the driver path
+alone.
 
 Driver memory: the Python driver's peak RSS (``ru_maxrss``) and the Spark JVM's (``VmHWM``).
 """
@@ -24,6 +31,7 @@ import shutil
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -48,25 +56,32 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def workload(root: Path, value_format: str, events: int, batch: int) -> IngestConfig:
-    """The workload's config (no expectations suites), generated once per format and size."""
+def workload(root: Path, value_format: str, events: int, batch: int) -> tuple[IngestConfig, IngestConfig]:
+    """The workload's config (no expectations suites), generated once per format and size, and the
+    same with the demo's suites writing to tables, checkpoints and results of their own."""
     workdir = (root / f"{value_format}-{events}").resolve()
     raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
     raw["workdir"] = str(workdir)
     raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
     raw["source"]["value_format"] = value_format
     raw["source"]["max_records_per_batch"] = batch
+    workdir.mkdir(parents=True, exist_ok=True)
+    checked = workdir / "bench-quality.yaml"
+    raw_checked = yaml.safe_load(yaml.safe_dump(raw))
+    raw_checked["target"] |= {"root": "tables-quality", "checkpoint_dir": "checkpoints-quality"}
+    raw_checked["quality"]["results_dir"] = "quality-results"
+    checked.write_text(yaml.safe_dump(raw_checked))
     for table in raw["tables"]:
         for key in ("expectations", "quality_policy", "expectation_policies"):
             table.pop(key, None)
-    workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "bench.yaml"
     path.write_text(yaml.safe_dump(raw))
-    config = load_config(path)
+    config, config_checked = load_config(path), load_config(checked)
     prepare_workload(config, events=events, seed=11, malformed_fraction=0.0)
-    for leftover in (config.tables_root, config.checkpoint_root, workdir / "bare-tables"):
+    for leftover in (config.tables_root, config.checkpoint_root, workdir / "bare-tables",
+                     config_checked.tables_root, config_checked.checkpoint_root, config_checked.quality_results_dir):
         shutil.rmtree(leftover, ignore_errors=True)
-    return config
+    return config, config_checked
 
 
 def _burn(stop_at: float) -> None:
@@ -86,6 +101,57 @@ def jvm_peak_mb(engine: Engine) -> float | None:
     return None
 
 
+@dataclass
+class EngineRun:
+    """One engine run over the workload: wall times (s), batch times (s), verdict."""
+
+    run_s: float
+    query_start_s: float
+    batches: list[float]
+    firsts: list[float]
+    failed: int
+    ok: bool
+    quarantined: int
+    suites_s: float  # loading the suites (GX's import and context, once per process): excluded
+
+    @property
+    def engine_s(self) -> float:
+        # Starting the streaming queries (the source's Python runner, the first plan) is a one-time
+        # cost like the session start: excluded, and shown. Every batch, the first included, counts.
+        return self.run_s - self.query_start_s
+
+
+def run_engine(engine: Engine, *, busy_core: bool) -> EngineRun:
+    hog = None
+    if busy_core:
+        hog = multiprocessing.Process(target=_burn, args=(time.time() + 3600,), daemon=True)
+        hog.start()
+    t0 = time.perf_counter()
+    engine.quality_gates(list(engine.config.tables))  # run() loads them again, from GX's cache
+    suites_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    report = engine.run(progress=lambda table, record, result: console.print(
+        f"  {table}: batch {record.batch_id} {record.received} records {record.total_ms} ms"
+        f" (decode {record.decode_ms}, apply {record.apply_ms}, quality {record.quality_status})")
+        if record else None)
+    run_s = time.perf_counter() - t0
+    if hog is not None:
+        hog.terminate()
+    records = [b for t in report.tables.values() for b in t.batches]
+    quarantined = sum(b.quarantined for b in records)
+    # Rows a suite holds back are not in the table: the tables are compared only without them.
+    ok = not report.failed and (quarantined > 0 or all(v.ok for v in verify_all(engine.config)))
+    return EngineRun(run_s=run_s, query_start_s=report.startup_seconds or 0.0,
+                     batches=[b.total_ms / 1000 for b in records],
+                     firsts=[t.batches[0].total_ms / 1000 for t in report.tables.values() if t.batches],
+                     failed=len(report.failed), ok=ok, quarantined=quarantined,
+                     suites_s=suites_s)
+
+
+def p50_p95(batches: list[float]) -> str:
+    return f"{statistics.median(batches):.2f} / {percentile(batches, .95):.2f} s" if batches else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=["json", "avro"], default="json")
@@ -94,10 +160,12 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("bench-work"))
     parser.add_argument("--busy-core", action="store_true", help="keep one core busy while the engine runs")
     parser.add_argument("--skip-bare", action="store_true")
+    parser.add_argument("--quality", action="store_true",
+                        help="run the engine again with the demo's suites and report what validation adds")
     args = parser.parse_args()
 
     t0 = time.perf_counter()
-    config = workload(args.workdir, args.format, args.events, args.batch)
+    config, config_checked = workload(args.workdir, args.format, args.events, args.batch)
     log = TopicLog(config.log_dir)
     records = sum(sum(log.end_offsets(t.topic).values()) for t in config.tables)
     console.print(f"workload: {records:,} records ({args.format}) ready in {time.perf_counter() - t0:.0f} s")
@@ -123,52 +191,62 @@ def main() -> None:
     t0 = time.perf_counter()
     engine.spark  # noqa: B018 -- the one-time session start is not measured
     start_s = time.perf_counter() - t0
-    hog = None
-    if args.busy_core:
-        hog = multiprocessing.Process(target=_burn, args=(time.time() + 3600,), daemon=True)
-        hog.start()
     console.print("engine: running")
-    t0 = time.perf_counter()
-    report = engine.run(progress=lambda table, record, result: console.print(
-        f"  {table}: batch {record.batch_id} {record.received} records {record.total_ms} ms"
-        f" (decode {record.decode_ms}, apply {record.apply_ms})") if record else None)
-    run_s = time.perf_counter() - t0
-    # Starting the streaming queries (the source's Python runner, the first plan) is a one-time cost
-    # like the session start: excluded, and shown. Every batch, the first included, counts.
-    query_start_s = report.startup_seconds or 0.0
-    engine_s = run_s - query_start_s
-    if hog is not None:
-        hog.terminate()
-    engine_ok = all(v.ok for v in verify_all(config)) and not report.failed
-    batches = [b.total_ms / 1000 for t in report.tables.values() for b in t.batches]
-    firsts = [t.batches[0].total_ms / 1000 for t in report.tables.values() if t.batches]
+    run = run_engine(engine, busy_core=args.busy_core)
+    jvm = jvm_peak_mb(engine)
+    checked = plain_again = None
+    if args.quality:
+        console.print("engine with the demo's suites: running")
+        checked = run_engine(Engine(config_checked, spark=engine.spark), busy_core=args.busy_core)
+        # The first run also warmed the JVM up: the suites are compared with a second run without them.
+        for directory in (config.tables_root, config.checkpoint_root):
+            shutil.rmtree(directory, ignore_errors=True)
+        console.print("engine without suites, again (warm, like the run with suites): running")
+        plain_again = run_engine(Engine(config, spark=engine.spark), busy_core=args.busy_core)
 
     out = Table(title=f"{records:,} {args.format} records, batches of <= {args.batch:,} per table"
                       + (" (one core kept busy)" if args.busy_core else ""))
-    for col in ("measure", "bare script", "engine"):
+    for col in ("measure", "bare script", "engine") + (("engine with suites",) if checked else ()):
         out.add_column(col, justify="right" if col != "measure" else "left")
-    out.add_row("wall time", f"{bare_s:.1f} s" if bare_s else "-", f"{engine_s:.1f} s")
-    out.add_row("throughput", f"{records / bare_s:,.0f} rec/s" if bare_s else "-", f"{records / engine_s:,.0f} rec/s")
-    out.add_row("batches", str(len(bare_batches)) if bare_batches else "-", str(len(batches)))
-    if bare_batches:
-        out.add_row("batch p50 / p95", f"{statistics.median(bare_batches):.2f} / {percentile(bare_batches, .95):.2f} s",
-                    f"{statistics.median(batches):.2f} / {percentile(batches, .95):.2f} s")
-    else:
-        out.add_row("batch p50 / p95", "-", f"{statistics.median(batches):.2f} / {percentile(batches, .95):.2f} s")
-    out.add_row("first batch / median (per table, worst)", "-",
-                f"{max(firsts) / statistics.median(batches):.2f}x" if batches else "-")
-    out.add_row("failed queries", "-", str(len(report.failed)))
-    out.add_row("Python driver peak RSS", "-", f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
-    jvm = jvm_peak_mb(engine)
-    out.add_row("Spark JVM peak RSS", "-", f"{jvm:.0f} MB" if jvm else "?")
-    out.add_row("Spark session start and worker warm-up (excluded)", "-", f"{start_s:.1f} s")
-    out.add_row("streaming query start, before the first batch (excluded)", "-", f"{query_start_s:.1f} s")
-    out.add_row("tables equal to the source", str(bare_ok) if bare_ok is not None else "-", str(engine_ok))
+
+    def row(measure: str, bare_value: str, value: str, checked_value: str = "-") -> None:
+        out.add_row(measure, bare_value, value, *((checked_value,) if checked else ()))
+
+    def rate(r: EngineRun) -> str:
+        return f"{records / r.engine_s:,.0f} rec/s"
+
+    row("wall time", f"{bare_s:.1f} s" if bare_s else "-", f"{run.engine_s:.1f} s",
+        f"{checked.engine_s:.1f} s" if checked else "-")
+    row("throughput", f"{records / bare_s:,.0f} rec/s" if bare_s else "-", rate(run), rate(checked) if checked else "-")
+    row("batches", str(len(bare_batches)) if bare_batches else "-", str(len(run.batches)),
+        str(len(checked.batches)) if checked else "-")
+    row("batch p50 / p95", p50_p95(bare_batches), p50_p95(run.batches), p50_p95(checked.batches) if checked else "-")
+    row("first batch / median (per table, worst)", "-",
+        f"{max(run.firsts) / statistics.median(run.batches):.2f}x" if run.batches else "-")
+    row("failed queries", "-", str(run.failed), str(checked.failed) if checked else "-")
+    if checked:
+        row("rows held back by the suites", "-", "-", str(checked.quarantined))
+    row("Python driver peak RSS", "-", f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    row("Spark JVM peak RSS", "-", f"{jvm:.0f} MB" if jvm else "?")
+    row("Spark session start and worker warm-up (excluded)", "-", f"{start_s:.1f} s")
+    if checked:
+        row("loading the suites, GX's import (excluded)", "-", "-", f"{checked.suites_s:.1f} s")
+    row("streaming query start, before the first batch (excluded)", "-", f"{run.query_start_s:.1f} s",
+        f"{checked.query_start_s:.1f} s" if checked else "-")
+    row("tables equal to the source", str(bare_ok) if bare_ok is not None else "-", str(run.ok),
+        str(checked.ok) if checked else "-")
     console.print(out)
+    if checked and plain_again:
+        console.print(f"warm run without suites: {plain_again.engine_s:.1f} s, batch p50 / p95 "
+                      f"{p50_p95(plain_again.batches)}, tables equal to the source: {plain_again.ok}")
+        console.print(f"quality adds to the engine's time (warm runs): total "
+                      f"{checked.engine_s / plain_again.engine_s - 1:+.1%}, median batch "
+                      f"{statistics.median(checked.batches) / statistics.median(plain_again.batches) - 1:+.1%}")
     if bare_s:
-        console.print(f"ratio counting the query start too: {(records / run_s) / (records / bare_s):.2f}")
-        console.print(f"ratio engine/bare: {(records / engine_s) / (records / bare_s):.2f}")
-    raise SystemExit(0 if engine_ok and bare_ok is not False else 1)
+        console.print(f"ratio counting the query start too: {(records / run.run_s) / (records / bare_s):.2f}")
+        console.print(f"ratio engine/bare: {(records / run.engine_s) / (records / bare_s):.2f}")
+    ok = run.ok and bare_ok is not False and all(r.ok for r in (checked, plain_again) if r is not None)
+    raise SystemExit(0 if ok else 1)
 
 
 if __name__ == "__main__":
