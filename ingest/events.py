@@ -102,7 +102,7 @@ def _component(value: int) -> str:
 class SourcePosition:
     """Comparable place of a change in the source's history.
 
-    Built from the Debezium ``source`` block (see :func:`ingest.decode.envelope.source_position`):
+    Built from the Debezium ``source`` block (see :func:`ingest.decode.position.source_position`):
     PostgreSQL ``(commit point, lsn, 0)``, MySQL ``(binlog file number, pos, row)``, SQL Server and
     Db2 ``(commit_lsn, change_lsn, event_serial_no)``, Oracle ``(commit_scn, scn, txSeq)``, MongoDB
     ``(ts_ms, ord, 0)``. ``phase`` is :data:`SNAPSHOT` for reads, :data:`STREAMED` for changes and

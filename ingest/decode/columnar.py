@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.decode import MessageDecoder
-from ingest.decode.envelope import optional_int, source_position
-from ingest.decode.semantic import ConvertError
+from ingest.decode.position import optional_int, source_position
+from ingest.decode.values import ConvertError
 from ingest.errors import DecodeError, RegistryUnavailableError
 from ingest.events import SNAPSHOT, STREAMED, KafkaCoordinates
 

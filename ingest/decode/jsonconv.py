@@ -17,16 +17,8 @@ from typing import Any, Final, Generic, TypeVar
 import orjson
 
 from ingest.decode.envelope import ValuePlan, classify, make_value_plan
-from ingest.decode.semantic import (
-    Converter,
-    ConvertError,
-    FieldPlan,
-    as_key_field,
-    b64decode,
-    convert_image,
-    field_plan,
-    infer_image,
-)
+from ingest.decode.semantic import FieldPlan, as_key_field, convert_image, field_plan, infer_image
+from ingest.decode.values import Converter, ConvertError, b64decode
 from ingest.errors import DecodeError
 
 _HEAD: Final = '{"schema":'

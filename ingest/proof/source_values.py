@@ -1,6 +1,6 @@
 """PostgreSQL columns as the engine writes them: for each source type, the Arrow type and value.
 
-The engine's representation (ingest/decode/semantic.py) of what Debezium 3.6 emits for PostgreSQL
+The engine's representation (ingest/decode/semantic.py, values.py) of what Debezium 3.6 emits for PostgreSQL
 (``decimal.handling.mode=precise``, ``time.precision.mode=adaptive``, ``binary.handling.mode=bytes``):
 
 ==================================  ==============================  ==================================
@@ -37,7 +37,7 @@ from typing import Any, Final
 import pyarrow as pa
 from psycopg import sql
 
-from ingest.decode.semantic import MAX_PRECISION, VARIABLE_SCALE, ConvertError, fit_decimal, to_json
+from ingest.decode.values import MAX_PRECISION, VARIABLE_SCALE, ConvertError, fit_decimal, to_json
 
 Convert = Callable[[Any], Any]
 _INTS: Final = {"int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64()}

@@ -13,7 +13,8 @@ import pytest
 
 from ingest.decode import MessageDecoder
 from ingest.decode.registry import EmbeddedSchemaRegistry
-from ingest.decode.semantic import convert_image, field_plan, fit_decimal
+from ingest.decode.semantic import convert_image, field_plan
+from ingest.decode.values import fit_decimal
 from ingest.errors import DecodeError
 from ingest.events import UNAVAILABLE, ChangeEvent
 

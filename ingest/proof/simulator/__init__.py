@@ -9,7 +9,8 @@ transactions), ``wal`` (LSNs, xids, commit order), ``wire`` and ``encode`` (Debe
 JsonConverter shapes), ``delivery`` (partitioning, redelivery, skew) and ``truth`` (on disk).
 """
 
+from ingest.proof.simulator.spec import WorkloadSpec
 from ingest.proof.simulator.truth import Truth
-from ingest.proof.simulator.workload import WorkloadSpec, generate
+from ingest.proof.simulator.workload import generate
 
 __all__ = ["Truth", "WorkloadSpec", "generate"]
