@@ -20,6 +20,7 @@ from pydantic import Field
 
 from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, TableSpec, load_config
+from ingest.discovery import with_discovered
 from ingest.engine import Engine, TableRun
 from ingest.ops.status import TableStatus, table_status
 from ingest.paths import TablePaths
@@ -41,7 +42,7 @@ class IngestEngine(dg.ConfigurableResource):
 
     def config(self) -> IngestConfig:
         """The validated configuration (raises ``ConfigError`` naming the field)."""
-        return load_config(self.config_path, workdir=self.workdir)
+        return with_discovered(load_config(self.config_path, workdir=self.workdir), strict=False)
 
     def spec(self, table: str) -> TableSpec:
         return self.config().table(table)
@@ -55,6 +56,13 @@ class IngestEngine(dg.ConfigurableResource):
         only = config.model_copy(update={"tables": (config.table(table),)})
         return table_status(only)[0]
 
+    def statuses(self, tables: list[str]) -> dict[str, TableStatus]:
+        """:meth:`status` of several tables, with one configuration load and one source connection."""
+        config = self.config()
+        wanted = set(tables)  # a table whose topic is gone (discovered tables) is left out
+        only = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name in wanted)})
+        return {s.table: s for s in table_status(only)}
+
     def drain(self, table: str) -> TableRun:
         """Apply every change available now for ``table`` and return what the run did."""
         raise NotImplementedError(f"{type(self).__name__} does not drain tables")
@@ -66,6 +74,13 @@ class SparkIngestEngine(IngestEngine):
     One SparkSession per process (``ingest.spark.get_spark``); under ``dagster dev``'s multiprocess
     executor every step is a process of its own, so each drained table starts one.
     """
+
+    def statuses(self, tables: list[str]) -> dict[str, TableStatus]:
+        """:meth:`status` of several tables, with one configuration load and one source connection."""
+        config = self.config()
+        wanted = set(tables)  # a table whose topic is gone (discovered tables) is left out
+        only = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name in wanted)})
+        return {s.table: s for s in table_status(only)}
 
     def drain(self, table: str) -> TableRun:
         report = Engine(self.config()).run(tables=[table], mode="available_now")
@@ -83,6 +98,13 @@ class StubIngestEngine(IngestEngine):
         default="{}",
         description='JSON {table: {"batches": [audit record fields...], "error": str | null}} that drain returns.',
     )
+
+    def statuses(self, tables: list[str]) -> dict[str, TableStatus]:
+        """:meth:`status` of several tables, with one configuration load and one source connection."""
+        config = self.config()
+        wanted = set(tables)  # a table whose topic is gone (discovered tables) is left out
+        only = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name in wanted)})
+        return {s.table: s for s in table_status(only)}
 
     def drain(self, table: str) -> TableRun:
         prepared = json.loads(self.runs_json).get(table, {})

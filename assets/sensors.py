@@ -1,12 +1,14 @@
-"""One sensor per table: request a materialization when the topic has offsets not yet applied.
+"""One sensor for every table: request a table's materialization when its topic has offsets not yet applied.
 
-The cursor holds the end offsets (per partition) up to which a run was last requested, so it
-follows the topic. A tick requests a run only when the topic has records the table has not
-applied *and* that arrived after the last request; the run key is the table and those end
-offsets, so the same range is never requested twice. While a run that materializes the table is
-queued or running the sensor waits (and keeps its cursor), and the table's concurrency pool keeps
-any other run of the same table from starting meanwhile. A run that fails is retried when new
-records arrive, or by hand.
+One sensor serves all the tables (a whole database can mean hundreds): each tick reads every
+table's status with one configuration load and one source connection, and requests one run per
+table that needs it. The cursor holds, per table, the end offsets (per partition) up to which a
+run was last requested, so it follows the topics. A table gets a run only when its topic has
+records the table has not applied *and* that arrived after its last request; the run key is the
+table and those end offsets, so the same range is never requested twice. While a run that
+materializes a table is queued or running the sensor waits for that table (and keeps its cursor),
+and the table's concurrency pool keeps any other run of it from starting meanwhile. A run that
+fails is retried when new records arrive, or by hand.
 """
 
 import json
@@ -18,47 +20,66 @@ from assets.resources import IngestEngine
 from ingest.config import TableSpec
 from ingest.ops.status import TableStatus
 
-#: Default seconds between two evaluations of a table's sensor.
+#: Default seconds between two evaluations of the sensor.
 DEFAULT_INTERVAL_SECONDS = 30
+SENSOR_NAME = "cdc_offsets_sensor"
 _IN_FLIGHT = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
               dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)
 
 
-def build_offsets_sensor(spec: TableSpec, *, minimum_interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
+def build_offsets_sensor(specs: list[TableSpec], *, minimum_interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
                          default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
                          ) -> dg.SensorDefinition:
-    """The sensor that materializes ``spec``'s asset when its topic has new, unapplied offsets."""
-    key = table_key(spec.name)
+    """The sensor that materializes each of ``specs``' assets when its topic has new, unapplied offsets."""
+    keys = {spec.name: table_key(spec.name) for spec in specs}
+    topics = {spec.name: spec.topic for spec in specs}
 
     @dg.sensor(
-        name=f"{spec.name}_offsets_sensor",
-        target=[key],
+        name=SENSOR_NAME,
+        target=list(keys.values()),
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
-        description=f"Materializes {key.to_user_string()} when topic {spec.topic} has offsets the table has not "
-        "applied; the cursor follows the topic's end offsets.",
+        description=f"Materializes each of the {len(keys)} CDC tables whose topic has offsets the table has not "
+        "applied; the cursor follows every topic's end offsets.",
     )
     def _sensor(context: dg.SensorEvaluationContext, ingest_engine: IngestEngine) -> dg.SensorResult | dg.SkipReason:
-        status = ingest_engine.status(spec.name)
-        if status.source_error is not None:
-            return dg.SkipReason(f"{spec.name}: {status.source_error}")
-        pending = pending_partitions(status)
-        if not pending:
-            return dg.SkipReason(f"{spec.name}: caught up with {spec.topic}")
-        requested = _cursor(context.cursor)
-        end = {str(p): e for p, e in sorted(status.end.items())}
-        if all(end.get(p, 0) <= requested.get(p, 0) for p in end):
-            return dg.SkipReason(f"{spec.name}: a run was already requested for offsets up to {requested}")
-        in_flight = runs_in_flight(context.instance, key)
-        if in_flight:
-            return dg.SkipReason(f"{spec.name}: run {in_flight[0]} is in flight; waiting for it")
-        run_key = f"{spec.name}:" + ",".join(f"{p}={e}" for p, e in end.items())
-        return dg.SensorResult(
-            run_requests=[dg.RunRequest(run_key=run_key, asset_selection=[key], tags={TABLE_TAG: spec.name})],
-            cursor=json.dumps(end, sort_keys=True),
-        )
+        statuses = ingest_engine.statuses(list(keys))
+        cursor = _cursor(context.cursor)
+        requests, skipped = [], []
+        in_flight = runs_in_flight(context.instance, list(keys.values()))
+        for name, key in keys.items():
+            status = statuses.get(name)
+            if status is None:
+                skipped.append(f"{name}: its topic {topics[name]} is no longer configured or discovered")
+                continue
+            why = _why_not(status, cursor.get(name, {}), in_flight.get(name))
+            if why is not None:
+                skipped.append(why)
+                continue
+            end = {str(p): e for p, e in sorted(status.end.items())}
+            requests.append(dg.RunRequest(run_key=f"{name}:" + ",".join(f"{p}={e}" for p, e in end.items()),
+                                          asset_selection=[key], tags={TABLE_TAG: name}))
+            cursor[name] = end
+        if not requests:
+            return dg.SkipReason("; ".join(skipped) or "no tables")
+        return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
 
     return _sensor
+
+
+def _why_not(status: TableStatus, requested: dict[str, int], in_flight: str | None) -> str | None:
+    """Why the table needs no run now (``None``: it does)."""
+    name = status.table
+    if status.source_error is not None:
+        return f"{name}: {status.source_error}"
+    if not pending_partitions(status):
+        return f"{name}: caught up with {status.topic}"
+    end = {str(p): e for p, e in status.end.items()}
+    if all(end.get(p, 0) <= requested.get(p, 0) for p in end):
+        return f"{name}: a run was already requested for offsets up to {requested}"
+    if in_flight is not None:
+        return f"{name}: run {in_flight} is in flight; waiting for it"
+    return None
 
 
 def pending_partitions(status: TableStatus) -> dict[int, int]:
@@ -72,18 +93,25 @@ def pending_partitions(status: TableStatus) -> dict[int, int]:
     return out
 
 
-def runs_in_flight(instance: dg.DagsterInstance, key: dg.AssetKey) -> list[str]:
-    """Ids of queued or running runs that materialize ``key``."""
-    runs = instance.get_runs(filters=dg.RunsFilter(statuses=list(_IN_FLIGHT)), limit=100)
-    return [r.run_id for r in runs
-            if (r.asset_selection is not None and key in r.asset_selection) or r.tags.get(TABLE_TAG) == key.path[-1]]
+def runs_in_flight(instance: dg.DagsterInstance, keys: list[dg.AssetKey]) -> dict[str, str]:
+    """Table name -> id of a queued or running run that materializes it, for the tables of ``keys``."""
+    runs = instance.get_runs(filters=dg.RunsFilter(statuses=list(_IN_FLIGHT)), limit=1000)
+    out: dict[str, str] = {}
+    for key in keys:
+        for r in runs:
+            if (r.asset_selection is not None and key in r.asset_selection) or r.tags.get(TABLE_TAG) == key.path[-1]:
+                out.setdefault(key.path[-1], r.run_id)
+    return out
 
 
-def _cursor(raw: str | None) -> dict[str, int]:
+def _cursor(raw: str | None) -> dict[str, dict[str, int]]:
+    """Table -> partition -> end offset last requested (an unreadable cursor reads as empty)."""
     if not raw:
         return {}
     try:
         data = json.loads(raw)
     except ValueError:
         return {}
-    return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(t): {str(p): int(e) for p, e in ends.items()} for t, ends in data.items() if isinstance(ends, dict)}

@@ -19,6 +19,7 @@ from rich.table import Table
 from ingest.cli_proof import demo_stack, pg_load
 from ingest.cli_quality import quality_app, quarantine_app
 from ingest.config import IngestConfig, load_config
+from ingest.discovery import with_discovered
 from ingest.errors import IngestError
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ WorkdirOpt = Annotated[Path | None, typer.Option(help="override the config's wor
 
 
 def _config(path: Path, workdir: Path | None = None) -> IngestConfig:
-    return load_config(path, workdir=workdir)
+    """The configuration, with the tables ``discover`` finds now (``run`` looks again itself)."""
+    return with_discovered(load_config(path, workdir=workdir), strict=False)
 
 
 def _progress_printer() -> Any:

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest.config import IngestConfig, load_config
+from ingest.discovery import with_discovered
 from ingest.errors import IngestError
 
 quality_app = typer.Typer(help="Great Expectations suites and per-batch validation results.", no_args_is_help=True)
@@ -26,7 +27,7 @@ DEFAULT_CONFIG = Path("configs/demo.yaml")
 
 
 def _config(path: Path, workdir: Path | None) -> IngestConfig:
-    return load_config(path, workdir=workdir)
+    return with_discovered(load_config(path, workdir=workdir), strict=False)
 
 
 def _short(value: Any, limit: int = 70) -> str:

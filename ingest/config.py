@@ -200,6 +200,58 @@ class TableSpec(_Model):
         return self
 
 
+#: TableSpec fields a discovered table takes from its topic, not from ``discover.defaults``.
+_DISCOVERED_OWN: frozenset[str] = frozenset({"name", "topic", "source_table"})
+
+
+class DiscoverySpec(_Model):
+    """Tables found by topic name: every topic matching ``topic_pattern`` becomes a table.
+
+    A topic named ``<prefix>.<schema>.<table>`` (Debezium's naming) gets the table
+    ``table_name`` with ``{prefix}``, ``{schema}`` and ``{table}`` filled in; characters a table
+    name cannot hold become ``_``. A table listed under ``tables`` with the same topic wins: that is
+    how one discovered table is configured differently. See :mod:`ingest.discovery`.
+    """
+
+    topic_pattern: str = Field(description="regular expression a topic's whole name must match")
+    table_name: str = Field("{schema}_{table}", description="table name made from <prefix>.<schema>.<table>")
+    defaults: dict[str, Any] = Field(
+        default_factory=dict, description="settings of every discovered table (any table field but name, topic "
+        "and source_table); default: key from the Kafka key, hard deletes, no suite")
+    refresh_seconds: float = Field(30.0, gt=0, description="continuous runs: how often new topics are looked for")
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @field_validator("table_name")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        try:
+            value.format(prefix="p", schema="s", table="t")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"may use only {{prefix}}, {{schema}} and {{table}}: {exc!r}") from None
+        return value
+
+    @field_validator("defaults")
+    @classmethod
+    def _table_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        own = sorted(_DISCOVERED_OWN & set(value))
+        if own:
+            raise ValueError(f"{', '.join(own)}: taken from each topic, not a default")
+        TableSpec(name="probe", topic="probe", **value)  # a wrong field or value fails here, at load
+        return value
+
+    def spec(self, name: str, topic: str) -> TableSpec:
+        """The spec of one discovered table."""
+        return TableSpec(name=name, topic=topic, **self.defaults)
+
+
 class QualitySpec(_Model):
     """Where Great Expectations suites live and how validation results are kept."""
 
@@ -231,10 +283,13 @@ class IngestConfig(_Model):
     )
     spark: SparkSpec = Field(default_factory=SparkSpec, description="Spark session settings")
     quality: QualitySpec = Field(default_factory=QualitySpec, description="data quality suites and results")
-    tables: tuple[TableSpec, ...] = Field(min_length=1, description="the tables to ingest")
+    tables: tuple[TableSpec, ...] = Field((), description="the tables to ingest (and overrides of discovered ones)")
+    discover: DiscoverySpec | None = Field(None, description="also ingest every topic matching a pattern")
 
     @model_validator(mode="after")
     def _unique(self) -> IngestConfig:
+        if not self.tables and self.discover is None:
+            raise ValueError("no tables: list them under 'tables' or find them with 'discover.topic_pattern'")
         for attr in ("name", "topic"):
             seen: set[str] = set()
             for table in self.tables:

@@ -25,6 +25,7 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +36,7 @@ from ingest import audit, locks, secrets
 from ingest import checkpoint as checkpoints
 from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig, TableSpec
+from ingest.discovery import with_discovered
 from ingest.handler import AllTablesStopped, BatchHandler, ProgressFn, RunReport, TableRun
 from ingest.paths import TablePaths
 from ingest.quality import QualityGate
@@ -125,6 +127,8 @@ class Engine:
             SuiteError: a table's expectations suite cannot be loaded or does not fit the table.
             TableLockedError: another process is writing one of the tables.
         """
+        if not tables:
+            self.config = with_discovered(self.config)  # the topics the pattern matches now
         specs = [self.config.table(n) for n in tables] if tables else list(self.config.tables)
         gates = self.quality_gates(specs)
         source = self.config.source
@@ -133,8 +137,9 @@ class Engine:
         # One writer per table: a second run on any of these tables fails here, before Spark starts.
         held = locks.acquire_all(self.config.tables_root, [s.name for s in specs])
         try:
-            return self._run(specs, gates, mode=mode, reset_checkpoints=reset_checkpoints,
-                             from_beginning=from_beginning, progress=progress, stop_after=stop_after)
+            return self._run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
+                             from_beginning=from_beginning, progress=progress, stop_after=stop_after,
+                             discover=not tables and self.config.discover is not None)
         finally:
             locks.release_all(held)
 
@@ -147,14 +152,15 @@ class Engine:
                 gates[spec.name] = gate
         return gates
 
-    def _run(self, specs: list[TableSpec], gates: dict[str, QualityGate], *, mode: Mode, reset_checkpoints: bool,
-             from_beginning: bool, progress: ProgressFn | None, stop_after: float | None) -> RunReport:
+    def _run(self, specs: list[TableSpec], gates: dict[str, QualityGate], held: list[locks.TableLock], *,
+             mode: Mode, reset_checkpoints: bool, from_beginning: bool, progress: ProgressFn | None,
+             stop_after: float | None, discover: bool) -> RunReport:
         run_id = uuid.uuid4().hex[:12]
         report = RunReport(run_id, {s.name: TableRun(s.name) for s in specs})
         started = time.perf_counter()
         _ = self.spark  # start Spark before the per-query set-up
-        queries = []
-        for group in query_groups(specs, self.config.source.queries):
+
+        def launch(group: list[TableSpec], *, fresh: bool = False) -> _Query | None:
             for spec in group:
                 paths = TablePaths.of(self.config, spec.name)
                 restored = audit.reconcile(paths.audit, spec.name, paths.table)
@@ -162,7 +168,7 @@ class Engine:
                     log.warning("table %s: restored %d audit rows from the Delta commit info", spec.name, restored)
             name = query_name(group)
             directory = self.config.checkpoint_root / name
-            if reset_checkpoints or from_beginning:
+            if reset_checkpoints or from_beginning or fresh:
                 shutil.rmtree(directory, ignore_errors=True)
             self._check_checkpoint(group, directory)
             handler = BatchHandler(self.config, group, report, run_id, progress, gates)
@@ -170,11 +176,36 @@ class Engine:
             try:
                 q.starting = None if from_beginning else self.starting_offsets(group)
                 q.query = self._start(q, mode, run_id)
-                queries.append(q)
+                return q
             except Exception as exc:
                 for spec in group:
                     report.tables[spec.name].error = secrets.redact(f"could not start: {exc}")
-        self._await(queries, report, mode, stop_after, run_id)
+                return None
+
+        def pick_up() -> list[_Query]:
+            """The tables of topics that appeared since the run started, in a query of their own."""
+            try:
+                before = {t.name for t in self.config.tables}
+                self.config = with_discovered(self.config)
+                new = [t for t in self.config.tables if t.name not in before]
+                if not new:
+                    return []
+                gates.update(self.quality_gates(new))
+                held.extend(locks.acquire_all(self.config.tables_root, [t.name for t in new]))
+            except Exception as exc:  # the running tables go on; the next look tries again
+                log.warning("looking for new topics failed: %s", secrets.describe(exc))
+                return []
+            log.info("new topics: starting tables %s", ", ".join(t.name for t in new))
+            for spec in new:
+                report.tables[spec.name] = TableRun(spec.name)
+            # Its own checkpoint is from an earlier run with other tables, if any: the Delta logs know better.
+            q = launch(new, fresh=True)
+            return [q] if q is not None else []
+
+        queries = [q for group in query_groups(specs, self.config.source.queries) if (q := launch(group))]
+        refresh = self.config.discover.refresh_seconds if discover and self.config.discover else None
+        self._await(queries, report, mode, stop_after, run_id,
+                    pick_up=pick_up if refresh is not None and mode == "continuous" else None, refresh=refresh)
         report.seconds = time.perf_counter() - started
         return report
 
@@ -249,16 +280,22 @@ class Engine:
             return False
 
     def _await(self, queries: list[_Query], report: RunReport, mode: Mode, stop_after: float | None,
-               run_id: str) -> None:
+               run_id: str, *, pick_up: Callable[[], list[_Query]] | None = None,
+               refresh: float | None = None) -> None:
         if mode == "continuous":
             deadline = time.monotonic() + stop_after if stop_after else None
+            next_look = time.monotonic() + (refresh or 0)
             try:
-                while any(q.query.isActive for q in queries):
+                # With discovery the run goes on without a table, waiting for topics to appear.
+                while pick_up is not None or any(q.query.isActive for q in queries):
                     for q in queries:
                         if not q.query.isActive and q.query.exception() is not None:
                             self._restart_failed(q, mode, run_id)
                     if deadline and time.monotonic() > deadline:
                         break
+                    if pick_up is not None and refresh and time.monotonic() >= next_look:
+                        queries.extend(pick_up())
+                        next_look = time.monotonic() + refresh
                     time.sleep(0.5)
             except KeyboardInterrupt:
                 log.warning("interrupted: stopping queries after their current batch")

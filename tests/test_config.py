@@ -32,7 +32,7 @@ def test_relative_paths_resolve_against_the_file(tmp_path):
         ("tables: [{name: '../x', topic: t}]", "tables[0].name", "letters, digits"),
         ("tables: [{name: _cdc_x, topic: t}]", "tables[0].name", "_cdc_"),
         ("tables: [{name: a, topic: t, colour: red}]", "tables[0].colour", "Extra inputs"),
-        ("tables: []", "tables", "at least 1"),
+        ("tables: []", "(top level)", "no tables: list them under 'tables' or find them with 'discover"),
         ("source: {kind: kafka}\ntables: [{name: a, topic: t}]", "source", "bootstrap_servers"),
         ("tables: [{name: a, topic: t}, {name: b, topic: t}]", "(top level)", "same topic"),
         ("source: {max_records_per_batch: 0}\ntables: [{name: a, topic: t}]", "source.max_records_per_batch",

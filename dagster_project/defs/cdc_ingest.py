@@ -8,12 +8,14 @@ from assets.definitions import build_definitions
 from assets.resources import SparkIngestEngine
 from dagster_project.settings import LocationSettings
 from ingest.config import load_config
+from ingest.discovery import with_discovered
 
 
 @dg.definitions
 def cdc_ingest() -> dg.Definitions:
     settings = LocationSettings.from_env()
-    config = load_config(settings.config_path, workdir=settings.workdir)
+    # Tables found by discover.topic_pattern get their assets too; a reload of the location looks again.
+    config = with_discovered(load_config(settings.config_path, workdir=settings.workdir), strict=False)
     engine = SparkIngestEngine(config_path=str(settings.config_path),
                                workdir=str(settings.workdir) if settings.workdir else None)
     return build_definitions(

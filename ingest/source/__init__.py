@@ -33,6 +33,14 @@ class Source(Protocol):
         """Where it is, for messages (no credentials)."""
         ...
 
+    def topics(self) -> list[str]:
+        """Every topic there is now, sorted (Kafka's internal ``__`` topics left out).
+
+        Raises:
+            SourceUnavailableError: the source cannot answer.
+        """
+        ...
+
     def end_offsets(self, topic: str) -> dict[int, int]:
         """Next offset per partition of ``topic``; ``{}`` when the topic does not exist yet.
 

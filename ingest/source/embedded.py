@@ -185,6 +185,11 @@ class EmbeddedSource:
     def describe(self) -> str:
         return f"embedded topic log {self.log_dir}"
 
+    def topics(self) -> list[str]:
+        from ingest.source.topiclog import TopicLog
+
+        return TopicLog(self.log_dir).topics()
+
     def end_offsets(self, topic: str) -> dict[int, int]:
         from ingest.source.topiclog import TopicLog
 

@@ -84,6 +84,21 @@ class KafkaSource:
             reason += f" ({self._client_error})"
         return reason
 
+    def topics(self) -> list[str]:
+        """Every topic of the cluster, sorted, without the internal ones (``__consumer_offsets`` ...).
+
+        Raises:
+            SourceUnavailableError: the cluster did not answer, or refused the credentials.
+        """
+        from confluent_kafka import KafkaException
+
+        try:
+            metadata = self._client().list_topics(timeout=self.timeout)
+        except KafkaException as exc:
+            raise SourceUnavailableError(secrets.redact(
+                f"{self.describe()} did not list its topics: {self._why(exc)}")) from None
+        return sorted(t for t in metadata.topics if not t.startswith("__"))
+
     def end_offsets(self, topic: str) -> dict[int, int]:
         """Next offset of every partition of ``topic`` (``{}`` if the topic does not exist yet).
 

@@ -41,7 +41,7 @@ def test_definitions_load_with_every_configured_table(monkeypatch, tmp_path):
             QUALITY_CHECK, BALANCE_CHECK, LAG_CHECK}
     analytics = [k for k in graph.get_all_asset_keys() if graph.get(k).group_name == ANALYTICS_GROUP]
     assert len(analytics) == 1 and graph.get(analytics[0]).parent_keys == {table_key("orders"), table_key("customers")}
-    assert {s.name for s in defs.sensors} == {f"{name}_offsets_sensor" for name in tables}  # type: ignore[union-attr]
+    assert [s.name for s in defs.sensors] == ["cdc_offsets_sensor"]  # type: ignore[union-attr]
     [schedule] = defs.schedules  # type: ignore[misc]
     assert schedule.name == MAINTENANCE_SCHEDULE and schedule.job_name == MAINTENANCE_JOB
     engine = defs.resources["ingest_engine"]  # type: ignore[index]
@@ -57,3 +57,28 @@ def test_a_table_added_to_the_config_becomes_an_asset(monkeypatch, tmp_path):
     assert {k for k in graph.get_all_asset_keys()} == {table_key("invoices")}  # no orders: no analytics
     [quality] = [s for s in defs.get_assets_def(table_key("invoices")).check_specs if s.name == QUALITY_CHECK]
     assert quality.blocking  # policy fail: the quality check blocks
+
+
+def test_discovered_tables_become_assets_and_a_reload_finds_new_topics(monkeypatch, tmp_path):
+    import yaml
+
+    from ingest.source.topiclog import TopicLog
+
+    path, config = write_config(tmp_path, tables=[{"name": "invoices", "topic": "erp.public.invoices"}])
+    raw = yaml.safe_load(path.read_text())
+    raw["discover"] = {"topic_pattern": r"erp\.public\.[^.]+"}
+    path.write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv(CONFIG_ENV, str(path))
+    log = TopicLog(config.log_dir)
+    for topic in ("erp.public.invoices", "erp.public.payments"):
+        log.create_topic(topic, 1)
+    graph = _load().get_repository_def().asset_graph
+    assert set(graph.get_all_asset_keys()) == {table_key("invoices"), table_key("public_payments")}
+
+    log.create_topic("erp.public.refunds", 1)  # a new topic: the next load of the location has it
+    defs = _load()
+    assert table_key("public_refunds") in set(defs.get_repository_def().asset_graph.get_all_asset_keys())
+    [sensor] = defs.sensors  # type: ignore[misc]
+    [target] = sensor.targets  # type: ignore[union-attr]
+    assert set(target.resolvable_to_job.selection.resolve(defs.get_repository_def().asset_graph)) == {
+        table_key("invoices"), table_key("public_payments"), table_key("public_refunds")}

@@ -1,4 +1,4 @@
-"""The offsets sensor: a run request only for new, unapplied offsets; the cursor follows the topic."""
+"""The offsets sensor: a run request only for new, unapplied offsets, per table; the cursor follows the topics."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from assets.constants import TABLE_TAG, table_key
 from assets.definitions import build_definitions
 from assets.resources import SparkIngestEngine
 from assets.sensors import build_offsets_sensor
-from tests.dagster.conftest import produce
+from tests.dagster.conftest import produce, write_config
 
 pytestmark = pytest.mark.spark
 
@@ -27,7 +27,7 @@ def _tick(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, engine: Spa
 def test_requests_only_new_offsets_and_advances_its_cursor(notes_config, spark):
     path, config = notes_config
     engine = SparkIngestEngine(config_path=str(path))
-    sensor = build_offsets_sensor(config.table("notes"))
+    sensor = build_offsets_sensor([config.table("notes")])
     instance = dg.DagsterInstance.ephemeral()
 
     requests, cursor, skip = _tick(sensor, instance, engine, None)
@@ -37,7 +37,7 @@ def test_requests_only_new_offsets_and_advances_its_cursor(notes_config, spark):
     requests, cursor, _ = _tick(sensor, instance, engine, None)
     [request] = requests
     assert request.asset_selection == [table_key("notes")] and request.tags[TABLE_TAG] == "notes"
-    assert json.loads(cursor) == {"0": 3, "1": 3}
+    assert json.loads(cursor) == {"notes": {"0": 3, "1": 3}}
     first_key = request.run_key
 
     # Same offsets, not applied yet: already requested, so no second run.
@@ -55,16 +55,36 @@ def test_requests_only_new_offsets_and_advances_its_cursor(notes_config, spark):
     requests, advanced, _ = _tick(sensor, instance, engine, cursor)
     [request] = requests
     assert request.run_key != first_key
-    assert json.loads(advanced) == {"0": 4, "1": 4}
+    assert json.loads(advanced) == {"notes": {"0": 4, "1": 4}}
 
 
 def test_waits_while_a_run_of_the_table_is_in_flight(notes_config):
     path, config = notes_config
     engine = SparkIngestEngine(config_path=str(path))
-    sensor = build_offsets_sensor(config.table("notes"))
+    sensor = build_offsets_sensor([config.table("notes")])
     instance = dg.DagsterInstance.ephemeral()
     produce(config, "app.notes", [("c", {"id": 1, "body": "a"}, 10)])
     instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id="running-run", status=dg.DagsterRunStatus.STARTED,
                                 asset_selection=frozenset({table_key("notes")})))
     requests, cursor, skip = _tick(sensor, instance, engine, None)
     assert not requests and not cursor and "running-run" in skip
+
+
+def test_one_sensor_requests_each_table_that_needs_it(tmp_path):
+    path, config = write_config(tmp_path / "work", batch=5, value_format="json", tables=[
+        {"name": "notes", "topic": "app.notes"}, {"name": "tags", "topic": "app.tags"}])
+    engine = SparkIngestEngine(config_path=str(path))
+    sensor = build_offsets_sensor(list(config.tables))
+    instance = dg.DagsterInstance.ephemeral()
+    produce(config, "app.notes", [("c", {"id": 1, "body": "a"}, 10)])
+    requests, cursor, _ = _tick(sensor, instance, engine, None)
+    assert [r.tags[TABLE_TAG] for r in requests] == ["notes"]
+    assert set(json.loads(cursor)) == {"notes"}
+
+    produce(config, "app.tags", [("c", {"id": 1, "body": "t"}, 10)])
+    requests, cursor, _ = _tick(sensor, instance, engine, cursor)
+    # notes still has the same unapplied offsets, already requested: only tags gets a run.
+    assert [(r.tags[TABLE_TAG], r.asset_selection) for r in requests] == [("tags", [table_key("tags")])]
+    assert set(json.loads(cursor)) == {"notes", "tags"}
+    requests, _, skip = _tick(sensor, instance, engine, cursor)
+    assert not requests and "notes: a run was already requested" in skip and "tags: a run was already" in skip

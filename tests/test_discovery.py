@@ -1,0 +1,167 @@
+"""Tables found by topic name: the mapping, the refusals, a run over discovered tables, new topics while running."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ingest.config import KafkaSpec, load_config
+from ingest.deltaio import open_table, read_all
+from ingest.discovery import discovered, table_name, with_discovered
+from ingest.engine import Engine
+from ingest.errors import ConfigError, SourceUnavailableError
+from ingest.source import EmbeddedSource, KafkaSource
+from ingest.source.topiclog import ProducerRecord, TopicLog
+
+PATTERN = r"shop\.public\.[^.]+"
+
+
+def write_config(workdir: Path, *, pattern: str = PATTERN, tables: list[dict[str, Any]] | None = None,
+                 defaults: dict[str, Any] | None = None, refresh: float = 30.0) -> Path:
+    raw = {"workdir": str(workdir), "source": {"value_format": "json", "max_records_per_batch": 400},
+           "discover": {"topic_pattern": pattern, "defaults": defaults or {}, "refresh_seconds": refresh},
+           "tables": tables or []}
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def change(op: str, row: dict[str, Any], lsn: int) -> bytes:
+    source = {"connector": "postgresql", "lsn": lsn, "sequence": json.dumps([str(lsn - 1), str(lsn)]),
+              "ts_ms": 1_700_000_000_000, "snapshot": "false"}
+    return json.dumps({"before": None if op == "c" else row, "after": None if op == "d" else row,
+                       "source": source, "op": op, "ts_ms": 1_700_000_000_000}).encode()
+
+
+def produce(log: TopicLog, topic: str, changes: list[tuple[str, dict[str, Any], int]]) -> None:
+    if not log.exists(topic):
+        log.create_topic(topic, 2)
+    log.append(topic, [ProducerRecord(0, json.dumps({"id": row["id"]}).encode(), change(op, row, lsn),
+                                      1_700_000_000_000) for op, row, lsn in changes])
+
+
+def rows(config: Any, table: str) -> dict[int, dict[str, Any]]:
+    return {r["id"]: r for r in read_all(open_table(config.table_path(table))).to_pylist()}
+
+
+# --- the mapping -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("topic", "template", "name"), [
+    ("shop.public.orders", "{schema}_{table}", "public_orders"),
+    ("shop.public.order-lines", "{schema}_{table}", "public_order_lines"),
+    ("eu.shop.inventory.items", "{prefix}_{table}", "eu_shop_items"),  # the prefix may hold dots
+    ("shop.public.2024_sales", "{table}", "t_2024_sales"),
+])
+def test_topic_names_map_to_table_names(topic, template, name):
+    assert table_name(template, topic) == name
+
+
+@pytest.mark.parametrize("topic", ["shop", "shop.transaction", "shop..orders"])
+def test_a_topic_that_is_no_tables_is_refused_with_the_way_out(topic):
+    with pytest.raises(ConfigError, match="narrow the pattern"):
+        table_name("{schema}_{table}", topic)
+
+
+def test_listed_tables_override_and_names_never_collide(tmp_path):
+    config = load_config(write_config(tmp_path, defaults={"delete_mode": "soft"}, tables=[
+        {"name": "crm_customers", "topic": "shop.public.customers", "delete_mode": "hard"}]))
+    found = discovered(config, ["shop.public.customers", "shop.public.orders", "shop.audit.orders", "other.public.x"])
+    assert [(t.name, t.topic, t.delete_mode) for t in found] == [("public_orders", "shop.public.orders", "soft")]
+
+    clash = load_config(write_config(tmp_path / "clash", pattern=r"shop\..+", tables=[]))
+    with pytest.raises(ConfigError, match="both give table 'public_order_lines'"):
+        discovered(clash, ["shop.public.order-lines", "shop.public.order_lines"])
+    taken = load_config(write_config(tmp_path / "taken", tables=[{"name": "public_orders", "topic": "legacy.orders"}]))
+    with pytest.raises(ConfigError, match=r"'legacy\.orders' and 'shop\.public\.orders' both give"):
+        discovered(taken, ["shop.public.orders"])
+
+
+def test_bad_discovery_settings_are_refused_at_load(tmp_path):
+    path = write_config(tmp_path, defaults={"delete_mode": "sometimes"})
+    with pytest.raises(ConfigError, match=r"discover\.defaults\.delete_mode"):
+        load_config(path)
+    raw = yaml.safe_load(path.read_text())
+    raw.pop("discover")
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="no tables"):
+        load_config(path)
+
+
+def test_readers_keep_the_listed_tables_when_kafka_cannot_list_topics(tmp_path):
+    config = load_config(write_config(tmp_path, tables=[{"name": "listed", "topic": "shop.public.listed"}]))
+    kafka = KafkaSource(KafkaSpec(bootstrap_servers="127.0.0.1:9"), timeout=2)  # nothing listens there
+    assert [t.name for t in with_discovered(config, kafka, strict=False).tables] == ["listed"]
+    with pytest.raises(SourceUnavailableError, match="did not list its topics"):
+        with_discovered(config, kafka)
+
+
+def test_embedded_topics_are_discovered(tmp_path):
+    config = load_config(write_config(tmp_path))
+    log = TopicLog(config.log_dir)
+    for topic in ("shop.public.b", "shop.public.a", "crm.public.c"):
+        log.create_topic(topic, 1)
+    resolved = with_discovered(config, EmbeddedSource(config.log_dir))
+    assert [(t.name, t.topic) for t in resolved.tables] == [("public_a", "shop.public.a"),
+                                                            ("public_b", "shop.public.b")]
+    assert with_discovered(resolved).tables == resolved.tables  # a second look adds nothing twice
+
+
+# --- through the engine ------------------------------------------------------------------------
+
+@pytest.mark.spark
+def test_a_run_ingests_every_matching_topic_with_defaults_and_overrides(tmp_path, spark):
+    path = write_config(tmp_path, defaults={"delete_mode": "soft"}, tables=[
+        {"name": "crm", "topic": "shop.public.customers", "delete_mode": "hard"}])
+    config = load_config(path)
+    log = TopicLog(config.log_dir)
+    produce(log, "shop.public.orders", [("c", {"id": i, "qty": i}, 10 + i) for i in range(5)] +
+            [("d", {"id": 0, "qty": 0}, 40)])
+    produce(log, "shop.public.order-lines", [("c", {"id": 1, "sku": "a"}, 10)])
+    produce(log, "shop.public.customers", [("c", {"id": 1, "name": "x"}, 10), ("d", {"id": 1, "name": "x"}, 20)])
+    produce(log, "elsewhere.public.noise", [("c", {"id": 1}, 10)])
+
+    report = Engine(config, spark=spark).run()
+    assert sorted(report.tables) == ["crm", "public_order_lines", "public_orders"] and not report.failed
+    orders = rows(config, "public_orders")
+    assert len(orders) == 5 and orders[0]["_cdc_deleted"] is True  # the default: soft deletes
+    assert rows(config, "crm") == {}  # the listed table's own setting: hard deletes
+    assert list(rows(config, "public_order_lines")) == [1]
+
+    from typer.testing import CliRunner
+
+    from ingest.cli import app
+
+    status = CliRunner().invoke(app, ["status", "-c", str(path)])
+    assert status.exit_code == 0, status.output
+    for name in ("crm", "public_orders", "public_order_lines"):
+        assert name in status.output
+
+
+@pytest.mark.spark
+def test_a_topic_that_appears_while_running_is_picked_up(tmp_path, spark):
+    config = load_config(write_config(tmp_path, refresh=2))
+    log = TopicLog(config.log_dir)
+    produce(log, "shop.public.first", [("c", {"id": 1, "v": "a"}, 10)])
+    reports = []
+    runner = threading.Thread(target=lambda: reports.append(
+        Engine(config, spark=spark).run(mode="continuous", stop_after=45)))
+    runner.start()
+    deadline = time.monotonic() + 40
+    while not (config.table_path("public_first") / "_delta_log").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    produce(log, "shop.public.late", [("c", {"id": i, "v": "b"}, 20 + i) for i in range(3)])
+    while not (config.table_path("public_late") / "_delta_log").exists() and time.monotonic() < deadline + 20:
+        time.sleep(0.5)
+    runner.join(timeout=120)
+    (report,) = reports
+    assert not report.failed
+    assert report.tables["public_first"].total("inserted") == 1
+    assert report.tables["public_late"].total("inserted") == 3
+    assert sorted(rows(config, "public_late")) == [0, 1, 2]
