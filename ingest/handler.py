@@ -18,7 +18,7 @@ from typing import Any
 from pyspark.sql import DataFrame
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from ingest import secrets
+from ingest import audit, secrets
 from ingest.apply.delta_rs import DeltaRsEngine
 from ingest.apply.pipeline import BatchResult, apply_parts
 from ingest.audit import AuditRecord
@@ -118,10 +118,17 @@ class BatchHandler:
         with ThreadPoolExecutor(max_workers=max(1, min(len(work), 4))) as pool:
             futures = {s.name: pool.submit(self._apply, s, frame, by_topic[s.topic], batch_id, decode_ms)
                        for s in work}
+        records = []
         for spec in work:
             exc = futures[spec.name].exception()
             if exc is not None:
                 self._stop(spec, exc)
+            elif (record := futures[spec.name].result()) is not None:
+                records.append(record)
+        # One audit commit for the micro-batch's tables, not one each (200 tables: 200 commits of a
+        # shared table, one at a time). Each table's commit holds its row already (reconcile).
+        if records:
+            audit.append(TablePaths.of(self.config, records[0].table).audit, records)
 
     def _decoded(self, frame: DataFrame) -> list[Any]:
         """The micro-batch's parts: decoded as the source read them, or here by ``mapInArrow``."""
@@ -148,7 +155,9 @@ class BatchHandler:
             self.specs_by_topic[spec.topic] = replace(known, schemas=tuple(sorted(found.items())))
         self.decoder = BatchDecoder(self.specs_by_topic)
 
-    def _apply(self, spec: TableSpec, frame: DataFrame, parts: list[Any], batch_id: int, decode_ms: int) -> None:
+    def _apply(self, spec: TableSpec, frame: DataFrame, parts: list[Any], batch_id: int,
+               decode_ms: int) -> AuditRecord | None:
+        """Apply one table's share of the micro-batch; returns its audit row, for the caller to append."""
         paths = TablePaths.of(self.config, spec.name)
         for attempt in Retrying(stop=stop_after_attempt(_RETRIES), wait=wait_exponential(multiplier=1, max=15),
                                 retry=retry_if_exception(is_transient), reraise=True,
@@ -161,7 +170,7 @@ class BatchHandler:
                     # log's parts depend on no service
                     parts = self._decoded(frame.filter(frame.topic == spec.topic))
                 result = apply_parts(spec, paths, parts, batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
-                                     gate=self.gates.get(spec.name), engine=self.engine,
+                                     gate=self.gates.get(spec.name), engine=self.engine, defer_audit=True,
                                      fetch_raw=self.source.fetch if self.source is not None
                                      else lambda coords: fetch_raw(frame, coords))
         run = self.report.tables[spec.name]
@@ -170,6 +179,7 @@ class BatchHandler:
             run.batches.append(result.record)
         if self.progress is not None:
             self.progress(spec.name, result.record, result)
+        return result.record
 
     def _stop(self, spec: TableSpec, exc: BaseException) -> None:
         """The table stops; its offsets stay where its Delta log has them, and the next run resumes there."""

@@ -133,6 +133,11 @@ def test_a_run_ingests_every_matching_topic_with_defaults_and_overrides(tmp_path
     assert len(orders) == 5 and orders[0]["_cdc_deleted"] is True  # the default: soft deletes
     assert rows(config, "crm") == {}  # the listed table's own setting: hard deletes
     assert list(rows(config, "public_order_lines")) == [1]
+    # The three tables' audit rows went into one commit of the audit table (one per micro-batch).
+    audit_table = open_table(config.tables_root / config.target.audit_table)
+    assert sorted(r["table"] for r in read_all(audit_table).to_pylist()) == ["crm", "public_order_lines",
+                                                                          "public_orders"]
+    assert len(audit_table.history()) == 1
 
     from typer.testing import CliRunner
 

@@ -111,7 +111,7 @@ def apply_parts(spec: TableSpec, paths: TablePaths, parts: Sequence[pa.RecordBat
 def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batch_id: int, run_id: str,
                   state: TableState | None = None, decode_ms: int = 0, gate: QualityGate | None = None,
                   fetch_raw: RawFetch | None = None, engine: DeltaRsEngine | None = None,
-                  replay: bool = False) -> BatchResult:
+                  replay: bool = False, defer_audit: bool = False) -> BatchResult:
     """Apply one table's micro-batch (see module docstring). Idempotent under replay.
 
     Args:
@@ -121,6 +121,9 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
         replay: a quarantine replay: no offsets are recorded (the stream's progress does not move),
             messages that fail again are returned rather than quarantined a second time, and the
             audit row (status ``replayed``) is written only if something was committed.
+        defer_audit: leave the audit row to the caller (``result.record``), which appends the rows
+            of many tables in one commit. The table's commit carries the row in its metadata, so a
+            crash before the caller appends loses nothing: :func:`ingest.audit.reconcile` restores it.
 
     Raises:
         QualityGateError: expectations under policy ``fail`` failed; nothing was written.
@@ -188,7 +191,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     record.apply_ms = outcome.merge_ms
     record.total_ms = decode_ms + int((time.perf_counter() - t0) * 1000)
     record.finished_at = datetime.now(UTC)
-    if not replay or outcome.committed:
+    if (not replay or outcome.committed) and not defer_audit:
         audit.append(paths.audit, [record])
     faults.point("after-batch")
     return BatchResult(record if not replay or outcome.committed else None, already_applied=batch.already_applied,
