@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from ingest.apply import tombstones
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
@@ -99,8 +100,12 @@ class DeltaRsEngine:
         started = time.perf_counter()
         outcome = CommitOutcome()
         columns = request.schema.columns
-        table = state.table if state.table is not None else _create(request, self.target_file_size)
+        # A table the batch creates is written with its rows in one commit: a MERGE into an empty
+        # table would cost a second commit and a join (200 new tables: 200 of each).
+        born = state.table is None and not request.truncate and not request.schema.widened
+        table = state.table if state.table is not None or born else _create(request, self.target_file_size)
         if request.schema.widened:
+            assert table is not None  # a widening has a table to widen (so the batch did not create it)
             faults.point("before-widen")
             table = _widen(table, columns, request.schema.describe())
             faults.point("after-widen")
@@ -117,8 +122,11 @@ class DeltaRsEngine:
                 STATE_KEY: json.dumps(state_metadata(request.key_columns, request.watermark, request.flattened)),
             },
         )
-        before = table.version()
         faults.point("before-commit")
+        if born:
+            return _create_with_rows(request, props, self.target_file_size, outcome, started)
+        assert table is not None
+        before = table.version()
         try:
             # A table without user columns (created by a truncate) holds no rows: nothing to merge.
             if request.plan.source.num_rows or (request.truncate and state.columns):
@@ -155,10 +163,41 @@ def _create(request: CommitRequest, target_file_size: int) -> DeltaTable:
     return DeltaTable.create(
         str(request.path), schema, mode="ignore", name=request.table,
         configuration={"delta.targetFileSize": str(target_file_size)},
-        description=f"CDC target table {request.table} (primary key {', '.join(request.key_columns)})",
+        description=_description(request),
         commit_properties=CommitProperties(custom_metadata={STATE_KEY: json.dumps(
             state_metadata(request.key_columns, None, request.flattened))}),
     )
+
+
+def _create_with_rows(request: CommitRequest, props: CommitProperties, target_file_size: int,
+                      outcome: CommitOutcome, started: float) -> CommitOutcome:
+    """Create the table holding the batch's rows, progress and state in its first commit.
+
+    The rows are those the MERGE would insert into an empty table: every row of the plan's source,
+    less hard deletes (a key the table never held).
+    """
+    source = request.plan.source
+    if request.delete_mode == "hard" and source.num_rows:
+        source = source.filter(pc.invert(source["_cdc_deleted"]))
+    if request.key_columns:
+        source = source.sort_by([(k, "ascending") for k in request.key_columns])  # laid out by key, as MERGE
+    schema = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in request.schema.columns] + _framework_schema())
+    rows = pa.Table.from_arrays([source[f.name].cast(f.type) for f in schema], schema=schema)
+    try:
+        write_deltalake(str(request.path), rows, mode="error", name=request.table, description=_description(request),
+                        configuration={"delta.targetFileSize": str(target_file_size)},
+                        target_file_size=target_file_size, commit_properties=props)
+    except (CommitFailedError, DeltaError) as exc:  # another writer created it first
+        raise CommitConflictError(request.table, f"creating the table failed, another writer was first: {exc}"
+                                  ) from exc
+    outcome.committed = True
+    outcome.delta_version = 0
+    outcome.merge_ms = int((time.perf_counter() - started) * 1000)
+    return outcome
+
+
+def _description(request: CommitRequest) -> str:
+    return f"CDC target table {request.table} (primary key {', '.join(request.key_columns)})"
 
 
 def _widen(table: DeltaTable, columns: list[ColumnSpec], describe: str) -> DeltaTable:
