@@ -170,3 +170,45 @@ def test_a_topic_that_appears_while_running_is_picked_up(tmp_path, spark):
     assert report.tables["public_first"].total("inserted") == 1
     assert report.tables["public_late"].total("inserted") == 3
     assert sorted(rows(config, "public_late")) == [0, 1, 2]
+
+
+@pytest.mark.spark
+def test_one_failing_table_among_many_stops_alone_and_resumes_from_its_own_log(tmp_path, spark):
+    from tests.quality.helpers import write_suite
+
+    write_suite(tmp_path / "work" / "expectations", "small_qty", [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "qty", "min_value": 0, "max_value": 10}}])
+    guarded = {"name": "guarded", "topic": "shop.public.t3", "expectations": "small_qty", "quality_policy": "fail"}
+    path = write_config(tmp_path / "work", tables=[guarded])
+    raw = yaml.safe_load(path.read_text())
+    raw["quality"] = {"expectations_dir": "expectations"}
+    path.write_text(yaml.safe_dump(raw))
+    config = load_config(path)
+    log = TopicLog(config.log_dir)
+    topics = [f"shop.public.t{i}" for i in range(6)]
+    for topic in topics:
+        produce(log, topic, [("c", {"id": k, "qty": 1}, 10 + k) for k in range(4)])
+    first = Engine(config, spark=spark).run()
+    assert len(first.tables) == 6 and not first.failed
+
+    for topic in topics:  # the guarded table's batch breaks its suite; the others' is fine
+        produce(log, topic, [("u", {"id": 1, "qty": 99 if topic.endswith("t3") else 2}, 100),
+                             ("c", {"id": 9, "qty": 3}, 101)])
+    second = Engine(config, spark=spark).run()
+    assert second.failed == ["guarded"] and "policy 'fail'" in second.tables["guarded"].error
+    for name in ("public_t0", "public_t1", "public_t2", "public_t4", "public_t5"):
+        assert second.tables[name].total("updated") == 1 and second.tables[name].total("inserted") == 1
+        assert rows(config, name)[1]["qty"] == 2 and len(rows(config, name)) == 5
+    assert rows(config, "guarded")[1]["qty"] == 1 and 9 not in rows(config, "guarded")  # nothing of the batch
+
+    # The operator relaxes the gate: the guarded table resumes from its own Delta log, although the
+    # shared query's checkpoint moved past its records; the others apply nothing twice.
+    relaxed = {**guarded, "quality_policy": "warn"}
+    raw["tables"] = [relaxed]
+    path.write_text(yaml.safe_dump(raw))
+    third = Engine(load_config(path), spark=spark).run()
+    assert not third.failed
+    assert third.tables["guarded"].total("updated") == 1 and third.tables["guarded"].total("inserted") == 1
+    assert rows(config, "guarded")[1]["qty"] == 99 and len(rows(config, "guarded")) == 5
+    for name in ("public_t0", "public_t1", "public_t2", "public_t4", "public_t5"):
+        assert third.tables[name].total("received") == 0 and len(rows(config, name)) == 5
