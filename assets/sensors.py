@@ -95,12 +95,14 @@ def pending_partitions(status: TableStatus) -> dict[int, int]:
 
 def runs_in_flight(instance: dg.DagsterInstance, keys: list[dg.AssetKey]) -> dict[str, str]:
     """Table name -> id of a queued or running run that materializes it, for the tables of ``keys``."""
-    runs = instance.get_runs(filters=dg.RunsFilter(statuses=list(_IN_FLIGHT)), limit=1000)
+    wanted = {key: key.path[-1] for key in keys}
     out: dict[str, str] = {}
-    for key in keys:
-        for r in runs:
-            if (r.asset_selection is not None and key in r.asset_selection) or r.tags.get(TABLE_TAG) == key.path[-1]:
-                out.setdefault(key.path[-1], r.run_id)
+    for r in instance.get_runs(filters=dg.RunsFilter(statuses=list(_IN_FLIGHT)), limit=1000):
+        tables = {wanted[k] for k in r.asset_selection or () if k in wanted}
+        if r.tags.get(TABLE_TAG) in wanted.values():
+            tables.add(r.tags[TABLE_TAG])
+        for table in tables:
+            out.setdefault(table, r.run_id)
     return out
 
 

@@ -157,11 +157,14 @@ def _framework_schema() -> list[pa.Field]:
     return [pa.field(name, typ) for name, typ in FRAMEWORK_COLUMNS]
 
 
+def _table_schema(columns: list[ColumnSpec]) -> pa.Schema:
+    """The Delta table's schema: the source columns in their types, then the framework's."""
+    return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in columns] + _framework_schema())
+
+
 def _create(request: CommitRequest, target_file_size: int) -> DeltaTable:
-    columns = request.schema.columns
-    schema = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in columns] + _framework_schema())
     return DeltaTable.create(
-        str(request.path), schema, mode="ignore", name=request.table,
+        str(request.path), _table_schema(request.schema.columns), mode="ignore", name=request.table,
         configuration={"delta.targetFileSize": str(target_file_size)},
         description=_description(request),
         commit_properties=CommitProperties(custom_metadata={STATE_KEY: json.dumps(
@@ -181,7 +184,7 @@ def _create_with_rows(request: CommitRequest, props: CommitProperties, target_fi
         source = source.filter(pc.invert(source["_cdc_deleted"]))
     if request.key_columns:
         source = source.sort_by([(k, "ascending") for k in request.key_columns])  # laid out by key, as MERGE
-    schema = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in request.schema.columns] + _framework_schema())
+    schema = _table_schema(request.schema.columns)
     rows = pa.Table.from_arrays([source[f.name].cast(f.type) for f in schema], schema=schema)
     try:
         write_deltalake(str(request.path), rows, mode="error", name=request.table, description=_description(request),

@@ -135,6 +135,8 @@ class QualityGate:
         self.suite = suite
         self.policies = effective_policies(spec, suite)
         self.results = results
+        self._infos = {e.id: e for e in suite.expectations}  # by GX expectation id
+        self._expectations = {e.id: e for e in suite.gx_suite.expectations}
         with _GX_LOCK:
             self._batch_definition = _batch_definition(spec.name)
 
@@ -215,20 +217,17 @@ class QualityGate:
 
     def _name_failing_rows(self, validator: Any, result: Any) -> None:
         """Validate again, with every unexpected row's index, each map expectation that failed."""
-        by_id = {e.id: e for e in self.suite.expectations}
-        expectations = {e.id: e for e in self.suite.gx_suite.expectations}
         validator.result_format = dict(RESULT_FORMAT)
         for n, r in enumerate(result.results):
             expectation_id = r.expectation_config.id
-            if r.success or not by_id[expectation_id].row_level or _exception(r.exception_info):
+            if r.success or not self._infos[expectation_id].row_level or _exception(r.exception_info):
                 continue
-            result.results[n] = validator.validate_expectation(expectations[expectation_id])
+            result.results[n] = validator.validate_expectation(self._expectations[expectation_id])
 
     def _outcomes(self, result: Any) -> list[Outcome]:
-        by_id = {e.id: e for e in self.suite.expectations}
         outcomes = []
         for r in result.results:
-            info = by_id[r.expectation_config.id]
+            info = self._infos[r.expectation_config.id]
             res = r.result or {}
             error = _exception(r.exception_info)
             outcomes.append(Outcome(
