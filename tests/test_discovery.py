@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from ingest.engine import Engine
 from ingest.errors import ConfigError, SourceUnavailableError
 from ingest.source import EmbeddedSource, KafkaSource
 from ingest.source.topiclog import ProducerRecord, TopicLog
+from tests.harness import TS, key, pg
 
 PATTERN = r"shop\.public\.[^.]+"
 
@@ -33,18 +33,10 @@ def write_config(workdir: Path, *, pattern: str = PATTERN, tables: list[dict[str
     return path
 
 
-def change(op: str, row: dict[str, Any], lsn: int) -> bytes:
-    source = {"connector": "postgresql", "lsn": lsn, "sequence": json.dumps([str(lsn - 1), str(lsn)]),
-              "ts_ms": 1_700_000_000_000, "snapshot": "false"}
-    return json.dumps({"before": None if op == "c" else row, "after": None if op == "d" else row,
-                       "source": source, "op": op, "ts_ms": 1_700_000_000_000}).encode()
-
-
 def produce(log: TopicLog, topic: str, changes: list[tuple[str, dict[str, Any], int]]) -> None:
     if not log.exists(topic):
         log.create_topic(topic, 2)
-    log.append(topic, [ProducerRecord(0, json.dumps({"id": row["id"]}).encode(), change(op, row, lsn),
-                                      1_700_000_000_000) for op, row, lsn in changes])
+    log.append(topic, [ProducerRecord(0, key(row["id"]), pg(op, row, lsn=lsn), TS) for op, row, lsn in changes])
 
 
 def rows(config: Any, table: str) -> dict[int, dict[str, Any]]:

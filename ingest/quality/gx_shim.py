@@ -2,8 +2,9 @@
 
 GX 1.x rebuilds ``Expectation.configuration`` -- a pydantic ``dict()`` of the expectation plus a
 regex over its class name -- every time the property is read, and one validation of the demo's
-``orders`` suite reads it almost a thousand times. That is 40 % of a validation's time, and most of
-GX's fixed cost per micro-batch (``benchmarks/bench_quality.py`` shows the whole cost).
+``orders`` suite reads it almost a thousand times: 40 % of a validation's time, and most of GX's
+fixed cost per micro-batch (counted once with cProfile; ``benchmarks/bench_quality.py`` measures
+the whole validation cost per batch).
 
 Inside :func:`memoized_configurations` the property is computed once per expectation object and
 kept until the block ends. GX builds fresh expectation objects for each validation and does not
