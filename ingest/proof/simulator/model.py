@@ -210,6 +210,26 @@ def default_tables() -> dict[str, TableDef]:
     return {t.name: t for t in (customers, products, orders)}
 
 
+def ledger_table(number: int) -> TableDef:
+    """Extra table ``ledger_<number>`` (three digits) of a whole-database workload.
+
+    Plain bookkeeping rows with no references; odd numbers use ``REPLICA IDENTITY DEFAULT`` so both
+    kinds of old image reach the extra tables too.
+    """
+    return TableDef(
+        f"ledger_{number:03d}",
+        (
+            Column("id", "int32"),
+            Column("account", "string"),
+            Column("amount", "decimal", precision=12, scale=2),
+            Column("booked_at", "zoned_timestamp"),
+            Column("memo", "string", nullable=True),
+        ),
+        ("id",),
+        "default" if number % 2 else "full",
+    )
+
+
 #: The column ``customers`` gains mid-stream.
 LOYALTY_TIER: Final = Column("loyalty_tier", "string", nullable=True)
 

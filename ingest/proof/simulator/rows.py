@@ -219,6 +219,22 @@ class RowFactory:
         return new
 
 
+    def ledger(self, lid: int, booked_us: int) -> Row:
+        rng = self.rng
+        return {"id": lid, "account": f"{rng.randrange(1000, 9999)}-{rng.choice(_LAST).lower()}",
+                "amount": money(rng, -500_000, 500_000), "booked_at": self.zoned(booked_us),
+                "memo": rng.choice((None, *_WORDS))}
+
+    def update_ledger(self, old: Row, now_us: int) -> Row:
+        new = dict(old)
+        if self.rng.random() < 0.7:
+            new["amount"] = money(self.rng, -500_000, 500_000)
+            new["booked_at"] = self.zoned(now_us)
+        else:
+            new["memo"] = self.rng.choice((None, *_WORDS))
+        return new
+
+
 def violate(row: Row, kind: str) -> Row:
     """Write a value a suite rejects into ``row`` (in place): see :data:`QUALITY_VIOLATIONS`."""
     if kind == "email":

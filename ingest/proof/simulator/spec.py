@@ -30,6 +30,10 @@ class WorkloadSpec:
         initial_customers: rows in ``customers`` before the snapshot.
         initial_products: rows in ``products`` before the snapshot.
         initial_orders: rows in ``orders`` before the snapshot.
+        extra_tables: ``ledger_001`` ... beside the shop, one topic each, for whole-database runs;
+            together they take about half of the streamed changes (see
+            :func:`ingest.proof.simulator.model.ledger_table`).
+        initial_extra_rows: rows in each extra table before the snapshot.
     """
 
     events: int = 20_000
@@ -48,6 +52,8 @@ class WorkloadSpec:
     initial_customers: int = 400
     initial_products: int = 80
     initial_orders: int = 800
+    extra_tables: int = 0
+    initial_extra_rows: int = 20
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field out of range."""
@@ -55,7 +61,8 @@ class WorkloadSpec:
                      "toast_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"WorkloadSpec.{name} must be within [0, 1], got {getattr(self, name)}")
-        for name in ("events", "initial_customers", "initial_products", "initial_orders"):
+        for name in ("events", "initial_customers", "initial_products", "initial_orders", "extra_tables",
+                     "initial_extra_rows"):
             if getattr(self, name) < 0:
                 raise ValueError(f"WorkloadSpec.{name} must be >= 0, got {getattr(self, name)}")
         if self.partitions < 1:

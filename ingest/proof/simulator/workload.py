@@ -48,7 +48,7 @@ from ingest.proof.simulator.encode import (
     malformed_message,
     topic_name,
 )
-from ingest.proof.simulator.model import LOYALTY_TIER, Key, Row, SourceDatabase
+from ingest.proof.simulator.model import LOYALTY_TIER, Key, Row, SourceDatabase, default_tables, ledger_table
 from ingest.proof.simulator.rows import QUALITY_VIOLATIONS, TOAST_THRESHOLD, RowFactory, violate
 from ingest.proof.simulator.spec import WorkloadSpec
 from ingest.proof.simulator.truth import Truth
@@ -69,7 +69,15 @@ _MIX: Final = (("orders", "c", 30), ("orders", "u", 22), ("orders", "d", 3), ("c
                ("products", "u", 8), ("products", "d", 1))
 #: (share of the streamed budget, new type) of ``orders.quantity`` when ``widen_column`` is set.
 _WIDENINGS: Final = ((0.45, "int32"), (0.8, "int64"))
-_MIX_CUM: Final = [sum(w for _, _, w in _MIX[: i + 1]) for i in range(len(_MIX))]
+#: Weights per extra ``ledger`` table; all extra tables together weigh about as much as the shop.
+_LEDGER_MIX: Final = (("c", 2), ("u", 2), ("d", 1))
+
+
+def _mix(extra: list[str]) -> tuple[tuple[tuple[str, str, float], ...], list[float]]:
+    """The (table, op, weight) mix and its cumulative weights; the shop's alone without extras."""
+    scale = sum(w for *_, w in _MIX) / (sum(w for _, w in _LEDGER_MIX) * len(extra)) if extra else 0.0
+    mix = (*_MIX, *((t, op, w * scale) for t in extra for op, w in _LEDGER_MIX))
+    return mix, [sum(w for *_, w in mix[: i + 1]) for i in range(len(mix))]
 
 
 class _Workload:
@@ -79,7 +87,9 @@ class _Workload:
         self.spec = spec
         self.rng = random.Random(spec.seed)
         self.rows = RowFactory(random.Random(f"rows:{spec.seed}"))
-        self.db = SourceDatabase()
+        self.extra = [ledger_table(n) for n in range(1, spec.extra_tables + 1)]
+        self.db = SourceDatabase({**default_tables(), **{t.name: t for t in self.extra}})
+        self.mix, self.mix_cum = _mix([t.name for t in self.extra])
         self.encoder = make_encoder(spec.value_format, registry, spec.prefix)
         self.kinds = MALFORMED_KINDS[spec.value_format]
         self.counts = {t: Counter[str]() for t in self.db.tables}
@@ -158,6 +168,10 @@ class _Workload:
         if len(self.db["customers"]) and len(self.db["products"]):
             for _ in range(spec.initial_orders):
                 self._add_order(_T0_US - rng.randrange(1, _TWO_YEARS_US // 4), settled=True)
+        for ledger in self.extra:
+            for _ in range(spec.initial_extra_rows):
+                booked = _T0_US - rng.randrange(1, _TWO_YEARS_US)
+                self.db[ledger.name].insert(rows.ledger(self._new_id(ledger.name), booked))
         snapshot_lsn = 0x3_0000_0000 + rng.randrange(1 << 20) * 8
         snapshot_txid = 700 + rng.randrange(300)
         reads = [(t, row) for t, state in self.db.tables.items() for row in state.sorted_rows()]
@@ -223,7 +237,7 @@ class _Workload:
                 last = touched[-1]
                 txn.changes.append(self._update(last.table, txn.commit_us, last.key))
         while len(txn.changes) < size:
-            table, op, _ = _MIX[bisect.bisect(_MIX_CUM, self.rng.random() * _MIX_CUM[-1])]
+            table, op, _ = self.mix[bisect.bisect(self.mix_cum, self.rng.random() * self.mix_cum[-1])]
             change = (
                 self._insert(table, txn.commit_us) if op == "c"
                 else self._update(table, txn.commit_us) if op == "u"
@@ -262,6 +276,9 @@ class _Workload:
         elif table == "products":
             row = self.rows.product(self._new_id("products"), now_us)
             self.db["products"].insert(row)
+        elif table.startswith("ledger_"):
+            row = self.rows.ledger(self._new_id(table), now_us)
+            self.db[table].insert(row)
         else:
             table = "customers"
             row = self.rows.customer(self._new_id("customers"), now_us, now_us, loyalty=self.altered)
@@ -279,6 +296,8 @@ class _Workload:
             new = self.rows.update_customer(old, now_us, loyalty=self.altered)
         elif table == "products":
             new = self.rows.update_product(old)
+        elif table.startswith("ledger_"):
+            new = self.rows.update_ledger(old, now_us)
         else:
             new = self.rows.update_order(old, now_us)
         state.replace(key, self._violate(table, new))
@@ -294,8 +313,8 @@ class _Workload:
 
     def _violate(self, table: str, row: Row) -> Row:
         """Now and then write a value the table's suite rejects (in place; the source holds it)."""
-        if not self.spec.quality_violation_fraction:
-            return row
+        if not self.spec.quality_violation_fraction or table not in QUALITY_VIOLATIONS:
+            return row  # the extra tables have no suite
         self.violation_due += self.spec.quality_violation_fraction
         if self.violation_due < 1.0:
             return row
@@ -314,7 +333,7 @@ class _Workload:
             key = state.random_key(self.rng)
             if key is None:
                 return None
-            if table == "orders" or not self.refs[table][key]:
+            if table not in self.refs or not self.refs[table][key]:
                 break
         else:
             return None  # every candidate is still referenced by an order

@@ -23,13 +23,14 @@ import pytest
 
 from ingest.decode.registry import EmbeddedSchemaRegistry, unframe
 from ingest.proof.simulator import Truth, WorkloadSpec, generate
-from ingest.proof.simulator.model import LOYALTY_TIER, default_tables
+from ingest.proof.simulator.model import LOYALTY_TIER, default_tables, ledger_table
 from ingest.source.topiclog import TopicLog
 
 PLACEHOLDER = "__debezium_unavailable_value"
 _EPOCH = dt.datetime(1970, 1, 1)
 _Q18 = Decimal(1).scaleb(-18)
-_COLUMNS = {name: {c.name: c for c in (*t.columns, LOYALTY_TIER)} for name, t in default_tables().items()}
+_TABLES = {**default_tables(), **{t.name: t for t in map(ledger_table, range(1, 5))}}
+_COLUMNS = {name: {c.name: c for c in (*t.columns, LOYALTY_TIER)} for name, t in _TABLES.items()}
 
 
 @dataclass

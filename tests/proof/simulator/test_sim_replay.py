@@ -54,3 +54,24 @@ def test_truth_values_have_decoder_types(sim_avro: SimpleNamespace) -> None:
     assert all(
         isinstance(o["quantity"], int) and o["amount"] == o["unit_price"] * o["quantity"] for o in orders
     )
+
+
+@pytest.mark.parametrize("value_format", ["avro", "json"])
+def test_extra_tables_get_their_share_and_replay_to_the_truth(
+        tmp_path_factory: pytest.TempPathFactory, ref: SimpleNamespace, value_format: str) -> None:
+    sim = ref.make_sim(tmp_path_factory.mktemp(f"extra-{value_format}"), value_format=value_format, events=3000,
+                       extra_tables=4, initial_extra_rows=15)
+    ledgers = [f"ledger_{n:03d}" for n in range(1, 5)]
+    assert sorted(sim.truth.topics) == sorted([*TABLES, *ledgers])
+    streamed = {t: sum(sim.truth.counts[t][k] for k in ("creates", "updates", "deletes")) for t in sim.truth.topics}
+    shop, extra = sum(streamed[t] for t in TABLES), sum(streamed[t] for t in ledgers)
+    assert 0.7 < extra / shop < 1.4, streamed  # the extras together weigh about as much as the shop
+    for table in ledgers:
+        assert sim.truth.counts[table]["reads"] == 15 and sim.truth.counts[table]["deletes"] > 0, table
+        events = sim.events(table)
+        shuffled = list(events)
+        random.Random(5).shuffle(shuffled)
+        assert ref.replay(shuffled, sim.truth.tables[table].column_names) == ref.truth_rows(sim.truth, table)
+    # Odd ledgers use REPLICA IDENTITY DEFAULT: updates without a before image.
+    assert all(e.before is None for e in sim.events("ledger_001") if e.kind == "change" and e.op == "u")
+    assert any(e.before is not None for e in sim.events("ledger_002") if e.kind == "change" and e.op == "u")
