@@ -160,7 +160,7 @@ def run(
     for name, t in report.tables.items():
         out.add_row(name, str(len(t.batches)), str(t.total("received")), str(t.total("inserted")),
                     str(t.total("updated")), str(t.total("deleted")), str(t.total("quarantined")),
-                    str(t.already_applied), t.error or "")
+                    str(t.already_applied), t.error or (f"recovered from: {t.recovered[-1]}" if t.recovered else ""))
     console.print(out)
     if report.failed:
         raise typer.Exit(1)
@@ -304,6 +304,9 @@ def torture(
     kills: Annotated[int, typer.Option(help="SIGKILLs to deliver before the recovery run")] = 50,
     events: Annotated[int, typer.Option(help="row-change events in the simulated workload")] = 12_000,
     batch: Annotated[int, typer.Option(help="records per table and micro-batch")] = 300,
+    tables: Annotated[int, typer.Option(
+        help="tables in the workload: the shop's three, then ledger_001... found by topic pattern (whole database)",
+        min=3)] = 3,
     workdir: Annotated[Path | None, typer.Option(help="fresh directory (default: a new one under /tmp)")] = None,
     damage: Annotated[float, typer.Option(help="chance of damaging a Spark checkpoint before a restart")] = 0.2,
     value_format: Annotated[str, typer.Option("--format", help="avro or json")] = "avro",
@@ -334,7 +337,8 @@ def torture(
 
     where = workdir or Path(tempfile.mkdtemp(prefix="cdc-torture-"))
     spec = TortureSpec(workdir=where, seed=seed, kills=kills, events=events, batch=batch,
-                       value_format=value_format, damage_probability=damage)  # type: ignore[arg-type]
+                       value_format=value_format, damage_probability=damage,  # type: ignore[arg-type]
+                       extra_tables=tables - 3)
     console.rule(f"torture: seed {seed}, {kills} kills")
     result = Torture(spec, say=lambda line: console.print(line, markup=False, highlight=False)).run()
     c = result.consistency

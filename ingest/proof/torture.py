@@ -41,6 +41,7 @@ import yaml
 from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig, load_config
 from ingest.decode.registry import EmbeddedSchemaRegistry
+from ingest.discovery import discovered
 from ingest.proof.consistency import ConsistencyReport, check
 from ingest.proof.torture_faults import DAMAGES, KILLS, Kill, WidenWatch, choose_kill, damage_checkpoint
 from ingest.source.topiclog import ProducerRecord, TopicLog
@@ -66,6 +67,8 @@ class TortureSpec:
         damages: damage kinds to apply first, one per restart (see :data:`DAMAGES`).
         run_timeout: seconds after which a run counts as hung.
         tables: which of the simulated tables to ingest (``orders`` carries the widenings).
+        extra_tables: extra tables ``ledger_001`` ... in the workload, not listed in the config but
+            found by ``discover.topic_pattern`` as the run sees their topics: a whole-database run.
     """
 
     workdir: Path
@@ -80,6 +83,7 @@ class TortureSpec:
     damages: tuple[str, ...] = ()
     run_timeout: float = 900.0
     tables: tuple[str, ...] = ("customers", "products", "orders")
+    extra_tables: int = 0
 
 
 @dataclass(slots=True)
@@ -123,9 +127,11 @@ class Torture:
         config = load_config(self.config_path)
         workload = WorkloadSpec(events=self.spec.events, seed=self.spec.seed, malformed_fraction=0.01,
                                 value_format=self.spec.value_format, widen_column=True)
+        workload.extra_tables = self.spec.extra_tables
         generate(workload, self.staging, EmbeddedSchemaRegistry(config.registry_dir), self.workdir / "truth")
         self.widen = WidenWatch(self.staging, config) if "orders" in self.spec.tables else None
-        return config
+        # The proof's view: the listed tables and those the pattern will find once their topics are live.
+        return config.model_copy(update={"tables": (*config.tables, *discovered(config, self.staging.topics()))})
 
     @property
     def staging(self) -> TopicLog:
@@ -155,7 +161,7 @@ class Torture:
         """Prepare, crash ``spec.kills`` times, recover, and check (see module docstring)."""
         started = time.perf_counter()
         config = self.prepare()
-        self.say(f"workload: {self.spec.events} events, batches of {self.spec.batch}; "
+        self.say(f"workload: {self.spec.events} events in {len(config.tables)} tables, batches of {self.spec.batch}; "
                  f"target {self.spec.kills} kills; workdir {self.workdir}")
         slices = max(1, self.spec.kills)
         schedule, damages = list(self.spec.schedule), list(self.spec.damages)
@@ -270,6 +276,8 @@ def _config(spec: TortureSpec) -> dict[str, object]:
             {"name": "products", "topic": f"{prefix}.products", "delete_mode": "soft"},
             {"name": "orders", "topic": f"{prefix}.orders", "primary_key": ["id"]},
         ) if t["name"] in spec.tables],
+        **({"discover": {"topic_pattern": r"demo\.public\.ledger_\d+", "table_name": "{table}"}}
+           if spec.extra_tables else {}),
     }
 
 
