@@ -109,6 +109,12 @@ class SourceSpec(_Model):
         1, gt=0, description="streaming queries the tables share (tables are dealt to them in turn); each "
         "micro-batch of a query is decoded once and applied per table"
     )
+    retry_stopped_seconds: float = Field(
+        30.0, gt=0, description="continuous runs: a table stopped by a transient error (a registry or broker "
+        "that does not answer, a concurrent writer) is tried again after this long, then twice as long each "
+        "time up to 10 minutes, at the next micro-batch; it first catches up from the offsets its Delta log "
+        "records. A table stopped by any other error stays stopped until the run is restarted"
+    )
 
     @model_validator(mode="after")
     def _kafka_needs_connection(self) -> SourceSpec:

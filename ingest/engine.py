@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -81,6 +82,11 @@ class Engine:
     def __init__(self, config: IngestConfig, *, spark: SparkSession | None = None) -> None:
         self.config = config
         self._spark = spark
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask a continuous run (in another thread) to stop its queries after their current batch."""
+        self._stop.set()
 
     @property
     def spark(self) -> SparkSession:
@@ -171,7 +177,8 @@ class Engine:
             if reset_checkpoints or from_beginning or fresh:
                 shutil.rmtree(directory, ignore_errors=True)
             self._check_checkpoint(group, directory)
-            handler = BatchHandler(self.config, group, report, run_id, progress, gates)
+            handler = BatchHandler(self.config, group, report, run_id, progress, gates,
+                                   retry_stopped=mode == "continuous")
             q = _Query(name, group, directory, handler, None)
             try:
                 q.starting = None if from_beginning else self.starting_offsets(group)
@@ -291,7 +298,7 @@ class Engine:
                     for q in queries:
                         if not q.query.isActive and q.query.exception() is not None:
                             self._restart_failed(q, mode, run_id)
-                    if deadline and time.monotonic() > deadline:
+                    if self._stop.is_set() or (deadline and time.monotonic() > deadline):
                         break
                     if pick_up is not None and refresh and time.monotonic() >= next_look:
                         queries.extend(pick_up())

@@ -4,13 +4,23 @@
 schemas, collects the decoded parts (never raw rows), and applies each table's share in its own
 thread, with its own MERGE commit and offsets; a transient error is retried, any other stops that
 table alone. :class:`RunReport` is what a run did, table by table.
+
+A stopped table, in a continuous run, is tried again when its error was transient (a registry or
+broker that did not answer, a concurrent writer): after ``source.retry_stopped_seconds``, doubling
+up to :data:`RETRY_MAX_SECONDS`, at the next micro-batch. It first catches up -- the records from the
+offsets its own Delta log records up to the source's end, in batches of ``max_records_per_batch`` --
+and then takes its share of the micro-batch again; what the catch-up applied is recognised there by
+its offsets and skipped. Nothing is lost and nothing applied twice, although the shared query's
+checkpoint moved on while the table stood still. Any other error (quality policy ``fail``, an
+incompatible schema, a bad configuration) stops the table until the run is restarted.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,6 +31,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from ingest import audit, secrets
 from ingest.apply.delta_rs import DeltaRsEngine
 from ingest.apply.pipeline import BatchResult, apply_parts
+from ingest.apply.tablestate import load_state
 from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
@@ -33,6 +44,7 @@ from ingest.source import EmbeddedSource, decodes_at_read, source_for
 
 log = logging.getLogger(__name__)
 _RETRIES = 3  # attempts at a table's batch when its error is transient
+RETRY_MAX_SECONDS = 600.0  # longest wait before a stopped table is tried again (continuous runs)
 
 
 @dataclass(slots=True)
@@ -43,6 +55,8 @@ class TableRun:
     batches: list[AuditRecord] = field(default_factory=list)
     already_applied: int = 0
     error: str | None = None
+    #: errors this table stopped on and recovered from during the run (continuous runs)
+    recovered: list[str] = field(default_factory=list)
 
     def total(self, attr: str) -> int:
         return sum(getattr(b, attr) for b in self.batches)
@@ -73,7 +87,7 @@ class BatchHandler:
     """``foreachBatch`` callback of one query: decode in the executors, apply each table on the driver."""
 
     def __init__(self, config: IngestConfig, specs: list[TableSpec], report: RunReport, run_id: str,
-                 progress: ProgressFn | None, gates: dict[str, QualityGate]) -> None:
+                 progress: ProgressFn | None, gates: dict[str, QualityGate], *, retry_stopped: bool = False) -> None:
         self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
         self.progress, self.gates = progress, gates
         self.specs_by_topic = {s.topic: DecoderSpec.for_table(config, s) for s in specs}
@@ -84,24 +98,33 @@ class BatchHandler:
         self.source = source if isinstance(source, EmbeddedSource) else None
         self.engine = DeltaRsEngine(target_file_size=config.target.target_file_size_mb * 1024 * 1024)
         self.stopped: dict[str, BaseException] = {}
+        #: when each stopped table may be tried again (``time.monotonic``); only with ``retry_stopped``
+        self.retry_at: dict[str, float] = {}
+        self.retry_stopped = retry_stopped
+        self._stops: Counter[str] = Counter()
         self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)
         self.batches = 0
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         try:
-            active = [s for s in self.specs if s.name not in self.stopped]
+            now = time.monotonic()
+            due = [s for s in self.specs if s.name in self.stopped and self.retry_at.get(s.name, now + 1) <= now]
+            active = [s for s in self.specs if s.name not in self.stopped or s in due]
             if not active:
+                if self.retry_at:
+                    return  # every table waits for its next try; the query goes on
                 raise AllTablesStopped
             t0 = time.perf_counter()
             if self.report.startup_seconds is None:
                 self.report.startup_seconds = t0 - self.report.started
             self._prefetch_schemas(active)
+            active = [s for s in active if s not in due or self._catch_up(s, frame, batch_id)]
             # The executors decode the Kafka rows into typed columnar parts; the driver gets those only.
             parts = self._decoded(frame)
             decode_ms = int((time.perf_counter() - t0) * 1000)
             self.batches += 1
             self._apply_all(active, frame, parts, batch_id, decode_ms)
-            if len(self.stopped) == len(self.specs):
+            if len(self.stopped) == len(self.specs) and not self.retry_at:
                 raise AllTablesStopped
         except BaseException as exc:
             self.error = exc
@@ -155,7 +178,41 @@ class BatchHandler:
             self.specs_by_topic[spec.topic] = replace(known, schemas=tuple(sorted(found.items())))
         self.decoder = BatchDecoder(self.specs_by_topic)
 
-    def _apply(self, spec: TableSpec, frame: DataFrame, parts: list[Any], batch_id: int,
+    def _catch_up(self, spec: TableSpec, frame: DataFrame, batch_id: int) -> bool:
+        """A stopped table's next try: apply what it missed, from its Delta log's offsets to the source's end.
+
+        Returns whether it succeeded; the table is then active again. On failure it stops again (and
+        waits twice as long, if the error is transient again).
+        """
+        paths = TablePaths.of(self.config, spec.name)
+        run = self.report.tables[spec.name]
+        log.warning("table %s: trying again after %s; catching up from its Delta log", spec.name, run.error)
+        try:
+            source = source_for(self.config)
+            end = source.end_offsets(spec.topic)
+            first = source.start_offsets(spec.topic)
+            state = load_state(paths.table)
+            start = {p: max(first.get(p, 0), _after(state.applied_offset(spec.topic, p))) for p in end}
+            for lo, hi in _chunks(start, end, self.config.source.max_records_per_batch):
+                if self.source is not None:  # the embedded log decoding as it reads: local files, decoded here
+                    gap, parts = None, self.decoder.decode(self.source.read_arrow(spec.topic, lo, hi))
+                else:
+                    gap = source.read_range(frame.sparkSession, spec.topic, lo, hi)
+                    parts = self._decoded(gap)
+                record = self._apply(spec, gap, parts, batch_id, 0)
+                if record is not None:
+                    audit.append(paths.audit, [record])
+        except Exception as exc:
+            self._stop(spec, exc)
+            return False
+        del self.stopped[spec.name]
+        self.retry_at.pop(spec.name, None)
+        run.recovered.append(run.error or "")
+        run.error = None
+        log.warning("table %s: caught up and running again", spec.name)
+        return True
+
+    def _apply(self, spec: TableSpec, frame: DataFrame | None, parts: list[Any], batch_id: int,
                decode_ms: int) -> AuditRecord | None:
         """Apply one table's share of the micro-batch; returns its audit row, for the caller to append."""
         paths = TablePaths.of(self.config, spec.name)
@@ -165,14 +222,14 @@ class BatchHandler:
                                     "table %s: batch %d failed (%s); retrying", spec.name, batch_id,
                                     secrets.describe(state.outcome.exception()))):
             with attempt:
-                if attempt.retry_state.attempt_number > 1 and self.source is None:
+                if attempt.retry_state.attempt_number > 1 and frame is not None and self.source is None:
                     # decode the table's records again (the registry may answer now); the embedded
                     # log's parts depend on no service
                     parts = self._decoded(frame.filter(frame.topic == spec.topic))
                 result = apply_parts(spec, paths, parts, batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
                                      gate=self.gates.get(spec.name), engine=self.engine, defer_audit=True,
                                      fetch_raw=self.source.fetch if self.source is not None
-                                     else lambda coords: fetch_raw(frame, coords))
+                                     else lambda coords: fetch_raw(frame, coords))  # type: ignore[arg-type]
         run = self.report.tables[spec.name]
         run.already_applied += result.already_applied
         if result.record is not None:
@@ -185,7 +242,14 @@ class BatchHandler:
         """The table stops; its offsets stay where its Delta log has them, and the next run resumes there."""
         self.stopped[spec.name] = exc
         self.report.tables[spec.name].error = secrets.redact(f"{type(exc).__name__}: {exc}")
-        log.error("table %s stopped: %s", spec.name, secrets.describe(exc))
+        if self.retry_stopped and is_transient(exc):
+            self._stops[spec.name] += 1
+            wait = min(RETRY_MAX_SECONDS, self.config.source.retry_stopped_seconds * 2 ** (self._stops[spec.name] - 1))
+            self.retry_at[spec.name] = time.monotonic() + wait
+            log.error("table %s stopped: %s; trying again in %.0f s", spec.name, secrets.describe(exc), wait)
+        else:
+            self.retry_at.pop(spec.name, None)
+            log.error("table %s stopped: %s", spec.name, secrets.describe(exc))
 
 
 
@@ -201,6 +265,20 @@ def _driver_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:
         log.warning("schema registry client not created on the driver (%s); the executors will ask it",
                     secrets.describe(exc))
         return None
+
+
+def _after(applied: int | None) -> int:
+    return 0 if applied is None else applied + 1
+
+
+def _chunks(start: dict[int, int], end: dict[int, int], limit: int) -> Iterator[tuple[dict[int, int], dict[int, int]]]:
+    """``[start, end)`` per partition in pieces of about ``limit`` records, the partitions side by side."""
+    pos = {p: o for p, o in start.items() if p in end}
+    while live := [p for p in sorted(pos) if pos[p] < end[p]]:
+        share = max(1, limit // len(live))
+        stop = {p: min(end[p], pos[p] + share) for p in live}
+        yield {p: pos[p] for p in live}, stop
+        pos.update(stop)
 
 
 def fetch_raw(frame: DataFrame, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:

@@ -204,3 +204,71 @@ def test_one_failing_table_among_many_stops_alone_and_resumes_from_its_own_log(t
     assert rows(config, "guarded")[1]["qty"] == 99 and len(rows(config, "guarded")) == 5
     for name in ("public_t0", "public_t1", "public_t2", "public_t4", "public_t5"):
         assert third.tables[name].total("received") == 0 and len(rows(config, name)) == 5
+
+
+@pytest.mark.spark
+def test_in_a_continuous_run_a_transient_stop_catches_up_alone_and_a_terminal_one_stays(tmp_path, spark, monkeypatch):
+    from ingest import audit, handler
+    from ingest.errors import RegistryUnavailableError, TableError
+    from ingest.paths import TablePaths
+
+    path = write_config(tmp_path / "work")
+    raw = yaml.safe_load(path.read_text())
+    raw["source"]["retry_stopped_seconds"] = 1
+    path.write_text(yaml.safe_dump(raw))
+    config = load_config(path)
+    log = TopicLog(config.log_dir)
+    for name in ("ok", "flaky", "broken"):
+        produce(log, f"shop.public.{name}", [("c", {"id": k, "v": "a"}, 10 + k) for k in range(4)])
+
+    outage = threading.Event()
+    outage.set()
+    calls: dict[str, int] = {}
+    real = handler.apply_parts
+
+    def faulty(spec: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[spec.name] = calls.get(spec.name, 0) + 1
+        if spec.name == "public_flaky" and outage.is_set():
+            raise RegistryUnavailableError("the registry did not answer (test)")
+        if spec.name == "public_broken" and calls[spec.name] > 1:
+            raise TableError(spec.name, "cannot take this batch (test)")
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(handler, "apply_parts", faulty)
+    engine = Engine(config, spark=spark)
+    reports: list[Any] = []
+    runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=240)))
+    runner.start()
+    lsn, last, deadline = 100, 10**9, time.monotonic() + 200
+    try:
+        # The source keeps changing while the flaky table is down: its gap grows past several micro-batches.
+        while time.monotonic() < deadline:
+            lsn += 1
+            for name in ("ok", "flaky", "broken"):
+                produce(log, f"shop.public.{name}", [("c", {"id": lsn, "v": "b"}, lsn),
+                                                     ("u", {"id": 1, "v": str(lsn)}, lsn)])
+            if outage.is_set() and calls.get("public_flaky", 0) >= 2 * 3:  # two stops, three tries each
+                outage.clear()
+                last = lsn
+            if not outage.is_set() and lsn > last + 3:
+                break
+            time.sleep(1.0)
+        time.sleep(6)  # two more micro-batches for the rows produced last
+    finally:
+        engine.stop()
+        runner.join(timeout=120)
+    (report,) = reports
+    flaky, broken = report.tables["public_flaky"], report.tables["public_broken"]
+    # Stopped twice (each after three tries in its batch), then caught up once.
+    assert flaky.error is None and len(flaky.recovered) == 1 and calls["public_flaky"] > 6, (flaky, calls)
+    assert "RegistryUnavailableError" in flaky.recovered[0]
+    assert broken.error and "cannot take this batch" in broken.error
+    assert calls["public_broken"] == 2  # terminal: never tried again
+    expected = {0, 1, 2, 3, *range(101, lsn + 1)}
+    for name in ("public_ok", "public_flaky"):
+        table = rows(config, name)
+        assert set(table) == expected, (name, sorted(expected - set(table)))
+        assert table[1]["v"] == str(lsn), name
+        # Every record received once: the catch-up's and the stream's audit rows never overlap.
+        received = sum(r["received"] for r in audit.read(TablePaths.of(config, name).audit, table=name).to_pylist())
+        assert received == sum(log.end_offsets(f"shop.public.{name.removeprefix('public_')}").values()), name

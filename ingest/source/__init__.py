@@ -49,8 +49,21 @@ class Source(Protocol):
         """
         ...
 
+    def start_offsets(self, topic: str) -> dict[int, int]:
+        """First offset still held per partition of ``topic`` (after retention); ``{}`` when it does not exist.
+
+        Raises:
+            SourceUnavailableError: the source cannot answer.
+        """
+        ...
+
     def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int) -> DataFrame:
         """A streaming DataFrame of ``topics`` in Spark's Kafka row shape."""
+        ...
+
+    def read_range(self, spark: SparkSession, topic: str, start: dict[int, int], end: dict[int, int]) -> DataFrame:
+        """The records ``start[p] <= offset < end[p]`` of ``topic``'s partitions, as a batch DataFrame in
+        Spark's Kafka row shape (a table catching up after it stopped reads its gap with it)."""
         ...
 
 

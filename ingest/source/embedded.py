@@ -196,6 +196,22 @@ class EmbeddedSource:
         log = TopicLog(self.log_dir)
         return log.end_offsets(topic) if log.exists(topic) else {}
 
+    def start_offsets(self, topic: str) -> dict[int, int]:
+        return dict.fromkeys(self.end_offsets(topic), 0)  # the embedded log keeps every record
+
+    def read_arrow(self, topic: str, start: dict[int, int], end: dict[int, int]) -> Any:
+        """:meth:`read_range` as an Arrow table, without Spark."""
+        import pyarrow as pa
+
+        from ingest.source.topiclog import KAFKA_ROW_SCHEMA, TopicLog
+
+        log = TopicLog(self.log_dir)
+        pieces = [log.read(topic, p, start[p], end[p]) for p in sorted(start) if end[p] > start[p]]
+        return pa.concat_tables(pieces) if pieces else KAFKA_ROW_SCHEMA.empty_table()
+
+    def read_range(self, spark: SparkSession, topic: str, start: dict[int, int], end: dict[int, int]) -> DataFrame:
+        return spark.createDataFrame(self.read_arrow(topic, start, end))
+
     def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int,
                decoder: Any = None) -> DataFrame:
         reader = (spark.readStream.format(FORMAT_NAME).option("path", str(self.log_dir))

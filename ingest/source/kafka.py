@@ -9,6 +9,7 @@ no JAAS: the username and password are read out of it for the admin client.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any, Final
@@ -105,8 +106,22 @@ class KafkaSource:
         Raises:
             SourceUnavailableError: the cluster did not answer, or refused the credentials.
         """
-        from confluent_kafka import KafkaError, KafkaException, TopicPartition
         from confluent_kafka.admin import OffsetSpec
+
+        return self._offsets(topic, OffsetSpec.latest())
+
+    def start_offsets(self, topic: str) -> dict[int, int]:
+        """First offset the cluster still holds of every partition of ``topic`` (``{}`` if it does not exist).
+
+        Raises:
+            SourceUnavailableError: the cluster did not answer, or refused the credentials.
+        """
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._offsets(topic, OffsetSpec.earliest())
+
+    def _offsets(self, topic: str, which: Any) -> dict[int, int]:
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         admin = self._client()
         try:
@@ -116,16 +131,15 @@ class KafkaSource:
                 return {}
             if info.error is not None:
                 raise KafkaException(info.error)
-            wanted = {TopicPartition(topic, p): OffsetSpec.latest() for p in info.partitions}
+            wanted = {TopicPartition(topic, p): which for p in info.partitions}
             futures = admin.list_offsets(wanted, request_timeout=self.timeout)
             return {tp.partition: future.result().offset for tp, future in futures.items()}
         except KafkaException as exc:
             raise SourceUnavailableError(secrets.redact(
                 f"{self.describe()} did not answer for topic {topic!r}: {self._why(exc)}")) from None
 
-    def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int) -> DataFrame:
-        reader = (spark.readStream.format("kafka")
-                  .option("kafka.bootstrap.servers", self.spec.bootstrap_servers)
+    def _options(self, reader: Any) -> Any:
+        reader = (reader.format("kafka").option("kafka.bootstrap.servers", self.spec.bootstrap_servers)
                   .option("failOnDataLoss", "true"))
         for key, value in self.spec.options.items():
             reader = reader.option(key, value)
@@ -133,9 +147,20 @@ class KafkaSource:
         if jaas:
             # Spark redacts option values that mention a password in its plans and logs.
             reader = reader.option("kafka.sasl.jaas.config", jaas)
+        return reader
+
+    def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int) -> DataFrame:
         # minPartitions: a topic of one partition is still decoded by every core.
-        return (reader.option("subscribe", ",".join(topics)).option("startingOffsets", starting)
-                .option("maxOffsetsPerTrigger", str(max_records))
+        return (self._options(spark.readStream).option("subscribe", ",".join(topics))
+                .option("startingOffsets", starting).option("maxOffsetsPerTrigger", str(max_records))
+                .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
+
+    def read_range(self, spark: SparkSession, topic: str, start: dict[int, int], end: dict[int, int]) -> DataFrame:
+        def offsets(by_partition: dict[int, int]) -> str:
+            return json.dumps({topic: {str(p): o for p, o in sorted(by_partition.items())}})
+
+        return (self._options(spark.read).option("assign", json.dumps({topic: sorted(start)}))
+                .option("startingOffsets", offsets(start)).option("endingOffsets", offsets(end))
                 .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
 
 

@@ -123,3 +123,27 @@ def test_the_admin_client_gets_the_sasl_credentials_of_the_jaas_config():
         "sasl.username": "cdc"}
     assert conf["sasl.password"] == 'p"w'
     assert "ssl.truststore.location" not in conf  # a Java-only option librdkafka would refuse
+
+
+def test_a_range_read_is_exactly_the_asked_offsets_in_the_stream_shape(spark, log):
+    from pyspark.sql.types import _parse_datatype_string
+
+    from ingest.source import EmbeddedSource
+
+    source = EmbeddedSource(log.root)
+    assert source.start_offsets("t") == {0: 0, 1: 0, 2: 0} and source.start_offsets("absent") == {}
+    frame = source.read_range(spark, "t", {0: 5, 2: 0}, {0: 9, 2: 10})
+    assert frame.schema == _parse_datatype_string(KAFKA_SCHEMA_DDL)
+    got = sorted((r.partition, r.offset) for r in frame.select("partition", "offset").collect())
+    assert got == [(0, o) for o in range(5, 9)] + [(2, o) for o in range(10)]
+
+
+def test_a_catch_up_is_read_in_pieces_of_the_batch_size_covering_the_gap_once():
+    from ingest.handler import _chunks
+
+    start, end = {0: 5, 1: 0, 2: 7}, {0: 105, 1: 30, 2: 7}
+    pieces = list(_chunks(start, end, 40))
+    covered = [(p, o) for lo, hi in pieces for p in lo for o in range(lo[p], hi[p])]
+    assert sorted(covered) == [(0, o) for o in range(5, 105)] + [(1, o) for o in range(30)]  # once each
+    assert all(sum(hi[p] - lo[p] for p in lo) <= 40 for lo, hi in pieces)
+    assert list(_chunks({0: 3}, {0: 3}, 10)) == []  # nothing missed, nothing to read
