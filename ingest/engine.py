@@ -132,6 +132,7 @@ class Engine:
         Raises:
             SuiteError: a table's expectations suite cannot be loaded or does not fit the table.
             TableLockedError: another process is writing one of the tables.
+            SourceUnavailableError: the Kafka cluster does not answer or refuses the credentials.
         """
         if not tables:
             self.config = with_discovered(self.config)  # the topics the pattern matches now
@@ -140,6 +141,11 @@ class Engine:
         source = self.config.source
         secrets.prepare([source.registry.credentials_env, *([source.kafka.credentials_env] if source.kafka else [])],
                         self.config.secrets_path)
+        if source.kind == "kafka":
+            # One question to the cluster before Spark starts: a refused login or a broker that does not
+            # answer fails here in seconds with librdkafka's reason, not after Spark's Kafka source has
+            # waited out its own timeouts and the query's restarts.
+            source_for(self.config).topics()
         # One writer per table: a second run on any of these tables fails here, before Spark starts.
         held = locks.acquire_all(self.config.tables_root, [s.name for s in specs])
         try:

@@ -43,14 +43,16 @@ class TableStatus:
 def table_status(config: IngestConfig, *, source: Source | None = None) -> list[TableStatus]:
     """The status of every configured table (one source connection for all of them)."""
     source = source or source_for(config)
-    out = []
+    out, unavailable = [], None
     for spec in config.tables:
         paths = TablePaths.of(config, spec.name)
         state = load_state(paths.table)
-        try:
-            end, error = source.end_offsets(spec.topic), None
-        except SourceUnavailableError as exc:
-            end, error = {}, str(exc)
+        end, error = {}, unavailable  # a source that did not answer is not asked again for every table
+        if unavailable is None:
+            try:
+                end = source.end_offsets(spec.topic)
+            except SourceUnavailableError as exc:
+                error = unavailable = str(exc)
         applied = {p: state.applied_offset(spec.topic, p) for p in end}
         batches = audit.read(paths.audit, table=spec.name)
         last = None

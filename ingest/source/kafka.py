@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from typing import Any, Final
 
 from pyspark.sql import DataFrame, SparkSession
@@ -94,7 +95,7 @@ class KafkaSource:
         from confluent_kafka import KafkaException
 
         try:
-            metadata = self._client().list_topics(timeout=self.timeout)
+            metadata = self._metadata()
         except KafkaException as exc:
             raise SourceUnavailableError(secrets.redact(
                 f"{self.describe()} did not list its topics: {self._why(exc)}")) from None
@@ -120,12 +121,31 @@ class KafkaSource:
 
         return self._offsets(topic, OffsetSpec.earliest())
 
+    def _metadata(self, topic: str | None = None) -> Any:
+        """The cluster's metadata; a refused login fails at once rather than after the whole timeout.
+
+        librdkafka reports a refused SASL login to ``error_cb`` only, while the request itself waits
+        out its timeout: ask in one-second steps and stop as soon as the login was refused.
+        """
+        from confluent_kafka import KafkaException
+
+        admin, deadline = self._client(), time.monotonic() + self.timeout
+        while True:
+            step = max(0.1, min(1.0, deadline - time.monotonic()))
+            try:
+                return admin.list_topics(topic, timeout=step)
+            except KafkaException:
+                admin.poll(0)
+                refused = (self._client_error or "").startswith("_AUTHENTICATION")
+                if refused or time.monotonic() >= deadline:
+                    raise
+
     def _offsets(self, topic: str, which: Any) -> dict[int, int]:
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         admin = self._client()
         try:
-            metadata = admin.list_topics(topic, timeout=self.timeout)
+            metadata = self._metadata(topic)
             info = metadata.topics.get(topic)
             if info is None or (info.error is not None and info.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
                 return {}
