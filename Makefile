@@ -26,7 +26,7 @@ demo: java install
 	$(BIN)/ingest demo
 
 test: java install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 lint: install
 	$(BIN)/ruff check ingest assets dagster_project tests scripts

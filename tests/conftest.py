@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 
@@ -24,3 +25,20 @@ def spark():
     session = get_spark("local[2]", 2, extra)
     yield session
     session.stop()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``make test`` runs two pytest-xdist workers; every test under ``tests/stack/`` goes to the same one.
+
+    They share one stack on fixed loopback ports (started by that worker's session fixture), some
+    restart its servers, and some rely on file order. (``--dist loadgroup`` would do this with a
+    marker, but it renames node ids, which pytest 9.2 no longer allows.)
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class StackTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "stack" if nodeid.startswith("tests/stack/") else nodeid
+
+    return StackTogether(config, log)

@@ -7,6 +7,7 @@ naming what is missing.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -205,6 +206,14 @@ def ensure_jars(settings: StackSettings, progress: Progress) -> None:
     """
     if jars_ready(settings):
         return
+    settings.jars_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(settings.jars_dir.parent / ".jars.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process (a test worker, another run) waits for the first
+        if not jars_ready(settings):
+            _resolve_jars(settings, progress)
+
+
+def _resolve_jars(settings: StackSettings, progress: Progress) -> None:
     users = _processes_using(settings.jars_dir)
     if users:
         raise StackError(f"the stack's jars must be re-resolved (infra/jvm changed) but running processes use "

@@ -21,7 +21,7 @@ def test_kills_at_named_points_and_damaged_checkpoints_leave_every_table_equal_t
     spec = TortureSpec(workdir=tmp_path / "torture", seed=11, kills=3, events=700, batch=150,
                        damage_probability=0.0, timer_fraction=0.0,
                        schedule=("after-batch@2", "during-merge", "after-tombstones"),
-                       damages=("claim-ahead", "truncate-offsets"), tables=("orders",), extra_tables=2)
+                       damages=("claim-ahead", "truncate-offsets"), tables=("orders",))
     lines: list[str] = []
     result = Torture(spec, say=lines.append).run()
     c = result.consistency
@@ -32,9 +32,6 @@ def test_kills_at_named_points_and_damaged_checkpoints_leave_every_table_equal_t
     assert c.received == c.records > 0  # every record accounted for exactly once
     assert c.quarantined == c.malformed > 0
     assert result.damages == {"claim-ahead": 1, "truncate-offsets": 1}, lines
-    # The two extra tables were found by topic pattern, through the kills, and checked like the listed one.
-    assert sorted(v.table for v in c.verifications) == ["ledger_001", "ledger_002", "orders"]
-    assert all(v.ok and v.actual_rows > 0 for v in c.verifications), c.verifications
 
     # The verdict can fail: a lost row and a duplicated key are both caught.
     config = load_config(spec.workdir / "config.yaml")
@@ -45,7 +42,7 @@ def test_kills_at_named_points_and_damaged_checkpoints_leave_every_table_equal_t
     assert broken.divergent_rows >= 1 and not broken.ok
     from deltalake import write_deltalake
 
-    orders = open_table(config.table_path("orders"))
+    orders = open_table(config.table_path("orders"))  # the only table this run writes
     write_deltalake(orders, read_all(orders).slice(0, 1), mode="append")
     broken = check(config)
     assert broken.duplicate_keys == 1 and not broken.ok
