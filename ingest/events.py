@@ -16,6 +16,7 @@ unchanged-TOAST placeholder is the :data:`UNAVAILABLE` sentinel: the stored valu
 
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -79,7 +80,7 @@ class ColumnSpec:
     nullable: bool = True
     semantic: str | None = None
 
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+    def __reduce__(self) -> tuple[builtins.type[ColumnSpec], tuple[Any, ...]]:
         # Events cross the Spark worker boundary pickled; the dataclass default is ~10x slower.
         return (ColumnSpec, (self.name, self.type, self.nullable, self.semantic))
 

@@ -220,7 +220,7 @@ class BatchHandler:
                                 retry=retry_if_exception(is_transient), reraise=True,
                                 before_sleep=lambda state: log.warning(
                                     "table %s: batch %d failed (%s); retrying", spec.name, batch_id,
-                                    secrets.describe(state.outcome.exception()))):
+                                    _failure(state))):
             with attempt:
                 if attempt.retry_state.attempt_number > 1 and frame is not None and self.source is None:
                     # decode the table's records again (the registry may answer now); the embedded
@@ -267,6 +267,12 @@ def _driver_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:
         return None
 
 
+def _failure(state: Any) -> str:
+    """What a tenacity attempt failed with, for the retry's log line."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    return secrets.describe(exc) if exc is not None else "no exception"
+
+
 def _after(applied: int | None) -> int:
     return 0 if applied is None else applied + 1
 
@@ -288,7 +294,7 @@ def fetch_raw(frame: DataFrame, coords: list[tuple[str, int, int]]) -> dict[tupl
     by_topic_partition: dict[tuple[str, int], list[int]] = {}
     for topic, partition, offset in coords:
         by_topic_partition.setdefault((topic, partition), []).append(offset)
-    condition = None
+    condition: Any = None
     for (topic, partition), offsets in by_topic_partition.items():
         clause = (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").isin(offsets)
         condition = clause if condition is None else condition | clause

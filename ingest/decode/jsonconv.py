@@ -155,7 +155,7 @@ class _PlanCache(Generic[_Plan]):
         return payload, plan
 
 
-def _remember(cache: dict[str, Any], key: str, plan: Any) -> None:
+def _remember(cache: dict[Any, Any], key: str | bytes, plan: Any) -> None:
     if len(cache) >= _MAX_CACHED:
         cache.clear()
     cache[key] = plan

@@ -185,7 +185,7 @@ class KafkaSource:
 
 
 def _reason(exc: Exception) -> str:
-    error = exc.args[0] if exc.args else None
+    error: Any = exc.args[0] if exc.args else None
     if hasattr(error, "str") and hasattr(error, "name"):
         return f"{error.name()}: {error.str()}"
     return str(exc)
