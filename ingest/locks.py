@@ -102,20 +102,26 @@ def release_all(locks: list[TableLock]) -> None:
 
 
 @contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created with its directory), waiting for any other holder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
 def shared(table_path: Path) -> Iterator[None]:
     """Serialize writes to a table shared by every run (audit, quarantine), across threads and processes."""
     key = str(table_path)
     with _guard:
         thread_lock = _thread_locks.setdefault(key, threading.Lock())
-    with thread_lock:
-        path = lock_path(table_path.parent, table_path.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)  # blocking: the other writer's append takes milliseconds
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+    # blocking: the other writer's append takes milliseconds
+    with thread_lock, exclusive(lock_path(table_path.parent, table_path.name)):
+        yield
 
 
 def _describe(content: str) -> str:

@@ -7,7 +7,6 @@ and *register this schema under this subject*. Avro values then travel in the Co
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import struct
@@ -23,6 +22,7 @@ import fastavro
 
 from ingest import secrets
 from ingest.errors import DecodeError, RegistryUnavailableError, SchemaRegistryError
+from ingest.locks import exclusive
 
 MAGIC_BYTE = 0
 _HEADER = struct.Struct(">bI")
@@ -75,13 +75,8 @@ class EmbeddedSchemaRegistry:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with exclusive(self.root / ".lock"):
+            yield
 
     def _write_atomic(self, path: Path, data: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

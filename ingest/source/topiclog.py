@@ -14,7 +14,6 @@ never leaves a half segment visible (readers ignore hidden files).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -27,6 +26,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ingest.errors import TopicLogError
+from ingest.locks import exclusive
 
 #: Record schema inside a segment (topic and partition are implied by the path).
 SEGMENT_SCHEMA = pa.schema(
@@ -185,14 +185,8 @@ class TopicLog:
 
     @contextmanager
     def _locked(self, topic: str) -> Iterator[None]:
-        folder = self._topic_dir(topic)
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / ".lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with exclusive(self._topic_dir(topic) / ".lock"):
+            yield
 
     def append(self, topic: str, records: Sequence[ProducerRecord]) -> dict[int, tuple[int, int]]:
         """Append ``records`` (in order within each partition) and return ``{partition: (first, next)}``.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sys
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ingest.locks import exclusive
 from ingest.stack.component import Component
 from ingest.stack.connect import Connect
 from ingest.stack.errors import StackError
@@ -92,13 +92,8 @@ class Stack:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.settings.stack_dir.mkdir(parents=True, exist_ok=True)
-        with (self.settings.stack_dir / ".lock").open("w") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        with exclusive(self.settings.stack_dir / ".lock"):
+            yield
 
     # -- lifecycle --------------------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ naming what is missing.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
@@ -206,9 +205,9 @@ def ensure_jars(settings: StackSettings, progress: Progress) -> None:
     """
     if jars_ready(settings):
         return
-    settings.jars_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(settings.jars_dir.parent / ".jars.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process (a test worker, another run) waits for the first
+    from ingest.locks import exclusive
+
+    with exclusive(settings.jars_dir.parent / ".jars.lock"):  # a second process (a test worker) waits
         if not jars_ready(settings):
             _resolve_jars(settings, progress)
 
