@@ -134,24 +134,25 @@ class Engine:
             TableLockedError: another process is writing one of the tables.
             SourceUnavailableError: the Kafka cluster does not answer or refuses the credentials.
         """
-        if not tables:
+        discovering = not tables and self.config.discover is not None
+        if discovering:
             self.config = with_discovered(self.config)  # the topics the pattern matches now
         specs = [self.config.table(n) for n in tables] if tables else list(self.config.tables)
         gates = self.quality_gates(specs)
         source = self.config.source
         secrets.prepare([source.registry.credentials_env, *([source.kafka.credentials_env] if source.kafka else [])],
                         self.config.secrets_path)
-        if source.kind == "kafka":
-            # One question to the cluster before Spark starts: a refused login or a broker that does not
-            # answer fails here in seconds with librdkafka's reason, not after Spark's Kafka source has
-            # waited out its own timeouts and the query's restarts.
+        if source.kind == "kafka" and not discovering:
+            # One question to the cluster before Spark starts (discovery has just asked one): a refused
+            # login or a broker that does not answer fails here in seconds with librdkafka's reason, not
+            # after Spark's Kafka source has waited out its own timeouts and the query's restarts.
             source_for(self.config).topics()
         # One writer per table: a second run on any of these tables fails here, before Spark starts.
         held = locks.acquire_all(self.config.tables_root, [s.name for s in specs])
         try:
             return self._run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
                              from_beginning=from_beginning, progress=progress, stop_after=stop_after,
-                             discover=not tables and self.config.discover is not None)
+                             discover=discovering)
         finally:
             locks.release_all(held)
 
