@@ -207,6 +207,7 @@ class BatchHandler:
             return False
         del self.stopped[spec.name]
         self.retry_at.pop(spec.name, None)
+        self._stops.pop(spec.name, None)  # a later outage waits from the first step again
         run.recovered.append(run.error or "")
         run.error = None
         log.warning("table %s: caught up and running again", spec.name)
