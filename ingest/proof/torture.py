@@ -126,8 +126,8 @@ class Torture:
         self.config_path.write_text(yaml.safe_dump(_config(self.spec)))
         config = load_config(self.config_path)
         workload = WorkloadSpec(events=self.spec.events, seed=self.spec.seed, malformed_fraction=0.01,
-                                value_format=self.spec.value_format, widen_column=True)
-        workload.extra_tables = self.spec.extra_tables
+                                value_format=self.spec.value_format, widen_column=True,
+                                extra_tables=self.spec.extra_tables)
         generate(workload, self.staging, EmbeddedSchemaRegistry(config.registry_dir), self.workdir / "truth")
         self.widen = WidenWatch(self.staging, config) if "orders" in self.spec.tables else None
         # The proof's view: the listed tables and those the pattern will find once their topics are live.

@@ -218,7 +218,6 @@ class RowFactory:
             new["note"] = rng.choice(("returned", "complaint filed", "re-delivered", None))
         return new
 
-
     def ledger(self, lid: int, booked_us: int) -> Row:
         rng = self.rng
         return {"id": lid, "account": f"{rng.randrange(1000, 9999)}-{rng.choice(_LAST).lower()}",
