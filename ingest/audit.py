@@ -80,6 +80,11 @@ class AuditRecord:
     decode_ms: int = 0
     apply_ms: int = 0
     total_ms: int = 0
+    #: the apply engine that committed the batch (delta-rs or delta-spark)
+    engine: str = ""
+    #: the MERGE's own metrics, as its engine names them (delta-spark: rows copied into rewritten
+    #: files vs deletion vectors written; delta-rs: files rewritten)
+    merge_metrics: str = "{}"
     started_at: datetime | None = None
     finished_at: datetime | None = None
 
@@ -135,6 +140,8 @@ AUDIT_SCHEMA = pa.schema(
         ("decode_ms", pa.int64()),
         ("apply_ms", pa.int64()),
         ("total_ms", pa.int64()),
+        ("engine", pa.string()),
+        ("merge_metrics", pa.string()),
         ("started_at", pa.timestamp("us", tz="UTC")),
         ("finished_at", pa.timestamp("us", tz="UTC")),
         ("balanced", pa.bool_()),

@@ -29,6 +29,7 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks
 
 #: What failing expectations do: record only, quarantine the failing rows, or stop the table's batch.
 QualityPolicy = Literal["warn", "quarantine", "fail"]
+EngineName = Literal["delta-rs", "delta-spark"]
 
 
 def _parse_duration(value: Any) -> Any:
@@ -135,6 +136,12 @@ class TargetSpec(_Model):
     target_file_size_mb: int = Field(
         8, gt=0, description="target Parquet file size written by MERGE and compaction; delta-rs rewrites every "
         "file a MERGE touches, so small files keep a hot-set MERGE small (benchmarks/bench_merge.py)")
+    engine: EngineName = Field(
+        "delta-rs", description="what applies the batches: delta-rs (on the driver, no JVM jar needed) or "
+        "delta-spark (MERGE as Spark jobs, deletion vectors); a table may choose its own")
+    deletion_vectors: bool = Field(
+        True, description="delta-spark: tables it creates write deletion vectors (a MERGE marks rows deleted "
+        "instead of rewriting their files); delta-rs can then no longer write or read them, polars and Spark can")
 
 
 class TableSpec(_Model):
@@ -165,6 +172,8 @@ class TableSpec(_Model):
         default_factory=dict,
         description="policy per expectation name, overriding the suite's meta.policy and quality_policy",
     )
+    engine: EngineName | None = Field(
+        None, description="this table's apply engine (delta-rs or delta-spark); default: target.engine")
     history_mode: Literal["scd1"] = Field(
         "scd1", description="scd1: keep the latest version of each row (SCD type 2 is not supported yet)"
     )
@@ -291,6 +300,17 @@ class IngestConfig(_Model):
     quality: QualitySpec = Field(default_factory=QualitySpec, description="data quality suites and results")
     tables: tuple[TableSpec, ...] = Field((), description="the tables to ingest (and overrides of discovered ones)")
     discover: DiscoverySpec | None = Field(None, description="also ingest every topic matching a pattern")
+
+    def engine_of(self, spec: TableSpec) -> EngineName:
+        """The apply engine of one table."""
+        return spec.engine or self.target.engine
+
+    def engines(self) -> set[EngineName]:
+        """Every apply engine a run of this configuration may use (discovered tables included)."""
+        found: set[EngineName] = {self.engine_of(spec) for spec in self.tables}
+        if self.discover is not None:
+            found.add(self.discover.defaults.get("engine") or self.target.engine)
+        return found
 
     @model_validator(mode="after")
     def _unique(self) -> IngestConfig:

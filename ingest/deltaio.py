@@ -3,10 +3,15 @@
 Reads go through delta-rs's own DataFusion engine (``QueryBuilder``) rather than
 ``to_pyarrow_dataset``: pyarrow dataset scanners over delta-rs can abort the interpreter at exit
 (delta-rs#2184, arrow#34314), which would turn a successful CLI run into exit code 134.
+
+A table with deletion vectors (written by the delta-spark engine) is read with polars instead:
+deltalake 1.6 refuses that reader feature, polars applies the vectors (the rows they mark deleted
+are not returned). Both read the same snapshot version.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -81,29 +86,31 @@ def sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def key_range(keys: pa.Table | None, column: str, alias: str = "") -> str | None:
+def key_range(keys: pa.Table | None, column: str, alias: str = "", *, ident: Callable[[str], str] = quote,
+              string: Callable[[str], str] = sql_string) -> str | None:
     """``column`` between the smallest and largest of ``keys[column]``, as a SQL predicate.
 
     Delta engines skip every file whose min/max statistics fall outside it, so with a table laid out
     by key a batch reads and rewrites only the files its keys live in. ``None`` when there are no
-    keys or the values have no plain literal (then nothing is pruned).
+    keys or the values have no plain literal (then nothing is pruned). ``ident`` and ``string``
+    write identifiers and string literals in the SQL dialect wanted (default: delta-rs's).
     """
     if keys is None or keys.num_rows == 0 or column not in keys.column_names:
         return None
-    literals = [_literal(v.as_py()) for v in pc.min_max(keys[column]).values()]
+    literals = [_literal(v.as_py(), string) for v in pc.min_max(keys[column]).values()]
     if None in literals:
         return None
-    col = f"{alias}.{quote(column)}" if alias else quote(column)
+    col = f"{alias}.{ident(column)}" if alias else ident(column)
     return f"{col} >= {literals[0]} AND {col} <= {literals[1]}"
 
 
-def _literal(value: Any) -> str | None:
+def _literal(value: Any, string: Callable[[str], str]) -> str | None:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str):
-        return sql_string(value)
+        return string(value)
     return None
 
 
@@ -115,8 +122,25 @@ def open_table(path: str | Path) -> DeltaTable | None:
         return None
 
 
+def has_deletion_vectors(table: DeltaTable) -> bool:
+    """Whether the table's protocol names the ``deletionVectors`` reader feature."""
+    return "deletionVectors" in (table.protocol().reader_features or [])
+
+
+def scan(table: DeltaTable) -> Any:
+    """A polars ``LazyFrame`` over the table's snapshot, deletion vectors applied."""
+    import polars as pl
+
+    return pl.scan_delta(table.table_uri, version=table.version())
+
+
 def query(table: DeltaTable, sql: str, *, name: str = "t") -> pa.Table:
     """Run ``sql`` against ``table`` registered as ``name`` and return the result."""
+    if has_deletion_vectors(table):
+        import polars as pl
+
+        frame = pl.SQLContext({name: scan(table)}).execute(sql, eager=False).collect()
+        return frame.to_arrow(compat_level=pl.CompatLevel.oldest())
     reader = QueryBuilder().register(name, table).execute(sql)
     result = reader.read_all()
     return pa.table(result) if not isinstance(result, pa.Table) else result

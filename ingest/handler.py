@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ingest import audit, secrets
-from ingest.apply.delta_rs import DeltaRsEngine
+from ingest.apply.engines import Engines
 from ingest.apply.pipeline import BatchResult, apply_parts
 from ingest.apply.tablestate import load_state
 from ingest.audit import AuditRecord
@@ -96,7 +96,7 @@ class BatchHandler:
         #: the embedded log, when it decodes as it reads (the stream's rows are then parts)
         source = source_for(config) if decodes_at_read(config) else None
         self.source = source if isinstance(source, EmbeddedSource) else None
-        self.engine = DeltaRsEngine(target_file_size=config.target.target_file_size_mb * 1024 * 1024)
+        self.engines = Engines(config)
         self.stopped: dict[str, BaseException] = {}
         #: when each stopped table may be tried again (``time.monotonic``); only with ``retry_stopped``
         self.retry_at: dict[str, float] = {}
@@ -228,7 +228,8 @@ class BatchHandler:
                     # log's parts depend on no service
                     parts = self._decoded(frame.filter(frame.topic == spec.topic))
                 result = apply_parts(spec, paths, parts, batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
-                                     gate=self.gates.get(spec.name), engine=self.engine, defer_audit=True,
+                                     gate=self.gates.get(spec.name), engine=self.engines.for_table(spec),
+                                     defer_audit=True,
                                      fetch_raw=self.source.fetch if self.source is not None
                                      else lambda coords: fetch_raw(frame, coords))  # type: ignore[arg-type]
         run = self.report.tables[spec.name]

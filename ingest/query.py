@@ -1,7 +1,8 @@
 """SQL for analysts over the live rows of the Delta tables, with DuckDB.
 
 Each configured table (and the audit and quarantine tables) is a DuckDB view over the delta-rs
-dataset of its current version; target-table views hold live rows only.
+dataset of its current version (read by polars when it has deletion vectors); target-table views
+hold live rows only.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import duckdb
 import pyarrow as pa
 
 from ingest.config import IngestConfig
-from ingest.deltaio import normalize, open_table
+from ingest.deltaio import has_deletion_vectors, normalize, open_table, scan
 
 
 def connect(config: IngestConfig) -> tuple[duckdb.DuckDBPyConnection, list[Any]]:
@@ -27,7 +28,8 @@ def connect(config: IngestConfig) -> tuple[duckdb.DuckDBPyConnection, list[Any]]
         delta = open_table(root / name)
         if delta is None:
             continue
-        dataset = delta.to_pyarrow_dataset()
+        # deltalake cannot read deletion vectors (delta-spark's tables): polars reads those.
+        dataset = scan(delta).collect().to_arrow() if has_deletion_vectors(delta) else delta.to_pyarrow_dataset()
         keep.append(dataset)
         raw = f"__raw_{name}"
         con.register(raw, dataset)

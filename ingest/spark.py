@@ -97,9 +97,34 @@ def warm_up(spark: SparkSession) -> None:
     ensure_callback_server_started(spark.sparkContext._gateway)
 
 
+#: What a session needs to run delta-spark (its jars aside): Delta's SQL extension and catalog.
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def delta_conf(user_conf: dict[str, str]) -> dict[str, str]:
+    """:data:`DELTA_CONF` added to ``user_conf`` (a user's own SQL extensions are kept)."""
+    extensions = [e for e in user_conf.get("spark.sql.extensions", "").split(",") if e]
+    if DELTA_CONF["spark.sql.extensions"] not in extensions:
+        extensions.append(DELTA_CONF["spark.sql.extensions"])
+    return {"spark.sql.catalog.spark_catalog": DELTA_CONF["spark.sql.catalog.spark_catalog"],
+            **user_conf, "spark.sql.extensions": ",".join(extensions)}
+
+
+def session_conf(connectors: list[Connector], user_conf: dict[str, str]) -> dict[str, str]:
+    """Spark settings for ``connectors``: their jars, and Delta's extension when delta-spark is one."""
+    conf = {**user_conf, **classpath_conf(connectors, user_conf)}
+    return delta_conf(conf) if "delta-spark" in connectors else conf
+
+
 def session_for(config: IngestConfig) -> SparkSession:
-    """The session for a configuration: its Spark settings, plus the Kafka source's jars when it reads Kafka."""
+    """The session for a configuration: its Spark settings, plus the Kafka source's jars when it reads
+    Kafka and delta-spark's when a table is applied with it."""
     spec = config.spark
     connectors: list[Connector] = ["spark-kafka"] if config.source.kind == "kafka" else []
-    conf = {**spec.conf, **classpath_conf(connectors, spec.conf)}
+    if "delta-spark" in config.engines():
+        connectors.append("delta-spark")
+    conf = session_conf(connectors, spec.conf)
     return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))

@@ -11,20 +11,64 @@ import pytest
 @pytest.fixture(scope="session")
 def spark():
     from ingest.errors import EnvironmentProblem
-    from ingest.jvm import classpath_conf
-    from ingest.spark import get_spark
+    from ingest.spark import get_spark, session_conf
 
-    # Spark's Kafka source must be on the classpath when the one session starts: tests/stack read the
-    # real Kafka through it. The jars are resolved once by Maven into .stack/jars (`make jars`). If
-    # that is impossible here, the other tests still run; the stack tests then fail naming the jar.
+    # Spark's Kafka source and delta-spark must be on the classpath when the one session starts:
+    # tests/stack read the real Kafka through it, and the delta-spark engine's tests MERGE with it.
+    # The jars are resolved once by Maven into .stack/jars (`make jars`). If that is impossible here,
+    # the other tests still run; the tests that need them then fail naming the jar.
     try:
-        extra = tuple(sorted(classpath_conf(["spark-kafka"], {}).items()))
+        extra = tuple(sorted(session_conf(["spark-kafka", "delta-spark"], {}).items()))
     except EnvironmentProblem as exc:
-        warnings.warn(f"Spark's Kafka source is not on the classpath: {exc}", stacklevel=1)
+        warnings.warn(f"Spark's Kafka source or delta-spark is not on the classpath: {exc}", stacklevel=1)
         extra = ()
     session = get_spark("local[2]", 2, extra)
     yield session
     session.stop()
+
+
+@pytest.fixture(params=["delta-rs", "delta-spark"])
+def apply_engine(request: pytest.FixtureRequest) -> Any:
+    """Runs the test once per apply engine; tests/harness.py (and helpers that ask it) commit with it.
+
+    A module opts in with ``pytestmark = pytest.mark.usefixtures("apply_engine")``: its semantics
+    must hold on both engines (issue 11).
+    """
+    from ingest.apply.delta_rs import DeltaRsEngine
+    from tests import harness
+
+    if request.param == "delta-rs":
+        engine: Any = DeltaRsEngine()
+    else:
+        from ingest.apply.delta_spark import DeltaSparkEngine
+
+        engine = DeltaSparkEngine(request.getfixturevalue("spark"))
+    harness.use_engine(engine)
+    yield engine
+    harness.use_engine(None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the delta-spark runs of a ``first_case_on_delta_spark`` test but its first case.
+
+    A delta-spark MERGE costs about 3 s on 2 cores; cases that differ only in the decode step or
+    the ordering rule (the same code on both engines) would cost minutes without testing the engine.
+    """
+    seen: set[str] = set()
+    keep, drop = [], []
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        sampled = item.get_closest_marker("first_case_on_delta_spark") is not None
+        if sampled and spec is not None and spec.params.get("apply_engine") == "delta-spark":
+            name = f"{item.path}::{item.originalname}"  # type: ignore[attr-defined]
+            if name in seen:
+                drop.append(item)
+                continue
+            seen.add(name)
+        keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.hookimpl(optionalhook=True)

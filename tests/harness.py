@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ingest.apply.commit import ApplyEngine
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.pipeline import BatchResult, process_batch
 from ingest.apply.tablestate import load_state
@@ -24,6 +25,19 @@ from ingest.config import TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.deltaio import open_table, read_all
 from ingest.paths import TablePaths
+
+#: The apply engine the harness commits with (``None``: process_batch's default, delta-rs); set by
+#: the ``apply_engine`` fixture (tests/conftest.py), which runs a module's tests on both engines.
+_ENGINE: list[ApplyEngine | None] = [None]
+
+
+def use_engine(engine: ApplyEngine | None) -> None:
+    _ENGINE[0] = engine
+
+
+def current_engine() -> ApplyEngine | None:
+    return _ENGINE[0]
+
 
 KAFKA_SCHEMA = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
@@ -77,7 +91,7 @@ def ingest_batch(spec: TableSpec, paths: TablePaths, topic: Topic, messages: lis
     raw = {(topic.name, m.partition, m.offset): (m.key, m.value, None) for m in messages}
     batch = MicroBatch.from_parts(parts, state, table=spec.name)
     return process_batch(spec, paths, batch, batch_id=batch_id, run_id="test", state=state,
-                         fetch_raw=lambda coords: {c: raw[c] for c in coords})
+                         fetch_raw=lambda coords: {c: raw[c] for c in coords}, engine=current_engine())
 
 
 def ingest_in_batches(spec: TableSpec, paths: TablePaths, topic: Topic, cuts: list[int]) -> list[BatchResult]:

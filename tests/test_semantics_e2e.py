@@ -12,17 +12,18 @@ from typer.testing import CliRunner
 
 from ingest.cli import app
 from ingest.config import load_config
-from ingest.deltaio import open_table, read_all
+from ingest.deltaio import has_deletion_vectors, open_table, read_all
 from tests.harness import flat, key, pg
 
 pytestmark = pytest.mark.spark
 
 
-def _config(tmp_path: Path) -> Path:
+def _config(tmp_path: Path, engine: str = "delta-rs") -> Path:
     path = tmp_path / "c.yaml"
     tables = [{"name": "hard", "topic": "app.hard"}, {"name": "soft", "topic": "app.soft", "delete_mode": "soft"},
               {"name": "flat", "topic": "app.flat"}, {"name": "resnap", "topic": "app.resnap"}]
-    path.write_text(yaml.safe_dump({"workdir": str(tmp_path), "source": {"value_format": "json"}, "tables": tables}))
+    path.write_text(yaml.safe_dump({"workdir": str(tmp_path), "source": {"value_format": "json"},
+                                    "target": {"engine": engine}, "tables": tables}))
     return path
 
 
@@ -45,8 +46,9 @@ def _live(config: Path, table: str) -> dict[int, str | None]:
     return {r["id"]: r.get("v") for r in read_all(delta).to_pylist() if not r["_cdc_deleted"]}
 
 
-def test_edges_through_produce_and_run(tmp_path, spark):
-    config = _config(tmp_path)
+@pytest.mark.parametrize("engine", ["delta-rs", "delta-spark"])
+def test_edges_through_produce_and_run(tmp_path, spark, engine):
+    config = _config(tmp_path, engine)
     # 1. The truncate (LSN 5, null key, partition 1) is ingested before the insert it follows (LSN 3).
     for topic in ("app.hard", "app.soft"):
         _produce(config, topic, [(1, None, pg("t", None, lsn=5))])
@@ -65,5 +67,8 @@ def test_edges_through_produce_and_run(tmp_path, spark):
     assert _live(config, "hard") == {} and _live(config, "soft") == {}
     assert _live(config, "flat") == {2: "b"}
     assert _live(config, "resnap") == {1: "re-read"}
+    # the engine asked for wrote the tables (delta-spark's with deletion vectors)
+    written = open_table(load_config(config).table_path("flat"))
+    assert has_deletion_vectors(written) == (engine == "delta-spark")
     status = CliRunner().invoke(app, ["query", "-c", str(config), "SELECT count(*) AS n FROM hard"])
     assert status.exit_code == 0, status.output

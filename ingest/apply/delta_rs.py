@@ -9,17 +9,15 @@
    its progress markers.
 
 delta-rs writes copy-on-write files (it cannot write deletion vectors): a MERGE rewrites every file
-that holds a touched key.
+that holds a touched key. It refuses a table with deletion vectors (see :data:`DELETION_VECTORS_REFUSED`).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,59 +25,22 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from ingest.apply import tombstones
+from ingest.apply.commit import CommitOutcome, CommitRequest, as_json, commit_info, state_metadata
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
-from ingest.apply.plan import TOAST_FLAG, MergePlan
-from ingest.apply.schema import SchemaPlan
-from ingest.apply.tablestate import BATCH_KEY, POSITION_FORMAT, STATE_KEY, TableState, app_id
+from ingest.apply.plan import TOAST_FLAG
+from ingest.apply.tablestate import STATE_KEY, TableState, app_id
 from ingest.deltaio import FRAMEWORK_COLUMNS, arrow_type, key_range, quote, read_all, sql_string
-from ingest.errors import CommitConflictError
+from ingest.errors import CommitConflictError, TableError
 from ingest.events import ColumnSpec
 from ingest.proof import faults
 
-
-@dataclass(slots=True)
-class CommitRequest:
-    """Everything an engine needs to commit one planned batch.
-
-    Attributes:
-        table: table name.
-        path: Delta table path.
-        tombstones_path: Delta table of remembered deletes (hard mode).
-        delete_mode: ``hard`` (live rows only) or ``soft`` (deleted rows flagged).
-        key_columns: primary-key columns.
-        schema: the table's user columns after this batch.
-        plan: the merge plan.
-        truncate: the batch's truncate position if it applies, else ``None``.
-        watermark: the latest truncate position the table will have seen after this commit.
-        offsets: last offset of the batch per ``(topic, partition)`` (progress markers).
-        flattened: whether the table's stream is known to be ``ExtractNewRecordState`` rows.
-        describe: builds the audit record stored in the commit info (``cdc.batch``) from the
-            outcome, just before the commit.
-    """
-
-    table: str
-    path: Path
-    tombstones_path: Path
-    delete_mode: Literal["hard", "soft"]
-    key_columns: tuple[str, ...]
-    schema: SchemaPlan
-    plan: MergePlan
-    truncate: str | None
-    watermark: str | None
-    offsets: dict[tuple[str, int], int]
-    flattened: bool | None
-    describe: Callable[[CommitOutcome], dict[str, Any]]
-
-
-@dataclass(slots=True)
-class CommitOutcome:
-    """What the commit did."""
-
-    committed: bool = False
-    delta_version: int | None = None
-    rows_truncated: int = 0
-    metrics: dict[str, Any] = field(default_factory=dict)
-    merge_ms: int = 0
+#: Why delta-rs stops at a table delta-spark wrote with deletion vectors, and the ways out.
+DELETION_VECTORS_REFUSED = (
+    "the table has deletion vectors (written by the delta-spark engine), which delta-rs can neither write nor "
+    "read; keep it on delta-spark (engine: delta-spark for this table), or remove them with Spark SQL first: "
+    "ALTER TABLE delta.`<path>` SET TBLPROPERTIES ('delta.enableDeletionVectors' = false), "
+    "REORG TABLE delta.`<path>` APPLY (PURGE), ALTER TABLE delta.`<path>` DROP FEATURE deletionVectors "
+    "(README: choosing an apply engine)")
 
 
 @dataclass(slots=True)
@@ -99,6 +60,8 @@ class DeltaRsEngine:
         """
         started = time.perf_counter()
         outcome = CommitOutcome()
+        if state.deletion_vectors:
+            raise TableError(request.table, DELETION_VECTORS_REFUSED)
         columns = request.schema.columns
         # A table the batch creates is written with its rows in one commit: a MERGE into an empty
         # table would cost a second commit and a join (200 new tables: 200 of each).
@@ -117,10 +80,7 @@ class DeltaRsEngine:
         props = CommitProperties(
             app_transactions=[Transaction(app_id(topic, partition), offset, int(time.time() * 1000))
                               for (topic, partition), offset in sorted(request.offsets.items())],
-            custom_metadata={
-                BATCH_KEY: json.dumps(request.describe(outcome)),
-                STATE_KEY: json.dumps(state_metadata(request.key_columns, request.watermark, request.flattened)),
-            },
+            custom_metadata=as_json(commit_info(request, state, outcome)),
         )
         faults.point("before-commit")
         if born:
@@ -147,24 +107,18 @@ class DeltaRsEngine:
         return outcome
 
 
-def state_metadata(key_columns: tuple[str, ...], watermark: str | None, flattened: bool | None) -> dict[str, Any]:
-    """The ``cdc.state`` a commit carries (read back by :func:`ingest.apply.tablestate.load_state`)."""
-    return {"primary_key": list(key_columns), "truncate_position": watermark, "position_format": POSITION_FORMAT,
-            "flattened": flattened}
-
-
 def _framework_schema() -> list[pa.Field]:
     return [pa.field(name, typ) for name, typ in FRAMEWORK_COLUMNS]
 
 
-def _table_schema(columns: list[ColumnSpec]) -> pa.Schema:
+def table_schema_of(columns: list[ColumnSpec]) -> pa.Schema:
     """The Delta table's schema: the source columns in their types, then the framework's."""
     return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in columns] + _framework_schema())
 
 
 def _create(request: CommitRequest, target_file_size: int) -> DeltaTable:
     return DeltaTable.create(
-        str(request.path), _table_schema(request.schema.columns), mode="ignore", name=request.table,
+        str(request.path), table_schema_of(request.schema.columns), mode="ignore", name=request.table,
         configuration={"delta.targetFileSize": str(target_file_size)},
         description=_description(request),
         commit_properties=CommitProperties(custom_metadata={STATE_KEY: json.dumps(
@@ -174,18 +128,8 @@ def _create(request: CommitRequest, target_file_size: int) -> DeltaTable:
 
 def _create_with_rows(request: CommitRequest, props: CommitProperties, target_file_size: int,
                       outcome: CommitOutcome, started: float) -> CommitOutcome:
-    """Create the table holding the batch's rows, progress and state in its first commit.
-
-    The rows are those the MERGE would insert into an empty table: every row of the plan's source,
-    less hard deletes (a key the table never held).
-    """
-    source = request.plan.source
-    if request.delete_mode == "hard" and source.num_rows:
-        source = source.filter(pc.invert(source["_cdc_deleted"]))
-    if request.key_columns:
-        source = source.sort_by([(k, "ascending") for k in request.key_columns])  # laid out by key, as MERGE
-    schema = _table_schema(request.schema.columns)
-    rows = pa.Table.from_arrays([source[f.name].cast(f.type) for f in schema], schema=schema)
+    """Create the table holding the batch's rows (:func:`initial_rows`), progress and state in its first commit."""
+    rows = initial_rows(request)
     try:
         write_deltalake(str(request.path), rows, mode="error", name=request.table, description=_description(request),
                         configuration={"delta.targetFileSize": str(target_file_size)},
@@ -197,6 +141,18 @@ def _create_with_rows(request: CommitRequest, props: CommitProperties, target_fi
     outcome.delta_version = 0
     outcome.merge_ms = int((time.perf_counter() - started) * 1000)
     return outcome
+
+
+def initial_rows(request: CommitRequest) -> pa.Table:
+    """The rows a new table starts with: those the MERGE would insert into an empty table -- every
+    row of the plan's source, less hard deletes (a key the table never held) -- laid out by key."""
+    source = request.plan.source
+    if request.delete_mode == "hard" and source.num_rows:
+        source = source.filter(pc.invert(source["_cdc_deleted"]))
+    if request.key_columns:
+        source = source.sort_by([(k, "ascending") for k in request.key_columns])
+    schema = table_schema_of(request.schema.columns)
+    return pa.Table.from_arrays([source[f.name].cast(f.type) for f in schema], schema=schema)
 
 
 def _description(request: CommitRequest) -> str:

@@ -31,7 +31,8 @@ import pyarrow.compute as pc
 
 from ingest import audit, quarantine
 from ingest.apply import tombstones
-from ingest.apply.delta_rs import CommitOutcome, CommitRequest, DeltaRsEngine
+from ingest.apply.commit import ApplyEngine, CommitOutcome, CommitRequest
+from ingest.apply.delta_rs import DeltaRsEngine
 from ingest.apply.kafka_tombstones import are_deletes, resolve
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.ordering import later_than_stored
@@ -110,7 +111,7 @@ def apply_parts(spec: TableSpec, paths: TablePaths, parts: Sequence[pa.RecordBat
 
 def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batch_id: int, run_id: str,
                   state: TableState | None = None, decode_ms: int = 0, gate: QualityGate | None = None,
-                  fetch_raw: RawFetch | None = None, engine: DeltaRsEngine | None = None,
+                  fetch_raw: RawFetch | None = None, engine: ApplyEngine | None = None,
                   replay: bool = False, defer_audit: bool = False) -> BatchResult:
     """Apply one table's micro-batch (see module docstring). Idempotent under replay.
 
@@ -182,13 +183,16 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
 
     # 6. Plan and commit.
     record.superseded = reduction.superseded
+    engine = engine or DeltaRsEngine()
     outcome = _commit(spec, paths, state, reduction, schema, tuple(key_columns or ()), record, batch,
-                      flattened, not replay, engine or DeltaRsEngine())
+                      flattened, not replay, engine)
     faults.point("after-delta-commit")
     record.status = "replayed" if replay else "committed" if outcome.committed else "nothing-to-commit"
     record.rows_truncated = outcome.rows_truncated
     record.delta_version = outcome.delta_version
     record.apply_ms = outcome.merge_ms
+    record.engine = engine.name
+    record.merge_metrics = json.dumps({k: v for k, v in sorted(outcome.metrics.items()) if isinstance(v, int | float)})
     record.total_ms = decode_ms + int((time.perf_counter() - t0) * 1000)
     record.finished_at = datetime.now(UTC)
     if (not replay or outcome.committed) and not defer_audit:
@@ -200,7 +204,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
 
 def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Reduction, schema: Any,
             key_columns: tuple[str, ...], record: AuditRecord, batch: MicroBatch, flattened: bool | None,
-            record_offsets: bool, engine: DeltaRsEngine) -> CommitOutcome:
+            record_offsets: bool, engine: ApplyEngine) -> CommitOutcome:
     _refuse_to_move_backwards(spec.name, batch, state, record_offsets)
     _check_position_format(spec.name, state)
     if state.table is None and not schema.columns and reduction.truncate is None:

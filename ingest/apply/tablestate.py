@@ -1,24 +1,30 @@
 """What a target table's Delta log says: user columns, primary key, applied offsets, truncate mark.
 
-Progress lives in the table (DESIGN 3.5): every CDC commit carries one Delta app transaction per
-topic-partition (``cdc:<topic>:<partition>`` -> last applied offset) and, in its commit info,
-``cdc.state`` (primary key and latest truncate position, carried forward) and ``cdc.batch`` (the audit record).
+Progress lives in the table (DESIGN 3.5). Every CDC commit carries, in its commit info, ``cdc.state``
+(primary key and latest truncate position, carried forward), ``cdc.offsets`` (the last applied offset
+of every topic-partition, carried forward) and ``cdc.batch`` (the audit record). delta-rs commits put
+them at the top of the commit info and also record one Delta app transaction per topic-partition
+(``cdc:<topic>:<partition>``); delta-spark commits hold them as one JSON object in the commit's
+``userMetadata`` and record one app transaction per table (``cdc:table:<table>``). Tables written
+before ``cdc.offsets`` existed have the app transactions only, and are read the same way.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable
 
-from ingest.deltaio import FRAMEWORK_NAMES, delta_type_name, open_table, table_schema
+from ingest.deltaio import FRAMEWORK_NAMES, delta_type_name, has_deletion_vectors, open_table, table_schema
 from ingest.events import ColumnSpec
 
 STATE_KEY = "cdc.state"
 BATCH_KEY = "cdc.batch"
+OFFSETS_KEY = "cdc.offsets"
+_CDC_KEYS = (STATE_KEY, BATCH_KEY, OFFSETS_KEY)
 #: How ``_cdc_position`` is encoded (:meth:`ingest.events.SourcePosition.encode`). 1: fixed-width
 #: hex of three 64-bit components; 2: variable-width components with Kafka fallback positions apart.
 POSITION_FORMAT = 2
@@ -28,6 +34,11 @@ _HISTORY_PAGE = 50
 def app_id(topic: str, partition: int) -> str:
     """Delta app-transaction id that records progress for one topic-partition."""
     return f"cdc:{topic}:{partition}"
+
+
+def table_app_id(table: str) -> str:
+    """Delta app-transaction id of a table's delta-spark commits (its version counts them)."""
+    return f"cdc:table:{table}"
 
 
 @dataclass(slots=True)
@@ -41,6 +52,8 @@ class TableState:
     position_format: int | None = None
     #: whether the stream is known to carry ``ExtractNewRecordState`` rows (``None``: not known yet).
     flattened: bool | None = None
+    #: ``cdc.offsets`` of the latest CDC commit: ``"<topic>:<partition>" -> offset``
+    offsets: dict[str, int] = field(default_factory=dict)
 
     @property
     def version(self) -> int | None:
@@ -50,7 +63,13 @@ class TableState:
         """Last offset of ``topic``/``partition`` applied to this table, from its app transactions."""
         if self.table is None:
             return None
-        return self.table.transaction_version(app_id(topic, partition))
+        recorded = self.offsets.get(f"{topic}:{partition}")
+        return recorded if recorded is not None else self.table.transaction_version(app_id(topic, partition))
+
+    @property
+    def deletion_vectors(self) -> bool:
+        """Whether the table's protocol has deletion vectors (delta-rs can then neither read nor write it)."""
+        return self.table is not None and has_deletion_vectors(self.table)
 
 
 def load_state(path: str | Path) -> TableState:
@@ -64,8 +83,9 @@ def load_state(path: str | Path) -> TableState:
     latest = latest_cdc_commit(table)
     state = latest.get(STATE_KEY, {}) if latest else {}
     key = tuple(state["primary_key"]) if state.get("primary_key") else None
+    offsets = {str(k): int(v) for k, v in (latest.get(OFFSETS_KEY) or {}).items()} if latest else {}
     return TableState(table, columns, key, state.get("truncate_position"), state.get("position_format"),
-                      state.get("flattened"))
+                      state.get("flattened"), offsets)
 
 
 def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:
@@ -74,8 +94,9 @@ def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:
     while True:
         history = table.history(limit)
         for commit in history:
-            if STATE_KEY in commit:
-                return _decoded(commit)
+            decoded = _decoded(commit)
+            if STATE_KEY in decoded:
+                return decoded
         if len(history) < limit:
             return None
         limit *= 4
@@ -83,13 +104,23 @@ def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:
 
 def cdc_commits(table: DeltaTable, *, since_version: int = -1) -> list[dict[str, Any]]:
     """Engine commits newer than ``since_version``, oldest first."""
-    out = [_decoded(c) for c in table.history() if BATCH_KEY in c and c.get("version", -1) > since_version]
+    decoded = (_decoded(c) for c in table.history())
+    out = [c for c in decoded if BATCH_KEY in c and c.get("version", -1) > since_version]
     return sorted(out, key=lambda c: c["version"])
 
 
 def _decoded(commit: dict[str, Any]) -> dict[str, Any]:
+    """The commit info with the CDC entries parsed, wherever the engine put them."""
     out = dict(commit)
-    for key in (STATE_KEY, BATCH_KEY):
+    user = out.get("userMetadata")
+    if isinstance(user, str) and user.startswith("{"):
+        try:
+            lifted = json.loads(user)
+        except ValueError:
+            lifted = None
+        if isinstance(lifted, dict):
+            out.update({k: v for k, v in lifted.items() if k in _CDC_KEYS})
+    for key in _CDC_KEYS:
         if isinstance(out.get(key), str):
             out[key] = json.loads(out[key])
     return out

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from ingest import quarantine
+from ingest.apply.engines import Engines
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.pipeline import process_batch
 from ingest.apply.tablestate import TableState, load_state
@@ -109,7 +110,7 @@ def replay_quarantine(config: IngestConfig, table: str, *, stage: str | None = N
     gate = QualityGate.for_table(config, spec) if recheck and spec.expectations else None
     replay_spec = spec if gate is not None else spec.model_copy(update={"expectations": None})
     result = process_batch(replay_spec, paths, batch, batch_id=REPLAY_BATCH, run_id=run_id, state=state, gate=gate,
-                           replay=True)
+                           engine=Engines(config).for_table(spec), replay=True)
     report.quality = result.quality or QualityReport()
     report.record = result.record
     stage_of = {(r["topic"], r["partition"], r["offset"]): r["stage"] for r in picked}

@@ -9,13 +9,16 @@ import pytest
 
 from ingest import audit, quarantine
 from ingest.apply.pipeline import apply_parts
-from ingest.apply.tablestate import BATCH_KEY, app_id, cdc_commits
+from ingest.apply.tablestate import BATCH_KEY, OFFSETS_KEY, app_id, cdc_commits, load_state, table_app_id
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all
 from ingest.errors import SchemaIncompatibleError
 from ingest.events import UNAVAILABLE, ColumnSpec, ControlRecord
 from ingest.paths import TablePaths
 from tests.factories import COLUMNS, change, decoded_rows
+from tests.harness import current_engine
+
+pytestmark = pytest.mark.usefixtures("apply_engine")
 
 
 def paths_in(tmp_path: Path, name: str = "customers") -> TablePaths:
@@ -31,7 +34,7 @@ def live(paths: TablePaths) -> dict[int, dict]:
 
 def apply(spec, paths, items, *, first_offset=0, batch_id=0, partition=0):
     return apply_parts(spec, paths, decoded_rows(items, first_offset=first_offset, partition=partition),
-                         batch_id=batch_id, run_id="test")
+                       batch_id=batch_id, run_id="test", engine=current_engine())
 
 
 HARD = TableSpec(name="customers", topic="t")
@@ -141,13 +144,23 @@ def test_replay_of_applied_range_changes_nothing(tmp_path):
     assert table.version() == version and sorted(table.file_uris()) == files
 
 
-def test_progress_and_audit_live_in_the_commit(tmp_path):
+def test_progress_and_audit_live_in_the_commit(tmp_path, apply_engine):
     paths = paths_in(tmp_path)
     rec = apply(HARD, paths, [change("c", 1, 10), change("c", 2, 11)], first_offset=40, partition=2).record
+    rec2 = apply(HARD, paths, [change("u", 1, 12)], first_offset=0, partition=0, batch_id=1).record
     table = open_table(paths.table)
-    assert table.transaction_version(app_id("t", 2)) == 41
     (commit,) = [c for c in cdc_commits(table) if c["version"] == rec.delta_version]
     assert commit[BATCH_KEY]["inserted"] == 2 and commit[BATCH_KEY]["received"] == 2
+    (second,) = [c for c in cdc_commits(table) if c["version"] == rec2.delta_version]
+    assert second[OFFSETS_KEY] == {"t:0": 0, "t:2": 41}  # carried forward, both partitions
+    state = load_state(paths.table)
+    assert state.applied_offset("t", 2) == 41 and state.applied_offset("t", 0) == 0
+    if apply_engine.name == "delta-rs":  # one app transaction per partition
+        assert table.transaction_version(app_id("t", 2)) == 41 and table.transaction_version(app_id("t", 0)) == 0
+        assert table.transaction_version(table_app_id("customers")) is None
+    else:  # delta-spark: one per table, counting its commits
+        assert table.transaction_version(table_app_id("customers")) == 2
+        assert table.transaction_version(app_id("t", 2)) is None
 
 
 def test_batch_with_nothing_to_change_still_records_progress(tmp_path):
@@ -155,7 +168,7 @@ def test_batch_with_nothing_to_change_still_records_progress(tmp_path):
     apply(HARD, paths, [change("c", 1, 10)])
     rec = apply(HARD, paths, [ControlRecord("heartbeat"), change("c", 1, 10)], first_offset=1, batch_id=1).record
     assert rec.skipped == 1 and rec.stale == 1 and rec.balanced
-    assert open_table(paths.table).transaction_version(app_id("t", 0)) == 2
+    assert load_state(paths.table).applied_offset("t", 0) == 2
 
 
 def test_undecodable_messages_are_quarantined_and_balance_holds(tmp_path):

@@ -1,0 +1,117 @@
+"""The apply engines' contract: one planned batch in, one atomic Delta commit out (DESIGN 3.4, 3.5).
+
+Two engines implement :class:`ApplyEngine`: :class:`~ingest.apply.delta_rs.DeltaRsEngine` (delta-rs
+on the driver, copy-on-write files) and :class:`~ingest.apply.delta_spark.DeltaSparkEngine`
+(delta-spark's MERGE as Spark jobs, deletion vectors). Whatever the engine, a CDC commit carries in
+its commit info:
+
+* ``cdc.batch``: the batch's audit record (:mod:`ingest.audit` restores lost audit rows from it);
+* ``cdc.state``: primary key, latest truncate position, position format, flattened-ness;
+* ``cdc.offsets``: the last applied offset of every topic-partition the table has seen, carried
+  forward from commit to commit (``"<topic>:<partition>" -> offset``).
+
+delta-rs also records each partition's offset as its own Delta app transaction
+(``cdc:<topic>:<partition>``). delta-spark's MERGE records one app transaction per commit, so it
+records ``cdc:table:<table>`` with a version one above the last, and the offsets travel in
+``cdc.offsets`` of the same commit. :class:`~ingest.apply.tablestate.TableState` reads both, so either
+engine continues a table the other wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from ingest.apply.plan import MergePlan
+from ingest.apply.schema import SchemaPlan
+from ingest.apply.tablestate import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_KEY, TableState
+
+
+@dataclass(slots=True)
+class CommitRequest:
+    """Everything an engine needs to commit one planned batch.
+
+    Attributes:
+        table: table name.
+        path: Delta table path.
+        tombstones_path: Delta table of remembered deletes (hard mode).
+        delete_mode: ``hard`` (live rows only) or ``soft`` (deleted rows flagged).
+        key_columns: primary-key columns.
+        schema: the table's user columns after this batch.
+        plan: the merge plan.
+        truncate: the batch's truncate position if it applies, else ``None``.
+        watermark: the latest truncate position the table will have seen after this commit.
+        offsets: last offset of the batch per ``(topic, partition)`` (progress markers).
+        flattened: whether the table's stream is known to be ``ExtractNewRecordState`` rows.
+        describe: builds the audit record stored in the commit info (``cdc.batch``) from the
+            outcome, just before the commit.
+    """
+
+    table: str
+    path: Path
+    tombstones_path: Path
+    delete_mode: Literal["hard", "soft"]
+    key_columns: tuple[str, ...]
+    schema: SchemaPlan
+    plan: MergePlan
+    truncate: str | None
+    watermark: str | None
+    offsets: dict[tuple[str, int], int]
+    flattened: bool | None
+    describe: Callable[[CommitOutcome], dict[str, Any]]
+
+
+@dataclass(slots=True)
+class CommitOutcome:
+    """What the commit did."""
+
+    committed: bool = False
+    delta_version: int | None = None
+    rows_truncated: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    merge_ms: int = 0
+
+
+class ApplyEngine(Protocol):
+    """Commits planned batches to Delta tables."""
+
+    name: str
+
+    def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
+        """Apply ``request`` in one commit (see the module docstring for what it records).
+
+        Raises:
+            CommitConflictError: another writer committed to the table at the same time.
+            TableError: the table cannot take the batch (a key column, a protocol the engine cannot write).
+        """
+        ...
+
+
+def state_metadata(key_columns: tuple[str, ...], watermark: str | None, flattened: bool | None) -> dict[str, Any]:
+    """The ``cdc.state`` a commit carries (read back by :func:`ingest.apply.tablestate.load_state`)."""
+    return {"primary_key": list(key_columns), "truncate_position": watermark, "position_format": POSITION_FORMAT,
+            "flattened": flattened}
+
+
+def offsets_metadata(state: TableState, offsets: dict[tuple[str, int], int]) -> dict[str, int]:
+    """The ``cdc.offsets`` a commit carries: what the table recorded, moved on by the batch's offsets."""
+    merged = dict(state.offsets)
+    merged.update({f"{topic}:{partition}": offset for (topic, partition), offset in offsets.items()})
+    return dict(sorted(merged.items()))
+
+
+def commit_info(request: CommitRequest, state: TableState, outcome: CommitOutcome) -> dict[str, Any]:
+    """The CDC entries of a commit's info (``cdc.batch``, ``cdc.state``, ``cdc.offsets``)."""
+    return {
+        BATCH_KEY: request.describe(outcome),
+        STATE_KEY: state_metadata(request.key_columns, request.watermark, request.flattened),
+        OFFSETS_KEY: offsets_metadata(state, request.offsets),
+    }
+
+
+def as_json(entries: dict[str, Any]) -> dict[str, str]:
+    """Commit-info entries as delta-rs stores them: one JSON string per entry."""
+    return {key: json.dumps(value) for key, value in entries.items()}
