@@ -310,6 +310,7 @@ def torture(
     workdir: Annotated[Path | None, typer.Option(help="fresh directory (default: a new one under /tmp)")] = None,
     damage: Annotated[float, typer.Option(help="chance of damaging a Spark checkpoint before a restart")] = 0.2,
     value_format: Annotated[str, typer.Option("--format", help="avro or json")] = "avro",
+    engine: Annotated[str, typer.Option(help="apply engine of the killed runs: delta-rs or delta-spark")] = "delta-rs",
     stack: Annotated[bool, typer.Option(
         "--stack", help="on the real stack: PostgreSQL under load, `ingest run --continuous`, faults: ingest "
         "SIGKILLs and broker, Connect, registry and PostgreSQL restarts; verified against PostgreSQL")] = False,
@@ -338,8 +339,8 @@ def torture(
     where = workdir or Path(tempfile.mkdtemp(prefix="cdc-torture-"))
     spec = TortureSpec(workdir=where, seed=seed, kills=kills, events=events, batch=batch,
                        value_format=value_format, damage_probability=damage,  # type: ignore[arg-type]
-                       extra_tables=tables - 3)
-    console.rule(f"torture: seed {seed}, {kills} kills")
+                       extra_tables=tables - 3, engine=engine)  # type: ignore[arg-type]
+    console.rule(f"torture: seed {seed}, {kills} kills, engine {engine}")
     result = Torture(spec, say=lambda line: console.print(line, markup=False, highlight=False)).run()
     c = result.consistency
     out = Table(title=f"torture seed {seed} in {where}")

@@ -39,7 +39,7 @@ from typing import Literal
 import yaml
 
 from ingest.apply.tablestate import load_state
-from ingest.config import IngestConfig, load_config
+from ingest.config import EngineName, IngestConfig, load_config
 from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.discovery import discovered
 from ingest.proof.consistency import ConsistencyReport, check
@@ -69,6 +69,7 @@ class TortureSpec:
         tables: which of the simulated tables to ingest (``orders`` carries the widenings).
         extra_tables: extra tables ``ledger_001`` ... in the workload, not listed in the config but
             found by ``discover.topic_pattern`` as the run sees their topics: a whole-database run.
+        engine: the apply engine (``target.engine``) the killed runs commit with.
     """
 
     workdir: Path
@@ -84,6 +85,7 @@ class TortureSpec:
     run_timeout: float = 900.0
     tables: tuple[str, ...] = ("customers", "products", "orders")
     extra_tables: int = 0
+    engine: EngineName = "delta-rs"
 
 
 @dataclass(slots=True)
@@ -271,6 +273,7 @@ def _config(spec: TortureSpec) -> dict[str, object]:
         "workdir": ".",
         "source": {"kind": "embedded", "value_format": spec.value_format, "max_records_per_batch": spec.batch},
         "spark": {"master": "local[2]", "shuffle_partitions": 2},
+        "target": {"engine": spec.engine},
         "tables": [t for t in (
             {"name": "customers", "topic": f"{prefix}.customers", "delete_mode": "hard"},
             {"name": "products", "topic": f"{prefix}.products", "delete_mode": "soft"},
