@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 
 from ingest.apply import tombstones
 from ingest.apply.commit import CommitOutcome, CommitRequest, commit_info, state_metadata
@@ -156,8 +156,7 @@ class DeltaSparkEngine:
         """Create the table holding the batch's rows (:func:`~ingest.apply.delta_rs.initial_rows`)."""
         from pyspark.errors import AnalysisException
 
-        rows = initial_rows(request)
-        frame = spark.createDataFrame(rows if rows.num_rows else rows.schema.empty_table())
+        frame = _frame(spark, initial_rows(request))
         writer = frame.write.format("delta").mode("error")
         if self.deletion_vectors:
             writer = writer.option("delta.enableDeletionVectors", "true")
@@ -196,6 +195,19 @@ class DeltaSparkEngine:
 
 def _arrow(column: ColumnSpec) -> pa.DataType:
     return arrow_type(column.type)
+
+
+def _frame(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """``table`` as a DataFrame whose types are the Delta types the columns stand for.
+
+    The schema is explicit: left to itself, pyspark reads a timestamp without time zone as Spark's
+    ``timestamp`` (``spark.sql.timestampType``), and a ``timestamp_ntz`` column would change type.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    # pyspark cannot convert a column of no chunks (a truncate-only batch has no rows): give it one
+    rows = table if table.num_rows else table.schema.empty_table()
+    return spark.createDataFrame(rows, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
 
 
 @contextmanager
@@ -252,8 +264,7 @@ def _merge(spark: SparkSession, request: CommitRequest, columns: list[ColumnSpec
         on = f"{bounds} AND {on}" if bounds else on
     removed_by_truncate = later_than_stored_sql(string(truncate), "t._cdc_position") if truncate else ""
 
-    # pyspark cannot convert a column of no chunks (a truncate-only batch has no rows): give it one
-    frame = spark.createDataFrame(source if source.num_rows else source.schema.empty_table())
+    frame = _frame(spark, source)
     merger = DeltaTable.forPath(spark, str(request.path)).alias("t").merge(frame.alias("s"), on or "false")
     if request.delete_mode == "hard":
         merger = (merger.whenMatchedDelete(f"s._cdc_deleted AND {newer}")

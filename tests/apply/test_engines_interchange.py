@@ -6,6 +6,8 @@ The way back from deletion vectors is refused with the way out named (issue 11, 
 from __future__ import annotations
 
 import json
+from datetime import UTC, date, datetime
+from decimal import Decimal
 
 import pytest
 
@@ -15,8 +17,9 @@ from ingest.apply.delta_spark import DeltaSparkEngine
 from ingest.apply.pipeline import apply_parts
 from ingest.apply.tablestate import load_state
 from ingest.config import TableSpec
-from ingest.deltaio import has_deletion_vectors, open_table, read_all
+from ingest.deltaio import has_deletion_vectors, open_table, read_all, table_schema
 from ingest.errors import TableError
+from ingest.events import ColumnSpec
 from tests.factories import change, decoded_rows
 from tests.harness import paths_in
 
@@ -110,3 +113,28 @@ def test_maintenance_compacts_and_vacuums_a_table_with_deletion_vectors(tmp_path
     assert len(table.file_uris()) == 1 and report.version_after > report.version_before
     assert _live(paths) == before == _spark_live(spark, paths.table)
     assert load_state(paths.table).applied_offset("t", 0) == 23  # maintenance commits keep the progress
+
+
+TYPED = (ColumnSpec("id", "integer", False), ColumnSpec("b", "byte"), ColumnSpec("s", "short"),
+         ColumnSpec("l", "long"), ColumnSpec("f", "float"), ColumnSpec("d", "double"), ColumnSpec("ok", "boolean"),
+         ColumnSpec("bin", "binary"), ColumnSpec("day", "date"), ColumnSpec("at", "timestamp"),
+         ColumnSpec("local", "timestamp_ntz"), ColumnSpec("amount", "decimal(12,2)"), ColumnSpec("name", "string"))
+
+
+def test_every_column_type_keeps_its_type_and_values_on_both_engines(tmp_path, spark):
+    """Caught by the delta-spark torture: a timestamp without time zone must stay timestamp_ntz."""
+    values = {"b": 7, "s": -300, "l": 2**40, "f": 1.5, "d": 2.25, "ok": True, "bin": b"\x00\xff",
+              "day": date(2024, 2, 29), "at": datetime(2024, 6, 3, 8, 8, 57, 389000, tzinfo=UTC),
+              "local": datetime(2024, 6, 3, 10, 8, 57, 389000), "amount": Decimal("20214.74")}
+    tables = {}
+    for engine in (DeltaRsEngine(), DeltaSparkEngine(spark)):
+        paths = paths_in(tmp_path / engine.name, "customers")
+        _apply(engine, paths, [change("c", 1, 10, columns=TYPED, extra=values)], first_offset=0, batch_id=0)
+        _apply(engine, paths, [change("u", 1, 11, columns=TYPED, extra={**values, "name": "second"}),
+                               change("c", 2, 12, columns=TYPED, extra=values)], first_offset=1, batch_id=1)
+        table = open_table(paths.table)
+        tables[engine.name] = (table_schema(table), read_all(table).sort_by("id").select([c.name for c in TYPED]))
+    (rs_schema, rs_rows), (ds_schema, ds_rows) = tables["delta-rs"], tables["delta-spark"]
+    assert [(f.name, f.type) for f in ds_schema] == [(f.name, f.type) for f in rs_schema]
+    assert ds_rows.to_pylist() == rs_rows.to_pylist()
+    assert ds_rows.to_pylist()[0] == {"id": 1, **values, "name": "second"}
