@@ -60,7 +60,8 @@ class TableState:
         return self.table.version() if self.table is not None else None
 
     def applied_offset(self, topic: str, partition: int) -> int | None:
-        """Last offset of ``topic``/``partition`` applied to this table, from its app transactions."""
+        """Last offset of ``topic``/``partition`` applied to this table: from ``cdc.offsets`` of its latest
+        CDC commit, else (a partition that commit does not name) from the partition's app transaction."""
         if self.table is None:
             return None
         recorded = self.offsets.get(f"{topic}:{partition}")
