@@ -21,10 +21,11 @@ truncate mark), so clean-up runs only while that commit is younger than the rete
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from deltalake import CommitProperties, DeltaTable
 
@@ -34,6 +35,9 @@ from ingest.apply.tombstones import purge as purge_tombstones
 from ingest.config import IngestConfig, TableSpec
 from ingest.deltaio import has_deletion_vectors, open_table
 from ingest.paths import TablePaths
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 MAINTENANCE_KEY = "cdc.maintenance"
 _DEFAULT_LOG_RETENTION = timedelta(days=30)
@@ -83,8 +87,11 @@ class TableMaintenance:
 
 
 def maintain(path: Path, options: MaintenanceOptions, *, key_columns: tuple[str, ...] | None = None,
-             now: datetime | None = None) -> TableMaintenance:
-    """Compact, vacuum, checkpoint and clean up one Delta table (any table, CDC or not)."""
+             now: datetime | None = None, spark: Callable[[], SparkSession] | None = None) -> TableMaintenance:
+    """Compact, vacuum, checkpoint and clean up one Delta table (any table, CDC or not).
+
+    ``spark`` gives the session for a table with deletion vectors (default: a local one).
+    """
     report = TableMaintenance(str(path))
     table = open_table(path)
     if table is None:
@@ -93,7 +100,7 @@ def maintain(path: Path, options: MaintenanceOptions, *, key_columns: tuple[str,
     now = now or datetime.now(UTC)
     report.version_before = table.version()
     if has_deletion_vectors(table):
-        return _maintain_with_spark(table, options, key_columns, report)
+        return _maintain_with_spark(table, options, key_columns, report, spark or _local_session)
     commit = CommitProperties(custom_metadata={MAINTENANCE_KEY: options.layout})
     target = options.target_file_size_mb * 1024 * 1024
     metrics: dict[str, Any] = {}
@@ -118,15 +125,20 @@ def maintain(path: Path, options: MaintenanceOptions, *, key_columns: tuple[str,
     return report
 
 
+def _local_session() -> SparkSession:
+    from ingest.spark import get_spark, session_conf
+
+    return get_spark("local[2]", 2, tuple(sorted(session_conf(["delta-spark"], {}).items())))
+
+
 def _maintain_with_spark(table: DeltaTable, options: MaintenanceOptions, key_columns: tuple[str, ...] | None,
-                         report: TableMaintenance) -> TableMaintenance:
+                         report: TableMaintenance, session: Callable[[], SparkSession]) -> TableMaintenance:
     """:func:`maintain` for a table delta-rs cannot write: delta-spark's OPTIMIZE and VACUUM."""
     import json
 
     from ingest.apply.delta_spark import ident
-    from ingest.spark import get_spark, session_conf
 
-    spark = get_spark("local[2]", 2, tuple(sorted(session_conf(["delta-spark"], {}).items()))).newSession()
+    spark = session().newSession()  # its settings stay its own
     spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(options.target_file_size_mb * 1024 * 1024))
     # As delta-rs's vacuum here: the retention asked for is the user's choice, even below 7 days.
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
@@ -170,7 +182,10 @@ def maintain_cdc_table(config: IngestConfig, spec: TableSpec, options: Maintenan
     held = locks.acquire_all(config.tables_root, [spec.name])
     try:
         state = load_state(paths.table)
-        report = maintain(paths.table, options, key_columns=state.key_columns, now=now)
+        from ingest.spark import session_for
+
+        report = maintain(paths.table, options, key_columns=state.key_columns, now=now,
+                          spark=lambda: session_for(config))  # the configuration's master and settings
         report.tombstones_purged = purge_tombstones(paths.tombstones, now - spec.tombstone_retention)
         stones = maintain(paths.tombstones, options, key_columns=state.key_columns, now=now)
     finally:
