@@ -142,6 +142,9 @@ class TargetSpec(_Model):
     deletion_vectors: bool = Field(
         True, description="delta-spark: tables it creates write deletion vectors (a MERGE marks rows deleted "
         "instead of rewriting their files); delta-rs can then no longer write or read them, polars and Spark can")
+    change_data_feed: bool = Field(
+        True, description="tables the engine creates record Delta's change data feed (delta.enableChangeDataFeed): "
+        "`ingest changes` and downstream readers get each commit's inserts, update pre/post images and deletes")
 
 
 class TableSpec(_Model):

@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ingest.apply import tombstones
 from ingest.apply.plan import MergePlan
 from ingest.apply.schema import SchemaPlan
 from ingest.apply.tablestate import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_KEY, TableState
+from ingest.proof import faults
 
 
 @dataclass(slots=True)
@@ -88,6 +90,28 @@ class ApplyEngine(Protocol):
             TableError: the table cannot take the batch (a key column, a protocol the engine cannot write).
         """
         ...
+
+
+def creates_with_rows(request: CommitRequest, state: TableState) -> bool:
+    """Whether the batch creates its table and writes its rows in the same commit.
+
+    A MERGE into an empty table would cost a second commit and a join; a batch that truncates or
+    widens needs the table first.
+    """
+    return state.table is None and not request.truncate and not request.schema.widened
+
+
+def remember_deletes(request: CommitRequest) -> None:
+    """Record the batch's deletes as tombstones before the commit (hard-delete mode only).
+
+    Written first, so a crash between the two leaves tombstones the replay rewrites, never a
+    delete without its tombstone.
+    """
+    if request.delete_mode != "hard":
+        return
+    key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
+    tombstones.record(request.tombstones_path, request.table, request.key_columns, key_types, request.plan.deletes)
+    faults.point("after-tombstones")
 
 
 def state_metadata(key_columns: tuple[str, ...], watermark: str | None, flattened: bool | None) -> dict[str, Any]:

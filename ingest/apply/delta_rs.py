@@ -24,8 +24,15 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from ingest.apply import tombstones
-from ingest.apply.commit import CommitOutcome, CommitRequest, as_json, commit_info, state_metadata
+from ingest.apply.commit import (
+    CommitOutcome,
+    CommitRequest,
+    as_json,
+    commit_info,
+    creates_with_rows,
+    remember_deletes,
+    state_metadata,
+)
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
 from ingest.apply.plan import TOAST_FLAG
 from ingest.apply.tablestate import STATE_KEY, TableState, app_id
@@ -49,7 +56,16 @@ class DeltaRsEngine:
 
     #: bytes of the Parquet files a new table's writes aim at (its ``delta.targetFileSize``)
     target_file_size: int = 64 * 1024 * 1024
+    #: tables this engine creates record the change data feed
+    change_data_feed: bool = True
     name: str = "delta-rs"
+
+    def _properties(self) -> dict[str, str]:
+        """The table properties of the tables this engine creates."""
+        out = {"delta.targetFileSize": str(self.target_file_size)}
+        if self.change_data_feed:
+            out["delta.enableChangeDataFeed"] = "true"
+        return out
 
     def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
         """Apply ``request`` in one commit.
@@ -63,20 +79,14 @@ class DeltaRsEngine:
         if state.deletion_vectors:
             raise TableError(request.table, DELETION_VECTORS_REFUSED)
         columns = request.schema.columns
-        # A table the batch creates is written with its rows in one commit: a MERGE into an empty
-        # table would cost a second commit and a join (200 new tables: 200 of each).
-        born = state.table is None and not request.truncate and not request.schema.widened
-        table = state.table if state.table is not None or born else _create(request, self.target_file_size)
+        born = creates_with_rows(request, state)
+        table = state.table if state.table is not None or born else _create(request, self._properties())
         if request.schema.widened:
             assert table is not None  # a widening has a table to widen (so the batch did not create it)
             faults.point("before-widen")
             table = _widen(table, columns, request.schema.describe())
             faults.point("after-widen")
-        if request.delete_mode == "hard":
-            key_types = {c.name: c.type for c in columns if c.name in request.key_columns}
-            tombstones.record(request.tombstones_path, request.table, request.key_columns, key_types,
-                              request.plan.deletes)
-            faults.point("after-tombstones")
+        remember_deletes(request)
         props = CommitProperties(
             app_transactions=[Transaction(app_id(topic, partition), offset, int(time.time() * 1000))
                               for (topic, partition), offset in sorted(request.offsets.items())],
@@ -84,7 +94,7 @@ class DeltaRsEngine:
         )
         faults.point("before-commit")
         if born:
-            return _create_with_rows(request, props, self.target_file_size, outcome, started)
+            return _create_with_rows(request, props, self._properties(), self.target_file_size, outcome, started)
         assert table is not None
         before = table.version()
         try:
@@ -92,8 +102,10 @@ class DeltaRsEngine:
             if request.plan.source.num_rows or (request.truncate and state.columns):
                 metrics = _merge(table, request, columns, props)
                 outcome.metrics = metrics
+                # The MERGE's own counts include the source's matches; what is left is the truncate's.
                 outcome.rows_truncated = max(0, metrics.get("num_target_rows_deleted", 0)
-                                             - request.plan.matched_deletes)
+                                             - request.plan.matched_deletes) if request.delete_mode == "hard" else \
+                    max(0, metrics.get("num_target_rows_updated", 0) - request.plan.matched_updates)
                 table.update_incremental()
             if table.version() == before:
                 # MERGE writes no commit when it changes nothing; progress must still be recorded.
@@ -116,24 +128,23 @@ def table_schema_of(columns: list[ColumnSpec]) -> pa.Schema:
     return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in columns] + _framework_schema())
 
 
-def _create(request: CommitRequest, target_file_size: int) -> DeltaTable:
+def _create(request: CommitRequest, properties: dict[str, str]) -> DeltaTable:
     return DeltaTable.create(
         str(request.path), table_schema_of(request.schema.columns), mode="ignore", name=request.table,
-        configuration={"delta.targetFileSize": str(target_file_size)},
+        configuration=properties,
         description=_description(request),
         commit_properties=CommitProperties(custom_metadata={STATE_KEY: json.dumps(
             state_metadata(request.key_columns, None, request.flattened))}),
     )
 
 
-def _create_with_rows(request: CommitRequest, props: CommitProperties, target_file_size: int,
-                      outcome: CommitOutcome, started: float) -> CommitOutcome:
+def _create_with_rows(request: CommitRequest, props: CommitProperties, properties: dict[str, str],
+                      target_file_size: int, outcome: CommitOutcome, started: float) -> CommitOutcome:
     """Create the table holding the batch's rows (:func:`initial_rows`), progress and state in its first commit."""
     rows = initial_rows(request)
     try:
         write_deltalake(str(request.path), rows, mode="error", name=request.table, description=_description(request),
-                        configuration={"delta.targetFileSize": str(target_file_size)},
-                        target_file_size=target_file_size, commit_properties=props)
+                        configuration=properties, target_file_size=target_file_size, commit_properties=props)
     except (CommitFailedError, DeltaError) as exc:  # another writer created it first
         raise CommitConflictError(request.table, f"creating the table failed, another writer was first: {exc}"
                                   ) from exc

@@ -32,8 +32,14 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 
-from ingest.apply import tombstones
-from ingest.apply.commit import CommitOutcome, CommitRequest, commit_info, state_metadata
+from ingest.apply.commit import (
+    CommitOutcome,
+    CommitRequest,
+    commit_info,
+    creates_with_rows,
+    remember_deletes,
+    state_metadata,
+)
 from ingest.apply.delta_rs import initial_rows, table_schema_of
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
 from ingest.apply.plan import TOAST_FLAG
@@ -72,6 +78,8 @@ class DeltaSparkEngine:
     spark: SparkSession
     #: tables this engine creates write deletion vectors
     deletion_vectors: bool = True
+    #: tables this engine creates record the change data feed
+    change_data_feed: bool = True
     name: str = "delta-spark"
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
@@ -100,9 +108,7 @@ class DeltaSparkEngine:
         path = str(request.path)
         columns = request.schema.columns
         app = table_app_id(request.table)
-        # A table the batch creates is written with its rows in one commit (as delta-rs does): a
-        # MERGE into an empty table would cost a second commit and a dozen Spark jobs.
-        born = state.table is None and not request.truncate and not request.schema.widened
+        born = creates_with_rows(request, state)
         try:
             if state.table is None and not born:
                 self._create(spark, request)
@@ -112,11 +118,7 @@ class DeltaSparkEngine:
                 faults.point("before-widen")
                 _widen(spark, path, columns, request.schema.describe())
                 faults.point("after-widen")
-            if request.delete_mode == "hard":
-                key_types = {c.name: c.type for c in columns if c.name in request.key_columns}
-                tombstones.record(request.tombstones_path, request.table, request.key_columns, key_types,
-                                  request.plan.deletes)
-                faults.point("after-tombstones")
+            remember_deletes(request)
             existing = open_table(path)
             before = existing.version() if existing is not None else -1
             txn = 1 + ((existing.transaction_version(app) or 0) if existing is not None else 0)
@@ -152,14 +154,23 @@ class DeltaSparkEngine:
         outcome.merge_ms = int((time.perf_counter() - started) * 1000)
         return outcome
 
+    def _properties(self) -> dict[str, str]:
+        """The table properties of the tables this engine creates."""
+        out = {}
+        if self.deletion_vectors:
+            out["delta.enableDeletionVectors"] = "true"
+        if self.change_data_feed:
+            out["delta.enableChangeDataFeed"] = "true"
+        return out
+
     def _write_new(self, spark: SparkSession, request: CommitRequest) -> None:
         """Create the table holding the batch's rows (:func:`~ingest.apply.delta_rs.initial_rows`)."""
         from pyspark.errors import AnalysisException
 
         frame = _frame(spark, initial_rows(request))
         writer = frame.write.format("delta").mode("error")
-        if self.deletion_vectors:
-            writer = writer.option("delta.enableDeletionVectors", "true")
+        for key, value in self._properties().items():
+            writer = writer.option(key, value)
         try:
             writer.save(str(request.path))
         except AnalysisException as exc:
@@ -175,8 +186,8 @@ class DeltaSparkEngine:
         builder = (DeltaTable.createIfNotExists(spark).location(str(request.path))
                    .addColumns(from_arrow_schema(table_schema_of(request.schema.columns)))
                    .comment(f"CDC target table {request.table} (primary key {', '.join(request.key_columns)})"))
-        if self.deletion_vectors:
-            builder = builder.property("delta.enableDeletionVectors", "true")
+        for key, value in self._properties().items():
+            builder = builder.property(key, value)
         state = {STATE_KEY: state_metadata(request.key_columns, None, request.flattened)}
         with _markers(spark, None, None, json.dumps(state)):
             builder.execute()

@@ -29,8 +29,9 @@ def build(name: EngineName, config: IngestConfig) -> ApplyEngine:
     """A new engine of kind ``name`` with the configuration's target settings."""
     size = config.target.target_file_size_mb * 1024 * 1024
     if name == "delta-rs":
-        return DeltaRsEngine(target_file_size=size)
+        return DeltaRsEngine(target_file_size=size, change_data_feed=config.target.change_data_feed)
     from ingest.apply.delta_spark import DeltaSparkEngine
     from ingest.spark import session_for
 
-    return DeltaSparkEngine(session_for(config), deletion_vectors=config.target.deletion_vectors)
+    return DeltaSparkEngine(session_for(config), deletion_vectors=config.target.deletion_vectors,
+                            change_data_feed=config.target.change_data_feed)

@@ -184,6 +184,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     # 6. Plan and commit.
     record.superseded = reduction.superseded
     engine = engine or DeltaRsEngine()
+    record.engine = engine.name  # before the commit: the commit info carries the record
     outcome = _commit(spec, paths, state, reduction, schema, tuple(key_columns or ()), record, batch,
                       flattened, not replay, engine)
     faults.point("after-delta-commit")
@@ -191,7 +192,6 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     record.rows_truncated = outcome.rows_truncated
     record.delta_version = outcome.delta_version
     record.apply_ms = outcome.merge_ms
-    record.engine = engine.name
     record.merge_metrics = json.dumps({k: v for k, v in sorted(outcome.metrics.items()) if isinstance(v, int | float)})
     record.total_ms = decode_ms + int((time.perf_counter() - t0) * 1000)
     record.finished_at = datetime.now(UTC)

@@ -40,6 +40,8 @@ class MergePlan:
         toast_unknown: rows written with a column whose value is unknown.
         matched_deletes: hard deletes that remove a stored row (the MERGE's other deletions are the
             truncate's).
+        matched_updates: soft mode: source rows that update a stored row (the MERGE's other updates
+            are the truncate's, which flags the rows it covers as deleted).
         deletes: the deletes to remember (hard mode): key columns, ``_cdc_position``,
             ``_cdc_source_ts``.
     """
@@ -52,6 +54,7 @@ class MergePlan:
     stale: int = 0
     toast_unknown: int = 0
     matched_deletes: int = 0
+    matched_updates: int = 0
     deletes: pa.Table = field(default_factory=lambda: pa.table({}))
 
 
@@ -87,6 +90,8 @@ def plan_merge(reduction: Reduction, *, key_columns: tuple[str, ...], columns: l
     if hard:
         matched = pc.and_(pc.equal(actions, "delete"), rows["_cdc_stored"]) if rows.num_rows else pa.array([])
         plan.matched_deletes = int(pc.sum(matched).as_py() or 0)
+    else:
+        plan.matched_updates = int(pc.sum(live["_cdc_stored"]).as_py() or 0) if live.num_rows else 0
     return plan
 
 
