@@ -24,6 +24,7 @@ from ingest.paths import TablePaths
 from ingest.proof.simulator.encode import DEBEZIUM_VERSION, Envelope, JsonChangeEncoder
 from ingest.proof.simulator.model import Column, TableDef
 from ingest.quality import QualityGate
+from tests.harness import current_engine
 
 ACCOUNTS = TableDef(
     "accounts",
@@ -59,8 +60,11 @@ def write_suite(directory: Path, name: str, expectations: list[dict[str, Any]]) 
 def make_config(workdir: Path, *, tables: list[dict[str, Any]], value_format: str = "json") -> IngestConfig:
     """A config in ``workdir`` with suites in ``workdir/expectations``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    raw = {"workdir": ".", "source": {"value_format": value_format}, "quality": {"expectations_dir": "expectations"},
-           "tables": tables}
+    raw: dict[str, Any] = {"workdir": ".", "source": {"value_format": value_format},
+                           "quality": {"expectations_dir": "expectations"}, "tables": tables}
+    engine = current_engine()
+    if engine is not None:  # the apply_engine fixture's engine commits the config's tables (replays too)
+        raw["target"] = {"engine": engine.name}
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
     return load_config(path)
@@ -122,7 +126,8 @@ def ingest(config: IngestConfig, messages: list[dict[str, Any]], batch_id: int) 
     """One stream batch of ``accounts`` through process_batch with the table's gate."""
     spec = config.table("accounts")
     return apply_parts(spec, accounts_paths(config), decoded(messages), batch_id=batch_id, run_id="stream",
-                       gate=QualityGate.for_table(config, spec), fetch_raw=raw_of(messages)).record
+                       gate=QualityGate.for_table(config, spec), fetch_raw=raw_of(messages),
+                       engine=current_engine()).record
 
 
 def live(config: IngestConfig) -> dict[int, dict[str, Any]]:

@@ -21,6 +21,7 @@ from ingest.events import ColumnSpec, ControlRecord
 from ingest.paths import TablePaths
 from ingest.proof import faults
 from tests.factories import COLUMNS, change, decoded_rows
+from tests.harness import current_engine
 
 WIDE = (COLUMNS[0], COLUMNS[1], ColumnSpec("balance", "decimal(14,2)"), COLUMNS[3])
 FIRST = [change("c", k, 10 + k, name=f"n{k}") for k in range(1, 7)]
@@ -45,7 +46,8 @@ def _paths(root: Path) -> TablePaths:
 
 
 def _apply(spec: TableSpec, paths: TablePaths, items: list[Any], first: int, batch: int) -> None:
-    apply_parts(spec, paths, decoded_rows(items, first_offset=first), batch_id=batch, run_id=f"r{batch}")
+    apply_parts(spec, paths, decoded_rows(items, first_offset=first), batch_id=batch, run_id=f"r{batch}",
+                engine=current_engine())
 
 
 def _state(paths: TablePaths) -> dict[str, Any]:
@@ -67,25 +69,30 @@ def _state(paths: TablePaths) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def clean_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    out = {}
-    for mode in ("hard", "soft"):
-        paths = _paths(tmp_path_factory.mktemp(f"clean-{mode}"))
+def clean_runs() -> dict[tuple[str, str], dict[str, Any]]:
+    """The state after one clean run, per (engine, delete mode), filled as the cases need it."""
+    return {}
+
+
+def _clean(runs: dict[tuple[str, str], dict[str, Any]], root: Path, engine: str, mode: str) -> dict[str, Any]:
+    if (engine, mode) not in runs:
+        paths = _paths(root / "clean")
         spec = TableSpec(name="t", topic="t", delete_mode=mode)
         _apply(spec, paths, FIRST, 0, 0)
         _apply(spec, paths, SECOND, len(FIRST), 1)
-        out[mode] = _state(paths)
-    return out
+        runs[engine, mode] = _state(paths)
+    return runs[engine, mode]
 
 
 # Soft mode keeps deleted rows and writes no tombstones, so it has no "after-tombstones" point.
 @pytest.mark.parametrize(("point", "mode"), [(p, m) for m in ("hard", "soft") for p in faults.POINTS
                                              if not (p == "after-tombstones" and m == "soft")])
 def test_a_crash_at_any_point_then_replay_equals_a_clean_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                             clean_states: dict[str, Any], point: str,
-                                                             mode: str) -> None:
+                                                             clean_runs: dict[tuple[str, str], dict[str, Any]],
+                                                             apply_engine: Any, point: str, mode: str) -> None:
+    clean = _clean(clean_runs, tmp_path, apply_engine.name, mode)
     spec = TableSpec(name="t", topic="t", delete_mode=mode)
-    paths = _paths(tmp_path)
+    paths = _paths(tmp_path / "crashed")
     _apply(spec, paths, FIRST, 0, 0)
     hit = []
 
@@ -100,6 +107,6 @@ def test_a_crash_at_any_point_then_replay_equals_a_clean_run(tmp_path: Path, mon
     monkeypatch.undo()
     assert hit == [point]
     _apply(spec, paths, SECOND, len(FIRST), 2)  # the replay after the restart
-    assert _state(paths) == clean_states[mode]
+    assert _state(paths) == clean
     rows = {r["id"]: r for r in read_all(open_table(paths.table)).to_pylist() if not r["_cdc_deleted"]}
     assert sorted(rows) == [1, 4, 5, 6, 7] and rows[1]["name"] == "updated"
