@@ -43,6 +43,19 @@ def _config(path: Path, workdir: Path | None = None) -> IngestConfig:
     return with_discovered(load_config(path, workdir=workdir), strict=False)
 
 
+def _write_csv(table: Any) -> None:
+    """``table`` as CSV on stdout; lists and structs (CSV has no such type) as JSON text."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    nested = [i for i, f in enumerate(table.schema) if pa.types.is_nested(f.type)]
+    for i in nested:
+        text = pa.array([None if v is None else json.dumps(v, default=str) for v in table.column(i).to_pylist()],
+                        pa.string())
+        table = table.set_column(i, table.schema.field(i).name, text)
+    pacsv.write_csv(table, sys.stdout.buffer)
+
+
 def _progress_printer() -> Any:
     def show(table: str, record: Any, result: Any) -> None:
         if record is None:
@@ -228,24 +241,107 @@ def verify(
 
 
 @app.command()
+def changes(
+    table: Annotated[str, typer.Argument(help="a configured table")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+    from_version: Annotated[int | None, typer.Option(help="first commit version to read (inclusive)")] = None,
+    since: Annotated[str | None, typer.Option(help="read the commits made at or after this time (ISO 8601)")] = None,
+    to_version: Annotated[int | None, typer.Option(help="last commit version to read (inclusive)")] = None,
+    output: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
+    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
+) -> None:
+    """Print or export a table's change data feed: inserts, update pre/post images and deletes, by version."""
+    from datetime import UTC, datetime
+
+    from ingest.changes import ChangeRange, as_json_lines
+    from ingest.changes import changes as read_changes
+
+    if (from_version is None) == (since is None):
+        err.print("[red]give one of --from-version N or --since TIMESTAMP[/]")
+        raise typer.Exit(2)
+    try:
+        moment = datetime.fromisoformat(since.replace("Z", "+00:00")) if since else None
+    except ValueError:
+        err.print(f"[red]--since {escape(str(since))}: expected an ISO 8601 time, e.g. 2026-11-24T06:00:00Z[/]")
+        raise typer.Exit(2) from None
+    which = ChangeRange(from_version, moment.replace(tzinfo=moment.tzinfo or UTC) if moment else None, to_version)
+    try:
+        rows = read_changes(_config(config, workdir), table, which)
+    except IngestError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    if output == "json":
+        print(as_json_lines(rows))
+    elif output == "csv":
+        _write_csv(rows)
+    else:
+        shown = [c for c in rows.column_names if not c.startswith("_cdc_") or c in ("_cdc_position", "_cdc_deleted")]
+        out = Table(title=f"{table}: {rows.num_rows} changes")
+        for name in shown:
+            out.add_column(name)
+        for row in rows.select(shown).slice(0, limit).to_pylist():
+            out.add_row(*("" if v is None else str(v) for v in row.values()))
+        console.print(out)
+
+
+@app.command()
+def history(
+    table: Annotated[str, typer.Argument(help="table name (a configured table, the audit or the quarantine)")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+    limit: Annotated[int | None, typer.Option(help="newest commits only")] = None,
+    output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+) -> None:
+    """List a table's commits: version, time, batch, offsets, counts and quality status."""
+    from ingest.query import history as table_history
+    from ingest.query import history_json, offsets_text
+
+    try:
+        commits = table_history(_config(config, workdir), table, limit=limit)
+    except IngestError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    if output == "json":
+        print(history_json(commits))
+        return
+    out = Table(title=f"{table}: {len(commits)} commits, newest first")
+    for name in ("version", "time (UTC)", "operation", "kind", "batch", "engine", "offsets", "received",
+                 "+ins", "~upd", "-del", "quarantined", "quality"):
+        out.add_column(name, justify="right" if name in ("version", "batch", "received", "+ins", "~upd", "-del",
+                                                         "quarantined") else "left")
+    for c in commits:
+        out.add_row(*("" if v is None else str(v) for v in (
+            c.version, f"{c.time:%Y-%m-%d %H:%M:%S}", c.operation, c.kind, c.batch_id, c.engine,
+            offsets_text(c.offsets), c.received, c.inserted, c.updated, c.deleted, c.quarantined,
+            c.quality_status)))
+    console.print(out)
+
+
+@app.command()
 def query(
     sql: Annotated[str, typer.Argument(help="SQL over the tables (each configured table is a view of live rows)")],
     config: ConfigOpt = DEFAULT_CONFIG,
     workdir: WorkdirOpt = None,
     output: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
     limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
+    as_of: Annotated[list[str] | None, typer.Option(
+        "--as-of", help="read as of a VERSION (of the one table the query reads), a TIMESTAMP (every "
+        "table), or TABLE@VERSION / TABLE@TIMESTAMP; repeatable")] = None,
 ) -> None:
-    """Run SQL (DuckDB) over the live rows of the Delta tables."""
-    from ingest.query import run_sql
+    """Run SQL (DuckDB) over the live rows of the Delta tables, now or as they were (--as-of)."""
+    from ingest.query import AsOf, run_sql
 
-    result = run_sql(_config(config, workdir), sql)
+    try:
+        result = run_sql(_config(config, workdir), sql, [AsOf.parse(p) for p in as_of or []])
+    except IngestError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
     if output == "json":
         for row in result.to_pylist():
             print(json.dumps(row, default=str))
     elif output == "csv":
-        import pyarrow.csv as pacsv
-
-        pacsv.write_csv(result, sys.stdout.buffer)
+        _write_csv(result)
     else:
         out = Table(title=f"{result.num_rows} rows")
         for name in result.column_names:

@@ -95,7 +95,7 @@ def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:
     while True:
         history = table.history(limit)
         for commit in history:
-            decoded = _decoded(commit)
+            decoded = decoded_commit(commit)
             if STATE_KEY in decoded:
                 return decoded
         if len(history) < limit:
@@ -105,12 +105,12 @@ def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:
 
 def cdc_commits(table: DeltaTable, *, since_version: int = -1) -> list[dict[str, Any]]:
     """Engine commits newer than ``since_version``, oldest first."""
-    decoded = (_decoded(c) for c in table.history())
+    decoded = (decoded_commit(c) for c in table.history())
     out = [c for c in decoded if BATCH_KEY in c and c.get("version", -1) > since_version]
     return sorted(out, key=lambda c: c["version"])
 
 
-def _decoded(commit: dict[str, Any]) -> dict[str, Any]:
+def decoded_commit(commit: dict[str, Any]) -> dict[str, Any]:
     """The commit info with the CDC entries parsed, wherever the engine put them."""
     out = dict(commit)
     user = out.get("userMetadata")

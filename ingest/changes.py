@@ -1,0 +1,165 @@
+"""A table's change data feed, as analysts and downstream jobs read it (``ingest changes``).
+
+Tables record Delta's change data feed (``target.change_data_feed``, on by default): each commit's
+inserted rows, the pre- and post-image of updated rows and deleted rows, with ``_change_type``,
+``_commit_version`` and ``_commit_timestamp``. delta-rs reads it; a table with deletion vectors
+(delta-spark's) is read with Spark's ``readChangeFeed``.
+
+Two kinds of commit change no row value and are left out: a schema widening rewrites every row with
+the same values in a wider type (Delta would report each row deleted and inserted again), and
+maintenance (compaction) is not a data change in Delta's own log. In soft-delete mode a source delete
+is an update that sets ``_cdc_deleted``, and appears as one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from ingest.config import IngestConfig
+from ingest.deltaio import has_deletion_vectors, normalize, open_table
+from ingest.errors import IngestError
+from ingest.query import commit_times
+
+#: The change types of Delta's change data feed, in the order a commit's changes are listed.
+CHANGE_TYPES = ("delete", "update_preimage", "update_postimage", "insert")
+CHANGE_COLUMNS = ("_commit_version", "_change_type", "_commit_timestamp")
+#: What a schema widening's commit carries (both engines), see :mod:`ingest.apply.schema`.
+SCHEMA_CHANGE_KEY = "cdc.schema_change"
+
+
+class ChangeFeedError(IngestError):
+    """The change feed cannot be read as asked (no table, feed not enabled, versions out of range)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRange:
+    """Which commits to read: from a version (inclusive) or from a time, up to a version (inclusive)."""
+
+    from_version: int | None = None
+    since: datetime | None = None
+    to_version: int | None = None
+
+
+def changes(config: IngestConfig, name: str, which: ChangeRange,
+            spark: Callable[[], Any] | None = None) -> pa.Table:
+    """The table's changes in ``which``, ordered by commit version, then change type, then key.
+
+    Args:
+        spark: gives a Spark session, for tables with deletion vectors (default: the configuration's).
+
+    Raises:
+        ChangeFeedError: no such table, its change data feed is off, or the range is outside its history.
+    """
+    table = open_table(config.tables_root / name)
+    if table is None:
+        raise ChangeFeedError(f"no table {name!r} under {config.tables_root}")
+    if table.metadata().configuration.get("delta.enableChangeDataFeed", "false").lower() != "true":
+        raise ChangeFeedError(
+            f"{name}: its change data feed is not enabled (tables created with target.change_data_feed: true "
+            "record it; an older table can be switched on with ALTER TABLE ... SET TBLPROPERTIES "
+            "(delta.enableChangeDataFeed = true), and records changes from then on)")
+    start = _start_version(table, name, which)
+    end = table.version() if which.to_version is None else which.to_version
+    if end < start:
+        raise ChangeFeedError(f"{name}: no versions between {start} and {end} (latest is {table.version()})")
+    if has_deletion_vectors(table):
+        rows = _read_with_spark(table, start, end, spark or _session_of(config))
+    else:
+        try:
+            rows = normalize(pa.table(table.load_cdf(starting_version=start, ending_version=end).read_all()))
+        except Exception as exc:  # delta-rs names the cause: the feed was off then, or files vacuumed
+            raise ChangeFeedError(f"{name}: cannot read changes {start}..{end}: {exc}") from exc
+    rows = _uniform(rows, commit_times(table))
+    skipped = _not_data_changes(table, start, end)
+    if skipped:
+        rows = rows.filter(pc.invert(pc.is_in(rows["_commit_version"], pa.array(sorted(skipped), pa.int64()))))
+    return _ordered(rows, table)
+
+
+def _start_version(table: DeltaTable, name: str, which: ChangeRange) -> int:
+    if which.from_version is not None:
+        if not 0 <= which.from_version <= table.version():
+            raise ChangeFeedError(f"{name}: no version {which.from_version} (versions 0..{table.version()})")
+        return which.from_version
+    if which.since is None:
+        return 0
+    later = [version for version, moment in commit_times(table).items() if moment >= which.since]
+    if not later:
+        raise ChangeFeedError(f"{name}: no commit since {which.since.isoformat()}")
+    return min(later)
+
+
+def _not_data_changes(table: DeltaTable, start: int, end: int) -> set[int]:
+    """Versions in ``start..end`` that rewrote rows without changing them (schema widenings)."""
+    out = set()
+    for commit in table.history():
+        if not start <= commit.get("version", -1) <= end:
+            continue
+        user = commit.get("userMetadata")
+        if SCHEMA_CHANGE_KEY in commit or (isinstance(user, str) and SCHEMA_CHANGE_KEY in user):
+            out.add(commit["version"])
+    return out
+
+
+def _ordered(rows: pa.Table, table: DeltaTable) -> pa.Table:
+    """Change columns first, then the table's own; sorted by version, change type, the rest."""
+    first = [c for c in CHANGE_COLUMNS if c in rows.column_names]
+    rows = rows.select(first + [c for c in rows.column_names if c not in first])
+    rank = pa.array([CHANGE_TYPES.index(t) if t in CHANGE_TYPES else len(CHANGE_TYPES)
+                     for t in rows["_change_type"].to_pylist()], pa.int8())
+    keyed = rows.append_column("__rank", rank)
+    keys = _key_columns(table)
+    order = [("_commit_version", "ascending"), *((k, "ascending") for k in keys if k in rows.column_names),
+             ("__rank", "ascending")]
+    return keyed.sort_by(order).drop_columns(["__rank"])
+
+
+def _key_columns(table: DeltaTable) -> list[str]:
+    from ingest.apply.tablestate import load_state
+
+    state = load_state(table.table_uri.removeprefix("file://"))
+    return list(state.key_columns or ())
+
+
+def _uniform(rows: pa.Table, times: dict[int, datetime]) -> pa.Table:
+    """The change columns in one type whichever reader read them: version int64, time in UTC.
+
+    ``_commit_timestamp`` is the commit info's time (as ``ingest history`` and ``--as-of`` use it);
+    readers take the log file's, a few milliseconds later.
+    """
+    wanted = {"_commit_version": pa.int64(), "_commit_timestamp": pa.timestamp("us", tz="UTC")}
+    rows = rows.cast(pa.schema([pa.field(f.name, wanted.get(f.name, f.type)) for f in rows.schema]))
+    at = rows.schema.get_field_index("_commit_timestamp")
+    stamps = pa.array([times.get(v) for v in rows["_commit_version"].to_pylist()], pa.timestamp("us", tz="UTC"))
+    return rows.set_column(at, "_commit_timestamp", stamps)
+
+
+def _read_with_spark(table: DeltaTable, start: int, end: int, spark: Any) -> pa.Table:
+    frame = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", start)
+             .option("endingVersion", end).load(table.table_uri))
+    return normalize(frame.toArrow())
+
+
+def _session_of(config: IngestConfig) -> Any:
+    from ingest.spark import get_spark, session_conf
+
+    return get_spark(config.spark.master, config.spark.shuffle_partitions,
+                     tuple(sorted(session_conf(["delta-spark"], config.spark.conf).items())))
+
+
+def as_json_lines(rows: pa.Table) -> str:
+    return "\n".join(json.dumps(r, default=_default) for r in rows.to_pylist())
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat() if value.tzinfo else value.isoformat()
+    return str(value)
