@@ -2,7 +2,8 @@
 
 ``analytics/daily_revenue_by_segment``: revenue, orders and units per order day and customer
 segment, from the live rows of ``orders`` and ``customers`` (cancelled orders excluded). It is read
-with delta-rs's DataFusion engine and written back as a Delta table under the tables root.
+with delta-rs's DataFusion engine (polars where a table has deletion vectors) and written back as a
+Delta table under the tables root.
 """
 
 from typing import Final
@@ -10,12 +11,12 @@ from typing import Final
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import QueryBuilder, write_deltalake
+from deltalake import write_deltalake
 
 from assets.constants import ANALYTICS_GROUP, ANALYTICS_KEY_PREFIX, table_key
 from assets.resources import IngestEngine
 from ingest.config import IngestConfig
-from ingest.deltaio import normalize, open_table
+from ingest.deltaio import normalize, open_table, query_tables
 
 DAILY_REVENUE: Final = "daily_revenue_by_segment"
 #: The tables the analytic asset reads; it exists only when both are configured.
@@ -77,11 +78,7 @@ def daily_revenue(config: IngestConfig) -> pa.Table:
     else:
         raise dg.Failure("orders has neither quantity and amount, nor a total with order_items.quantity: "
                          f"its columns are {sorted(c for c in columns if not c.startswith('_cdc_'))}")
-    builder = QueryBuilder()
-    for name, table in tables.items():
-        builder = builder.register(name, table)
-    result = builder.execute(sql).read_all()
-    return normalize(result if isinstance(result, pa.Table) else pa.table(result))
+    return normalize(query_tables(tables, sql))
 
 
 def build_analytics_assets(config: IngestConfig) -> list[dg.AssetsDefinition]:

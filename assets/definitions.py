@@ -12,6 +12,7 @@ import dagster as dg
 from assets.analytics import build_analytics_assets
 from assets.checks import DEFAULT_THRESHOLDS, LagThresholds, build_table_checks
 from assets.constants import CDC_TABLES_GROUP, ENGINE_RESOURCE_KEY
+from assets.incremental import build_incremental_assets
 from assets.jobs import build_maintenance_job, build_maintenance_schedule
 from assets.resources import IngestEngine
 from assets.sensors import DEFAULT_INTERVAL_SECONDS, build_offsets_sensor
@@ -40,7 +41,7 @@ def build_definitions(config: IngestConfig, engine: IngestEngine, *,
     tables = [build_table_asset(spec) for spec in config.tables]
     maintenance = build_maintenance_job(config.tables)
     return dg.Definitions(
-        assets=[*tables, *build_analytics_assets(config)],
+        assets=[*tables, *build_analytics_assets(config), *build_incremental_assets(config)],
         asset_checks=[build_table_checks(spec, thresholds) for spec in config.tables],
         sensors=[build_offsets_sensor(list(config.tables), minimum_interval_seconds=sensor_interval_seconds,
                                       default_status=sensor_status)],

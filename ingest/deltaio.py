@@ -11,7 +11,7 @@ are not returned). Both read the same snapshot version.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -136,13 +136,25 @@ def scan(table: DeltaTable) -> Any:
 
 def query(table: DeltaTable, sql: str, *, name: str = "t") -> pa.Table:
     """Run ``sql`` against ``table`` registered as ``name`` and return the result."""
-    if has_deletion_vectors(table):
+    return query_tables({name: table}, sql)
+
+
+def query_tables(tables: Mapping[str, DeltaTable], sql: str) -> pa.Table:
+    """Run ``sql`` against ``tables``, each registered under its name, and return the result.
+
+    delta-rs's DataFusion reads tables without deletion vectors; when one of them has them (a
+    delta-spark table), all are read with polars, which applies them.
+    """
+    if any(has_deletion_vectors(table) for table in tables.values()):
         import polars as pl
 
-        frame = pl.SQLContext({name: scan(table)}).execute(sql, eager=False).collect()
+        context = pl.SQLContext({name: scan(table) for name, table in tables.items()})
+        frame = context.execute(sql, eager=False).collect()
         return frame.to_arrow(compat_level=pl.CompatLevel.oldest())
-    reader = QueryBuilder().register(name, table).execute(sql)
-    result = reader.read_all()
+    builder = QueryBuilder()
+    for name, table in tables.items():
+        builder = builder.register(name, table)
+    result = builder.execute(sql).read_all()
     return pa.table(result) if not isinstance(result, pa.Table) else result
 
 

@@ -16,14 +16,16 @@ DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
 
 def write_config(workdir: Path, *, batch: int = 300, value_format: str = "avro",
-                 tables: list[dict[str, Any]] | None = None) -> tuple[Path, IngestConfig]:
-    """A configuration like the demo's (or with ``tables``) whose workdir is ``workdir``."""
+                 tables: list[dict[str, Any]] | None = None, engine: str = "delta-rs") -> tuple[Path, IngestConfig]:
+    """A configuration like the demo's (or with ``tables``) whose workdir is ``workdir``, its tables
+    applied with ``engine``."""
     raw = yaml.safe_load(DEMO_CONFIG.read_text())
     raw["workdir"] = str(workdir)
     if "quality" in raw:  # the file is written elsewhere: keep the suites where demo.yaml points
         raw["quality"]["expectations_dir"] = str((DEMO_CONFIG.parent / raw["quality"]["expectations_dir"]).resolve())
     raw["source"]["max_records_per_batch"] = batch
     raw["source"]["value_format"] = value_format
+    raw["target"]["engine"] = engine
     if tables is not None:
         raw["tables"] = tables
     workdir.mkdir(parents=True, exist_ok=True)

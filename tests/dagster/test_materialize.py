@@ -20,10 +20,11 @@ from tests.dagster.conftest import write_config
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
-def materialized(tmp_path_factory, spark):
-    """Every asset and check of the demo configuration, materialized once on 800 simulated events."""
-    path, config = write_config(tmp_path_factory.mktemp("dagster") / "work", batch=300)
+@pytest.fixture(scope="module", params=["delta-rs", "delta-spark"])
+def materialized(request, tmp_path_factory, spark):
+    """Every asset and check of the demo configuration, materialized once on 800 simulated events,
+    once per apply engine."""
+    path, config = write_config(tmp_path_factory.mktemp("dagster") / "work", batch=300, engine=request.param)
     prepare_workload(config, events=800, seed=1, malformed_fraction=0.01)
     engine = SparkIngestEngine(config_path=str(path))
     defs = build_definitions(config, engine)
@@ -44,6 +45,8 @@ def _metadata(result: dg.ExecuteInProcessResult, key: dg.AssetKey) -> dict:
 def test_tables_equal_the_source(materialized):
     config, result, _ = materialized
     assert result.success
+    engines = {r["engine"] for r in audit.read(config.tables_root / "_cdc_audit").to_pylist()}
+    assert engines == {config.target.engine}
     assert all(v.ok for v in verify_all(config)), [v.table for v in verify_all(config) if not v.ok]
 
 
