@@ -50,6 +50,9 @@ _PRIMITIVE_TO_ARROW: Final[dict[str, pa.DataType]] = {
     "date": pa.date32(),
     "timestamp": pa.timestamp("us", tz="UTC"),
     "timestamp_ntz": pa.timestamp("us"),
+    # A schemaless JSON column that was null in every message seen (ingest.decode.semantic.infer_image):
+    # any type holds it; a table never stores it (ingest.apply.schema.plan_schema).
+    "void": pa.null(),
 }
 
 

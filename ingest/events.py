@@ -51,6 +51,9 @@ class _Unavailable:
 
 
 UNAVAILABLE: Final = _Unavailable()
+#: The type of a schemaless JSON column that is null in a message: no type is known yet, and any
+#: type holds it (:func:`ingest.apply.schema.holds`); a table never stores it.
+UNTYPED: Final = "void"
 
 
 def parse_decimal(type_name: str) -> tuple[int, int] | None:

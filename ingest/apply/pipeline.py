@@ -37,7 +37,7 @@ from ingest.apply.kafka_tombstones import are_deletes, resolve
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.ordering import later_than_stored
 from ingest.apply.plan import MergePlan, plan_merge
-from ingest.apply.reduce import Reduction, reduce_changes
+from ingest.apply.reduce import Reduction, nulls_as_unchanged, reduce_changes
 from ingest.apply.schema import check_column_names, plan_schema
 from ingest.apply.stored import stored_rows
 from ingest.apply.tablestate import TableState, load_state
@@ -162,11 +162,14 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
             changes = pa.concat_tables([changes, resolution.deletes])
     schema = plan_schema(spec.name, state.columns, list(batch.columns))
     check_column_names(spec.name, schema.columns)
+    changes = _typed_nulls(changes, schema.columns)
     record.skipped = sum(controls.values())
 
     # 3. Reduce; 4. validate the winners.
     if key_columns:
         changes = _with_columns(changes, key_columns, state, batch.tombstones)
+        if spec.ignore_null_updates:
+            changes = nulls_as_unchanged(changes, tuple(key_columns), schema.columns)
         reduction = reduce_changes(changes, tuple(key_columns), schema.columns, soft=spec.delete_mode == "soft")
     else:  # only truncates (or nothing): there is no key to reduce by
         reduction = _truncates_only(changes)
@@ -200,6 +203,15 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     faults.point("after-batch")
     return BatchResult(record if not replay or outcome.committed else None, already_applied=batch.already_applied,
                        controls=controls, quality=report, held=held_records)
+
+
+def _typed_nulls(changes: pa.Table, columns: list[ColumnSpec]) -> pa.Table:
+    """Columns null in every schemaless message of the batch, in the type the table gives them."""
+    final = {c.name: c.type for c in columns}
+    for i, f in enumerate(changes.schema):
+        if pa.types.is_null(f.type) and f.name in final:
+            changes = changes.set_column(i, f.name, changes.column(i).cast(arrow_type(final[f.name])))
+    return changes
 
 
 def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Reduction, schema: Any,

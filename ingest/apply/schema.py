@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ingest.errors import SchemaIncompatibleError, TableError
-from ingest.events import ColumnSpec, parse_decimal
+from ingest.events import UNTYPED, ColumnSpec, parse_decimal
 
 _INT_RANK = {"byte": 0, "short": 1, "integer": 2, "long": 3}
 _FLOAT_RANK = {"float": 0, "double": 1}
@@ -22,7 +22,7 @@ _FLOAT_RANK = {"float": 0, "double": 1}
 
 def holds(wide: str, narrow: str) -> bool:
     """True if every value of type ``narrow`` is exactly representable in ``wide``."""
-    if wide == narrow:
+    if wide == narrow or narrow == UNTYPED:  # a null-only schemaless column fits any type
         return True
     if wide in _INT_RANK and narrow in _INT_RANK:
         return _INT_RANK[wide] >= _INT_RANK[narrow]
@@ -71,6 +71,11 @@ def combine(table: str, images: Iterable[Iterable[ColumnSpec]]) -> list[ColumnSp
     return list(merged.values())
 
 
+def _stored_type(col: ColumnSpec) -> ColumnSpec:
+    """A column as the table stores it: one null in every schemaless message seen is a string."""
+    return col if col.type != UNTYPED else ColumnSpec(col.name, "string", col.nullable, col.semantic)
+
+
 def plan_schema(table: str, current: list[ColumnSpec] | None, incoming: list[ColumnSpec]) -> SchemaPlan:
     """Decide the table's user columns for a batch.
 
@@ -83,15 +88,15 @@ def plan_schema(table: str, current: list[ColumnSpec] | None, incoming: list[Col
         SchemaIncompatibleError: a column changed type in a way no widening covers.
     """
     if current is None:
-        return SchemaPlan(columns=list(incoming), added=[])
+        return SchemaPlan(columns=[_stored_type(c) for c in incoming], added=[])
     by_name = {c.name: c for c in current}
     result = list(current)
     plan = SchemaPlan(columns=result)
     for col in incoming:
         existing = by_name.get(col.name)
         if existing is None:
-            result.append(col)
-            plan.added.append(col)
+            result.append(_stored_type(col))
+            plan.added.append(_stored_type(col))
         elif holds(existing.type, col.type):
             continue
         elif holds(col.type, existing.type):

@@ -36,7 +36,7 @@ from ingest.decode.values import (
     zoned_timestamp,
 )
 from ingest.errors import DecodeError
-from ingest.events import UNAVAILABLE, ColumnSpec
+from ingest.events import UNAVAILABLE, UNTYPED, ColumnSpec
 
 Wire = Literal["avro", "json"]
 
@@ -238,7 +238,8 @@ def infer_image(row: Mapping[str, Any], *, skip_meta: bool = False
 
     ``int`` -> ``long``, ``float`` -> ``double``, ``bool`` -> ``boolean``, ``str`` -> ``string``,
     objects and arrays -> ``string`` holding canonical JSON, and a column that is null here ->
-    ``string`` (nothing better is known).
+    ``void``, which any type holds (another message, or the table, gives the type; a column never
+    seen otherwise becomes ``string``).
 
     Args:
         row: the row image.
@@ -265,6 +266,8 @@ def infer_image(row: Mapping[str, Any], *, skip_meta: bool = False
             value = UNAVAILABLE
             unavailable.append(name)
             delta = "string"
+        elif value is None:
+            delta = UNTYPED
         else:
             delta = _INFERRED.get(kind, "string")
         out[name] = value

@@ -42,3 +42,14 @@ def test_combine_takes_the_wider_version_within_a_batch():
     assert [(c.name, c.type) for c in merged] == [("x", "long"), ("y", "string")]
     with pytest.raises(SchemaIncompatibleError):
         combine("t", [[ColumnSpec("x", "integer")], [ColumnSpec("x", "string")]])
+
+
+def test_a_null_only_schemaless_column_takes_any_type_and_is_stored_as_string_when_new():
+    assert holds("long", "void") and holds("decimal(10,2)", "void") and not holds("void", "long")
+    assert combine("t", [[ColumnSpec("n", "void")], [ColumnSpec("n", "long")]]) == [ColumnSpec("n", "long")]
+    assert combine("t", [[ColumnSpec("n", "long")], [ColumnSpec("n", "void")]]) == [ColumnSpec("n", "long")]
+    kept = plan_schema("t", [ColumnSpec("n", "long")], [ColumnSpec("n", "void")])
+    assert kept.columns == [ColumnSpec("n", "long")] and not kept.changed
+    added = plan_schema("t", [ColumnSpec("id", "long")], [ColumnSpec("s", "void")])
+    assert added.columns[1].type == "string" and added.added[0].type == "string"
+    assert plan_schema("t", None, [ColumnSpec("s", "void")]).columns[0].type == "string"
