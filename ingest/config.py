@@ -177,6 +177,9 @@ class TableSpec(_Model):
     )
     engine: EngineName | None = Field(
         None, description="this table's apply engine (delta-rs or delta-spark); default: target.engine")
+    ignore_null_updates: bool = Field(
+        False, description="an update's null columns keep the stored value (for streams whose updates carry "
+        "only the changed columns); handled as unchanged-TOAST placeholders are")
     history_mode: Literal["scd1"] = Field(
         "scd1", description="scd1: keep the latest version of each row (SCD type 2 is not supported yet)"
     )

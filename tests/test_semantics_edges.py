@@ -379,3 +379,58 @@ def test_nanosecond_keys_stay_distinct(tmp_path):
     assert sorted(table["at"].to_pylist()) == [base + 100, base + 200, base + 200_000]
     assert str(table.schema.field("at").type) == "int64"
     assert str(table.schema.field("seen").type).startswith("timestamp")
+
+
+# -- ignore_null_updates: an update's null columns keep what is stored ------------------------------
+PARTIAL = TableSpec(name="t", topic="t", ignore_null_updates=True)
+
+
+@pytest.mark.parametrize("spec", [PARTIAL, PARTIAL.model_copy(update={"delete_mode": "soft"})], ids=["hard", "soft"])
+def test_ignore_null_updates_keeps_stored_values(tmp_path, spec):
+    paths, topic = paths_in(tmp_path), Topic()
+    topic.send(key(1), pg("c", {"id": 1, "a": "x", "b": "y", "n": 5}, lsn=10))
+    topic.send(key(2), pg("c", {"id": 2, "a": "p", "b": None, "n": None}, lsn=11))  # an insert keeps its nulls
+    first = ingest_batch(spec, paths, topic, topic.messages[:2], batch_id=0).record
+    # Across batches (filled from the stored row) and within one (filled from the earlier image).
+    later = [topic.send(key(1), pg("u", {"id": 1, "a": None, "b": "z", "n": None}, lsn=20)),
+             topic.send(key(3), pg("c", {"id": 3, "a": "q", "b": "r", "n": 1}, lsn=21)),
+             topic.send(key(3), pg("u", {"id": 3, "a": None, "b": None, "n": 2}, lsn=22)),
+             topic.send(key(4), pg("u", {"id": 4, "a": None, "b": "only", "n": None}, lsn=23))]  # never seen
+    second = ingest_batch(spec, paths, topic, later, batch_id=1).record
+    got = rows(paths)
+    assert {k: (r["a"], r["b"], r["n"]) for k, r in got.items()} == {
+        1: ("x", "z", 5), 2: ("p", None, None), 3: ("q", "r", 2), 4: (None, "only", None)}
+    # An update carrying only some columns does not say the others are null: unknown, as for TOAST.
+    assert sorted(got[4]["_cdc_unknown_columns"]) == ["a", "n"]
+    assert got[1]["_cdc_unknown_columns"] is None and got[2]["_cdc_unknown_columns"] is None
+    assert second.toast_unknown == 1 and first.balanced and second.balanced
+    # A later change that carries the value clears the mark; a delete still deletes.
+    topic.send(key(4), pg("u", {"id": 4, "a": "known", "b": None, "n": 3}, lsn=30))
+    topic.send(key(2), pg("d", {"id": 2}, lsn=31))
+    ingest_batch(spec, paths, topic, topic.messages[-2:], batch_id=2)
+    got = rows(paths)
+    assert (got[4]["a"], got[4]["b"], got[4]["n"], got[4]["_cdc_unknown_columns"]) == ("known", "only", 3, None)
+    assert 2 not in got
+
+
+def test_without_ignore_null_updates_a_null_overwrites(tmp_path):
+    paths, topic = paths_in(tmp_path), Topic()
+    topic.send(key(1), pg("c", {"id": 1, "a": "x", "b": "y"}, lsn=10))
+    topic.send(key(1), pg("u", {"id": 1, "a": None, "b": "z"}, lsn=20))
+    ingest_in_batches(HARD, paths, topic, [1])
+    assert (rows(paths)[1]["a"], rows(paths)[1]["b"]) == (None, "z")
+
+
+# -- schemaless JSON: a column that is null in some messages ------------------------------------------
+def test_schemaless_nulls_take_the_type_of_the_other_messages_and_of_the_table(tmp_path):
+    paths, topic = paths_in(tmp_path), Topic()
+    topic.send(key(1), pg("c", {"id": 1, "n": 5, "s": None}, lsn=10))
+    topic.send(key(2), pg("c", {"id": 2, "n": None, "s": None}, lsn=11))  # n: a long elsewhere in the batch
+    topic.send(key(3), pg("c", {"id": 3, "n": None, "s": None}, lsn=20))  # n: a long in the table
+    topic.send(key(1), pg("u", {"id": 1, "n": 7, "s": "now text"}, lsn=21))  # s: null so far, stored as string
+    results = ingest_in_batches(HARD, paths, topic, [2])
+    got = rows(paths)
+    assert {k: (r["n"], r["s"]) for k, r in got.items()} == {1: (7, "now text"), 2: (None, None), 3: (None, None)}
+    types = {f.name: str(f.type) for f in table_schema(open_table(paths.table))}
+    assert (types["n"], types["s"]) == ("int64", "string")
+    assert len(results) == 2 and all(r.record.balanced for r in results)

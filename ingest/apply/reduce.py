@@ -94,6 +94,28 @@ def reduce_changes(changes: pa.Table, key_columns: tuple[str, ...], columns: lis
                      superseded=superseded, truncated=truncated)
 
 
+def nulls_as_unchanged(changes: pa.Table, key_columns: tuple[str, ...], columns: list[ColumnSpec]) -> pa.Table:
+    """``ignore_null_updates``: every null non-key column of an update is listed in ``_cdc_toast``.
+
+    The column then goes the way of an unchanged-TOAST placeholder: filled from the key's earlier
+    image in the batch or from the stored row, and listed in ``_cdc_unknown_columns`` when neither
+    exists (an update that carries only its changed columns does not say the others are null).
+    """
+    names = [c.name for c in columns if c.name not in key_columns and c.name in changes.column_names]
+    if not names or not changes.num_rows:
+        return changes
+    nulls = ", ".join(f"CASE WHEN _cdc_op = 'u' AND {ident(n)} IS NULL THEN {literal(n)} END" for n in names)
+    con = connect(c=changes)
+    try:
+        out = query(con, f"""
+            SELECT * REPLACE (CASE WHEN len(_cdc_toast) > 0 THEN _cdc_toast END AS _cdc_toast)
+            FROM (SELECT * REPLACE (list_distinct(list_filter(list_concat(coalesce(_cdc_toast, []), [{nulls}]),
+                                                               lambda x: x IS NOT NULL)) AS _cdc_toast) FROM c)""")
+    finally:
+        con.close()
+    return out.cast(changes.schema)
+
+
 def _batch_order(changes: pa.Table) -> pa.Array:
     """Rank of every change in the batch order (1 = first): the inverse of the sorting permutation."""
     order = pc.sort_indices(changes, sort_keys=[("_cdc_position", "ascending"), ("_cdc_partition", "descending"),
