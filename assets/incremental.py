@@ -1,6 +1,7 @@
 """An analytic asset kept up to date from a table's change data feed, not recomputed.
 
-``analytics/orders_by_status``: live orders and their amount per status. Each materialization
+``analytics/orders_by_status``: live orders and their amount per status (the ``amount`` column, or
+``total`` where orders have that instead; without either, the amount is null). Each materialization
 reads only the changes of ``orders`` committed since the version it last consumed (its cursor) and
 folds them into the stored aggregate: an insert or an update's post-image adds its row, a delete or
 an update's pre-image takes it away; a row flagged ``_cdc_deleted`` (soft-delete mode) counts as
@@ -54,18 +55,34 @@ def fold(aggregate: Aggregate, rows: Iterable[dict[str, Any]]) -> Aggregate:
     return {status: value for status, value in out.items() if value[0] != 0}
 
 
+def measure_of(table: DeltaTable) -> str | None:
+    """The orders column summed as the amount: ``amount``, else ``total``, else none."""
+    names = set(pa.schema(table.schema().to_arrow()).names)
+    return next((name for name in ("amount", "total") if name in names), None)
+
+
+def _with_amount(rows: pa.Table, measure: str | None) -> pa.Table:
+    """``rows`` with the measure as ``amount`` (null when orders have none)."""
+    if measure is None:
+        return rows.append_column("amount", pa.nulls(rows.num_rows, pa.int64()))
+    return rows.rename_columns(["amount" if c == measure else c for c in rows.column_names])
+
+
 def recompute(table: DeltaTable) -> Aggregate:
     """The aggregate from the table's live rows at its loaded version."""
-    rows = read_all(table, columns=["status", "amount"], where="NOT coalesce(_cdc_deleted, false)").to_pylist()
-    return fold({}, ({**r, "_change_type": "insert"} for r in rows))
+    measure = measure_of(table)
+    rows = read_all(table, columns=["status", *([measure] if measure else [])],
+                    where="NOT coalesce(_cdc_deleted, false)")
+    return fold({}, ({**r, "_change_type": "insert"} for r in _with_amount(rows, measure).to_pylist()))
 
 
-def as_table(aggregate: Aggregate, amount_type: pa.DataType) -> pa.Table:
+def as_table(aggregate: Aggregate, amount_type: pa.DataType, measured: bool = True) -> pa.Table:
     statuses = sorted(aggregate)
     return pa.table({
         "status": pa.array(statuses, pa.string()),
         "orders": pa.array([aggregate[s][0] for s in statuses], pa.int64()),
-        "amount": pa.array([aggregate[s][1] for s in statuses], amount_type),
+        "amount": pa.array([aggregate[s][1] for s in statuses], amount_type) if measured
+        else pa.nulls(len(statuses), amount_type),
     })
 
 
@@ -78,7 +95,8 @@ def stored(path: Any) -> tuple[Aggregate, int | None]:
     if cursor is None:
         return {}, None
     rows = read_all(table).to_pylist()
-    return {r["status"]: (r["orders"], r["amount"]) for r in rows}, int(cursor["version"])
+    return {r["status"]: (r["orders"], r["amount"] if r["amount"] is not None else 0) for r in rows}, int(
+        cursor["version"])
 
 
 def refresh(config: IngestConfig, log: Any = None) -> dict[str, Any]:
@@ -86,6 +104,8 @@ def refresh(config: IngestConfig, log: Any = None) -> dict[str, Any]:
     source = open_table(config.table_path(_SOURCE))
     if source is None:
         raise dg.Failure(f"table {_SOURCE} has no Delta table yet: materialize {table_key(_SOURCE).to_user_string()}")
+    if "status" not in pa.schema(source.schema().to_arrow()).names:
+        raise dg.Failure(f"{_SOURCE} has no status column to group by")
     latest = source.version()
     path = config.tables_root / ANALYTICS_KEY_PREFIX / ORDERS_BY_STATUS
     aggregate, cursor = stored(path)
@@ -104,14 +124,16 @@ def refresh(config: IngestConfig, log: Any = None) -> dict[str, Any]:
             mode = "recomputed"
         else:
             consumed = feed.num_rows
-            wanted = [c for c in ("_change_type", "status", "amount", "_cdc_deleted") if c in feed.column_names]
-            aggregate = fold(aggregate, feed.select(wanted).to_pylist())
+            measure = measure_of(source)
+            wanted = [c for c in ("_change_type", "status", measure, "_cdc_deleted") if c and c in feed.column_names]
+            aggregate = fold(aggregate, _with_amount(feed.select(wanted), measure).to_pylist())
     if mode == "recomputed":
         source.load_as_version(latest)
         aggregate = recompute(source)
     amount_type = _sum_type(source)
     if mode == "recomputed" or cursor != latest:
-        write_deltalake(str(path), as_table(aggregate, amount_type), mode="overwrite", schema_mode="overwrite",
+        result = as_table(aggregate, amount_type, measure_of(source) is not None)
+        write_deltalake(str(path), result, mode="overwrite", schema_mode="overwrite",
                         commit_properties=CommitProperties(custom_metadata={
                             CURSOR_KEY: json.dumps({"table": _SOURCE, "version": latest})}))
     return {"mode": mode, "from_version": None if mode == "recomputed" else cursor, "to_version": latest,
@@ -120,8 +142,11 @@ def refresh(config: IngestConfig, log: Any = None) -> dict[str, Any]:
 
 
 def _sum_type(table: DeltaTable) -> pa.DataType:
-    """A type that holds any sum of the source's ``amount``: decimal(38, scale), bigint or double."""
-    kind = pa.schema(table.schema().to_arrow()).field("amount").type
+    """A type that holds any sum of the source's measure: decimal(38, scale), bigint or double."""
+    measure = measure_of(table)
+    if measure is None:
+        return pa.int64()
+    kind = pa.schema(table.schema().to_arrow()).field(measure).type
     if isinstance(kind, pa.Decimal128Type | pa.Decimal256Type):
         return pa.decimal128(38, kind.scale)
     return pa.int64() if pa.types.is_integer(kind) else pa.float64()

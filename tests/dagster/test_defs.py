@@ -39,8 +39,11 @@ def test_definitions_load_with_every_configured_table(monkeypatch, tmp_path):
         assert node.group_name == CDC_TABLES_GROUP and defs.get_assets_def(table_key(name)).op.pool == table_pool(name)
         assert {k.name for k in graph.asset_check_keys if k.asset_key == table_key(name)} == {
             QUALITY_CHECK, BALANCE_CHECK, LAG_CHECK}
-    analytics = [k for k in graph.get_all_asset_keys() if graph.get(k).group_name == ANALYTICS_GROUP]
-    assert len(analytics) == 1 and graph.get(analytics[0]).parent_keys == {table_key("orders"), table_key("customers")}
+    analytics = {k.path[-1]: graph.get(k) for k in graph.get_all_asset_keys()
+                 if graph.get(k).group_name == ANALYTICS_GROUP}
+    assert sorted(analytics) == ["daily_revenue_by_segment", "orders_by_status"]
+    assert analytics["daily_revenue_by_segment"].parent_keys == {table_key("orders"), table_key("customers")}
+    assert analytics["orders_by_status"].parent_keys == {table_key("orders")}
     assert [s.name for s in defs.sensors] == ["cdc_offsets_sensor"]  # type: ignore[union-attr]
     [schedule] = defs.schedules  # type: ignore[misc]
     assert schedule.name == MAINTENANCE_SCHEDULE and schedule.job_name == MAINTENANCE_JOB

@@ -164,6 +164,13 @@ def test_dagster_materializations_over_sasl(stack: Any, written: Written, pg_dsn
             o=orders, c=pg_schema.qualified(SCHEMA, "customers"),
             i=pg_schema.qualified(SCHEMA, "order_items"))).fetchall()
     assert truth and sorted(tuple(r.values()) for r in revenue.to_pylist()) == sorted(truth)
+    # So does the change-feed asset (its first run recomputes; tests/dagster/test_incremental.py
+    # follows it through later runs).
+    by_status = DeltaTable(str(config.tables_root / "analytics" / "orders_by_status")).to_pyarrow_table()
+    with psycopg.connect(pg_dsn) as conn:
+        counted = conn.execute(sql.SQL("SELECT status, count(*), sum(total) FROM {o} GROUP BY status").format(
+            o=orders)).fetchall()
+    assert counted and sorted(tuple(r.values()) for r in by_status.to_pylist()) == sorted(counted)
     written.add("dagster metadata", json.dumps(metadata))
 
 
