@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -147,6 +148,28 @@ class TargetSpec(_Model):
         "`ingest changes` and downstream readers get each commit's inserts, update pre/post images and deletes")
 
 
+class ColumnSelection(_Model):
+    """Which source columns a table keeps: ``include`` (only these) or ``exclude`` (all but these).
+
+    Primary-key columns are always kept. A column left out never reaches the table: its values,
+    its type and any change of its type are ignored.
+    """
+
+    include: tuple[str, ...] | None = Field(None, description="keep only these columns (and the key)")
+    exclude: tuple[str, ...] | None = Field(None, description="keep every column but these (never the key)")
+
+    @model_validator(mode="after")
+    def _one_list(self) -> ColumnSelection:
+        if (self.include is None) == (self.exclude is None):
+            raise ValueError("give exactly one of include or exclude")
+        return self
+
+    def keeps(self, name: str, key_columns: Iterable[str] = ()) -> bool:
+        if name in key_columns:
+            return True
+        return name in self.include if self.include is not None else name not in (self.exclude or ())
+
+
 class TableSpec(_Model):
     """One target table fed by one Debezium topic."""
 
@@ -177,6 +200,8 @@ class TableSpec(_Model):
     )
     engine: EngineName | None = Field(
         None, description="this table's apply engine (delta-rs or delta-spark); default: target.engine")
+    columns: ColumnSelection | None = Field(
+        None, description="source columns to keep: {include: [...]} or {exclude: [...]}; the key is always kept")
     ignore_null_updates: bool = Field(
         False, description="an update's null columns keep the stored value (for streams whose updates carry "
         "only the changed columns); handled as unchanged-TOAST placeholders are")

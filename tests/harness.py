@@ -89,7 +89,8 @@ def ingest_batch(spec: TableSpec, paths: TablePaths, topic: Topic, messages: lis
     parts = BatchDecoder(DecoderSpec("json", key_columns=spec.primary_key, keep_before=False)).decode(rows)
     state = load_state(paths.table)
     raw = {(topic.name, m.partition, m.offset): (m.key, m.value, None) for m in messages}
-    batch = MicroBatch.from_parts(parts, state, table=spec.name)
+    batch = MicroBatch.from_parts(parts, state, table=spec.name, select=spec.columns,
+                                  key_columns=spec.primary_key or ())
     return process_batch(spec, paths, batch, batch_id=batch_id, run_id="test", state=state,
                          fetch_raw=lambda coords: {c: raw[c] for c in coords}, engine=current_engine())
 

@@ -52,3 +52,16 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(write(tmp_path, "tables: [unclosed"))
+
+
+def test_column_selection_takes_exactly_one_list(tmp_path):
+    import pydantic
+
+    from ingest.config import ColumnSelection
+
+    assert ColumnSelection(include=("a",)).keeps("a") and not ColumnSelection(include=("a",)).keeps("b")
+    assert ColumnSelection(exclude=("b",)).keeps("a") and not ColumnSelection(exclude=("b",)).keeps("b")
+    assert ColumnSelection(exclude=("id",)).keeps("id", ["id"])
+    for bad in ({}, {"include": ["a"], "exclude": ["b"]}):
+        with pytest.raises(pydantic.ValidationError, match="exactly one of include or exclude"):
+            ColumnSelection(**bad)

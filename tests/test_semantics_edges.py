@@ -17,7 +17,7 @@ from ingest.apply.tombstones import positions as tombstone_positions
 from ingest.apply.tombstones import purge as purge_tombstones
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all, table_schema
-from ingest.errors import TableError
+from ingest.errors import SchemaIncompatibleError, TableError
 from tests.harness import Topic, envelope, flat, ingest_batch, ingest_in_batches, key, paths_in, pg, rows
 
 pytestmark = pytest.mark.usefixtures("apply_engine")
@@ -434,3 +434,34 @@ def test_schemaless_nulls_take_the_type_of_the_other_messages_and_of_the_table(t
     types = {f.name: str(f.type) for f in table_schema(open_table(paths.table))}
     assert (types["n"], types["s"]) == ("int64", "string")
     assert len(results) == 2 and all(r.record.balanced for r in results)
+
+
+# -- column selection: include or exclude, the key always kept ------------------------------------------
+def _user_columns(paths):
+    return [f.name for f in table_schema(open_table(paths.table)) if not f.name.startswith("_cdc_")]
+
+
+def test_included_columns_only_and_the_key(tmp_path):
+    spec = TableSpec(name="t", topic="t", columns={"include": ["a"]})
+    paths, topic = paths_in(tmp_path), Topic()
+    topic.send(key(1), pg("c", {"id": 1, "a": "x", "b": "y", "c": 3}, lsn=10))
+    topic.send(key(1), pg("u", {"id": 1, "a": "x2", "b": "y2", "c": 4, "d": True}, lsn=20))  # d: a new column
+    results = ingest_in_batches(spec, paths, topic, [1])
+    assert _user_columns(paths) == ["id", "a"] and rows(paths)[1]["a"] == "x2"
+    assert all(r.record.balanced for r in results) and results[1].record.updated == 1
+
+
+def test_an_excluded_column_never_touches_the_table_even_when_its_type_breaks(tmp_path):
+    spec = TableSpec(name="t", topic="t", columns={"exclude": ["secret", "id"]})  # the key is kept anyway
+    paths, topic = paths_in(tmp_path), Topic()
+    topic.send(key(1), pg("c", {"id": 1, "a": "x", "secret": "s1"}, lsn=10))
+    topic.send(key(2), pg("c", {"id": 2, "a": "y", "secret": 42}, lsn=20))  # string -> long: no safe widening
+    topic.send(key(1), pg("u", {"id": 1, "a": "z", "secret": None, "n": 7}, lsn=30))  # a new column is kept
+    results = ingest_in_batches(spec, paths, topic, [1, 2])
+    assert _user_columns(paths) == ["id", "a", "n"]
+    assert {k: (r["a"], r["n"]) for k, r in rows(paths).items()} == {1: ("z", 7), 2: ("y", None)}
+    assert all(r.record.balanced for r in results)
+    # Without the exclusion the same stream stops the table at the second batch.
+    other = paths_in(tmp_path / "plain")
+    with pytest.raises(SchemaIncompatibleError, match="secret"):
+        ingest_in_batches(HARD, other, topic, [1, 2])

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from ingest.apply.schema import combine
 from ingest.apply.tablestate import TableState
+from ingest.config import ColumnSelection
 from ingest.decode.parts import FRAME, INFERRED, columns_of, part_kind
 from ingest.deltaio import arrow_type, delta_type_name
 from ingest.errors import RegistryUnavailableError, TableError
@@ -76,8 +77,13 @@ class MicroBatch:
         return tuple(json.loads(rows["_cdc_key_columns"][0].as_py()))
 
     @classmethod
-    def from_parts(cls, parts: Sequence[pa.RecordBatch], state: TableState, *, table: str = "") -> MicroBatch:
+    def from_parts(cls, parts: Sequence[pa.RecordBatch], state: TableState, *, table: str = "",
+                   select: ColumnSelection | None = None, key_columns: Sequence[str] = ()) -> MicroBatch:
         """Unify the decode step's parts; drop what ``state`` says the table already applied.
+
+        ``select`` keeps only the table's chosen columns (and ``key_columns``, the state's and each
+        change's own key): the others are dropped before their types are combined, so no change of
+        theirs can stop the table.
 
         Raises:
             TableError: a source column collides with the framework's reserved ``_cdc_`` prefix.
@@ -99,7 +105,11 @@ class MicroBatch:
             _spans(kept, offsets)
             kind = part_kind(part.schema)
             if kind == "changes":
-                changes.append((kept, _declared(kept)))
+                declared = _declared(kept)
+                if select is not None:
+                    keys = {*key_columns, *(state.key_columns or ()), *_part_keys(kept)}
+                    declared = [c for c in declared if select.keeps(c.name, keys)]
+                changes.append((kept, declared))
             elif kind == "tombstones":
                 tombstones.append(kept)
             else:
@@ -112,6 +122,12 @@ class MicroBatch:
             meta=pa.concat_tables(meta) if meta else FRAME.empty_table(),
             columns=columns, received=received, already_applied=already, offsets=offsets,
         )
+
+
+def _part_keys(table: pa.Table) -> list[str]:
+    """The primary-key columns a part's changes name (``_cdc_key_columns``)."""
+    named = pc.unique(table["_cdc_key_columns"].drop_null()).to_pylist()
+    return [k for names in named for k in json.loads(names)]
 
 
 def combine_columns(versions: Sequence[Sequence[ColumnSpec]]) -> list[ColumnSpec]:

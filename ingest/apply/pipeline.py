@@ -106,7 +106,9 @@ class _Held:
 def apply_parts(spec: TableSpec, paths: TablePaths, parts: Sequence[pa.RecordBatch], **kwargs: Any) -> BatchResult:
     """:func:`process_batch` of the decode step's parts, against the table's current state."""
     state = load_state(paths.table)
-    return process_batch(spec, paths, MicroBatch.from_parts(parts, state, table=spec.name), state=state, **kwargs)
+    batch = MicroBatch.from_parts(parts, state, table=spec.name, select=spec.columns,
+                                  key_columns=spec.primary_key or ())
+    return process_batch(spec, paths, batch, state=state, **kwargs)
 
 
 def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batch_id: int, run_id: str,

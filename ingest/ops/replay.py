@@ -106,7 +106,8 @@ def replay_quarantine(config: IngestConfig, table: str, *, stage: str | None = N
     # The held messages sit below the table's stream offsets: none of them may count as applied.
     unapplied = TableState(None, None, None, None)
     batch = MicroBatch.from_parts(BatchDecoder(DecoderSpec.for_table(config, spec)).decode(kafka), unapplied,
-                                  table=spec.name)
+                                  table=spec.name, select=spec.columns,
+                                  key_columns=state.key_columns or spec.primary_key or ())
     gate = QualityGate.for_table(config, spec) if recheck and spec.expectations else None
     replay_spec = spec if gate is not None else spec.model_copy(update={"expectations": None})
     result = process_batch(replay_spec, paths, batch, batch_id=REPLAY_BATCH, run_id=run_id, state=state, gate=gate,
