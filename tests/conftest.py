@@ -49,7 +49,8 @@ def apply_engine(request: pytest.FixtureRequest) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the delta-spark runs of a ``first_case_on_delta_spark`` test but its first case.
+    """Deselect the delta-spark runs of a ``first_case_on_delta_spark`` test but its first case, and
+    of a ``hard_mode_on_delta_spark`` test those in soft-delete mode.
 
     A delta-spark MERGE costs about 3 s on 2 cores; cases that differ only in the decode step or
     the ordering rule (the same code on both engines) would cost minutes without testing the engine.
@@ -59,7 +60,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         spec = getattr(item, "callspec", None)
         sampled = item.get_closest_marker("first_case_on_delta_spark") is not None
-        if sampled and spec is not None and spec.params.get("apply_engine") == "delta-spark":
+        on_spark = spec is not None and spec.params.get("apply_engine") == "delta-spark"
+        if (on_spark and spec is not None and item.get_closest_marker("hard_mode_on_delta_spark")
+                and spec.params.get("mode") == "soft"):
+            drop.append(item)
+            continue
+        if sampled and on_spark:
             name = f"{item.path}::{item.originalname}"  # type: ignore[attr-defined]
             if name in seen:
                 drop.append(item)

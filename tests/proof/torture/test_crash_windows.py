@@ -87,6 +87,7 @@ def _clean(runs: dict[tuple[str, str], dict[str, Any]], root: Path, engine: str,
 # Soft mode keeps deleted rows and writes no tombstones, so it has no "after-tombstones" point.
 @pytest.mark.parametrize(("point", "mode"), [(p, m) for m in ("hard", "soft") for p in faults.POINTS
                                              if not (p == "after-tombstones" and m == "soft")])
+@pytest.mark.hard_mode_on_delta_spark
 def test_a_crash_at_any_point_then_replay_equals_a_clean_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              clean_runs: dict[tuple[str, str], dict[str, Any]],
                                                              apply_engine: Any, point: str, mode: str) -> None:
