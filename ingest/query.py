@@ -87,7 +87,8 @@ def resolve_as_of(points: list[AsOf], sql: str, tables: list[str]) -> dict[str, 
             out.update({name: point for name in tables if name not in out})
             continue
         try:
-            named = sorted(duckdb.connect().get_table_names(sql) & set(tables))
+            with duckdb.connect() as con:
+                named = sorted(con.get_table_names(sql) & set(tables))
         except duckdb.Error:
             named = []
         unpinned = [name for name in named if name not in out]
