@@ -102,10 +102,7 @@ class DeltaRsEngine:
             if request.plan.source.num_rows or (request.truncate and state.columns):
                 metrics = _merge(table, request, columns, props)
                 outcome.metrics = metrics
-                # The MERGE's own counts include the source's matches; what is left is the truncate's.
-                outcome.rows_truncated = max(0, metrics.get("num_target_rows_deleted", 0)
-                                             - request.plan.matched_deletes) if request.delete_mode == "hard" else \
-                    max(0, metrics.get("num_target_rows_updated", 0) - request.plan.matched_updates)
+                outcome.rows_truncated = _truncated_rows(request, metrics)
                 table.update_incremental()
             if table.version() == before:
                 # MERGE writes no commit when it changes nothing; progress must still be recorded.
@@ -121,6 +118,16 @@ class DeltaRsEngine:
 
 def _framework_schema() -> list[pa.Field]:
     return [pa.field(name, typ) for name, typ in FRAMEWORK_COLUMNS]
+
+
+def _truncated_rows(request: CommitRequest, metrics: dict[str, Any]) -> int:
+    """Rows the batch's truncate removed (hard) or flagged deleted (soft).
+
+    The MERGE's counts include what the source's own rows matched; the rest is the truncate's.
+    """
+    if request.delete_mode == "hard":
+        return max(0, metrics.get("num_target_rows_deleted", 0) - request.plan.matched_deletes)
+    return max(0, metrics.get("num_target_rows_updated", 0) - request.plan.matched_updates)
 
 
 def table_schema_of(columns: list[ColumnSpec]) -> pa.Schema:
