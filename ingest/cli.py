@@ -43,6 +43,16 @@ def _config(path: Path, workdir: Path | None = None) -> IngestConfig:
     return with_discovered(load_config(path, workdir=workdir), strict=False)
 
 
+def _print_table(rows: Any, title: str, limit: int) -> None:
+    """The first ``limit`` rows of an Arrow table as a console table (nulls blank)."""
+    out = Table(title=title)
+    for name in rows.column_names:
+        out.add_column(name)
+    for row in rows.slice(0, limit).to_pylist():
+        out.add_row(*("" if v is None else str(v) for v in row.values()))
+    console.print(out)
+
+
 def _write_csv(table: Any) -> None:
     """``table`` as CSV on stdout; lists and structs (CSV has no such type) as JSON text."""
     import pyarrow as pa
@@ -277,12 +287,7 @@ def changes(
         _write_csv(rows)
     else:
         shown = [c for c in rows.column_names if not c.startswith("_cdc_") or c in ("_cdc_position", "_cdc_deleted")]
-        out = Table(title=f"{table}: {rows.num_rows} changes")
-        for name in shown:
-            out.add_column(name)
-        for row in rows.select(shown).slice(0, limit).to_pylist():
-            out.add_row(*("" if v is None else str(v) for v in row.values()))
-        console.print(out)
+        _print_table(rows.select(shown), f"{table}: {rows.num_rows} changes", limit)
 
 
 @app.command()
@@ -343,12 +348,7 @@ def query(
     elif output == "csv":
         _write_csv(result)
     else:
-        out = Table(title=f"{result.num_rows} rows")
-        for name in result.column_names:
-            out.add_column(name)
-        for row in result.slice(0, limit).to_pylist():
-            out.add_row(*("" if v is None else str(v) for v in row.values()))
-        console.print(out)
+        _print_table(result, f"{result.num_rows} rows", limit)
 
 
 @app.command()
