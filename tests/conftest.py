@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+#: What the suite writes at its peak (Kafka's logs, Delta tables, Spark's spill files): about 1 GiB
+#: measured on this project's machines; the margin keeps a nearly full disk from failing halfway.
+DISK_NEEDED = 2 * 1024**3
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop at once, with the reason, when the disk cannot hold the suite's files.
+
+    A full disk otherwise shows up as hundreds of unrelated errors: Kafka stops when it cannot
+    write its log, and every test of the stack then fails to reach it.
+    """
+    for place in (Path(tempfile.gettempdir()), Path(__file__).resolve().parents[1]):
+        free = shutil.disk_usage(place).free
+        if free < DISK_NEEDED:
+            pytest.exit(f"only {free / 1024**3:.1f} GiB free on the disk of {place}; the suite needs about "
+                        f"{DISK_NEEDED / 1024**3:.0f} GiB (Kafka logs, Delta tables, Spark spill files)", returncode=3)
 
 
 @pytest.fixture(scope="session")
