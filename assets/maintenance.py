@@ -100,7 +100,9 @@ def maintain(path: Path, options: MaintenanceOptions, *, key_columns: tuple[str,
     now = now or datetime.now(UTC)
     report.version_before = table.version()
     if has_deletion_vectors(table):
-        return _maintain_with_spark(table, options, key_columns, report, spark or _local_session)
+        from ingest.spark import delta_session  # pyspark only for tables that need it
+
+        return _maintain_with_spark(table, options, key_columns, report, spark or delta_session)
     commit = CommitProperties(custom_metadata={MAINTENANCE_KEY: options.layout})
     target = options.target_file_size_mb * 1024 * 1024
     metrics: dict[str, Any] = {}
@@ -123,12 +125,6 @@ def maintain(path: Path, options: MaintenanceOptions, *, key_columns: tuple[str,
         report.log_cleanup = _cleanup_log(table, now)
     report.version_after = DeltaTable(str(path)).version()
     return report
-
-
-def _local_session() -> SparkSession:
-    from ingest.spark import get_spark, session_conf
-
-    return get_spark("local[2]", 2, tuple(sorted(session_conf(["delta-spark"], {}).items())))
 
 
 def _maintain_with_spark(table: DeltaTable, options: MaintenanceOptions, key_columns: tuple[str, ...] | None,

@@ -17,6 +17,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -66,41 +67,48 @@ def changes(config: IngestConfig, name: str, which: ChangeRange,
             f"{name}: its change data feed is not enabled (tables created with target.change_data_feed: true "
             "record it; an older table can be switched on with ALTER TABLE ... SET TBLPROPERTIES "
             "(delta.enableChangeDataFeed = true), and records changes from then on)")
-    start = _start_version(table, name, which)
+    history = table.history()  # read once: versions' times, widenings, the key
+    times = commit_times(table, history)
+    start = _start_version(table, name, which, times)
     end = table.version() if which.to_version is None else which.to_version
     if end < start:
         raise ChangeFeedError(f"{name}: no versions between {start} and {end} (latest is {table.version()})")
     if has_deletion_vectors(table):
-        rows = _read_with_spark(table, start, end, spark or _session_of(config))
+        if spark is None:
+            from ingest.spark import delta_session  # pyspark only for tables that need it
+
+            spark = partial(delta_session, config.spark)
+        session = spark()
+        rows = _read_with_spark(table, start, end, session)
     else:
         try:
             rows = normalize(pa.table(table.load_cdf(starting_version=start, ending_version=end).read_all()))
         except Exception as exc:  # delta-rs names the cause: the feed was off then, or files vacuumed
             raise ChangeFeedError(f"{name}: cannot read changes {start}..{end}: {exc}") from exc
-    rows = _uniform(rows, commit_times(table))
-    skipped = _not_data_changes(table, start, end)
+    rows = _uniform(rows, times)
+    skipped = _not_data_changes(history, start, end)
     if skipped:
         rows = rows.filter(pc.invert(pc.is_in(rows["_commit_version"], pa.array(sorted(skipped), pa.int64()))))
-    return _ordered(rows, table)
+    return _ordered(rows, _key_columns(history))
 
 
-def _start_version(table: DeltaTable, name: str, which: ChangeRange) -> int:
+def _start_version(table: DeltaTable, name: str, which: ChangeRange, times: dict[int, datetime]) -> int:
     if which.from_version is not None:
         if not 0 <= which.from_version <= table.version():
             raise ChangeFeedError(f"{name}: no version {which.from_version} (versions 0..{table.version()})")
         return which.from_version
     if which.since is None:
         return 0
-    later = [version for version, moment in commit_times(table).items() if moment >= which.since]
+    later = [version for version, moment in times.items() if moment >= which.since]
     if not later:
         raise ChangeFeedError(f"{name}: no commit since {which.since.isoformat()}")
     return min(later)
 
 
-def _not_data_changes(table: DeltaTable, start: int, end: int) -> set[int]:
+def _not_data_changes(history: list[dict[str, Any]], start: int, end: int) -> set[int]:
     """Versions in ``start..end`` that rewrote rows without changing them (schema widenings)."""
     out = set()
-    for commit in table.history():
+    for commit in history:
         if not start <= commit.get("version", -1) <= end:
             continue
         user = commit.get("userMetadata")
@@ -109,24 +117,27 @@ def _not_data_changes(table: DeltaTable, start: int, end: int) -> set[int]:
     return out
 
 
-def _ordered(rows: pa.Table, table: DeltaTable) -> pa.Table:
+def _ordered(rows: pa.Table, keys: list[str]) -> pa.Table:
     """Change columns first, then the table's own; sorted by version, change type, the rest."""
     first = [c for c in CHANGE_COLUMNS if c in rows.column_names]
     rows = rows.select(first + [c for c in rows.column_names if c not in first])
     rank = pa.array([CHANGE_TYPES.index(t) if t in CHANGE_TYPES else len(CHANGE_TYPES)
                      for t in rows["_change_type"].to_pylist()], pa.int8())
     keyed = rows.append_column("__rank", rank)
-    keys = _key_columns(table)
     order = [("_commit_version", "ascending"), *((k, "ascending") for k in keys if k in rows.column_names),
              ("__rank", "ascending")]
     return keyed.sort_by(order).drop_columns(["__rank"])
 
 
-def _key_columns(table: DeltaTable) -> list[str]:
-    from ingest.apply.tablestate import load_state
+def _key_columns(history: list[dict[str, Any]]) -> list[str]:
+    """The primary key the table's newest CDC commit records (history is newest first)."""
+    from ingest.apply.tablestate import STATE_KEY, decoded_commit
 
-    state = load_state(table.table_uri.removeprefix("file://"))
-    return list(state.key_columns or ())
+    for commit in history:
+        state = decoded_commit(commit).get(STATE_KEY)
+        if state:
+            return list(state.get("primary_key") or ())
+    return []
 
 
 def _uniform(rows: pa.Table, times: dict[int, datetime]) -> pa.Table:
@@ -146,13 +157,6 @@ def _read_with_spark(table: DeltaTable, start: int, end: int, spark: Any) -> pa.
     frame = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", start)
              .option("endingVersion", end).load(table.table_uri))
     return normalize(frame.toArrow())
-
-
-def _session_of(config: IngestConfig) -> Any:
-    from ingest.spark import get_spark, session_conf
-
-    return get_spark(config.spark.master, config.spark.shuffle_partitions,
-                     tuple(sorted(session_conf(["delta-spark"], config.spark.conf).items())))
 
 
 def as_json_lines(rows: pa.Table) -> str:

@@ -122,10 +122,13 @@ def load_at(path: Any, name: str, point: AsOf | None) -> DeltaTable | None:
     return table
 
 
-def commit_times(table: DeltaTable) -> dict[int, datetime]:
-    """Each version's commit time, as its commit info records it (what ``ingest history`` shows)."""
+def commit_times(table: DeltaTable, history: list[dict[str, Any]] | None = None) -> dict[int, datetime]:
+    """Each version's commit time, as its commit info records it (what ``ingest history`` shows).
+
+    ``history``: the table's ``history()``, when the caller has read it already.
+    """
     return {int(c["version"]): datetime.fromtimestamp(c["timestamp"] / 1000, UTC)
-            for c in table.history() if "timestamp" in c and "version" in c}
+            for c in (table.history() if history is None else history) if "timestamp" in c and "version" in c}
 
 
 def version_at(table: DeltaTable, name: str, moment: datetime) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from ingest.config import IngestConfig
+from ingest.config import IngestConfig, SparkSpec
 from ingest.errors import EnvironmentProblem
 from ingest.jvm import Connector, classpath_conf
 
@@ -127,4 +127,15 @@ def session_for(config: IngestConfig) -> SparkSession:
     if "delta-spark" in config.engines():
         connectors.append("delta-spark")
     conf = session_conf(connectors, spec.conf)
+    return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))
+
+
+def delta_session(spec: SparkSpec | None = None) -> SparkSession:
+    """A session that reads and writes delta-spark tables, with ``spec``'s settings (default: local).
+
+    For the commands that meet a table with deletion vectors outside a run (``ingest changes``,
+    maintenance), whatever engine the configuration names.
+    """
+    spec = spec or SparkSpec()
+    conf = session_conf(["delta-spark"], spec.conf)
     return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))
