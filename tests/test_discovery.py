@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from ingest.config import KafkaSpec, load_config
-from ingest.deltaio import open_table, read_all
+from ingest.deltaio import has_deletion_vectors, open_table, read_all
 from ingest.discovery import discovered, table_name, with_discovered
 from ingest.engine import Engine
 from ingest.errors import ConfigError, SourceUnavailableError
@@ -108,9 +108,13 @@ def test_embedded_topics_are_discovered(tmp_path):
 # --- through the engine ------------------------------------------------------------------------
 
 @pytest.mark.spark
-def test_a_run_ingests_every_matching_topic_with_defaults_and_overrides(tmp_path, spark):
-    path = write_config(tmp_path, defaults={"delete_mode": "soft"}, tables=[
-        {"name": "crm", "topic": "shop.public.customers", "delete_mode": "hard"}])
+@pytest.mark.parametrize(("discovered_engine", "listed_engine"), [("delta-rs", "delta-spark"),
+                                                                  ("delta-spark", "delta-rs")])
+def test_a_run_ingests_every_matching_topic_with_defaults_and_overrides(tmp_path, spark, discovered_engine,
+                                                                         listed_engine):
+    # One pipeline, both apply engines: the discovered tables take the default's, the listed one its own.
+    path = write_config(tmp_path, defaults={"delete_mode": "soft", "engine": discovered_engine}, tables=[
+        {"name": "crm", "topic": "shop.public.customers", "delete_mode": "hard", "engine": listed_engine}])
     config = load_config(path)
     log = TopicLog(config.log_dir)
     produce(log, "shop.public.orders", [("c", {"id": i, "qty": i}, 10 + i) for i in range(5)] +
@@ -130,6 +134,11 @@ def test_a_run_ingests_every_matching_topic_with_defaults_and_overrides(tmp_path
     assert sorted(r["table"] for r in read_all(audit_table).to_pylist()) == ["crm", "public_order_lines",
                                                                           "public_orders"]
     assert len(audit_table.history()) == 1
+    deletion_vectors = {name: has_deletion_vectors(open_table(config.table_path(name)))
+                        for name in ("crm", "public_orders", "public_order_lines")}
+    assert deletion_vectors == {"crm": listed_engine == "delta-spark",
+                                "public_orders": discovered_engine == "delta-spark",
+                                "public_order_lines": discovered_engine == "delta-spark"}
 
     from typer.testing import CliRunner
 
