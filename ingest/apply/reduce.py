@@ -70,26 +70,28 @@ def reduce_changes(changes: pa.Table, key_columns: tuple[str, ...], columns: lis
     """Keep the latest change per key (see module docstring)."""
     columns = [c for c in columns if c.name in changes.column_names]
     ordered = changes.append_column("_cdc_ord", pc.cast(_batch_order(changes), pa.int64()))
+    # The truncates, the TOAST columns and the count are Arrow compute: a DuckDB query costs several
+    # milliseconds however small its input, and a batch over 200 tables runs 200 reductions.
+    is_truncate = pc.equal(ordered["_cdc_op"], "t")
+    marks = ordered.filter(is_truncate)
+    truncate, cutoff = None, None
+    if marks.num_rows:
+        last = marks.slice(pc.index(marks["_cdc_ord"], pc.max(marks["_cdc_ord"])).as_py(), 1).to_pylist()[0]
+        truncate = TruncateMark(last["_cdc_position"], last["_cdc_partition"], last["_cdc_offset"])
+        cutoff = last["_cdc_ord"]
+    fills = _toast_columns(ordered, [c.name for c in columns])
+    changed = ordered.num_rows - marks.num_rows
     con = connect(ordered=ordered)
     try:
-        marks = query(con, "SELECT _cdc_position, _cdc_partition, _cdc_offset, _cdc_ord FROM ordered "
-                           "WHERE _cdc_op = 't' ORDER BY _cdc_ord DESC")
-        truncate, cutoff = None, None
-        if marks.num_rows:
-            first = marks.slice(0, 1).to_pylist()[0]
-            truncate = TruncateMark(first["_cdc_position"], first["_cdc_partition"], first["_cdc_offset"])
-            cutoff = first["_cdc_ord"]
-        fills = _toast_columns(con, [c.name for c in columns])
         after = f"_cdc_ord > {cutoff}" if cutoff is not None else "TRUE"
         winners = query(con, _winners_sql(key_columns, columns, fills, after, fill_deletes=soft))
-        counts = query(con, "SELECT count(*) FILTER (WHERE _cdc_op <> 't') AS changes FROM ordered").to_pylist()[0]
         truncated = None
         if soft and cutoff is not None:
             before = query(con, _winners_sql(key_columns, columns, fills, f"_cdc_ord < {cutoff}", fill_deletes=True))
             truncated = _without_keys(con, before, winners, key_columns)
     finally:
         con.close()
-    superseded = (marks.num_rows - 1 if marks.num_rows else 0) + counts["changes"] - winners.num_rows
+    superseded = (marks.num_rows - 1 if marks.num_rows else 0) + changed - winners.num_rows
     return Reduction(winners=winners, toast_columns=fills, truncate=truncate, truncates=marks.num_rows,
                      superseded=superseded, truncated=truncated)
 
@@ -123,9 +125,11 @@ def _batch_order(changes: pa.Table) -> pa.Array:
     return pc.add(pc.sort_indices(order), 1)
 
 
-def _toast_columns(con: Any, user: list[str]) -> list[str]:
-    found = query(con, "SELECT DISTINCT unnest(_cdc_toast) AS c FROM ordered WHERE _cdc_toast IS NOT NULL")
-    present = set(found["c"].to_pylist()) if found.num_rows else set()
+def _toast_columns(changes: pa.Table, user: list[str]) -> list[str]:
+    """The user columns that hold an unchanged-TOAST placeholder somewhere in the batch, in table order."""
+    if "_cdc_toast" not in changes.column_names or not changes.num_rows:
+        return []
+    present = set(pc.unique(pc.list_flatten(changes["_cdc_toast"])).to_pylist())
     return [c for c in user if c in present]
 
 
