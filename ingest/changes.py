@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from ingest.apply.commit import records_change_feed
 from ingest.config import IngestConfig
 from ingest.deltaio import has_deletion_vectors, normalize, open_table
 from ingest.errors import IngestError
@@ -62,11 +63,10 @@ def changes(config: IngestConfig, name: str, which: ChangeRange,
     table = open_table(config.tables_root / name)
     if table is None:
         raise ChangeFeedError(f"no table {name!r} under {config.tables_root}")
-    if table.metadata().configuration.get("delta.enableChangeDataFeed", "false").lower() != "true":
+    if not records_change_feed(table):
         raise ChangeFeedError(
-            f"{name}: its change data feed is not enabled (tables created with target.change_data_feed: true "
-            "record it; an older table can be switched on with ALTER TABLE ... SET TBLPROPERTIES "
-            "(delta.enableChangeDataFeed = true), and records changes from then on)")
+            f"{name}: its change data feed is not enabled (with target.change_data_feed: true, the default, "
+            "the next batch applied to the table switches it on, and it records changes from then on)")
     history = table.history()  # read once: versions' times, widenings, the key
     times = commit_times(table, history)
     start = _start_version(table, name, which, times)

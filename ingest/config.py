@@ -144,8 +144,9 @@ class TargetSpec(_Model):
         True, description="delta-spark: tables it creates write deletion vectors (a MERGE marks rows deleted "
         "instead of rewriting their files); delta-rs can then no longer write or read them, polars and Spark can")
     change_data_feed: bool = Field(
-        True, description="tables the engine creates record Delta's change data feed (delta.enableChangeDataFeed): "
-        "`ingest changes` and downstream readers get each commit's inserts, update pre/post images and deletes")
+        True, description="tables record Delta's change data feed (delta.enableChangeDataFeed; an existing table "
+        "without it is switched on at its next batch): `ingest changes` and downstream readers get each commit's "
+        "inserts, update pre/post images and deletes")
 
 
 class ColumnSelection(_Model):

@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 from typer.testing import CliRunner
 
 from ingest import audit
+from ingest.apply.commit import records_change_feed
 from ingest.apply.engines import build
 from ingest.apply.pipeline import apply_parts
 from ingest.changes import ChangeFeedError, ChangeRange, changes
@@ -136,6 +137,27 @@ def test_a_widening_is_not_reported_as_changed_rows(tmp_path: Path) -> None:
     assert [(r["_change_type"], r["id"], r["name"], str(r["balance"])) for r in feed.to_pylist()] == [
         ("update_preimage", 1, "x", "1.00"), ("update_postimage", 1, "wider", "123456789012.34")]
     assert any("cdc.schema_change" in json.dumps(c) for c in DeltaTable(str(paths.table)).history())
+
+
+def test_a_table_created_without_the_feed_records_it_from_its_next_batch(tmp_path: Path) -> None:
+    _, off = _config(tmp_path, change_data_feed=False)
+    spec, paths = off.table("t"), TablePaths.of(off, "t")
+    use_engine(build(off.engine_of(spec), off))
+    apply_parts(spec, paths, decoded_rows([change("c", k, 10 + k) for k in (1, 2, 3)]), batch_id=0, run_id="r",
+                engine=current_engine())
+    assert not records_change_feed(DeltaTable(str(paths.table)))
+    _, on = _config(tmp_path)  # the default: change_data_feed on
+    use_engine(build(on.engine_of(spec), on))
+    later = [change("u", 1, 50, name="later"), change("d", 2, 60)]
+    apply_parts(spec, paths, decoded_rows(later, first_offset=3), batch_id=1, run_id="r", engine=current_engine())
+    table = DeltaTable(str(paths.table))
+    assert records_change_feed(table)
+    switched = table.version() - 1  # the property's commit, then the batch's
+    feed = changes(on, "t", ChangeRange(from_version=switched))
+    assert [(r["_commit_version"], r["_change_type"], r["id"], r["name"]) for r in feed.to_pylist()] == [
+        (switched + 1, "update_preimage", 1, "x"), (switched + 1, "update_postimage", 1, "later"),
+        (switched + 1, "delete", 2, "x")]
+    assert sorted(read_all(table, columns=["id"])["id"].to_pylist()) == [1, 3]
 
 
 def test_a_table_without_the_feed_and_a_bad_range_are_clear_errors(tmp_path: Path) -> None:

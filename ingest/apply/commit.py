@@ -101,6 +101,25 @@ def creates_with_rows(request: CommitRequest, state: TableState) -> bool:
     return state.table is None and not request.truncate and not request.schema.widened
 
 
+#: The table property that makes Delta record a table's change data feed.
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+
+
+def records_change_feed(table: Any) -> bool:
+    """Whether the (delta-rs) table's properties switch its change data feed on."""
+    return str(table.metadata().configuration.get(CHANGE_DATA_FEED, "false")).lower() == "true"
+
+
+def switches_feed_on(state: TableState, enabled: bool) -> bool:
+    """Whether the batch must first switch on the change data feed of its existing table.
+
+    With ``target.change_data_feed`` on, a table created before (or with it off) records its changes
+    from its next commit on, as a table created now would: one property commit, repeated harmlessly
+    if a crash comes before the batch's own.
+    """
+    return enabled and state.table is not None and not records_change_feed(state.table)
+
+
 def remember_deletes(request: CommitRequest) -> None:
     """Record the batch's deletes as tombstones before the commit (hard-delete mode only).
 

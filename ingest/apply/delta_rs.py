@@ -25,6 +25,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from ingest.apply.commit import (
+    CHANGE_DATA_FEED,
     CommitOutcome,
     CommitRequest,
     as_json,
@@ -32,6 +33,7 @@ from ingest.apply.commit import (
     creates_with_rows,
     remember_deletes,
     state_metadata,
+    switches_feed_on,
 )
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
 from ingest.apply.plan import TOAST_FLAG
@@ -64,7 +66,7 @@ class DeltaRsEngine:
         """The table properties of the tables this engine creates."""
         out = {"delta.targetFileSize": str(self.target_file_size)}
         if self.change_data_feed:
-            out["delta.enableChangeDataFeed"] = "true"
+            out[CHANGE_DATA_FEED] = "true"
         return out
 
     def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
@@ -81,6 +83,8 @@ class DeltaRsEngine:
         columns = request.schema.columns
         born = creates_with_rows(request, state)
         table = state.table if state.table is not None or born else _create(request, self._properties())
+        if table is not None and not born and switches_feed_on(state, self.change_data_feed):
+            table.alter.set_table_properties({CHANGE_DATA_FEED: "true"})
         if request.schema.widened:
             assert table is not None  # a widening has a table to widen (so the batch did not create it)
             faults.point("before-widen")

@@ -33,12 +33,14 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 
 from ingest.apply.commit import (
+    CHANGE_DATA_FEED,
     CommitOutcome,
     CommitRequest,
     commit_info,
     creates_with_rows,
     remember_deletes,
     state_metadata,
+    switches_feed_on,
 )
 from ingest.apply.delta_rs import initial_rows, table_schema_of
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
@@ -113,6 +115,9 @@ class DeltaSparkEngine:
             if state.table is None and not born:
                 self._create(spark, request)
             elif state.table is not None:
+                if switches_feed_on(state, self.change_data_feed):
+                    feed = f"{string(CHANGE_DATA_FEED)} = 'true'"
+                    spark.sql(f"ALTER TABLE delta.{ident(path)} SET TBLPROPERTIES ({feed})")
                 self._add_columns(spark, path, columns, state.columns or [])
             if request.schema.widened and state.table is not None:
                 faults.point("before-widen")
@@ -160,7 +165,7 @@ class DeltaSparkEngine:
         if self.deletion_vectors:
             out["delta.enableDeletionVectors"] = "true"
         if self.change_data_feed:
-            out["delta.enableChangeDataFeed"] = "true"
+            out[CHANGE_DATA_FEED] = "true"
         return out
 
     def _write_new(self, spark: SparkSession, request: CommitRequest) -> None:
