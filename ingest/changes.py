@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from ingest.apply.commit import records_change_feed
+from ingest.apply.tablestate import STATE_KEY, decoded_commit
 from ingest.config import IngestConfig
-from ingest.deltaio import has_deletion_vectors, normalize, open_table
+from ingest.deltaio import has_deletion_vectors, normalize, open_table, records_change_feed
 from ingest.errors import IngestError
 from ingest.query import commit_times
 
@@ -131,8 +131,6 @@ def _ordered(rows: pa.Table, keys: list[str]) -> pa.Table:
 
 def _key_columns(history: list[dict[str, Any]]) -> list[str]:
     """The primary key the table's newest CDC commit records (history is newest first)."""
-    from ingest.apply.tablestate import STATE_KEY, decoded_commit
-
     for commit in history:
         state = decoded_commit(commit).get(STATE_KEY)
         if state:

@@ -125,6 +125,15 @@ def open_table(path: str | Path) -> DeltaTable | None:
         return None
 
 
+#: The table property that makes Delta record a table's change data feed.
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+
+
+def records_change_feed(table: DeltaTable) -> bool:
+    """Whether the table's properties switch its change data feed on."""
+    return str(table.metadata().configuration.get(CHANGE_DATA_FEED, "false")).lower() == "true"
+
+
 def has_deletion_vectors(table: DeltaTable) -> bool:
     """Whether the table's protocol names the ``deletionVectors`` reader feature."""
     return "deletionVectors" in (table.protocol().reader_features or [])

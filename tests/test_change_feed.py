@@ -19,13 +19,12 @@ from deltalake import DeltaTable
 from typer.testing import CliRunner
 
 from ingest import audit
-from ingest.apply.commit import records_change_feed
 from ingest.apply.engines import build
 from ingest.apply.pipeline import apply_parts
 from ingest.changes import ChangeFeedError, ChangeRange, changes
 from ingest.cli import app
 from ingest.config import IngestConfig, load_config
-from ingest.deltaio import read_all
+from ingest.deltaio import read_all, records_change_feed
 from ingest.events import ColumnSpec
 from ingest.paths import TablePaths
 from tests.factories import COLUMNS, change, decoded_rows

@@ -29,6 +29,7 @@ from ingest.apply import tombstones
 from ingest.apply.plan import MergePlan
 from ingest.apply.schema import SchemaPlan
 from ingest.apply.tablestate import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_KEY, TableState
+from ingest.deltaio import records_change_feed
 from ingest.proof import faults
 
 
@@ -99,15 +100,6 @@ def creates_with_rows(request: CommitRequest, state: TableState) -> bool:
     widens needs the table first.
     """
     return state.table is None and not request.truncate and not request.schema.widened
-
-
-#: The table property that makes Delta record a table's change data feed.
-CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
-
-
-def records_change_feed(table: Any) -> bool:
-    """Whether the (delta-rs) table's properties switch its change data feed on."""
-    return str(table.metadata().configuration.get(CHANGE_DATA_FEED, "false")).lower() == "true"
 
 
 def switches_feed_on(state: TableState, enabled: bool) -> bool:

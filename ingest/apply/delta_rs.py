@@ -25,7 +25,6 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from ingest.apply.commit import (
-    CHANGE_DATA_FEED,
     CommitOutcome,
     CommitRequest,
     as_json,
@@ -38,7 +37,7 @@ from ingest.apply.commit import (
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
 from ingest.apply.plan import TOAST_FLAG
 from ingest.apply.tablestate import STATE_KEY, TableState, app_id
-from ingest.deltaio import FRAMEWORK_COLUMNS, arrow_type, key_range, quote, read_all, sql_string
+from ingest.deltaio import CHANGE_DATA_FEED, FRAMEWORK_COLUMNS, arrow_type, key_range, quote, read_all, sql_string
 from ingest.errors import CommitConflictError, TableError
 from ingest.events import ColumnSpec
 from ingest.proof import faults

@@ -33,7 +33,6 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 
 from ingest.apply.commit import (
-    CHANGE_DATA_FEED,
     CommitOutcome,
     CommitRequest,
     commit_info,
@@ -46,7 +45,7 @@ from ingest.apply.delta_rs import initial_rows, table_schema_of
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
 from ingest.apply.plan import TOAST_FLAG
 from ingest.apply.tablestate import STATE_KEY, TableState, table_app_id
-from ingest.deltaio import FRAMEWORK_COLUMNS, arrow_type, key_range, open_table
+from ingest.deltaio import CHANGE_DATA_FEED, FRAMEWORK_COLUMNS, arrow_type, key_range, open_table
 from ingest.errors import CommitConflictError
 from ingest.events import ColumnSpec
 from ingest.proof import faults
