@@ -10,9 +10,12 @@ Then **continuous mode with idle tables**: the 200 caught-up tables run for ``--
 with nothing arriving, and the driver's RSS, the Spark JVM's RSS and thread count, and the CPU both
 used are sampled, to show they stay bounded.
 
-    .venv/bin/python benchmarks/bench_tables.py [--records 20000] [--spreads 1,20,200] [--idle-seconds 60]
+    .venv/bin/python benchmarks/bench_tables.py [--records 20000] [--spreads 1,20,200] [--repeat 3]
+        [--idle-seconds 60]
 
-The last line is ``200 tables / 1 table: X.XXx`` (catch-up time; target at most 3x).
+Each spread is caught up ``--repeat`` times, the spreads taking turns (1, 20, 200, 1, 20, 200, ...)
+so that the machine's drift falls on all of them; the table gives every run and the median. The
+last line is ``200 tables / 1 table: X.XXx`` (median catch-up times; target at most 3x).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -132,6 +136,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=20_000, help="total records, whatever the number of tables")
     parser.add_argument("--spreads", default="1,20,200", help="numbers of tables, comma separated")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="continuous run over idle tables (0: skip)")
+    parser.add_argument("--repeat", type=int, default=3, help="catch-ups of each spread (the median counts)")
     parser.add_argument("--workdir", type=Path, default=Path("bench-work/tables"))
     args = parser.parse_args()
     spreads = [int(n) for n in args.spreads.split(",")]
@@ -143,26 +148,36 @@ def main() -> None:
     t0 = time.perf_counter()
     engine.run()
     console.print(f"warm-up (Spark session, first query; not counted): {time.perf_counter() - t0:.1f} s")
-    results = []
-    for n in spreads:
-        t0 = time.perf_counter()
-        config, expected = workload(args.workdir, n, args.records)
-        console.print(f"{n} tables x {args.records // n} records: written in {time.perf_counter() - t0:.1f} s")
-        engine = Engine(config, spark=engine.spark)
-        t0 = time.perf_counter()
-        report = engine.run()
-        seconds = time.perf_counter() - t0
-        ok = not report.failed and len(report.tables) == n and verify(config, expected)
-        batches = sum(len(t.batches) for t in report.tables.values())
-        console.print(f"  caught up in {seconds:.1f} s, {batches} table batches, tables equal: {ok}")
-        results.append({"tables": n, "records": (args.records // n) * n, "seconds": seconds, "ok": ok,
-                        "batches": batches, "start": report.startup_seconds or 0.0, "config": config})
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in spreads}
+    for turn in range(args.repeat):
+        for n in spreads:
+            t0 = time.perf_counter()
+            config, expected = workload(args.workdir, n, args.records)
+            console.print(f"[{turn + 1}/{args.repeat}] {n} tables x {args.records // n} records: written in "
+                          f"{time.perf_counter() - t0:.1f} s")
+            engine = Engine(config, spark=engine.spark)
+            t0 = time.perf_counter()
+            report = engine.run()
+            seconds = time.perf_counter() - t0
+            ok = not report.failed and len(report.tables) == n and verify(config, expected)
+            batches = sum(len(t.batches) for t in report.tables.values())
+            console.print(f"  caught up in {seconds:.1f} s, {batches} table batches, tables equal: {ok}")
+            runs[n].append({"seconds": seconds, "ok": ok, "batches": batches,
+                            "start": report.startup_seconds or 0.0, "config": config})
+    results = [{"tables": n, "records": (args.records // n) * n, "config": done[-1]["config"],
+                "seconds": statistics.median(r["seconds"] for r in done),
+                "start": statistics.median(r["start"] for r in done),
+                "runs": [r["seconds"] for r in done], "batches": done[-1]["batches"],
+                "ok": all(r["ok"] for r in done)} for n, done in runs.items()]
 
-    out = Table(title=f"Catch-up of {args.records:,} records spread over tables (one shared query)")
-    for col in ("tables", "records", "catch-up", "of which query start", "table batches", "records/s", "equal"):
+    out = Table(title=f"Catch-up of {args.records:,} records spread over tables (one shared query), "
+                      f"median of {args.repeat}")
+    for col in ("tables", "records", "catch-up", "runs", "of which query start", "table batches", "records/s",
+                "equal"):
         out.add_column(col, justify="right")
     for r in results:
-        out.add_row(str(r["tables"]), f"{r['records']:,}", f"{r['seconds']:.1f} s", f"{r['start']:.1f} s",
+        out.add_row(str(r["tables"]), f"{r['records']:,}", f"{r['seconds']:.1f} s",
+                    ", ".join(f"{x:.1f}" for x in r["runs"]), f"{r['start']:.1f} s",
                     str(r["batches"]), f"{r['records'] / r['seconds']:,.0f}", str(r["ok"]))
     console.print(out)
 
