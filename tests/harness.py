@@ -118,6 +118,34 @@ def rows(paths: TablePaths, *, live_only: bool = True) -> dict[Any, dict[str, An
     return out
 
 
+def fold_feed(feed: pa.Table, key_columns: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """A table's live rows rebuilt from its change data feed alone (user columns, by key).
+
+    ``feed`` is :func:`ingest.changes.changes`' result, ordered by version, key and change type: each
+    key's last insert or update post-image stands, a delete removes it, and a soft-deleted row is
+    not live.
+    """
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for change in feed.to_pylist():
+        key_of = tuple(change[k] for k in key_columns)
+        if change["_change_type"] == "delete":
+            rows.pop(key_of, None)
+        elif change["_change_type"] in ("insert", "update_postimage"):
+            rows[key_of] = change
+    return {k: user_columns(r) for k, r in rows.items() if not r.get("_cdc_deleted")}
+
+
+def live_by_key(table: Any, key_columns: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The Delta table's live rows (user columns, by key), to compare with :func:`fold_feed`."""
+    return {tuple(r[k] for k in key_columns): user_columns(r) for r in read_all(table).to_pylist()
+            if not r.get("_cdc_deleted")}
+
+
+def user_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """The row without the framework's and the feed's columns (their names start with ``_``)."""
+    return {k: v for k, v in row.items() if not k.startswith("_")}
+
+
 # -- Debezium messages (JsonConverter, schemaless unless a schema is given) -------------------------
 
 def key(id_: Any, schema: dict[str, Any] | None = None) -> bytes:

@@ -174,41 +174,24 @@ def test_dagster_materializations_over_sasl(stack: Any, written: Written, pg_dsn
     written.add("dagster metadata", json.dumps(metadata))
 
 
-def _fold(feed: Any, key_columns: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
-    """A table's live rows rebuilt from its change data feed alone: each key's last change wins."""
-    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for change in feed.to_pylist():  # ordered by version, then key, then change type (changes())
-        key = tuple(change[k] for k in key_columns)
-        if change["_change_type"] == "delete":
-            rows.pop(key, None)
-        elif change["_change_type"] in ("insert", "update_postimage"):
-            rows[key] = change
-    return {k: _user_columns(r) for k, r in rows.items() if not r.get("_cdc_deleted")}
-
-
-def _user_columns(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if not k.startswith("_")}
-
-
 def test_the_change_feed_and_time_travel_agree_with_postgresql(stack: Any, written: Written, pg_dsn: str) -> None:
     """Issue 12 on the real stack: the feed of every table, folded, is the table; the orders the
     Dagster test updated read as before and after through ``--as-of``; PostgreSQL is the truth."""
     from ingest.apply.tablestate import load_state
     from ingest.changes import ChangeRange, changes
-    from ingest.deltaio import open_table, read_all
+    from ingest.deltaio import open_table
     from ingest.query import AsOf, run_sql
+    from tests.harness import fold_feed, live_by_key
 
     config = load_config(written.root / "good" / "config.yaml")
     folded = {}
     for spec in config.tables:
         key_columns = list(load_state(config.table_path(spec.name)).key_columns or ())
         feed = changes(config, spec.name, ChangeRange(from_version=0))
-        folded[spec.name] = _fold(feed, key_columns)
+        folded[spec.name] = fold_feed(feed, key_columns)
         table = open_table(config.table_path(spec.name))
         assert table is not None, spec.name
-        live = [r for r in read_all(table).to_pylist() if not r["_cdc_deleted"]]
-        assert folded[spec.name] == {tuple(r[k] for k in key_columns): _user_columns(r) for r in live}, spec.name
-        assert folded[spec.name], spec.name
+        assert folded[spec.name] and folded[spec.name] == live_by_key(table, key_columns), spec.name
     orders = pg_schema.qualified(SCHEMA, "orders")
     with psycopg.connect(pg_dsn) as conn:
         found = conn.execute(sql.SQL("SELECT id, coupon_code FROM {t}").format(t=orders)).fetchall()
