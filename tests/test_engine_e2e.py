@@ -20,9 +20,10 @@ pytestmark = pytest.mark.spark
 
 
 def make_config(workdir: Path, *, batch: int = 400, extra_tables: list[dict] | None = None,
-                value_format: str = "avro") -> IngestConfig:
+                value_format: str = "avro", engine: str = "delta-rs") -> IngestConfig:
     raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
     raw["workdir"] = str(workdir)
+    raw["target"]["engine"] = engine
     # The config is written elsewhere: keep its suites where demo.yaml points.
     raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
     raw["source"]["max_records_per_batch"] = batch
@@ -34,10 +35,11 @@ def make_config(workdir: Path, *, batch: int = 400, extra_tables: list[dict] | N
     return load_config(path)
 
 
-@pytest.fixture(scope="module")
-def ingested(tmp_path_factory, spark):
-    """A small workload with duplicates, reorders, a truncate, an added column, TOAST and malformed input."""
-    config = make_config(tmp_path_factory.mktemp("e2e"))
+@pytest.fixture(scope="module", params=["delta-rs", "delta-spark"])
+def ingested(request, tmp_path_factory, spark):
+    """A small workload with duplicates, reorders, a truncate, an added column, TOAST and malformed input,
+    applied by each engine."""
+    config = make_config(tmp_path_factory.mktemp("e2e"), engine=request.param)
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
     report = Engine(config, spark=spark).run()
     return config, report
