@@ -51,11 +51,12 @@ class ChangeRange:
 
 
 def changes(config: IngestConfig, name: str, which: ChangeRange,
-            spark: Callable[[], Any] | None = None) -> pa.Table:
+            spark: Callable[[], Any] | None = None, say: Callable[[str], None] | None = None) -> pa.Table:
     """The table's changes in ``which``, ordered by commit version, then change type, then key.
 
     Args:
         spark: gives a Spark session, for tables with deletion vectors (default: the configuration's).
+        say: told when the read goes through Spark, whose start takes a while.
 
     Raises:
         ChangeFeedError: no such table, its change data feed is off, or the range is outside its history.
@@ -74,6 +75,9 @@ def changes(config: IngestConfig, name: str, which: ChangeRange,
     if end < start:
         raise ChangeFeedError(f"{name}: no versions between {start} and {end} (latest is {table.version()})")
     if has_deletion_vectors(table):
+        if say is not None:
+            say(f"{name}: the table has deletion vectors; reading versions {start}..{end} with Spark's "
+                "readChangeFeed (a Spark session takes several seconds to start)")
         if spark is None:
             from ingest.spark import delta_session  # pyspark only for tables that need it
 

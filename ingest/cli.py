@@ -277,7 +277,7 @@ def changes(
         raise typer.Exit(2) from None
     which = ChangeRange(from_version, moment.replace(tzinfo=moment.tzinfo or UTC) if moment else None, to_version)
     try:
-        rows = read_changes(_config(config, workdir), table, which)
+        rows = read_changes(_config(config, workdir), table, which, say=lambda m: err.print(escape(m)))
     except IngestError as exc:
         err.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
