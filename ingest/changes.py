@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from ingest.apply.tablestate import STATE_KEY, decoded_commit
+from ingest.apply.tablestate import STATE_KEY, newest_cdc_commit
 from ingest.config import IngestConfig
 from ingest.deltaio import has_deletion_vectors, normalize, open_table, records_change_feed
 from ingest.errors import IngestError
@@ -135,11 +135,8 @@ def _ordered(rows: pa.Table, keys: list[str]) -> pa.Table:
 
 def _key_columns(history: list[dict[str, Any]]) -> list[str]:
     """The primary key the table's newest CDC commit records (history is newest first)."""
-    for commit in history:
-        state = decoded_commit(commit).get(STATE_KEY)
-        if state:
-            return list(state.get("primary_key") or ())
-    return []
+    newest = newest_cdc_commit(history)
+    return list((newest or {}).get(STATE_KEY, {}).get("primary_key") or ())
 
 
 def _uniform(rows: pa.Table, times: dict[int, datetime]) -> pa.Table:

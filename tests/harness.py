@@ -21,9 +21,10 @@ from ingest.apply.commit import ApplyEngine
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.pipeline import BatchResult, process_batch
 from ingest.apply.tablestate import load_state
+from ingest.changes import CHANGE_COLUMNS
 from ingest.config import TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
-from ingest.deltaio import open_table, read_all
+from ingest.deltaio import FRAMEWORK_NAMES, open_table, read_all
 from ingest.paths import TablePaths
 
 #: The apply engine the harness commits with (``None``: process_batch's default, delta-rs); set by
@@ -142,8 +143,8 @@ def live_by_key(table: Any, key_columns: list[str]) -> dict[tuple[Any, ...], dic
 
 
 def user_columns(row: dict[str, Any]) -> dict[str, Any]:
-    """The row without the framework's and the feed's columns (their names start with ``_``)."""
-    return {k: v for k, v in row.items() if not k.startswith("_")}
+    """The row without the framework's columns and the change feed's."""
+    return {k: v for k, v in row.items() if k not in FRAMEWORK_NAMES and k not in CHANGE_COLUMNS}
 
 
 # -- Debezium messages (JsonConverter, schemaless unless a schema is given) -------------------------

@@ -94,13 +94,19 @@ def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:
     limit = _HISTORY_PAGE
     while True:
         history = table.history(limit)
-        for commit in history:
-            decoded = decoded_commit(commit)
-            if STATE_KEY in decoded:
-                return decoded
-        if len(history) < limit:
-            return None
+        found = newest_cdc_commit(history)
+        if found is not None or len(history) < limit:
+            return found
         limit *= 4
+
+
+def newest_cdc_commit(history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first engine commit (decoded) in ``history``, which delta-rs lists newest first."""
+    for commit in history:
+        decoded = decoded_commit(commit)
+        if STATE_KEY in decoded:
+            return decoded
+    return None
 
 
 def cdc_commits(table: DeltaTable, *, since_version: int = -1) -> list[dict[str, Any]]:
