@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-#: What the suite writes at its peak (Kafka's logs, Delta tables, Spark's spill files): about 1 GiB
-#: measured on this project's machines; the margin keeps a nearly full disk from failing halfway.
+#: What the suite writes at its peak (Kafka's logs, Delta tables, Spark's spill files): about 1 GiB,
+#: seen once with a disk sampler over a full run (a one-off, not a repo script); the margin keeps a
+#: nearly full disk from failing halfway.
 DISK_NEEDED = 2 * 1024**3
 
 

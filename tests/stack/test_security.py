@@ -10,10 +10,12 @@ in the workdir, so it is searched too.
 2. ``ingest status`` and ``ingest verify --source-db`` (subprocesses) report lag 0 and equal.
 3. A Dagster materialization of every asset (in process, on the shared SparkSession, a persistent
    instance in a temporary directory) after more source changes.
-4. A wrong SCRAM password (fresh workdir: Spark's Kafka source; existing tables: the admin client
+4. The change data feed of every table, folded by key, is the table; the orders' coupon codes equal
+   PostgreSQL's; ``--as-of`` reads the updated orders before and after (issue 12).
+5. A wrong SCRAM password (fresh workdir: Spark's Kafka source; existing tables: the admin client
    and ``ingest status``) and a wrong registry password each fail with an error that names the
    authentication that failed, and without any secret.
-5. Every byte written -- Delta tables, audit, quarantine, checkpoints, logs, captured output, the
+6. Every byte written -- Delta tables, audit, quarantine, checkpoints, logs, captured output, the
    Dagster instance's storage and materialization metadata -- is searched for the passwords.
 """
 
