@@ -206,9 +206,14 @@ class TableSpec(_Model):
     ignore_null_updates: bool = Field(
         False, description="an update's null columns keep the stored value (for streams whose updates carry "
         "only the changed columns); handled as unchanged-TOAST placeholders are")
-    history_mode: Literal["scd1"] = Field(
-        "scd1", description="scd1: keep the latest version of each row (SCD type 2 is not supported yet)"
+    history_mode: Literal["scd1", "scd2"] = Field(
+        "scd1", description="scd1: keep the latest version of each row; scd2: keep every version, valid from "
+        "_cdc_valid_from to _cdc_valid_to, the current one flagged _cdc_is_current (a table keeps the mode it "
+        "was created with)"
     )
+    track_history: ColumnSelection | None = Field(
+        None, description="scd2: the columns whose change opens a new version ({include: [...]} or "
+        "{exclude: [...]}); a change of the others updates the current version in place. Default: all")
     source_table: str | None = Field(
         None, description="schema.table in the source database, for verify --source-db; default from a "
         "Debezium topic name <prefix>.<schema>.<table>"
@@ -244,6 +249,12 @@ class TableSpec(_Model):
     def _policies_need_a_suite(self) -> TableSpec:
         if self.expectation_policies and not self.expectations:
             raise ValueError("expectation_policies is set but the table names no expectations suite")
+        return self
+
+    @model_validator(mode="after")
+    def _history_needs_scd2(self) -> TableSpec:
+        if self.track_history is not None and self.history_mode != "scd2":
+            raise ValueError("track_history is set but history_mode is not scd2")
         return self
 
 

@@ -35,7 +35,18 @@ FRAMEWORK_COLUMNS: Final[tuple[tuple[str, pa.DataType], ...]] = (
     # Columns whose value is unknown: an unchanged-TOAST placeholder with no stored value to keep.
     ("_cdc_unknown_columns", pa.list_(pa.string())),
 )
-FRAMEWORK_NAMES: Final = frozenset(name for name, _ in FRAMEWORK_COLUMNS)
+#: Framework columns of a ``history_mode: scd2`` table, after :data:`FRAMEWORK_COLUMNS`: each row is
+#: one version of its key, valid from ``_cdc_valid_from`` until ``_cdc_valid_to`` (the source commit
+#: time of the change that ended it: the next version, a delete or a truncate; null while current).
+HISTORY_COLUMNS: Final[tuple[tuple[str, pa.DataType], ...]] = (
+    ("_cdc_valid_from", pa.timestamp("us", tz="UTC")),
+    ("_cdc_valid_to", pa.timestamp("us", tz="UTC")),
+    ("_cdc_is_current", pa.bool_()),
+    # The change that ended the version: its position and op ('d' delete, 't' truncate, else the next version's).
+    ("_cdc_end_position", pa.string()),
+    ("_cdc_end_op", pa.string()),
+)
+FRAMEWORK_NAMES: Final = frozenset(name for name, _ in FRAMEWORK_COLUMNS + HISTORY_COLUMNS)
 
 _PRIMITIVE_TO_ARROW: Final[dict[str, pa.DataType]] = {
     "byte": pa.int8(),

@@ -22,10 +22,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ingest.apply import tombstones
+from ingest.apply.history import HistoryPlan
 from ingest.apply.plan import MergePlan
 from ingest.apply.schema import SchemaPlan
 from ingest.apply.tablestate import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_KEY, TableState
@@ -51,6 +53,10 @@ class CommitRequest:
         flattened: whether the table's stream is known to be ``ExtractNewRecordState`` rows.
         describe: builds the audit record stored in the commit info (``cdc.batch``) from the
             outcome, just before the commit.
+        history: ``history_mode: scd2``: the versions to write (:mod:`ingest.apply.history`); the
+            table is created with the history columns even when this batch has no versions.
+        truncate_log: scd2: every truncate the table has seen, ``(position, source time)``: a late
+            change before one of them is ended by it.
     """
 
     table: str
@@ -65,6 +71,9 @@ class CommitRequest:
     offsets: dict[tuple[str, int], int]
     flattened: bool | None
     describe: Callable[[CommitOutcome], dict[str, Any]]
+    history_mode: Literal["scd1", "scd2"] = "scd1"
+    history: HistoryPlan | None = None
+    truncate_log: list[tuple[str, datetime | None]] | None = None
 
 
 @dataclass(slots=True)
@@ -113,22 +122,26 @@ def switches_feed_on(state: TableState, enabled: bool) -> bool:
 
 
 def remember_deletes(request: CommitRequest) -> None:
-    """Record the batch's deletes as tombstones before the commit (hard-delete mode only).
+    """Record the batch's deletes as tombstones before the commit (hard-delete mode, scd1).
 
     Written first, so a crash between the two leaves tombstones the replay rewrites, never a
     delete without its tombstone.
     """
-    if request.delete_mode != "hard":
-        return
+    if request.delete_mode != "hard" or request.history is not None:
+        return  # scd2 keeps its deletes in the versions they end (ingest.apply.history)
     key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
     tombstones.record(request.tombstones_path, request.table, request.key_columns, key_types, request.plan.deletes)
     faults.point("after-tombstones")
 
 
-def state_metadata(key_columns: tuple[str, ...], watermark: str | None, flattened: bool | None) -> dict[str, Any]:
+def state_metadata(key_columns: tuple[str, ...], watermark: str | None, flattened: bool | None,
+                   truncate_log: list[tuple[str, datetime | None]] | None = None) -> dict[str, Any]:
     """The ``cdc.state`` a commit carries (read back by :func:`ingest.apply.tablestate.load_state`)."""
-    return {"primary_key": list(key_columns), "truncate_position": watermark, "position_format": POSITION_FORMAT,
-            "flattened": flattened}
+    out: dict[str, Any] = {"primary_key": list(key_columns), "truncate_position": watermark,
+                           "position_format": POSITION_FORMAT, "flattened": flattened}
+    if truncate_log is not None:
+        out["truncates"] = [[position, ts.isoformat() if ts else None] for position, ts in truncate_log]
+    return out
 
 
 def offsets_metadata(state: TableState, offsets: dict[tuple[str, int], int]) -> dict[str, int]:
@@ -142,7 +155,7 @@ def commit_info(request: CommitRequest, state: TableState, outcome: CommitOutcom
     """The CDC entries of a commit's info (``cdc.batch``, ``cdc.state``, ``cdc.offsets``)."""
     return {
         BATCH_KEY: request.describe(outcome),
-        STATE_KEY: state_metadata(request.key_columns, request.watermark, request.flattened),
+        STATE_KEY: state_metadata(request.key_columns, request.watermark, request.flattened, request.truncate_log),
         OFFSETS_KEY: offsets_metadata(state, request.offsets),
     }
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any
 
 import pyarrow as pa
@@ -34,6 +35,7 @@ from ingest.apply.commit import (
     state_metadata,
     switches_feed_on,
 )
+from ingest.apply.history import DROP, history_schema
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
 from ingest.apply.plan import TOAST_FLAG
 from ingest.apply.tablestate import STATE_KEY, TableState, app_id
@@ -102,7 +104,14 @@ class DeltaRsEngine:
         before = table.version()
         try:
             # A table without user columns (created by a truncate) holds no rows: nothing to merge.
-            if request.plan.source.num_rows or (request.truncate and state.columns):
+            if request.history is not None and (request.history.source.num_rows
+                                                or (request.history.truncate and state.columns)):
+                metrics = _merge_history(table, request, props)
+                outcome.metrics = metrics
+                updated = metrics.get("num_target_rows_updated", 0)
+                outcome.rows_truncated = max(0, updated - request.history.updates)
+                table.update_incremental()
+            elif request.history is None and (request.plan.source.num_rows or (request.truncate and state.columns)):
                 metrics = _merge(table, request, columns, props)
                 outcome.metrics = metrics
                 outcome.rows_truncated = _truncated_rows(request, metrics)
@@ -133,15 +142,17 @@ def _truncated_rows(request: CommitRequest, metrics: dict[str, Any]) -> int:
     return max(0, metrics.get("num_target_rows_updated", 0) - request.plan.matched_updates)
 
 
-def table_schema_of(columns: list[ColumnSpec]) -> pa.Schema:
-    """The Delta table's schema: the source columns in their types, then the framework's."""
+def table_schema_of(columns: list[ColumnSpec], history_mode: str = "scd1") -> pa.Schema:
+    """The Delta table's schema: the source columns in their types, then the framework's (and scd2's)."""
+    if history_mode == "scd2":
+        return history_schema(columns)
     return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in columns] + _framework_schema())
 
 
 def _create(request: CommitRequest, properties: dict[str, str]) -> DeltaTable:
     return DeltaTable.create(
-        str(request.path), table_schema_of(request.schema.columns), mode="ignore", name=request.table,
-        configuration=properties,
+        str(request.path), table_schema_of(request.schema.columns, request.history_mode), mode="ignore",
+        name=request.table, configuration=properties,
         description=_description(request),
         commit_properties=CommitProperties(custom_metadata={STATE_KEY: json.dumps(
             state_metadata(request.key_columns, None, request.flattened))}),
@@ -168,11 +179,13 @@ def initial_rows(request: CommitRequest) -> pa.Table:
     """The rows a new table starts with: those the MERGE would insert into an empty table -- every
     row of the plan's source, less hard deletes (a key the table never held) -- laid out by key."""
     source = request.plan.source
-    if request.delete_mode == "hard" and source.num_rows:
+    if request.history is not None:
+        source = request.history.source.filter(pc.invert(request.history.source[DROP]))
+    elif request.delete_mode == "hard" and source.num_rows:
         source = source.filter(pc.invert(source["_cdc_deleted"]))
     if request.key_columns:
         source = source.sort_by([(k, "ascending") for k in request.key_columns])
-    schema = table_schema_of(request.schema.columns)
+    schema = table_schema_of(request.schema.columns, request.history_mode)
     return pa.Table.from_arrays([source[f.name].cast(f.type) for f in schema], schema=schema)
 
 
@@ -183,8 +196,9 @@ def _description(request: CommitRequest) -> str:
 def _widen(table: DeltaTable, columns: list[ColumnSpec], describe: str) -> DeltaTable:
     """Rewrite the table with widened column types (data unchanged) before the batch's commit."""
     current = read_all(table)
+    user = {c.name for c in columns}
     target = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in columns if c.name in current.column_names]
-                       + [f for f in _framework_schema() if f.name in current.column_names])
+                       + [f for f in current.schema if f.name not in user])
     # int -> double is the one widening that rounds (beyond 2**53): pyarrow's checked cast refuses it.
     arrays = [current[f.name].cast(f.type, safe=not (pa.types.is_floating(f.type)
                                                       and pa.types.is_integer(current[f.name].type)))
@@ -242,4 +256,29 @@ def _merge(table: DeltaTable, request: CommitRequest, columns: list[ColumnSpec],
             merger = merger.when_not_matched_by_source_update(
                 {"_cdc_deleted": "true", "_cdc_op": "'t'", "_cdc_position": sql_string(truncate)},
                 f"{removed_by_truncate} AND NOT t._cdc_deleted")
+    return merger.execute()
+
+
+def _merge_history(table: DeltaTable, request: CommitRequest, props: CommitProperties) -> dict[str, Any]:
+    """The scd2 MERGE (:mod:`ingest.apply.history`): versions matched by key and position."""
+    plan = request.history
+    assert plan is not None
+    source = plan.source.sort_by([(k, "ascending") for k in request.key_columns])
+    sets = {quote(f.name): f"s.{quote(f.name)}" for f in history_schema(request.schema.columns)}
+    on = " AND ".join([*(f"t.{quote(k)} = s.{quote(k)}" for k in request.key_columns),
+                       "t._cdc_position = s._cdc_position"])
+    bounds = key_range(source, request.key_columns[0], "t") if not plan.truncate else None
+    merger = (table.merge(source, f"{bounds} AND {on}" if bounds else on, source_alias="s", target_alias="t",
+                          merge_schema=True, commit_properties=props)
+              .when_matched_delete(f"s.{DROP}")
+              .when_matched_update(sets, f"NOT s.{DROP}")
+              .when_not_matched_insert(sets, f"NOT s.{DROP}"))
+    if plan.truncate:
+        stamp = "NULL" if plan.truncate_ts is None else (
+            f"arrow_cast('{plan.truncate_ts.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%f')}Z', "
+            "'Timestamp(Microsecond, Some(\"UTC\"))')")
+        ended = {"_cdc_is_current": "false", "_cdc_deleted": "true", "_cdc_valid_to": stamp,
+                 "_cdc_end_position": sql_string(plan.truncate), "_cdc_end_op": "'t'"}
+        merger = merger.when_not_matched_by_source_update(
+            ended, f"t._cdc_is_current AND {later_than_stored_sql(sql_string(plan.truncate), 't._cdc_position')}")
     return merger.execute()

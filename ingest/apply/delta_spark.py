@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -42,6 +43,7 @@ from ingest.apply.commit import (
     switches_feed_on,
 )
 from ingest.apply.delta_rs import initial_rows, table_schema_of
+from ingest.apply.history import DROP, history_schema
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
 from ingest.apply.plan import TOAST_FLAG
 from ingest.apply.tablestate import STATE_KEY, TableState, table_app_id
@@ -131,6 +133,11 @@ class DeltaSparkEngine:
             with _markers(spark, app, txn, metadata):
                 if born:
                     self._write_new(spark, request)
+                elif request.history is not None:
+                    if request.history.source.num_rows or (request.history.truncate and state.columns):
+                        _merge_history(spark, request)
+                    else:
+                        spark.read.format("delta").load(path).limit(0).write.format("delta").mode("append").save(path)
                 elif request.plan.source.num_rows or (request.truncate and state.columns):
                     _merge(spark, request, columns)
                 else:
@@ -151,7 +158,7 @@ class DeltaSparkEngine:
         metrics = {k: int(v) for k, v in (last.get("operationMetrics") or {}).items() if k in _METRICS}
         outcome.metrics = metrics
         removed = ("numTargetRowsNotMatchedBySourceDeleted" if request.delete_mode == "hard"
-                   else "numTargetRowsNotMatchedBySourceUpdated")
+                   and request.history_mode == "scd1" else "numTargetRowsNotMatchedBySourceUpdated")
         outcome.rows_truncated = metrics.get(removed, 0)
         outcome.committed = True
         outcome.delta_version = int(last["version"])
@@ -188,7 +195,7 @@ class DeltaSparkEngine:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         builder = (DeltaTable.createIfNotExists(spark).location(str(request.path))
-                   .addColumns(from_arrow_schema(table_schema_of(request.schema.columns)))
+                   .addColumns(from_arrow_schema(table_schema_of(request.schema.columns, request.history_mode)))
                    .comment(f"CDC target table {request.table} (primary key {', '.join(request.key_columns)})"))
         for key, value in self._properties().items():
             builder = builder.property(key, value)
@@ -297,3 +304,31 @@ def _merge(spark: SparkSession, request: CommitRequest, columns: list[ColumnSpec
             merger = merger.whenNotMatchedBySourceUpdate(f"{removed_by_truncate} AND NOT t._cdc_deleted", marks)
     merger.execute()
 
+
+
+def _merge_history(spark: SparkSession, request: CommitRequest) -> None:
+    """The scd2 MERGE (:mod:`ingest.apply.history`), as :func:`ingest.apply.delta_rs._merge_history` does it."""
+    from delta.tables import DeltaTable
+
+    plan = request.history
+    assert plan is not None
+    schema = history_schema(request.schema.columns)
+    sets: dict[str, str | Column] = {ident(f.name): f"s.{ident(f.name)}" for f in schema}
+    on = " AND ".join([*(f"t.{ident(k)} = s.{ident(k)}" for k in request.key_columns),
+                       "t._cdc_position = s._cdc_position"])
+    bounds = key_range(plan.source, request.key_columns[0], "t", ident=ident, string=string) \
+        if not plan.truncate else None
+    frame = _frame(spark, plan.source)
+    merger = (DeltaTable.forPath(spark, str(request.path)).alias("t")
+              .merge(frame.alias("s"), f"{bounds} AND {on}" if bounds else on)
+              .whenMatchedDelete(f"s.{DROP}")
+              .whenMatchedUpdate(f"NOT s.{DROP}", sets)
+              .whenNotMatchedInsert(f"NOT s.{DROP}", sets))
+    if plan.truncate:
+        stamp = "CAST(NULL AS TIMESTAMP)" if plan.truncate_ts is None else (
+            f"CAST({string(plan.truncate_ts.astimezone(UTC).isoformat())} AS TIMESTAMP)")
+        ended: dict[str, str | Column] = {"_cdc_is_current": "false", "_cdc_deleted": "true", "_cdc_valid_to": stamp,
+                                          "_cdc_end_position": string(plan.truncate), "_cdc_end_op": "'t'"}
+        merger = merger.whenNotMatchedBySourceUpdate(
+            f"t._cdc_is_current AND {later_than_stored_sql(string(plan.truncate), 't._cdc_position')}", ended)
+    merger.execute()

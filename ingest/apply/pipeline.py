@@ -12,7 +12,8 @@ The journey (each step columnar; only messages held back become Python objects, 
    ``fail`` raises here, so the table's offsets do not move;
 5. quarantine first: if we crash after it, the replay finds the rows already there;
 6. plan the MERGE against the stored rows (:mod:`ingest.apply.plan`) and commit it with the engine
-   (:mod:`ingest.apply.delta_rs`), progress and audit record in the same commit;
+   (:mod:`ingest.apply.delta_rs`), progress and audit record in the same commit; a ``history_mode:
+   scd2`` table instead derives its touched keys' versions from every change (:mod:`ingest.apply.history`);
 7. append the audit row.
 """
 
@@ -33,6 +34,7 @@ from ingest import audit, quarantine
 from ingest.apply import tombstones
 from ingest.apply.commit import ApplyEngine, CommitOutcome, CommitRequest
 from ingest.apply.delta_rs import DeltaRsEngine
+from ingest.apply.history import HistoryInput, check_history_mode, history_changes, plan_history
 from ingest.apply.kafka_tombstones import are_deletes, resolve
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.ordering import later_than_stored
@@ -175,7 +177,12 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
         reduction = reduce_changes(changes, tuple(key_columns), schema.columns, soft=spec.delete_mode == "soft")
     else:  # only truncates (or nothing): there is no key to reduce by
         reduction = _truncates_only(changes)
+    candidates, n_held = reduction.winners, len(held)
     report = _check_quality(spec, gate, reduction, changes, state, held, batch_id=batch_id, run_id=run_id)
+    history = None
+    if spec.history_mode == "scd2":  # every change, less the keys quality holds back
+        history = HistoryInput(history_changes(changes, candidates, reduction.winners, key_columns or ()),
+                               changes.num_rows, len(held) - n_held)
     record.expectations_evaluated, record.expectations_failed = report.evaluated, report.failed
     record.quality_status, record.quality_failures = report.status, report.failures_json()
 
@@ -191,7 +198,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     engine = engine or DeltaRsEngine()
     record.engine = engine.name  # before the commit: the commit info carries the record
     outcome = _commit(spec, paths, state, reduction, schema, tuple(key_columns or ()), record, batch,
-                      flattened, not replay, engine)
+                      flattened, not replay, engine, history)
     faults.point("after-delta-commit")
     record.status = "replayed" if replay else "committed" if outcome.committed else "nothing-to-commit"
     record.rows_truncated = outcome.rows_truncated
@@ -218,17 +225,33 @@ def _typed_nulls(changes: pa.Table, columns: list[ColumnSpec]) -> pa.Table:
 
 def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Reduction, schema: Any,
             key_columns: tuple[str, ...], record: AuditRecord, batch: MicroBatch, flattened: bool | None,
-            record_offsets: bool, engine: ApplyEngine) -> CommitOutcome:
+            record_offsets: bool, engine: ApplyEngine, history: HistoryInput | None = None) -> CommitOutcome:
     _refuse_to_move_backwards(spec.name, batch, state, record_offsets)
     _check_position_format(spec.name, state)
+    check_history_mode(spec.name, spec.history_mode, state)
     if state.table is None and not schema.columns and reduction.truncate is None:
         return CommitOutcome()  # nothing to create a table from (only control records): nothing to record
+    key_types = {c.name: c.type for c in schema.columns if c.name in key_columns}
+    offsets = {tp: span[1] for tp, span in batch.offsets.items()} if record_offsets else {}
+    if history is not None:
+        plan_h = plan_history(
+            history.changes, key_columns=key_columns, columns=schema.columns, table=state.table,
+            tracked=[c.name for c in schema.columns if spec.track_history is None or spec.track_history.keeps(c.name)],
+            watermark=state.truncate_position, truncate_log=state.truncate_log)
+        history.count(record, plan_h)
+        if not record_offsets and plan_h.source.num_rows == 0 and plan_h.truncate is None:
+            return CommitOutcome()
+        return engine.commit(CommitRequest(
+            table=spec.name, path=paths.table, tombstones_path=paths.tombstones, delete_mode=spec.delete_mode,
+            key_columns=key_columns, schema=schema, plan=_empty_plan(schema.columns), truncate=plan_h.truncate,
+            watermark=plan_h.watermark, truncate_log=plan_h.truncate_log, offsets=offsets,
+            flattened=flattened if flattened is not None else state.flattened, history_mode="scd2", history=plan_h,
+            describe=lambda outcome: _describe(record, outcome)), state)
     truncate = reduction.truncate.position if reduction.truncate else None
     if truncate is not None and state.truncate_position is not None and not later_than_stored(
             truncate, state.truncate_position):
         truncate = None  # an older or replayed truncate changes nothing
     record.truncates = 1 if truncate else 0
-    key_types = {c.name: c.type for c in schema.columns if c.name in key_columns}
     hard = spec.delete_mode == "hard"
     if key_columns:
         parts = [t.select(list(key_columns)) for t in (reduction.winners, reduction.truncated) if t is not None]
@@ -250,9 +273,8 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
         table=spec.name, path=paths.table, tombstones_path=paths.tombstones, delete_mode=spec.delete_mode,
         key_columns=key_columns, schema=schema, plan=plan, truncate=truncate,
         watermark=truncate or state.truncate_position,
-        offsets={tp: span[1] for tp, span in batch.offsets.items()} if record_offsets else {},
-        flattened=flattened if flattened is not None else state.flattened,
-        describe=lambda outcome: _describe(record, outcome),
+        offsets=offsets, flattened=flattened if flattened is not None else state.flattened,
+        history_mode=spec.history_mode, describe=lambda outcome: _describe(record, outcome),
     )
     return engine.commit(request, state)
 

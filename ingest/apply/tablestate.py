@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,13 @@ class TableState:
     flattened: bool | None = None
     #: ``cdc.offsets`` of the latest CDC commit: ``"<topic>:<partition>" -> offset``
     offsets: dict[str, int] = field(default_factory=dict)
+    #: scd2 tables: every truncate seen, ``(position, source time)`` in source order
+    truncate_log: list[tuple[str, datetime | None]] = field(default_factory=list)
+
+    @property
+    def history(self) -> bool:
+        """Whether the table keeps every version (``history_mode: scd2``: it has ``_cdc_is_current``)."""
+        return self.table is not None and any(f.name == "_cdc_is_current" for f in table_schema(self.table))
 
     @property
     def version(self) -> int | None:
@@ -85,8 +93,9 @@ def load_state(path: str | Path) -> TableState:
     state = latest.get(STATE_KEY, {}) if latest else {}
     key = tuple(state["primary_key"]) if state.get("primary_key") else None
     offsets = {str(k): int(v) for k, v in (latest.get(OFFSETS_KEY) or {}).items()} if latest else {}
+    log = [(p, datetime.fromisoformat(t) if t else None) for p, t in state.get("truncates") or []]
     return TableState(table, columns, key, state.get("truncate_position"), state.get("position_format"),
-                      state.get("flattened"), offsets)
+                      state.get("flattened"), offsets, log)
 
 
 def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:
