@@ -8,6 +8,7 @@ choice, so batching-independence can be checked directly.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from dataclasses import dataclass
@@ -140,6 +141,42 @@ def live_by_key(table: Any, key_columns: list[str]) -> dict[tuple[Any, ...], dic
     """The Delta table's live rows (user columns, by key), to compare with :func:`fold_feed`."""
     return {tuple(r[k] for k in key_columns): user_columns(r) for r in read_all(table).to_pylist()
             if not r.get("_cdc_deleted")}
+
+
+def history_problems(table: Any, key_columns: list[str]) -> list[str]:
+    """What is wrong with a ``history_mode: scd2`` table's versions (empty: nothing).
+
+    Per key: at most one current version, and it alone is open and not deleted; validity never runs
+    backwards; a version ended by the next one ends when it starts, one ended by a delete or a
+    truncate no later; delete markers are zero-length and deleted.
+    """
+    problems: list[str] = []
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for row in read_all(table).to_pylist():
+        by_key[tuple(row[k] for k in key_columns)].append(row)
+    for key_of, versions in by_key.items():
+        markers = [v for v in versions if v["_cdc_op"] == "d"]
+        if any(not m["_cdc_deleted"] or m["_cdc_is_current"] or m["_cdc_valid_from"] != m["_cdc_valid_to"]
+               for m in markers):
+            problems.append(f"{key_of}: a delete marker is not a closed zero-length row")
+        rows = sorted((v for v in versions if v["_cdc_op"] != "d"),
+                      key=lambda v: (v["_cdc_valid_from"], v["_cdc_position"]))
+        if sum(v["_cdc_is_current"] for v in rows) > 1:
+            problems.append(f"{key_of}: more than one current version")
+        for v in rows:
+            open_ = v["_cdc_valid_to"] is None and v["_cdc_end_op"] is None
+            if v["_cdc_is_current"] != open_ or v["_cdc_is_current"] == v["_cdc_deleted"]:
+                problems.append(f"{key_of}@{v['_cdc_position']}: current, open and deleted disagree")
+            if v["_cdc_valid_to"] is not None and v["_cdc_valid_to"] < v["_cdc_valid_from"]:
+                problems.append(f"{key_of}@{v['_cdc_position']}: valid_to before valid_from")
+        for a, b in itertools.pairwise(rows):
+            if a["_cdc_is_current"]:
+                problems.append(f"{key_of}: a current version is followed by another")
+            elif a["_cdc_end_op"] not in ("d", "t") and a["_cdc_valid_to"] != b["_cdc_valid_from"]:
+                problems.append(f"{key_of}@{a['_cdc_position']}: not ended when the next version starts")
+            elif a["_cdc_end_op"] in ("d", "t") and a["_cdc_valid_to"] > b["_cdc_valid_from"]:
+                problems.append(f"{key_of}@{a['_cdc_position']}: ended after the next version starts")
+    return problems
 
 
 def user_columns(row: dict[str, Any]) -> dict[str, Any]:

@@ -37,7 +37,8 @@ SHOP_TABLES: Final = tuple(t.name for t in pg_schema.TABLES)
 
 def stack_config(stack: Any, workdir: Path, *, value_format: Format = "avro", schema: str = "shop",
                  sasl: bool = False, tables: Iterable[str] = SHOP_TABLES, max_records_per_batch: int | None = None,
-                 spark_conf: dict[str, str] | None = None, path: Path | None = None) -> Path:
+                 spark_conf: dict[str, str] | None = None, path: Path | None = None,
+                 table_options: dict[str, dict[str, Any]] | None = None) -> Path:
     """Write a configuration for ``schema``'s tables on the running stack; returns the file.
 
     Args:
@@ -50,6 +51,7 @@ def stack_config(stack: Any, workdir: Path, *, value_format: Format = "avro", sc
         max_records_per_batch: the source's ``max_records_per_batch`` (default: the engine's).
         spark_conf: extra Spark settings (``spark.conf``).
         path: where to write the file (default ``<workdir>/config.yaml``).
+        table_options: more settings per table name (e.g. ``{"customers": {"history_mode": "scd2"}}``).
     """
     pg_schema.check_schema_name(schema)
     kafka: dict[str, Any] = {"bootstrap_servers": stack.bootstrap_servers(sasl=sasl)}
@@ -66,8 +68,8 @@ def stack_config(stack: Any, workdir: Path, *, value_format: Format = "avro", sc
     data: dict[str, Any] = {
         "workdir": str(workdir.resolve()),
         "source": source,
-        "tables": [{"name": t, "topic": f"{PREFIX[value_format]}.{schema}.{t}", "source_table": f"{schema}.{t}"}
-                   for t in tables],
+        "tables": [{"name": t, "topic": f"{PREFIX[value_format]}.{schema}.{t}", "source_table": f"{schema}.{t}",
+                    **(table_options or {}).get(t, {})} for t in tables],
     }
     if spark_conf:
         data["spark"] = {"conf": dict(spark_conf)}

@@ -17,7 +17,7 @@ from ingest import audit
 from ingest.config import ColumnSelection, TableSpec
 from ingest.deltaio import open_table, read_all
 from ingest.errors import TableError
-from tests.harness import TS, Topic, ingest_batch, key, paths_in, pg, rows
+from tests.harness import TS, Topic, history_problems, ingest_batch, key, paths_in, pg, rows
 
 pytestmark = pytest.mark.usefixtures("apply_engine")
 
@@ -128,6 +128,7 @@ def test_versions_match_the_source_history_whatever_the_delivery(tmp_path, seed)
         (v[0], v[1], v[2]) for v in want if v[5])
     assert all(r is not None and r.balanced for r in records)
     assert sum(r.received for r in records) == len(messages)
+    assert not history_problems(open_table(paths.table), ["id"])
 
 
 def test_a_late_change_lands_between_its_neighbours(tmp_path):

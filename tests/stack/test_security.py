@@ -11,7 +11,9 @@ in the workdir, so it is searched too.
 3. A Dagster materialization of every asset (in process, on the shared SparkSession, a persistent
    instance in a temporary directory) after more source changes.
 4. The change data feed of every table, folded by key, is the table; the orders' coupon codes equal
-   PostgreSQL's; ``--as-of`` reads the updated orders before and after (issue 12).
+   PostgreSQL's; ``--as-of`` reads the updated orders before and after; customers, kept in
+   ``history_mode: scd2``, have well-formed versions, past ones among them, and their current rows
+   equal PostgreSQL's in steps 1-3 (issue 12).
 5. A wrong SCRAM password (fresh workdir: Spark's Kafka source; existing tables: the admin client
    and ``ingest status``) and a wrong registry password each fail with an error that names the
    authentication that failed, and without any secret.
@@ -89,10 +91,12 @@ def _ingest(written: Written, label: str, env: dict[str, str], *args: str,
 
 
 def _config(stack: Any, written: Written, name: str) -> Path:
-    """A SASL + basic-auth configuration with Spark's scratch space in its workdir."""
+    """A SASL + basic-auth configuration with Spark's scratch space in its workdir; customers keep
+    every version (``history_mode: scd2``), so PostgreSQL checks their current rows."""
     workdir = written.root / name
     conf = {"spark.local.dir": str(workdir / "spark-local")}
-    return stack_config(stack, workdir, value_format="avro", schema=SCHEMA, sasl=True, spark_conf=conf)
+    return stack_config(stack, workdir, value_format="avro", schema=SCHEMA, sasl=True, spark_conf=conf,
+                        table_options={"customers": {"history_mode": "scd2"}})
 
 
 @pytest.fixture(scope="module")
@@ -183,17 +187,25 @@ def test_the_change_feed_and_time_travel_agree_with_postgresql(stack: Any, writt
     from ingest.changes import ChangeRange, changes
     from ingest.deltaio import open_table
     from ingest.query import AsOf, run_sql
-    from tests.harness import fold_feed, live_by_key
+    from tests.harness import fold_feed, history_problems, live_by_key
 
     config = load_config(written.root / "good" / "config.yaml")
     folded = {}
     for spec in config.tables:
-        key_columns = list(load_state(config.table_path(spec.name)).key_columns or ())
+        state = load_state(config.table_path(spec.name))
+        key_columns = list(state.key_columns or ())
+        # A scd2 table holds several rows per key: its feed folds by version.
+        versions = [*key_columns, "_cdc_position"] if state.history else key_columns
         feed = changes(config, spec.name, ChangeRange(from_version=0))
-        folded[spec.name] = fold_feed(feed, key_columns)
+        folded[spec.name] = fold_feed(feed, versions)
         table = open_table(config.table_path(spec.name))
         assert table is not None, spec.name
-        assert folded[spec.name] and folded[spec.name] == live_by_key(table, key_columns), spec.name
+        assert folded[spec.name] and folded[spec.name] == live_by_key(table, versions), spec.name
+    customers = open_table(config.table_path("customers"))
+    assert customers is not None and load_state(config.table_path("customers")).history
+    assert not history_problems(customers, ["id"])
+    past = customers.to_pyarrow_table(filters=[("_cdc_is_current", "=", False)])
+    assert past.num_rows > 0 and set(past["_cdc_end_op"].to_pylist()) >= {"u", "d"}
     orders = pg_schema.qualified(SCHEMA, "orders")
     with psycopg.connect(pg_dsn) as conn:
         found = conn.execute(sql.SQL("SELECT id, coupon_code FROM {t}").format(t=orders)).fetchall()
