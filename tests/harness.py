@@ -179,6 +179,48 @@ def history_problems(table: Any, key_columns: list[str]) -> list[str]:
     return problems
 
 
+def versions_of_history(history: pa.Table, key_columns: list[str]) -> dict[tuple[Any, ...], list[tuple]]:
+    """Each key's versions ``(row, valid_from, valid_to, end_op)`` from a source's changes in source order
+    (the simulator's :attr:`~ingest.proof.simulator.truth.Truth.history`): a change that alters the
+    row opens a version, one that does not leaves it; a delete ends it, a truncate ends them all."""
+    current: dict[tuple[Any, ...], dict[str, Any]] = {}
+    out: dict[tuple[Any, ...], list[tuple]] = defaultdict(list)
+
+    def end(key_of: tuple[Any, ...], version: dict[str, Any], at: datetime, op: str) -> None:
+        out[key_of].append((version["row"], version["from"], at, op))
+
+    for change in history.to_pylist():
+        op, at = change.pop("_op"), datetime.fromtimestamp(change.pop("_source_ts_ms") / 1000, UTC)
+        if op == "t":
+            for key_of, version in current.items():
+                end(key_of, version, at, "t")
+            current.clear()
+            continue
+        key_of = tuple(change[k] for k in key_columns)
+        version = current.get(key_of)
+        if op == "d":
+            if version is not None:
+                end(key_of, current.pop(key_of), at, "d")
+        elif version is None or version["row"] != change:
+            if version is not None:
+                end(key_of, version, at, op)
+            current[key_of] = {"row": change, "from": at}
+    for key_of, version in current.items():
+        out[key_of].append((version["row"], version["from"], None, None))
+    return dict(out)
+
+
+def stored_versions(table: Any, key_columns: list[str]) -> dict[tuple[Any, ...], list[tuple]]:
+    """A scd2 table's versions as :func:`versions_of_history` gives them (delete markers left out)."""
+    out: dict[tuple[Any, ...], list[tuple]] = defaultdict(list)
+    rows = sorted((r for r in read_all(table).to_pylist() if r["_cdc_op"] != "d"),
+                  key=lambda r: (r["_cdc_valid_from"], r["_cdc_position"]))
+    for r in rows:
+        out[tuple(r[k] for k in key_columns)].append(
+            (user_columns(r), r["_cdc_valid_from"], r["_cdc_valid_to"], r["_cdc_end_op"]))
+    return dict(out)
+
+
 def user_columns(row: dict[str, Any]) -> dict[str, Any]:
     """The row without the framework's columns and the change feed's."""
     return {k: v for k, v in row.items() if k not in FRAMEWORK_NAMES and k not in CHANGE_COLUMNS}

@@ -4,6 +4,8 @@ On disk (``Truth.save``)::
 
     <dir>/truth.json          key columns, topic and event counts per table, workload metadata
     <dir>/<table>.parquet     the live rows after every change, in primary-key order
+    <dir>/<table>.history.parquet   every change in source order: ``_op``, ``_source_ts_ms`` and the
+                              row it left (or removed), TOAST placeholders resolved
 
 Parquet keeps the exact Arrow types the target tables must have (``int16``/``int32``/``int64``,
 ``decimal128(p,s)``, ``date32``, ``timestamp('us')`` for ``MicroTimestamp``,
@@ -38,6 +40,8 @@ class Truth:
             delivered twice), ``malformed`` (extra bad messages, also split as
             ``malformed_<kind>``) and ``records`` (everything appended to the topic).
         meta: how the workload was made (spec, value format, ...), for reports.
+        history: every change per table in source order (``_op``, ``_source_ts_ms``, the row's
+            columns in the target's types; a truncate's are null), for tables that keep every version.
     """
 
     tables: dict[str, pa.Table]
@@ -45,6 +49,7 @@ class Truth:
     topics: dict[str, str]
     counts: dict[str, dict[str, int]]
     meta: dict[str, Any] = field(default_factory=dict)
+    history: dict[str, pa.Table] = field(default_factory=dict)
 
     def changes(self, table: str) -> int:
         """Row-change events (snapshot reads included) that a table's topic carries."""
@@ -63,6 +68,8 @@ class Truth:
         folder.mkdir(parents=True, exist_ok=True)
         for name, table in self.tables.items():
             pq.write_table(table, folder / f"{name}.parquet")
+        for name, table in self.history.items():
+            pq.write_table(table, folder / f"{name}.history.parquet")
         doc = {
             "tables": sorted(self.tables),
             "key_columns": {t: list(k) for t, k in self.key_columns.items()},
@@ -91,4 +98,6 @@ class Truth:
             topics=dict(doc["topics"]),
             counts={t: dict(c) for t, c in doc["counts"].items()},
             meta=dict(doc.get("meta", {})),
+            history={name: pq.read_table(folder / f"{name}.history.parquet") for name in doc["tables"]
+                     if (folder / f"{name}.history.parquet").exists()},
         )

@@ -37,6 +37,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Final
 
+import pyarrow as pa
+
 from ingest.decode.registry import SchemaRegistry
 from ingest.errors import TopicLogError
 from ingest.proof.simulator.delivery import TopicWriter
@@ -48,7 +50,15 @@ from ingest.proof.simulator.encode import (
     malformed_message,
     topic_name,
 )
-from ingest.proof.simulator.model import LOYALTY_TIER, Key, Row, SourceDatabase, default_tables, ledger_table
+from ingest.proof.simulator.model import (
+    LOYALTY_TIER,
+    Key,
+    Row,
+    SourceDatabase,
+    default_tables,
+    ledger_table,
+    truth_value,
+)
 from ingest.proof.simulator.rows import QUALITY_VIOLATIONS, TOAST_THRESHOLD, RowFactory, violate
 from ingest.proof.simulator.spec import WorkloadSpec
 from ingest.proof.simulator.truth import Truth
@@ -110,6 +120,9 @@ class _Workload:
             # A random phase spreads malformed messages differently per topic.
             self.malformed_due[table] = delivery_rng.random()
         self.malformed_seq: Counter[str] = Counter()
+        # Every change as the source made it, in source order: (op, source ts_ms, the row it left
+        # or removed -- TOAST placeholders resolved), the truth of a table that keeps every version.
+        self.history: dict[str, list[tuple[str, int, Row | None]]] = {t: [] for t in self.db.tables}
         # Error diffusion, like malformed messages: fraction * changes violations, evenly spread.
         self.violation_due = 0.0
         self.now_us = _T0_US
@@ -137,6 +150,8 @@ class _Workload:
         writer.send(key_bytes, self.encoder.value(definition, envelope), ts_ms)
         counts = self.counts[table]
         counts[_OP_COUNT[envelope.op]] += 1
+        self.history[table].append((envelope.op, int(envelope.source["ts_ms"]),  # type: ignore[call-overload]
+                                    None if row is None else dict(row)))
         if envelope.op == "d":
             writer.send(key_bytes, None, ts_ms)  # Debezium's tombstone (tombstones.on.delete)
             counts["tombstones"] += 1
@@ -353,6 +368,17 @@ class _Workload:
         return Change("orders", "t", None, None, None, None)
 
     # -- results ------------------------------------------------------------------------------
+    def _history_table(self, table: str) -> pa.Table:
+        """:attr:`history` of ``table`` typed as the target table ends (``_op``, ``_source_ts_ms``, columns)."""
+        events = self.history[table]
+        columns = self.db[table].definition.columns
+        rows = [row or {} for _, _, row in events]
+        return pa.table({
+            "_op": pa.array([op for op, _, _ in events], pa.string()),
+            "_source_ts_ms": pa.array([ts for _, ts, _ in events], pa.int64()),
+            **{c.name: pa.array([truth_value(c, r.get(c.name)) for r in rows], type=c.arrow_type()) for c in columns},
+        })
+
     def finish(self) -> Truth:
         for table, writer in self.writers.items():
             writer.close()
@@ -362,6 +388,7 @@ class _Workload:
                 *(f"violation_{k}" for kinds in QUALITY_VIOLATIONS.values() for k in kinds))
         return Truth(
             tables=self.db.to_arrow(),
+            history={t: self._history_table(t) for t in self.db.tables},
             key_columns={t: s.definition.key for t, s in self.db.tables.items()},
             topics=dict(self.topics),
             counts={t: {k: int(c[k]) for k in keys} for t, c in self.counts.items()},
