@@ -27,6 +27,18 @@ _quiet.propagate = False
 _SCRAM_SAFE = re.compile(r"^[A-Za-z0-9_\-.~]+$")
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id: a random UUID in URL-safe base64, unpadded, never starting with ``-``.
+
+    One id in 64 would start with ``-``, and the storage tool's argument parser would take it for an
+    option ("--cluster-id: expected one argument"); Kafka's own ``random-uuid`` skips those too.
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
 def admin_client(config: dict[str, Any]) -> Any:
     """A confluent_kafka AdminClient whose librdkafka log lines are discarded (probes fail on purpose)."""
     from confluent_kafka.admin import AdminClient
@@ -82,9 +94,10 @@ class Kafka(Component):
         if (self.data / "meta.properties").exists():
             return
         cluster_file = self.dir / "cluster.id"
-        if not cluster_file.exists():
-            cluster_file.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=") + "\n")
-        cluster_id = cluster_file.read_text().strip()
+        cluster_id = cluster_file.read_text().strip() if cluster_file.exists() else ""
+        if not cluster_id or cluster_id.startswith("-"):  # a file from before new_cluster_id() is replaced
+            cluster_id = new_cluster_id()
+            cluster_file.write_text(cluster_id + "\n")
         cmd = [*self._java(), "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
                "--config", str(self.properties), "--ignore-formatted"]
         password = s.credentials.kafka_sasl_password
