@@ -7,12 +7,14 @@ against what Debezium really emits, and the project's machines can provide every
 needs (Debian packages, Maven Central), so a stack that does not start is a problem to fix, not to
 hide. Deselect these tests explicitly with ``-m "not stack"``.
 
-A stack this run started is stopped at its end, as on CI's clean machine; a stack that was
-already running (``make stack``: a developer's, shared with other runs) is left running.
+A stack this run started is stopped at its end, as on CI's clean machine -- also when it fails to
+start, so that no component it did start is left behind; a stack that was already running
+(``make stack``: a developer's, shared with other runs) is left running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -25,12 +27,17 @@ def stack() -> Iterator[Any]:
     """The running local stack, with the engine's credentials in ``os.environ`` for the session."""
     from ingest.stack import Stack
 
+    running, already = None, None
     try:
         running = Stack.from_env()
         already = [c.name for c in running.status() if c.pid is not None]
         running.up()
         running.wait_connectors()
     except Exception as exc:  # StackError, a missing package, a port in use ...
+        if running is not None and already == []:
+            # What this run started before the failure (PostgreSQL, say) must not outlive it.
+            with contextlib.suppress(Exception):
+                running.down()
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         ci = " (CI)" if os.environ.get("CI") == "true" else ""
         pytest.fail(f"the local stack could not start{ci}: {first} -- see docs/stack.md; "
