@@ -47,10 +47,10 @@ def ingested(request, tmp_path_factory, spark):
     return config, report
 
 
-@pytest.fixture(scope="module")
-def ingested_history(tmp_path_factory, spark):
-    """The same workload with every table keeping every version (``history_mode: scd2``, delta-rs)."""
-    config = make_config(tmp_path_factory.mktemp("e2e-scd2"), history_mode="scd2")
+@pytest.fixture(scope="module", params=["delta-rs", "delta-spark"])
+def ingested_history(request, tmp_path_factory, spark):
+    """The same workload with every table keeping every version (``history_mode: scd2``), by each engine."""
+    config = make_config(tmp_path_factory.mktemp("e2e-scd2"), history_mode="scd2", engine=request.param)
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
     report = Engine(config, spark=spark).run()
     return config, report

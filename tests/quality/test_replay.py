@@ -6,7 +6,7 @@ import pytest
 
 from ingest import audit, quarantine
 from ingest.apply.tablestate import load_state
-from ingest.deltaio import open_table
+from ingest.deltaio import open_table, read_all
 from ingest.errors import QualityGateError
 from ingest.ops.replay import REPLAY_BATCH, replay_quarantine
 from tests.quality.helpers import ACCOUNTS_SUITE, TOPIC, accounts_paths, ingest, live, pending, write_suite
@@ -104,3 +104,34 @@ def test_a_recheck_under_fail_policy_raises_and_applies_nothing(accounts):
     with pytest.raises(QualityGateError, match=r"bad at x\.io"):
         replay_quarantine(config, "accounts")
     assert len(pending(config)) == 1 and live(config) == {}
+
+
+@both_engines
+def test_a_replayed_change_lands_in_its_place_in_a_scd2_history(tmp_path):
+    """scd2 (issue 12): a change the gate held, replayed after the fix, becomes the version it was,
+    between its neighbours -- where scd1 can only call it stale."""
+    from datetime import UTC, datetime
+
+    from tests.quality.helpers import Accounts, make_config
+
+    config = make_config(tmp_path, tables=[{"name": "accounts", "topic": TOPIC, "expectations": "accounts",
+                                            "quality_policy": "quarantine", "history_mode": "scd2"}])
+    write_suite(config.expectations_dir, "accounts", ACCOUNTS_SUITE)
+    src = Accounts()
+    ingest(config, [src.message("c", 1, email="first@x.io", at=2000)], 0)
+    ingest(config, [src.message("u", 1, email="b at x.io", at=3000)], 1)  # held
+    ingest(config, [src.message("u", 1, email="newest@x.io", at=4000)], 2)
+    fix_suite(config)
+    offsets = load_state(accounts_paths(config).table).applied_offset(TOPIC, 0)
+    report = replay_quarantine(config, "accounts")
+    assert report.replayed == 1 and report.record.inserted == 1 and report.record.balanced
+
+    def at(lsn: int) -> datetime:  # Accounts' source time: a fixed instant plus the LSN in microseconds
+        return datetime.fromtimestamp((1_717_400_000_000_000 + lsn) // 1000 / 1000, UTC)
+
+    rows = sorted(read_all(open_table(accounts_paths(config).table)).to_pylist(),
+                  key=lambda r: r["_cdc_valid_from"])
+    assert [(r["email"], r["_cdc_valid_from"], r["_cdc_valid_to"], r["_cdc_is_current"]) for r in rows] == [
+        ("first@x.io", at(2000), at(3000), False), ("b at x.io", at(3000), at(4000), False),
+        ("newest@x.io", at(4000), None, True)]
+    assert load_state(accounts_paths(config).table).applied_offset(TOPIC, 0) == offsets
