@@ -46,6 +46,18 @@ def test_truncate_before_its_table_exists_is_remembered(tmp_path, spec):
     assert all(r["balanced"] for r in audit_rows(paths))
 
 
+@MODES
+def test_a_change_after_a_truncate_that_created_the_table_applies(tmp_path, spec):
+    """The table a truncate created has no columns yet; the first later change adds them and applies."""
+    paths, topic = paths_in(tmp_path), Topic()
+    truncate = topic.send(None, pg("t", None, lsn=5), partition=1)
+    insert = topic.send(key(1), pg("c", {"id": 1, "v": "a"}, lsn=7), partition=0)
+    ingest_batch(spec, paths, topic, [truncate], batch_id=0)
+    record = ingest_batch(spec, paths, topic, [insert], batch_id=1).record
+    assert {k: r["v"] for k, r in rows(paths).items()} == {1: "a"}
+    assert record is not None and record.inserted == 1 and record.balanced
+
+
 # -- 2. deletes carried only by a Kafka tombstone ------------------------------------------------------
 @MODES
 @pytest.mark.parametrize("with_lsn", [True, False], ids=["lsn-added", "no-position-fields"])

@@ -91,6 +91,8 @@ class DeltaRsEngine:
             faults.point("before-widen")
             table = _widen(table, columns, request.schema.describe())
             faults.point("after-widen")
+        if table is not None and not born:
+            _add_key_columns(table, request, state)
         remember_deletes(request)
         props = CommitProperties(
             app_transactions=[Transaction(app_id(topic, partition), offset, int(time.time() * 1000))
@@ -126,6 +128,18 @@ class DeltaRsEngine:
         outcome.delta_version = table.version()
         outcome.merge_ms = int((time.perf_counter() - started) * 1000)
         return outcome
+
+
+def _add_key_columns(table: DeltaTable, request: CommitRequest, state: TableState) -> None:
+    """A table a truncate created has no user columns: its first MERGE needs the key columns its
+    join names (the MERGE's schema merge adds the other new columns itself)."""
+    from deltalake.schema import Schema
+
+    have = {c.name for c in state.columns or []}
+    missing = [c for c in request.schema.columns if c.name in request.key_columns and c.name not in have]
+    if missing:
+        table.alter.add_columns(Schema.from_arrow(pa.schema([pa.field(c.name, arrow_type(c.type))
+                                                              for c in missing])).fields)
 
 
 def _framework_schema() -> list[pa.Field]:
