@@ -305,7 +305,6 @@ def _merge(spark: SparkSession, request: CommitRequest, columns: list[ColumnSpec
     merger.execute()
 
 
-
 def _merge_history(spark: SparkSession, request: CommitRequest) -> None:
     """The scd2 MERGE (:mod:`ingest.apply.history`), as :func:`ingest.apply.delta_rs._merge_history` does it."""
     from delta.tables import DeltaTable

@@ -185,6 +185,17 @@ def test_truncate_ends_every_current_version_touched_or_not(tmp_path):
     assert {r["_cdc_end_op"] for r in read_all(open_table(paths.table)).to_pylist() if r["v"] == "a"} == {"u", "t"}
 
 
+def test_a_truncate_seen_before_its_table_exists_ends_the_late_insert(tmp_path):
+    paths, topic = paths_in(tmp_path), Topic()
+    insert = topic.send(key(1), pg("c", {"id": 1, "v": "a", "w": "x"}, lsn=3, ts_ms=TS + 3000), partition=0)
+    truncate = topic.send(None, pg("t", None, lsn=5, ts_ms=TS + 5000), partition=1)
+    first = ingest_batch(SCD2, paths, topic, [truncate], batch_id=0).record
+    second = ingest_batch(SCD2, paths, topic, [insert], batch_id=1).record
+    assert stored_versions(paths) == ([(1, "a", "x", at(3), at(5), False)], 0)
+    assert rows(paths) == {} and first.truncates == 1 and second.inserted == 1
+    assert first.balanced and second.balanced
+
+
 def test_a_table_keeps_its_history_mode(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     ingest_batch(TableSpec(name="t", topic="t"), paths, topic, [topic.send(key(1), pg("c", {"id": 1}, lsn=10))])
