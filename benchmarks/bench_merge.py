@@ -11,6 +11,10 @@ through the engine's whole driver path (parts -> reduce -> plan -> delta-rs MERG
   deletion vectors), so every file holding a touched key is rewritten: the cost grows with the
   table. Reported, not a target for delta-rs.
 
+``--history-mode scd2`` keeps every version (the table starts with one current version per key);
+``--history-mode both`` runs scd1 and scd2 on tables of each size side by side and prints what
+keeping the history costs per batch (scd2 / scd1).
+
 ``--engine delta-spark`` commits with delta-spark's MERGE instead, the table's deletion vectors on
 (the table is built by delta-rs, then ``delta.enableDeletionVectors`` is set with Spark SQL, as a
 user converting a delta-rs table would): an update or delete marks the old row in a vector file
@@ -18,6 +22,7 @@ instead of rewriting its file. Its target is the random batch: at most 1.5x from
 
     .venv/bin/python benchmarks/bench_merge.py [--sizes 200000,2000000,20000000] [--rounds 3]
                                                [--engine delta-rs|delta-spark]
+                                               [--history-mode scd1|scd2|both]
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from ingest.apply.delta_rs import DeltaRsEngine
 from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec, TargetSpec
 from ingest.decode.parts import PartsBuilder
-from ingest.deltaio import FRAMEWORK_COLUMNS
+from ingest.deltaio import FRAMEWORK_COLUMNS, HISTORY_COLUMNS
 from ingest.events import ChangeEvent, ColumnSpec, SourcePosition
 from ingest.paths import TablePaths
 
@@ -82,14 +87,15 @@ class Source:
         return out.parts()
 
 
-def build(root: Path, rows: int, file_mb: int) -> tuple[TablePaths, Source]:
-    """A table of ``rows`` rows in key order, created by the engine and filled in bulk."""
+def build(root: Path, rows: int, file_mb: int, spec: TableSpec = SPEC) -> tuple[TablePaths, Source]:
+    """A table of ``rows`` rows in key order, created by the engine and filled in bulk (scd2: each
+    row its key's one current version)."""
     shutil.rmtree(root, ignore_errors=True)
     paths = TablePaths(root / "orders", root / "_cdc_tombstones" / "orders", root / "_cdc_audit",
                        root / "_cdc_quarantine")
     source = Source(rows)
     engine = DeltaRsEngine(target_file_size=file_mb * 1024 * 1024)
-    apply_parts(SPEC, paths, source.parts([rows + 10_000_000]), batch_id=0, run_id="build",  # engine-made table
+    apply_parts(spec, paths, source.parts([rows + 10_000_000]), batch_id=0, run_id="build",  # engine-made table
                 engine=engine)
     table = DeltaTable(str(paths.table))
     schema = pa.schema(table.schema().to_arrow())
@@ -105,9 +111,12 @@ def build(root: Path, rows: int, file_mb: int) -> tuple[TablePaths, Source]:
             "_cdc_op": pa.array(["r"] * n), "_cdc_position": pa.array([SourcePosition(5, i + 1, 0, 0).encode()
                                                                        for i in range(start, start + n)]),
         }
-        for name, typ in FRAMEWORK_COLUMNS:
+        for name, typ in FRAMEWORK_COLUMNS + (HISTORY_COLUMNS if spec.history_mode == "scd2" else ()):
             data.setdefault(name, pa.nulls(n, typ))
         data["_cdc_deleted"] = pa.array([False] * n)
+        if spec.history_mode == "scd2":
+            data["_cdc_is_current"] = pa.array([True] * n)
+            data["_cdc_valid_from"] = pa.array([datetime(2025, 1, 1, tzinfo=UTC)] * n, pa.timestamp("us", tz="UTC"))
         write_deltalake(table, pa.table(data).select(schema.names).cast(schema), mode="append",
                         target_file_size=file_mb * 1024 * 1024)
         console.print(f"  built {min(rows, start + chunk):,} of {rows:,} rows")
@@ -156,33 +165,41 @@ def main() -> None:
                         help="target file size of the table (default: the engine's target.target_file_size_mb)")
     parser.add_argument("--workdir", type=Path, default=Path("bench-work/merge"))
     parser.add_argument("--engine", choices=["delta-rs", "delta-spark"], default="delta-rs")
+    parser.add_argument("--history-mode", choices=["scd1", "scd2", "both"], default="scd1")
     args = parser.parse_args()
-    rng = random.Random(7)
+    modes = ["scd1", "scd2"] if args.history_mode == "both" else [args.history_mode]
     results: dict[tuple[int, str], list[float]] = {}
     files: dict[tuple[int, str], list[int]] = {}
     vectors: dict[tuple[int, str], list[int]] = {}
     sizes = [int(s) for s in args.sizes.split(",")]
     for rows in sizes:
-        console.print(f"table of {rows:,} rows")
-        paths, source = build(args.workdir / str(rows), rows, args.file_mb)
-        engine = make_engine(args.engine, args.file_mb)
-        enable_deletion_vectors(engine, paths)
-        table_files = len(DeltaTable(str(paths.table)).file_uris())
-        for kind in ("hot set", "random"):
-            for n in range(args.rounds):
-                parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
-                t0 = time.perf_counter()
-                result = apply_parts(SPEC, paths, parts, batch_id=n + 1, run_id="bench", engine=engine)
-                seconds = time.perf_counter() - t0
-                record = result.record
-                assert record is not None and record.balanced
-                touched, dvs = rewritten(DeltaTable(str(paths.table)).history(1)[0].get("operationMetrics", {}))
-                results.setdefault((rows, kind), []).append(seconds)
-                files.setdefault((rows, kind), []).append(touched)
-                vectors.setdefault((rows, kind), []).append(dvs)
-                console.print(f"  {kind}: {seconds:.2f} s, {record.updated} updated, {record.inserted} inserted, "
-                              f"files rewritten {touched} of {table_files}, deletion vectors written {dvs}")
-        shutil.rmtree(args.workdir / str(rows), ignore_errors=True)
+        for mode in modes:
+            rng = random.Random(7)  # every mode gets the same batches
+            spec = SPEC.model_copy(update={"history_mode": mode})
+            console.print(f"table of {rows:,} rows, {mode}")
+            paths, source = build(args.workdir / str(rows), rows, args.file_mb, spec)
+            engine = make_engine(args.engine, args.file_mb)
+            enable_deletion_vectors(engine, paths)
+            table_files = len(DeltaTable(str(paths.table)).file_uris())
+            for kind in ("hot set", "random"):
+                label = f"{kind} {mode}" if len(modes) > 1 else kind
+                for n in range(args.rounds):
+                    parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
+                    t0 = time.perf_counter()
+                    result = apply_parts(spec, paths, parts, batch_id=n + 1, run_id="bench", engine=engine)
+                    seconds = time.perf_counter() - t0
+                    record = result.record
+                    assert record is not None and record.balanced
+                    touched, dvs = rewritten(DeltaTable(str(paths.table)).history(1)[0].get("operationMetrics", {}))
+                    results.setdefault((rows, label), []).append(seconds)
+                    files.setdefault((rows, label), []).append(touched)
+                    vectors.setdefault((rows, label), []).append(dvs)
+                    console.print(f"  {label}: {seconds:.2f} s, {record.updated} updated, {record.inserted} "
+                                  f"inserted, files rewritten {touched} of {table_files}, deletion vectors {dvs}")
+            shutil.rmtree(args.workdir / str(rows), ignore_errors=True)
+    if len(modes) > 1:
+        _compare_modes(results, sizes, args)
+        return
     out = Table(title=f"A {args.batch:,}-change batch through the engine's {args.engine} path "
                       f"(median of {args.rounds})")
     for col in ("table rows", "hot set", "files rewritten", "random keys", "files rewritten ",
@@ -200,6 +217,20 @@ def main() -> None:
         growth = statistics.median(results[(last, kind)]) / statistics.median(results[(first, kind)])
         target = " (target <= 1.5x)" if kind == "hot set" or args.engine == "delta-spark" else ""
         console.print(f"{kind}, {last:,} rows / {first:,} rows: {growth:.2f}x{target}")
+
+
+def _compare_modes(results: dict[tuple[int, str], list[float]], sizes: list[int], args: argparse.Namespace) -> None:
+    """The scd1 and scd2 batches side by side, and what keeping every version costs."""
+    out = Table(title=f"A {args.batch:,}-change batch, scd1 and scd2, through the engine's {args.engine} path "
+                      f"(median of {args.rounds})")
+    for col in ("table rows", "keys", "scd1", "scd2", "scd2 / scd1"):
+        out.add_column(col, justify="right")
+    for rows in sizes:
+        for kind in ("hot set", "random"):
+            one = statistics.median(results[(rows, f"{kind} scd1")])
+            two = statistics.median(results[(rows, f"{kind} scd2")])
+            out.add_row(f"{rows:,}", kind, f"{one:.2f} s", f"{two:.2f} s", f"{two / one:.2f}x")
+    console.print(out)
 
 
 if __name__ == "__main__":
