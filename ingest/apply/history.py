@@ -43,7 +43,8 @@ from deltalake import DeltaTable
 
 from ingest.apply.ordering import later_than_stored
 from ingest.apply.sql import connect, ident, key_list, literal, query
-from ingest.deltaio import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, arrow_type, key_range, read_all, table_schema
+from ingest.apply.stored import rows_of_keys
+from ingest.deltaio import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, arrow_type, table_schema
 from ingest.events import ColumnSpec
 
 #: MERGE source column: the row identifies a stored version to drop.
@@ -208,13 +209,7 @@ def _stored_versions(table: DeltaTable | None, key_columns: tuple[str, ...], key
         schema = pa.schema([keys.schema.field(k) for k in key_columns]
                            + [pa.field(n, t) for n, t in FRAMEWORK_COLUMNS + HISTORY_COLUMNS])
         return schema.empty_table()
-    found = read_all(table, where=key_range(keys, key_columns[0]))
-    con = connect(found=found, wanted=keys)
-    try:
-        return query(con, f"SELECT f.* FROM found f WHERE EXISTS (SELECT 1 FROM wanted w WHERE "
-                          f"{' AND '.join(f'f.{ident(k)} = w.{ident(k)}' for k in key_columns)})")
-    finally:
-        con.close()
+    return rows_of_keys(table, key_columns, keys)
 
 
 def _fill_candidates(rows: pa.Table, stored: pa.Table, user: list[str], key_columns: tuple[str, ...]) -> list[str]:

@@ -26,18 +26,26 @@ def stored_rows(table: DeltaTable | None, key_columns: tuple[str, ...], keys: pa
     if table is None or keys.num_rows == 0 or not key_columns or any(k not in names for k in key_columns):
         # A table created by a truncate has no key columns yet, and no rows.
         return _empty(keys, key_columns)
-    where = key_range(keys, key_columns[0])
     unknown = UNKNOWN_COLUMNS in names
-    found = read_all(table, columns=[*key_columns, "_cdc_position", "_cdc_partition", "_cdc_offset", "_cdc_deleted",
-                                     *([UNKNOWN_COLUMNS] if unknown else [])], where=where)
+    found = rows_of_keys(table, key_columns, keys, [*key_columns, "_cdc_position", "_cdc_partition", "_cdc_offset",
+                                                     "_cdc_deleted", *([UNKNOWN_COLUMNS] if unknown else [])])
+    if not unknown:
+        found = found.append_column(UNKNOWN_COLUMNS, pa.nulls(found.num_rows, pa.list_(pa.string())))
+    return found.rename_columns([*key_columns, *(name for name, _ in STORED_SCHEMA)])
+
+
+def rows_of_keys(table: DeltaTable, key_columns: tuple[str, ...], keys: pa.Table,
+                 columns: list[str] | None = None) -> pa.Table:
+    """The stored rows whose key is among ``keys``' (``columns`` of them, default all).
+
+    The read is bounded by the range of the first key column (Delta skips the files outside it),
+    then narrowed to the keys themselves.
+    """
+    found = read_all(table, columns=columns, where=key_range(keys, key_columns[0]))
     con = connect(found=found, wanted=keys.select(list(key_columns)))
     try:
         match = " AND ".join(f"f.{ident(k)} = w.{ident(k)}" for k in key_columns)
-        return query(con, f"""
-            SELECT {', '.join('f.' + ident(k) for k in key_columns)}, f._cdc_position AS s_pos,
-                   f._cdc_partition AS s_part, f._cdc_offset AS s_off, f._cdc_deleted AS s_deleted,
-                   {'f.' + UNKNOWN_COLUMNS if unknown else 'CAST(NULL AS VARCHAR[])'} AS s_unknown
-            FROM found f WHERE EXISTS (SELECT 1 FROM wanted w WHERE {match})""")
+        return query(con, f"SELECT f.* FROM found f WHERE EXISTS (SELECT 1 FROM wanted w WHERE {match})")
     finally:
         con.close()
 
