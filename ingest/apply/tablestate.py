@@ -57,11 +57,8 @@ class TableState:
     offsets: dict[str, int] = field(default_factory=dict)
     #: scd2 tables: every truncate seen, ``(position, source time)`` in source order
     truncate_log: list[tuple[str, datetime | None]] = field(default_factory=list)
-
-    @property
-    def history(self) -> bool:
-        """Whether the table keeps every version (``history_mode: scd2``: it has ``_cdc_is_current``)."""
-        return self.table is not None and any(f.name == "_cdc_is_current" for f in table_schema(self.table))
+    #: whether the table keeps every version (``history_mode: scd2``: it has ``_cdc_is_current``)
+    history: bool = False
 
     @property
     def version(self) -> int | None:
@@ -95,7 +92,7 @@ def load_state(path: str | Path) -> TableState:
     offsets = {str(k): int(v) for k, v in (latest.get(OFFSETS_KEY) or {}).items()} if latest else {}
     log = [(p, datetime.fromisoformat(t) if t else None) for p, t in state.get("truncates") or []]
     return TableState(table, columns, key, state.get("truncate_position"), state.get("position_format"),
-                      state.get("flattened"), offsets, log)
+                      state.get("flattened"), offsets, log, any(f.name == "_cdc_is_current" for f in schema))
 
 
 def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:
