@@ -150,7 +150,7 @@ class _Workload:
         writer.send(key_bytes, self.encoder.value(definition, envelope), ts_ms)
         counts = self.counts[table]
         counts[_OP_COUNT[envelope.op]] += 1
-        self.history[table].append((envelope.op, int(envelope.source["ts_ms"]),  # type: ignore[call-overload]
+        self.history[table].append((envelope.op, int(envelope.source["ts_ms"]),
                                     None if row is None else dict(row)))
         if envelope.op == "d":
             writer.send(key_bytes, None, ts_ms)  # Debezium's tombstone (tombstones.on.delete)
