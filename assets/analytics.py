@@ -11,12 +11,11 @@ from typing import Final
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import write_deltalake
 
 from assets.constants import ANALYTICS_GROUP, ANALYTICS_KEY_PREFIX, table_key
 from assets.resources import IngestEngine
 from ingest.config import IngestConfig
-from ingest.deltaio import normalize, open_table, query_tables
+from ingest.deltaio import normalize, open_table, query_tables, write_table
 
 DAILY_REVENUE: Final = "daily_revenue_by_segment"
 #: The tables the analytic asset reads; it exists only when both are configured.
@@ -100,7 +99,7 @@ def build_analytics_assets(config: IngestConfig) -> list[dg.AssetsDefinition]:
         settings = ingest_engine.config()
         result = daily_revenue(settings)
         path = settings.tables_root / ANALYTICS_KEY_PREFIX / DAILY_REVENUE
-        write_deltalake(str(path), result, mode="overwrite", schema_mode="overwrite")
+        write_table(path, result, mode="overwrite", schema_mode="overwrite")
         revenue = pc.sum(result["revenue"]).as_py() if result.num_rows else 0
         context.log.info(f"{result.num_rows} day/segment rows, revenue {revenue}")
         by_segment = (result.group_by("segment").aggregate([("revenue", "sum")]).sort_by("segment").to_pylist()

@@ -21,13 +21,13 @@ from typing import Any, Final
 
 import dagster as dg
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable
 
 from assets.constants import ANALYTICS_GROUP, ANALYTICS_KEY_PREFIX, table_key
 from assets.resources import IngestEngine
 from ingest.changes import ChangeFeedError, ChangeRange, changes
 from ingest.config import IngestConfig
-from ingest.deltaio import open_table, read_all
+from ingest.deltaio import open_table, read_all, write_table
 
 ORDERS_BY_STATUS: Final = "orders_by_status"
 CURSOR_KEY: Final = "cdc.feed_cursor"
@@ -133,7 +133,7 @@ def refresh(config: IngestConfig, log: Any = None) -> dict[str, Any]:
     amount_type = _sum_type(source)
     if mode == "recomputed" or cursor != latest:
         result = as_table(aggregate, amount_type, measure_of(source) is not None)
-        write_deltalake(str(path), result, mode="overwrite", schema_mode="overwrite",
+        write_table(path, result, mode="overwrite", schema_mode="overwrite",
                         commit_properties=CommitProperties(custom_metadata={
                             CURSOR_KEY: json.dumps({"table": _SOURCE, "version": latest})}))
     return {"mode": mode, "from_version": None if mode == "recomputed" else cursor, "to_version": latest,

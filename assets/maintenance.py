@@ -34,6 +34,7 @@ from ingest.apply.tablestate import latest_cdc_commit, load_state
 from ingest.apply.tombstones import purge as purge_tombstones
 from ingest.config import IngestConfig, TableSpec
 from ingest.deltaio import has_deletion_vectors, open_table
+from ingest.lake import Location
 from ingest.paths import TablePaths
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class TableMaintenance:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
 
 
-def maintain(path: Path, options: MaintenanceOptions, *, key_columns: tuple[str, ...] | None = None,
+def maintain(path: Location, options: MaintenanceOptions, *, key_columns: tuple[str, ...] | None = None,
              now: datetime | None = None, spark: Callable[[], SparkSession] | None = None) -> TableMaintenance:
     """Compact, vacuum, checkpoint and clean up one Delta table (any table, CDC or not).
 
@@ -117,13 +118,14 @@ def maintain(path: Path, options: MaintenanceOptions, *, key_columns: tuple[str,
                                enforce_retention_duration=False,
                                commit_properties=CommitProperties(custom_metadata={MAINTENANCE_KEY: "vacuum"}))
         report.vacuumed_files = len(removed)
-    table = DeltaTable(str(path))  # the new snapshot after optimize and vacuum
+    table = open_table(path) or table  # the new snapshot after optimize and vacuum
     if options.checkpoint:
         table.create_checkpoint()
         report.checkpoint_version = table.version()
     if options.cleanup_log:
         report.log_cleanup = _cleanup_log(table, now)
-    report.version_after = DeltaTable(str(path)).version()
+    table.update_incremental()
+    report.version_after = table.version()
     return report
 
 
@@ -175,7 +177,7 @@ def maintain_cdc_table(config: IngestConfig, spec: TableSpec, options: Maintenan
     """
     now = now or datetime.now(UTC)
     paths = TablePaths.of(config, spec.name)
-    held = locks.acquire_all(config.tables_root, [spec.name])
+    held = locks.acquire_all(config.tables_root, [spec.name], lease_seconds=config.target.storage.lease_seconds)
     try:
         state = load_state(paths.table)
         from ingest.spark import session_for
@@ -191,7 +193,7 @@ def maintain_cdc_table(config: IngestConfig, spec: TableSpec, options: Maintenan
     return report
 
 
-def maintain_shared_table(path: Path, options: MaintenanceOptions) -> TableMaintenance:
+def maintain_shared_table(path: Location, options: MaintenanceOptions) -> TableMaintenance:
     """Maintain a table every run appends to (audit, quarantine), under its shared writer lock."""
     with locks.shared(path):
         return maintain(path, options)

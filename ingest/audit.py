@@ -28,15 +28,14 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
-from deltalake import write_deltalake
 
 from ingest import locks
 from ingest.apply.tablestate import BATCH_KEY, cdc_commits
-from ingest.deltaio import open_table, read_all, sql_string
+from ingest.deltaio import open_table, read_all, sql_string, write_table
+from ingest.lake import Location
 from ingest.secrets import redact
 
 #: What a batch did: committed its changes and offsets; found nothing to write (offsets still move
@@ -149,7 +148,7 @@ AUDIT_SCHEMA = pa.schema(
 )
 
 
-def append(audit_path: Path, records: list[AuditRecord]) -> None:
+def append(audit_path: Location, records: list[AuditRecord]) -> None:
     """Append audit rows (one process-wide lock keeps concurrent tables from racing commits)."""
     if not records:
         return
@@ -162,10 +161,10 @@ def append(audit_path: Path, records: list[AuditRecord]) -> None:
     table = pa.Table.from_pylist(rows, schema=AUDIT_SCHEMA)
     with _LOCK, locks.shared(audit_path):  # shared by every run's tables, in this process and others
         # schema_mode merge: an audit table written before a column was added takes it on.
-        write_deltalake(str(audit_path), table, mode="append", schema_mode="merge")
+        write_table(audit_path, table, mode="append", schema_mode="merge")
 
 
-def read(audit_path: Path, *, table: str | None = None) -> pa.Table:
+def read(audit_path: Location, *, table: str | None = None) -> pa.Table:
     delta = open_table(audit_path)
     if delta is None:
         return AUDIT_SCHEMA.empty_table()
@@ -173,7 +172,7 @@ def read(audit_path: Path, *, table: str | None = None) -> pa.Table:
     return read_all(delta, where=where)
 
 
-def reconcile(audit_path: Path, table: str, table_path: Path) -> int:
+def reconcile(audit_path: Location, table: str, table_path: Location) -> int:
     """Append audit rows that exist in the table's commit info but not in the audit table.
 
     Returns:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ingest import audit
+from ingest.lake import Location
 
 _CRC_MAGIC: Final = b"crc\x00"
 #: Offsets per partition applied to the table (``None``: nothing applied yet).
@@ -47,7 +48,7 @@ class _Damaged(Exception):
 
 
 def inspect(directory: Path, *, topic: str | None = None, applied: AppliedFn | None = None,
-            audit_path: Path | None = None, table: str | None = None,
+            audit_path: Location | None = None, table: str | None = None,
             topics: Mapping[str, tuple[AppliedFn, str]] | None = None) -> Verdict:
     """Check a query's checkpoint (see module docstring).
 
@@ -182,7 +183,7 @@ def _read_commit(path: Path, batch: int) -> None:
 
 
 # -- progress -----------------------------------------------------------------------------------------
-def _not_ahead(ends: dict[int, int], batch: int, applied: AppliedFn, audit_path: Path | None,
+def _not_ahead(ends: dict[int, int], batch: int, applied: AppliedFn, audit_path: Location | None,
                table: str | None, topic: str) -> None:
     """Refuse a checkpoint whose last committed batch ends beyond what the table applied."""
     ahead = {p: end for p, end in ends.items() if end > _done(applied(p)) + 1}
@@ -203,7 +204,7 @@ def _done(offset: int | None) -> int:
     return -1 if offset is None else offset
 
 
-def _audited_without_commit(audit_path: Path, table: str, topic: str) -> dict[int, int]:
+def _audited_without_commit(audit_path: Location, table: str, topic: str) -> dict[int, int]:
     rows = audit.read(audit_path, table=table)
     covered: dict[int, int] = {}
     for row in rows.to_pylist():

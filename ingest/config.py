@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingest.errors import ConfigError
+from ingest.lake import OBJECT_STORE_SCHEMES, LakePath, delta_storage_options, is_uri
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -127,13 +128,58 @@ class SourceSpec(_Model):
         return self
 
 
+class StorageSpec(_Model):
+    """How to reach an object-store lake (``target.root: s3://bucket/prefix``). No credentials here.
+
+    Keys come from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (/ ``AWS_SESSION_TOKEN``) in the
+    environment or the secrets file.
+    """
+
+    endpoint_url: str | None = Field(
+        None, description="S3 API endpoint, e.g. http://127.0.0.1:9000 for MinIO; default: AWS for the region")
+    region: str = Field("us-east-1", description="the bucket's region (S3-compatible servers accept any)")
+    path_style: bool = Field(
+        True, description="address buckets as <endpoint>/<bucket> (MinIO, most S3-compatible servers) rather "
+        "than <bucket>.<endpoint> (AWS virtual-hosted style)")
+    allow_http: bool | None = Field(
+        None, description="allow plain http (default: only when endpoint_url starts with http://)")
+    lease_seconds: float = Field(
+        60.0, ge=5, description="the single-writer lease of each table on the object store: a run renews it "
+        "every third of this; a run that died holding it blocks the table this long at most")
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if _URL_USERINFO.match(value.strip()):
+            raise ValueError("must not contain credentials (user:password@); set AWS_ACCESS_KEY_ID and "
+                             "AWS_SECRET_ACCESS_KEY in the environment or the secrets file")
+        if not re.match(r"^https?://[^/\s]+/?$", value.strip()):
+            raise ValueError("expected http(s)://host[:port]")
+        return value.strip().rstrip("/")
+
+    def delta_options(self) -> Mapping[str, str]:
+        """delta-rs storage options for this endpoint."""
+        allow_http = self.allow_http if self.allow_http is not None else bool(
+            self.endpoint_url and self.endpoint_url.startswith("http://"))
+        return delta_storage_options(endpoint_url=self.endpoint_url, region=self.region,
+                                     path_style=self.path_style, allow_http=allow_http)
+
+
 class TargetSpec(_Model):
     """Where Delta tables, audit, quarantine and checkpoints live."""
 
-    root: Path = Field(Path("tables"), description="directory holding one Delta table per configured table")
+    root: str = Field(
+        "tables", description="where the Delta tables live: a directory (relative to workdir) or "
+        "s3://bucket/prefix (see target.storage)")
+    storage: StorageSpec = Field(default_factory=StorageSpec, description="object-store lake: endpoint, region, "
+                                 "addressing, lease")
     audit_table: str = Field("_cdc_audit", description="name of the audit Delta table under root")
     quarantine_table: str = Field("_cdc_quarantine", description="name of the quarantine Delta table under root")
-    checkpoint_dir: Path = Field(Path("checkpoints"), description="Spark checkpoints, one per table (disposable)")
+    checkpoint_dir: Path = Field(
+        Path("checkpoints"), description="Spark checkpoints, one per query, on local disk even when the lake is "
+        "on an object store: they are disposable (each table's Delta log records the offsets it applied)")
     target_file_size_mb: int = Field(
         8, gt=0, description="target Parquet file size written by MERGE and compaction; delta-rs rewrites every "
         "file a MERGE touches, so small files keep a hot-set MERGE small (benchmarks/bench_merge.py)")
@@ -147,6 +193,31 @@ class TargetSpec(_Model):
         True, description="tables record Delta's change data feed (delta.enableChangeDataFeed; an existing table "
         "without it is switched on at its next batch): `ingest changes` and downstream readers get each commit's "
         "inserts, update pre/post images and deletes")
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, value: str) -> str:
+        value = value.strip()
+        if is_uri(value):
+            scheme = value.split("://", 1)[0].lower()
+            if scheme not in OBJECT_STORE_SCHEMES:
+                raise ValueError(f"object store {scheme!r} is not supported yet: give s3://bucket/prefix or a "
+                                 "directory (docs/object-storage.md says what ADLS and GCS need)")
+            if _URL_USERINFO.match(value):
+                raise ValueError("must not contain credentials; set them in the environment or the secrets file")
+            rest = value.split("://", 1)[1].strip("/")
+            if not rest:
+                raise ValueError("expected s3://bucket[/prefix]")
+            return f"s3://{rest}"  # delta-rs and boto3 name it s3; Spark's s3a is derived where needed
+        return value
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _checkpoint_local(cls, value: Path) -> Path:
+        if is_uri(str(value)) or str(value).startswith(("s3:", "s3a:")):
+            raise ValueError("Spark checkpoints stay on local disk (they are disposable: each table's Delta log "
+                             "records the offsets it applied); give a directory")
+        return value
 
 
 class ColumnSelection(_Model):
@@ -368,6 +439,13 @@ class IngestConfig(_Model):
                 seen.add(value)
         return self
 
+    @model_validator(mode="after")
+    def _object_store_engines(self) -> IngestConfig:
+        if is_uri(self.target.root) and "delta-spark" in self.engines():
+            raise ValueError("target.root is on an object store, which the delta-spark engine does not write yet "
+                             "(its S3 log store is single-driver only); use engine: delta-rs for these tables")
+        return self
+
     # -- resolved paths -------------------------------------------------------------------------
     def path(self, relative: Path) -> Path:
         return relative if relative.is_absolute() else (self.workdir / relative)
@@ -381,8 +459,15 @@ class IngestConfig(_Model):
         return self.path(self.source.registry.dir)
 
     @property
-    def tables_root(self) -> Path:
-        return self.path(self.target.root)
+    def tables_root(self) -> LakePath:
+        """The lake: a local directory, or an ``s3://`` prefix with the storage options that reach it."""
+        if is_uri(self.target.root):
+            return LakePath(self.target.root, self.target.storage.delta_options())
+        return LakePath.local_dir(self.path(Path(self.target.root)))
+
+    @property
+    def lake_is_local(self) -> bool:
+        return not is_uri(self.target.root)
 
     @property
     def checkpoint_root(self) -> Path:
@@ -401,7 +486,7 @@ class IngestConfig(_Model):
     def quality_results_dir(self) -> Path:
         return self.path(self.quality.results_dir)
 
-    def table_path(self, name: str) -> Path:
+    def table_path(self, name: str) -> LakePath:
         return self.tables_root / name
 
     def table(self, name: str) -> TableSpec:
@@ -446,4 +531,11 @@ def load_config(path: str | os.PathLike[str], *, workdir: str | os.PathLike[str]
     # Suites belong with the configuration (versioned beside it), not with the data in workdir.
     suites = config.quality.expectations_dir
     quality = config.quality.model_copy(update={"expectations_dir": (path.parent / suites).resolve()})
-    return config.model_copy(update={"workdir": base.resolve(), "quality": quality})
+    config = config.model_copy(update={"workdir": base.resolve(), "quality": quality})
+    if not config.lake_is_local:
+        # delta-rs, polars and boto3 read an object store's keys from the environment: those kept in
+        # the secrets file are exported there (the environment wins), for every command, not only runs.
+        from ingest import secrets
+
+        secrets.prepare((), config.secrets_path)
+    return config

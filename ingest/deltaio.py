@@ -12,15 +12,15 @@ are not returned). Both read the same snapshot version.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from ingest.events import parse_decimal
+from ingest.lake import LakePath, Location
 
 #: Framework columns on every target table, after the user columns.
 FRAMEWORK_COLUMNS: Final[tuple[tuple[str, pa.DataType], ...]] = (
@@ -128,12 +128,19 @@ def _literal(value: Any, string: Callable[[str], str]) -> str | None:
     return None
 
 
-def open_table(path: str | Path) -> DeltaTable | None:
-    """The Delta table at ``path``, or ``None`` if there is none yet."""
+def open_table(path: Location) -> DeltaTable | None:
+    """The Delta table at ``path`` (a directory or an object-store location), or ``None`` if there is none yet."""
+    where = LakePath.of(path)
     try:
-        return DeltaTable(str(path))
+        return DeltaTable(where.uri, storage_options=where.storage_options)
     except TableNotFoundError:
         return None
+
+
+def write_table(path: Location, data: Any, **kwargs: Any) -> None:
+    """``write_deltalake`` at a lake location, with the storage options that reach it."""
+    where = LakePath.of(path)
+    write_deltalake(where.uri, data, storage_options=where.storage_options, **kwargs)
 
 
 #: The table property that makes Delta record a table's change data feed.
@@ -154,7 +161,8 @@ def scan(table: DeltaTable) -> Any:
     """A polars ``LazyFrame`` over the table's snapshot, deletion vectors applied."""
     import polars as pl
 
-    return pl.scan_delta(table.table_uri, version=table.version())
+    # The table itself, not its URI: it carries the storage options of an object-store lake.
+    return pl.scan_delta(table, version=table.version())
 
 
 def query(table: DeltaTable, sql: str, *, name: str = "t") -> pa.Table:

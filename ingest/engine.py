@@ -148,7 +148,8 @@ class Engine:
             # after Spark's Kafka source has waited out its own timeouts and the query's restarts.
             source_for(self.config).topics()
         # One writer per table: a second run on any of these tables fails here, before Spark starts.
-        held = locks.acquire_all(self.config.tables_root, [s.name for s in specs])
+        held = locks.acquire_all(self.config.tables_root, [s.name for s in specs],
+                                 lease_seconds=self.config.target.storage.lease_seconds)
         try:
             return self._run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
                              from_beginning=from_beginning, progress=progress, stop_after=stop_after,
@@ -165,7 +166,7 @@ class Engine:
                 gates[spec.name] = gate
         return gates
 
-    def _run(self, specs: list[TableSpec], gates: dict[str, QualityGate], held: list[locks.TableLock], *,
+    def _run(self, specs: list[TableSpec], gates: dict[str, QualityGate], held: list[locks.WriterLock], *,
              mode: Mode, reset_checkpoints: bool, from_beginning: bool, progress: ProgressFn | None,
              stop_after: float | None, discover: bool) -> RunReport:
         run_id = uuid.uuid4().hex[:12]
@@ -205,7 +206,8 @@ class Engine:
                 if not new:
                     return []
                 gates.update(self.quality_gates(new))
-                held.extend(locks.acquire_all(self.config.tables_root, [t.name for t in new]))
+                held.extend(locks.acquire_all(self.config.tables_root, [t.name for t in new],
+                                              lease_seconds=self.config.target.storage.lease_seconds))
             except Exception as exc:  # the running tables go on; the next look tries again
                 log.warning("looking for new topics failed: %s", secrets.describe(exc))
                 return []

@@ -9,6 +9,10 @@ lock of their own (:func:`shared`): concurrent runs on different tables wait for
 
 Delta's optimistic concurrency is the second line of defence: a commit that races another writer
 fails with :class:`ingest.errors.CommitConflictError` instead of corrupting the table.
+
+A lake on an object store has no file locks and may be shared by machines: there the same rule
+is kept by a lease object per table (:mod:`ingest.lease`), and :func:`check` before each commit
+makes sure the run still holds it.
 """
 
 from __future__ import annotations
@@ -18,17 +22,29 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Final, Protocol
 
 from ingest.errors import TableLockedError
+from ingest.lake import LakePath, Location
+from ingest.lease import Lease
 
 LOCK_DIR: Final = "_cdc_locks"
+#: The lease of a shared table (audit, quarantine) on an object store lives this long without renewal.
+SHARED_LEASE_SECONDS: Final = 30.0
 _thread_locks: dict[str, threading.Lock] = {}
 _guard = threading.Lock()
+_leases: dict[str, Lease] = {}  # table location -> the lease this process holds on it
+
+
+class WriterLock(Protocol):
+    table: str
+
+    def release(self) -> None: ...
 
 
 def lock_path(tables_root: Path, name: str) -> Path:
@@ -39,13 +55,13 @@ class TableLock:
     """The exclusive writer lock of one table, held until :meth:`release`.
 
     Args:
-        tables_root: directory of the Delta tables.
+        tables_root: directory of the Delta tables (a local lake).
         table: table name (already validated as a safe file name by the config).
     """
 
-    def __init__(self, tables_root: Path, table: str) -> None:
+    def __init__(self, tables_root: Location, table: str) -> None:
         self.table = table
-        self.path = lock_path(tables_root, table)
+        self.path = lock_path(LakePath.of(tables_root).local, table)
         self._file: IO[str] | None = None
 
     def acquire(self) -> TableLock:
@@ -84,21 +100,45 @@ class TableLock:
             self._file = None
 
 
-def acquire_all(tables_root: Path, tables: list[str]) -> list[TableLock]:
-    """Lock every table or none: on the first refusal the locks already taken are released."""
-    held: list[TableLock] = []
+def acquire_all(tables_root: LakePath, tables: list[str], *, lease_seconds: float = 60.0) -> list[WriterLock]:
+    """Lock every table or none: on the first refusal the locks already taken are released.
+
+    A local lake takes ``flock`` locks; a lake on an object store takes leases of ``lease_seconds``.
+    """
+    held: list[WriterLock] = []
     try:
         for name in tables:
-            held.append(TableLock(tables_root, name).acquire())
+            if tables_root.is_local:
+                held.append(TableLock(tables_root.local, name).acquire())
+            else:
+                lease = Lease(tables_root, name, ttl=lease_seconds).acquire()
+                with _guard:
+                    _leases[(tables_root / name).uri] = lease
+                held.append(lease)
     except BaseException:
         release_all(held)
         raise
     return held
 
 
-def release_all(locks: list[TableLock]) -> None:
+def release_all(locks: list[WriterLock]) -> None:
     for lock in locks:
+        if isinstance(lock, Lease):
+            with _guard:
+                _leases.pop((lock.location.parent.parent / lock.table).uri, None)
         lock.release()
+
+
+def check(table_path: Location) -> None:
+    """Before a commit: raise if this process held the table's lease and no longer does.
+
+    Raises:
+        ingest.lease.LeaseLostError: the lease was taken over or could not be renewed in time.
+    """
+    with _guard:
+        lease = _leases.get(LakePath.of(table_path).uri)
+    if lease is not None:
+        lease.check()
 
 
 @contextmanager
@@ -114,14 +154,33 @@ def exclusive(path: Path) -> Iterator[None]:
 
 
 @contextmanager
-def shared(table_path: Path) -> Iterator[None]:
+def shared(table_path: Location) -> Iterator[None]:
     """Serialize writes to a table shared by every run (audit, quarantine), across threads and processes."""
-    key = str(table_path)
+    where = LakePath.of(table_path)
     with _guard:
-        thread_lock = _thread_locks.setdefault(key, threading.Lock())
+        thread_lock = _thread_locks.setdefault(where.uri, threading.Lock())
     # blocking: the other writer's append takes milliseconds
-    with thread_lock, exclusive(lock_path(table_path.parent, table_path.name)):
-        yield
+    with thread_lock:
+        if where.is_local:
+            with exclusive(lock_path(where.local.parent, where.name)):
+                yield
+        else:
+            lease = _wait_for_lease(where)
+            try:
+                yield
+            finally:
+                lease.release()
+
+
+def _wait_for_lease(where: LakePath, *, patience: float = 4 * SHARED_LEASE_SECONDS) -> Lease:
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return Lease(where.parent, where.name, ttl=SHARED_LEASE_SECONDS).acquire()
+        except TableLockedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _describe(content: str) -> str:

@@ -6,17 +6,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ingest.config import IngestConfig
+from ingest.lake import LakePath
 
 
 @dataclass(slots=True)
 class TablePaths:
     """The Delta tables one configured table writes."""
 
-    table: Path
-    tombstones: Path
-    audit: Path
-    quarantine: Path
+    table: LakePath
+    tombstones: LakePath
+    audit: LakePath
+    quarantine: LakePath
     quality_results: Path | None = None
+
+    def __post_init__(self) -> None:
+        # Directories given as paths (tests, tools) become lake locations like the configuration's.
+        for name in ("table", "tombstones", "audit", "quarantine"):
+            setattr(self, name, LakePath.of(getattr(self, name)))
 
     @classmethod
     def of(cls, config: IngestConfig, name: str) -> TablePaths:

@@ -15,15 +15,14 @@ import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import write_deltalake
 
 from ingest import locks
-from ingest.deltaio import open_table, read_all, sql_string
+from ingest.deltaio import open_table, read_all, sql_string, write_table
+from ingest.lake import Location
 from ingest.secrets import redact
 
 #: Where a message was held back: it did not decode; its key is not the table's; or its after-image
@@ -92,7 +91,7 @@ def _match(source: pa.Table) -> str:
     return " AND ".join(on)
 
 
-def write(path: Path, records: list[QuarantineRecord]) -> int:
+def write(path: Location, records: list[QuarantineRecord]) -> int:
     """Insert records not already quarantined; returns how many were new."""
     if not records:
         return 0
@@ -102,7 +101,7 @@ def write(path: Path, records: list[QuarantineRecord]) -> int:
     with _LOCK, locks.shared(path):  # shared by every run's tables, in this process and others
         table = open_table(path)
         if table is None:
-            write_deltalake(str(path), source, mode="append")
+            write_table(path, source, mode="append")
             return source.num_rows
         on = _match(source)
         # merge_schema: a quarantine table written before a column was added takes it on.
@@ -111,7 +110,7 @@ def write(path: Path, records: list[QuarantineRecord]) -> int:
         return int(metrics.get("num_target_rows_inserted", 0))
 
 
-def read(path: Path, *, table: str | None = None, stage: str | None = None, pending: bool = False) -> pa.Table:
+def read(path: Location, *, table: str | None = None, stage: str | None = None, pending: bool = False) -> pa.Table:
     """Quarantined rows, optionally of one table and stage; ``pending``: not replayed yet."""
     delta = open_table(path)
     if delta is None:
@@ -130,7 +129,7 @@ def read(path: Path, *, table: str | None = None, stage: str | None = None, pend
     return rows.select(QUARANTINE_SCHEMA.names)
 
 
-def mark_replayed(path: Path, table: str, ids: Iterable[tuple[str, int, int, str]], *, at: datetime,
+def mark_replayed(path: Location, table: str, ids: Iterable[tuple[str, int, int, str]], *, at: datetime,
                   version: int | None) -> int:
     """Stamp quarantined rows ``(topic, partition, offset, stage)`` of ``table`` as replayed."""
     ids = list(ids)
@@ -155,7 +154,7 @@ def mark_replayed(path: Path, table: str, ids: Iterable[tuple[str, int, int, str
         return int(metrics.get("num_target_rows_updated", 0))
 
 
-def explained_keys(path: Path, table: str, key_columns: tuple[str, ...]) -> set[tuple[object, ...]]:
+def explained_keys(path: Location, table: str, key_columns: tuple[str, ...]) -> set[tuple[object, ...]]:
     """Keys whose changes the quality gate holds (not replayed yet): where a table may differ from its source."""
     rows = read(path, table=table, stage="quality", pending=True)
     keys = set()

@@ -169,8 +169,11 @@ def connect(config: IngestConfig, as_of: dict[str, AsOf] | None = None) -> tuple
             continue  # a time for every table: the ones created after it have no view (run_sql says so)
         if delta is None:
             continue
-        # deltalake cannot read deletion vectors (delta-spark's tables): polars reads those.
-        dataset = scan(delta).collect().to_arrow() if has_deletion_vectors(delta) else delta.to_pyarrow_dataset()
+        # deltalake cannot read deletion vectors (delta-spark's tables): polars reads those. On an
+        # object store polars reads too: a pyarrow dataset over S3 aborts the process at exit
+        # (docs/s3-spike.md, "Side finding").
+        eager = has_deletion_vectors(delta) or not root.is_local
+        dataset = scan(delta).collect().to_arrow() if eager else delta.to_pyarrow_dataset()
         keep.append(dataset)
         raw = f"__raw_{name}"
         con.register(raw, dataset)

@@ -1,14 +1,20 @@
-"""Shared fixtures: one SparkSession for every end-to-end test (starting one costs ~5 s)."""
+"""Shared fixtures: one SparkSession for every end-to-end test (starting one costs ~5 s), and an S3
+API server on loopback for the tests of a lake on object storage."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from ingest.stack.s3 import S3Server
 
 #: What the suite writes at its peak (Kafka's logs, Delta tables, Spark's spill files): about 1 GiB,
 #: seen once with a disk sampler over a full run (a one-off, not a repo script); the margin keeps a
@@ -113,3 +119,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return "stack" if nodeid.startswith("tests/stack/") else nodeid
 
     return StackTogether(config, log)
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One S3 server for the session; its key pair is put in this process's environment, where
+    delta-rs, polars and boto3 look for credentials (the configuration never holds them).
+
+    A server that cannot start fails the tests that use it (never a skip)."""
+    server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    saved = {name: os.environ.get(name) for name in server.environment}
+    os.environ.update(server.environment)
+    yield server
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3: S3Server) -> str:
+    """A fresh bucket per test: nothing one test writes is seen by another."""
+    name = f"lake-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(name)
+    return name

@@ -21,7 +21,7 @@ def test_demo_config_is_valid_and_documents_every_table():
 
 def test_relative_paths_resolve_against_the_file(tmp_path):
     config = load_config(write(tmp_path, "workdir: work\ntables: [{name: a, topic: t.a}]\n"))
-    assert config.table_path("a") == (tmp_path / "work" / "tables" / "a").resolve()
+    assert config.table_path("a").local == (tmp_path / "work" / "tables" / "a").resolve()
     assert config.log_dir == (tmp_path / "work" / "topics").resolve()
 
 

@@ -23,7 +23,6 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ingest.apply import tombstones
@@ -32,6 +31,7 @@ from ingest.apply.plan import MergePlan
 from ingest.apply.schema import SchemaPlan
 from ingest.apply.tablestate import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_KEY, TableState
 from ingest.deltaio import records_change_feed
+from ingest.lake import LakePath
 from ingest.proof import faults
 
 
@@ -60,8 +60,8 @@ class CommitRequest:
     """
 
     table: str
-    path: Path
-    tombstones_path: Path
+    path: LakePath
+    tombstones_path: LakePath
     delete_mode: Literal["hard", "soft"]
     key_columns: tuple[str, ...]
     schema: SchemaPlan

@@ -39,7 +39,16 @@ from ingest.apply.history import DROP, history_schema
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
 from ingest.apply.plan import TOAST_FLAG
 from ingest.apply.tablestate import STATE_KEY, TableState, app_id
-from ingest.deltaio import CHANGE_DATA_FEED, FRAMEWORK_COLUMNS, arrow_type, key_range, quote, read_all, sql_string
+from ingest.deltaio import (
+    CHANGE_DATA_FEED,
+    FRAMEWORK_COLUMNS,
+    arrow_type,
+    key_range,
+    quote,
+    read_all,
+    sql_string,
+    write_table,
+)
 from ingest.errors import CommitConflictError, TableError
 from ingest.events import ColumnSpec
 from ingest.proof import faults
@@ -165,11 +174,12 @@ def table_schema_of(columns: list[ColumnSpec], history_mode: str = "scd1") -> pa
 
 def _create(request: CommitRequest, properties: dict[str, str]) -> DeltaTable:
     return DeltaTable.create(
-        str(request.path), table_schema_of(request.schema.columns, request.history_mode), mode="ignore",
+        request.path.uri, table_schema_of(request.schema.columns, request.history_mode), mode="ignore",
         name=request.table, configuration=properties,
         description=_description(request),
         commit_properties=CommitProperties(custom_metadata={STATE_KEY: json.dumps(
             state_metadata(request.key_columns, None, request.flattened))}),
+        storage_options=request.path.storage_options,
     )
 
 
@@ -178,7 +188,7 @@ def _create_with_rows(request: CommitRequest, props: CommitProperties, propertie
     """Create the table holding the batch's rows (:func:`initial_rows`), progress and state in its first commit."""
     rows = initial_rows(request)
     try:
-        write_deltalake(str(request.path), rows, mode="error", name=request.table, description=_description(request),
+        write_table(request.path, rows, mode="error", name=request.table, description=_description(request),
                         configuration=properties, target_file_size=target_file_size, commit_properties=props)
     except (CommitFailedError, DeltaError) as exc:  # another writer created it first
         raise CommitConflictError(request.table, f"creating the table failed, another writer was first: {exc}"

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest import audit, quarantine
+from ingest import audit, locks, quarantine
 from ingest.apply import tombstones
 from ingest.apply.commit import ApplyEngine, CommitOutcome, CommitRequest
 from ingest.apply.delta_rs import DeltaRsEngine
@@ -227,6 +227,7 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
             key_columns: tuple[str, ...], record: AuditRecord, batch: MicroBatch, flattened: bool | None,
             record_offsets: bool, engine: ApplyEngine, history: HistoryInput | None = None) -> CommitOutcome:
     _refuse_to_move_backwards(spec.name, batch, state, record_offsets)
+    locks.check(paths.table)  # on an object store: this run still holds the table's lease
     _check_position_format(spec.name, state)
     check_history_mode(spec.name, spec.history_mode, state)
     if state.table is None and not schema.columns and reduction.truncate is None:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable
 
 from ingest.deltaio import FRAMEWORK_NAMES, delta_type_name, has_deletion_vectors, open_table, table_schema
 from ingest.events import ColumnSpec
+from ingest.lake import Location
 
 STATE_KEY = "cdc.state"
 BATCH_KEY = "cdc.batch"
@@ -78,7 +78,7 @@ class TableState:
         return self.table is not None and has_deletion_vectors(self.table)
 
 
-def load_state(path: str | Path) -> TableState:
+def load_state(path: Location) -> TableState:
     table = open_table(path)
     if table is None:
         return TableState(None, None, None, None)

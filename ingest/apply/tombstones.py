@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -19,8 +18,18 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from ingest.apply.ordering import later_than_stored_sql
 from ingest.apply.schema import holds
-from ingest.deltaio import arrow_type, delta_type_name, key_range, open_table, quote, read_all, table_schema
+from ingest.deltaio import (
+    arrow_type,
+    delta_type_name,
+    key_range,
+    open_table,
+    quote,
+    read_all,
+    table_schema,
+    write_table,
+)
 from ingest.errors import TableError
+from ingest.lake import Location
 
 Key = tuple[Any, ...]
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -35,7 +44,7 @@ def key_array(table: str, column: str, values: Sequence[Any], delta_type: str) -
                                 f"{delta_type}: {exc}") from exc
 
 
-def read(path: Path, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str,
+def read(path: Location, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str,
          keys: pa.Table | None = None) -> pa.Table | None:
     """The remembered deletes: the key columns and ``_cdc_position`` (``None``: none yet).
 
@@ -49,7 +58,7 @@ def read(path: Path, key_columns: tuple[str, ...], key_types: Mapping[str, str],
     return read_all(delta, columns=[*key_columns, "_cdc_position"], where=where)
 
 
-def positions(path: Path, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str) -> dict[Key, str]:
+def positions(path: Location, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str) -> dict[Key, str]:
     """``key -> position of its delete`` for every remembered delete (for tools and tests)."""
     rows = read(path, key_columns, key_types, table)
     if rows is None:
@@ -58,7 +67,7 @@ def positions(path: Path, key_columns: tuple[str, ...], key_types: Mapping[str, 
     return dict(zip(keys, rows["_cdc_position"].to_pylist(), strict=True))
 
 
-def record(path: Path, table: str, key_columns: tuple[str, ...], key_types: Mapping[str, str],
+def record(path: Location, table: str, key_columns: tuple[str, ...], key_types: Mapping[str, str],
            deletes: pa.Table) -> None:
     """Remember deleted keys, idempotently and guarded by position.
 
@@ -80,7 +89,7 @@ def record(path: Path, table: str, key_columns: tuple[str, ...], key_types: Mapp
     source = pa.table(data)
     delta = _aligned(path, key_types, table)
     if delta is None:
-        write_deltalake(str(path), source, mode="append")
+        write_table(path, source, mode="append")
         return
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key_columns)
     # merge_schema: tombstone tables written before _cdc_recorded_at existed take the column on.
@@ -90,7 +99,7 @@ def record(path: Path, table: str, key_columns: tuple[str, ...], key_types: Mapp
      .execute())
 
 
-def purge(path: Path, older_than: datetime) -> int:
+def purge(path: Location, older_than: datetime) -> int:
     """Forget deletes recorded before ``older_than``; returns how many were removed."""
     delta = open_table(path)
     if delta is None:
@@ -109,7 +118,7 @@ def millis_to_timestamp(values: Sequence[int | None]) -> pa.Array:
     return pa.array(values, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(_TIMESTAMP)
 
 
-def _aligned(path: Path, key_types: Mapping[str, str], table: str) -> DeltaTable | None:
+def _aligned(path: Location, key_types: Mapping[str, str], table: str) -> DeltaTable | None:
     """The tombstone table, its key columns first widened to the target table's key types."""
     delta = open_table(path)
     if delta is None:

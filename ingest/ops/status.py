@@ -7,7 +7,6 @@ cannot answer leaves the lag unknown and says why (``source_error``); it is neve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow.compute as pc
 
@@ -16,6 +15,7 @@ from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig
 from ingest.deltaio import open_table, query
 from ingest.errors import SourceUnavailableError
+from ingest.lake import Location
 from ingest.paths import TablePaths
 from ingest.source import Source, source_for
 
@@ -63,7 +63,7 @@ def table_status(config: IngestConfig, *, source: Source | None = None) -> list[
     return out
 
 
-def live_row_count(path: Path) -> int:
+def live_row_count(path: Location) -> int:
     """Rows a reader sees (soft-deleted rows excluded)."""
     table = open_table(path)
     if table is None:

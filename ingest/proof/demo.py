@@ -21,6 +21,7 @@ from ingest.config import IngestConfig
 from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.deltaio import open_table
 from ingest.engine import Engine, ProgressFn, RunReport
+from ingest.lake import Location
 from ingest.paths import TablePaths
 from ingest.proof.verify import TableVerification, verify_table
 from ingest.source.topiclog import TopicLog
@@ -32,7 +33,7 @@ class TableFingerprint:
     files: str
 
     @classmethod
-    def of(cls, path: Path) -> TableFingerprint:
+    def of(cls, path: Location) -> TableFingerprint:
         table = open_table(path)
         if table is None:
             return cls(None, "")

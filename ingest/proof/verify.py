@@ -9,14 +9,14 @@ timestamps in another unit or zone; timestamps are compared as instants (naive o
 from __future__ import annotations
 
 import datetime as dt
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from ingest.lake import Location
 
 CDC_PREFIX: Final = "_cdc_"
 DELETED_COLUMN: Final = "_cdc_deleted"
@@ -53,7 +53,7 @@ class TableVerification:
 
 def verify_table(
     name: str,
-    delta_path: str | os.PathLike[str],
+    delta_path: Location,
     expected: pa.Table,
     key_columns: tuple[str, ...],
     *,
@@ -77,7 +77,7 @@ def verify_table(
     missing_keys = [k for k in key_columns if k not in expected.column_names]
     if missing_keys:
         raise ValueError(f"table {name!r}: key columns {missing_keys} are not in the expected rows")
-    actual = _read_live(Path(delta_path))
+    actual = _read_live(delta_path)
     lacking = [k for k in key_columns if actual is not None and k not in actual.column_names]
     if actual is not None and lacking:
         # Without its key no target row can be matched: all expected rows are missing.
@@ -142,7 +142,7 @@ def verify_table(
     )
 
 
-def _read_live(path: Path) -> pa.Table | None:
+def _read_live(path: Location) -> pa.Table | None:
     """The rows a reader sees, without framework columns; ``None`` if there is no Delta table."""
     from ingest.deltaio import open_table, read_all
 

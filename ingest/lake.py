@@ -1,0 +1,131 @@
+"""Where the lake lives: a local directory or an object-store prefix, behind one path type.
+
+``target.root`` is either a directory (relative to ``workdir``) or an ``s3://bucket/prefix`` URI.
+Every Delta table the engine writes (targets, tombstones, audit, quarantine, analytics) is a
+:class:`LakePath` below it. A ``LakePath`` carries the storage options that reach it -- endpoint,
+region, addressing style, never a credential -- so each delta-rs or polars call opens it the same
+way. Credentials come from the environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``) or the secrets file, which :func:`ingest.secrets.prepare` exports; both
+delta-rs and boto3 read them there, so they never pass through a path, a log line or an audit row.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Final, TypeAlias
+from urllib.parse import urlsplit
+
+#: URI schemes of the object stores the lake can live on (``s3a`` is Hadoop's name for ``s3``).
+OBJECT_STORE_SCHEMES: Final = frozenset({"s3", "s3a"})
+
+
+def is_uri(value: str | os.PathLike[str]) -> bool:
+    """True for ``scheme://...`` (an object-store location), false for a file-system path."""
+    return "://" in str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class LakePath:
+    """A location in the lake: a local directory (``uri`` is its absolute path) or ``s3://bucket/key``.
+
+    ``options`` are delta-rs storage options (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...); they are
+    not part of equality and hold no secret.
+    """
+
+    uri: str
+    options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), compare=False, repr=False)
+
+    @classmethod
+    def local_dir(cls, path: str | os.PathLike[str]) -> LakePath:
+        return cls(str(Path(path)))
+
+    @classmethod
+    def of(cls, value: LakePath | str | os.PathLike[str]) -> LakePath:
+        """``value`` as a lake path (a plain path or URI carries no storage options)."""
+        if isinstance(value, LakePath):
+            return value
+        return cls(str(value).rstrip("/")) if is_uri(value) else cls.local_dir(value)
+
+    # -- what it is ---------------------------------------------------------------------------
+    @property
+    def is_local(self) -> bool:
+        return not is_uri(self.uri)
+
+    @property
+    def local(self) -> Path:
+        """The directory, for code that needs the file system (locks, fingerprints of files)."""
+        if not self.is_local:
+            raise ValueError(f"{self.uri} is on an object store, not a local directory")
+        return Path(self.uri)
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.uri).scheme if not self.is_local else "file"
+
+    @property
+    def bucket(self) -> str:
+        return urlsplit(self.uri).netloc
+
+    @property
+    def key(self) -> str:
+        """The object key of this location inside its bucket (no leading or trailing slash)."""
+        return urlsplit(self.uri).path.strip("/")
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        """What delta-rs and polars need to open it (``None`` for a local directory)."""
+        return None if self.is_local else dict(self.options)
+
+    # -- where it leads -----------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.uri.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> LakePath:
+        if self.is_local:
+            return LakePath(str(Path(self.uri).parent), self.options)
+        head, _, _ = self.uri.rstrip("/").rpartition("/")
+        if head.endswith(":/"):  # s3://bucket has no parent
+            return self
+        return LakePath(head, self.options)
+
+    def __truediv__(self, part: str) -> LakePath:
+        if self.is_local:
+            return LakePath(str(Path(self.uri) / part), self.options)
+        return LakePath(f"{self.uri.rstrip('/')}/{part.strip('/')}", self.options)
+
+    def exists(self) -> bool:
+        """True when a Delta table or a directory is there (object stores: a ``_delta_log`` entry)."""
+        if self.is_local:
+            return Path(self.uri).exists()
+        from deltalake import DeltaTable
+
+        return DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options)
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __fspath__(self) -> str:
+        # os.fspath / open() keep working on local lakes; on S3 they fail here, loudly, not on a
+        # file named "s3:" in the working directory.
+        return str(self.local)
+
+
+#: Anything naming a lake location: a :class:`LakePath`, a URI or a local path.
+Location: TypeAlias = "LakePath | str | os.PathLike[str]"
+
+
+def delta_storage_options(*, endpoint_url: str | None, region: str, path_style: bool,
+                          allow_http: bool) -> Mapping[str, str]:
+    """delta-rs/object_store options for an S3-compatible endpoint (credentials excluded)."""
+    options = {"AWS_REGION": region, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false" if path_style else "true"}
+    if endpoint_url:
+        options["AWS_ENDPOINT_URL"] = endpoint_url
+    if allow_http:
+        options["AWS_ALLOW_HTTP"] = "true"
+    return MappingProxyType(options)

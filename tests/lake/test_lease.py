@@ -1,0 +1,103 @@
+"""One writer per table on an object store: the lease (ingest/lease.py) against a real S3 API server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ingest import locks
+from ingest.errors import TableLockedError
+from ingest.lake import LakePath
+from ingest.lease import Lease, LeaseLostError, s3_client
+from ingest.stack.s3 import S3Server
+
+
+def _root(s3: S3Server, bucket: str) -> LakePath:
+    return LakePath(f"s3://{bucket}/lake", {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": "us-east-1",
+                                           "AWS_ALLOW_HTTP": "true"})
+
+
+def test_a_second_writer_is_refused_until_the_first_releases(s3, bucket):
+    root = _root(s3, bucket)
+    first = Lease(root, "orders", ttl=30).acquire()
+    with pytest.raises(TableLockedError, match=f"pid {os.getpid()}") as refused:
+        Lease(root, "orders", ttl=30).acquire()
+    assert "lease is s3://" in str(refused.value)
+    Lease(root, "customers", ttl=30).acquire().release()  # another table is another lease
+    first.check()
+    first.release()
+    assert s3_client(root).list_objects_v2(Bucket=bucket, Prefix="lake/_cdc_locks/").get("KeyCount") == 0
+    Lease(root, "orders", ttl=30).acquire().release()
+
+
+def test_a_dead_holders_lease_expires_and_is_taken_over(s3, bucket):
+    root = _root(s3, bucket)
+    dead = Lease(root, "orders", ttl=1.0).acquire()
+    dead._stop.set()  # the holder dies: nobody renews, nobody releases
+    with pytest.raises(TableLockedError):
+        Lease(root, "orders", ttl=1.0).acquire()
+    time.sleep(2.5)  # Last-Modified has whole seconds
+    heir = Lease(root, "orders", ttl=30).acquire()
+    with pytest.raises(LeaseLostError, match="not renewed"):
+        dead.check()
+    heir.check()
+    heir.release()
+
+
+def test_a_holder_whose_lease_was_replaced_stops_before_its_next_commit(s3, bucket):
+    root = _root(s3, bucket)
+    holder = Lease(root, "orders", ttl=1.5).acquire()
+    # Another run replaced the object (as a take-over after a long pause of this one would).
+    s3_client(root).put_object(Bucket=bucket, Key=holder.location.key, Body=b'{"pid": 1}')
+    deadline = time.monotonic() + 10
+    while holder._lost is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(LeaseLostError, match="another run replaced it"):
+        holder.check()
+    holder.release()
+
+
+def test_commits_check_the_lease_this_process_holds(s3, bucket):
+    root = _root(s3, bucket)
+    held = locks.acquire_all(root, ["orders", "customers"], lease_seconds=30)
+    locks.check(root / "orders")
+    held[0]._lost = "another run replaced it"  # as the renewer records it
+    with pytest.raises(LeaseLostError):
+        locks.check(root / "orders")
+    locks.check(root / "customers")
+    locks.check(root / "not_held")  # a table this process never leased: nothing to check
+    locks.release_all(held)
+    locks.check(root / "orders")  # released: no longer tracked
+
+
+def test_acquire_all_takes_every_lease_or_none(s3, bucket):
+    root = _root(s3, bucket)
+    other = Lease(root, "customers", ttl=30).acquire()
+    with pytest.raises(TableLockedError):
+        locks.acquire_all(root, ["orders", "customers"], lease_seconds=30)
+    Lease(root, "orders", ttl=30).acquire().release()  # orders was given back when customers was refused
+    other.release()
+
+
+def test_the_lease_keeps_a_writer_in_another_process_out(s3, bucket):
+    """Two processes, no shared directory: the second one's lease is refused while the first renews."""
+    root = _root(s3, bucket)
+    script = ("import sys; from ingest.lake import LakePath; from ingest.lease import Lease; "
+              f"root = LakePath({root.uri!r}, {dict(root.options)!r}); "
+              "Lease(root, 'orders', ttl=6).acquire(); print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=os.environ.copy())
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        time.sleep(7)  # longer than its time-to-live: only its renewals keep it
+        with pytest.raises(TableLockedError, match=f"pid {holder.pid}"):
+            Lease(root, "orders", ttl=6).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(7)  # killed: no renewal, no release; the lease expires
+    Lease(root, "orders", ttl=6).acquire().release()
