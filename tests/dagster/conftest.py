@@ -16,9 +16,10 @@ DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
 
 def write_config(workdir: Path, *, batch: int = 300, value_format: str = "avro",
-                 tables: list[dict[str, Any]] | None = None, engine: str = "delta-rs") -> tuple[Path, IngestConfig]:
+                 tables: list[dict[str, Any]] | None = None, engine: str = "delta-rs",
+                 target: dict[str, Any] | None = None) -> tuple[Path, IngestConfig]:
     """A configuration like the demo's (or with ``tables``) whose workdir is ``workdir``, its tables
-    applied with ``engine``."""
+    applied with ``engine`` (and ``target`` settings such as an object-store root)."""
     raw = yaml.safe_load(DEMO_CONFIG.read_text())
     raw["workdir"] = str(workdir)
     if "quality" in raw:  # the file is written elsewhere: keep the suites where demo.yaml points
@@ -26,6 +27,7 @@ def write_config(workdir: Path, *, batch: int = 300, value_format: str = "avro",
     raw["source"]["max_records_per_batch"] = batch
     raw["source"]["value_format"] = value_format
     raw["target"]["engine"] = engine
+    raw["target"].update(target or {})
     if tables is not None:
         raw["tables"] = tables
     workdir.mkdir(parents=True, exist_ok=True)

@@ -20,11 +20,18 @@ from tests.dagster.conftest import write_config
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module", params=["delta-rs", "delta-spark"])
+@pytest.fixture(scope="module", params=["delta-rs", "delta-spark", "delta-rs on s3"])
 def materialized(request, tmp_path_factory, spark):
     """Every asset and check of the demo configuration, materialized once on 800 simulated events,
-    once per apply engine."""
-    path, config = write_config(tmp_path_factory.mktemp("dagster") / "work", batch=300, engine=request.param)
+    once per apply engine, and once with the lake on an S3 API server."""
+    engine_name, _, lake = request.param.partition(" on ")
+    target = None
+    if lake:
+        s3 = request.getfixturevalue("s3")
+        s3.create_bucket("dagster")
+        target = {"root": "s3://dagster/lake", "storage": s3.storage()}
+    path, config = write_config(tmp_path_factory.mktemp("dagster") / "work", batch=300, engine=engine_name,
+                                target=target)
     prepare_workload(config, events=800, seed=1, malformed_fraction=0.01)
     engine = SparkIngestEngine(config_path=str(path))
     defs = build_definitions(config, engine)
@@ -47,6 +54,7 @@ def test_tables_equal_the_source(materialized):
     assert result.success
     engines = {r["engine"] for r in audit.read(config.tables_root / "_cdc_audit").to_pylist()}
     assert engines == {config.target.engine}
+    assert config.lake_is_local or not (config.workdir / "tables").exists()
     assert all(v.ok for v in verify_all(config)), [v.table for v in verify_all(config) if not v.ok]
 
 
