@@ -15,6 +15,10 @@ through the engine's whole driver path (parts -> reduce -> plan -> delta-rs MERG
 ``--history-mode both`` runs scd1 and scd2 on tables of each size side by side and prints what
 keeping the history costs per batch (scd2 / scd1).
 
+``--lake s3`` puts the tables on an S3 API server on loopback (``ingest/stack/s3.py``, started by
+the script; ``--s3-endpoint URL`` uses one already running, such as MinIO) and ``--lake both`` runs
+the local disk and S3 side by side on the same batches: what a MERGE costs on an object store.
+
 ``--engine delta-spark`` commits with delta-spark's MERGE instead, the table's deletion vectors on
 (the table is built by delta-rs, then ``delta.enableDeletionVectors`` is set with Spark SQL, as a
 user converting a delta-rs table would): an update or delete marks the old row in a vector file
@@ -23,21 +27,26 @@ instead of rewriting its file. Its target is the random batch: at most 1.5x from
     .venv/bin/python benchmarks/bench_merge.py [--sizes 200000,2000000,20000000] [--rounds 3]
                                                [--engine delta-rs|delta-spark]
                                                [--history-mode scd1|scd2|both]
+                                               [--lake local|s3|both] [--s3-endpoint URL]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import statistics
+import tempfile
 import time
+import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 from rich.console import Console
 from rich.table import Table
 
@@ -46,8 +55,9 @@ from ingest.apply.delta_rs import DeltaRsEngine
 from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec, TargetSpec
 from ingest.decode.parts import PartsBuilder
-from ingest.deltaio import FRAMEWORK_COLUMNS, HISTORY_COLUMNS
+from ingest.deltaio import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, open_table
 from ingest.events import ChangeEvent, ColumnSpec, SourcePosition
+from ingest.lake import LakePath, delta_storage_options
 from ingest.paths import TablePaths
 
 console = Console()
@@ -87,17 +97,39 @@ class Source:
         return out.parts()
 
 
-def build(root: Path, rows: int, file_mb: int, spec: TableSpec = SPEC) -> tuple[TablePaths, Source]:
+@dataclass(frozen=True)
+class Variant:
+    """One way of keeping the table: its history mode and where the lake is."""
+
+    label: str
+    mode: str
+    lake: str
+
+
+def lake_root(lake: str, workdir: Path, rows: int, endpoint: str | None) -> LakePath:
+    """A fresh, empty place for one table size: a directory, or a new prefix in the S3 bucket."""
+    if lake == "local":
+        shutil.rmtree(workdir / str(rows), ignore_errors=True)
+        return LakePath.local_dir(workdir / str(rows))
+    options = delta_storage_options(endpoint_url=endpoint, region=os.environ.get("AWS_REGION", "us-east-1"),
+                                    path_style=True, allow_http=bool(endpoint and endpoint.startswith("http://")))
+    return LakePath(f"s3://{BUCKET}/{rows}-{uuid.uuid4().hex[:8]}", options)
+
+
+BUCKET = "bench-merge"
+
+
+def build(root: LakePath, rows: int, file_mb: int, spec: TableSpec = SPEC) -> tuple[TablePaths, Source]:
     """A table of ``rows`` rows in key order, created by the engine and filled in bulk (scd2: each
     row its key's one current version)."""
-    shutil.rmtree(root, ignore_errors=True)
     paths = TablePaths(root / "orders", root / "_cdc_tombstones" / "orders", root / "_cdc_audit",
                        root / "_cdc_quarantine")
     source = Source(rows)
     engine = DeltaRsEngine(target_file_size=file_mb * 1024 * 1024)
     apply_parts(spec, paths, source.parts([rows + 10_000_000]), batch_id=0, run_id="build",  # engine-made table
                 engine=engine)
-    table = DeltaTable(str(paths.table))
+    table = open_table(paths.table)
+    assert table is not None
     schema = pa.schema(table.schema().to_arrow())
     chunk = 1_000_000
     for start in range(0, rows, chunk):
@@ -137,7 +169,7 @@ def enable_deletion_vectors(engine: ApplyEngine, paths: TablePaths) -> None:
     from ingest.apply.delta_spark import DeltaSparkEngine, ident
 
     if isinstance(engine, DeltaSparkEngine):
-        engine.spark.sql(f"ALTER TABLE delta.{ident(str(paths.table))} "
+        engine.spark.sql(f"ALTER TABLE delta.{ident(paths.table.uri)} "
                          "SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
 
 
@@ -166,23 +198,63 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("bench-work/merge"))
     parser.add_argument("--engine", choices=["delta-rs", "delta-spark"], default="delta-rs")
     parser.add_argument("--history-mode", choices=["scd1", "scd2", "both"], default="scd1")
+    parser.add_argument("--lake", choices=["local", "s3", "both"], default="local",
+                        help="where the table lives: local disk, an S3 API server on loopback, or both side by side")
+    parser.add_argument("--s3-endpoint", help="an S3 endpoint already running (default: start one); credentials "
+                        "from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
     args = parser.parse_args()
     modes = ["scd1", "scd2"] if args.history_mode == "both" else [args.history_mode]
+    lakes = ["local", "s3"] if args.lake == "both" else [args.lake]
+    if args.engine == "delta-spark" and "s3" in lakes:
+        parser.error("--lake s3 is for the delta-rs engine (delta-spark does not write to an object store yet)")
+    variants = [Variant(" ".join(x for x, many in ((mode, len(modes) > 1), (lake, len(lakes) > 1)) if many),
+                        mode, lake) for mode in modes for lake in lakes]
+    server = None
+    endpoint = args.s3_endpoint
+    if "s3" in lakes:
+        from ingest.stack.s3 import S3Server
+
+        if endpoint is None:
+            server = S3Server(Path(tempfile.mkdtemp(prefix="bench-s3-"))).start()
+            os.environ.update(server.environment)
+            endpoint = server.endpoint
+            console.print(f"S3 API server (moto) on {endpoint}")
+            server.create_bucket(BUCKET)
+        else:
+            _create_bucket(endpoint)
+    try:
+        _run(args, variants, endpoint)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _create_bucket(endpoint: str) -> None:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=os.environ.get("AWS_REGION", "us-east-1"))
+    if BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        s3.create_bucket(Bucket=BUCKET)
+
+
+def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None) -> None:
     results: dict[tuple[int, str], list[float]] = {}
     files: dict[tuple[int, str], list[int]] = {}
     vectors: dict[tuple[int, str], list[int]] = {}
     sizes = [int(s) for s in args.sizes.split(",")]
     for rows in sizes:
-        for mode in modes:
-            rng = random.Random(7)  # every mode gets the same batches
-            spec = SPEC.model_copy(update={"history_mode": mode})
-            console.print(f"table of {rows:,} rows, {mode}")
-            paths, source = build(args.workdir / str(rows), rows, args.file_mb, spec)
+        for variant in variants:
+            rng = random.Random(7)  # every variant gets the same batches
+            spec = SPEC.model_copy(update={"history_mode": variant.mode})
+            console.print(f"table of {rows:,} rows, {variant.mode}, {variant.lake} lake")
+            paths, source = build(lake_root(variant.lake, args.workdir, rows, endpoint), rows, args.file_mb, spec)
             engine = make_engine(args.engine, args.file_mb)
             enable_deletion_vectors(engine, paths)
-            table_files = len(DeltaTable(str(paths.table)).file_uris())
+            table = open_table(paths.table)
+            assert table is not None
+            table_files = len(table.file_uris())
             for kind in ("hot set", "random"):
-                label = f"{kind} {mode}" if len(modes) > 1 else kind
+                label = f"{kind} {variant.label}".strip()
                 for n in range(args.rounds):
                     parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
                     t0 = time.perf_counter()
@@ -190,15 +262,18 @@ def main() -> None:
                     seconds = time.perf_counter() - t0
                     record = result.record
                     assert record is not None and record.balanced
-                    touched, dvs = rewritten(DeltaTable(str(paths.table)).history(1)[0].get("operationMetrics", {}))
+                    table = open_table(paths.table)
+                    assert table is not None
+                    touched, dvs = rewritten(table.history(1)[0].get("operationMetrics", {}))
                     results.setdefault((rows, label), []).append(seconds)
                     files.setdefault((rows, label), []).append(touched)
                     vectors.setdefault((rows, label), []).append(dvs)
                     console.print(f"  {label}: {seconds:.2f} s, {record.updated} updated, {record.inserted} "
                                   f"inserted, files rewritten {touched} of {table_files}, deletion vectors {dvs}")
-            shutil.rmtree(args.workdir / str(rows), ignore_errors=True)
-    if len(modes) > 1:
-        _compare_modes(results, sizes, args)
+            if variant.lake == "local":
+                shutil.rmtree(args.workdir / str(rows), ignore_errors=True)
+    if len(variants) > 1:
+        _compare(results, sizes, args, [v.label for v in variants])
         return
     out = Table(title=f"A {args.batch:,}-change batch through the engine's {args.engine} path "
                       f"(median of {args.rounds})")
@@ -219,17 +294,18 @@ def main() -> None:
         console.print(f"{kind}, {last:,} rows / {first:,} rows: {growth:.2f}x{target}")
 
 
-def _compare_modes(results: dict[tuple[int, str], list[float]], sizes: list[int], args: argparse.Namespace) -> None:
-    """The scd1 and scd2 batches side by side, and what keeping every version costs."""
-    out = Table(title=f"A {args.batch:,}-change batch, scd1 and scd2, through the engine's {args.engine} path "
-                      f"(median of {args.rounds})")
-    for col in ("table rows", "keys", "scd1", "scd2", "scd2 / scd1"):
+def _compare(results: dict[tuple[int, str], list[float]], sizes: list[int], args: argparse.Namespace,
+             labels: list[str]) -> None:
+    """The variants' batches side by side (scd1/scd2, local/s3), each against the first one."""
+    out = Table(title=f"A {args.batch:,}-change batch, {', '.join(labels)}, through the engine's {args.engine} "
+                      f"path (median of {args.rounds})")
+    for col in ("table rows", "keys", *labels, *(f"{label} / {labels[0]}" for label in labels[1:])):
         out.add_column(col, justify="right")
     for rows in sizes:
         for kind in ("hot set", "random"):
-            one = statistics.median(results[(rows, f"{kind} scd1")])
-            two = statistics.median(results[(rows, f"{kind} scd2")])
-            out.add_row(f"{rows:,}", kind, f"{one:.2f} s", f"{two:.2f} s", f"{two / one:.2f}x")
+            medians = [statistics.median(results[(rows, f"{kind} {label}")]) for label in labels]
+            out.add_row(f"{rows:,}", kind, *(f"{m:.2f} s" for m in medians),
+                        *(f"{m / medians[0]:.2f}x" for m in medians[1:]))
     console.print(out)
 
 
