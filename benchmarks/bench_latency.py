@@ -140,10 +140,10 @@ def main() -> None:
     args = parser.parse_args()
     args.workdir = args.workdir.resolve()
 
-    from ingest.stack import Stack
+    from ingest.stack import CDC_COMPONENTS, Stack
 
     stack = Stack.from_env()
-    stack.up()
+    stack.up(CDC_COMPONENTS)
     stack.wait_connectors()
     os.environ.update(stack.engine_env())
     results = [measure(stack, float(r), args) for r in args.rates.split(",")]

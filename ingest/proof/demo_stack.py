@@ -101,7 +101,7 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
         The result; ``ok`` when every configuration ingested without error and verified equal.
     """
     from ingest.engine import Engine
-    from ingest.stack import Stack
+    from ingest.stack import CDC_COMPONENTS, Stack
 
     say = say or (lambda _line: None)
     result = DemoStackResult()
@@ -112,7 +112,7 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
 
     with _timed(result, "stack up"):
         stack = stack or Stack.from_env()
-        stack.up()
+        stack.up(CDC_COMPONENTS)
         stack.wait_connectors()
         # The engine reads the registry's and Kafka's credentials from the environment.
         os.environ.update(stack.engine_env())

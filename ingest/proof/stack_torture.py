@@ -208,7 +208,7 @@ class StackTorture:
         self.result.seconds = self._elapsed()
 
     def _stack_up(self) -> Any:
-        from ingest.stack import Stack
+        from ingest.stack import CDC_COMPONENTS, Stack
 
         log = self.workdir / "stack.log"
 
@@ -217,7 +217,7 @@ class StackTorture:
                 fh.write(f"{time.strftime('%H:%M:%S')} {line}\n")
 
         stack = self._stack or Stack.from_env(progress=quiet)
-        stack.up()
+        stack.up(CDC_COMPONENTS)
         stack.wait_connectors()
         os.environ.update(stack.engine_env())  # for the end checks in this process
         return stack

@@ -1,6 +1,7 @@
 """The real production path on this machine: PostgreSQL 15, Kafka 4.3 (KRaft), Kafka Connect with
-Debezium 3.6, Apicurio Registry 3.3 and nginx (basic auth in front of the registry), started on
-loopback from Debian packages and Maven Central jars, without Docker (docs/stack.md).
+Debezium 3.6, Apicurio Registry 3.3 and nginx (basic auth in front of the registry), and MinIO for a lake on S3,
+started on loopback from Debian packages, Maven Central jars and a Go module, without Docker
+(docs/stack.md).
 
 Command line: ``python -m ingest.stack up|down|status|restart|env|jars``. From Python::
 
@@ -11,6 +12,6 @@ Command line: ``python -m ingest.stack up|down|status|restart|env|jars``. From P
 
 from ingest.stack.errors import StackError
 from ingest.stack.settings import StackSettings
-from ingest.stack.stack import ORDER, ComponentStatus, Stack
+from ingest.stack.stack import CDC_COMPONENTS, ORDER, ComponentStatus, Stack
 
-__all__ = ["ORDER", "ComponentStatus", "Stack", "StackError", "StackSettings"]
+__all__ = ["CDC_COMPONENTS", "ORDER", "ComponentStatus", "Stack", "StackError", "StackSettings"]

@@ -29,6 +29,8 @@ PORT_DEFAULTS: dict[str, int] = {
     "STACK_REGISTRY_PORT": 8081,
     "STACK_REGISTRY_AUTH_PORT": 8082,
     "STACK_REGISTRY_MGMT_PORT": 8091,
+    "STACK_S3_PORT": 9310,
+    "STACK_S3_CONSOLE_PORT": 9311,
 }
 
 #: Credential variables: (environment variable, default user name or None for a generated secret).
@@ -37,6 +39,7 @@ CREDENTIAL_VARS: tuple[str, ...] = (
     "STACK_PG_REPL_PASSWORD",
     "STACK_KAFKA_SASL_PASSWORD",
     "STACK_REGISTRY_AUTH_PASSWORD",
+    "STACK_S3_SECRET_KEY",
 )
 
 #: Variables the engine reads (ingest/config.py defaults): registry ``user:password`` and SASL JAAS.
@@ -52,6 +55,7 @@ class Credentials:
     pg_repl_password: str
     kafka_sasl_password: str
     registry_auth_password: str
+    s3_secret_key: str
 
     @classmethod
     def load(cls, stack_dir: Path, env: Mapping[str, str], *, create: bool) -> Credentials:
@@ -89,6 +93,7 @@ class Credentials:
             pg_repl_password=values["STACK_PG_REPL_PASSWORD"],
             kafka_sasl_password=values["STACK_KAFKA_SASL_PASSWORD"],
             registry_auth_password=values["STACK_REGISTRY_AUTH_PASSWORD"],
+            s3_secret_key=values["STACK_S3_SECRET_KEY"],
         )
 
 
@@ -138,6 +143,10 @@ class StackSettings:
     registry_auth_port: int
     registry_mgmt_port: int
     registry_auth_user: str
+    s3_port: int
+    s3_console_port: int
+    s3_access_key: str
+    s3_bucket: str
     connectors: tuple[str, ...]
     timeout: float | None
     credentials: Credentials = field(repr=False)
@@ -150,7 +159,8 @@ class StackSettings:
             env: Environment mapping; ``STACK_DIR`` (default ``<repo>/.stack``), ``STACK_JARS_DIR``
                 (default ``$STACK_DIR/jars``), the ``STACK_*_PORT`` variables of
                 :data:`PORT_DEFAULTS`, ``STACK_PG_DB``/``STACK_PG_USER``/``STACK_PG_REPL_USER``,
-                ``STACK_KAFKA_SASL_USER``, ``STACK_REGISTRY_AUTH_USER``, ``STACK_CONNECTORS``
+                ``STACK_KAFKA_SASL_USER``, ``STACK_REGISTRY_AUTH_USER``, ``STACK_S3_ACCESS_KEY``,
+                ``STACK_S3_BUCKET``, ``STACK_CONNECTORS``
                 (comma list, default ``pgavro,pgjson``), ``STACK_TIMEOUT`` (seconds per component)
                 and the credentials of :data:`CREDENTIAL_VARS`.
             create: Store generated credentials (see :meth:`Credentials.load`).
@@ -181,6 +191,10 @@ class StackSettings:
             registry_auth_port=_port(env, "STACK_REGISTRY_AUTH_PORT"),
             registry_mgmt_port=_port(env, "STACK_REGISTRY_MGMT_PORT"),
             registry_auth_user=env.get("STACK_REGISTRY_AUTH_USER") or "registry",
+            s3_port=_port(env, "STACK_S3_PORT"),
+            s3_console_port=_port(env, "STACK_S3_CONSOLE_PORT"),
+            s3_access_key=env.get("STACK_S3_ACCESS_KEY") or "lake",
+            s3_bucket=env.get("STACK_S3_BUCKET") or "lake",
             connectors=connectors,
             timeout=float(timeout_raw) if timeout_raw else None,
             credentials=Credentials.load(stack_dir, env, create=create),
@@ -225,6 +239,15 @@ class StackSettings:
         """Base URL of the Kafka Connect REST API."""
         return f"http://127.0.0.1:{self.connect_port}"
 
+    def s3_endpoint(self) -> str:
+        """Base URL of the S3 API (MinIO)."""
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    def s3_env(self) -> dict[str, str]:
+        """The object-store keys delta-rs, polars and boto3 read, for a lake on the stack's MinIO."""
+        return {"AWS_ACCESS_KEY_ID": self.s3_access_key, "AWS_SECRET_ACCESS_KEY": self.credentials.s3_secret_key,
+                "AWS_REGION": "us-east-1"}
+
     def engine_env(self) -> dict[str, str]:
         """The environment the engine reads credentials from (names of ``ingest/config.py``)."""
         jaas = ("org.apache.kafka.common.security.scram.ScramLoginModule required "
@@ -255,5 +278,8 @@ class StackSettings:
             "STACK_REGISTRY_AUTH_URL": self.registry_url(authenticated=True),
             "STACK_REGISTRY_AUTH_USER": self.registry_auth_user,
             "STACK_REGISTRY_AUTH_PASSWORD": c.registry_auth_password,
+            "STACK_S3_ENDPOINT": self.s3_endpoint(),
+            "STACK_S3_BUCKET": self.s3_bucket,
+            **self.s3_env(),
             **self.engine_env(),
         }

@@ -20,12 +20,16 @@ from ingest.stack.kafka import Kafka
 from ingest.stack.postgres import Postgres
 from ingest.stack.process import Progress, alive, port_in_use, spawn, stop, wait_until
 from ingest.stack.registry import Registry, RegistryAuth
+from ingest.stack.s3 import Minio
 from ingest.stack.settings import StackSettings
 from ingest.stack.tools import ensure_jars
 
 #: Start order (and, reversed, stop order).
-ORDER: tuple[str, ...] = ("pg", "kafka", "registry", "registry-auth", "connect")
-_CLASSES: dict[str, type[Component]] = {c.name: c for c in (Postgres, Kafka, Registry, RegistryAuth, Connect)}
+ORDER: tuple[str, ...] = ("pg", "kafka", "registry", "registry-auth", "connect", "s3")
+#: The change-data path alone: what the real-stack tests, demo and torture start (not the S3 server,
+#: whose first start builds MinIO).
+CDC_COMPONENTS: tuple[str, ...] = ("pg", "kafka", "registry", "registry-auth", "connect")
+_CLASSES: dict[str, type[Component]] = {c.name: c for c in (Postgres, Kafka, Registry, RegistryAuth, Connect, Minio)}
 
 
 def _print_progress(line: str) -> None:

@@ -23,7 +23,7 @@ NGINX_BIN = Path("/usr/sbin/nginx")
 _POLICY_RC = Path("/usr/sbin/policy-rc.d")
 _PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
 #: Jar components resolved by infra/jvm/pom.xml (sub-directories of the jars directory).
-JAR_DIRS = ("kafka", "connect-plugins", "registry", "spark-kafka", "delta-spark")
+JAR_DIRS = ("kafka", "connect-plugins", "registry", "spark-kafka", "delta-spark", "hadoop-aws")
 
 
 def render(template: Path, values: dict[str, object]) -> str:

@@ -25,13 +25,13 @@ import pytest
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Any]:
     """The running local stack, with the engine's credentials in ``os.environ`` for the session."""
-    from ingest.stack import Stack
+    from ingest.stack import CDC_COMPONENTS, Stack
 
     running, already = None, None
     try:
         running = Stack.from_env()
         already = [c.name for c in running.status() if c.pid is not None]
-        running.up()
+        running.up(CDC_COMPONENTS)
         running.wait_connectors()
     except Exception as exc:  # StackError, a missing package, a port in use ...
         if running is not None and already == []:
