@@ -25,8 +25,16 @@ $(STAMP):
 
 install: $(STAMP)
 
+# `make demo LAKE=s3`: the same demo with its tables on the stack's MinIO (configs/demo-s3.yaml),
+# which is started first and built from its Go module the first time (about six minutes).
+LAKE ?= local
 demo: java install
+ifeq ($(LAKE),s3)
+	$(BIN)/python -m ingest.stack up --components s3
+	eval "$$($(BIN)/python -m ingest.stack env)" && $(BIN)/ingest demo -c configs/demo-s3.yaml
+else
 	$(BIN)/ingest demo
+endif
 
 test: java install
 	$(BIN)/python -m pytest -q -n 2

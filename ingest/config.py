@@ -439,13 +439,6 @@ class IngestConfig(_Model):
                 seen.add(value)
         return self
 
-    @model_validator(mode="after")
-    def _object_store_engines(self) -> IngestConfig:
-        if is_uri(self.target.root) and "delta-spark" in self.engines():
-            raise ValueError("target.root is on an object store, which the delta-spark engine does not write yet "
-                             "(its S3 log store is single-driver only); use engine: delta-rs for these tables")
-        return self
-
     # -- resolved paths -------------------------------------------------------------------------
     def path(self, relative: Path) -> Path:
         return relative if relative.is_absolute() else (self.workdir / relative)
@@ -503,6 +496,33 @@ def _format_location(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
+def _read_raw(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """The file's mapping; ``extends: other.yaml`` (relative to the file) is read first and overridden
+    key by key (mappings merged, anything else replaced), so a variant states only what differs."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: configuration file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    parent = (path.parent / str(base)).resolve()
+    if parent in seen or parent == path.resolve():
+        raise ConfigError(f"{path}: extends {base} again (a cycle)")
+    return _merged(_read_raw(parent, seen=(*seen, path.resolve())), raw)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def load_config(path: str | os.PathLike[str], *, workdir: str | os.PathLike[str] | None = None) -> IngestConfig:
     """Read, validate and resolve a configuration file.
 
@@ -514,14 +534,7 @@ def load_config(path: str | os.PathLike[str], *, workdir: str | os.PathLike[str]
         ConfigError: the file is missing, not YAML, or a field is invalid; the message names both.
     """
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: configuration file not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+    raw = _read_raw(path, seen=())
     try:
         config = IngestConfig.model_validate(raw)
     except ValidationError as exc:

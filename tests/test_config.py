@@ -65,3 +65,23 @@ def test_column_selection_takes_exactly_one_list(tmp_path):
     for bad in ({}, {"include": ["a"], "exclude": ["b"]}):
         with pytest.raises(pydantic.ValidationError, match="exactly one of include or exclude"):
             ColumnSelection(**bad)
+
+
+def test_a_configuration_extends_another_and_states_only_what_differs(tmp_path):
+    (tmp_path / "base.yaml").write_text("workdir: base\nsource: {max_records_per_batch: 7, queries: 2}\n"
+                                        "tables: [{name: a, topic: t.a}]\n")
+    (tmp_path / "variant.yaml").write_text("extends: base.yaml\nsource: {queries: 3}\n"
+                                           "target: {root: 's3://lake/x'}\n")
+    config = load_config(tmp_path / "variant.yaml")
+    assert (config.source.max_records_per_batch, config.source.queries) == (7, 3)  # merged key by key
+    assert config.workdir == (tmp_path / "base").resolve() and [t.name for t in config.tables] == ["a"]
+    assert config.tables_root.uri == "s3://lake/x"
+    (tmp_path / "base.yaml").write_text("extends: variant.yaml\n")
+    with pytest.raises(ConfigError, match="a cycle"):
+        load_config(tmp_path / "variant.yaml")
+
+
+def test_the_s3_demo_configuration_is_the_demo_on_the_stacks_minio():
+    demo, s3 = load_config("configs/demo.yaml"), load_config("configs/demo-s3.yaml")
+    assert s3.tables == demo.tables and s3.quality == demo.quality
+    assert s3.tables_root.uri == "s3://lake/demo" and s3.target.storage.endpoint_url == "http://127.0.0.1:9310"
