@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from deltalake import CommitProperties, DeltaTable
@@ -34,7 +34,7 @@ from ingest.apply.tablestate import latest_cdc_commit, load_state
 from ingest.apply.tombstones import purge as purge_tombstones
 from ingest.config import IngestConfig, TableSpec
 from ingest.deltaio import has_deletion_vectors, open_table
-from ingest.lake import Location
+from ingest.lake import LakePath, Location
 from ingest.paths import TablePaths
 
 if TYPE_CHECKING:
@@ -103,7 +103,9 @@ def maintain(path: Location, options: MaintenanceOptions, *, key_columns: tuple[
     if has_deletion_vectors(table):
         from ingest.spark import delta_session  # pyspark only for tables that need it
 
-        return _maintain_with_spark(table, options, key_columns, report, spark or delta_session)
+        where = LakePath.of(path)
+        session = spark or partial(delta_session, s3=not where.is_local)
+        return _maintain_with_spark(table, where, options, key_columns, report, session)
     commit = CommitProperties(custom_metadata={MAINTENANCE_KEY: options.layout})
     target = options.target_file_size_mb * 1024 * 1024
     metrics: dict[str, Any] = {}
@@ -129,12 +131,14 @@ def maintain(path: Location, options: MaintenanceOptions, *, key_columns: tuple[
     return report
 
 
-def _maintain_with_spark(table: DeltaTable, options: MaintenanceOptions, key_columns: tuple[str, ...] | None,
-                         report: TableMaintenance, session: Callable[[], SparkSession]) -> TableMaintenance:
+def _maintain_with_spark(table: DeltaTable, where: LakePath, options: MaintenanceOptions,
+                         key_columns: tuple[str, ...] | None, report: TableMaintenance,
+                         session: Callable[[], SparkSession]) -> TableMaintenance:
     """:func:`maintain` for a table delta-rs cannot write: delta-spark's OPTIMIZE and VACUUM."""
     import json
 
     from ingest.apply.delta_spark import ident
+    from ingest.spark import spark_location
 
     spark = session().newSession()  # its settings stay its own
     spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(options.target_file_size_mb * 1024 * 1024))
@@ -144,7 +148,7 @@ def _maintain_with_spark(table: DeltaTable, options: MaintenanceOptions, key_col
     # clusters: 68 s against 16 s for a small table on 2 cores).
     spark.conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism",
                    str(spark.sparkContext.defaultParallelism))
-    name = f"delta.{ident(table.table_uri.removeprefix('file://'))}"
+    name = f"delta.{ident(spark_location(spark, where))}"
     if options.layout != "none":
         spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", json.dumps({MAINTENANCE_KEY: options.layout}))
         zorder = (f" ZORDER BY ({', '.join(ident(k) for k in key_columns)})"
@@ -153,17 +157,23 @@ def _maintain_with_spark(table: DeltaTable, options: MaintenanceOptions, key_col
         report.files_removed, report.files_added = int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"])
     if options.vacuum_retention_hours is not None:
         spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", json.dumps({MAINTENANCE_KEY: "vacuum"}))
-        before = _data_files(table.table_uri)
+        before = _data_files(where)
         spark.sql(f"VACUUM {name} RETAIN {options.vacuum_retention_hours} HOURS")
-        report.vacuumed_files = len(before - _data_files(table.table_uri))
+        report.vacuumed_files = len(before - _data_files(where))
     report.log_cleanup = "done by Delta (delta-spark checkpoints and expires the log itself)"
-    report.version_after = DeltaTable(table.table_uri).version()
+    table.update_incremental()
+    report.version_after = table.version()
     return report
 
 
-def _data_files(uri: str) -> set[str]:
-    root = Path(uri.removeprefix("file://"))
-    return {str(p) for p in root.rglob("*") if p.is_file() and "_delta_log" not in p.parts}
+def _data_files(where: LakePath) -> set[str]:
+    """The table's files outside its log: what a vacuum may delete."""
+    if where.is_local:
+        return {str(p) for p in where.local.rglob("*") if p.is_file() and "_delta_log" not in p.parts}
+    from ingest.lease import s3_client
+
+    pages = s3_client(where).get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=where.key + "/")
+    return {o["Key"] for page in pages for o in page.get("Contents", []) if "/_delta_log/" not in o["Key"]}
 
 
 def maintain_cdc_table(config: IngestConfig, spec: TableSpec, options: MaintenanceOptions, *,

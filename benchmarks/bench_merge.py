@@ -161,15 +161,16 @@ def make_engine(name: str, file_mb: int) -> ApplyEngine:
     from ingest.apply.delta_spark import DeltaSparkEngine
     from ingest.spark import get_spark, session_conf
 
-    spark = get_spark("local[2]", 2, tuple(sorted(session_conf(["delta-spark"], {}).items())))
+    spark = get_spark("local[2]", 2, tuple(sorted(session_conf(["delta-spark", "hadoop-aws"], {}).items())))
     return DeltaSparkEngine(spark)
 
 
 def enable_deletion_vectors(engine: ApplyEngine, paths: TablePaths) -> None:
     from ingest.apply.delta_spark import DeltaSparkEngine, ident
+    from ingest.spark import spark_location
 
     if isinstance(engine, DeltaSparkEngine):
-        engine.spark.sql(f"ALTER TABLE delta.{ident(paths.table.uri)} "
+        engine.spark.sql(f"ALTER TABLE delta.{ident(spark_location(engine.spark, paths.table))} "
                          "SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
 
 
@@ -205,8 +206,6 @@ def main() -> None:
     args = parser.parse_args()
     modes = ["scd1", "scd2"] if args.history_mode == "both" else [args.history_mode]
     lakes = ["local", "s3"] if args.lake == "both" else [args.lake]
-    if args.engine == "delta-spark" and "s3" in lakes:
-        parser.error("--lake s3 is for the delta-rs engine (delta-spark does not write to an object store yet)")
     variants = [Variant(" ".join(x for x, many in ((mode, len(modes) > 1), (lake, len(lakes) > 1)) if many),
                         mode, lake) for mode in modes for lake in lakes]
     server = None

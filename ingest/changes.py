@@ -28,6 +28,7 @@ from ingest.apply.tablestate import STATE_KEY, newest_cdc_commit
 from ingest.config import IngestConfig
 from ingest.deltaio import has_deletion_vectors, normalize, open_table, records_change_feed
 from ingest.errors import IngestError
+from ingest.lake import LakePath
 from ingest.query import commit_times
 
 #: The change types of Delta's change data feed, in the order a commit's changes are listed.
@@ -81,9 +82,9 @@ def changes(config: IngestConfig, name: str, which: ChangeRange,
         if spark is None:
             from ingest.spark import delta_session  # pyspark only for tables that need it
 
-            spark = partial(delta_session, config.spark)
+            spark = partial(delta_session, config.spark, s3=not config.lake_is_local)
         session = spark()
-        rows = _read_with_spark(table, start, end, session)
+        rows = _read_with_spark(config.tables_root / name, start, end, session)
     else:
         try:
             rows = normalize(pa.table(table.load_cdf(starting_version=start, ending_version=end).read_all()))
@@ -152,9 +153,11 @@ def _uniform(rows: pa.Table, times: dict[int, datetime]) -> pa.Table:
     return rows.set_column(at, "_commit_timestamp", stamps)
 
 
-def _read_with_spark(table: DeltaTable, start: int, end: int, spark: Any) -> pa.Table:
+def _read_with_spark(where: LakePath, start: int, end: int, spark: Any) -> pa.Table:
+    from ingest.spark import spark_location
+
     frame = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", start)
-             .option("endingVersion", end).load(table.table_uri))
+             .option("endingVersion", end).load(spark_location(spark, where)))
     return normalize(frame.toArrow())
 
 

@@ -17,10 +17,11 @@ from typing import Final, Literal
 
 from ingest.errors import EnvironmentProblem
 
-Connector = Literal["spark-kafka", "delta-spark"]
+Connector = Literal["spark-kafka", "delta-spark", "hadoop-aws"]
 COORDINATES: Final[dict[str, str]] = {
     "spark-kafka": "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0",
     "delta-spark": "io.delta:delta-spark_4.2_2.13:4.4.0",
+    "hadoop-aws": "org.apache.hadoop:hadoop-aws:3.5.0",
 }
 _USER_CLASSPATH: Final = ("spark.jars", "spark.jars.packages")
 

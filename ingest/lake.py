@@ -107,6 +107,11 @@ class LakePath:
 
         return DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options)
 
+    @property
+    def spark_uri(self) -> str:
+        """The location as Spark names it: Hadoop's S3A file system answers ``s3a://``, not ``s3://``."""
+        return "s3a://" + self.uri.split("://", 1)[1] if self.scheme == "s3" else self.uri
+
     def __str__(self) -> str:
         return self.uri
 

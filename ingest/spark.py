@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 from ingest.config import IngestConfig, SparkSpec
 from ingest.errors import EnvironmentProblem
 from ingest.jvm import Connector, classpath_conf
+from ingest.lake import LakePath
 
 JAVA_HINT = (
     "Java 17 is required for Spark: install a JDK/JRE 17 "
@@ -121,21 +122,58 @@ def session_conf(connectors: list[Connector], user_conf: dict[str, str]) -> dict
 
 def session_for(config: IngestConfig) -> SparkSession:
     """The session for a configuration: its Spark settings, plus the Kafka source's jars when it reads
-    Kafka and delta-spark's when a table is applied with it."""
+    Kafka, delta-spark's when a table is applied with it, and S3A's when that table is on S3."""
     spec = config.spark
     connectors: list[Connector] = ["spark-kafka"] if config.source.kind == "kafka" else []
     if "delta-spark" in config.engines():
         connectors.append("delta-spark")
+        if not config.lake_is_local:
+            connectors.append("hadoop-aws")
     conf = session_conf(connectors, spec.conf)
     return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))
 
 
-def delta_session(spec: SparkSpec | None = None) -> SparkSession:
+def use_s3a(spark: SparkSession, where: LakePath) -> None:
+    """Let Spark reach ``where``'s bucket: its endpoint, region, addressing and keys, per bucket.
+
+    The settings go into the running context's Hadoop configuration, keyed by bucket
+    (``fs.s3a.bucket.<bucket>.*``), so one session reaches lakes on different endpoints. The keys are
+    read from this process's environment now: the JVM's own environment was fixed when it started.
+    """
+    options, bucket = where.options, where.bucket
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    prefix = f"fs.s3a.bucket.{bucket}."
+    endpoint = options.get("AWS_ENDPOINT_URL")
+    settings = {"endpoint.region": options.get("AWS_REGION", "us-east-1"),
+                "path.style.access": "false" if options.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST") == "true" else "true"}
+    if endpoint:
+        settings["endpoint"] = endpoint
+        settings["connection.ssl.enabled"] = "false" if endpoint.startswith("http://") else "true"
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        token = os.environ.get("AWS_SESSION_TOKEN")
+        settings.update({"access.key": key, "secret.key": secret, "aws.credentials.provider": (
+            "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider" if token else
+            "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider")})
+        if token:
+            settings["session.token"] = token
+    for name, value in settings.items():
+        conf.set(prefix + name, value)
+
+
+def spark_location(spark: SparkSession, where: LakePath) -> str:
+    """``where`` as Spark reads it, its bucket's S3A settings in place when it is on S3."""
+    if not where.is_local:
+        use_s3a(spark, where)
+    return where.spark_uri
+
+
+def delta_session(spec: SparkSpec | None = None, *, s3: bool = False) -> SparkSession:
     """A session that reads and writes delta-spark tables, with ``spec``'s settings (default: local).
 
     For the commands that meet a table with deletion vectors outside a run (``ingest changes``,
-    maintenance), whatever engine the configuration names.
+    maintenance), whatever engine the configuration names; ``s3``: with S3A's jars, for a lake on S3.
     """
     spec = spec or SparkSpec()
-    conf = session_conf(["delta-spark"], spec.conf)
+    conf = session_conf(["delta-spark", "hadoop-aws"] if s3 else ["delta-spark"], spec.conf)
     return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))

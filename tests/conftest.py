@@ -40,12 +40,13 @@ def spark():
     from ingest.errors import EnvironmentProblem
     from ingest.spark import get_spark, session_conf
 
-    # Spark's Kafka source and delta-spark must be on the classpath when the one session starts:
-    # tests/stack read the real Kafka through it, and the delta-spark engine's tests MERGE with it.
+    # Spark's Kafka source, delta-spark and S3A must be on the classpath when the one session starts:
+    # tests/stack read the real Kafka through it, the delta-spark engine's tests MERGE with it, and
+    # tests/lake write to an S3 server through S3A.
     # The jars are resolved once by Maven into .stack/jars (`make jars`). If that is impossible here,
     # the other tests still run; the tests that need them then fail naming the jar.
     try:
-        extra = tuple(sorted(session_conf(["spark-kafka", "delta-spark"], {}).items()))
+        extra = tuple(sorted(session_conf(["spark-kafka", "delta-spark", "hadoop-aws"], {}).items()))
     except EnvironmentProblem as exc:
         warnings.warn(f"Spark's Kafka source or delta-spark is not on the classpath: {exc}", stacklevel=1)
         extra = ()
@@ -126,8 +127,15 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """One S3 server for the session; its key pair is put in this process's environment, where
     delta-rs, polars and boto3 look for credentials (the configuration never holds them).
 
-    A server that cannot start fails the tests that use it (never a skip)."""
-    server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    ``TEST_S3=stack`` runs them against the stack's MinIO instead (``make stack`` first). A server
+    that cannot start fails the tests that use it (never a skip)."""
+    if os.environ.get("TEST_S3") == "stack":
+        from ingest.stack import StackSettings
+
+        settings = StackSettings.from_env()
+        server = S3Server.external(settings.s3_endpoint(), settings.s3_access_key, settings.credentials.s3_secret_key)
+    else:
+        server = S3Server(tmp_path_factory.mktemp("s3")).start()
     saved = {name: os.environ.get(name) for name in server.environment}
     os.environ.update(server.environment)
     yield server

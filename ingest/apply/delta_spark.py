@@ -51,6 +51,7 @@ from ingest.deltaio import CHANGE_DATA_FEED, FRAMEWORK_COLUMNS, arrow_type, key_
 from ingest.errors import CommitConflictError
 from ingest.events import ColumnSpec
 from ingest.proof import faults
+from ingest.spark import use_s3a
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -108,7 +109,9 @@ class DeltaSparkEngine:
         started = time.perf_counter()
         outcome = CommitOutcome()
         spark = self.session()
-        path = str(request.path)
+        if not request.path.is_local:
+            use_s3a(spark, request.path)
+        path = request.path.spark_uri
         columns = request.schema.columns
         app = table_app_id(request.table)
         born = creates_with_rows(request, state)
@@ -125,7 +128,7 @@ class DeltaSparkEngine:
                 _widen(spark, path, columns, request.schema.describe())
                 faults.point("after-widen")
             remember_deletes(request)
-            existing = open_table(path)
+            existing = open_table(request.path)
             before = existing.version() if existing is not None else -1
             txn = 1 + ((existing.transaction_version(app) or 0) if existing is not None else 0)
             metadata = json.dumps(commit_info(request, state, outcome))
@@ -146,7 +149,7 @@ class DeltaSparkEngine:
         except DeltaConcurrentModificationException as exc:
             raise CommitConflictError(request.table, f"commit failed, another writer changed the table: {exc}"
                                       ) from exc
-        table = open_table(path)
+        table = open_table(request.path)
         assert table is not None  # written above
         # Delta skips, silently, a write whose app-transaction version is already recorded: find ours.
         ours = [c for c in table.history(max(1, table.version() - before)) if c.get("userMetadata") == metadata]
@@ -183,7 +186,7 @@ class DeltaSparkEngine:
         for key, value in self._properties().items():
             writer = writer.option(key, value)
         try:
-            writer.save(str(request.path))
+            writer.save(request.path.spark_uri)
         except AnalysisException as exc:
             if "exist" not in str(exc).lower():
                 raise
@@ -194,7 +197,7 @@ class DeltaSparkEngine:
         from delta.tables import DeltaTable
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        builder = (DeltaTable.createIfNotExists(spark).location(str(request.path))
+        builder = (DeltaTable.createIfNotExists(spark).location(request.path.spark_uri)
                    .addColumns(from_arrow_schema(table_schema_of(request.schema.columns, request.history_mode)))
                    .comment(f"CDC target table {request.table} (primary key {', '.join(request.key_columns)})"))
         for key, value in self._properties().items():
@@ -287,7 +290,7 @@ def _merge(spark: SparkSession, request: CommitRequest, columns: list[ColumnSpec
     removed_by_truncate = later_than_stored_sql(string(truncate), "t._cdc_position") if truncate else ""
 
     frame = _frame(spark, source)
-    merger = DeltaTable.forPath(spark, str(request.path)).alias("t").merge(frame.alias("s"), on or "false")
+    merger = DeltaTable.forPath(spark, request.path.spark_uri).alias("t").merge(frame.alias("s"), on or "false")
     if request.delete_mode == "hard":
         merger = (merger.whenMatchedDelete(f"s._cdc_deleted AND {newer}")
                   .whenMatchedUpdate(f"NOT s._cdc_deleted AND {newer}", all_updates)
@@ -318,7 +321,7 @@ def _merge_history(spark: SparkSession, request: CommitRequest) -> None:
     bounds = key_range(plan.source, request.key_columns[0], "t", ident=ident, string=string) \
         if not plan.truncate else None
     frame = _frame(spark, plan.source)
-    merger = (DeltaTable.forPath(spark, str(request.path)).alias("t")
+    merger = (DeltaTable.forPath(spark, request.path.spark_uri).alias("t")
               .merge(frame.alias("s"), f"{bounds} AND {on}" if bounds else on)
               .whenMatchedDelete(f"s.{DROP}")
               .whenMatchedUpdate(f"NOT s.{DROP}", sets)

@@ -59,7 +59,6 @@ def test_a_local_root_stays_under_workdir(tmp_path: Path):
     ({"root": "s3://lake", "storage": {"endpoint_url": "http://key:secret@127.0.0.1:9000"}},
      "must not contain credentials"),
     ({"root": "s3://lake", "checkpoint_dir": "s3://lake/checkpoints"}, "local disk"),
-    ({"root": "s3://lake", "engine": "delta-spark"}, "delta-spark engine does not write"),
     ({"root": "s3://lake", "storage": {"lease_seconds": 1}}, "lease_seconds"),
 ])
 def test_what_an_object_store_lake_refuses(tmp_path: Path, target: dict, message: str):
