@@ -96,4 +96,4 @@ lock:
 	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 -o requirements.lock
 
 clean:
-	rm -rf $(VENV) demo-work
+	rm -rf $(VENV) demo-work demo-work-s3
