@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from functools import lru_cache
 from typing import Any, Final
 
 from ingest.errors import IngestError, TableLockedError
@@ -53,14 +54,27 @@ class LeaseLostError(IngestError):
 
 
 def s3_client(where: LakePath) -> Any:
-    """A boto3 S3 client for the endpoint of ``where`` (credentials: the environment's, as delta-rs's)."""
+    """A boto3 S3 client for the endpoint of ``where`` (credentials: the environment's, as delta-rs's).
+
+    Clients are kept per endpoint and keys: the shared tables take a lease at every batch, and
+    building a boto3 client costs far more than the lease's two requests.
+    """
+    options = where.options
+    return _client(options.get("AWS_ENDPOINT_URL"), options.get("AWS_REGION"),
+                   options.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "false") == "true",
+                   os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY"),
+                   os.environ.get("AWS_SESSION_TOKEN"))
+
+
+@lru_cache(maxsize=16)
+def _client(endpoint: str | None, region: str | None, virtual: bool, key: str | None, secret: str | None,
+            token: str | None) -> Any:
     import boto3
     from botocore.config import Config
 
-    options = where.options
-    virtual = options.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "false") == "true"
     return boto3.client(
-        "s3", endpoint_url=options.get("AWS_ENDPOINT_URL"), region_name=options.get("AWS_REGION"),
+        "s3", endpoint_url=endpoint, region_name=region, aws_access_key_id=key, aws_secret_access_key=secret,
+        aws_session_token=token,
         config=Config(s3={"addressing_style": "virtual" if virtual else "path"},
                       retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=10))
 
