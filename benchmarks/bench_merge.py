@@ -211,7 +211,7 @@ def main() -> None:
     server = None
     endpoint = args.s3_endpoint
     if "s3" in lakes:
-        from ingest.stack.s3 import S3Server
+        from ingest.stack.s3 import S3Server, create_bucket
 
         if endpoint is None:
             server = S3Server(Path(tempfile.mkdtemp(prefix="bench-s3-"))).start()
@@ -220,20 +220,12 @@ def main() -> None:
             console.print(f"S3 API server (moto) on {endpoint}")
             server.create_bucket(BUCKET)
         else:
-            _create_bucket(endpoint)
+            create_bucket(endpoint, BUCKET)
     try:
         _run(args, variants, endpoint)
     finally:
         if server is not None:
             server.stop()
-
-
-def _create_bucket(endpoint: str) -> None:
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name=os.environ.get("AWS_REGION", "us-east-1"))
-    if BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
-        s3.create_bucket(Bucket=BUCKET)
 
 
 def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None) -> None:

@@ -108,8 +108,8 @@ class S3Server:
         return {"endpoint_url": self.endpoint, "region": REGION, "path_style": True}
 
 
-def create_bucket(endpoint: str, name: str, *, access_key: str, secret_key: str) -> None:
-    """Create bucket ``name`` at ``endpoint`` unless it exists."""
+def create_bucket(endpoint: str, name: str, *, access_key: str | None = None, secret_key: str | None = None) -> None:
+    """Create bucket ``name`` at ``endpoint`` unless it exists (default keys: the environment's)."""
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id=access_key,
