@@ -100,12 +100,8 @@ class LakePath:
         return LakePath(f"{self.uri.rstrip('/')}/{part.strip('/')}", self.options)
 
     def exists(self) -> bool:
-        """True when a Delta table or a directory is there (object stores: a ``_delta_log`` entry)."""
-        if self.is_local:
-            return Path(self.uri).exists()
-        from deltalake import DeltaTable
-
-        return DeltaTable.is_deltatable(self.uri, storage_options=self.storage_options)
+        """True when the local directory or file is there (tools and tests; tables: ``deltaio.open_table``)."""
+        return self.local.exists()
 
     @property
     def spark_uri(self) -> str:
