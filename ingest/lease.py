@@ -13,6 +13,11 @@ does not answer, or the lease was taken over after a long pause) knows it no lon
 table: :meth:`Lease.check` raises before the next commit. Delta's own conditional commit is the
 second line of defence: a writer that was paused past its lease cannot overwrite a commit, it
 conflicts (delta-rs writes each log entry with a create-only put).
+
+A run restarted on the machine where the holder died need not wait for the expiry: the lease names
+its holder's host, boot and process start time, and a holder on this host and boot whose process is
+gone (or is another process with the same pid) is dead for sure, so its lease is taken over at once
+(again with ``If-Match``). A holder on another machine is only ever judged by its expiry.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Final
 
 from ingest.errors import IngestError, TableLockedError
@@ -140,7 +146,8 @@ class Lease:
         holder, ttl = _describe(body)
         server_now = parsedate_to_datetime(current["ResponseMetadata"]["HTTPHeaders"]["date"])
         age = (server_now - current["LastModified"]).total_seconds()
-        if age <= ttl:
+        dead = _died_here(body)
+        if age <= ttl and not dead:
             raise TableLockedError(
                 self.table, f"another writer holds its lease ({holder}, renewed {age:.0f} s ago, expires after "
                 f"{ttl:.0f} s without renewal); only one `ingest run` may write a table at a time. Wait for it "
@@ -152,10 +159,14 @@ class Lease:
                 raise TableLockedError(self.table, f"another writer took over its expired lease first; the lease "
                                        f"is {self.location}", "another run") from None
             raise
-        log.warning("table %s: took over a lease that expired %.0f s ago (%s)", self.table, age - ttl, holder)
+        if dead:
+            log.warning("table %s: took over the lease of a run that died on this machine (%s)", self.table, holder)
+        else:
+            log.warning("table %s: took over a lease that expired %.0f s ago (%s)", self.table, age - ttl, holder)
 
     def _put(self, **condition: str) -> str:
         body = json.dumps({"owner": self._owner, "pid": os.getpid(), "host": socket.gethostname(),
+                           "process": _process_identity(os.getpid()),
                            "since": datetime.now(UTC).isoformat(timespec="seconds"), "ttl_seconds": self.ttl})
         answer = self._s3.put_object(Bucket=self.location.bucket, Key=self.location.key, Body=body.encode(),
                                      ContentType="application/json", **condition)
@@ -208,6 +219,33 @@ class Lease:
             log.warning("table %s: could not release its lease (it expires by itself): %s", self.table,
                         type(exc).__name__)
         self._etag = None
+
+
+def _process_identity(pid: int) -> str | None:
+    """``<boot id>:<start time>`` of a live process on this machine; ``None`` if there is no such process
+    (or no ``/proc`` to tell). A pid reused after the holder died has another start time."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 of stat; counted after the command name, which is in parentheses and may hold spaces.
+    return f"{boot}:{stat.rsplit(')', 1)[1].split()[19]}"
+
+
+def _died_here(body: str) -> bool:
+    """Whether the lease's holder ran on this host in this boot and its process is gone."""
+    mine = _process_identity(os.getpid())
+    try:
+        info = json.loads(body)
+        host, pid, recorded = info["host"], int(info["pid"]), info.get("process")
+    except (ValueError, KeyError, TypeError):
+        return False
+    if mine is None or not isinstance(recorded, str) or host != socket.gethostname():
+        return False
+    if recorded.split(":", 1)[0] != mine.split(":", 1)[0]:
+        return False  # written in another boot (or by another machine of that name): expiry alone decides
+    return _process_identity(pid) != recorded
 
 
 def _describe(body: str) -> tuple[str, float]:

@@ -99,5 +99,45 @@ def test_the_lease_keeps_a_writer_in_another_process_out(s3, bucket):
     finally:
         holder.kill()
         holder.wait()
-    time.sleep(7)  # killed: no renewal, no release; the lease expires
-    Lease(root, "orders", ttl=6).acquire().release()
+    # Killed on this machine: no renewal, no release, but its process is gone, so the restarted run
+    # takes the lease over at once instead of waiting out its time-to-live.
+    started = time.monotonic()
+    Lease(root, "orders", ttl=600).acquire().release()
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(("where", "taken_over"), [
+    ("this host, this boot, the pid now another process", True),
+    ("this host, this boot, the holder alive", False),
+    ("this host, another boot", False),
+    ("another host", False),
+    ("a lease without the process identity", False),
+])
+def test_only_a_holder_that_died_on_this_machine_loses_its_lease_before_expiry(s3, bucket, where, taken_over):
+    import json
+    import socket
+
+    from ingest.lease import _process_identity
+
+    root = _root(s3, bucket)
+    me = _process_identity(os.getpid())
+    assert me is not None, "these tests run on Linux with /proc"
+    boot, start = me.split(":")
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "process": me, "since": "then", "ttl_seconds": 600}
+    if where.endswith("another process"):
+        holder["process"] = f"{boot}:{int(start) - 1}"  # the pid was reused by a younger process
+    elif where.endswith("another boot"):
+        holder["process"] = f"not-{boot}:{start}"
+    elif where == "another host":
+        holder["host"] = "elsewhere.example"
+        holder["process"] = f"{boot}:{int(start) - 1}"
+    elif where.startswith("a lease without"):
+        holder["process"] = None
+        holder["pid"] = 2**22 + 1  # beyond pid_max: no such process here
+    key = "lake/_cdc_locks/orders.lease"
+    s3_client(root).put_object(Bucket=bucket, Key=key, Body=json.dumps(holder).encode())
+    if taken_over:
+        Lease(root, "orders", ttl=600).acquire().release()
+    else:
+        with pytest.raises(TableLockedError, match="another writer holds its lease"):
+            Lease(root, "orders", ttl=600).acquire()
