@@ -4,7 +4,7 @@ After any history of crashes, replays and lost checkpoints, a correct engine lea
 
 * every table equal to the simulated source (:func:`ingest.proof.demo.verify_all`): no divergent rows;
 * no primary key twice in a table (soft-deleted rows included);
-* one audit row per engine commit, each balanced
+* one audit row per engine commit and none for a commit the table lacks, each balanced
   (``received = inserted + updated + deleted + truncates + superseded + stale + quarantined + skipped``);
 * every record of every topic received exactly once across the audit (no gap, no double count);
 * every malformed message quarantined exactly once.
@@ -115,6 +115,10 @@ def _audit_matches_commits(name: str, paths: TablePaths, rows: list[dict[str, An
     if missing or doubled:
         report.problems.append(f"{name}: audit rows missing for commits {sorted(missing)[:5]}, "
                                f"repeated for {sorted(doubled)[:5]}")
+    phantom = set(versions) - commits  # an audit row for a commit the table does not have
+    if phantom:
+        report.problems.append(f"{name}: audit rows name versions {sorted(phantom)[:5]}, which are not commits "
+                               "of this engine in the table")
 
 
 def _quarantine_once(name: str, paths: TablePaths, malformed: int, report: ConsistencyReport) -> None:
