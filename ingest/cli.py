@@ -407,6 +407,11 @@ def torture(
     damage: Annotated[float, typer.Option(help="chance of damaging a Spark checkpoint before a restart")] = 0.2,
     value_format: Annotated[str, typer.Option("--format", help="avro or json")] = "avro",
     engine: Annotated[str, typer.Option(help="apply engine of the killed runs: delta-rs or delta-spark")] = "delta-rs",
+    lake: Annotated[str, typer.Option(
+        help="where the tables live: local (the workdir) or s3 (a fresh prefix in the stack's MinIO, started "
+        "if it is not running, and restarted during --store-restarts runs)")] = "local",
+    store_restarts: Annotated[int, typer.Option(
+        help="--lake s3: runs during which the S3 server is restarted (they must finish cleanly)", min=0)] = 1,
     stack: Annotated[bool, typer.Option(
         "--stack", help="on the real stack: PostgreSQL under load, `ingest run --continuous`, faults: ingest "
         "SIGKILLs and broker, Connect, registry and PostgreSQL restarts; verified against PostgreSQL")] = False,
@@ -432,11 +437,18 @@ def torture(
         return
     from ingest.proof.torture import Torture, TortureSpec
 
+    if lake not in ("local", "s3"):
+        raise typer.BadParameter("choose local or s3", param_hint="--lake")
     where = workdir or Path(tempfile.mkdtemp(prefix="cdc-torture-"))
     spec = TortureSpec(workdir=where, seed=seed, kills=kills, events=events, batch=batch,
                        value_format=value_format, damage_probability=damage,  # type: ignore[arg-type]
                        extra_tables=tables - 3, engine=engine)  # type: ignore[arg-type]
-    console.rule(f"torture: seed {seed}, {kills} kills, engine {engine}")
+    if lake == "s3":
+        from ingest.cli_stack import stack_lake
+
+        spec.lake_root, spec.storage, spec.restart_store = stack_lake(f"torture-seed{seed}-{int(time.time())}")
+        spec.store_restarts = store_restarts
+    console.rule(f"torture: seed {seed}, {kills} kills, engine {engine}, lake {spec.lake_root or 'local'}")
     result = Torture(spec, say=lambda line: console.print(line, markup=False, highlight=False)).run()
     c = result.consistency
     out = Table(title=f"torture seed {seed} in {where}")
@@ -447,6 +459,8 @@ def torture(
     out.add_row("kills in total", str(sum(result.kills.values())))
     for kind, n in sorted(result.damages.items()):
         out.add_row(f"checkpoints damaged: {kind}", str(n))
+    for run, at, away in result.store_restarts:
+        out.add_row(f"S3 server restarted in run {run}", f"{at:.1f} s in, away {away:.1f} s")
     out.add_row("runs (killed + clean + recovery)", str(result.runs))
     if c is not None:
         out.add_row("batches committed (all tables)", str(c.commits))

@@ -1,9 +1,11 @@
-"""``ingest torture --stack``: the output of the stack torture (:mod:`ingest.proof.stack_torture`)."""
+"""``ingest torture --stack``: the output of the stack torture (:mod:`ingest.proof.stack_torture`);
+``ingest torture --lake s3``: the stack's MinIO as the lake."""
 
 from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -39,6 +41,35 @@ def torture_stack(*, seed: int, faults: int, rate: float, value_format: Literal[
         raise EnvironmentProblem(f"the local stack could not start: {exc}") from None
     summary(result, where)
     return result.ok
+
+
+def stack_lake(prefix: str, *, away: float = 5.0) -> tuple[str, dict[str, object], Callable[[], float]]:
+    """A lake under ``prefix`` in the stack's MinIO (started if need be): ``target.root``, ``target.storage``
+    and a function that restarts the server (stopped, ``away`` seconds gone, started; returns the seconds
+    from the stop until it answered again). Puts the server's keys into this process's environment, for the
+    runs it starts and for the checks it makes itself."""
+    import os
+    import time
+
+    from ingest.errors import EnvironmentProblem
+    from ingest.stack import Stack, StackError
+
+    stack = Stack.from_env(progress=lambda line: _say(f"[stack] {line}"))
+    try:
+        stack.up(["s3"])
+    except StackError as exc:
+        raise EnvironmentProblem(f"the stack's S3 server (MinIO) could not start: {exc}") from None
+    s = stack.settings
+    os.environ.update(s.s3_env())
+
+    def restart() -> float:
+        started = time.monotonic()
+        stack.down(["s3"])
+        time.sleep(away)
+        stack.up(["s3"])
+        return time.monotonic() - started
+
+    return f"s3://{s.s3_bucket}/{prefix}", {"endpoint_url": s.s3_endpoint(), "path_style": True}, restart
 
 
 def summary(result: object, where: Path) -> None:

@@ -12,7 +12,8 @@ The journey of ``ingest torture``:
    -- after the quarantine write, after the tombstones, before the commit, during the MERGE,
    during a schema rewrite, after it, between the Delta commit and the audit row, between the
    batch and Spark's checkpoint commit -- or after a random delay. Repeat until the wanted number
-   of kills has happened.
+   of kills has happened. With the lake on an object store, some runs are not killed: the store's
+   server is restarted while they ingest, and they must ride it out and finish cleanly.
 3. **Recovery.** Release the rest and run without faults until caught up.
 4. **Verdict.** :func:`ingest.proof.consistency.check`: tables equal the source, no duplicate keys,
    every audit row balanced and one per commit, every record received once, every malformed
@@ -29,6 +30,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -70,6 +72,12 @@ class TortureSpec:
         extra_tables: extra tables ``ledger_001`` ... in the workload, not listed in the config but
             found by ``discover.topic_pattern`` as the run sees their topics: a whole-database run.
         engine: the apply engine (``target.engine``) the killed runs commit with.
+        lake_root: ``target.root`` when the tables live on an object store (``s3://bucket/prefix``);
+            ``None``: on the local disk under the workdir. The store's keys come from the environment.
+        storage: ``target.storage`` for ``lake_root`` (endpoint, path style, lease).
+        restart_store: stops and starts the object store's server (returns the seconds it was away);
+            ``store_restarts`` runs get it called while they ingest.
+        store_restarts: runs during which the object store's server is restarted.
     """
 
     workdir: Path
@@ -86,6 +94,10 @@ class TortureSpec:
     tables: tuple[str, ...] = ("customers", "products", "orders")
     extra_tables: int = 0
     engine: EngineName = "delta-rs"
+    lake_root: str | None = None
+    storage: dict[str, object] | None = None
+    restart_store: Callable[[], float] | None = None
+    store_restarts: int = 0
 
 
 @dataclass(slots=True)
@@ -94,6 +106,8 @@ class TortureResult:
 
     kills: Counter[str] = field(default_factory=Counter)
     damages: Counter[str] = field(default_factory=Counter)
+    #: (run, seconds into the run, seconds the object store was away) of each store restart.
+    store_restarts: list[tuple[int, float, float]] = field(default_factory=list)
     runs: int = 0
     clean_runs: int = 0
     seconds: float = 0.0
@@ -167,6 +181,7 @@ class Torture:
                  f"target {self.spec.kills} kills; workdir {self.workdir}")
         slices = max(1, self.spec.kills)
         schedule, damages = list(self.spec.schedule), list(self.spec.damages)
+        restarts = self._restart_runs()
         while sum(self.result.kills.values()) < self.spec.kills:
             if self.result.runs >= 4 * self.spec.kills + 10:
                 self.result.failure = f"only {sum(self.result.kills.values())} kills in {self.result.runs} runs"
@@ -175,6 +190,17 @@ class Torture:
             n = self.result.runs
             self.release(min(1.0, n / slices), config)
             damaged = self._maybe_damage(config, damages)
+            if n in restarts:  # the store goes away while this run ingests; no kill
+                outcome, seconds = self._run_once(config, None, n, restart_after=round(self.rng.uniform(6.0, 18.0), 1))
+                if outcome == "failed":
+                    return self._finish(started, config)
+                seen = [f"object store restarted {at:.1f} s into the run (away {away:.1f} s)"
+                        for run, at, away in self.result.store_restarts if run == n]
+                self.say(f"run {n:>3}: {seen[0] if seen else 'ended before the object store restart was due'}; "
+                         f"finished cleanly after {seconds:.1f} s{damaged}")
+                if not seen:
+                    restarts.add(n + 1)  # try again on the next run
+                continue
             kill = choose_kill(self.rng, schedule.pop(0) if schedule else None, lag=self._lag(config),
                                widen_pending=self.widen is not None and self.widen.pending(self._released, config),
                                timer_fraction=self.spec.timer_fraction)
@@ -187,9 +213,34 @@ class Torture:
         self.release(1.0, config)
         damaged = self._maybe_damage(config, damages) if damages else ""  # forced damage not yet applied
         self.result.runs += 1
-        outcome, seconds = self._run_once(config, None, self.result.runs)
-        self.say(f"recovery run: {outcome} after {seconds:.1f} s{damaged}")
+        # Restarts still owed (too few kills to place them, or their runs ended first) hit the recovery run.
+        owed = len(self.result.store_restarts) < self.spec.store_restarts
+        outcome, seconds = self._run_once(config, None, self.result.runs,
+                                          restart_after=round(self.rng.uniform(3.0, 10.0), 1) if owed else None)
+        restarted = "".join(f"; object store restarted {at:.1f} s into it (away {away:.1f} s)"
+                            for run, at, away in self.result.store_restarts if run == self.result.runs)
+        self.say(f"recovery run: {outcome} after {seconds:.1f} s{restarted}{damaged}")
         return self._finish(started, config)
+
+    def _restart_runs(self) -> set[int]:
+        """Which runs see the object store restarted: spread over the crash loop, never the first."""
+        if not self.spec.store_restarts:
+            return set()
+        if self.spec.restart_store is None:
+            raise ValueError("store_restarts needs restart_store: something that restarts the object store")
+        span = range(2, self.spec.kills + 1)  # runs that surely come (runs that kill nothing add more)
+        return set(self.rng.sample(span, min(self.spec.store_restarts, len(span))))
+
+    def _restart_during(self, n: int, after: float, child: subprocess.Popen[bytes]) -> threading.Timer:
+        def restart() -> None:
+            if child.poll() is not None:
+                return  # the run ended first: it saw no outage; another run gets one
+            assert self.spec.restart_store is not None
+            self.result.store_restarts.append((n, after, self.spec.restart_store()))
+
+        timer = threading.Timer(after, restart)
+        timer.start()
+        return timer
 
     def _finish(self, started: float, config: IngestConfig) -> TortureResult:
         if self.result.failure is None and self._lag(config):
@@ -226,8 +277,12 @@ class Torture:
                 lag += end - (-1 if done is None else done) - 1
         return lag
 
-    def _run_once(self, config: IngestConfig, kill: Kill | None, n: int) -> tuple[str, float]:
-        """One ``ingest run`` process; returns ``killed``, ``clean`` or ``failed`` and its wall time."""
+    def _run_once(self, config: IngestConfig, kill: Kill | None, n: int,
+                  restart_after: float | None = None) -> tuple[str, float]:
+        """One ``ingest run`` process; returns ``killed``, ``clean`` or ``failed`` and its wall time.
+
+        With ``restart_after``, the object store is restarted that many seconds into the run.
+        """
         logs = self.workdir / "torture-logs"
         logs.mkdir(exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -238,6 +293,7 @@ class Torture:
         with open(logs / f"run-{n:03d}.log", "w") as out:
             child = subprocess.Popen([sys.executable, "-m", "ingest.cli", "run", "-c", str(self.config_path)],
                                      stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            timer = self._restart_during(n, restart_after, child) if restart_after is not None else None
             timeout = kill.after if kill is not None and kill.after is not None else self.spec.run_timeout
             try:
                 code = child.wait(timeout=timeout)
@@ -246,6 +302,9 @@ class Torture:
                 code = child.wait()
                 if kill is None or kill.after is None:
                     code = None  # hung: not one of our kills
+            if timer is not None:
+                timer.cancel()
+                timer.join()  # a restart under way ends before the next run starts
         _reap(child.pid)  # the JVM and Python workers of a killed driver die with its group
         seconds = time.perf_counter() - started
         if code == -signal.SIGKILL and kill is not None:
@@ -273,7 +332,8 @@ def _config(spec: TortureSpec) -> dict[str, object]:
         "workdir": ".",
         "source": {"kind": "embedded", "value_format": spec.value_format, "max_records_per_batch": spec.batch},
         "spark": {"master": "local[2]", "shuffle_partitions": 2},
-        "target": {"engine": spec.engine},
+        "target": {"engine": spec.engine, **({"root": spec.lake_root, "storage": spec.storage or {}}
+                                             if spec.lake_root else {})},
         "tables": [t for t in (
             {"name": "customers", "topic": f"{prefix}.customers", "delete_mode": "hard"},
             {"name": "products", "topic": f"{prefix}.products", "delete_mode": "soft"},

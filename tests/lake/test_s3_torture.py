@@ -1,0 +1,51 @@
+"""``ingest torture`` with the lake on an S3 server: kills during commits and an outage of the server.
+
+The full run, on the stack's MinIO restarted for real, is ``ingest torture --lake s3`` (README).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ingest.config import load_config
+from ingest.lease import s3_client
+from ingest.proof.torture import Torture, TortureSpec
+from ingest.stack.s3 import S3Server
+
+
+def _outage(s3: S3Server) -> Callable[[], float]:
+    if s3.pid is not None:
+        return s3.interrupt  # moto: frozen for a few seconds (a restart would lose its in-memory objects)
+    from ingest.cli_stack import stack_lake  # TEST_S3=stack: the stack's MinIO, restarted for real
+
+    return stack_lake("unused")[2]
+
+
+@pytest.mark.spark
+def test_kills_during_commits_and_an_s3_outage_leave_the_lake_equal_to_the_source(
+        s3: S3Server, bucket: str, tmp_path: Path) -> None:
+    spec = TortureSpec(workdir=tmp_path / "torture", seed=5, kills=3, events=600, batch=150,
+                       damage_probability=0.0, timer_fraction=0.0,
+                       schedule=("before-commit", "during-merge", "after-delta-commit"),
+                       tables=("customers", "orders"), lake_root=f"s3://{bucket}/lake", storage=s3.storage(),
+                       restart_store=_outage(s3), store_restarts=1)
+    lines: list[str] = []
+    result = Torture(spec, say=lines.append).run()
+    c = result.consistency
+    assert c is not None
+    assert result.ok, (result.failure, c.problems, lines)
+    assert result.kills == {"before-commit": 1, "during-merge": 1, "after-delta-commit": 1}, lines
+    assert len(result.store_restarts) == 1 and result.store_restarts[0][2] >= 3.0, lines
+    assert c.divergent_rows == 0 and c.duplicate_keys == 0 and c.unbalanced_audit_rows == 0
+    assert c.commits > 0
+    assert c.received == c.records > 0 and c.quarantined == c.malformed > 0
+
+    # Every table lives in the bucket, none on the local disk, and no run left its lease behind.
+    config = load_config(spec.workdir / "config.yaml")
+    assert not config.tables_root.is_local and not list(spec.workdir.rglob("_delta_log"))
+    client = s3_client(config.tables_root)
+    assert client.list_objects_v2(Bucket=bucket, Prefix="lake/orders/_delta_log/")["KeyCount"] > 0
+    assert client.list_objects_v2(Bucket=bucket, Prefix="lake/_cdc_locks/")["KeyCount"] == 0
