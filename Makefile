@@ -37,7 +37,7 @@ else
 endif
 
 test: java install
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --durations=15
 
 lint: install
 	$(BIN)/ruff check ingest assets dagster_project tests scripts
