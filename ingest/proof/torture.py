@@ -179,9 +179,9 @@ class Torture:
         config = self.prepare()
         self.say(f"workload: {self.spec.events} events in {len(config.tables)} tables, batches of {self.spec.batch}; "
                  f"target {self.spec.kills} kills; workdir {self.workdir}")
-        slices = max(1, self.spec.kills)
         schedule, damages = list(self.spec.schedule), list(self.spec.damages)
         restarts = self._restart_runs()
+        slices = max(1, self.spec.kills + len(restarts))  # every run gets new records, the restarts' too
         while sum(self.result.kills.values()) < self.spec.kills:
             if self.result.runs >= 4 * self.spec.kills + 10:
                 self.result.failure = f"only {sum(self.result.kills.values())} kills in {self.result.runs} runs"

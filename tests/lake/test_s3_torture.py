@@ -27,17 +27,19 @@ def _outage(s3: S3Server) -> Callable[[], float]:
 @pytest.mark.spark
 def test_kills_during_commits_and_an_s3_outage_leave_the_lake_equal_to_the_source(
         s3: S3Server, bucket: str, tmp_path: Path) -> None:
-    spec = TortureSpec(workdir=tmp_path / "torture", seed=5, kills=3, events=600, batch=150,
+    # Kills inside the MERGE and between the Delta commit and its audit row: the two that leave
+    # objects behind on the store (uncommitted data files; a commit without its audit row).
+    spec = TortureSpec(workdir=tmp_path / "torture", seed=5, kills=2, events=500, batch=120,
                        damage_probability=0.0, timer_fraction=0.0,
-                       schedule=("before-commit", "during-merge", "after-delta-commit"),
-                       tables=("customers", "orders"), lake_root=f"s3://{bucket}/lake", storage=s3.storage(),
-                       restart_store=_outage(s3), store_restarts=1)
+                       schedule=("during-merge@1", "after-delta-commit@1"), tables=("orders",),
+                       lake_root=f"s3://{bucket}/lake", storage=s3.storage(), restart_store=_outage(s3),
+                       store_restarts=1)
     lines: list[str] = []
     result = Torture(spec, say=lines.append).run()
     c = result.consistency
     assert c is not None
     assert result.ok, (result.failure, c.problems, lines)
-    assert result.kills == {"before-commit": 1, "during-merge": 1, "after-delta-commit": 1}, lines
+    assert result.kills == {"during-merge": 1, "after-delta-commit": 1}, lines
     assert len(result.store_restarts) == 1 and result.store_restarts[0][2] >= 3.0, lines
     assert c.divergent_rows == 0 and c.duplicate_keys == 0 and c.unbalanced_audit_rows == 0
     assert c.commits > 0
