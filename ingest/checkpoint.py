@@ -11,6 +11,9 @@ of the metadata, offsets and commit logs, contiguous batch ids, the topic, and t
 committed batch ends no further than the table's applied offsets. A checkpoint that fails is
 discarded (:func:`discard`) with a logged warning and the query resumes from the Delta log, which
 is always safe because replayed records are recognised by the table's app transactions.
+
+A checkpoint may be a local directory or an ``s3://`` prefix (``target.checkpoint_dir``); it is read
+the same way from either, its files listed once.
 """
 
 from __future__ import annotations
@@ -21,11 +24,10 @@ import struct
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 from ingest import audit
-from ingest.lake import Location
+from ingest.lake import LakePath, Location
 
 _CRC_MAGIC: Final = b"crc\x00"
 #: Offsets per partition applied to the table (``None``: nothing applied yet).
@@ -47,7 +49,7 @@ class _Damaged(Exception):
     """Internal: what is wrong with the checkpoint."""
 
 
-def inspect(directory: Path, *, topic: str | None = None, applied: AppliedFn | None = None,
+def inspect(directory: Location, *, topic: str | None = None, applied: AppliedFn | None = None,
             audit_path: Location | None = None, table: str | None = None,
             topics: Mapping[str, tuple[AppliedFn, str]] | None = None) -> Verdict:
     """Check a query's checkpoint (see module docstring).
@@ -68,14 +70,13 @@ def inspect(directory: Path, *, topic: str | None = None, applied: AppliedFn | N
     if topics is None:
         assert topic is not None and applied is not None
         topics = {topic: (applied, table or "")}
-    if not directory.exists():
-        return Verdict()
+    files = _Files(LakePath.of(directory))
     try:
-        offsets = _batch_files(directory / "offsets")
-        commits = _batch_files(directory / "commits")
+        offsets = files.batches("offsets")
+        commits = files.batches("commits")
         if not offsets and not commits:
-            return Verdict()  # created but never used; Spark starts it afresh
-        _read_metadata(directory / "metadata")
+            return Verdict()  # missing, or created but never used; Spark starts it afresh
+        _read_metadata(files)
         if commits and not offsets:
             raise _Damaged("commit log without an offsets log")
         ids = sorted(offsets)
@@ -84,9 +85,9 @@ def inspect(directory: Path, *, topic: str | None = None, applied: AppliedFn | N
         last_commit = max(commits, default=None)
         if last_commit is not None and not (ids[-1] - 1 <= last_commit <= ids[-1]):
             raise _Damaged(f"commit log ends at batch {last_commit} but the offsets log at {ids[-1]}")
-        parsed = {batch: _read_offsets(path, set(topics)) for batch, path in offsets.items()}
-        for batch, path in commits.items():
-            _read_commit(path, batch)
+        parsed = {batch: _read_offsets(files, name, set(topics)) for batch, name in offsets.items()}
+        for batch, name in commits.items():
+            _read_commit(files, name, batch)
         if last_commit is not None:
             for name, ends in parsed[last_commit].items():
                 fn, owner = topics[name]
@@ -96,39 +97,82 @@ def inspect(directory: Path, *, topic: str | None = None, applied: AppliedFn | N
     return Verdict()
 
 
-def discard(directory: Path) -> None:
+def exists(directory: Location) -> bool:
+    """Whether the checkpoint has any file (on an object store: any object under its prefix)."""
+    return bool(_Files(LakePath.of(directory)).names)
+
+
+def discard(directory: Location) -> None:
     """Delete a checkpoint (progress then comes from the table's Delta log)."""
-    shutil.rmtree(directory, ignore_errors=True)
+    where = LakePath.of(directory)
+    if where.is_local:
+        shutil.rmtree(where.local, ignore_errors=True)
+        return
+    from ingest.lease import s3_client
+
+    keys = [f"{where.key}/{name}" for name in _Files(where).names]
+    for start in range(0, len(keys), 1000):  # the most one DeleteObjects request takes
+        s3_client(where).delete_objects(Bucket=where.bucket, Delete={
+            "Objects": [{"Key": k} for k in keys[start:start + 1000]], "Quiet": True})
 
 
 # -- files ------------------------------------------------------------------------------------------
-def _batch_files(folder: Path) -> dict[int, Path]:
-    if not folder.exists():
-        return {}
-    # Like Spark, look only at batch files; hidden checksums and temporary files are not batches.
-    return {int(path.name): path for path in folder.iterdir() if path.name.isdigit()}
+class _Files:
+    """The files of one checkpoint, by path relative to it (``offsets/3``), listed once."""
+
+    def __init__(self, directory: LakePath) -> None:
+        self.directory = directory
+        if directory.is_local:
+            root = directory.local
+            self.names = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} \
+                if root.is_dir() else set()
+        else:
+            from ingest.lease import s3_client
+
+            prefix = f"{directory.key}/"
+            pages = s3_client(directory).get_paginator("list_objects_v2").paginate(
+                Bucket=directory.bucket, Prefix=prefix)
+            self.names = {o["Key"][len(prefix):] for page in pages for o in page.get("Contents", [])}
+
+    def batches(self, folder: str) -> dict[int, str]:
+        # Like Spark, look only at batch files; hidden checksums and temporary files are not batches.
+        found = (n.split("/", 1)[1] for n in self.names if n.startswith(f"{folder}/") and n.count("/") == 1)
+        return {int(base): f"{folder}/{base}" for base in found if base.isdigit()}
+
+    def read(self, name: str) -> bytes:
+        if self.directory.is_local:
+            return (self.directory.local / name).read_bytes()
+        from ingest.lease import s3_client
+
+        answer = s3_client(self.directory).get_object(Bucket=self.directory.bucket, Key=f"{self.directory.key}/{name}")
+        return bytes(answer["Body"].read())
 
 
-def _verified_text(path: Path) -> str:
+def _verified_text(files: _Files, name: str) -> str:
     """File content, checked against its Hadoop ``.crc`` (CRC32 per 512-byte chunk) when present."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     try:
-        data = path.read_bytes()
+        data = files.read(name)
     except OSError as exc:
-        raise _Damaged(f"{path.name}: unreadable ({exc.strerror})") from None
-    crc = path.with_name(f".{path.name}.crc")
-    if crc.exists():
-        raw = crc.read_bytes()
+        raise _Damaged(f"{name}: unreadable ({exc.strerror})") from None
+    except (ClientError, BotoCoreError) as exc:
+        raise _Damaged(f"{name}: unreadable ({exc})") from None
+    folder, _, base = name.rpartition("/")
+    crc = f"{folder}/.{base}.crc" if folder else f".{base}.crc"
+    if crc in files.names:
+        raw = files.read(crc)
         if raw[:4] != _CRC_MAGIC or len(raw) < 8:
-            raise _Damaged(f"{crc.parent.name}/{crc.name}: not a checksum file")
+            raise _Damaged(f"{crc}: not a checksum file")
         (chunk,) = struct.unpack(">I", raw[4:8])
         expected = raw[8:]
         actual = b"".join(struct.pack(">I", zlib.crc32(data[i:i + chunk])) for i in range(0, len(data), chunk or 1))
         if chunk <= 0 or actual != expected:
-            raise _Damaged(f"{path.parent.name}/{path.name}: checksum mismatch (file truncated or overwritten)")
+            raise _Damaged(f"{name}: checksum mismatch (file truncated or overwritten)")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise _Damaged(f"{path.parent.name}/{path.name}: not text") from None
+        raise _Damaged(f"{name}: not text") from None
 
 
 def _json(text: str, where: str) -> Any:
@@ -138,25 +182,25 @@ def _json(text: str, where: str) -> Any:
         raise _Damaged(f"{where}: not valid JSON") from None
 
 
-def _read_metadata(path: Path) -> None:
-    if not path.exists():
+def _read_metadata(files: _Files) -> None:
+    if "metadata" not in files.names:
         raise _Damaged("metadata file is missing")
-    meta = _json(_verified_text(path), "metadata")
+    meta = _json(_verified_text(files, "metadata"), "metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("id"), str):
         raise _Damaged("metadata file has no query id")
 
 
-def _version_and_lines(path: Path, least: int) -> list[str]:
-    lines = _verified_text(path).split("\n")
-    where = f"{path.parent.name}/{path.name}"
+def _version_and_lines(files: _Files, name: str, least: int) -> list[str]:
+    lines = _verified_text(files, name).split("\n")
+    where = name
     if len(lines) < least or not lines[0].startswith("v") or not lines[0][1:].isdigit():
         raise _Damaged(f"{where}: truncated or not a Spark log file")
     return lines
 
 
-def _read_offsets(path: Path, topics: set[str]) -> dict[str, dict[int, int]]:
-    where = f"offsets/{path.name}"
-    lines = _version_and_lines(path, 3)
+def _read_offsets(files: _Files, name: str, topics: set[str]) -> dict[str, dict[int, int]]:
+    where = name
+    lines = _version_and_lines(files, name, 3)
     if not isinstance(_json(lines[1], where), dict):
         raise _Damaged(f"{where}: batch metadata is not an object")
     sources = [line for line in lines[2:] if line.strip()]
@@ -176,8 +220,8 @@ def _read_offsets(path: Path, topics: set[str]) -> dict[str, dict[int, int]]:
     return out
 
 
-def _read_commit(path: Path, batch: int) -> None:
-    lines = _version_and_lines(path, 2)
+def _read_commit(files: _Files, name: str, batch: int) -> None:
+    lines = _version_and_lines(files, name, 2)
     if not isinstance(_json(lines[1], f"commits/{batch}"), dict):
         raise _Damaged(f"commits/{batch}: not a commit record")
 

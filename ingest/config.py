@@ -167,6 +167,23 @@ class StorageSpec(_Model):
                                      path_style=self.path_style, allow_http=allow_http)
 
 
+def _lake_uri(value: str) -> str:
+    """A lake or checkpoint location as given: a directory, or an ``s3://`` URI (``s3a://`` normalised)."""
+    value = value.strip()
+    if is_uri(value):
+        scheme = value.split("://", 1)[0].lower()
+        if scheme not in OBJECT_STORE_SCHEMES:
+            raise ValueError(f"object store {scheme!r} is not supported yet: give s3://bucket/prefix or a "
+                             "directory (docs/object-storage.md says what ADLS and GCS need)")
+        if _URL_USERINFO.match(value):
+            raise ValueError("must not contain credentials; set them in the environment or the secrets file")
+        rest = value.split("://", 1)[1].strip("/")
+        if not rest:
+            raise ValueError("expected s3://bucket[/prefix]")
+        return f"s3://{rest}"  # delta-rs and boto3 name it s3; Spark's s3a is derived where needed
+    return value
+
+
 class TargetSpec(_Model):
     """Where Delta tables, audit, quarantine and checkpoints live."""
 
@@ -177,9 +194,11 @@ class TargetSpec(_Model):
                                  "addressing, lease")
     audit_table: str = Field("_cdc_audit", description="name of the audit Delta table under root")
     quarantine_table: str = Field("_cdc_quarantine", description="name of the quarantine Delta table under root")
-    checkpoint_dir: Path = Field(
-        Path("checkpoints"), description="Spark checkpoints, one per query, on local disk even when the lake is "
-        "on an object store: they are disposable (each table's Delta log records the offsets it applied)")
+    checkpoint_dir: str = Field(
+        "checkpoints", description="Spark checkpoints, one per query: a directory (relative to workdir) or "
+        "s3://bucket/prefix, reached with target.storage (where the driver's disk does not outlive a run). They "
+        "are disposable: each table's Delta log records the offsets it applied, and a damaged checkpoint is "
+        "discarded")
     target_file_size_mb: int = Field(
         8, gt=0, description="target Parquet file size written by MERGE and compaction; delta-rs rewrites every "
         "file a MERGE touches, so small files keep a hot-set MERGE small (benchmarks/bench_merge.py)")
@@ -197,27 +216,12 @@ class TargetSpec(_Model):
     @field_validator("root")
     @classmethod
     def _root(cls, value: str) -> str:
-        value = value.strip()
-        if is_uri(value):
-            scheme = value.split("://", 1)[0].lower()
-            if scheme not in OBJECT_STORE_SCHEMES:
-                raise ValueError(f"object store {scheme!r} is not supported yet: give s3://bucket/prefix or a "
-                                 "directory (docs/object-storage.md says what ADLS and GCS need)")
-            if _URL_USERINFO.match(value):
-                raise ValueError("must not contain credentials; set them in the environment or the secrets file")
-            rest = value.split("://", 1)[1].strip("/")
-            if not rest:
-                raise ValueError("expected s3://bucket[/prefix]")
-            return f"s3://{rest}"  # delta-rs and boto3 name it s3; Spark's s3a is derived where needed
-        return value
+        return _lake_uri(value)
 
     @field_validator("checkpoint_dir")
     @classmethod
-    def _checkpoint_local(cls, value: Path) -> Path:
-        if is_uri(str(value)) or str(value).startswith(("s3:", "s3a:")):
-            raise ValueError("Spark checkpoints stay on local disk (they are disposable: each table's Delta log "
-                             "records the offsets it applied); give a directory")
-        return value
+    def _checkpoint(cls, value: str) -> str:
+        return _lake_uri(value)
 
 
 class ColumnSelection(_Model):
@@ -463,8 +467,16 @@ class IngestConfig(_Model):
         return not is_uri(self.target.root)
 
     @property
+    def checkpoint_location(self) -> LakePath:
+        """Where the Spark checkpoints live: a local directory, or an ``s3://`` prefix reached like the lake."""
+        if is_uri(self.target.checkpoint_dir):
+            return LakePath(self.target.checkpoint_dir, self.target.storage.delta_options())
+        return LakePath.local_dir(self.path(Path(self.target.checkpoint_dir)))
+
+    @property
     def checkpoint_root(self) -> Path:
-        return self.path(self.target.checkpoint_dir)
+        """The local checkpoint directory (tools that edit checkpoint files; an object-store one raises)."""
+        return self.checkpoint_location.local
 
     @property
     def secrets_path(self) -> Path | None:
@@ -545,7 +557,7 @@ def load_config(path: str | os.PathLike[str], *, workdir: str | os.PathLike[str]
     suites = config.quality.expectations_dir
     quality = config.quality.model_copy(update={"expectations_dir": (path.parent / suites).resolve()})
     config = config.model_copy(update={"workdir": base.resolve(), "quality": quality})
-    if not config.lake_is_local:
+    if not config.lake_is_local or not config.checkpoint_location.is_local:
         # delta-rs, polars and boto3 read an object store's keys from the environment: those kept in
         # the secrets file are exported there (the environment wins), for every command, not only runs.
         from ingest import secrets

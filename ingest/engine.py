@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from pyspark.sql import SparkSession
@@ -39,10 +37,11 @@ from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.discovery import with_discovered
 from ingest.handler import AllTablesStopped, BatchHandler, ProgressFn, RunReport, TableRun
+from ingest.lake import LakePath
 from ingest.paths import TablePaths
 from ingest.quality import QualityGate
 from ingest.source import Offsets, read_topics, source_for
-from ingest.spark import session_for
+from ingest.spark import session_for, spark_location
 
 log = logging.getLogger(__name__)
 _START_ATTEMPTS = 3  # restarts of a query that dies before its first batch (see Engine._restart_failed)
@@ -69,7 +68,7 @@ def query_groups(specs: list[TableSpec], queries: int) -> list[list[TableSpec]]:
 class _Query:
     name: str
     specs: list[TableSpec]
-    directory: Path
+    directory: LakePath
     handler: BatchHandler
     starting: Offsets | None
     query: Any = None
@@ -181,9 +180,9 @@ class Engine:
                 if restored:
                     log.warning("table %s: restored %d audit rows from the Delta commit info", spec.name, restored)
             name = query_name(group)
-            directory = self.config.checkpoint_root / name
+            directory = self.config.checkpoint_location / name
             if reset_checkpoints or from_beginning or fresh:
-                shutil.rmtree(directory, ignore_errors=True)
+                checkpoints.discard(directory)
             self._check_checkpoint(group, directory)
             handler = BatchHandler(self.config, group, report, run_id, progress, gates,
                                    retry_stopped=mode == "continuous")
@@ -230,7 +229,7 @@ class Engine:
         try:
             return self._start_query(q, mode, run_id)
         except Exception as exc:
-            if not q.directory.exists():
+            if not checkpoints.exists(q.directory):
                 raise
             log.warning("query %s: Spark cannot start from checkpoint %s (%s); discarding it and resuming "
                         "from the offsets in the tables' Delta logs", q.name, q.directory, secrets.describe(exc))
@@ -242,7 +241,7 @@ class Engine:
         stream = read_topics(self.spark, self.config, [s.topic for s in q.specs], starting_offsets=q.starting,
                              decoder=decoder)
         writer = (stream.writeStream.foreachBatch(q.handler)
-                  .option("checkpointLocation", str(q.directory))
+                  .option("checkpointLocation", spark_location(self.spark, q.directory))
                   .queryName(f"cdc_{q.name}_{run_id}"[:200]))
         writer = (writer.trigger(availableNow=True) if mode == "available_now"
                   else writer.trigger(processingTime="2 seconds"))
@@ -254,7 +253,7 @@ class Engine:
             time.sleep(0.2)
         return query
 
-    def _check_checkpoint(self, specs: list[TableSpec], directory: Path) -> None:
+    def _check_checkpoint(self, specs: list[TableSpec], directory: LakePath) -> None:
         """Discard a checkpoint that is damaged or claims more progress than a table has (ingest.checkpoint)."""
         topics = {}
         audit_path = None

@@ -122,13 +122,14 @@ def session_conf(connectors: list[Connector], user_conf: dict[str, str]) -> dict
 
 def session_for(config: IngestConfig) -> SparkSession:
     """The session for a configuration: its Spark settings, plus the Kafka source's jars when it reads
-    Kafka, delta-spark's when a table is applied with it, and S3A's when that table is on S3."""
+    Kafka, delta-spark's when a table is applied with it, and S3A's when that table or the streaming
+    checkpoints are on S3."""
     spec = config.spark
     connectors: list[Connector] = ["spark-kafka"] if config.source.kind == "kafka" else []
     if "delta-spark" in config.engines():
         connectors.append("delta-spark")
-        if not config.lake_is_local:
-            connectors.append("hadoop-aws")
+    if ("delta-spark" in config.engines() and not config.lake_is_local) or not config.checkpoint_location.is_local:
+        connectors.append("hadoop-aws")
     conf = session_conf(connectors, spec.conf)
     return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))
 

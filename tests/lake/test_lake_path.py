@@ -48,6 +48,18 @@ def test_an_s3_root_gives_tables_with_the_endpoint_options(tmp_path: Path):
     assert not cfg.lake_is_local
 
 
+def test_checkpoints_go_to_s3_with_the_lakes_endpoint_or_stay_under_workdir(tmp_path: Path):
+    cfg = load_config(_config(tmp_path, root="tables", checkpoint_dir="s3a://lake/ckpt/",
+                              storage={"endpoint_url": "http://127.0.0.1:9000"}))
+    assert cfg.checkpoint_location.uri == "s3://lake/ckpt"
+    assert cfg.checkpoint_location.options["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+    assert cfg.checkpoint_location.spark_uri == "s3a://lake/ckpt"
+    with pytest.raises(ValueError, match="object store"):
+        _ = cfg.checkpoint_root  # the tools that edit checkpoint files work on local ones only
+    local = load_config(_config(tmp_path, root="tables"))
+    assert local.checkpoint_root == tmp_path / "checkpoints" and local.checkpoint_location.is_local
+
+
 def test_a_local_root_stays_under_workdir(tmp_path: Path):
     cfg = load_config(_config(tmp_path, root="tables"))
     assert cfg.table_path("t") == LakePath(str(tmp_path / "tables" / "t")) and cfg.lake_is_local
@@ -58,7 +70,7 @@ def test_a_local_root_stays_under_workdir(tmp_path: Path):
     ({"root": "s3://"}, "expected s3://bucket"),
     ({"root": "s3://lake", "storage": {"endpoint_url": "http://key:secret@127.0.0.1:9000"}},
      "must not contain credentials"),
-    ({"root": "s3://lake", "checkpoint_dir": "s3://lake/checkpoints"}, "local disk"),
+    ({"root": "s3://lake", "checkpoint_dir": "gs://lake/checkpoints"}, "not supported yet"),
     ({"root": "s3://lake", "storage": {"lease_seconds": 1}}, "lease_seconds"),
 ])
 def test_what_an_object_store_lake_refuses(tmp_path: Path, target: dict, message: str):

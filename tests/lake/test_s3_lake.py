@@ -1,8 +1,8 @@
 """The whole journey with the lake on a real S3 API server: run, verify, status, query, maintenance.
 
-The topic log and checkpoints stay local; every Delta table (targets, tombstones, audit, quarantine)
-is written to the bucket, by each engine (delta-spark through Hadoop's S3A), and nothing of the
-lake is written to local disk.
+The topic log stays local; every Delta table (targets, tombstones, audit, quarantine) and the Spark
+checkpoints are written to the bucket, by each engine (delta-spark and the checkpoints through
+Hadoop's S3A), and nothing of the lake is written to local disk.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def on_s3(request, s3, tmp_path_factory, spark):
     workdir = tmp_path_factory.mktemp("s3-e2e")
     path = make_config(workdir, batch=300, engine=request.param).workdir / "config.yaml"
     raw = yaml.safe_load(path.read_text())
-    raw["target"].update(root=f"s3://journey/{request.param}", storage=s3.storage())
+    raw["target"].update(root=f"s3://journey/{request.param}", storage=s3.storage(),
+                         checkpoint_dir=f"s3://journey/checkpoints-{request.param}")
     path.write_text(yaml.safe_dump(raw))
     config = load_config(path)
     prepare_workload(config, events=800, seed=5, malformed_fraction=0.02)
@@ -54,6 +55,42 @@ def test_tables_on_s3_equal_the_source_and_nothing_lands_on_local_disk(on_s3):
     written = {obj["Key"].split("/")[1] for page in pages for obj in page.get("Contents", [])}
     assert {t.name for t in config.tables} | {"_cdc_audit", "_cdc_quarantine"} <= written
     assert "_cdc_locks" not in written  # every lease was given back at the end of the run
+
+
+def _keys(where) -> set[str]:
+    pages = s3_client(where).get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=where.key + "/")
+    return {obj["Key"][len(where.key) + 1:] for page in pages for obj in page.get("Contents", [])}
+
+
+def test_spark_checkpoints_on_s3_are_resumed_and_a_damaged_one_is_discarded(on_s3, spark):
+    from ingest import checkpoint
+    from ingest.engine import query_name
+
+    config, _, _ = on_s3
+    assert not (config.workdir / "checkpoints").exists()
+    query = config.checkpoint_location / query_name(list(config.tables))
+    written = _keys(query)
+    assert {"metadata", "offsets/0", "commits/0"} <= written, sorted(written)
+    before = {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
+    applied = {t.topic: (lambda p: None, t.name) for t in config.tables}  # as if no table had applied anything
+    assert not checkpoint.inspect(query, topics=applied).ok  # it claims progress: the check reads it on S3
+
+    # Damage it the way a half-written upload would: the last offsets file truncated.
+    last = max(int(n.split("/")[1]) for n in written if n.startswith("offsets/") and n.split("/")[1].isdigit())
+    s3_client(query).put_object(Bucket=query.bucket, Key=f"{query.key}/offsets/{last}", Body=b"v1\n{")
+    Engine(config, spark=spark).run()
+    assert before == {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
+    if f"offsets/{last}" in _keys(query):  # discarded; the resumed query wrote its own batches
+        body = s3_client(query).get_object(Bucket=query.bucket, Key=f"{query.key}/offsets/{last}")["Body"].read()
+        assert body != b"v1\n{"
+    assert checkpoint.inspect(query, topics={t.topic: ((lambda p, t=t: _applied(config, t, p)), t.name)
+                                             for t in config.tables}).ok
+
+
+def _applied(config, spec, partition):
+    from ingest.apply.tablestate import load_state
+
+    return load_state(config.table_path(spec.name)).applied_offset(spec.topic, partition)
 
 
 def test_audit_and_quarantine_on_s3(on_s3):
