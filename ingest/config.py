@@ -146,6 +146,9 @@ class StorageSpec(_Model):
     lease_seconds: float = Field(
         60.0, ge=5, description="the single-writer lease of each table on the object store: a run renews it "
         "every third of this; a run that died holding it blocks the table this long at most")
+    retry_seconds: float = Field(
+        120.0, ge=0, description="how long a request to the store is retried, with growing pauses, before it "
+        "fails: a restart or stall of the store shorter than this is ridden out (0: fail at the first error)")
 
     @field_validator("endpoint_url")
     @classmethod
@@ -164,7 +167,8 @@ class StorageSpec(_Model):
         allow_http = self.allow_http if self.allow_http is not None else bool(
             self.endpoint_url and self.endpoint_url.startswith("http://"))
         return delta_storage_options(endpoint_url=self.endpoint_url, region=self.region,
-                                     path_style=self.path_style, allow_http=allow_http)
+                                     path_style=self.path_style, allow_http=allow_http,
+                                     retry_seconds=self.retry_seconds)
 
 
 def _lake_uri(value: str) -> str:

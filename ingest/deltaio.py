@@ -20,7 +20,7 @@ from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from ingest.events import parse_decimal
-from ingest.lake import LakePath, Location
+from ingest.lake import LakePath, Location, reader_options
 
 #: Framework columns on every target table, after the user columns.
 FRAMEWORK_COLUMNS: Final[tuple[tuple[str, pa.DataType], ...]] = (
@@ -161,8 +161,10 @@ def scan(table: DeltaTable) -> Any:
     """A polars ``LazyFrame`` over the table's snapshot, deletion vectors applied."""
     import polars as pl
 
-    # The table itself, not its URI: it carries the storage options of an object-store lake.
-    return pl.scan_delta(table, version=table.version())
+    # polars reads the data files with its own object-store client, which takes the table's endpoint
+    # options (the ones polars itself reads from a DeltaTable) but not delta-rs's retry settings.
+    options = reader_options(getattr(table, "_storage_options", None))
+    return pl.scan_delta(table.table_uri, version=table.version(), storage_options=options)
 
 
 def query(table: DeltaTable, sql: str, *, name: str = "t") -> pa.Table:

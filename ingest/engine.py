@@ -174,20 +174,21 @@ class Engine:
         _ = self.spark  # start Spark before the per-query set-up
 
         def launch(group: list[TableSpec], *, fresh: bool = False) -> _Query | None:
-            for spec in group:
-                paths = TablePaths.of(self.config, spec.name)
-                restored = audit.reconcile(paths.audit, spec.name, paths.table)
-                if restored:
-                    log.warning("table %s: restored %d audit rows from the Delta commit info", spec.name, restored)
             name = query_name(group)
             directory = self.config.checkpoint_location / name
-            if reset_checkpoints or from_beginning or fresh:
-                checkpoints.discard(directory)
-            self._check_checkpoint(group, directory)
-            handler = BatchHandler(self.config, group, report, run_id, progress, gates,
-                                   retry_stopped=mode == "continuous")
-            q = _Query(name, group, directory, handler, None)
-            try:
+            try:  # the store may fail here too (an outage longer than storage.retry_seconds)
+                for spec in group:
+                    paths = TablePaths.of(self.config, spec.name)
+                    restored = audit.reconcile(paths.audit, spec.name, paths.table)
+                    if restored:
+                        log.warning("table %s: restored %d audit rows from the Delta commit info", spec.name,
+                                    restored)
+                if reset_checkpoints or from_beginning or fresh:
+                    checkpoints.discard(directory)
+                self._check_checkpoint(group, directory)
+                handler = BatchHandler(self.config, group, report, run_id, progress, gates,
+                                       retry_stopped=mode == "continuous")
+                q = _Query(name, group, directory, handler, None)
                 q.starting = None if from_beginning else self.starting_offsets(group)
                 q.query = self._start(q, mode, run_id)
                 return q

@@ -121,12 +121,28 @@ class LakePath:
 Location: TypeAlias = "LakePath | str | os.PathLike[str]"
 
 
+#: delta-rs's (object_store's) retry settings, which polars's own reader does not take.
+RETRY_OPTIONS: Final = ("max_retries", "retry_timeout", "backoff_config.init_backoff", "backoff_config.max_backoff")
+
+
 def delta_storage_options(*, endpoint_url: str | None, region: str, path_style: bool,
-                          allow_http: bool) -> Mapping[str, str]:
-    """delta-rs/object_store options for an S3-compatible endpoint (credentials excluded)."""
+                          allow_http: bool, retry_seconds: float | None = None) -> Mapping[str, str]:
+    """delta-rs/object_store options for an S3-compatible endpoint (credentials excluded).
+
+    ``retry_seconds``: how long each request is retried, with pauses growing from 0.2 s to 10 s, so that
+    a store that restarts or stalls for less than that is ridden out instead of failing the batch.
+    """
     options = {"AWS_REGION": region, "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false" if path_style else "true"}
     if endpoint_url:
         options["AWS_ENDPOINT_URL"] = endpoint_url
     if allow_http:
         options["AWS_ALLOW_HTTP"] = "true"
+    if retry_seconds is not None:
+        options.update({"max_retries": "1000", "retry_timeout": f"{max(0, int(retry_seconds))}s",
+                        "backoff_config.init_backoff": "200ms", "backoff_config.max_backoff": "10s"})
     return MappingProxyType(options)
+
+
+def reader_options(options: Mapping[str, str] | None) -> dict[str, str] | None:
+    """``options`` without delta-rs's retry settings: what polars's object-store reader accepts."""
+    return None if options is None else {k: v for k, v in options.items() if k not in RETRY_OPTIONS}

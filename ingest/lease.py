@@ -66,23 +66,26 @@ def s3_client(where: LakePath) -> Any:
     building a boto3 client costs far more than the lease's two requests.
     """
     options = where.options
+    retry = int(options.get("retry_timeout", "0s").rstrip("s") or 0)
     return _client(options.get("AWS_ENDPOINT_URL"), options.get("AWS_REGION"),
                    options.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "false") == "true",
                    os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY"),
-                   os.environ.get("AWS_SESSION_TOKEN"))
+                   os.environ.get("AWS_SESSION_TOKEN"), 3 + retry // 10)
 
 
 @lru_cache(maxsize=16)
 def _client(endpoint: str | None, region: str | None, virtual: bool, key: str | None, secret: str | None,
-            token: str | None) -> Any:
+            token: str | None, attempts: int) -> Any:
     import boto3
     from botocore.config import Config
 
+    # botocore's standard retries pause up to 20 s between attempts: about 10 s of outage per attempt
+    # beyond the first few, so that the lease and the checkpoint reads ride out what delta-rs does.
     return boto3.client(
         "s3", endpoint_url=endpoint, region_name=region, aws_access_key_id=key, aws_secret_access_key=secret,
         aws_session_token=token,
         config=Config(s3={"addressing_style": "virtual" if virtual else "path"},
-                      retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=10))
+                      retries={"mode": "standard", "max_attempts": attempts}, connect_timeout=5, read_timeout=10))
 
 
 def _code(exc: Exception) -> str:
@@ -143,6 +146,9 @@ class Lease:
                 return
             raise
         body = current["Body"].read().decode("utf-8", "replace")
+        if _owner(body) == self._owner:  # our own create, answered after a retry as if someone else's
+            self._etag = str(current["ETag"])
+            return
         holder, ttl = _describe(body)
         server_now = parsedate_to_datetime(current["ResponseMetadata"]["HTTPHeaders"]["date"])
         age = (server_now - current["LastModified"]).total_seconds()
@@ -181,6 +187,8 @@ class Lease:
                 self._etag = self._put(IfMatch=self._etag or "")
                 self._renewed_at = time.monotonic()
             except ClientError as exc:
+                if _code(exc) in _LOST_RACE and self._still_ours():
+                    continue  # a retried renewal whose first attempt had landed
                 if _code(exc) in _LOST_RACE | {"NoSuchKey", "404"}:
                     self._lost = "another run replaced it"
                     log.error("table %s: its writer lease was taken over; the table stops", self.table)
@@ -188,6 +196,20 @@ class Lease:
                 log.warning("table %s: could not renew its lease: %s", self.table, _code(exc) or exc)
             except BotoCoreError as exc:  # the store does not answer: keep trying while the lease lasts
                 log.warning("table %s: could not renew its lease: %s", self.table, type(exc).__name__)
+
+    def _still_ours(self) -> bool:
+        """Whether the lease object is (still) this run's own, taking its current ETag if so."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            current = self._s3.get_object(Bucket=self.location.bucket, Key=self.location.key)
+        except (ClientError, BotoCoreError):
+            return False
+        if _owner(current["Body"].read().decode("utf-8", "replace")) != self._owner:
+            return False
+        self._etag = str(current["ETag"])
+        self._renewed_at = time.monotonic()
+        return True
 
     def check(self) -> None:
         """Raise unless this run still holds the lease with time to spare for a commit.
@@ -246,6 +268,14 @@ def _died_here(body: str) -> bool:
     if recorded.split(":", 1)[0] != mine.split(":", 1)[0]:
         return False  # written in another boot (or by another machine of that name): expiry alone decides
     return _process_identity(pid) != recorded
+
+
+def _owner(body: str) -> str | None:
+    try:
+        owner = json.loads(body).get("owner")
+    except (ValueError, AttributeError):
+        return None
+    return owner if isinstance(owner, str) else None
 
 
 def _describe(body: str) -> tuple[str, float]:

@@ -44,7 +44,9 @@ def test_an_s3_root_gives_tables_with_the_endpoint_options(tmp_path: Path):
     table = cfg.table_path("t")
     assert table.uri == "s3://lake/cdc/t"
     assert table.storage_options == {"AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
-                                     "AWS_ALLOW_HTTP": "true", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false"}
+                                     "AWS_ALLOW_HTTP": "true", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false",
+                                     "max_retries": "1000", "retry_timeout": "120s",
+                                     "backoff_config.init_backoff": "200ms", "backoff_config.max_backoff": "10s"}
     assert not cfg.lake_is_local
 
 

@@ -1,0 +1,60 @@
+"""A store that restarts: delta-rs, the lease and the checkpoint reads wait for it (``storage.retry_seconds``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from ingest.deltaio import open_table, write_table
+from ingest.lake import LakePath, delta_storage_options
+from ingest.lease import Lease
+from ingest.stack.s3 import S3Server
+from tests.lake.outage import Relay
+
+
+def _lake(relay: Relay, bucket: str, retry_seconds: float) -> LakePath:
+    return LakePath(f"s3://{bucket}/lake", delta_storage_options(
+        endpoint_url=relay.endpoint, region="us-east-1", path_style=True, allow_http=True,
+        retry_seconds=retry_seconds))
+
+
+def _during_outage(relay: Relay, seconds: float) -> threading.Thread:
+    gone = threading.Thread(target=relay.outage, args=(seconds,))
+    gone.start()
+    time.sleep(0.3)  # the relay is down now
+    return gone
+
+
+def test_commits_and_the_lease_ride_out_a_restart_shorter_than_retry_seconds(s3: S3Server, bucket: str) -> None:
+    relay = Relay(s3.endpoint)
+    try:
+        lake = _lake(relay, bucket, retry_seconds=60)
+        write_table(lake / "t", pa.table({"id": [1, 2]}), mode="append")
+
+        gone = _during_outage(relay, 3.0)
+        started = time.monotonic()
+        write_table(lake / "t", pa.table({"id": [3, 4]}), mode="append")
+        assert time.monotonic() - started > 2.0  # it did wait for the store
+        gone.join()
+
+        gone = _during_outage(relay, 3.0)
+        lease = Lease(lake, "t", ttl=30).acquire()
+        gone.join()
+        lease.check()
+        lease.release()
+
+        table = open_table(lake / "t")
+        assert table is not None and sorted(table.to_pyarrow_table()["id"].to_pylist()) == [1, 2, 3, 4]
+
+        # Without retries the same restart fails the commit, and nothing of it lands.
+        hasty = _lake(relay, bucket, retry_seconds=0)
+        gone = _during_outage(relay, 3.0)
+        with pytest.raises(OSError, match=r"(?i)connect|refused|error sending"):
+            write_table(hasty / "t", pa.table({"id": [5]}), mode="append")
+        gone.join()
+        assert open_table(lake / "t").to_pyarrow_table().num_rows == 4
+    finally:
+        relay.close()
