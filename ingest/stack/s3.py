@@ -99,26 +99,6 @@ class S3Server:
             process.stop(self.pid, timeout=10)
             self.pid = None
 
-    def interrupt(self, seconds: float = 4.0) -> float:
-        """Make the server stop answering for ``seconds`` (SIGSTOP, then SIGCONT); returns the seconds away.
-
-        moto keeps its objects in memory, so a restart would lose the lake: a frozen process is the outage
-        it can take. Requests in flight hang and new connections wait, as with a server that stalls. The
-        stack's MinIO is restarted for real instead (``ingest torture --lake s3``).
-        """
-        import signal
-        import time
-
-        if self.pid is None:
-            raise StackError("s3: interrupt() needs a server this object started")
-        started = time.monotonic()
-        os.kill(self.pid, signal.SIGSTOP)
-        try:
-            time.sleep(seconds)
-        finally:
-            os.kill(self.pid, signal.SIGCONT)
-        return time.monotonic() - started
-
     def create_bucket(self, name: str) -> None:
         """Create ``name`` (nothing happens if it exists already)."""
         create_bucket(self.endpoint, name, access_key=self._keys[0], secret_key=self._keys[1])

@@ -1,11 +1,11 @@
-"""``ingest torture`` with the lake on an S3 server: kills during commits and an outage of the server.
+"""``ingest torture`` with the lake on an S3 server: kills during commits, and the server gone for 4 s.
 
 The full run, on the stack's MinIO restarted for real, is ``ingest torture --lake s3`` (README).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,26 +14,33 @@ from ingest.config import load_config
 from ingest.lease import s3_client
 from ingest.proof.torture import Torture, TortureSpec
 from ingest.stack.s3 import S3Server
+from tests.lake.outage import Relay
 
 
-def _outage(s3: S3Server) -> Callable[[], float]:
-    if s3.pid is not None:
-        return s3.interrupt  # moto: frozen for a few seconds (a restart would lose its in-memory objects)
-    from ingest.cli_stack import stack_lake  # TEST_S3=stack: the stack's MinIO, restarted for real
+@pytest.fixture
+def store(s3: S3Server) -> Iterator[tuple[str, Callable[[], float]]]:
+    """The endpoint the runs use, and what restarts the store behind it."""
+    if s3.pid is None:  # TEST_S3=stack: the stack's MinIO, restarted for real
+        from ingest.cli_stack import stack_lake
 
-    return stack_lake("unused")[2]
+        yield s3.endpoint, stack_lake("unused")[2]
+        return
+    relay = Relay(s3.endpoint)  # moto: the relay goes away for 4 s (moto itself would lose its objects)
+    yield relay.endpoint, relay.outage
+    relay.close()
 
 
 @pytest.mark.spark
 def test_kills_during_commits_and_an_s3_outage_leave_the_lake_equal_to_the_source(
-        s3: S3Server, bucket: str, tmp_path: Path) -> None:
+        s3: S3Server, store: tuple[str, Callable[[], float]], bucket: str, tmp_path: Path) -> None:
+    endpoint, restart = store
     # Kills inside the MERGE and between the Delta commit and its audit row: the two that leave
     # objects behind on the store (uncommitted data files; a commit without its audit row).
     spec = TortureSpec(workdir=tmp_path / "torture", seed=5, kills=2, events=500, batch=120,
                        damage_probability=0.0, timer_fraction=0.0,
                        schedule=("during-merge@1", "after-delta-commit@1"), tables=("orders",),
-                       lake_root=f"s3://{bucket}/lake", storage=s3.storage(), restart_store=_outage(s3),
-                       store_restarts=1)
+                       lake_root=f"s3://{bucket}/lake", storage={**s3.storage(), "endpoint_url": endpoint},
+                       restart_store=restart, store_restarts=1)
     lines: list[str] = []
     result = Torture(spec, say=lines.append).run()
     c = result.consistency
