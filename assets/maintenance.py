@@ -170,7 +170,7 @@ def _data_files(where: LakePath) -> set[str]:
     """The table's files outside its log: what a vacuum may delete."""
     if where.is_local:
         return {str(p) for p in where.local.rglob("*") if p.is_file() and "_delta_log" not in p.parts}
-    from ingest.lease import s3_client
+    from ingest.lake import s3_client
 
     pages = s3_client(where).get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=where.key + "/")
     return {o["Key"] for page in pages for o in page.get("Contents", []) if "/_delta_log/" not in o["Key"]}

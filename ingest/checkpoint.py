@@ -108,7 +108,7 @@ def discard(directory: Location) -> None:
     if where.is_local:
         shutil.rmtree(where.local, ignore_errors=True)
         return
-    from ingest.lease import s3_client
+    from ingest.lake import s3_client
 
     keys = [f"{where.key}/{name}" for name in _Files(where).names]
     for start in range(0, len(keys), 1000):  # the most one DeleteObjects request takes
@@ -127,7 +127,7 @@ class _Files:
             self.names = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} \
                 if root.is_dir() else set()
         else:
-            from ingest.lease import s3_client
+            from ingest.lake import s3_client
 
             prefix = f"{directory.key}/"
             pages = s3_client(directory).get_paginator("list_objects_v2").paginate(
@@ -142,7 +142,7 @@ class _Files:
     def read(self, name: str) -> bytes:
         if self.directory.is_local:
             return (self.directory.local / name).read_bytes()
-        from ingest.lease import s3_client
+        from ingest.lake import s3_client
 
         answer = s3_client(self.directory).get_object(Bucket=self.directory.bucket, Key=f"{self.directory.key}/{name}")
         return bytes(answer["Body"].read())

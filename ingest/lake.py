@@ -7,6 +7,8 @@ region, addressing style, never a credential -- so each delta-rs or polars call 
 way. Credentials come from the environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``) or the secrets file, which :func:`ingest.secrets.prepare` exports; both
 delta-rs and boto3 read them there, so they never pass through a path, a log line or an audit row.
+:func:`s3_client` is the boto3 client for what delta-rs does not do: the writer lease, checkpoint
+reads, listings.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 from urllib.parse import urlsplit
 
 #: URI schemes of the object stores the lake can live on (``s3a`` is Hadoop's name for ``s3``).
@@ -146,3 +149,32 @@ def delta_storage_options(*, endpoint_url: str | None, region: str, path_style: 
 def reader_options(options: Mapping[str, str] | None) -> dict[str, str] | None:
     """``options`` without delta-rs's retry settings: what polars's object-store reader accepts."""
     return None if options is None else {k: v for k, v in options.items() if k not in RETRY_OPTIONS}
+
+
+def s3_client(where: LakePath) -> Any:
+    """A boto3 S3 client for the endpoint of ``where`` (credentials: the environment's, as delta-rs's).
+
+    Clients are kept per endpoint and keys: the shared tables take a lease at every batch, and
+    building a boto3 client costs far more than the lease's two requests.
+    """
+    options = where.options
+    retry = int(options.get("retry_timeout", "0s").removesuffix("s") or 0)  # as delta_storage_options writes it
+    return _client(options.get("AWS_ENDPOINT_URL"), options.get("AWS_REGION"),
+                   options.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "false") == "true",
+                   os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY"),
+                   os.environ.get("AWS_SESSION_TOKEN"), 3 + retry // 10)
+
+
+@lru_cache(maxsize=16)
+def _client(endpoint: str | None, region: str | None, virtual: bool, key: str | None, secret: str | None,
+            token: str | None, attempts: int) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    # botocore's standard retries pause up to 20 s between attempts: about 10 s of outage per attempt
+    # beyond the first few, so that the lease and the checkpoint reads ride out what delta-rs does.
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name=region, aws_access_key_id=key, aws_secret_access_key=secret,
+        aws_session_token=token,
+        config=Config(s3={"addressing_style": "virtual" if virtual else "path"},
+                      retries={"mode": "standard", "max_attempts": attempts}, connect_timeout=5, read_timeout=10))

@@ -32,12 +32,11 @@ import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Final
 
 from ingest.errors import IngestError, TableLockedError
-from ingest.lake import LakePath
+from ingest.lake import LakePath, s3_client
 
 log = logging.getLogger(__name__)
 
@@ -57,35 +56,6 @@ class LeaseLostError(IngestError):
     def __init__(self, table: str, reason: str) -> None:
         super().__init__(f"table {table}: lost its writer lease ({reason}); stopped before committing")
         self.table = table
-
-
-def s3_client(where: LakePath) -> Any:
-    """A boto3 S3 client for the endpoint of ``where`` (credentials: the environment's, as delta-rs's).
-
-    Clients are kept per endpoint and keys: the shared tables take a lease at every batch, and
-    building a boto3 client costs far more than the lease's two requests.
-    """
-    options = where.options
-    retry = int(options.get("retry_timeout", "0s").rstrip("s") or 0)
-    return _client(options.get("AWS_ENDPOINT_URL"), options.get("AWS_REGION"),
-                   options.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "false") == "true",
-                   os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY"),
-                   os.environ.get("AWS_SESSION_TOKEN"), 3 + retry // 10)
-
-
-@lru_cache(maxsize=16)
-def _client(endpoint: str | None, region: str | None, virtual: bool, key: str | None, secret: str | None,
-            token: str | None, attempts: int) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    # botocore's standard retries pause up to 20 s between attempts: about 10 s of outage per attempt
-    # beyond the first few, so that the lease and the checkpoint reads ride out what delta-rs does.
-    return boto3.client(
-        "s3", endpoint_url=endpoint, region_name=region, aws_access_key_id=key, aws_secret_access_key=secret,
-        aws_session_token=token,
-        config=Config(s3={"addressing_style": "virtual" if virtual else "path"},
-                      retries={"mode": "standard", "max_attempts": attempts}, connect_timeout=5, read_timeout=10))
 
 
 def _code(exc: Exception) -> str:

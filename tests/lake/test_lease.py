@@ -11,8 +11,8 @@ import pytest
 
 from ingest import locks
 from ingest.errors import TableLockedError
-from ingest.lake import LakePath
-from ingest.lease import Lease, LeaseLostError, s3_client
+from ingest.lake import LakePath, s3_client
+from ingest.lease import Lease, LeaseLostError
 from ingest.stack.s3 import S3Server
 
 

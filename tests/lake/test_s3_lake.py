@@ -20,7 +20,7 @@ from ingest import audit, quarantine
 from ingest.cli import app
 from ingest.config import load_config
 from ingest.engine import Engine
-from ingest.lease import s3_client
+from ingest.lake import s3_client
 from ingest.proof.demo import TableFingerprint, prepare_workload, verify_all
 from tests.test_engine_e2e import make_config
 

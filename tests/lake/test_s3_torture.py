@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ingest.config import load_config
-from ingest.lease import s3_client
+from ingest.lake import s3_client
 from ingest.proof.torture import Torture, TortureSpec
 from ingest.stack.s3 import S3Server
 from tests.lake.outage import Relay
