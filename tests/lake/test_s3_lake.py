@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -31,12 +32,15 @@ pytestmark = pytest.mark.spark
 def on_s3(request, s3, tmp_path_factory, spark):
     """The end-to-end workload (duplicates, reorders, a truncate, an added column, TOAST, malformed
     messages) ingested into a lake on the S3 server, by each engine."""
-    s3.create_bucket("journey")
+    # A bucket of its own: under TEST_S3=stack the test workers share one server, and two workers
+    # ingesting into one prefix are two writers, which the lease (rightly) refuses.
+    bucket = f"journey-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(bucket)
     workdir = tmp_path_factory.mktemp("s3-e2e")
     path = make_config(workdir, batch=300, engine=request.param).workdir / "config.yaml"
     raw = yaml.safe_load(path.read_text())
-    raw["target"].update(root=f"s3://journey/{request.param}", storage=s3.storage(),
-                         checkpoint_dir=f"s3://journey/checkpoints-{request.param}")
+    raw["target"].update(root=f"s3://{bucket}/{request.param}", storage=s3.storage(),
+                         checkpoint_dir=f"s3://{bucket}/checkpoints-{request.param}")
     path.write_text(yaml.safe_dump(raw))
     config = load_config(path)
     prepare_workload(config, events=800, seed=5, malformed_fraction=0.02)
