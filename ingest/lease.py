@@ -75,6 +75,7 @@ class Lease:
 
     def __init__(self, root: LakePath, table: str, *, ttl: float, client: Any = None) -> None:
         self.table = table
+        self.table_path = root / table
         self.location = root / "_cdc_locks" / f"{table}.lease"
         self.ttl = ttl
         self._s3 = client or s3_client(root)
@@ -248,9 +249,18 @@ def _owner(body: str) -> str | None:
     return owner if isinstance(owner, str) else None
 
 
+def describe_holder(content: str) -> str:
+    """Who holds a lock or lease, from what it wrote there (pid, host, since), for the refusal message."""
+    try:
+        info = json.loads(content)
+        return f"pid {info['pid']} on {info['host']} since {info['since']}"
+    except (ValueError, KeyError, TypeError):
+        return "holder unknown"
+
+
 def _describe(body: str) -> tuple[str, float]:
     try:
-        info = json.loads(body)
-        return f"pid {info['pid']} on {info['host']} since {info['since']}", float(info["ttl_seconds"])
+        ttl = float(json.loads(body)["ttl_seconds"])
     except (ValueError, KeyError, TypeError):
-        return "holder unknown", 60.0
+        ttl = 60.0
+    return describe_holder(body), ttl

@@ -31,7 +31,7 @@ from typing import IO, Final, Protocol
 
 from ingest.errors import TableLockedError
 from ingest.lake import LakePath, Location
-from ingest.lease import Lease
+from ingest.lease import Lease, describe_holder
 
 LOCK_DIR: Final = "_cdc_locks"
 #: The lease of a shared table (audit, quarantine) on an object store lives this long without renewal.
@@ -76,7 +76,7 @@ class TableLock:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = _describe(handle.read())
+            holder = describe_holder(handle.read())
             handle.close()
             raise TableLockedError(
                 self.table,
@@ -113,7 +113,7 @@ def acquire_all(tables_root: LakePath, tables: list[str], *, lease_seconds: floa
             else:
                 lease = Lease(tables_root, name, ttl=lease_seconds).acquire()
                 with _guard:
-                    _leases[(tables_root / name).uri] = lease
+                    _leases[lease.table_path.uri] = lease
                 held.append(lease)
     except BaseException:
         release_all(held)
@@ -125,7 +125,7 @@ def release_all(locks: list[WriterLock]) -> None:
     for lock in locks:
         if isinstance(lock, Lease):
             with _guard:
-                _leases.pop((lock.location.parent.parent / lock.table).uri, None)
+                _leases.pop(lock.table_path.uri, None)
         lock.release()
 
 
@@ -181,11 +181,3 @@ def _wait_for_lease(where: LakePath, *, patience: float = 4 * SHARED_LEASE_SECON
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-
-
-def _describe(content: str) -> str:
-    try:
-        info = json.loads(content)
-        return f"pid {info['pid']} on {info['host']} since {info['since']}"
-    except (ValueError, KeyError, TypeError):
-        return "holder unknown"
