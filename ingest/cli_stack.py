@@ -49,7 +49,6 @@ def stack_lake(prefix: str, *, away: float = 5.0) -> tuple[str, dict[str, object
     from the stop until it answered again). Puts the server's keys into this process's environment, for the
     runs it starts and for the checks it makes itself."""
     import os
-    import time
 
     from ingest.errors import EnvironmentProblem
     from ingest.stack import Stack, StackError
@@ -62,14 +61,8 @@ def stack_lake(prefix: str, *, away: float = 5.0) -> tuple[str, dict[str, object
     s = stack.settings
     os.environ.update(s.s3_env())
 
-    def restart() -> float:
-        started = time.monotonic()
-        stack.down(["s3"])
-        time.sleep(away)
-        stack.up(["s3"])
-        return time.monotonic() - started
-
-    return f"s3://{s.s3_bucket}/{prefix}", {"endpoint_url": s.s3_endpoint(), "path_style": True}, restart
+    return (f"s3://{s.s3_bucket}/{prefix}", {"endpoint_url": s.s3_endpoint(), "path_style": True},
+            lambda: stack.restart("s3", away=away))
 
 
 def summary(result: object, where: Path) -> None:

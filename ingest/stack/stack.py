@@ -176,8 +176,9 @@ class Stack:
         how = "stopped" if clean else "killed (SIGKILL) after not stopping"
         self.progress(f"{comp.name}: {how} in {time.monotonic() - start:.1f} s (pid {pid})")
 
-    def restart(self, component: str) -> float:
-        """Stop and start one component (fault injection: broker, Connect, registry, PostgreSQL restart).
+    def restart(self, component: str, *, away: float = 0.0) -> float:
+        """Stop and start one component (fault injection: broker, Connect, registry, PostgreSQL, S3 restart),
+        leaving it stopped for ``away`` seconds in between.
 
         Afterwards, if Connect runs, waits until every connector runs again (restarting tasks that
         failed while the component was away).
@@ -189,6 +190,7 @@ class Stack:
             comp = self.component(component)
             start = time.monotonic()
             self._down_one(comp)
+            time.sleep(away)
             self._up_one(comp)
             connect = self.component("connect")
             if component != "connect" and connect.pid() is not None:
