@@ -168,7 +168,7 @@ def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: li
         plan.watermark = applying[-1]["_cdc_position"]
     if rows.num_rows == 0:
         return plan
-    keys = rows.select(list(key_columns)).group_by(list(key_columns)).aggregate([])
+    keys = rows.select(list(key_columns)).group_by(list(key_columns), use_threads=False).aggregate([])
     stored = _stored_versions(table, key_columns, keys)
     old = len(truncate_log)
     truncs = pa.table({

@@ -168,7 +168,9 @@ def _not_applied(table: pa.Table, state: TableState) -> pa.Table:
     if state.table is None:
         return table
     keep = None
-    pairs = pa.table({"t": table["_cdc_topic"], "p": table["_cdc_partition"]}).group_by(["t", "p"]).aggregate([])
+    # A few thousand rows: Acero's thread pool costs more than it saves, and waits for a core.
+    pairs = pa.table({"t": table["_cdc_topic"], "p": table["_cdc_partition"]}).group_by(
+        ["t", "p"], use_threads=False).aggregate([])
     for topic, partition in zip(pairs["t"].to_pylist(), pairs["p"].to_pylist(), strict=True):
         applied = state.applied_offset(topic, partition)
         if applied is None:
@@ -181,7 +183,7 @@ def _not_applied(table: pa.Table, state: TableState) -> pa.Table:
 
 def _spans(table: pa.Table, offsets: dict[tuple[str, int], list[int]]) -> None:
     grouped = pa.table({"t": table["_cdc_topic"], "p": table["_cdc_partition"], "o": table["_cdc_offset"]}).group_by(
-        ["t", "p"]).aggregate([("o", "min"), ("o", "max")])
+        ["t", "p"], use_threads=False).aggregate([("o", "min"), ("o", "max")])
     for topic, partition, lo, hi in zip(grouped["t"].to_pylist(), grouped["p"].to_pylist(),
                                         grouped["o_min"].to_pylist(), grouped["o_max"].to_pylist(), strict=True):
         span = offsets.setdefault((topic, partition), [lo, hi])
