@@ -13,6 +13,7 @@ counts. The last line is
     .venv/bin/python benchmarks/bench_compare.py --format avro --busy-core   # a CPU hog beside the engine
     .venv/bin/python benchmarks/bench_compare.py --skip-bare --quality       # what the demo's suites cost
     .venv/bin/python benchmarks/bench_compare.py --engine delta-spark --batch 200000  # MERGE as Spark jobs
+    .venv/bin/python benchmarks/bench_compare.py --queries 3   # one streaming query per table
 
 ``--engine`` picks the engine's apply engine for every table (``target.engine``); the bare script
 always merges with delta-rs on one core, as a user without Spark would.
@@ -61,7 +62,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def workload(root: Path, value_format: str, events: int, batch: int,
-             engine: str = "delta-rs") -> tuple[IngestConfig, IngestConfig]:
+             engine: str = "delta-rs", queries: int = 1) -> tuple[IngestConfig, IngestConfig]:
     """The workload's config (no expectations suites), generated once per format and size, and the
     same with the demo's suites writing to tables, checkpoints and results of their own."""
     workdir = (root / f"{value_format}-{events}").resolve()
@@ -70,6 +71,7 @@ def workload(root: Path, value_format: str, events: int, batch: int,
     raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
     raw["source"]["value_format"] = value_format
     raw["source"]["max_records_per_batch"] = batch
+    raw["source"]["queries"] = queries
     raw["target"]["engine"] = engine
     workdir.mkdir(parents=True, exist_ok=True)
     checked = workdir / "bench-quality.yaml"
@@ -166,6 +168,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("bench-work"))
     parser.add_argument("--engine", choices=["delta-rs", "delta-spark"], default="delta-rs",
                         help="the apply engine of every table (target.engine)")
+    parser.add_argument("--queries", type=int, default=1,
+                        help="streaming queries the tables share (source.queries); as many as tables: one each")
     parser.add_argument("--busy-core", action="store_true", help="keep one core busy while the engine runs")
     parser.add_argument("--skip-bare", action="store_true")
     parser.add_argument("--quality", action="store_true",
@@ -173,7 +177,8 @@ def main() -> None:
     args = parser.parse_args()
 
     t0 = time.perf_counter()
-    config, config_checked = workload(args.workdir, args.format, args.events, args.batch, args.engine)
+    config, config_checked = workload(args.workdir, args.format, args.events, args.batch, args.engine,
+                                      args.queries)
     log = TopicLog(config.log_dir)
     records = sum(sum(log.end_offsets(t.topic).values()) for t in config.tables)
     console.print(f"workload: {records:,} records ({args.format}) ready in {time.perf_counter() - t0:.0f} s")
