@@ -1,4 +1,5 @@
-"""The ``ingest`` command line."""
+"""The ``ingest`` command line: running and proving the ingestion; the analysts' read commands are in
+:mod:`ingest.cli_read`, quality and quarantine in :mod:`ingest.cli_quality`."""
 
 from __future__ import annotations
 
@@ -9,75 +10,25 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ingest.cli_common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, add_consistency_rows, console, err
+from ingest.cli_common import load as _config
+from ingest.cli_common import progress_printer as _progress_printer
 from ingest.cli_proof import demo_stack, pg_load
 from ingest.cli_quality import quality_app, quarantine_app
-from ingest.config import IngestConfig, load_config
-from ingest.discovery import with_discovered
+from ingest.cli_read import changes, history, query
+from ingest.config import IngestConfig
 from ingest.errors import IngestError
-
-if TYPE_CHECKING:
-    from ingest.proof.consistency import ConsistencyReport
 
 app = typer.Typer(help="CDC lakehouse ingestion: Debezium topics -> Delta Lake tables.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 app.add_typer(quality_app, name="quality")
 app.add_typer(quarantine_app, name="quarantine")
-# Piped output (CI logs, files) gets a width that fits the summary tables instead of 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
-
-DEFAULT_CONFIG = Path("configs/demo.yaml")
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="configuration file (YAML)")]
-WorkdirOpt = Annotated[Path | None, typer.Option(help="override the config's workdir")]
-
-
-def _config(path: Path, workdir: Path | None = None) -> IngestConfig:
-    """The configuration, with the tables ``discover`` finds now (``run`` looks again itself)."""
-    return with_discovered(load_config(path, workdir=workdir), strict=False)
-
-
-def _print_table(rows: Any, title: str, limit: int) -> None:
-    """The first ``limit`` rows of an Arrow table as a console table (nulls blank)."""
-    out = Table(title=title)
-    for name in rows.column_names:
-        out.add_column(name)
-    for row in rows.slice(0, limit).to_pylist():
-        out.add_row(*("" if v is None else str(v) for v in row.values()))
-    console.print(out)
-
-
-def _write_csv(table: Any) -> None:
-    """``table`` as CSV on stdout; lists and structs (CSV has no such type) as JSON text."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    nested = [i for i, f in enumerate(table.schema) if pa.types.is_nested(f.type)]
-    for i in nested:
-        text = pa.array([None if v is None else json.dumps(v, default=str) for v in table.column(i).to_pylist()],
-                        pa.string())
-        table = table.set_column(i, table.schema.field(i).name, text)
-    pacsv.write_csv(table, sys.stdout.buffer)
-
-
-def _progress_printer() -> Any:
-    def show(table: str, record: Any, result: Any) -> None:
-        if record is None:
-            console.print(f"  [dim]{table}: batch of {result.already_applied} already-applied records skipped[/]")
-            return
-        console.print(
-            f"  {table}: batch {record.batch_id} received {record.received:>6}  "
-            f"+{record.inserted} ~{record.updated} -{record.deleted}  superseded {record.superseded}  "
-            f"stale {record.stale}  quarantined {record.quarantined}  quality {record.quality_status}  "
-            f"-> v{record.delta_version} ({record.total_ms} ms)"
-        )
-    return show
 
 
 @app.command()
@@ -250,105 +201,10 @@ def verify(
         raise typer.Exit(1)
 
 
-@app.command()
-def changes(
-    table: Annotated[str, typer.Argument(help="a configured table")],
-    config: ConfigOpt = DEFAULT_CONFIG,
-    workdir: WorkdirOpt = None,
-    from_version: Annotated[int | None, typer.Option(help="first commit version to read (inclusive)")] = None,
-    since: Annotated[str | None, typer.Option(help="read the commits made at or after this time (ISO 8601)")] = None,
-    to_version: Annotated[int | None, typer.Option(help="last commit version to read (inclusive)")] = None,
-    output: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
-    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
-) -> None:
-    """Print or export a table's change data feed: inserts, update pre/post images and deletes, by version."""
-    from datetime import UTC, datetime
-
-    from ingest.changes import ChangeRange, as_json_lines
-    from ingest.changes import changes as read_changes
-
-    if (from_version is None) == (since is None):
-        err.print("[red]give one of --from-version N or --since TIMESTAMP[/]")
-        raise typer.Exit(2)
-    try:
-        moment = datetime.fromisoformat(since.replace("Z", "+00:00")) if since else None
-    except ValueError:
-        err.print(f"[red]--since {escape(str(since))}: expected an ISO 8601 time, e.g. 2026-11-24T06:00:00Z[/]")
-        raise typer.Exit(2) from None
-    which = ChangeRange(from_version, moment.replace(tzinfo=moment.tzinfo or UTC) if moment else None, to_version)
-    try:
-        rows = read_changes(_config(config, workdir), table, which, say=lambda m: err.print(escape(m)))
-    except IngestError as exc:
-        err.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(1) from None
-    if output == "json":
-        print(as_json_lines(rows))
-    elif output == "csv":
-        _write_csv(rows)
-    else:
-        shown = [c for c in rows.column_names if not c.startswith("_cdc_") or c in ("_cdc_position", "_cdc_deleted")]
-        _print_table(rows.select(shown), f"{table}: {rows.num_rows} changes", limit)
-
-
-@app.command()
-def history(
-    table: Annotated[str, typer.Argument(help="table name (a configured table, the audit or the quarantine)")],
-    config: ConfigOpt = DEFAULT_CONFIG,
-    workdir: WorkdirOpt = None,
-    limit: Annotated[int | None, typer.Option(help="newest commits only")] = None,
-    output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
-) -> None:
-    """List a table's commits: version, time, batch, offsets, counts and quality status."""
-    from ingest.query import history as table_history
-    from ingest.query import history_json, offsets_text
-
-    try:
-        commits = table_history(_config(config, workdir), table, limit=limit)
-    except IngestError as exc:
-        err.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(1) from None
-    if output == "json":
-        print(history_json(commits))
-        return
-    out = Table(title=f"{table}: {len(commits)} commits, newest first")
-    for name in ("version", "time (UTC)", "operation", "kind", "batch", "engine", "offsets", "received",
-                 "+ins", "~upd", "-del", "quarantined", "quality"):
-        out.add_column(name, justify="right" if name in ("version", "batch", "received", "+ins", "~upd", "-del",
-                                                         "quarantined") else "left")
-    for c in commits:
-        out.add_row(*("" if v is None else str(v) for v in (
-            c.version, f"{c.time:%Y-%m-%d %H:%M:%S}", c.operation, c.kind, c.batch_id, c.engine,
-            offsets_text(c.offsets), c.received, c.inserted, c.updated, c.deleted, c.quarantined,
-            c.quality_status)))
-    console.print(out)
-
-
-@app.command()
-def query(
-    sql: Annotated[str, typer.Argument(help="SQL over the tables (each configured table is a view of live rows)")],
-    config: ConfigOpt = DEFAULT_CONFIG,
-    workdir: WorkdirOpt = None,
-    output: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
-    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
-    as_of: Annotated[list[str] | None, typer.Option(
-        "--as-of", help="read as of a VERSION (of the one table the query reads), a TIMESTAMP (every "
-        "table), or TABLE@VERSION / TABLE@TIMESTAMP; repeatable")] = None,
-) -> None:
-    """Run SQL (DuckDB) over the live rows of the Delta tables, now or as they were (--as-of)."""
-    from ingest.query import AsOf, run_sql
-
-    try:
-        result = run_sql(_config(config, workdir), sql, [AsOf.parse(p) for p in as_of or []])
-    except IngestError as exc:
-        err.print(f"[red]{escape(str(exc))}[/]")
-        raise typer.Exit(1) from None
-    if output == "json":
-        for row in result.to_pylist():
-            print(json.dumps(row, default=str))
-    elif output == "csv":
-        _write_csv(result)
-    else:
-        _print_table(result, f"{result.num_rows} rows", limit)
+# The analysts' commands, listed after the operators' (the order of `ingest --help`).
+app.command()(changes)
+app.command()(history)
+app.command()(query)
 
 
 @app.command()
@@ -490,13 +346,6 @@ def main() -> None:
     except IngestError as exc:
         err.print(f"[red]error:[/] {escape(redact(exc))}", highlight=False)
         sys.exit(2)
-
-
-def add_consistency_rows(out: Table, report: ConsistencyReport) -> None:
-    """The verdict rows every torture table ends with."""
-    out.add_row("divergent rows", str(report.divergent_rows))
-    out.add_row("duplicate keys", str(report.duplicate_keys))
-    out.add_row("audit rows / unbalanced", f"{report.audit_rows} / {report.unbalanced_audit_rows}")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def demo_stack(
     wait: Annotated[float, typer.Option(help="seconds to wait for Debezium and for each verification")] = 180.0,
 ) -> None:
     """Real stack end to end: reset the source, run the SQL workload, ingest Avro and JSON, verify both."""
-    from ingest.cli import _progress_printer
+    from ingest.cli_common import progress_printer
     from ingest.proof.demo_stack import run_demo_stack
     from ingest.proof.pg_workload import WorkloadSpec
 
@@ -108,7 +108,7 @@ def demo_stack(
     try:
         with source_db_errors("the stack's PostgreSQL"):
             result = run_demo_stack(configs, spec=WorkloadSpec(seed=seed, scale=scale), wait=wait, say=_say,
-                                    progress=_progress_printer())
+                                    progress=progress_printer())
     except StackError as exc:
         raise EnvironmentProblem(f"the local stack could not start: {exc}") from None
     _summary(result)

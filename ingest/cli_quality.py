@@ -4,30 +4,20 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from ingest.config import IngestConfig, load_config
-from ingest.discovery import with_discovered
+from ingest.cli_common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console
+from ingest.cli_common import load as _config
+from ingest.config import IngestConfig
 from ingest.errors import IngestError
 
 quality_app = typer.Typer(help="Great Expectations suites and per-batch validation results.", no_args_is_help=True)
 quarantine_app = typer.Typer(help="Messages held back: list, inspect, re-apply after a fix.", no_args_is_help=True)
-console = Console(width=None if sys.stdout.isatty() else 160)
 
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="configuration file (YAML)")]
-WorkdirOpt = Annotated[Path | None, typer.Option(help="override the config's workdir")]
 TableOpt = Annotated[str, typer.Option("--table", "-t", help="table name")]
-DEFAULT_CONFIG = Path("configs/demo.yaml")
-
-
-def _config(path: Path, workdir: Path | None) -> IngestConfig:
-    return with_discovered(load_config(path, workdir=workdir), strict=False)
 
 
 def _short(value: Any, limit: int = 70) -> str:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ingest.cli import add_consistency_rows
+from ingest.cli_common import add_consistency_rows
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 
