@@ -1,0 +1,209 @@
+"""The declarative configuration file (YAML), as typed models validated on load.
+
+One file describes the source (embedded topic log or Kafka, schema registry, value format), where
+Delta tables live, and each table. Relative paths are resolved against the file's ``workdir``
+(itself relative to the file). Every field has a one-line description; a bad file raises
+:class:`ingest.errors.ConfigError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from ingest.config.base import Duration, EngineName, Model, QualityPolicy
+from ingest.config.source import KafkaSpec, RegistrySpec, SourceSpec
+from ingest.config.tables import ColumnSelection, DiscoverySpec, TableSpec
+from ingest.config.target import StorageSpec, TargetSpec
+from ingest.errors import ConfigError
+from ingest.lake import LakePath, is_uri
+
+__all__ = [
+    "ColumnSelection", "DiscoverySpec", "Duration", "EngineName", "IngestConfig", "KafkaSpec", "QualityPolicy",
+    "QualitySpec", "RegistrySpec", "SourceSpec", "SparkSpec", "StorageSpec", "TableSpec", "TargetSpec", "load_config",
+]
+
+
+class QualitySpec(Model):
+    """Where Great Expectations suites live and how validation results are kept."""
+
+    expectations_dir: Path = Field(
+        Path("expectations"), description="directory of GX suite JSON files (<suite>.json), relative to this file"
+    )
+    results_dir: Path = Field(
+        Path("quality"), description="validation results per table and batch (ingest quality show), relative to workdir"
+    )
+    keep_results: int = Field(200, gt=0, description="validation results kept per table; older ones are pruned")
+
+
+class SparkSpec(Model):
+    """Spark session settings."""
+
+    master: str = Field("local[2]", description="Spark master URL")
+    shuffle_partitions: int = Field(2, gt=0, description="spark.sql.shuffle.partitions")
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark configuration")
+
+
+class IngestConfig(Model):
+    """The whole configuration file."""
+
+    workdir: Path = Field(Path("."), description="base directory for relative paths, relative to this file")
+    source: SourceSpec = Field(default_factory=SourceSpec, description="where changes come from")
+    target: TargetSpec = Field(default_factory=TargetSpec, description="where tables are written")
+    secrets_file: Path | None = Field(
+        None, description="optional YAML file of NAME: value secrets, consulted after the environment (chmod 600)"
+    )
+    spark: SparkSpec = Field(default_factory=SparkSpec, description="Spark session settings")
+    quality: QualitySpec = Field(default_factory=QualitySpec, description="data quality suites and results")
+    tables: tuple[TableSpec, ...] = Field((), description="the tables to ingest (and overrides of discovered ones)")
+    discover: DiscoverySpec | None = Field(None, description="also ingest every topic matching a pattern")
+
+    def engine_of(self, spec: TableSpec) -> EngineName:
+        """The apply engine of one table."""
+        return spec.engine or self.target.engine
+
+    def engines(self) -> set[EngineName]:
+        """Every apply engine a run of this configuration may use (discovered tables included)."""
+        found: set[EngineName] = {self.engine_of(spec) for spec in self.tables}
+        if self.discover is not None:
+            found.add(self.discover.defaults.get("engine") or self.target.engine)
+        return found
+
+    @model_validator(mode="after")
+    def _unique(self) -> IngestConfig:
+        if not self.tables and self.discover is None:
+            raise ValueError("no tables: list them under 'tables' or find them with 'discover.topic_pattern'")
+        for attr in ("name", "topic"):
+            seen: set[str] = set()
+            for table in self.tables:
+                value = getattr(table, attr)
+                if value in seen:
+                    raise ValueError(f"two tables have the same {attr} {value!r}")
+                seen.add(value)
+        return self
+
+    # -- resolved paths -------------------------------------------------------------------------
+    def path(self, relative: Path) -> Path:
+        return relative if relative.is_absolute() else (self.workdir / relative)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.path(self.source.log_dir)
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.path(self.source.registry.dir)
+
+    @property
+    def tables_root(self) -> LakePath:
+        """The lake: a local directory, or an ``s3://`` prefix with the storage options that reach it."""
+        if is_uri(self.target.root):
+            return LakePath(self.target.root, self.target.storage.delta_options())
+        return LakePath.local_dir(self.path(Path(self.target.root)))
+
+    @property
+    def lake_is_local(self) -> bool:
+        return not is_uri(self.target.root)
+
+    @property
+    def checkpoint_location(self) -> LakePath:
+        """Where the Spark checkpoints live: a local directory, or an ``s3://`` prefix reached like the lake."""
+        if is_uri(self.target.checkpoint_dir):
+            return LakePath(self.target.checkpoint_dir, self.target.storage.delta_options())
+        return LakePath.local_dir(self.path(Path(self.target.checkpoint_dir)))
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """The local checkpoint directory (tools that edit checkpoint files; an object-store one raises)."""
+        return self.checkpoint_location.local
+
+    @property
+    def secrets_path(self) -> Path | None:
+        return self.path(self.secrets_file) if self.secrets_file is not None else None
+
+    @property
+    def expectations_dir(self) -> Path:
+        """Suites directory (made absolute against the config file by :func:`load_config`)."""
+        return self.quality.expectations_dir
+
+    @property
+    def quality_results_dir(self) -> Path:
+        return self.path(self.quality.results_dir)
+
+    def table_path(self, name: str) -> LakePath:
+        return self.tables_root / name
+
+    def table(self, name: str) -> TableSpec:
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise ConfigError(f"no table named {name!r} in the configuration (known: {[t.name for t in self.tables]})")
+
+
+def _format_location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _read_raw(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """The file's mapping; ``extends: other.yaml`` (relative to the file) is read first and overridden
+    key by key (mappings merged, anything else replaced), so a variant states only what differs."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: configuration file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    base = raw.pop("extends", None)
+    if base is None:
+        return raw
+    parent = (path.parent / str(base)).resolve()
+    if parent in seen or parent == path.resolve():
+        raise ConfigError(f"{path}: extends {base} again (a cycle)")
+    return _merged(_read_raw(parent, seen=(*seen, path.resolve())), raw)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_config(path: str | os.PathLike[str], *, workdir: str | os.PathLike[str] | None = None) -> IngestConfig:
+    """Read, validate and resolve a configuration file.
+
+    Args:
+        path: the YAML file.
+        workdir: overrides the file's ``workdir`` (used by ``ingest demo --workdir``).
+
+    Raises:
+        ConfigError: the file is missing, not YAML, or a field is invalid; the message names both.
+    """
+    path = Path(path)
+    raw = _read_raw(path, seen=())
+    try:
+        config = IngestConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{_format_location(e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{path}: {problems}") from None
+    base = Path(workdir) if workdir is not None else (path.parent / config.workdir)
+    # Suites belong with the configuration (versioned beside it), not with the data in workdir.
+    suites = config.quality.expectations_dir
+    quality = config.quality.model_copy(update={"expectations_dir": (path.parent / suites).resolve()})
+    config = config.model_copy(update={"workdir": base.resolve(), "quality": quality})
+    if not config.lake_is_local or not config.checkpoint_location.is_local:
+        # delta-rs, polars and boto3 read an object store's keys from the environment: those kept in
+        # the secrets file are exported there (the environment wins), for every command, not only runs.
+        from ingest import secrets
+
+        secrets.prepare((), config.secrets_path)
+    return config

@@ -1,0 +1,88 @@
+"""``source:``: the embedded topic log or a Kafka cluster, the schema registry and the value format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ingest.config.base import SECRET_OPTION, URL_USERINFO, Model
+
+
+class RegistrySpec(Model):
+    """Where Avro schemas are looked up by id."""
+
+    kind: Literal["embedded", "confluent"] = Field(
+        "embedded", description="embedded files or a Confluent-compatible registry"
+    )
+    dir: Path = Field(Path("schemas"), description="embedded: directory of the registry, relative to workdir")
+    url: str | None = Field(None, description="confluent: registry URL")
+    credentials_env: str = Field(
+        "SCHEMA_REGISTRY_USER_INFO",
+        description="confluent: name of the environment variable holding 'user:password' (never the secret itself)",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _no_credentials_in_url(cls, value: str | None) -> str | None:
+        # The message must not echo the URL: it holds the secret.
+        if value and URL_USERINFO.match(value.strip()):
+            raise ValueError("must not contain credentials (user:password@); put 'user:password' in the "
+                             "environment variable named by credentials_env or in the secrets file")
+        return value
+
+
+class KafkaSpec(Model):
+    """Connection to a Kafka cluster (used by Spark's Kafka source when its jar is available)."""
+
+    bootstrap_servers: str = Field(description="host:port list, comma separated")
+    options: dict[str, str] = Field(
+        default_factory=dict, description="extra kafka.* options passed to the Spark Kafka source (no secrets)"
+    )
+    credentials_env: str = Field(
+        "KAFKA_SASL_JAAS_CONFIG", description="environment variable holding the SASL JAAS config, if any"
+    )
+
+    @field_validator("options")
+    @classmethod
+    def _no_secret_options(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if SECRET_OPTION.search(key):
+                raise ValueError(f"option {key!r} carries a secret; supply it through the environment "
+                                 "(credentials_env) or the secrets file, not the configuration")
+        return value
+
+
+class SourceSpec(Model):
+    """Where change events come from."""
+
+    kind: Literal["embedded", "kafka"] = Field("embedded", description="embedded topic log (default) or Kafka")
+    log_dir: Path = Field(Path("topics"), description="embedded: topic log root, relative to workdir")
+    kafka: KafkaSpec | None = Field(None, description="kafka: cluster connection")
+    registry: RegistrySpec = Field(default_factory=RegistrySpec, description="schema registry for Avro values")
+    value_format: Literal["avro", "json"] = Field(
+        "avro", description="Debezium converter: avro (Confluent framing) or json"
+    )
+    max_records_per_batch: int = Field(
+        20_000, gt=0, description="upper bound on records per micro-batch of a query, all its topics together "
+        "(maxOffsetsPerTrigger)"
+    )
+    queries: int = Field(
+        1, gt=0, description="streaming queries the tables share (tables are dealt to them in turn); each "
+        "micro-batch of a query is decoded once and applied per table"
+    )
+    retry_stopped_seconds: float = Field(
+        30.0, gt=0, description="continuous runs: a table stopped by a transient error (a registry or broker "
+        "that does not answer, a concurrent writer) is tried again after this long, then twice as long each "
+        "time up to 10 minutes, at the next micro-batch; it first catches up from the offsets its Delta log "
+        "records. A table stopped by any other error stays stopped until the run is restarted"
+    )
+
+    @model_validator(mode="after")
+    def _kafka_needs_connection(self) -> SourceSpec:
+        if self.kind == "kafka" and self.kafka is None:
+            raise ValueError("source.kind is 'kafka' but source.kafka (bootstrap_servers) is missing")
+        if self.registry.kind == "confluent" and not self.registry.url:
+            raise ValueError("source.registry.kind is 'confluent' but source.registry.url is missing")
+        return self

@@ -1,0 +1,174 @@
+"""``tables:`` and ``discover:``: each table fed by one Debezium topic (key, deletes, quality, history,
+columns), and the tables found by topic name."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ingest.config.base import NAME, SOURCE_TABLE, TOPIC, Duration, EngineName, Model, QualityPolicy
+
+
+class ColumnSelection(Model):
+    """Which source columns a table keeps: ``include`` (only these) or ``exclude`` (all but these).
+
+    Primary-key columns are always kept. A column left out never reaches the table: its values,
+    its type and any change of its type are ignored.
+    """
+
+    include: tuple[str, ...] | None = Field(None, description="keep only these columns (and the key)")
+    exclude: tuple[str, ...] | None = Field(None, description="keep every column but these (never the key)")
+
+    @model_validator(mode="after")
+    def _one_list(self) -> ColumnSelection:
+        if (self.include is None) == (self.exclude is None):
+            raise ValueError("give exactly one of include or exclude")
+        return self
+
+    def keeps(self, name: str, key_columns: Iterable[str] = ()) -> bool:
+        if name in key_columns:
+            return True
+        return name in self.include if self.include is not None else name not in (self.exclude or ())
+
+
+class TableSpec(Model):
+    """One target table fed by one Debezium topic."""
+
+    name: str = Field(description="table name: letters, digits and underscores; also its directory name")
+    topic: str = Field(description="Debezium topic carrying this table's changes")
+    primary_key: tuple[str, ...] | None = Field(
+        None, description="primary-key columns; default: the fields of the Kafka message key"
+    )
+    delete_mode: Literal["hard", "soft"] = Field(
+        "hard", description="hard: readers see live rows only; soft: deleted rows stay, flagged _cdc_deleted"
+    )
+    tombstone_retention: Duration = Field(
+        timedelta(days=7), description="how long a deleted key is remembered so old events cannot resurrect it"
+    )
+    kafka_tombstones: Literal["auto", "delete", "ignore"] = Field(
+        "auto", description="what a Kafka tombstone (null value) means: auto: the delete of its key when the "
+        "stream carries ExtractNewRecordState rows, nothing after full envelopes; delete; ignore"
+    )
+    expectations: str | None = Field(
+        None, description="Great Expectations suite name: <quality.expectations_dir>/<name>.json"
+    )
+    quality_policy: QualityPolicy = Field(
+        "warn", description="what failing expectations do: record only, quarantine rows, or stop the table"
+    )
+    expectation_policies: dict[str, QualityPolicy] = Field(
+        default_factory=dict,
+        description="policy per expectation name, overriding the suite's meta.policy and quality_policy",
+    )
+    engine: EngineName | None = Field(
+        None, description="this table's apply engine (delta-rs or delta-spark); default: target.engine")
+    columns: ColumnSelection | None = Field(
+        None, description="source columns to keep: {include: [...]} or {exclude: [...]}; the key is always kept")
+    ignore_null_updates: bool = Field(
+        False, description="an update's null columns keep the stored value (for streams whose updates carry "
+        "only the changed columns); handled as unchanged-TOAST placeholders are")
+    history_mode: Literal["scd1", "scd2"] = Field(
+        "scd1", description="scd1: keep the latest version of each row; scd2: keep every version, valid from "
+        "_cdc_valid_from to _cdc_valid_to, the current one flagged _cdc_is_current (a table keeps the mode it "
+        "was created with)"
+    )
+    track_history: ColumnSelection | None = Field(
+        None, description="scd2: the columns whose change opens a new version ({include: [...]} or "
+        "{exclude: [...]}); a change of the others updates the current version in place. Default: all")
+    source_table: str | None = Field(
+        None, description="schema.table in the source database, for verify --source-db; default from a "
+        "Debezium topic name <prefix>.<schema>.<table>"
+    )
+
+    @field_validator("source_table")
+    @classmethod
+    def _schema_dot_table(cls, value: str | None) -> str | None:
+        if value is not None and not SOURCE_TABLE.match(value):
+            raise ValueError("must be <schema>.<table>: two names of letters, digits, underscores or $, "
+                             "separated by one dot")
+        return value
+
+    @field_validator("topic")
+    @classmethod
+    def _kafka_topic(cls, value: str) -> str:
+        # Kafka's own rules; they also keep the name safe as a directory and in `cdc:<topic>:<p>` ids.
+        if not TOPIC.match(value) or value in (".", ".."):
+            raise ValueError("must be 1-249 characters from [A-Za-z0-9._-] and not '.' or '..' (Kafka's topic rules)")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not NAME.match(value) or value.startswith("_cdc_"):
+            raise ValueError(
+                "must start with a letter or underscore, hold only letters, digits and underscores "
+                "(at most 128), and not start with '_cdc_'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _policies_need_a_suite(self) -> TableSpec:
+        if self.expectation_policies and not self.expectations:
+            raise ValueError("expectation_policies is set but the table names no expectations suite")
+        return self
+
+    @model_validator(mode="after")
+    def _history_needs_scd2(self) -> TableSpec:
+        if self.track_history is not None and self.history_mode != "scd2":
+            raise ValueError("track_history is set but history_mode is not scd2")
+        return self
+
+
+#: TableSpec fields a discovered table takes from its topic, not from ``discover.defaults``.
+_DISCOVERED_OWN: frozenset[str] = frozenset({"name", "topic", "source_table"})
+
+
+class DiscoverySpec(Model):
+    """Tables found by topic name: every topic matching ``topic_pattern`` becomes a table.
+
+    A topic named ``<prefix>.<schema>.<table>`` (Debezium's naming) gets the table
+    ``table_name`` with ``{prefix}``, ``{schema}`` and ``{table}`` filled in; characters a table
+    name cannot hold become ``_``. A table listed under ``tables`` with the same topic wins: that is
+    how one discovered table is configured differently. See :mod:`ingest.discovery`.
+    """
+
+    topic_pattern: str = Field(description="regular expression a topic's whole name must match")
+    table_name: str = Field("{schema}_{table}", description="table name made from <prefix>.<schema>.<table>")
+    defaults: dict[str, Any] = Field(
+        default_factory=dict, description="settings of every discovered table (any table field but name, topic "
+        "and source_table); default: key from the Kafka key, hard deletes, no suite")
+    refresh_seconds: float = Field(30.0, gt=0, description="continuous runs: how often new topics are looked for")
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @field_validator("table_name")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        try:
+            value.format(prefix="p", schema="s", table="t")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"may use only {{prefix}}, {{schema}} and {{table}}: {exc!r}") from None
+        return value
+
+    @field_validator("defaults")
+    @classmethod
+    def _table_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        own = sorted(_DISCOVERED_OWN & set(value))
+        if own:
+            raise ValueError(f"{', '.join(own)}: taken from each topic, not a default")
+        TableSpec(name="probe", topic="probe", **value)  # a wrong field or value fails here, at load
+        return value
+
+    def spec(self, name: str, topic: str) -> TableSpec:
+        """The spec of one discovered table."""
+        return TableSpec(name=name, topic=topic, **self.defaults)
