@@ -121,6 +121,9 @@ class EngineRun:
     ok: bool
     quarantined: int
     suites_s: float  # loading the suites (GX's import and context, once per process): excluded
+    #: one query only: seconds spent reading and decoding (Spark), applying the tables (driver), and
+    #: the rest (the shared audit append, Spark's offset and commit logs, planning the next batch)
+    phases: tuple[float, float, float] | None = None
 
     @property
     def engine_s(self) -> float:
@@ -149,7 +152,17 @@ def run_engine(engine: Engine, *, busy_core: bool) -> EngineRun:
     quarantined = sum(b.quarantined for b in records)
     # Rows a suite holds back are not in the table: the tables are compared only without them.
     ok = not report.failed and (quarantined > 0 or all(v.ok for v in verify_all(engine.config)))
-    return EngineRun(run_s=run_s, query_start_s=report.startup_seconds or 0.0,
+    phases = None
+    if engine.config.source.queries == 1:
+        # Every table of the query sees the same micro-batch: its decode once, its tables side by side.
+        by_batch: dict[int, tuple[int, int]] = {}
+        for b in records:
+            _, applying = by_batch.get(b.batch_id, (0, 0))
+            by_batch[b.batch_id] = (b.decode_ms, max(applying, b.total_ms - b.decode_ms))
+        decode_s = sum(d for d, _ in by_batch.values()) / 1000
+        apply_s = sum(a for _, a in by_batch.values()) / 1000
+        phases = (decode_s, apply_s, run_s - (report.startup_seconds or 0.0) - decode_s - apply_s)
+    return EngineRun(run_s=run_s, query_start_s=report.startup_seconds or 0.0, phases=phases,
                      batches=[b.total_ms / 1000 for b in records],
                      firsts=[t.batches[0].total_ms / 1000 for t in report.tables.values() if t.batches],
                      failed=len(report.failed), ok=ok, quarantined=quarantined,
@@ -234,6 +247,10 @@ def main() -> None:
     row("batches", str(len(bare_batches)) if bare_batches else "-", str(len(run.batches)),
         str(len(checked.batches)) if checked else "-")
     row("batch p50 / p95", p50_p95(bare_batches), p50_p95(run.batches), p50_p95(checked.batches) if checked else "-")
+    if run.phases:
+        row("in batches: decode / apply / between (s)", "-",
+            " / ".join(f"{v:.1f}" for v in run.phases),
+            " / ".join(f"{v:.1f}" for v in checked.phases) if checked and checked.phases else "-")
     row("first batch / median (per table, worst)", "-",
         f"{max(run.firsts) / statistics.median(run.batches):.2f}x" if run.batches else "-")
     row("failed queries", "-", str(run.failed), str(checked.failed) if checked else "-")
