@@ -16,9 +16,16 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ingest.cli_common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, add_consistency_rows, console, err
-from ingest.cli_common import load as _config
-from ingest.cli_common import progress_printer as _progress_printer
+from ingest.cli_common import (
+    DEFAULT_CONFIG,
+    ConfigOpt,
+    WorkdirOpt,
+    add_consistency_rows,
+    console,
+    err,
+    load,
+    progress_printer,
+)
 from ingest.cli_proof import demo_stack, pg_load
 from ingest.cli_quality import quality_app, quarantine_app
 from ingest.cli_read import changes, history, query
@@ -43,7 +50,7 @@ def demo(
     """Simulate a source database, ingest its changes, verify every table; exit 1 on any mismatch."""
     from ingest.proof.demo import run_demo
 
-    cfg = _config(config, workdir)
+    cfg = load(config, workdir)
     console.rule(f"CDC demo in {cfg.workdir}")
     started = time.perf_counter()
 
@@ -52,7 +59,7 @@ def demo(
             console.print(f"  simulating: {done}/{total} events")
 
     result = run_demo(cfg, events=events, seed=seed, malformed_fraction=malformed, violation_fraction=violations,
-                      progress=_progress_printer(), on_generate=on_generate)
+                      progress=progress_printer(), on_generate=on_generate)
     console.print("workload: " + ("generated" if result.generated else "reused (same seed and size); replaying it"))
     summary = Table(title="Tables after ingestion", show_lines=False)
     for col in ("table", "rows", "inserted", "updated", "deleted", "superseded", "stale", "quarantined",
@@ -124,10 +131,10 @@ def run(
     """Ingest the configured tables until caught up (or continuously)."""
     from ingest.engine import Engine
 
-    cfg = _config(config, workdir)
+    cfg = load(config, workdir)
     report = Engine(cfg).run(tables=table, mode="continuous" if continuous else "available_now",
                              reset_checkpoints=reset_checkpoints, from_beginning=from_beginning,
-                             progress=_progress_printer())
+                             progress=progress_printer())
     out = Table(title=f"run {report.run_id} ({report.seconds:.1f} s)")
     for col in ("table", "batches", "received", "inserted", "updated", "deleted", "quarantined", "replayed", "error"):
         out.add_column(col)
@@ -145,7 +152,7 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> No
     """Per table: applied offsets, lag, Delta version, last batch."""
     from ingest.ops.status import table_status
 
-    cfg = _config(config, workdir)
+    cfg = load(config, workdir)
     out = Table(title="Table status")
     for col in ("table", "topic", "applied offsets", "lag", "Delta version", "live rows", "last batch"):
         out.add_column(col)
@@ -181,12 +188,12 @@ def verify(
     if source_db is not None:
         from ingest.cli_proof import verify_source
 
-        if not verify_source(_config(config, workdir), source_db, wait=wait, tables=table):
+        if not verify_source(load(config, workdir), source_db, wait=wait, tables=table):
             raise typer.Exit(1)
         return
     from ingest.proof.demo import verify_all
 
-    results = verify_all(_config(config, workdir))
+    results = verify_all(load(config, workdir))
     out = Table(title="Verification against the simulated source")
     for col in ("table", "expected", "actual", "missing", "unexpected", "different", "result"):
         out.add_column(col)
@@ -222,7 +229,7 @@ def produce(
     """
     from ingest.source.topiclog import ProducerRecord, TopicLog, partition_for_key
 
-    cfg = _config(config, workdir)
+    cfg = load(config, workdir)
     log = TopicLog(cfg.log_dir)
     if not log.exists(topic):
         log.create_topic(topic, partitions)

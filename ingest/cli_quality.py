@@ -9,8 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ingest.cli_common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console
-from ingest.cli_common import load as _config
+from ingest.cli_common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console, load
 from ingest.config import IngestConfig
 from ingest.errors import IngestError
 
@@ -31,7 +30,7 @@ def quality_check(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None
     """Load every table's suite with GX and check it against the table (what `run` does at start-up)."""
     from ingest.quality import QualityGate
 
-    cfg = _config(config, workdir)
+    cfg = load(config, workdir)
     out = Table(title="Expectations per table")
     for col in ("table", "expectation (name)", "kind", "policy"):
         out.add_column(col)
@@ -51,7 +50,7 @@ def quality_list(table: TableOpt, config: ConfigOpt = DEFAULT_CONFIG, workdir: W
     """The table's stored validation results, newest last."""
     from ingest.quality import ResultStore
 
-    cfg = _config(config, workdir)
+    cfg = load(config, workdir)
     store = ResultStore(cfg.quality_results_dir / cfg.table(table).name)
     out = Table(title=f"Validation results of {table} (newest last)")
     for col in ("at (UTC)", "run", "batch", "status", "rows", "held", "failures"):
@@ -76,7 +75,7 @@ def quality_show(
     """One batch's validation result: a summary, or GX's full result JSON (e.g. for Data Docs)."""
     from ingest.quality import ResultStore
 
-    cfg = _config(config, workdir)
+    cfg = load(config, workdir)
     stored = ResultStore(cfg.quality_results_dir / cfg.table(table).name).find(batch_id=batch, run_id=run)
     if stored is None:
         raise IngestError(f"no stored validation result for table {table!r}"
@@ -138,7 +137,7 @@ def quarantine_list(
     from ingest import quarantine
     from ingest.paths import TablePaths
 
-    cfg = _config(config, workdir)
+    cfg = load(config, workdir)
     path = TablePaths.of(cfg, cfg.tables[0].name).quarantine
     rows = quarantine.read(path, table=table, stage=stage, pending=not all_).to_pylist()
     rows.sort(key=lambda r: (r["table"], r["topic"], r["partition"], r["offset"]))
@@ -164,7 +163,7 @@ def quarantine_show(
     from ingest import quarantine
     from ingest.paths import TablePaths
 
-    cfg = _config(config, workdir)
+    cfg = load(config, workdir)
     topic, partition, offset = _parse_id(message)
     path = TablePaths.of(cfg, cfg.tables[0].name).quarantine
     rows = [r for r in quarantine.read(path, table=table).to_pylist()
@@ -212,7 +211,7 @@ def quarantine_replay(
     """Re-apply pending quarantined messages after a fix (idempotent; stale ones never win)."""
     from ingest.ops.replay import replay_quarantine
 
-    cfg = _config(config, workdir)
+    cfg = load(config, workdir)
     ids = [_parse_id(m) for m in message] if message else None
     report = replay_quarantine(cfg, table, stage=stage, batch_id=batch, ids=ids, recheck=recheck)
     rec = report.record
