@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
+
+def say(line: str) -> None:
+    """One line of a long command's progress, printed as it is (no markup)."""
+    console.print(line, markup=False, highlight=False)
+
+
 DEFAULT_CONFIG = Path("configs/demo.yaml")
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="configuration file (YAML)")]
 WorkdirOpt = Annotated[Path | None, typer.Option(help="override the config's workdir")]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,17 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ingest.cli_common import console, say
 from ingest.config import IngestConfig, load_config
-
-console = Console(width=None if sys.stdout.isatty() else 160)
-
-
-def _say(line: str) -> None:
-    console.print(line, markup=False, highlight=False)
 
 
 def describe_dsn(dsn: str) -> str:
@@ -60,7 +53,7 @@ def verify_source(config: IngestConfig, dsn: str, *, wait: float, tables: list[s
     where = describe_dsn(dsn)
     console.rule(f"verify against {where}")
     with source_db_errors(where):
-        result = verify_source_db(config, dsn, wait=wait, say=_say, tables=tables)
+        result = verify_source_db(config, dsn, wait=wait, say=say, tables=tables)
     out = Table(title=f"Delta tables against SELECTs of {where}")
     for col in ("table", "source table", "source rows", "Delta rows", "missing", "unexpected", "different", "result"):
         out.add_column(col, justify="right" if col not in ("table", "source table", "result") else "left")
@@ -107,7 +100,7 @@ def demo_stack(
 
     try:
         with source_db_errors("the stack's PostgreSQL"):
-            result = run_demo_stack(configs, spec=WorkloadSpec(seed=seed, scale=scale), wait=wait, say=_say,
+            result = run_demo_stack(configs, spec=WorkloadSpec(seed=seed, scale=scale), wait=wait, say=say,
                                     progress=progress_printer())
     except StackError as exc:
         raise EnvironmentProblem(f"the local stack could not start: {exc}") from None
@@ -186,7 +179,7 @@ def pg_load(
 
         source_db = StackSettings.from_env().pg_dsn()
     console.rule(f"load on {describe_dsn(source_db)}: {rate:.0f} changes/s for {duration:.0f} s")
-    report = LoadGenerator(source_db, rate=rate, duration=duration, seed=seed, schema=schema, say=_say).run()
+    report = LoadGenerator(source_db, rate=rate, duration=duration, seed=seed, schema=schema, say=say).run()
     console.print(f"committed {report.committed_changes} changes in {report.committed_transactions} transactions "
                   f"({report.rate:.0f}/s over {report.seconds:.1f} s); failed {report.failed_transactions}, "
                   f"uncertain {report.uncertain_transactions}, reconnects {report.reconnects}", highlight=False)

@@ -3,24 +3,16 @@
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ingest.cli_common import add_consistency_rows
-
-console = Console(width=None if sys.stdout.isatty() else 160)
-
-
-def _say(line: str) -> None:
-    console.print(line, markup=False, highlight=False)
+from ingest.cli_common import add_consistency_rows, console, say
 
 
 def torture_stack(*, seed: int, faults: int, rate: float, value_format: Literal["avro", "json"],
@@ -36,7 +28,7 @@ def torture_stack(*, seed: int, faults: int, rate: float, value_format: Literal[
     console.rule(f"torture on the stack: seed {seed}, {faults} faults, {rate:.0f} changes/s, {value_format}, "
                  f"schema {schema}")
     try:
-        result = StackTorture(spec, say=_say).run()
+        result = StackTorture(spec, say=say).run()
     except StackError as exc:
         raise EnvironmentProblem(f"the local stack could not start: {exc}") from None
     summary(result, where)
@@ -53,7 +45,7 @@ def stack_lake(prefix: str, *, away: float = 5.0) -> tuple[str, dict[str, object
     from ingest.errors import EnvironmentProblem
     from ingest.stack import Stack, StackError
 
-    stack = Stack.from_env(progress=lambda line: _say(f"[stack] {line}"))
+    stack = Stack.from_env(progress=lambda line: say(f"[stack] {line}"))
     try:
         stack.up(["s3"])
     except StackError as exc:
