@@ -91,3 +91,31 @@ def test_second_pass_gives_failing_expectations_their_complete_result(gate):
     rows = {r.expectation_config.kwargs.get("column", "pair"): r.result["unexpected_index_list"]
             for r in two_pass.results if not r.success}
     assert rows == {"quantity": [3, 40], "status": [5], "pair": [8, 9]}
+
+
+def test_remembered_metric_ids_equal_gx_own_and_tell_look_alike_values_apart():
+    from great_expectations.core.id_dict import IDDict
+
+    original = IDDict.__dict__["to_id"]
+    cases = [
+        IDDict({"column": "amount", "mostly": 1, "batch_id": "b"}),
+        IDDict({"column": "amount", "mostly": 1.0, "batch_id": "b"}),  # 1 == 1.0 == True: each its own id
+        IDDict({"column": "amount", "mostly": True, "batch_id": "b"}),
+        IDDict({"column": "amount", "min_value": 0.0, "batch_id": "b"}),
+        IDDict({"column": "amount", "min_value": -0.0, "batch_id": "b"}),
+        IDDict({"column_list": ["a", "b"], "value_set": ("x", None), "nested": {"k": [1, {"z": 2.5}]}}),
+        IDDict({"column": "status", "value_set": {"paid", "lost"}, "batch_id": "b"}),  # a set: not remembered
+        IDDict({"column": "quantity"}),
+        IDDict({}),
+    ]
+    expected = [(original(d), original(d, id_keys=["column"] if "column" in d else None),
+                 original(d, id_ignore_keys=["batch_id"])) for d in cases]
+    with _GX_LOCK, gx_shim.memoized_configurations():
+        assert IDDict.__dict__["to_id"] is not original
+        for _ in range(2):  # the second round answers from memory
+            got = [(d.to_id(), d.to_id(id_keys=iter(["column"]) if "column" in d else None),
+                    d.to_id(id_ignore_keys=["batch_id"])) for d in cases]
+            assert got == expected
+    assert IDDict.__dict__["to_id"] is original  # the block leaves GX as it found it
+    ids = [e[0] for e in expected[:5]]
+    assert len(set(ids)) == 5  # GX itself tells them apart, so a shared memory entry would be caught above
