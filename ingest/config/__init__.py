@@ -98,12 +98,17 @@ class IngestConfig(Model):
     def registry_dir(self) -> Path:
         return self.path(self.source.registry.dir)
 
+    def _location(self, value: str) -> LakePath:
+        """A configured location: an ``s3://`` prefix with target.storage's options, or a directory
+        relative to workdir."""
+        if is_uri(value):
+            return LakePath(value, self.target.storage.delta_options())
+        return LakePath.local_dir(self.path(Path(value)))
+
     @property
     def tables_root(self) -> LakePath:
         """The lake: a local directory, or an ``s3://`` prefix with the storage options that reach it."""
-        if is_uri(self.target.root):
-            return LakePath(self.target.root, self.target.storage.delta_options())
-        return LakePath.local_dir(self.path(Path(self.target.root)))
+        return self._location(self.target.root)
 
     @property
     def lake_is_local(self) -> bool:
@@ -112,9 +117,7 @@ class IngestConfig(Model):
     @property
     def checkpoint_location(self) -> LakePath:
         """Where the Spark checkpoints live: a local directory, or an ``s3://`` prefix reached like the lake."""
-        if is_uri(self.target.checkpoint_dir):
-            return LakePath(self.target.checkpoint_dir, self.target.storage.delta_options())
-        return LakePath.local_dir(self.path(Path(self.target.checkpoint_dir)))
+        return self._location(self.target.checkpoint_dir)
 
     @property
     def checkpoint_root(self) -> Path:
