@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from ingest.decode.registry import SchemaRegistry
 from ingest.errors import TopicLogError
+from ingest.proof.simulator.changes import SourceChanges
 from ingest.proof.simulator.delivery import TopicWriter
 from ingest.proof.simulator.encode import (
     DEBEZIUM_VERSION,
@@ -59,11 +60,10 @@ from ingest.proof.simulator.model import (
     ledger_table,
     truth_value,
 )
-from ingest.proof.simulator.rows import QUALITY_VIOLATIONS, TOAST_THRESHOLD, RowFactory, violate
+from ingest.proof.simulator.rows import QUALITY_VIOLATIONS, RowFactory
 from ingest.proof.simulator.spec import WorkloadSpec
 from ingest.proof.simulator.truth import Truth
-from ingest.proof.simulator.wal import Change, Transaction, Wal
-from ingest.proof.simulator.wire import UNAVAILABLE_VALUE
+from ingest.proof.simulator.wal import Transaction, Wal
 from ingest.source.topiclog import TopicLog
 
 DEBEZIUM_DB: Final = "shop"
@@ -103,8 +103,8 @@ class _Workload:
         self.encoder = make_encoder(spec.value_format, registry, spec.prefix)
         self.kinds = MALFORMED_KINDS[spec.value_format]
         self.counts = {t: Counter[str]() for t in self.db.tables}
-        self.refs: dict[str, Counter[Key]] = {"customers": Counter(), "products": Counter()}
-        self.next_id = dict.fromkeys(self.db.tables, 1)
+        #: the shop's application: its row changes, applied to ``db`` in commit order
+        self.shop = SourceChanges(spec, self.db, self.rng, self.rows, self.counts)
         self.topics = {t: topic_name(spec.prefix, t) for t in self.db.tables}
         self.writers: dict[str, TopicWriter] = {}
         self.malformed_due: dict[str, float] = {}
@@ -123,11 +123,8 @@ class _Workload:
         # Every change as the source made it, in source order: (op, source ts_ms, the row it left
         # or removed -- TOAST placeholders resolved), the truth of a table that keeps every version.
         self.history: dict[str, list[tuple[str, int, Row | None]]] = {t: [] for t in self.db.tables}
-        # Error diffusion, like malformed messages: fraction * changes violations, evenly spread.
-        self.violation_due = 0.0
         self.now_us = _T0_US
         self.wal = Wal(self.rng, 0, 0)
-        self.altered = False
         self.truncated = False
         self.widened = 0
 
@@ -175,18 +172,18 @@ class _Workload:
         for _ in range(spec.initial_customers):
             created = _T0_US - rng.randrange(1, _TWO_YEARS_US)
             updated = created + rng.randrange(_T0_US - created)
-            customer = rows.customer(self._new_id("customers"), created, updated, loyalty=False)
+            customer = rows.customer(self.shop.new_id("customers"), created, updated, loyalty=False)
             self.db["customers"].insert(customer)
         for _ in range(spec.initial_products):
             created = _T0_US - rng.randrange(1, _TWO_YEARS_US)
-            self.db["products"].insert(rows.product(self._new_id("products"), created))
+            self.db["products"].insert(rows.product(self.shop.new_id("products"), created))
         if len(self.db["customers"]) and len(self.db["products"]):
             for _ in range(spec.initial_orders):
-                self._add_order(_T0_US - rng.randrange(1, _TWO_YEARS_US // 4), settled=True)
+                self.shop.add_order(_T0_US - rng.randrange(1, _TWO_YEARS_US // 4), settled=True)
         for ledger in self.extra:
             for _ in range(spec.initial_extra_rows):
                 booked = _T0_US - rng.randrange(1, _TWO_YEARS_US)
-                self.db[ledger.name].insert(rows.ledger(self._new_id(ledger.name), booked))
+                self.db[ledger.name].insert(rows.ledger(self.shop.new_id(ledger.name), booked))
         snapshot_lsn = 0x3_0000_0000 + rng.randrange(1 << 20) * 8
         snapshot_txid = 700 + rng.randrange(300)
         reads = [(t, row) for t, state in self.db.tables.items() for row in state.sorted_rows()]
@@ -208,17 +205,18 @@ class _Workload:
         alter_at, truncate_at = budget * 2 // 5, budget * 3 // 5
         done = reported = 0
         while done < budget:
-            if spec.add_column and not self.altered and done >= alter_at:
+            if spec.add_column and not self.shop.altered and done >= alter_at:
                 # ALTER TABLE emits nothing on the stream; the next customers event shows the column.
                 self.db["customers"].add_column(LOYALTY_TIER)
-                self.altered = True
+                self.shop.altered = True
             if spec.widen_column and self.widened < len(_WIDENINGS) and done >= _WIDENINGS[self.widened][0] * budget:
                 # ALTER COLUMN TYPE emits nothing either; the next orders event carries the wider type.
                 self.db["orders"].alter_column_type("quantity", _WIDENINGS[self.widened][1])
                 self.widened += 1
             if spec.truncate and not self.truncated and done >= truncate_at:
                 txn = self._begin()
-                txn.changes.append(self._truncate_orders())
+                txn.changes.append(self.shop.truncate_orders())
+                self.truncated = True
                 self.wal.place(txn)
                 self._emit(txn)
                 done += 1
@@ -250,13 +248,13 @@ class _Workload:
                        if c.op in "cu" and c.key is not None and c.key in self.db[c.table]]
             if touched:
                 last = touched[-1]
-                txn.changes.append(self._update(last.table, txn.commit_us, last.key))
+                txn.changes.append(self.shop.update(last.table, txn.commit_us, last.key))
         while len(txn.changes) < size:
             table, op, _ = self.mix[bisect.bisect(self.mix_cum, self.rng.random() * self.mix_cum[-1])]
             change = (
-                self._insert(table, txn.commit_us) if op == "c"
-                else self._update(table, txn.commit_us) if op == "u"
-                else self._delete(table) or self._update(table, txn.commit_us)
+                self.shop.insert(table, txn.commit_us) if op == "c"
+                else self.shop.update(table, txn.commit_us) if op == "u"
+                else self.shop.delete(table) or self.shop.update(table, txn.commit_us)
             )
             txn.changes.append(change)
         return txn
@@ -267,105 +265,6 @@ class _Workload:
             source = self._source(change.table, txn.commit_us, "false", txn.last_commit, change.lsn, txn.txid)
             envelope = Envelope(change.op, change.before, change.after, source, processed_us)
             self._send(change.table, change.key, envelope, change.row)
-
-    # -- row changes (applied to the source state at once, in commit order) -------------------
-    def _new_id(self, table: str) -> int:
-        self.next_id[table] += 1
-        return self.next_id[table] - 1
-
-    def _add_order(self, ordered_us: int, *, settled: bool) -> Row:
-        state = self.db["orders"]
-        customer = self.db["customers"].random_key(self.rng)
-        product = self.db["products"].random_key(self.rng)
-        assert customer is not None and product is not None
-        row = self.rows.order(self._new_id("orders"), customer[0], self.db["products"].rows[product],
-                              ordered_us, settled=settled)
-        state.insert(row)
-        self.refs["customers"][customer] += 1
-        self.refs["products"][product] += 1
-        return row
-
-    def _insert(self, table: str, now_us: int) -> Change:
-        if table == "orders" and len(self.db["customers"]) and len(self.db["products"]):
-            row = self._add_order(now_us, settled=False)
-        elif table == "products":
-            row = self.rows.product(self._new_id("products"), now_us)
-            self.db["products"].insert(row)
-        elif table.startswith("ledger_"):
-            row = self.rows.ledger(self._new_id(table), now_us)
-            self.db[table].insert(row)
-        else:
-            table = "customers"
-            row = self.rows.customer(self._new_id("customers"), now_us, now_us, loyalty=self.altered)
-            self.db["customers"].insert(row)
-        self._violate(table, row)  # in place: the row the source table now holds
-        return Change(table, "c", self.db[table].key_of(row), None, row, row)
-
-    def _update(self, table: str, now_us: int, key: Key | None = None) -> Change:
-        state = self.db[table]
-        key = key or state.random_key(self.rng)
-        if key is None:
-            return self._insert(table, now_us)
-        old = state.rows[key]
-        if table == "customers":
-            new = self.rows.update_customer(old, now_us, loyalty=self.altered)
-        elif table == "products":
-            new = self.rows.update_product(old)
-        elif table.startswith("ledger_"):
-            new = self.rows.update_ledger(old, now_us)
-        else:
-            new = self.rows.update_order(old, now_us)
-        state.replace(key, self._violate(table, new))
-        sent = new
-        notes = old.get("notes")
-        if (table == "customers" and notes is not None and new["notes"] == notes
-                and len(notes) >= TOAST_THRESHOLD and self.rng.random() < self.spec.toast_fraction):
-            sent = {**new, "notes": UNAVAILABLE_VALUE}
-            self.counts[table]["toast_placeholders"] += 1
-        # REPLICA IDENTITY DEFAULT logs no old row for an update that keeps the key.
-        before = old if state.definition.replica_identity == "full" else None
-        return Change(table, "u", key, before, sent, new)
-
-    def _violate(self, table: str, row: Row) -> Row:
-        """Now and then write a value the table's suite rejects (in place; the source holds it)."""
-        if not self.spec.quality_violation_fraction or table not in QUALITY_VIOLATIONS:
-            return row  # the extra tables have no suite
-        self.violation_due += self.spec.quality_violation_fraction
-        if self.violation_due < 1.0:
-            return row
-        self.violation_due -= 1.0
-        counts = self.counts[table]
-        kinds = QUALITY_VIOLATIONS[table]
-        kind = kinds[counts["quality_violations"] % len(kinds)]
-        violate(row, kind)
-        counts["quality_violations"] += 1
-        counts[f"violation_{kind}"] += 1
-        return row
-
-    def _delete(self, table: str) -> Change | None:
-        state = self.db[table]
-        for _ in range(8):
-            key = state.random_key(self.rng)
-            if key is None:
-                return None
-            if table not in self.refs or not self.refs[table][key]:
-                break
-        else:
-            return None  # every candidate is still referenced by an order
-        old = state.delete(key)
-        if table == "orders":
-            self.refs["customers"][(old["customer_id"],)] -= 1
-            self.refs["products"][(old["product_id"],)] -= 1
-        definition = state.definition
-        before = old if definition.replica_identity == "full" else definition.key_only_image(old)
-        return Change(table, "d", key, before, None, old)
-
-    def _truncate_orders(self) -> Change:
-        self.db["orders"].truncate()
-        for refs in self.refs.values():
-            refs.clear()
-        self.truncated = True
-        return Change("orders", "t", None, None, None, None)
 
     # -- results ------------------------------------------------------------------------------
     def _history_table(self, table: str) -> pa.Table:
