@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from datetime import UTC
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,14 +36,12 @@ from ingest.apply.commit import (
     switches_feed_on,
 )
 from ingest.apply.history import DROP, history_schema
-from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
-from ingest.apply.plan import TOAST_FLAG
+from ingest.apply.merge_sql import Dialect, MergeStatement, current_merge, history_merge
 from ingest.apply.tablestate import STATE_KEY, TableState, app_id
 from ingest.deltaio import (
     CHANGE_DATA_FEED,
     FRAMEWORK_COLUMNS,
     arrow_type,
-    key_range,
     quote,
     read_all,
     sql_string,
@@ -238,71 +236,47 @@ def _merge(table: DeltaTable, request: CommitRequest, columns: list[ColumnSpec],
     source = request.plan.source
     if request.key_columns:
         source = source.sort_by([(k, "ascending") for k in request.key_columns])
-    framework = [name for name, _ in FRAMEWORK_COLUMNS]
-    toast = {name[len(TOAST_FLAG):] for name in source.column_names if name.startswith(TOAST_FLAG)}
-
-    def value(col: str) -> str:
-        if col in toast:
-            return f"CASE WHEN s.{quote(TOAST_FLAG + col)} THEN t.{quote(col)} ELSE s.{quote(col)} END"
-        return f"s.{quote(col)}"
-
-    user = [c.name for c in columns]
-    all_updates = {quote(c): value(c) for c in user + framework}
-    # A soft delete keeps the stored values, and with them what is known of them.
-    framework_updates = {quote(c): f"s.{quote(c)}" for c in framework if c != "_cdc_unknown_columns"}
-    inserts = {quote(c): f"s.{quote(c)}" for c in user + framework}
-    newer = replaces_stored_sql("s", "t")
-    truncate = request.truncate
-    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in request.key_columns)
-    if on and not truncate:
-        # Literal bounds of the batch's keys let delta-rs skip every file outside them by its
-        # min/max statistics: with the table laid out by key, a batch of recent keys rewrites only
-        # the newest files. (A truncate must see every row, so then there are no bounds.)
-        bounds = key_range(source, request.key_columns[0], "t")
-        on = f"{bounds} AND {on}" if bounds else on
-    removed_by_truncate = later_than_stored_sql(sql_string(truncate), "t._cdc_position") if truncate else ""
-
-    merger = table.merge(source, on or "false", source_alias="s", target_alias="t", merge_schema=True,
-                         commit_properties=props)
-    if request.delete_mode == "hard":
-        merger = (merger.when_matched_delete(f"s._cdc_deleted AND {newer}")
-                  .when_matched_update(all_updates, f"NOT s._cdc_deleted AND {newer}")
-                  .when_not_matched_insert(inserts, "NOT s._cdc_deleted"))
-        if truncate:
-            merger = merger.when_not_matched_by_source_delete(removed_by_truncate)
-    else:
-        # A delete's image may hold only the key: keep the stored values. A truncated row carries
-        # the values its change gave it.
-        merger = (merger.when_matched_update(framework_updates, f"s._cdc_op = 'd' AND {newer}")
-                  .when_matched_update(all_updates, newer)
-                  .when_not_matched_insert(inserts))
-        if truncate:
-            merger = merger.when_not_matched_by_source_update(
-                {"_cdc_deleted": "true", "_cdc_op": "'t'", "_cdc_position": sql_string(truncate)},
-                f"{removed_by_truncate} AND NOT t._cdc_deleted")
-    return merger.execute()
+    statement = current_merge(source, DIALECT, key_columns=request.key_columns, columns=columns,
+                              delete_mode=request.delete_mode, truncate=request.truncate)
+    return run_merge(table, source, statement, props)
 
 
 def _merge_history(table: DeltaTable, request: CommitRequest, props: CommitProperties) -> dict[str, Any]:
     """The scd2 MERGE (:mod:`ingest.apply.history`): versions matched by key and position."""
     plan = request.history
     assert plan is not None
-    source = plan.source.sort_by([(k, "ascending") for k in request.key_columns])
-    sets = {quote(f.name): f"s.{quote(f.name)}" for f in history_schema(request.schema.columns)}
-    on = " AND ".join([*(f"t.{quote(k)} = s.{quote(k)}" for k in request.key_columns),
-                       "t._cdc_position = s._cdc_position"])
-    bounds = key_range(source, request.key_columns[0], "t") if not plan.truncate else None
-    merger = (table.merge(source, f"{bounds} AND {on}" if bounds else on, source_alias="s", target_alias="t",
-                          merge_schema=True, commit_properties=props)
-              .when_matched_delete(f"s.{DROP}")
-              .when_matched_update(sets, f"NOT s.{DROP}")
-              .when_not_matched_insert(sets, f"NOT s.{DROP}"))
-    if plan.truncate:
-        stamp = "NULL" if plan.truncate_ts is None else (
-            f"arrow_cast('{plan.truncate_ts.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S.%f')}Z', "
-            "'Timestamp(Microsecond, Some(\"UTC\"))')")
-        ended = {"_cdc_is_current": "false", "_cdc_deleted": "true", "_cdc_valid_to": stamp,
-                 "_cdc_end_position": sql_string(plan.truncate), "_cdc_end_op": "'t'"}
-        merger = merger.when_not_matched_by_source_update(
-            ended, f"t._cdc_is_current AND {later_than_stored_sql(sql_string(plan.truncate), 't._cdc_position')}")
+    statement = history_merge(plan, DIALECT, key_columns=request.key_columns, columns=request.schema.columns)
+    return run_merge(table, plan.source.sort_by([(k, "ascending") for k in request.key_columns]), statement, props)
+
+
+def _timestamp(value: datetime | None) -> str:
+    if value is None:
+        return "NULL"
+    stamp = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return f"arrow_cast('{stamp}Z', 'Timestamp(Microsecond, Some(\"UTC\"))')"
+
+
+#: DataFusion's SQL, as delta-rs's MERGE reads it.
+DIALECT: Final = Dialect(ident=quote, string=sql_string, timestamp=_timestamp)
+
+
+def run_merge(table: DeltaTable, source: pa.Table, statement: MergeStatement, props: CommitProperties
+              ) -> dict[str, Any]:
+    """Run ``statement`` with delta-rs's merge builder; returns its metrics."""
+    merger = table.merge(source, statement.on, source_alias="s", target_alias="t", merge_schema=True,
+                         commit_properties=props)
+    for clause in statement.clauses:
+        if clause.kind == "matched_delete":
+            merger = merger.when_matched_delete(clause.condition)
+        elif clause.kind == "matched_update":
+            assert clause.sets is not None
+            merger = merger.when_matched_update(clause.sets, clause.condition)
+        elif clause.kind == "not_matched_insert":
+            assert clause.sets is not None
+            merger = merger.when_not_matched_insert(clause.sets, clause.condition)
+        elif clause.kind == "not_matched_by_source_delete":
+            merger = merger.when_not_matched_by_source_delete(clause.condition)
+        else:
+            assert clause.sets is not None
+            merger = merger.when_not_matched_by_source_update(clause.sets, clause.condition)
     return merger.execute()

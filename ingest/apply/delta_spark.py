@@ -28,7 +28,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
+from typing import Final
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -43,11 +44,9 @@ from ingest.apply.commit import (
     switches_feed_on,
 )
 from ingest.apply.delta_rs import initial_rows, table_schema_of
-from ingest.apply.history import DROP, history_schema
-from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
-from ingest.apply.plan import TOAST_FLAG
+from ingest.apply.merge_sql import Clause, Dialect, MergeStatement, current_merge, history_merge
 from ingest.apply.tablestate import STATE_KEY, TableState, table_app_id
-from ingest.deltaio import CHANGE_DATA_FEED, FRAMEWORK_COLUMNS, arrow_type, key_range, open_table
+from ingest.deltaio import CHANGE_DATA_FEED, arrow_type, open_table
 from ingest.errors import CommitConflictError
 from ingest.events import ColumnSpec
 from ingest.proof import faults
@@ -263,74 +262,50 @@ def _widen(spark: SparkSession, path: str, columns: list[ColumnSpec], describe: 
 
 
 def _merge(spark: SparkSession, request: CommitRequest, columns: list[ColumnSpec]) -> None:
-    from delta.tables import DeltaTable
-
     source = request.plan.source
-    toast = {name[len(TOAST_FLAG):] for name in source.column_names if name.startswith(TOAST_FLAG)}
-
-    def value(col: str) -> str:
-        if col in toast:
-            return f"CASE WHEN s.{ident(TOAST_FLAG + col)} THEN t.{ident(col)} ELSE s.{ident(col)} END"
-        return f"s.{ident(col)}"
-
-    framework = [name for name, _ in FRAMEWORK_COLUMNS]
-    user = [c.name for c in columns]
-    all_updates: dict[str, str | Column] = {ident(c): value(c) for c in user + framework}
-    # A soft delete keeps the stored values, and with them what is known of them.
-    framework_updates: dict[str, str | Column] = {ident(c): f"s.{ident(c)}" for c in framework
-                                                  if c != "_cdc_unknown_columns"}
-    inserts: dict[str, str | Column] = {ident(c): f"s.{ident(c)}" for c in user + framework}
-    newer = replaces_stored_sql("s", "t")
-    truncate = request.truncate
-    on = " AND ".join(f"t.{ident(k)} = s.{ident(k)}" for k in request.key_columns)
-    if on and not truncate:
-        # Literal key bounds let Delta skip the files outside them (see ingest.apply.delta_rs).
-        bounds = key_range(source, request.key_columns[0], "t", ident=ident, string=string)
-        on = f"{bounds} AND {on}" if bounds else on
-    removed_by_truncate = later_than_stored_sql(string(truncate), "t._cdc_position") if truncate else ""
-
-    frame = _frame(spark, source)
-    merger = DeltaTable.forPath(spark, request.path.spark_uri).alias("t").merge(frame.alias("s"), on or "false")
-    if request.delete_mode == "hard":
-        merger = (merger.whenMatchedDelete(f"s._cdc_deleted AND {newer}")
-                  .whenMatchedUpdate(f"NOT s._cdc_deleted AND {newer}", all_updates)
-                  .whenNotMatchedInsert("NOT s._cdc_deleted", inserts))
-        if truncate:
-            merger = merger.whenNotMatchedBySourceDelete(removed_by_truncate)
-    else:
-        merger = (merger.whenMatchedUpdate(f"s._cdc_op = 'd' AND {newer}", framework_updates)
-                  .whenMatchedUpdate(newer, all_updates)
-                  .whenNotMatchedInsert(values=inserts))
-        if truncate:
-            marks: dict[str, str | Column] = {"_cdc_deleted": "true", "_cdc_op": "'t'",
-                                              "_cdc_position": string(truncate)}
-            merger = merger.whenNotMatchedBySourceUpdate(f"{removed_by_truncate} AND NOT t._cdc_deleted", marks)
-    merger.execute()
+    statement = current_merge(source, DIALECT, key_columns=request.key_columns, columns=columns,
+                              delete_mode=request.delete_mode, truncate=request.truncate)
+    run_merge(spark, request, source, statement)
 
 
 def _merge_history(spark: SparkSession, request: CommitRequest) -> None:
-    """The scd2 MERGE (:mod:`ingest.apply.history`), as :func:`ingest.apply.delta_rs._merge_history` does it."""
-    from delta.tables import DeltaTable
-
+    """The scd2 MERGE (:mod:`ingest.apply.history`), the statement delta-rs runs too."""
     plan = request.history
     assert plan is not None
-    schema = history_schema(request.schema.columns)
-    sets: dict[str, str | Column] = {ident(f.name): f"s.{ident(f.name)}" for f in schema}
-    on = " AND ".join([*(f"t.{ident(k)} = s.{ident(k)}" for k in request.key_columns),
-                       "t._cdc_position = s._cdc_position"])
-    bounds = key_range(plan.source, request.key_columns[0], "t", ident=ident, string=string) \
-        if not plan.truncate else None
-    frame = _frame(spark, plan.source)
-    merger = (DeltaTable.forPath(spark, request.path.spark_uri).alias("t")
-              .merge(frame.alias("s"), f"{bounds} AND {on}" if bounds else on)
-              .whenMatchedDelete(f"s.{DROP}")
-              .whenMatchedUpdate(f"NOT s.{DROP}", sets)
-              .whenNotMatchedInsert(f"NOT s.{DROP}", sets))
-    if plan.truncate:
-        stamp = "CAST(NULL AS TIMESTAMP)" if plan.truncate_ts is None else (
-            f"CAST({string(plan.truncate_ts.astimezone(UTC).isoformat())} AS TIMESTAMP)")
-        ended: dict[str, str | Column] = {"_cdc_is_current": "false", "_cdc_deleted": "true", "_cdc_valid_to": stamp,
-                                          "_cdc_end_position": string(plan.truncate), "_cdc_end_op": "'t'"}
-        merger = merger.whenNotMatchedBySourceUpdate(
-            f"t._cdc_is_current AND {later_than_stored_sql(string(plan.truncate), 't._cdc_position')}", ended)
+    statement = history_merge(plan, DIALECT, key_columns=request.key_columns, columns=request.schema.columns)
+    run_merge(spark, request, plan.source, statement)
+
+
+def _timestamp(value: datetime | None) -> str:
+    if value is None:
+        return "CAST(NULL AS TIMESTAMP)"
+    return f"CAST({string(value.astimezone(UTC).isoformat())} AS TIMESTAMP)"
+
+
+#: Spark SQL, as delta-spark's MERGE reads it.
+DIALECT: Final = Dialect(ident=ident, string=string, timestamp=_timestamp)
+
+
+def run_merge(spark: SparkSession, request: CommitRequest, source: pa.Table, statement: MergeStatement) -> None:
+    """Run ``statement`` with delta-spark's merge builder, ``source`` as a DataFrame."""
+    from delta.tables import DeltaTable
+
+    def sets(clause: Clause) -> dict[str, str | Column]:
+        assert clause.sets is not None
+        return dict(clause.sets)
+
+    merger = DeltaTable.forPath(spark, request.path.spark_uri).alias("t").merge(
+        _frame(spark, source).alias("s"), statement.on)
+    for clause in statement.clauses:
+        if clause.kind == "matched_delete":
+            merger = merger.whenMatchedDelete(clause.condition)
+        elif clause.kind == "matched_update":
+            merger = merger.whenMatchedUpdate(clause.condition, sets(clause))
+        elif clause.kind == "not_matched_insert":
+            merger = (merger.whenNotMatchedInsert(values=sets(clause)) if clause.condition is None
+                      else merger.whenNotMatchedInsert(clause.condition, sets(clause)))
+        elif clause.kind == "not_matched_by_source_delete":
+            merger = merger.whenNotMatchedBySourceDelete(clause.condition)
+        else:
+            merger = merger.whenNotMatchedBySourceUpdate(clause.condition, sets(clause))
     merger.execute()

@@ -1,0 +1,134 @@
+"""The batch's MERGE as SQL text, written once for both apply engines (DESIGN 3.4, 3.5).
+
+A :class:`MergeStatement` is the join condition and the ordered ``WHEN`` clauses of one MERGE --
+inserts, updates, deletes, TOAST fill, the position guard and the truncate -- with every predicate
+and value as SQL. delta-rs (DataFusion SQL) and delta-spark (Spark SQL) run the same statement
+through their own builders (:func:`ingest.apply.delta_rs.run_merge`,
+:func:`ingest.apply.delta_spark.run_merge`); only a :class:`Dialect` tells them apart: how an
+identifier is quoted, how a string and a timestamp are written. So the two engines cannot drift
+apart in what a batch does to a table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+import pyarrow as pa
+
+from ingest.apply.history import DROP, HistoryPlan, history_schema
+from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
+from ingest.apply.plan import TOAST_FLAG
+from ingest.deltaio import FRAMEWORK_COLUMNS, key_range
+from ingest.events import ColumnSpec
+
+ClauseKind = Literal["matched_delete", "matched_update", "not_matched_insert", "not_matched_by_source_delete",
+                     "not_matched_by_source_update"]
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """How one engine's SQL writes what the statement needs."""
+
+    ident: Callable[[str], str]
+    string: Callable[[str], str]
+    #: a ``TIMESTAMP WITH TIME ZONE`` literal (UTC), or its typed NULL for ``None``
+    timestamp: Callable[[datetime | None], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Clause:
+    """One ``WHEN`` clause: what it does, when (``None``: always), and the columns it sets."""
+
+    kind: ClauseKind
+    condition: str | None = None
+    sets: dict[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MergeStatement:
+    """A MERGE of source ``s`` into target ``t``: ``on``, then the clauses in the order they apply."""
+
+    on: str
+    clauses: tuple[Clause, ...]
+
+
+def current_merge(source: pa.Table, d: Dialect, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
+                  delete_mode: Literal["hard", "soft"], truncate: str | None) -> MergeStatement:
+    """The MERGE of a planned batch (:attr:`MergePlan.source <ingest.apply.plan.MergePlan.source>`)
+    into a table holding the current rows; ``columns`` are the table's user columns, ``truncate``
+    the batch's truncate position if it applies.
+
+    A source row replaces the stored one only when it is newer by position (``replaces``); a TOAST
+    column whose flag is set keeps the stored value. Hard mode deletes the row, soft mode marks it
+    and keeps the stored values. A truncate removes (or marks) every row older than its position
+    that the batch does not bring back.
+    """
+    framework = [name for name, _ in FRAMEWORK_COLUMNS]
+    toast = {name[len(TOAST_FLAG):] for name in source.column_names if name.startswith(TOAST_FLAG)}
+
+    def value(col: str) -> str:
+        if col in toast:
+            return f"CASE WHEN s.{d.ident(TOAST_FLAG + col)} THEN t.{d.ident(col)} ELSE s.{d.ident(col)} END"
+        return f"s.{d.ident(col)}"
+
+    user = [c.name for c in columns]
+    all_updates = {d.ident(c): value(c) for c in user + framework}
+    # A soft delete's image may hold only the key: keep the stored values, and with them what is known of them.
+    framework_updates = {d.ident(c): f"s.{d.ident(c)}" for c in framework if c != "_cdc_unknown_columns"}
+    inserts = {d.ident(c): f"s.{d.ident(c)}" for c in user + framework}
+    newer = replaces_stored_sql("s", "t")
+    on = _on(key_columns, source, d, bounded=not truncate)
+    removed = later_than_stored_sql(d.string(truncate), "t._cdc_position") if truncate else ""
+    if delete_mode == "hard":
+        clauses = [Clause("matched_delete", f"s._cdc_deleted AND {newer}"),
+                   Clause("matched_update", f"NOT s._cdc_deleted AND {newer}", all_updates),
+                   Clause("not_matched_insert", "NOT s._cdc_deleted", inserts)]
+        if truncate:
+            clauses.append(Clause("not_matched_by_source_delete", removed))
+    else:
+        # A truncated row keeps the values its last change gave it.
+        clauses = [Clause("matched_update", f"s._cdc_op = 'd' AND {newer}", framework_updates),
+                   Clause("matched_update", newer, all_updates),
+                   Clause("not_matched_insert", None, inserts)]
+        if truncate:
+            marks = {"_cdc_deleted": "true", "_cdc_op": "'t'", "_cdc_position": d.string(truncate)}
+            clauses.append(Clause("not_matched_by_source_update", f"{removed} AND NOT t._cdc_deleted", marks))
+    return MergeStatement(on or "false", tuple(clauses))
+
+
+def history_merge(plan: HistoryPlan, d: Dialect, *, key_columns: tuple[str, ...], columns: list[ColumnSpec]
+                  ) -> MergeStatement:
+    """The scd2 MERGE (:mod:`ingest.apply.history`) of ``plan.source``: versions matched by key and position.
+
+    A planned version replaces its stored twin or is inserted, one marked ``DROP`` removes it; a
+    truncate ends every current version older than its position.
+    """
+    sets = {d.ident(f.name): f"s.{d.ident(f.name)}" for f in history_schema(columns)}
+    on = _on(key_columns, plan.source, d, bounded=not plan.truncate)
+    clauses = [Clause("matched_delete", f"s.{DROP}"),
+               Clause("matched_update", f"NOT s.{DROP}", sets),
+               Clause("not_matched_insert", f"NOT s.{DROP}", sets)]
+    if plan.truncate:
+        ended = {"_cdc_is_current": "false", "_cdc_deleted": "true", "_cdc_valid_to": d.timestamp(plan.truncate_ts),
+                 "_cdc_end_position": d.string(plan.truncate), "_cdc_end_op": "'t'"}
+        older = later_than_stored_sql(d.string(plan.truncate), "t._cdc_position")
+        clauses.append(Clause("not_matched_by_source_update", f"t._cdc_is_current AND {older}", ended))
+    same_version = "t._cdc_position = s._cdc_position"
+    return MergeStatement(f"{on} AND {same_version}" if on else same_version, tuple(clauses))
+
+
+def _on(key_columns: tuple[str, ...], source: pa.Table, d: Dialect, *, bounded: bool) -> str:
+    """Key equality, led by the literal bounds of the batch's first key column when ``bounded``.
+
+    The bounds let the engine skip every file whose min/max statistics fall outside them: with the
+    table laid out by key, a batch of recent keys reads and rewrites only the newest files. A
+    truncate must see every row, so it is never bounded.
+    """
+    on = " AND ".join(f"t.{d.ident(k)} = s.{d.ident(k)}" for k in key_columns)
+    if on and bounded:
+        bounds = key_range(source, key_columns[0], "t", ident=d.ident, string=d.string)
+        on = f"{bounds} AND {on}" if bounds else on
+    return on
