@@ -14,6 +14,14 @@ counts. The last line is
     .venv/bin/python benchmarks/bench_compare.py --skip-bare --quality       # what the demo's suites cost
     .venv/bin/python benchmarks/bench_compare.py --engine delta-spark --batch 200000  # MERGE as Spark jobs
     .venv/bin/python benchmarks/bench_compare.py --queries 3   # one streaming query per table
+    .venv/bin/python benchmarks/bench_compare.py --source kafka   # the engine reads a real broker
+
+``--source kafka`` starts the project's Kafka broker and registry (``ingest.stack``; stopped again
+if this started them), copies the generated topics there (``benchmarks/kafka_copy.py``: same
+partitions, offsets, keys, values and timestamps; Avro ids mapped to the registry's; the copy is
+not timed) and runs the engine on Spark's Kafka source, decoding with ``mapInArrow`` and the
+registry. The bare script then reads the same topics from the broker with librdkafka
+(``confluent_kafka``), as a user without Spark would.
 
 ``--engine`` picks the engine's apply engine for every table (``target.engine``); the bare script
 always merges with delta-rs on one core, as a user without Spark would.
@@ -38,6 +46,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from rich.console import Console
@@ -45,6 +54,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bare
+from kafka_copy import KafkaLog, kafka_config
 
 from ingest.config import IngestConfig, load_config
 from ingest.engine import Engine
@@ -183,11 +193,15 @@ def main() -> None:
                         help="the apply engine of every table (target.engine)")
     parser.add_argument("--queries", type=int, default=1,
                         help="streaming queries the tables share (source.queries); as many as tables: one each")
+    parser.add_argument("--source", choices=["embedded", "kafka"], default="embedded",
+                        help="where the engine reads the records: the embedded log or the stack's Kafka broker")
     parser.add_argument("--busy-core", action="store_true", help="keep one core busy while the engine runs")
     parser.add_argument("--skip-bare", action="store_true")
     parser.add_argument("--quality", action="store_true",
                         help="run the engine again with the demo's suites and report what validation adds")
     args = parser.parse_args()
+    if args.source == "kafka" and args.quality:
+        parser.error("--quality reads the embedded log: run it without --source kafka")
 
     t0 = time.perf_counter()
     config, config_checked = workload(args.workdir, args.format, args.events, args.batch, args.engine,
@@ -200,19 +214,40 @@ def main() -> None:
     for path in sorted(Path(config.log_dir).rglob("*.arrow")):
         path.read_bytes()
 
-    bare_s = bare_ok = None
-    bare_batches: list[float] = []
-    if not args.skip_bare:
-        console.print("bare baseline: running")
-        root = config.workdir / "bare-tables"
-        tables = [(t.name, t.topic, truth.key_columns[t.name]) for t in config.tables]
-        t0 = time.perf_counter()
-        bare_batches = bare.run(tables, log=log, value_format=args.format, registry_dir=config.registry_dir,
-                                root=root, batch=args.batch)
-        bare_s = time.perf_counter() - t0
-        bare_ok = all(verify_table(n, root / n, truth.tables[n], k).ok for n, _, k in tables)
-        console.print(f"bare baseline: {bare_s:.1f} s, {len(bare_batches)} batches, equal to source: {bare_ok}")
+    stack, started = None, []
+    if args.source == "kafka":
+        from ingest.stack import Stack
 
+        stack = Stack.from_env()
+        started = [name for name, seconds in stack.up(["kafka", "registry"]).items() if seconds > 0]
+    try:
+        bare_log: Any = log
+        if stack is not None:
+            config, ids = kafka_config(config, stack, console.print)
+            bare_log = KafkaLog(stack.bootstrap_servers(), ids)
+        bare_s = bare_ok = None
+        bare_batches: list[float] = []
+        if not args.skip_bare:
+            console.print("bare baseline: running" + (" (reading Kafka with librdkafka)" if stack else ""))
+            root = config.workdir / "bare-tables"
+            tables = [(t.name, t.topic, truth.key_columns[t.name]) for t in config.tables]
+            t0 = time.perf_counter()
+            bare_batches = bare.run(tables, log=bare_log, value_format=args.format,
+                                    registry_dir=config.registry_dir, root=root, batch=args.batch)
+            bare_s = time.perf_counter() - t0
+            bare_ok = all(verify_table(n, root / n, truth.tables[n], k).ok for n, _, k in tables)
+            console.print(f"bare baseline: {bare_s:.1f} s, {len(bare_batches)} batches, equal to source: {bare_ok}")
+        if isinstance(bare_log, KafkaLog):
+            bare_log.close()
+        compare(args, config, config_checked, records, bare_s, bare_ok, bare_batches)
+    finally:
+        if stack is not None and started:
+            stack.down(started)
+
+
+def compare(args: argparse.Namespace, config: IngestConfig, config_checked: IngestConfig, records: int,
+            bare_s: float | None, bare_ok: bool | None, bare_batches: list[float]) -> None:
+    """Run the engine (and with ``--quality`` its checked runs), then print the table and the ratio."""
     engine = Engine(config)
     t0 = time.perf_counter()
     engine.spark  # noqa: B018 -- the one-time session start is not measured

@@ -1,0 +1,170 @@
+"""Put a generated workload on a real Kafka broker, for ``bench_compare.py --source kafka`` (not a test).
+
+The simulator writes into the embedded topic log. This copies every topic of a configuration, record
+by record, into fresh topics of the same names on the broker the project's stack runs: same
+partitions, offsets (from 0), keys, values and timestamps, tombstones included. Avro schemas are
+registered again in the stack's registry (Apicurio, Confluent API) and the schema id in each
+message's five-byte header is rewritten to the registry's id. Then it writes the same
+configuration with ``source.kind: kafka``, its own tables and checkpoints.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import yaml
+
+from ingest.config import IngestConfig, load_config
+from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry
+from ingest.proof.capture import delete_topics
+from ingest.source.topiclog import TopicLog
+
+_READ_CHUNK = 50_000
+
+
+def schema_ids(embedded: EmbeddedSchemaRegistry, registry: ConfluentSchemaRegistry) -> dict[int, int]:
+    """Every embedded schema registered under its subject in ``registry``: embedded id -> registry id."""
+    return {old: registry.register(subject, embedded.get_schema(old))
+            for subject, ids in embedded.subjects().items() for old in ids}
+
+
+def reframe(message: bytes | None, ids: dict[int, int]) -> bytes | None:
+    """A Confluent-framed message with its schema id mapped (anything else unchanged)."""
+    if not ids or message is None or len(message) < 5 or message[0] != 0:
+        return message
+    new = ids.get(int.from_bytes(message[1:5], "big"))
+    return message if new is None else b"\x00" + new.to_bytes(4, "big") + message[5:]
+
+
+def copy_topic(log: TopicLog, topic: str, servers: str, ids: dict[int, int]) -> int:
+    """Recreate ``topic`` on the broker and produce the log's records into it; returns how many."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    ends = log.end_offsets(topic)
+    delete_topics(servers, [topic])
+    admin = AdminClient({"bootstrap.servers": servers})
+    # The simulated records carry 2024 timestamps: time-based retention would delete them at once.
+    keep = {"retention.ms": "-1", "retention.bytes": "-1"}
+    new = NewTopic(topic, num_partitions=len(ends), replication_factor=1, config=keep)
+    for future in admin.create_topics([new]).values():
+        future.result()
+    # Idempotence keeps each partition's order and writes every record once, so offsets match the log's.
+    producer = Producer({"bootstrap.servers": servers, "enable.idempotence": True, "linger.ms": 20,
+                         "batch.size": 1_000_000, "queue.buffering.max.kbytes": 1_048_576,
+                         "message.max.bytes": 10_000_000})
+    sent = 0
+    for partition, end in sorted(ends.items()):
+        for start in range(0, end, _READ_CHUNK):
+            rows = log.read(topic, partition, start, min(end, start + _READ_CHUNK))
+            stamps = rows["timestamp"].cast("int64").to_pylist()
+            for key, value, stamp in zip(rows["key"].to_pylist(), rows["value"].to_pylist(), stamps, strict=True):
+                while True:
+                    try:
+                        producer.produce(topic, value=reframe(value, ids), key=reframe(key, ids),
+                                         partition=partition, timestamp=stamp // 1000)
+                        break
+                    except BufferError:  # the local queue is full: let it drain
+                        producer.poll(0.1)
+                sent += 1
+            producer.poll(0)
+    if producer.flush(120):
+        raise RuntimeError(f"{topic}: records still unsent after 120 s")
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": "bench-copy-check"})
+    try:
+        copied = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in ends}
+    finally:
+        consumer.close()
+    if copied != ends:
+        raise RuntimeError(f"{topic}: the broker holds end offsets {copied}, the log {ends}")
+    return sent
+
+
+def kafka_config(config: IngestConfig, stack: Any, say: Callable[[str], None]) -> tuple[IngestConfig, dict[int, int]]:
+    """Copy ``config``'s topics (and Avro schemas) to the stack; returns the configuration reading
+    them and the Avro ids mapped (embedded -> registry)."""
+    servers = stack.bootstrap_servers()
+    avro = config.source.value_format == "avro"
+    url = f"{stack.registry_url()}/apis/ccompat/v7"
+    ids = schema_ids(EmbeddedSchemaRegistry(config.registry_dir),
+                     ConfluentSchemaRegistry.from_settings(url, credentials_env=None)) if avro else {}
+    log = TopicLog(config.log_dir)
+    t0 = time.perf_counter()
+    sent = sum(copy_topic(log, t.topic, servers, ids) for t in config.tables)
+    say(f"copied {sent:,} records to Kafka ({servers}) in {time.perf_counter() - t0:.0f} s")
+    raw = yaml.safe_load(Path(config.workdir / "bench.yaml").read_text())
+    raw["source"] |= {"kind": "kafka", "kafka": {"bootstrap_servers": servers}}
+    if avro:
+        raw["source"]["registry"] = {"kind": "confluent", "url": url}
+    raw["target"] |= {"root": "tables-kafka", "checkpoint_dir": "checkpoints-kafka"}
+    path = config.workdir / "bench-kafka.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    kafka = load_config(path)
+    for leftover in (kafka.tables_root, kafka.checkpoint_root):
+        shutil.rmtree(leftover, ignore_errors=True)
+    return kafka, ids
+
+
+class KafkaLog:
+    """The copied topics read back from the broker with librdkafka, in the embedded log's shape, for
+    the bare script (``end_offsets``, ``read``): a user without Spark would consume Kafka this way.
+
+    One consumer per partition, assigned once: the bare script reads each partition's ranges in
+    order, so librdkafka's prefetch keeps serving the next range. Avro schema ids are mapped back
+    to the embedded registry's (``ids`` inverted), which the bare script's decoder reads.
+    """
+
+    def __init__(self, servers: str, ids: dict[int, int]) -> None:
+        self._servers = servers
+        self._back = {new: old for old, new in ids.items()}
+        self._readers: dict[tuple[str, int], tuple[Any, int]] = {}
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        return Consumer({"bootstrap.servers": self._servers, "group.id": "bench-bare", "enable.auto.commit": False})
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        from confluent_kafka import TopicPartition
+
+        consumer = self._consumer()
+        try:
+            meta = consumer.list_topics(topic, timeout=30).topics[topic]
+            return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+                    for p in sorted(meta.partitions)}
+        finally:
+            consumer.close()
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
+        """Records ``start <= offset < end`` of one partition."""
+        from confluent_kafka import TopicPartition
+
+        consumer, position = self._readers.get((topic, partition), (None, -1))
+        if consumer is None:
+            consumer = self._consumer()
+        if position != start:
+            consumer.assign([TopicPartition(topic, partition, start)])
+        offsets: list[int] = []
+        values: list[bytes | None] = []
+        while len(offsets) < end - start:
+            # Never more than the range: the next read goes on from ``end`` without a seek.
+            for message in consumer.consume(end - start - len(offsets), timeout=30):
+                if message.error():
+                    raise RuntimeError(f"{topic}[{partition}]: {message.error()}")
+                offset = message.offset()
+                assert offset is not None  # a consumed message has one
+                offsets.append(offset)
+                values.append(reframe(message.value(), self._back))
+        self._readers[(topic, partition)] = (consumer, end)
+        return pa.table({"partition": pa.array([partition] * len(offsets), pa.int32()),
+                         "offset": pa.array(offsets, pa.int64()), "value": pa.array(values, pa.binary())})
+
+    def close(self) -> None:
+        for consumer, _ in self._readers.values():
+            consumer.close()
+        self._readers.clear()
