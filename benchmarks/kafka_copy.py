@@ -153,7 +153,11 @@ class KafkaLog:
         values: list[bytes | None] = []
         while len(offsets) < end - start:
             # Never more than the range: the next read goes on from ``end`` without a seek.
-            for message in consumer.consume(end - start - len(offsets), timeout=30):
+            messages = consumer.consume(end - start - len(offsets), timeout=30)
+            if not messages:
+                raise RuntimeError(f"{topic}[{partition}]: nothing after offset {start + len(offsets)} in 30 s; "
+                                   f"the range ends at {end}")
+            for message in messages:
                 if message.error():
                     raise RuntimeError(f"{topic}[{partition}]: {message.error()}")
                 offset = message.offset()
