@@ -19,9 +19,11 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
-from ingest.config import IngestConfig, load_config
-from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry
+from ingest.config import IngestConfig, KafkaSpec, load_config
+from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, frame, unframe
+from ingest.errors import DecodeError
 from ingest.proof.capture import delete_topics
+from ingest.source.kafka import KafkaSource
 from ingest.source.topiclog import TopicLog
 
 _READ_CHUNK = 50_000
@@ -35,15 +37,19 @@ def schema_ids(embedded: EmbeddedSchemaRegistry, registry: ConfluentSchemaRegist
 
 def reframe(message: bytes | None, ids: dict[int, int]) -> bytes | None:
     """A Confluent-framed message with its schema id mapped (anything else unchanged)."""
-    if not ids or message is None or len(message) < 5 or message[0] != 0:
+    if not ids or message is None:
         return message
-    new = ids.get(int.from_bytes(message[1:5], "big"))
-    return message if new is None else b"\x00" + new.to_bytes(4, "big") + message[5:]
+    try:
+        old, payload = unframe(message)
+    except DecodeError:
+        return message  # not framed: a JSON message, or one the decoder should see as it is
+    new = ids.get(old)
+    return message if new is None else frame(new, bytes(payload))
 
 
 def copy_topic(log: TopicLog, topic: str, servers: str, ids: dict[int, int]) -> int:
     """Recreate ``topic`` on the broker and produce the log's records into it; returns how many."""
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     ends = log.end_offsets(topic)
@@ -75,11 +81,7 @@ def copy_topic(log: TopicLog, topic: str, servers: str, ids: dict[int, int]) -> 
             producer.poll(0)
     if producer.flush(120):
         raise RuntimeError(f"{topic}: records still unsent after 120 s")
-    consumer = Consumer({"bootstrap.servers": servers, "group.id": "bench-copy-check"})
-    try:
-        copied = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in ends}
-    finally:
-        consumer.close()
+    copied = _source(servers).end_offsets(topic)
     if copied != ends:
         raise RuntimeError(f"{topic}: the broker holds end offsets {copied}, the log {ends}")
     return sent
@@ -110,6 +112,11 @@ def kafka_config(config: IngestConfig, stack: Any, say: Callable[[str], None]) -
     return kafka, ids
 
 
+def _source(servers: str) -> KafkaSource:
+    """The engine's own view of the broker (end offsets through the admin API)."""
+    return KafkaSource(KafkaSpec(bootstrap_servers=servers))
+
+
 class KafkaLog:
     """The copied topics read back from the broker with librdkafka, in the embedded log's shape, for
     the bare script (``end_offsets``, ``read``): a user without Spark would consume Kafka this way.
@@ -130,15 +137,7 @@ class KafkaLog:
         return Consumer({"bootstrap.servers": self._servers, "group.id": "bench-bare", "enable.auto.commit": False})
 
     def end_offsets(self, topic: str) -> dict[int, int]:
-        from confluent_kafka import TopicPartition
-
-        consumer = self._consumer()
-        try:
-            meta = consumer.list_topics(topic, timeout=30).topics[topic]
-            return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-                    for p in sorted(meta.partitions)}
-        finally:
-            consumer.close()
+        return _source(self._servers).end_offsets(topic)
 
     def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
         """Records ``start <= offset < end`` of one partition."""
