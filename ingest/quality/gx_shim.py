@@ -15,11 +15,11 @@ block changes nothing, and that test fails until someone checks the new version.
 
 The block also remembers the ids GX computes for its metrics' keyword dictionaries
 (``IDDict.to_id``: a JSON dump of the dictionary through GX's slow generic converter, then MD5). A
-validation of that suite asks for about a thousand ids, of only 22 distinct dictionaries, the same
-ones batch after batch. An id is remembered only for a dictionary of plain values (strings,
-numbers, booleans, None, and lists, tuples and string-keyed dicts of them), keyed by those values
-and their types, so equal keys always mean the same JSON and the same id; anything else is
-computed as before.
+validation asks for many ids of a few distinct dictionaries, the same ones batch after batch (a
+one-off count on the demo's orders suite: about a thousand ids, 22 dictionaries). An id is
+remembered only for a dictionary of plain values (strings, numbers, booleans, None, and lists,
+tuples and string-keyed dicts of them), keyed by those values and their types, so equal keys always
+mean the same JSON and the same id; anything else is computed as before.
 
 Not thread-safe on its own: callers hold the gate's GX lock around the block.
 """
