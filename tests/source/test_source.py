@@ -147,3 +147,44 @@ def test_a_catch_up_is_read_in_pieces_of_the_batch_size_covering_the_gap_once():
     assert sorted(covered) == [(0, o) for o in range(5, 105)] + [(1, o) for o in range(30)]  # once each
     assert all(sum(hi[p] - lo[p] for p in lo) <= 40 for lo, hi in pieces)
     assert list(_chunks({0: 3}, {0: 3}, 10)) == []  # nothing missed, nothing to read
+
+
+class _Reader:
+    """Records what a source asks of Spark's reader."""
+
+    def __init__(self) -> None:
+        self.options: dict[str, str] = {}
+        self.format_name = ""
+
+    def format(self, name: str) -> "_Reader":
+        self.format_name = name
+        return self
+
+    def option(self, key: str, value: str) -> "_Reader":
+        self.options[key] = value
+        return self
+
+    def load(self) -> "_Reader":
+        return self
+
+
+def _kafka_stream_options(options: dict[str, str]) -> dict[str, str]:
+    from types import SimpleNamespace
+
+    from ingest.config import KafkaSpec
+    from ingest.source.kafka import KafkaSource
+
+    reader = _Reader()
+    spark = SimpleNamespace(readStream=reader, sparkContext=SimpleNamespace(defaultParallelism=2))
+    KafkaSource(KafkaSpec(bootstrap_servers="127.0.0.1:9092", options=options)).stream(spark, ["t"], "earliest", 500)
+    assert reader.format_name == "kafka"
+    return reader.options
+
+
+def test_the_kafka_stream_waits_briefly_for_fetches_unless_configured(monkeypatch):
+    monkeypatch.delenv("KAFKA_SASL_JAAS_CONFIG", raising=False)
+    defaults = _kafka_stream_options({})
+    assert defaults["kafka.fetch.max.wait.ms"] == "50"
+    assert defaults["maxOffsetsPerTrigger"] == "500" and defaults["subscribe"] == "t"
+    configured = _kafka_stream_options({"kafka.fetch.max.wait.ms": "400", "kafka.client.id": "x"})
+    assert configured["kafka.fetch.max.wait.ms"] == "400" and configured["kafka.client.id"] == "x"
