@@ -12,6 +12,13 @@ slots make no progress for a few seconds, :func:`wait_for_capture` therefore wri
 transactional logical-decoding message (``pg_logical_emit_message``, prefix ``ingest.proof.verify``);
 it changes no table, lies past the target, and Debezium forwards it to its ``<prefix>.message``
 topic and confirms its position. Writing it needs superuser or the REPLICATION attribute.
+
+Where the capture belongs to the project's own stack, a caller may also pass ``on_stall``. When the
+slots have confirmed nothing for :data:`RESTART_AFTER` seconds although markers were written (or no
+slot is active), it is called, at most :data:`MAX_RESTARTS` times per wait, and the stack restarts
+Kafka Connect. Connect's Avro converter (Apicurio 2.6, on the JDK's HTTP client, to which it gives
+no timeout) was once seen blocked for good on a registry call the registry had already answered.
+A fresh Connect resumes from its committed offsets; a record it sends again is applied idempotently.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ Say = Callable[[str], None]
 MARKER_PREFIX: Final = "ingest.proof.verify"
 #: Seconds without progress before the marker message is written (and between further markers).
 STALL_SECONDS: Final = 2.0
+#: Seconds without progress, markers written, before ``on_stall`` is called.
+RESTART_AFTER: Final = 45.0
+MAX_RESTARTS: Final = 2
 _MARKER_EVERY: Final = 15.0
 
 
@@ -50,6 +60,8 @@ class CaptureResult:
     slots: list[SlotState] = field(default_factory=list)
     markers: int = 0
     marker_error: str | None = None
+    #: how often ``on_stall`` was called (the capture was restarted)
+    restarts: int = 0
     problem: str | None = None
 
 
@@ -68,7 +80,8 @@ def slot_states(conn: psycopg.Connection, target: str) -> list[SlotState]:
 
 
 def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None,
-                     poll: float = 0.5) -> CaptureResult:
+                     poll: float = 0.5, on_stall: Callable[[], object] | None = None,
+                     restart_after: float = RESTART_AFTER) -> CaptureResult:
     """Wait until every active logical slot has confirmed the WAL position read at the start.
 
     Args:
@@ -76,6 +89,9 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
         timeout: seconds to wait at most.
         say: receives progress lines (about every 5 s while waiting).
         poll: seconds between checks.
+        on_stall: restarts the capture (Kafka Connect) when no slot has moved for ``restart_after``
+            seconds, markers written; ``None`` waits it out.
+        restart_after: see ``on_stall``.
 
     Returns:
         The target LSN, whether every active slot reached it, the slots' last state and how many
@@ -113,6 +129,14 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
                        if result.marker_error else ""))
                 break
             stalled = now - last_progress >= STALL_SECONDS
+            if (on_stall is not None and (result.markers or not active) and now - last_progress >= restart_after
+                    and result.restarts < MAX_RESTARTS):
+                say(f"  Debezium has confirmed nothing for {now - last_progress:.0f} s "
+                    f"({_describe(active) or 'no active slot'}): restarting Kafka Connect")
+                on_stall()
+                result.restarts += 1
+                last_progress = last_marker = time.monotonic()
+                continue
             if active and stalled and now - last_marker >= (_MARKER_EVERY if result.markers else 0):
                 result.marker_error = _emit_marker(conn, target)
                 result.markers += 1

@@ -120,7 +120,7 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
 
     with _timed(result, "reset"):
         say(f"reset: schema {schema}, topics and workdirs of {len(cfgs)} configuration(s)")
-        drained = wait_for_capture(dsn, timeout=wait, say=say)
+        drained = wait_for_capture(dsn, timeout=wait, say=say, on_stall=stack.unstick_capture)
         if not drained.ok:
             raise IngestError(f"Debezium has not captured the source before the reset: {drained.problem}")
         topics = sorted({t.topic for c in cfgs for t in c.tables})
@@ -141,7 +141,7 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
 
     with _timed(result, "capture"):
         say("waiting until Debezium has captured the workload")
-        result.capture = wait_for_capture(dsn, timeout=wait, say=say)
+        result.capture = wait_for_capture(dsn, timeout=wait, say=say, on_stall=stack.unstick_capture)
         if not result.capture.ok:
             say(f"  NOT captured: {result.capture.problem}")
             result.timings["total"] = time.monotonic() - started
@@ -157,7 +157,7 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
         run.ingest_seconds = time.monotonic() - t0
         say(f"verify ({label}) against the source database")
         t0 = time.monotonic()
-        run.verification = verify_source_db(cfg, dsn, wait=wait, say=say)
+        run.verification = verify_source_db(cfg, dsn, wait=wait, say=say, on_stall=stack.unstick_capture)
         run.verify_seconds = time.monotonic() - t0
         result.timings[f"ingest {label}"] = run.ingest_seconds
         result.timings[f"verify {label}"] = run.verify_seconds

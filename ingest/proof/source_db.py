@@ -160,7 +160,8 @@ class SourceVerification:
 
 
 def verify_source_db(config: IngestConfig, dsn: str, *, wait: float = 120.0, say: Say | None = None,
-                     tables: list[str] | None = None) -> SourceVerification:
+                     tables: list[str] | None = None, on_stall: Callable[[], object] | None = None
+                     ) -> SourceVerification:
     """Wait for Debezium and the engine, then compare every configured table with its source table.
 
     Args:
@@ -169,6 +170,8 @@ def verify_source_db(config: IngestConfig, dsn: str, *, wait: float = 120.0, say
         wait: seconds to wait for Debezium's slots, and again for the tables to catch up.
         say: receives progress lines.
         tables: only these configured tables (default: all).
+        on_stall: restarts Kafka Connect if Debezium's slots stall (the project's own stack only;
+            :func:`~ingest.proof.capture.wait_for_capture`).
 
     Returns:
         What was found; the tables are compared even when waiting timed out (for diagnosis).
@@ -176,7 +179,7 @@ def verify_source_db(config: IngestConfig, dsn: str, *, wait: float = 120.0, say
     say = say or (lambda _line: None)
     specs = [s for s in config.tables if tables is None or s.name in tables]
     say("waiting until Debezium has captured everything committed so far")
-    capture = wait_for_capture(dsn, timeout=wait, say=say)
+    capture = wait_for_capture(dsn, timeout=wait, say=say, on_stall=on_stall)
     say(f"  captured up to {capture.target_lsn} after {capture.seconds:.1f} s" if capture.ok
         else f"  NOT captured: {capture.problem}")
     catch_up = wait_for_tables(config, specs, wait=wait, say=say)

@@ -99,7 +99,7 @@ def reset_source(stack: Any, schema: str, *, workdirs: Iterable[Path] = (), wait
     """
     say = say or (lambda _line: None)
     dsn = stack.pg_dsn()
-    drained = wait_for_capture(dsn, timeout=wait, say=say)
+    drained = wait_for_capture(dsn, timeout=wait, say=say, on_stall=stack.unstick_capture)
     if not drained.ok:
         raise IngestError(f"Debezium has not captured the source before the reset: {drained.problem}")
     deleted = delete_topics(stack.bootstrap_servers(), topics_of(schema))

@@ -154,7 +154,7 @@ class StackTorture:
         finally:
             load.stop()
             self.result.load = load.join(60)
-        self._drain(dsn, process, watch, config_path)
+        self._drain(dsn, process, watch, config_path, stack)
         return self.result
 
     # -- faults -------------------------------------------------------------------------------------
@@ -188,11 +188,11 @@ class StackTorture:
         return f"SIGKILL after {uptime:.0f} s up, restarted armed: {how}; restarted"
 
     # -- the end --------------------------------------------------------------------------------------
-    def _drain(self, dsn: str, process: IngestProcess, watch: IngestWatch, config_path: Path) -> None:
+    def _drain(self, dsn: str, process: IngestProcess, watch: IngestWatch, config_path: Path, stack: Any) -> None:
         spec = self.spec
         self.say(f"load stopped: {self.result.load.committed_changes if self.result.load else 0} changes committed; "
                  "waiting until Debezium has captured everything")
-        self.result.capture = wait_for_capture(dsn, timeout=spec.wait, say=self.say)
+        self.result.capture = wait_for_capture(dsn, timeout=spec.wait, say=self.say, on_stall=stack.unstick_capture)
         self.result.watch = watch.stop()
         process.stop(timeout=60)
         self.result.ingest_starts = process.starts

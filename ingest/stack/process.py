@@ -146,6 +146,8 @@ def stop(pid: int, *, sig: int = signal.SIGTERM, timeout: float = 30.0) -> bool:
     except ProcessLookupError:
         _children.pop(pid, None)
         return True
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)  # a stopped process (SIGSTOP, ^Z) acts on the signal once continued
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not alive(pid):

@@ -200,6 +200,10 @@ class Stack:
             self.progress(f"{component}: restarted; ready again {elapsed:.1f} s after the stop")
             return elapsed
 
+    def unstick_capture(self) -> None:
+        """Restart Kafka Connect: the ``on_stall`` of :func:`ingest.proof.capture.wait_for_capture` on this stack."""
+        self.restart("connect")
+
     def status(self) -> list[ComponentStatus]:
         """Pid and health of every component."""
         rows = []

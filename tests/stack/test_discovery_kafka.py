@@ -98,7 +98,7 @@ def test_a_whole_schema_is_discovered_ingested_while_running_and_equals_postgres
         topic_pattern=rf"pgjson\.{schema}\.[^.]+", table_name="{table}", refresh_seconds=2,
         defaults={"engine": "delta-spark"})})
     assert config.tables == ()
-    assert wait_for_capture(pg_dsn, timeout=60).ok  # the first three topics exist
+    assert wait_for_capture(pg_dsn, timeout=120, on_stall=stack.unstick_capture).ok  # the first three topics exist
     reports: list[Any] = []
     engine = Engine(config, spark=spark)
     runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=300)))
@@ -128,7 +128,7 @@ def test_a_whole_schema_is_discovered_ingested_while_running_and_equals_postgres
 
     found = with_discovered(config)
     assert sorted(t.name for t in found.tables) == sorted([*_TABLES, _LATE[0]])
-    verdict = verify_source_db(found, pg_dsn, wait=60)
+    verdict = verify_source_db(found, pg_dsn, wait=120, on_stall=stack.unstick_capture)
     assert verdict.ok, [(c.table, c.error, c.verification) for c in verdict.tables]
     by_table = {c.table: c.verification for c in verdict.tables}
     assert [by_table[t].actual_rows for t in ("accounts", "events", "line_items", "refunds")] == [40, 52, 35, 11]

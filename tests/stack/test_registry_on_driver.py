@@ -36,7 +36,7 @@ def test_avro_decodes_with_credentials_only_the_driver_has(
         conn.execute(f"INSERT INTO {SCHEMA}.item SELECT g, 'n' || g, g * 1.25 FROM generate_series(1, 50) g")
         conn.execute(f"UPDATE {SCHEMA}.item SET price = price + 1 WHERE id <= 10")
         conn.execute(f"DELETE FROM {SCHEMA}.item WHERE id > 45")
-    assert wait_for_capture(pg_dsn, timeout=120).ok
+    assert wait_for_capture(pg_dsn, timeout=120, on_stall=stack.unstick_capture).ok
 
     config = stack_config("avro", tmp_path, schema=SCHEMA, tables=["item"])
     registry = config.source.registry.model_copy(update={"credentials_env": DRIVER_ONLY})

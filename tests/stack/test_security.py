@@ -105,7 +105,7 @@ def written(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wr
     out = Written(tmp_path_factory.mktemp("security"))
     reset_source(stack, SCHEMA)
     run_workload(stack.pg_dsn(), WorkloadSpec(seed=21, scale=0.05, schema=SCHEMA))
-    assert wait_for_capture(stack.pg_dsn(), timeout=180).ok
+    assert wait_for_capture(stack.pg_dsn(), timeout=180, on_stall=stack.unstick_capture).ok
     yield out
 
 
@@ -122,7 +122,7 @@ def test_a_sasl_and_basic_auth_run_ingests_every_table_equal(stack: Any, written
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # Port 9095 is the broker's SASL_PLAINTEXT listener only: the run logged in with SCRAM to read anything.
     assert config_path.read_text().count(stack.bootstrap_servers(sasl=True)) == 1
-    result = verify_source_db(load_config(config_path), pg_dsn, wait=120)
+    result = verify_source_db(load_config(config_path), pg_dsn, wait=120, on_stall=stack.unstick_capture)
     assert result.ok, [(t.table, t.verification and t.verification.examples, t.error) for t in result.tables]
     assert all(t.verification and t.verification.expected_rows > 0 for t in result.tables)
 
@@ -148,7 +148,7 @@ def test_dagster_materializations_over_sasl(stack: Any, written: Written, pg_dsn
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("UPDATE {t} SET coupon_code = 'SEC-1' WHERE id IN (SELECT id FROM {t} ORDER BY id "
                              "LIMIT 5)").format(t=orders))
-    assert wait_for_capture(pg_dsn, timeout=120).ok
+    assert wait_for_capture(pg_dsn, timeout=120, on_stall=stack.unstick_capture).ok
     config_path = written.root / "good" / "config.yaml"
     engine = SparkIngestEngine(config_path=str(config_path))
     defs = build_definitions(load_config(config_path), engine)

@@ -106,7 +106,7 @@ def probe(pg_dsn: str, stack: Any, spark: Any, tmp_path_factory: pytest.TempPath
         conn.execute(ROW_3.encode())
         for statement, param in STATEMENTS:
             conn.execute(statement.encode(), (param,) if param is not None else None)
-    assert wait_for_capture(pg_dsn, timeout=120).ok
+    assert wait_for_capture(pg_dsn, timeout=120, on_stall=stack.unstick_capture).ok
     configs = {}
     for fmt in PREFIX:
         config = stack_config(fmt, tmp_path_factory.mktemp(f"types-{fmt}"), schema=SCHEMA, tables=TABLES)

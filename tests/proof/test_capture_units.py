@@ -1,0 +1,65 @@
+"""wait_for_capture's stall handling, with the database's answers scripted."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ingest.proof import capture
+from ingest.proof.capture import SlotState
+
+
+class _Slots:
+    """A slot that confirms nothing until ``on_stall`` ran ``heal_after`` times."""
+
+    def __init__(self, heal_after: int | None) -> None:
+        self.heal_after = heal_after
+        self.stalls = 0
+        self.markers = 0
+
+    def states(self, _conn: Any, _target: str) -> list[SlotState]:
+        healed = self.heal_after is not None and self.stalls >= self.heal_after
+        return [SlotState("pgjson", True, "0/20" if healed else "0/10", healed)]
+
+    def on_stall(self) -> None:
+        self.stalls += 1
+
+
+@pytest.fixture
+def slots(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Slots]:
+    @contextlib.contextmanager
+    def connect(*_args: Any, **_kwargs: Any) -> Iterator[object]:
+        yield object()
+
+    monkeypatch.setattr(capture.psycopg, "connect", connect)
+    monkeypatch.setattr(capture, "current_lsn", lambda _conn: "0/20")
+    monkeypatch.setattr(capture, "STALL_SECONDS", 0.02)
+    scripted = _Slots(heal_after=None)
+
+    def marker(_conn: Any, _target: str) -> None:
+        scripted.markers += 1
+
+    monkeypatch.setattr(capture, "slot_states", scripted.states)
+    monkeypatch.setattr(capture, "_emit_marker", marker)
+    yield scripted
+
+
+def test_a_stalled_capture_is_restarted_once_and_then_completes(slots: _Slots) -> None:
+    slots.heal_after = 1
+    result = capture.wait_for_capture("dsn", timeout=5, poll=0.01, on_stall=slots.on_stall, restart_after=0.1)
+    assert result.ok and result.restarts == 1 and slots.stalls == 1
+    assert slots.markers >= 1  # markers were tried before the restart
+
+
+def test_restarts_are_bounded_and_a_capture_that_never_moves_times_out(slots: _Slots) -> None:
+    result = capture.wait_for_capture("dsn", timeout=1.0, poll=0.01, on_stall=slots.on_stall, restart_after=0.1)
+    assert not result.ok and result.problem and "have not confirmed" in result.problem
+    assert result.restarts == slots.stalls == capture.MAX_RESTARTS
+
+
+def test_without_on_stall_the_wait_only_writes_markers(slots: _Slots) -> None:
+    result = capture.wait_for_capture("dsn", timeout=0.5, poll=0.01, restart_after=0.1)
+    assert not result.ok and result.restarts == 0 and slots.stalls == 0
