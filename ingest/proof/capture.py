@@ -90,7 +90,7 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
         say: receives progress lines (about every 5 s while waiting).
         poll: seconds between checks.
         on_stall: restarts the capture (Kafka Connect) when no slot has moved for ``restart_after``
-            seconds, markers written; ``None`` waits it out.
+            seconds, markers written; ``None`` waits it out. What it raises is raised here.
         restart_after: see ``on_stall``.
 
     Returns:
