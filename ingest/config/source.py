@@ -38,7 +38,8 @@ class KafkaSpec(Model):
 
     bootstrap_servers: str = Field(description="host:port list, comma separated")
     options: dict[str, str] = Field(
-        default_factory=dict, description="extra kafka.* options passed to the Spark Kafka source (no secrets)"
+        default_factory=dict, description="extra kafka.* options passed to the Spark Kafka source (no secrets); "
+                                       "kafka.fetch.max.wait.ms is 50 unless set here"
     )
     credentials_env: str = Field(
         "KAFKA_SASL_JAAS_CONFIG", description="environment variable holding the SASL JAAS config, if any"
