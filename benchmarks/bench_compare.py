@@ -220,8 +220,8 @@ def main() -> None:
 
         stack = Stack.from_env()
         started = [name for name, seconds in stack.up(["kafka", "registry"]).items() if seconds > 0]
+    bare_log: Any = log
     try:
-        bare_log: Any = log
         if stack is not None:
             config, ids = kafka_config(config, stack, console.print)
             bare_log = KafkaLog(stack.bootstrap_servers(), ids)
@@ -237,10 +237,10 @@ def main() -> None:
             bare_s = time.perf_counter() - t0
             bare_ok = all(verify_table(n, root / n, truth.tables[n], k).ok for n, _, k in tables)
             console.print(f"bare baseline: {bare_s:.1f} s, {len(bare_batches)} batches, equal to source: {bare_ok}")
-        if isinstance(bare_log, KafkaLog):
-            bare_log.close()
         compare(args, config, config_checked, records, bare_s, bare_ok, bare_batches)
     finally:
+        if isinstance(bare_log, KafkaLog):
+            bare_log.close()
         if stack is not None and started:
             stack.down(started)
 
