@@ -195,6 +195,8 @@ def main() -> None:
                         help="streaming queries the tables share (source.queries); as many as tables: one each")
     parser.add_argument("--source", choices=["embedded", "kafka"], default="embedded",
                         help="where the engine reads the records: the embedded log or the stack's Kafka broker")
+    parser.add_argument("--kafka-reader", choices=["spark", "python"], default=None,
+                        help="with --source kafka: source.kafka.reader (default: the configuration's default)")
     parser.add_argument("--busy-core", action="store_true", help="keep one core busy while the engine runs")
     parser.add_argument("--skip-bare", action="store_true")
     parser.add_argument("--quality", action="store_true",
@@ -223,7 +225,7 @@ def main() -> None:
     bare_log: Any = log
     try:
         if stack is not None:
-            config, ids = kafka_config(config, stack, console.print)
+            config, ids = kafka_config(config, stack, console.print, reader=args.kafka_reader)
             bare_log = KafkaLog(stack.bootstrap_servers(), ids)
         bare_s = bare_ok = None
         bare_batches: list[float] = []

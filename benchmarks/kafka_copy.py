@@ -87,9 +87,11 @@ def copy_topic(log: TopicLog, topic: str, servers: str, ids: dict[int, int]) -> 
     return sent
 
 
-def kafka_config(config: IngestConfig, stack: Any, say: Callable[[str], None]) -> tuple[IngestConfig, dict[int, int]]:
+def kafka_config(config: IngestConfig, stack: Any, say: Callable[[str], None], *,
+                 reader: str | None = None) -> tuple[IngestConfig, dict[int, int]]:
     """Copy ``config``'s topics (and Avro schemas) to the stack; returns the configuration reading
-    them and the Avro ids mapped (embedded -> registry)."""
+    them (with ``source.kafka.reader`` set to ``reader``, if given) and the Avro ids mapped
+    (embedded -> registry)."""
     servers = stack.bootstrap_servers()
     avro = config.source.value_format == "avro"
     url = f"{stack.registry_url()}/apis/ccompat/v7"
@@ -100,7 +102,8 @@ def kafka_config(config: IngestConfig, stack: Any, say: Callable[[str], None]) -
     sent = sum(copy_topic(log, t.topic, servers, ids) for t in config.tables)
     say(f"copied {sent:,} records to Kafka ({servers}) in {time.perf_counter() - t0:.0f} s")
     raw = yaml.safe_load(Path(config.workdir / "bench.yaml").read_text())
-    raw["source"] |= {"kind": "kafka", "kafka": {"bootstrap_servers": servers}}
+    connection = {"bootstrap_servers": servers, **({"reader": reader} if reader else {})}
+    raw["source"] |= {"kind": "kafka", "kafka": connection}
     if avro:
         raw["source"]["registry"] = {"kind": "confluent", "url": url}
     raw["target"] |= {"root": "tables-kafka", "checkpoint_dir": "checkpoints-kafka"}

@@ -23,8 +23,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -35,12 +36,12 @@ from ingest.apply.tablestate import load_state
 from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
-from ingest.decode.parts import PARTS_DDL, read_parts
+from ingest.decode.parts import PARTS_DDL, part_kind, read_parts
 from ingest.decode.registry import ConfluentSchemaRegistry
 from ingest.errors import RegistryUnavailableError, is_transient
 from ingest.paths import TablePaths
 from ingest.quality import QualityGate
-from ingest.source import EmbeddedSource, decodes_at_read, source_for
+from ingest.source import DecodingSource, decodes_at_read, source_for
 
 log = logging.getLogger(__name__)
 _RETRIES = 3  # attempts at a table's batch when its error is transient
@@ -93,9 +94,8 @@ class BatchHandler:
         self.specs_by_topic = {s.topic: DecoderSpec.for_table(config, s) for s in specs}
         self.decoder = BatchDecoder(self.specs_by_topic)
         self.registry = _driver_registry(config)
-        #: the embedded log, when it decodes as it reads (the stream's rows are then parts)
-        source = source_for(config) if decodes_at_read(config) else None
-        self.source = source if isinstance(source, EmbeddedSource) else None
+        #: the source, when it decodes as it reads (the stream's rows are then parts)
+        self.source = cast(DecodingSource, source_for(config)) if decodes_at_read(config) else None
         self.engines = Engines(config)
         self.stopped: dict[str, BaseException] = {}
         #: when each stopped table may be tried again (``time.monotonic``); only with ``retry_stopped``
@@ -117,7 +117,8 @@ class BatchHandler:
             t0 = time.perf_counter()
             if self.report.startup_seconds is None:
                 self.report.startup_seconds = t0 - self.report.started
-            self._prefetch_schemas(active)
+            if self.source is None:  # a reader that decodes as it reads asks the registry in its workers
+                self._prefetch_schemas(active)
             active = [s for s in active if s not in due or self._catch_up(s, frame, batch_id)]
             # The executors decode the Kafka rows into typed columnar parts; the driver gets those only.
             parts = self._decoded(frame)
@@ -194,7 +195,7 @@ class BatchHandler:
             state = load_state(paths.table)
             start = {p: max(first.get(p, 0), _after(state.applied_offset(spec.topic, p))) for p in end}
             for lo, hi in _chunks(start, end, self.config.source.max_records_per_batch):
-                if self.source is not None:  # the embedded log decoding as it reads: local files, decoded here
+                if self.source is not None:  # a source decoding as it reads: read and decoded here
                     gap, parts = None, self.decoder.decode(self.source.read_arrow(spec.topic, lo, hi))
                 else:
                     gap = source.read_range(frame.sparkSession, spec.topic, lo, hi)
@@ -217,16 +218,22 @@ class BatchHandler:
                decode_ms: int) -> AuditRecord | None:
         """Apply one table's share of the micro-batch; returns its audit row, for the caller to append."""
         paths = TablePaths.of(self.config, spec.name)
+        if self.source is not None and _unavailable(parts):
+            # The reader's workers could not reach the registry (no route or credentials on the
+            # executors): the driver, which may, decodes the table's share itself.
+            log.warning("table %s: the workers could not read the schema registry; decoding batch %d on the "
+                        "driver (source.kafka.reader: spark lets the driver hand them the schemas)",
+                        spec.name, batch_id)
+            parts = self._redecoded(spec, frame, parts)
         for attempt in Retrying(stop=stop_after_attempt(_RETRIES), wait=wait_exponential(multiplier=1, max=15),
                                 retry=retry_if_exception(is_transient), reraise=True,
                                 before_sleep=lambda state: log.warning(
                                     "table %s: batch %d failed (%s); retrying", spec.name, batch_id,
                                     _failure(state))):
             with attempt:
-                if attempt.retry_state.attempt_number > 1 and frame is not None and self.source is None:
-                    # decode the table's records again (the registry may answer now); the embedded
-                    # log's parts depend on no service
-                    parts = self._decoded(frame.filter(frame.topic == spec.topic))
+                if attempt.retry_state.attempt_number > 1:
+                    # decode the table's records again (the registry may answer now)
+                    parts = self._redecoded(spec, frame, parts)
                 result = apply_parts(spec, paths, parts, batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
                                      gate=self.gates.get(spec.name), engine=self.engines.for_table(spec),
                                      defer_audit=True,
@@ -239,6 +246,24 @@ class BatchHandler:
         if self.progress is not None:
             self.progress(spec.name, result.record, result)
         return result.record
+
+    def _redecoded(self, spec: TableSpec, frame: DataFrame | None, parts: list[Any]) -> list[Any]:
+        """The table's share decoded again, for a retry: by ``mapInArrow``, or, where the source decoded
+        as it read, here from the same offsets read again. The embedded log with its own registry
+        depends on no service: its parts stay as they are."""
+        if self.source is None:
+            return parts if frame is None else self._decoded(frame.filter(frame.topic == spec.topic))
+        if self.config.source.registry.kind == "embedded":
+            return parts
+        start: dict[int, int] = {}
+        end: dict[int, int] = {}
+        for part in parts:
+            if part.num_rows:
+                for partition, offset in zip(part.column("_cdc_partition").to_pylist(),
+                                             part.column("_cdc_offset").to_pylist(), strict=True):
+                    start[partition] = min(start.get(partition, offset), offset)
+                    end[partition] = max(end.get(partition, offset + 1), offset + 1)
+        return self.decoder.decode(self.source.read_arrow(spec.topic, start, end)) if start else parts
 
     def _stop(self, spec: TableSpec, exc: BaseException) -> None:
         """The table stops; its offsets stay where its Delta log has them, and the next run resumes there."""
@@ -253,6 +278,12 @@ class BatchHandler:
             self.retry_at.pop(spec.name, None)
             log.error("table %s stopped: %s", spec.name, secrets.describe(exc))
 
+
+
+def _unavailable(parts: list[Any]) -> bool:
+    """Whether some message of the parts could not be decoded because the registry did not answer."""
+    return any(part.num_rows and part_kind(part.schema) == "meta"
+               and pc.any(pc.equal(part.column("_cdc_kind"), "unavailable")).as_py() for part in parts)
 
 
 def _driver_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:

@@ -82,7 +82,7 @@ def _import_decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
 
     import ingest.decode.columnar
     import ingest.deltaio
-    import ingest.source.embedded
+    import ingest.source.reader
     import ingest.source.topiclog  # noqa: F401
 
     yield from batches

@@ -12,16 +12,17 @@ unknown, never zero.
 from __future__ import annotations
 
 import json
-from typing import Protocol
+from typing import Any, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 
 from ingest.config import IngestConfig
-from ingest.source.embedded import EARLIEST, FORMAT_NAME, KAFKA_SCHEMA_DDL, LATEST, EmbeddedSource, TopicLogDataSource
+from ingest.source.embedded import EmbeddedSource
 from ingest.source.kafka import KafkaSource
+from ingest.source.reader import EARLIEST, FORMAT_NAME, KAFKA_SCHEMA_DDL, LATEST, TopicLogDataSource
 
-__all__ = ["EARLIEST", "FORMAT_NAME", "KAFKA_SCHEMA_DDL", "LATEST", "EmbeddedSource", "KafkaSource", "Offsets",
-           "Source", "TopicLogDataSource", "decodes_at_read", "read_topics", "source_for"]
+__all__ = ["EARLIEST", "FORMAT_NAME", "KAFKA_SCHEMA_DDL", "LATEST", "DecodingSource", "EmbeddedSource", "KafkaSource",
+           "Offsets", "Source", "TopicLogDataSource", "decodes_at_read", "read_topics", "source_for"]
 
 Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON
 
@@ -57,8 +58,10 @@ class Source(Protocol):
         """
         ...
 
-    def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int) -> DataFrame:
-        """A streaming DataFrame of ``topics`` in Spark's Kafka row shape."""
+    def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int,
+               decoder: Any = None) -> DataFrame:
+        """A streaming DataFrame of ``topics`` in Spark's Kafka row shape; given a decoder, of its parts
+        (only where :func:`decodes_at_read`)."""
         ...
 
     def read_range(self, spark: SparkSession, topic: str, start: dict[int, int], end: dict[int, int]) -> DataFrame:
@@ -67,14 +70,30 @@ class Source(Protocol):
         ...
 
 
-def decodes_at_read(config: IngestConfig) -> bool:
-    """Whether the source decodes as it reads (the embedded log with its own registry).
+class DecodingSource(Source, Protocol):
+    """A source read by the engine's own reader, which decodes as it reads (see :func:`decodes_at_read`)."""
 
-    Then the stream's rows are the decode step's parts, and raw messages are fetched from the log
-    by their coordinates. A registry served over HTTP is not used from the reader: the driver hands
-    the executors that registry's schemas batch by batch (``mapInArrow``).
+    def read_arrow(self, topic: str, start: dict[int, int], end: dict[int, int]) -> Any:
+        """:meth:`read_range` as an Arrow table, without Spark (to decode on the driver)."""
+        ...
+
+    def fetch(self, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
+        """Raw key, value and timestamp of some messages, by their coordinates (for quarantine)."""
+        ...
+
+
+def decodes_at_read(config: IngestConfig) -> bool:
+    """Whether the source decodes as it reads: Kafka with ``reader: python``, or the embedded log with
+    its own registry.
+
+    Then the stream's rows are the decode step's parts, and raw messages are fetched from the source
+    by their coordinates. The embedded log with a registry served over HTTP is decoded by
+    ``mapInArrow``: the driver hands the executors that registry's schemas batch by batch. The
+    Kafka reader's workers ask the registry themselves, once per schema and worker process.
     """
-    return config.source.kind != "kafka" and config.source.registry.kind == "embedded"
+    if config.source.kind == "kafka":
+        return config.source.kafka is not None and config.source.kafka.reader == "python"
+    return config.source.registry.kind == "embedded"
 
 
 def source_for(config: IngestConfig) -> Source:
@@ -100,8 +119,5 @@ def read_topics(spark: SparkSession, config: IngestConfig, topics: list[str], *,
             :func:`decodes_at_read`: the stream's rows are then its parts.
     """
     starting = json.dumps(starting_offsets) if starting_offsets else "earliest"
-    source = source_for(config)
-    if decoder is not None:
-        assert isinstance(source, EmbeddedSource) and decodes_at_read(config)
-        return source.stream(spark, topics, starting, config.source.max_records_per_batch, decoder=decoder)
-    return source.stream(spark, topics, starting, config.source.max_records_per_batch)
+    assert decoder is None or decodes_at_read(config)
+    return source_for(config).stream(spark, topics, starting, config.source.max_records_per_batch, decoder=decoder)

@@ -19,14 +19,10 @@ from pyspark.sql import DataFrame, SparkSession
 
 from ingest import secrets
 from ingest.config import KafkaSpec
+from ingest.config.source import SHARED_KAFKA_OPTIONS
 from ingest.errors import SourceUnavailableError
 
 log = logging.getLogger(__name__)
-#: Java client options (``kafka.<name>`` in the configuration) that mean the same to librdkafka.
-_SHARED_OPTIONS: Final = frozenset({
-    "security.protocol", "sasl.mechanism", "ssl.ca.location", "ssl.endpoint.identification.algorithm",
-    "client.id", "client.dns.lookup",
-})
 _JAAS_FIELD: Final = re.compile(r'\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
 #: Seconds the admin client waits for the cluster before the source counts as unavailable.
 ADMIN_TIMEOUT: Final = 15.0
@@ -43,7 +39,7 @@ def admin_config(spec: KafkaSpec, jaas: str | None) -> dict[str, Any]:
     conf: dict[str, Any] = {"bootstrap.servers": spec.bootstrap_servers, "logger": log}
     for key, value in spec.options.items():
         name = key.removeprefix("kafka.")
-        if name in _SHARED_OPTIONS:
+        if name in SHARED_KAFKA_OPTIONS:
             conf[name] = value
     if jaas:
         fields = {name: re.sub(r"\\(.)", r"\1", value) for name, value in _JAAS_FIELD.findall(jaas)}
@@ -175,11 +171,31 @@ class KafkaSource:
             reader = reader.option("kafka.sasl.jaas.config", jaas)
         return reader
 
-    def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int) -> DataFrame:
+    def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int,
+               decoder: Any = None) -> DataFrame:
+        if self.spec.reader == "python":
+            from ingest.source.reader import open_stream
+
+            location = {"kafka": self.spec.model_dump_json(), "secretsFile": self.secrets_file or ""}
+            return open_stream(spark, location, topics, starting, max_records, decoder)
         # minPartitions: a topic of one partition is still decoded by every core.
         return (self._options(spark.readStream).option("subscribe", ",".join(topics))
                 .option("startingOffsets", starting).option("maxOffsetsPerTrigger", str(max_records))
                 .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
+
+    def read_arrow(self, topic: str, start: dict[int, int], end: dict[int, int]) -> Any:
+        """:meth:`read_range` as an Arrow table, read with librdkafka, without Spark."""
+        from ingest.source.kafkalog import KafkaLog
+        from ingest.source.reader import read_ranges
+
+        return read_ranges(KafkaLog(self.spec, self.secrets_file), topic, start, end)
+
+    def fetch(self, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
+        """Raw key, value and timestamp of some messages, read again by their coordinates."""
+        from ingest.source.kafkalog import KafkaLog
+        from ingest.source.reader import fetch_messages
+
+        return fetch_messages(KafkaLog(self.spec, self.secrets_file), coords)
 
     def read_range(self, spark: SparkSession, topic: str, start: dict[int, int], end: dict[int, int]) -> DataFrame:
         def offsets(by_partition: dict[int, int]) -> str:

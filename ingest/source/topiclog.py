@@ -175,6 +175,10 @@ class TopicLog:
             expected = nxt
         return segments
 
+    def start_offsets(self, topic: str) -> dict[int, int]:
+        """First offset per partition: 0, the log keeps every record."""
+        return dict.fromkeys(self.end_offsets(topic), 0)
+
     def end_offsets(self, topic: str) -> dict[int, int]:
         """Next offset to be written, per partition (Kafka's log-end offset)."""
         return {p: self._end_offset(topic, p) for p in range(self.partitions(topic))}

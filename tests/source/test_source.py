@@ -4,7 +4,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from ingest.source import KAFKA_SCHEMA_DDL
-from ingest.source.embedded import TopicLogStreamReader
+from ingest.source.reader import TopicLogStreamReader
 from ingest.source.topiclog import ProducerRecord, TopicLog
 
 
@@ -68,7 +68,8 @@ def test_one_task_per_core_of_about_equal_size_covering_the_range(log):
 def test_a_decoding_reader_yields_parts_and_the_log_gives_raw_messages_back(tmp_path):
     from ingest.decode.columnar import BatchDecoder, DecoderSpec
     from ingest.decode.parts import read_parts
-    from ingest.source.embedded import EmbeddedSource, encode_decoder
+    from ingest.source.embedded import EmbeddedSource
+    from ingest.source.reader import encode_decoder
 
     log = TopicLog(tmp_path)
     log.create_topic("t", 1)
@@ -188,3 +189,14 @@ def test_the_kafka_stream_waits_briefly_for_fetches_unless_configured(monkeypatc
     assert defaults["maxOffsetsPerTrigger"] == "500" and defaults["subscribe"] == "t"
     configured = _kafka_stream_options({"kafka.fetch.max.wait.ms": "400", "kafka.client.id": "x"})
     assert configured["kafka.fetch.max.wait.ms"] == "400" and configured["kafka.client.id"] == "x"
+
+
+def test_java_only_kafka_options_are_refused_for_the_python_reader() -> None:
+    from ingest.config import KafkaSpec
+
+    with pytest.raises(ValueError, match=r"kafka\.ssl\.truststore\.location"):
+        KafkaSpec(bootstrap_servers="x:9092", options={"kafka.ssl.truststore.location": "/t.jks"})
+    spark = KafkaSpec(bootstrap_servers="x:9092", reader="spark", options={"kafka.ssl.truststore.location": "/t.jks"})
+    assert spark.options == {"kafka.ssl.truststore.location": "/t.jks"}
+    shared = KafkaSpec(bootstrap_servers="x:9092", options={"kafka.isolation.level": "read_committed"})
+    assert shared.reader == "python"

@@ -24,7 +24,7 @@ _WORKER = textwrap.dedent("""
 
     list(_import_decode(iter([])))
     from ingest.decode.columnar import BatchDecoder, DecoderSpec
-    from ingest.source.embedded import TopicLogStreamReader, encode_decoder
+    from ingest.source.reader import TopicLogStreamReader, encode_decoder
 
     reader = TopicLogStreamReader({"path": sys.argv[1], "subscribe": "t",
                                    "decode": encode_decoder(BatchDecoder({"t": DecoderSpec("json")}))})

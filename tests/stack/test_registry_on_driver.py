@@ -3,11 +3,14 @@
 On a cluster the executors often have neither a route to the registry nor its credentials, and a
 credential exported after the Spark session started never reaches the local Python workers. The
 test makes that explicit: the credential is put under a name only the driver's environment has,
-set after Spark started, and the run must still decode every change.
+set after Spark started, and the run must still decode every change -- with Spark's Kafka source
+(the driver hands the executors the schemas) and with the engine's own reader (its workers find the
+registry refusing them, and the driver decodes those batches itself).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -26,8 +29,10 @@ SCHEMA = "regprobe"
 DRIVER_ONLY = "INGEST_TEST_DRIVER_ONLY_REGISTRY_AUTH"
 
 
+@pytest.mark.parametrize("reader", ["spark", "python"])
 def test_avro_decodes_with_credentials_only_the_driver_has(
-        pg_dsn: str, stack: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        pg_dsn: str, stack: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, reader: str) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         delete_topics(stack.bootstrap_servers(), [f"{PREFIX['avro']}.{SCHEMA}.item"])
@@ -40,11 +45,15 @@ def test_avro_decodes_with_credentials_only_the_driver_has(
 
     config = stack_config("avro", tmp_path, schema=SCHEMA, tables=["item"])
     registry = config.source.registry.model_copy(update={"credentials_env": DRIVER_ONLY})
-    config = config.model_copy(update={"source": config.source.model_copy(update={"registry": registry})})
+    assert config.source.kafka is not None
+    kafka = config.source.kafka.model_copy(update={"reader": reader})
+    config = config.model_copy(update={"source": config.source.model_copy(update={"registry": registry,
+                                                                                   "kafka": kafka})})
     # Only the driver sees it: the Spark session (and its workers' environment) already exists.
     monkeypatch.setenv(DRIVER_ONLY, os.environ["SCHEMA_REGISTRY_USER_INFO"])
 
-    report = Engine(config, spark=spark).run()
+    with caplog.at_level(logging.WARNING, logger="ingest.handler"):
+        report = Engine(config, spark=spark).run()
 
     assert not report.failed, {n: t.error for n, t in report.tables.items()}
     table = open_table(config.table_path("item"))
@@ -53,3 +62,5 @@ def test_avro_decodes_with_credentials_only_the_driver_has(
     with psycopg.connect(pg_dsn) as conn:
         truth = conn.execute(f"SELECT id, name, price FROM {SCHEMA}.item ORDER BY id").fetchall()
     assert sorted((r["id"], r["name"], r["price"]) for r in rows) == truth
+    fell_back = "the workers could not read the schema registry" in caplog.text
+    assert fell_back == (reader == "python")

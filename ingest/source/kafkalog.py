@@ -1,0 +1,158 @@
+"""A Kafka cluster read with librdkafka, in the embedded log's shape: offsets, and records by range.
+
+This is what the engine's own stream reader (:mod:`ingest.source.reader`) reads when
+``source.kafka.reader`` is ``python``: each Spark task consumes its offset ranges with a
+confluent-kafka consumer and decodes them in the same Python worker, as the embedded log does. The
+records then never cross from the JVM into Python (Spark's Kafka source hands them over as Arrow).
+
+The consumer is assigned its partitions (no consumer group, nothing committed): where a stream is
+stays in its checkpoint and in the tables' Delta logs. It reads what Spark's source reads
+(``isolation.level=read_uncommitted`` unless configured), fails like it with
+``failOnDataLoss=true`` when records were deleted before they were read, and skips offsets that
+hold no record (transaction markers, compaction).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final, cast
+
+import pyarrow as pa
+
+from ingest import secrets
+from ingest.config import KafkaSpec
+from ingest.errors import SourceUnavailableError, TopicLogError
+from ingest.source.kafka import KafkaSource, admin_config
+from ingest.source.topiclog import KAFKA_ROW_SCHEMA
+
+#: Seconds a read may go without receiving anything before the broker counts as unavailable.
+READ_TIMEOUT: Final = 60.0
+_CHUNK: Final = 10_000  # messages asked for per consume() call
+
+
+class DataLossError(TopicLogError):
+    """Records a stream still had to read are gone from the broker (retention, a recreated topic)."""
+
+
+class KafkaLog:
+    """Read access to the topics of one cluster (see module docstring).
+
+    Args:
+        spec: the cluster connection, as configured.
+        secrets_file: where the SASL credentials are, if not in the environment (looked up here, in
+            the process that reads: nothing secret travels in Spark's plans).
+    """
+
+    def __init__(self, spec: KafkaSpec, secrets_file: str | None = None, *, timeout: float = READ_TIMEOUT) -> None:
+        self.spec = spec
+        self.secrets_file = secrets_file
+        self.timeout = timeout
+        self.source = KafkaSource(spec, secrets_file=secrets_file)
+
+    def exists(self, topic: str) -> bool:
+        return bool(self.source.end_offsets(topic))
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        return self.source.end_offsets(topic)
+
+    def start_offsets(self, topic: str) -> dict[int, int]:
+        return self.source.start_offsets(topic)
+
+    def consumer_config(self) -> dict[str, Any]:
+        """librdkafka consumer settings: the shared connection options, and how to read like Spark."""
+        conf = admin_config(self.spec, secrets.lookup(self.spec.credentials_env, self.secrets_file))
+        conf.pop("logger", None)
+        given = {key.removeprefix("kafka."): value for key, value in self.spec.options.items()}
+        return {
+            **conf,
+            "group.id": "ingest-reader",  # required by librdkafka; nothing is committed under it
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",  # an offset the broker no longer holds is data loss, not a skip
+            "isolation.level": given.get("isolation.level", "read_uncommitted"),
+            "fetch.wait.max.ms": int(given.get("fetch.max.wait.ms", "50")),
+        }
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
+        """Records ``start <= offset < end`` of one partition, in Spark's Kafka row shape.
+
+        Raises:
+            DataLossError: the broker no longer holds records of the range (terminal).
+            SourceUnavailableError: nothing arrived for ``timeout`` seconds (transient).
+        """
+        if start >= end:
+            return KAFKA_ROW_SCHEMA.empty_table()
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+        consumer = Consumer(self.consumer_config())
+        columns: dict[str, list[Any]] = {name: [] for name in ("key", "value", "offset", "timestamp",
+                                                               "timestampType", "headers")}
+        try:
+            consumer.assign([TopicPartition(topic, partition, start)])
+            position, waited_since = start, time.monotonic()
+            while position < end:
+                messages = consumer.consume(min(_CHUNK, end - position), timeout=1.0)
+                if not messages:
+                    if time.monotonic() - waited_since > self.timeout:
+                        raise SourceUnavailableError(
+                            f"{self.source.describe()}: nothing from {topic}[{partition}] after offset {position} "
+                            f"in {self.timeout:.0f} s; the micro-batch reads up to {end}")
+                    continue
+                waited_since = time.monotonic()
+                for message in messages:
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            # The partition ends here; offsets up to it that came empty hold no record.
+                            reached = message.offset()
+                            if reached is not None and reached < end:
+                                raise DataLossError(
+                                    f"{topic}[{partition}] ends at offset {reached}, but the micro-batch reads up "
+                                    f"to {end}: the topic was deleted or truncated")
+                            position = end
+                            break
+                        if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                            raise DataLossError(
+                                f"{topic}[{partition}]: offset {position} is no longer on the broker "
+                                f"(retention or a recreated topic): {error.str()}")
+                        raise SourceUnavailableError(secrets.redact(
+                            f"{self.source.describe()}: reading {topic}[{partition}] failed: {error.str()}"))
+                    offset = cast(int, message.offset())  # a delivered record has one
+                    if offset >= end:
+                        position = end
+                        break
+                    if offset > position and not columns["offset"]:
+                        self._check_held(consumer, topic, partition, position)
+                    stamp_type, stamp = message.timestamp()
+                    columns["key"].append(message.key())
+                    columns["value"].append(message.value())
+                    columns["offset"].append(offset)
+                    columns["timestamp"].append(stamp * 1000)
+                    columns["timestampType"].append(stamp_type - 1)  # librdkafka counts "none" as 0, Spark as -1
+                    headers: list[tuple[str, bytes]] | None = message.headers()  # type: ignore[assignment]
+                    columns["headers"].append(None if headers is None else
+                                              [{"key": k, "value": v} for k, v in headers])
+                    position = offset + 1
+        finally:
+            consumer.close()
+        n = len(columns["offset"])
+        return pa.table({
+            "key": pa.array(columns["key"], pa.binary()),
+            "value": pa.array(columns["value"], pa.binary()),
+            "topic": pa.array([topic] * n, pa.string()),
+            "partition": pa.array([partition] * n, pa.int32()),
+            "offset": pa.array(columns["offset"], pa.int64()),
+            "timestamp": pa.array(columns["timestamp"], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            "timestampType": pa.array(columns["timestampType"], pa.int32()),
+            "headers": pa.array(columns["headers"], KAFKA_ROW_SCHEMA.field("headers").type),
+        }, schema=KAFKA_ROW_SCHEMA)
+
+    def _check_held(self, consumer: Any, topic: str, partition: int, first: int) -> None:
+        """The first record came after ``first``: that is a gap, unless retention took the records."""
+        from confluent_kafka import TopicPartition
+
+        low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=self.timeout, cached=False)
+        if low > first:
+            raise DataLossError(f"{topic}[{partition}]: offsets {first}..{low - 1} were deleted (retention) "
+                                "before the stream read them")

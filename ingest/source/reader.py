@@ -1,0 +1,243 @@
+"""The engine's own Spark stream over a topic log: the embedded one, or Kafka read with librdkafka.
+
+:class:`TopicLogDataSource` is a Python streaming data source that takes the Kafka source's option
+names (``subscribe``, ``startingOffsets``, ``maxOffsetsPerTrigger``) and yields rows of exactly the
+schema of Spark's Kafka source, so everything downstream of the read is identical for every source.
+It reads the embedded log (option ``path``: :mod:`ingest.source.topiclog`) or a Kafka cluster
+(option ``kafka``: the connection as JSON; :mod:`ingest.source.kafkalog`).
+
+Given a decoder (option ``decode``), the reader decodes what it reads in the same Python worker and
+yields the decode step's parts (:data:`ingest.decode.parts.PARTS_DDL`) instead of raw rows: the
+raw bytes (some kilobytes per schema-carrying JSON message) then never cross into the JVM and back
+into another Python worker, which cost more than the decoding itself. Spark's own Kafka source,
+read by the JVM, is decoded by ``mapInArrow`` in the same executors; both give the driver the same
+parts.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from ingest.errors import TopicLogError
+
+KAFKA_SCHEMA_DDL = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "timestampType int, headers array<struct<key:string,value:binary>>"
+)
+FORMAT_NAME = "cdc_topiclog"
+EARLIEST, LATEST = -2, -1  # Kafka's sentinels in startingOffsets JSON
+
+Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON
+
+
+class Log(Protocol):
+    """What the reader reads: :class:`~ingest.source.topiclog.TopicLog` or :class:`~ingest.source.kafkalog.KafkaLog`."""
+
+    def exists(self, topic: str) -> bool: ...
+
+    def start_offsets(self, topic: str) -> dict[int, int]: ...
+
+    def end_offsets(self, topic: str) -> dict[int, int]: ...
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table: ...
+
+
+def open_log(options: Mapping[str, str]) -> Log:
+    """The log the reader's options name: ``path`` (embedded) or ``kafka`` (a KafkaSpec as JSON)."""
+    if "kafka" in options:
+        from ingest.config import KafkaSpec
+        from ingest.source.kafkalog import KafkaLog
+
+        return KafkaLog(KafkaSpec.model_validate_json(options["kafka"]), options.get("secretsFile") or None)
+    from ingest.source.topiclog import TopicLog
+
+    return TopicLog(options["path"])
+
+
+class _Range(InputPartition):
+    """One task's share of a micro-batch: offset ranges ``(topic, partition, start, end)``."""
+
+    def __init__(self, spans: list[tuple[str, int, int, int]]) -> None:
+        super().__init__(tuple(spans))
+        self.spans = spans
+
+
+class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader: offsets are ``{topic: {partition: next offset}}``, like Kafka's source."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        if ("path" not in options and "kafka" not in options) or "subscribe" not in options:
+            raise TopicLogError("cdc_topiclog needs the options 'subscribe' and 'path' or 'kafka'")
+        self.options = dict(options)
+        self.topics = [t.strip() for t in options["subscribe"].split(",") if t.strip()]
+        self.starting = options.get("startingOffsets", "earliest")
+        self.max_rows = int(options["maxOffsetsPerTrigger"]) if "maxOffsetsPerTrigger" in options else None
+        self.min_partitions = int(options.get("minPartitions", "1"))
+        self.log = open_log(options)
+        self.decode = options.get("decode")
+        self._frozen: Offsets | None = None
+
+    def _end_offsets(self) -> Offsets:
+        if self._frozen is not None:
+            return self._frozen
+        return {t: {str(p): o for p, o in self.log.end_offsets(t).items()} for t in self.topics if self.log.exists(t)}
+
+    def initialOffset(self) -> Offsets:
+        ends = self._end_offsets()
+        firsts = {t: {str(p): o for p, o in self.log.start_offsets(t).items()} for t in ends}
+        if self.starting in ("earliest", "latest"):
+            latest = self.starting == "latest"
+            return {t: {p: (e if latest else firsts[t].get(p, 0)) for p, e in parts.items()}
+                    for t, parts in ends.items()}
+        wanted: dict[str, dict[str, int]] = json.loads(self.starting)
+        result: Offsets = {}
+        for topic, parts in ends.items():
+            result[topic] = {}
+            for p, end in parts.items():
+                asked = int(wanted.get(topic, {}).get(p, EARLIEST))
+                first = firsts[topic].get(p, 0)
+                result[topic][p] = first if asked == EARLIEST else end if asked == LATEST else min(asked, end)
+        return result
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._frozen = None
+        self._frozen = self._end_offsets()
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        ends = self._end_offsets()
+        lag = {(t, p): max(0, e - start.get(t, {}).get(p, 0)) for t, parts in ends.items() for p, e in parts.items()}
+        total = sum(lag.values())
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        result: Offsets = {t: dict(parts) for t, parts in start.items()}
+        for (topic, p), behind in sorted(lag.items()):
+            begin = start.get(topic, {}).get(p, 0)
+            take = behind
+            if budget is not None and total > budget:
+                # Like Kafka's source: share the budget among partitions in proportion to their lag.
+                take = behind * budget // total
+            result.setdefault(topic, {})[p] = begin + take
+        if budget is not None and total > 0 and result == start:
+            # Rounding left nothing: advance the most-lagging partition so the stream progresses.
+            topic, p = max(lag, key=lambda tp: lag[tp])
+            result[topic][p] = start.get(topic, {}).get(p, 0) + min(lag[(topic, p)], max(1, budget))
+        return result
+
+    def reportLatestOffset(self) -> Offsets:
+        return self._end_offsets()
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[_Range]:
+        """As many tasks as ``minPartitions`` (the cores), of about equal record counts.
+
+        Like Kafka's ``minPartitions``, large partition ranges are cut so that every core decodes;
+        small ones share a task, since each task costs a Python worker round trip.
+        """
+        spans = []
+        for topic, parts in end.items():
+            for p, stop in parts.items():
+                begin = start.get(topic, {}).get(p, 0)
+                if stop > begin:
+                    spans.append((topic, int(p), begin, stop))
+        tasks = max(1, self.min_partitions)
+        total = sum(stop - begin for _, _, begin, stop in spans)
+        if not total:
+            return []
+        share = -(-total // tasks)
+        pieces: list[tuple[str, int, int, int]] = []
+        for topic, partition, begin, stop in spans:
+            pieces += [(topic, partition, lo, min(lo + share, stop)) for lo in range(begin, stop, share)]
+        bins: list[list[tuple[str, int, int, int]]] = [[] for _ in range(tasks)]
+        sizes = [0] * tasks
+        for piece in sorted(pieces, key=lambda s: s[2] - s[3]):  # largest first, into the emptiest task
+            i = sizes.index(min(sizes))
+            bins[i].append(piece)
+            sizes[i] += piece[3] - piece[2]
+        return [_Range(sorted(b)) for b in bins if b]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, _Range)
+        log = open_log(self.options)
+        # Unpickled per task; its decoders (schema plans) are cached per worker process by BatchDecoder.
+        decoder = pickle.loads(base64.b64decode(self.decode)) if self.decode else None  # the engine wrote it
+        for topic, p, begin, stop in partition.spans:
+            for batch in log.read(topic, p, begin, stop).to_batches(max_chunksize=10_000):
+                yield decoder.parts(batch) if decoder is not None else batch
+
+    def commit(self, end: Offsets) -> None:
+        """Nothing to do: progress is recorded in the Delta tables, not in the log."""
+
+
+def read_ranges(log: Log, topic: str, start: dict[int, int], end: dict[int, int]) -> pa.Table:
+    """The records ``start[p] <= offset < end[p]`` of ``topic``'s partitions, without Spark."""
+    from ingest.source.topiclog import KAFKA_ROW_SCHEMA
+
+    pieces = [log.read(topic, p, start[p], end[p]) for p in sorted(start) if end[p] > start[p]]
+    return pa.concat_tables(pieces) if pieces else KAFKA_ROW_SCHEMA.empty_table()
+
+
+def fetch_messages(log: Log, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
+    """Raw key, value and timestamp of some messages, read again from ``log`` by their coordinates."""
+    import pyarrow.compute as pc
+
+    wanted: dict[tuple[str, int], set[int]] = {}
+    for topic, partition, offset in coords:
+        wanted.setdefault((topic, partition), set()).add(offset)
+    out = {}
+    for (topic, partition), offsets in wanted.items():
+        rows = log.read(topic, partition, min(offsets), max(offsets) + 1)
+        rows = rows.filter(pc.is_in(rows["offset"], pa.array(sorted(offsets), pa.int64())))
+        for offset, key, value, ts in zip(*(rows[c].to_pylist() for c in ("offset", "key", "value", "timestamp")),
+                                          strict=True):
+            out[(topic, partition, offset)] = (key, value, ts)
+    return out
+
+
+def open_stream(spark: SparkSession, location: Mapping[str, str], topics: list[str], starting: str,
+                max_records: int, decoder: Any = None) -> DataFrame:
+    """A stream of ``topics`` through this reader; ``location`` is ``{"path": ...}`` or ``{"kafka": ...}``.
+
+    ``minPartitions`` is the cores: a topic of one partition is still decoded by every core.
+    """
+    reader = spark.readStream.format(FORMAT_NAME)
+    for key, value in location.items():
+        reader = reader.option(key, value)
+    reader = (reader.option("subscribe", ",".join(topics)).option("startingOffsets", starting)
+              .option("maxOffsetsPerTrigger", str(max_records))
+              .option("minPartitions", str(spark.sparkContext.defaultParallelism)))
+    if decoder is not None:
+        reader = reader.option("decode", encode_decoder(decoder))
+    return reader.load()
+
+
+def encode_decoder(decoder: Any) -> str:
+    """A :class:`~ingest.decode.columnar.BatchDecoder` as the reader's ``decode`` option (no secrets in it)."""
+    return base64.b64encode(pickle.dumps(decoder)).decode("ascii")
+
+
+class TopicLogDataSource(DataSource):
+    """``spark.readStream.format("cdc_topiclog")``: a topic log as a Kafka-shaped stream."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        if self.options.get("decode"):
+            from ingest.decode.parts import PARTS_DDL
+
+            return PARTS_DDL
+        return KAFKA_SCHEMA_DDL
+
+    def streamReader(self, schema: Any) -> TopicLogStreamReader:
+        return TopicLogStreamReader(self.options)
