@@ -78,10 +78,13 @@ def _import_decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     # The imports are the point, those the decode step makes lazily on its first batch included:
     # pyarrow imports pandas on its first conversion of Python values (about 0.9 s of a 1.2 s cold
     # first decode, measured in a worker), and the parts' Delta types come from ingest.deltaio.
+    # The Kafka reader's module brings the configuration's models (pydantic) and librdkafka: 0.5-0.9 s.
+    import confluent_kafka  # noqa: F401
     import pandas  # noqa: F401
 
     import ingest.decode.columnar
     import ingest.deltaio
+    import ingest.source.kafkalog
     import ingest.source.reader
     import ingest.source.topiclog  # noqa: F401
 

@@ -56,3 +56,11 @@ def test_a_warmed_worker_decodes_its_first_batch_without_importing_anything_heav
     assert _heavy(_first_decode_imports(tmp_path)) == []
     # The check can fail: without the warm-up the same decode imports them.
     assert "pandas" in _heavy(_first_decode_imports(tmp_path, warm=False))
+
+
+def test_a_warmed_worker_has_the_kafka_reader_imported() -> None:
+    # Its first Kafka task would otherwise import the configuration's models and librdkafka (0.5-0.9 s).
+    script = ("import sys; from ingest.spark import _import_decode; list(_import_decode(iter([]))); "
+              "print(all(m in sys.modules for m in ('ingest.source.kafkalog', 'confluent_kafka', 'pydantic')))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "True"
