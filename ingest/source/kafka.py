@@ -154,11 +154,18 @@ class KafkaSource:
             if info.error is not None:
                 raise KafkaException(info.error)
             wanted = {TopicPartition(topic, p): which for p in info.partitions}
-            futures = admin.list_offsets(wanted, request_timeout=self.timeout)
+            futures = admin.list_offsets(wanted, request_timeout=self.timeout, isolation_level=self._isolation())
             return {tp.partition: future.result().offset for tp, future in futures.items()}
         except KafkaException as exc:
             raise SourceUnavailableError(secrets.redact(
                 f"{self.describe()} did not answer for topic {topic!r}: {self._why(exc)}")) from None
+
+    def _isolation(self) -> Any:
+        """The consumers' isolation level: a read_committed stream ends at the last stable offset."""
+        from confluent_kafka import IsolationLevel
+
+        committed = self.spec.options.get("kafka.isolation.level") == "read_committed"
+        return IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
 
     def _options(self, reader: Any) -> Any:
         reader = (reader.format("kafka").option("kafka.bootstrap.servers", self.spec.bootstrap_servers)

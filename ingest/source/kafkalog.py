@@ -15,6 +15,7 @@ hold no record (transaction markers, compaction).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any, Final, cast
 
 import pyarrow as pa
@@ -27,7 +28,8 @@ from ingest.source.topiclog import KAFKA_ROW_SCHEMA
 
 #: Seconds a read may go without receiving anything before the broker counts as unavailable.
 READ_TIMEOUT: Final = 60.0
-_CHUNK: Final = 10_000  # messages asked for per consume() call
+#: Records per batch a read yields (and asks librdkafka for at a time).
+CHUNK: Final = 10_000
 
 
 class DataLossError(TopicLogError):
@@ -81,18 +83,21 @@ class KafkaLog:
             DataLossError: the broker no longer holds records of the range (terminal).
             SourceUnavailableError: nothing arrived for ``timeout`` seconds (transient).
         """
+        return pa.Table.from_batches(list(self.chunks(topic, partition, start, end)), schema=KAFKA_ROW_SCHEMA)
+
+    def chunks(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        """:meth:`read` in batches of at most ``CHUNK`` records, each yielded as soon as it arrived
+        (a worker holds one of them at a time, however large the micro-batch)."""
         if start >= end:
-            return KAFKA_ROW_SCHEMA.empty_table()
-        from confluent_kafka import Consumer, KafkaError, TopicPartition
+            return
+        from confluent_kafka import Consumer, TopicPartition
 
         consumer = Consumer(self.consumer_config())
-        columns: dict[str, list[Any]] = {name: [] for name in ("key", "value", "offset", "timestamp",
-                                                               "timestampType", "headers")}
         try:
             consumer.assign([TopicPartition(topic, partition, start)])
             position, waited_since = start, time.monotonic()
             while position < end:
-                messages = consumer.consume(min(_CHUNK, end - position), timeout=1.0)
+                messages = consumer.consume(min(CHUNK, end - position), timeout=1.0)
                 if not messages:
                     if time.monotonic() - waited_since > self.timeout:
                         raise SourceUnavailableError(
@@ -100,53 +105,52 @@ class KafkaLog:
                             f"in {self.timeout:.0f} s; the micro-batch reads up to {end}")
                     continue
                 waited_since = time.monotonic()
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            # The partition ends here; offsets up to it that came empty hold no record.
-                            reached = message.offset()
-                            if reached is not None and reached < end:
-                                raise DataLossError(
-                                    f"{topic}[{partition}] ends at offset {reached}, but the micro-batch reads up "
-                                    f"to {end}: the topic was deleted or truncated")
-                            position = end
-                            break
-                        if error.code() == KafkaError._AUTO_OFFSET_RESET:
-                            raise DataLossError(
-                                f"{topic}[{partition}]: offset {position} is no longer on the broker "
-                                f"(retention or a recreated topic): {error.str()}")
-                        raise SourceUnavailableError(secrets.redact(
-                            f"{self.source.describe()}: reading {topic}[{partition}] failed: {error.str()}"))
-                    offset = cast(int, message.offset())  # a delivered record has one
-                    if offset >= end:
-                        position = end
-                        break
-                    if offset > position and not columns["offset"]:
-                        self._check_held(consumer, topic, partition, position)
-                    stamp_type, stamp = message.timestamp()
-                    columns["key"].append(message.key())
-                    columns["value"].append(message.value())
-                    columns["offset"].append(offset)
-                    columns["timestamp"].append(stamp * 1000)
-                    columns["timestampType"].append(stamp_type - 1)  # librdkafka counts "none" as 0, Spark as -1
-                    headers: list[tuple[str, bytes]] | None = message.headers()  # type: ignore[assignment]
-                    columns["headers"].append(None if headers is None else
-                                              [{"key": k, "value": v} for k, v in headers])
-                    position = offset + 1
+                rows, position = self._records(consumer, messages, topic, partition, (start, position, end))
+                if rows["offset"]:
+                    yield _batch(rows, topic, partition)
         finally:
             consumer.close()
-        n = len(columns["offset"])
-        return pa.table({
-            "key": pa.array(columns["key"], pa.binary()),
-            "value": pa.array(columns["value"], pa.binary()),
-            "topic": pa.array([topic] * n, pa.string()),
-            "partition": pa.array([partition] * n, pa.int32()),
-            "offset": pa.array(columns["offset"], pa.int64()),
-            "timestamp": pa.array(columns["timestamp"], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-            "timestampType": pa.array(columns["timestampType"], pa.int32()),
-            "headers": pa.array(columns["headers"], KAFKA_ROW_SCHEMA.field("headers").type),
-        }, schema=KAFKA_ROW_SCHEMA)
+
+    def _records(self, consumer: Any, messages: list[Any], topic: str, partition: int,
+                 span: tuple[int, int, int]) -> tuple[dict[str, list[Any]], int]:
+        """The records among ``messages`` below the read's end as columns, and the position after them.
+
+        ``span`` is the read's start, the position the messages follow, and the read's end.
+        """
+        from confluent_kafka import KafkaError
+
+        start, position, end = span
+        rows: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    # The partition ends here; offsets up to it that came empty hold no record.
+                    reached = message.offset()
+                    if reached is not None and reached < end:
+                        raise DataLossError(f"{topic}[{partition}] ends at offset {reached}, but the micro-batch "
+                                            f"reads up to {end}: the topic was deleted or truncated")
+                    return rows, end
+                if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                    raise DataLossError(f"{topic}[{partition}]: offset {position} is no longer on the broker "
+                                        f"(retention or a recreated topic): {error.str()}")
+                raise SourceUnavailableError(secrets.redact(
+                    f"{self.source.describe()}: reading {topic}[{partition}] failed: {error.str()}"))
+            offset = cast(int, message.offset())  # a delivered record has one
+            if offset >= end:
+                return rows, end
+            if offset > position == start:  # the read's first record is not the one asked for
+                self._check_held(consumer, topic, partition, position)
+            stamp_type, stamp = message.timestamp()
+            rows["key"].append(message.key())
+            rows["value"].append(message.value())
+            rows["offset"].append(offset)
+            rows["timestamp"].append(stamp * 1000)
+            rows["timestampType"].append(stamp_type - 1)  # librdkafka counts "none" as 0, Spark as -1
+            headers: list[tuple[str, bytes]] | None = message.headers()  # type: ignore[assignment]
+            rows["headers"].append(None if headers is None else [{"key": k, "value": v} for k, v in headers])
+            position = offset + 1
+        return rows, position
 
     def _check_held(self, consumer: Any, topic: str, partition: int, first: int) -> None:
         """The first record came after ``first``: that is a gap, unless retention took the records."""
@@ -156,3 +160,20 @@ class KafkaLog:
         if low > first:
             raise DataLossError(f"{topic}[{partition}]: offsets {first}..{low - 1} were deleted (retention) "
                                 "before the stream read them")
+
+
+_COLUMNS: Final = ("key", "value", "offset", "timestamp", "timestampType", "headers")
+
+
+def _batch(rows: dict[str, list[Any]], topic: str, partition: int) -> pa.RecordBatch:
+    n = len(rows["offset"])
+    return pa.RecordBatch.from_pydict({
+        "key": pa.array(rows["key"], pa.binary()),
+        "value": pa.array(rows["value"], pa.binary()),
+        "topic": pa.array([topic] * n, pa.string()),
+        "partition": pa.array([partition] * n, pa.int32()),
+        "offset": pa.array(rows["offset"], pa.int64()),
+        "timestamp": pa.array(rows["timestamp"], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        "timestampType": pa.array(rows["timestampType"], pa.int32()),
+        "headers": pa.array(rows["headers"], KAFKA_ROW_SCHEMA.field("headers").type),
+    }, schema=KAFKA_ROW_SCHEMA)

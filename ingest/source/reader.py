@@ -50,6 +50,8 @@ class Log(Protocol):
 
     def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table: ...
 
+    def chunks(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]: ...
+
 
 def open_log(options: Mapping[str, str]) -> Log:
     """The log the reader's options name: ``path`` (embedded) or ``kafka`` (a KafkaSpec as JSON)."""
@@ -171,7 +173,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Unpickled per task; its decoders (schema plans) are cached per worker process by BatchDecoder.
         decoder = pickle.loads(base64.b64decode(self.decode)) if self.decode else None  # the engine wrote it
         for topic, p, begin, stop in partition.spans:
-            for batch in log.read(topic, p, begin, stop).to_batches(max_chunksize=10_000):
+            for batch in log.chunks(topic, p, begin, stop):
                 yield decoder.parts(batch) if decoder is not None else batch
 
     def commit(self, end: Offsets) -> None:

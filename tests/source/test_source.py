@@ -114,9 +114,9 @@ def test_the_admin_client_gets_the_sasl_credentials_of_the_jaas_config():
     from ingest.config import KafkaSpec
     from ingest.source.kafka import admin_config
 
-    spec = KafkaSpec(bootstrap_servers="b:9095", options={"kafka.security.protocol": "SASL_PLAINTEXT",
-                                                          "kafka.sasl.mechanism": "SCRAM-SHA-512",
-                                                          "kafka.ssl.truststore.location": "/x.jks"})
+    spec = KafkaSpec(bootstrap_servers="b:9095", reader="spark",
+                     options={"kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "SCRAM-SHA-512",
+                              "kafka.ssl.truststore.location": "/x.jks"})
     jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="cdc" password="p\\"w";'
     conf = admin_config(spec, jaas)
     assert {k: conf[k] for k in ("bootstrap.servers", "security.protocol", "sasl.mechanism", "sasl.username")} == {
@@ -169,7 +169,7 @@ class _Reader:
         return self
 
 
-def _kafka_stream_options(options: dict[str, str]) -> dict[str, str]:
+def _kafka_stream_options(options: dict[str, str], reader_kind: str = "spark") -> dict[str, str]:
     from types import SimpleNamespace
 
     from ingest.config import KafkaSpec
@@ -177,9 +177,31 @@ def _kafka_stream_options(options: dict[str, str]) -> dict[str, str]:
 
     reader = _Reader()
     spark = SimpleNamespace(readStream=reader, sparkContext=SimpleNamespace(defaultParallelism=2))
-    KafkaSource(KafkaSpec(bootstrap_servers="127.0.0.1:9092", options=options)).stream(spark, ["t"], "earliest", 500)
-    assert reader.format_name == "kafka"
+    spec = KafkaSpec(bootstrap_servers="127.0.0.1:9092", options=options, reader=reader_kind)
+    # the python reader passes the secrets file's path on; the Spark source reads it here
+    KafkaSource(spec, secrets_file="/s.yaml" if reader_kind == "python" else None).stream(spark, ["t"], "earliest", 500)
+    assert reader.format_name == ("kafka" if reader_kind == "spark" else "cdc_topiclog")
     return reader.options
+
+
+def test_the_python_reader_gets_the_connection_and_its_consumer_waits_briefly(monkeypatch):
+    from ingest.config import KafkaSpec
+    from ingest.source.kafkalog import KafkaLog
+
+    monkeypatch.setenv("KAFKA_SASL_JAAS_CONFIG", 'ScramLoginModule required username="u" password="s3cret";')
+    options = _kafka_stream_options({"kafka.security.protocol": "SASL_PLAINTEXT"}, "python")
+    spec = KafkaSpec.model_validate_json(options["kafka"])
+    assert spec.bootstrap_servers == "127.0.0.1:9092" and spec.reader == "python"
+    assert options["secretsFile"] == "/s.yaml" and options["minPartitions"] == "2"
+    assert "s3cret" not in json.dumps(options)  # looked up in the worker, never in Spark's plan
+    conf = KafkaLog(spec).consumer_config()
+    assert conf["sasl.password"] == "s3cret" and conf["security.protocol"] == "SASL_PLAINTEXT"
+    assert conf["fetch.wait.max.ms"] == 50 and conf["isolation.level"] == "read_uncommitted"
+    assert conf["auto.offset.reset"] == "error" and conf["enable.auto.commit"] is False
+    tuned = KafkaLog(KafkaSpec(bootstrap_servers="b:1", options={"kafka.fetch.max.wait.ms": "200",
+                                                                 "kafka.isolation.level": "read_committed"}))
+    assert tuned.consumer_config()["fetch.wait.max.ms"] == 200
+    assert tuned.consumer_config()["isolation.level"] == "read_committed"
 
 
 def test_the_kafka_stream_waits_briefly_for_fetches_unless_configured(monkeypatch):

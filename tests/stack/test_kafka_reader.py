@@ -87,6 +87,15 @@ def test_transaction_markers_are_skipped_and_isolation_is_configurable(stack: An
     committed = _log(stack, **{"kafka.isolation.level": "read_committed"}).read(topic, 0, 0, end)
     assert committed.column("value").to_pylist() == [b"committed0", b"committed1", b"committed2"]
 
+    # An open transaction: read_committed ends where it began (the last stable offset), as Spark does.
+    producer.begin_transaction()
+    producer.produce(topic, key=b"o", value=b"open", partition=0)
+    assert producer.flush(30) == 0
+    stable = _log(stack, **{"kafka.isolation.level": "read_committed"})
+    assert stable.end_offsets(topic)[0] == end and _log(stack).end_offsets(topic)[0] == end + 1
+    assert stable.read(topic, 0, 0, end).num_rows == 3
+    producer.abort_transaction(30)
+
 
 def test_deleted_records_are_data_loss_and_the_stream_starts_after_them(stack: Any, topic: str) -> None:
     from confluent_kafka import TopicPartition
