@@ -37,6 +37,8 @@ FORMAT_NAME = "cdc_topiclog"
 EARLIEST, LATEST = -2, -1  # Kafka's sentinels in startingOffsets JSON
 
 Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON
+#: Records a task reads before it decodes them (and yields their parts).
+READ_STEP = 50_000
 
 
 class Log(Protocol):
@@ -49,8 +51,6 @@ class Log(Protocol):
     def end_offsets(self, topic: str) -> dict[int, int]: ...
 
     def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table: ...
-
-    def chunks(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]: ...
 
 
 def open_log(options: Mapping[str, str]) -> Log:
@@ -173,8 +173,10 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Unpickled per task; its decoders (schema plans) are cached per worker process by BatchDecoder.
         decoder = pickle.loads(base64.b64decode(self.decode)) if self.decode else None  # the engine wrote it
         for topic, p, begin, stop in partition.spans:
-            for batch in log.chunks(topic, p, begin, stop):
-                yield decoder.parts(batch) if decoder is not None else batch
+            # A span is read, then decoded, in steps of READ_STEP records: a worker holds one step.
+            for lo in range(begin, stop, READ_STEP):
+                for batch in log.read(topic, p, lo, min(stop, lo + READ_STEP)).to_batches(max_chunksize=10_000):
+                    yield decoder.parts(batch) if decoder is not None else batch
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: progress is recorded in the Delta tables, not in the log."""

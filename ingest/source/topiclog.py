@@ -238,10 +238,6 @@ class TopicLog:
             _fsync_dir(self._topic_dir(topic))
         return written
 
-    def chunks(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        """:meth:`read` in batches of at most 10,000 records (the segments are memory-mapped)."""
-        yield from self.read(topic, partition, start, end).to_batches(max_chunksize=10_000)
-
     def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
         """Records ``start <= offset < end`` of one partition, in Spark's Kafka row shape."""
         if start > end:

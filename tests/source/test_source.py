@@ -65,6 +65,18 @@ def test_one_task_per_core_of_about_equal_size_covering_the_range(log):
     assert sorted(rows) == sorted((p, o) for p, n in ((0, 60), (1, 30), (2, 10)) for o in range(n))
 
 
+def test_a_task_reads_its_span_in_steps_and_covers_it_once(log, monkeypatch):
+    import ingest.source.reader
+
+    monkeypatch.setattr(ingest.source.reader, "READ_STEP", 7)
+    r = reader(log)
+    [task] = r.partitions({"t": {"0": 3, "1": 0, "2": 0}}, {"t": {"0": 60, "1": 30, "2": 10}})
+    batches = list(r.read(task))
+    assert max(b.num_rows for b in batches) == 7
+    rows = sorted((row["partition"], row["offset"]) for batch in batches for row in batch.to_pylist())
+    assert rows == sorted((p, o) for p, lo, n in ((0, 3, 60), (1, 0, 30), (2, 0, 10)) for o in range(lo, n))
+
+
 def test_a_decoding_reader_yields_parts_and_the_log_gives_raw_messages_back(tmp_path):
     from ingest.decode.columnar import BatchDecoder, DecoderSpec
     from ingest.decode.parts import read_parts
