@@ -249,12 +249,12 @@ class BatchHandler:
 
     def _redecoded(self, spec: TableSpec, frame: DataFrame | None, parts: list[Any]) -> list[Any]:
         """The table's share decoded again, for a retry: by ``mapInArrow``, or, where the source decoded
-        as it read, here from the same offsets read again. The embedded log with its own registry
-        depends on no service: its parts stay as they are."""
+        as it read and some message found the registry unavailable, here from the same offsets read
+        again."""
         if self.source is None:
             return parts if frame is None else self._decoded(frame.filter(frame.topic == spec.topic))
-        if self.config.source.registry.kind == "embedded":
-            return parts
+        if not _unavailable(parts):
+            return parts  # decoded without the registry's help, or with it: reading again changes nothing
         start: dict[int, int] = {}
         end: dict[int, int] = {}
         for part in parts:

@@ -43,12 +43,13 @@ class RegistrySpec(Model):
 
 
 class KafkaSpec(Model):
-    """Connection to a Kafka cluster (used by Spark's Kafka source when its jar is available)."""
+    """Connection to a Kafka cluster, and which reader consumes it."""
 
     bootstrap_servers: str = Field(description="host:port list, comma separated")
     options: dict[str, str] = Field(
-        default_factory=dict, description="extra kafka.* options passed to the Spark Kafka source (no secrets); "
-                                       "kafka.fetch.max.wait.ms is 50 unless set here"
+        default_factory=dict, description="extra kafka.* options of the Java client (no secrets), passed to "
+        "Spark's Kafka source, and those librdkafka shares to the admin client and the engine's reader; "
+        "kafka.fetch.max.wait.ms is 50 unless set here"
     )
     credentials_env: str = Field(
         "KAFKA_SASL_JAAS_CONFIG", description="environment variable holding the SASL JAAS config, if any"

@@ -1,10 +1,13 @@
-"""A Kafka cluster as a source: partitions and end offsets from its admin API, Spark's Kafka source for the stream.
+"""A Kafka cluster as a source: partitions and end offsets from its admin API, and a stream.
 
-The admin client is confluent-kafka (librdkafka); Spark reads with its own Java Kafka source, whose
-jars the engine puts on the classpath (:mod:`ingest.jvm`). Both get the same connection settings:
-``source.kafka.bootstrap_servers``, the ``kafka.*`` options of the configuration, and the SASL JAAS
-config from the environment (``source.kafka.credentials_env``) or the secrets file. librdkafka has
-no JAAS: the username and password are read out of it for the admin client.
+The admin client is confluent-kafka (librdkafka). The stream is read, as ``source.kafka.reader``
+says, by the engine's own reader (``python``: librdkafka in the Python workers, decoding as it
+reads; :mod:`ingest.source.reader` over :mod:`ingest.source.kafkalog`) or by Spark's Java Kafka
+source (``spark``), whose jars the engine puts on the classpath (:mod:`ingest.jvm`). All get the
+same connection settings: ``source.kafka.bootstrap_servers``, the ``kafka.*`` options of the
+configuration (librdkafka takes those it shares with the Java client), and the SASL JAAS config
+from the environment (``source.kafka.credentials_env``) or the secrets file. librdkafka has no
+JAAS: the username and password are read out of it.
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class KafkaLog:
 
         The caller decodes only once the range is read: decoding between chunks, with the consumer
         open, was slower (``bench_compare.py --source kafka``, JSON: 10.7 and 10.8 s of decode
-        against 8.1 s), as librdkafka went on fetching past the range meanwhile.
+        against 8.1 s; librdkafka probably went on fetching past the range meanwhile).
         """
         if start >= end:
             return
