@@ -50,9 +50,14 @@ class KafkaLog:
         self.secrets_file = secrets_file
         self.timeout = timeout
         self.source = KafkaSource(spec, secrets_file=secrets_file)
+        self._seen: set[str] = set()
 
     def exists(self, topic: str) -> bool:
-        return bool(self.source.end_offsets(topic))
+        """Whether the topic exists; once it did, it is taken to (its end offsets then say ``{}``
+        if it was deleted): a stream asks every micro-batch, and each answer is a round trip."""
+        if topic not in self._seen and self.source.end_offsets(topic):
+            self._seen.add(topic)
+        return topic in self._seen
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         return self.source.end_offsets(topic)

@@ -87,11 +87,16 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.log = open_log(options)
         self.decode = options.get("decode")
         self._frozen: Offsets | None = None
+        self._latest: Offsets | None = None  # what the last latestOffset saw, for reportLatestOffset
 
     def _end_offsets(self) -> Offsets:
         if self._frozen is not None:
             return self._frozen
-        return {t: {str(p): o for p, o in self.log.end_offsets(t).items()} for t in self.topics if self.log.exists(t)}
+        ends: Offsets = {}
+        for topic in self.topics:
+            if self.log.exists(topic) and (offsets := self.log.end_offsets(topic)):
+                ends[topic] = {str(p): o for p, o in offsets.items()}
+        return ends
 
     def initialOffset(self) -> Offsets:
         ends = self._end_offsets()
@@ -118,7 +123,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._frozen = self._end_offsets()
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
-        ends = self._end_offsets()
+        ends = self._latest = self._end_offsets()
         lag = {(t, p): max(0, e - start.get(t, {}).get(p, 0)) for t, parts in ends.items() for p, e in parts.items()}
         total = sum(lag.values())
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -137,7 +142,10 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return result
 
     def reportLatestOffset(self) -> Offsets:
-        return self._end_offsets()
+        """The end offsets :meth:`latestOffset` saw (for Spark's progress metrics; as Spark's Kafka
+        source reports them): asking the log again would cost a Kafka reader one more round of
+        requests per micro-batch."""
+        return self._latest if self._latest is not None else self._end_offsets()
 
     def partitions(self, start: Offsets, end: Offsets) -> list[_Range]:
         """As many tasks as ``minPartitions`` (the cores), of about equal record counts.

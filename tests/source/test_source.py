@@ -234,3 +234,28 @@ def test_java_only_kafka_options_are_refused_for_the_python_reader() -> None:
     assert spark.options == {"kafka.ssl.truststore.location": "/t.jks"}
     shared = KafkaSpec(bootstrap_servers="x:9092", options={"kafka.isolation.level": "read_committed"})
     assert shared.reader == "python"
+
+
+def test_a_micro_batch_asks_the_log_for_its_end_once(log):
+    r = reader(log)
+    asked = []
+    ends = r.log.end_offsets
+    r.log.end_offsets = lambda topic: asked.append(topic) or ends(topic)  # type: ignore[method-assign]
+    start = r.initialOffset()
+    asked.clear()
+    latest = r.latestOffset(start, ReadAllAvailable())
+    assert r.reportLatestOffset() == {"t": {"0": 60, "1": 30, "2": 10}} and latest["t"]["0"] == 60
+    assert asked == ["t"]  # the report reuses what latestOffset saw
+
+
+def test_the_kafka_log_asks_whether_a_topic_exists_until_it_does():
+    from ingest.config import KafkaSpec
+    from ingest.source.kafkalog import KafkaLog
+
+    kafka = KafkaLog(KafkaSpec(bootstrap_servers="127.0.0.1:9"))
+    answers = iter([{}, {0: 5}])
+    calls = []
+    kafka.source.end_offsets = lambda topic: calls.append(topic) or next(answers)  # type: ignore[method-assign]
+    assert not kafka.exists("t")
+    assert kafka.exists("t") and kafka.exists("t")
+    assert calls == ["t", "t"]  # not asked again once it existed
