@@ -238,7 +238,10 @@ class Engine:
             return self._start_query(q, mode, run_id)
 
     def _start_query(self, q: _Query, mode: Mode, run_id: str) -> Any:
-        decoder = q.handler.decoder if q.handler.source is not None else None
+        decoder = None
+        if q.handler.source is not None:  # the reader decodes: its decoder starts with the schemas known now
+            q.handler.prefetch_schemas(q.specs)
+            decoder = q.handler.decoder
         stream = read_topics(self.spark, self.config, [s.topic for s in q.specs], starting_offsets=q.starting,
                              decoder=decoder)
         writer = (stream.writeStream.foreachBatch(q.handler)

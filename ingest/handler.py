@@ -117,8 +117,8 @@ class BatchHandler:
             t0 = time.perf_counter()
             if self.report.startup_seconds is None:
                 self.report.startup_seconds = t0 - self.report.started
-            if self.source is None:  # a reader that decodes as it reads asks the registry in its workers
-                self._prefetch_schemas(active)
+            if self.source is None:  # a reader that decodes as it reads got them when its stream started
+                self.prefetch_schemas(active)
             active = [s for s in active if s not in due or self._catch_up(s, frame, batch_id)]
             # The executors decode the Kafka rows into typed columnar parts; the driver gets those only.
             parts = self._decoded(frame)
@@ -160,8 +160,10 @@ class BatchHandler:
             frame = frame.mapInArrow(self.decoder, PARTS_DDL)
         return read_parts(frame.toArrow().column("part").to_pylist())
 
-    def _prefetch_schemas(self, active: list[TableSpec]) -> None:
-        """Hand the executors every schema of the active topics, so they need not call the registry.
+    def prefetch_schemas(self, active: list[TableSpec]) -> None:
+        """Hand the executors every schema of the active topics, so they need not call the registry:
+        with each micro-batch's ``mapInArrow``, or, for a reader that decodes as it reads, once in
+        the decoder its stream starts with (a schema registered later, the workers fetch themselves).
 
         A registry the driver cannot read is not an error here: the workers then try themselves, and
         a table whose schemas stay unreachable fails its batch as before (retried, then stopped).

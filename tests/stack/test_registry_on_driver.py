@@ -3,9 +3,11 @@
 On a cluster the executors often have neither a route to the registry nor its credentials, and a
 credential exported after the Spark session started never reaches the local Python workers. The
 test makes that explicit: the credential is put under a name only the driver's environment has,
-set after Spark started, and the run must still decode every change -- with Spark's Kafka source
-(the driver hands the executors the schemas) and with the engine's own reader (its workers find the
-registry refusing them, and the driver decodes those batches itself).
+set after Spark started, and the run must still decode every change: with Spark's Kafka source
+(the driver hands the executors the schemas with every batch), with the engine's own reader (the
+driver hands them over when the stream starts), and with that reader when the driver could not
+list the schemas then (its workers find the registry refusing them, and the driver decodes those
+batches itself).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from ingest.decode.registry import ConfluentSchemaRegistry
 from ingest.deltaio import open_table, read_all
 from ingest.engine import Engine
+from ingest.errors import RegistryUnavailableError
 from ingest.proof.capture import delete_topics, wait_for_capture
 from tests.stack.helpers import PREFIX, stack_config
 
@@ -29,10 +33,11 @@ SCHEMA = "regprobe"
 DRIVER_ONLY = "INGEST_TEST_DRIVER_ONLY_REGISTRY_AUTH"
 
 
-@pytest.mark.parametrize("reader", ["spark", "python"])
+@pytest.mark.parametrize(("reader", "listing_fails"), [("spark", False), ("python", False), ("python", True)],
+                         ids=["spark", "python", "python-driver-fallback"])
 def test_avro_decodes_with_credentials_only_the_driver_has(
         pg_dsn: str, stack: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture, reader: str) -> None:
+        caplog: pytest.LogCaptureFixture, reader: str, listing_fails: bool) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         delete_topics(stack.bootstrap_servers(), [f"{PREFIX['avro']}.{SCHEMA}.item"])
@@ -51,6 +56,11 @@ def test_avro_decodes_with_credentials_only_the_driver_has(
                                                                                    "kafka": kafka})})
     # Only the driver sees it: the Spark session (and its workers' environment) already exists.
     monkeypatch.setenv(DRIVER_ONLY, os.environ["SCHEMA_REGISTRY_USER_INFO"])
+    if listing_fails:  # the driver cannot list the subjects (fetching a schema by id still works)
+        def refuse(self: Any, subjects: Any) -> dict[int, str]:
+            raise RegistryUnavailableError("listing refused by the test")
+
+        monkeypatch.setattr(ConfluentSchemaRegistry, "subject_schemas", refuse)
 
     with caplog.at_level(logging.WARNING, logger="ingest.handler"):
         report = Engine(config, spark=spark).run()
@@ -63,4 +73,4 @@ def test_avro_decodes_with_credentials_only_the_driver_has(
         truth = conn.execute(f"SELECT id, name, price FROM {SCHEMA}.item ORDER BY id").fetchall()
     assert sorted((r["id"], r["name"], r["price"]) for r in rows) == truth
     fell_back = "the workers could not read the schema registry" in caplog.text
-    assert fell_back == (reader == "python")
+    assert fell_back == listing_fails
