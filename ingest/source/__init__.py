@@ -89,7 +89,8 @@ def decodes_at_read(config: IngestConfig) -> bool:
     Then the stream's rows are the decode step's parts, and raw messages are fetched from the source
     by their coordinates. The embedded log with a registry served over HTTP is decoded by
     ``mapInArrow``: the driver hands the executors that registry's schemas batch by batch. The
-    Kafka reader's workers ask the registry themselves, once per schema and worker process.
+    Kafka reader gets them once, in the decoder its stream starts with; a schema registered later
+    its workers fetch themselves, once per worker process.
     """
     if config.source.kind == "kafka":
         return config.source.kafka is not None and config.source.kafka.reader == "python"
