@@ -46,10 +46,8 @@ class KafkaLog:
     """
 
     def __init__(self, spec: KafkaSpec, secrets_file: str | None = None, *, timeout: float = READ_TIMEOUT) -> None:
-        self.spec = spec
-        self.secrets_file = secrets_file
         self.timeout = timeout
-        self.source = KafkaSource(spec, secrets_file=secrets_file)
+        self.source = KafkaSource(spec, secrets_file=secrets_file)  # holds the connection settings
         self._seen: set[str] = set()
 
     def exists(self, topic: str) -> bool:
@@ -67,9 +65,10 @@ class KafkaLog:
 
     def consumer_config(self) -> dict[str, Any]:
         """librdkafka consumer settings: the shared connection options, and how to read like Spark."""
-        conf = admin_config(self.spec, secrets.lookup(self.spec.credentials_env, self.secrets_file))
+        spec = self.source.spec
+        conf = admin_config(spec, secrets.lookup(spec.credentials_env, self.source.secrets_file))
         conf.pop("logger", None)
-        given = {key.removeprefix("kafka."): value for key, value in self.spec.options.items()}
+        given = {key.removeprefix("kafka."): value for key, value in spec.options.items()}
         return {
             **conf,
             "group.id": "ingest-reader",  # required by librdkafka; nothing is committed under it
