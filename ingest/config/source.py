@@ -17,6 +17,8 @@ SHARED_KAFKA_OPTIONS: Final = frozenset({
 })
 #: Options the engine's own reader (``reader: python``) also reads for its consumer.
 READER_KAFKA_OPTIONS: Final = SHARED_KAFKA_OPTIONS | {"fetch.max.wait.ms", "isolation.level"}
+#: The values of ``kafka.isolation.level`` both Kafka clients accept.
+ISOLATION_LEVELS: Final = ("read_uncommitted", "read_committed")
 
 
 class RegistrySpec(Model):
@@ -68,6 +70,20 @@ class KafkaSpec(Model):
             if SECRET_OPTION.search(key):
                 raise ValueError(f"option {key!r} carries a secret; supply it through the environment "
                                  "(credentials_env) or the secrets file, not the configuration")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _reader_values(cls, value: dict[str, str]) -> dict[str, str]:
+        # Both readers need these two right; a wrong one would otherwise fail in every Python worker
+        # (librdkafka) or in Spark's consumers, once the stream runs.
+        wait = value.get("kafka.fetch.max.wait.ms")
+        if wait is not None and not (wait.strip().isdigit() and int(wait) <= 300_000):
+            raise ValueError(f"kafka.fetch.max.wait.ms must be a whole number of milliseconds from 0 to 300000, "
+                             f"not {wait!r}")
+        level = value.get("kafka.isolation.level")
+        if level is not None and level not in ISOLATION_LEVELS:
+            raise ValueError(f"kafka.isolation.level must be one of {', '.join(ISOLATION_LEVELS)}, not {level!r}")
         return value
 
     @model_validator(mode="after")

@@ -236,6 +236,27 @@ def test_java_only_kafka_options_are_refused_for_the_python_reader() -> None:
     assert shared.reader == "python"
 
 
+@pytest.mark.parametrize("reader_kind", ["python", "spark"])
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("kafka.fetch.max.wait.ms", "0.5", "whole number of milliseconds"),
+    ("kafka.fetch.max.wait.ms", "-1", "whole number of milliseconds"),
+    ("kafka.fetch.max.wait.ms", "300001", "from 0 to 300000"),
+    ("kafka.isolation.level", "READ_COMMITTED", "read_uncommitted, read_committed"),
+])
+def test_a_wrong_fetch_wait_or_isolation_level_is_refused_when_the_configuration_loads(reader_kind, option, value,
+                                                                                        message) -> None:
+    """Both clients would refuse these only once the stream runs (librdkafka in every Python worker)."""
+    from pydantic import ValidationError
+
+    from ingest.config import KafkaSpec
+
+    with pytest.raises(ValidationError, match=message) as caught:
+        KafkaSpec(bootstrap_servers="x:9092", reader=reader_kind, options={option: value})
+    assert repr(value) in str(caught.value)
+    ok = {"kafka.fetch.max.wait.ms": "0", "kafka.isolation.level": "read_committed"}
+    assert KafkaSpec(bootstrap_servers="x:9092", reader=reader_kind, options=ok).options == ok
+
+
 def test_a_micro_batch_asks_the_log_for_its_end_once(log):
     r = reader(log)
     asked = []
