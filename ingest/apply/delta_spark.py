@@ -148,8 +148,11 @@ class DeltaSparkEngine:
         except DeltaConcurrentModificationException as exc:
             raise CommitConflictError(request.table, f"commit failed, another writer changed the table: {exc}"
                                       ) from exc
-        table = open_table(request.path)
+        # The table as opened before the commit, brought up to date (a new table: opened now).
+        table = existing if existing is not None else open_table(request.path)
         assert table is not None  # written above
+        if existing is not None:
+            table.update_incremental()
         # Delta skips, silently, a write whose app-transaction version is already recorded: find ours.
         ours = [c for c in table.history(max(1, table.version() - before)) if c.get("userMetadata") == metadata]
         if not ours:
