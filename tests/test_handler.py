@@ -1,0 +1,122 @@
+"""The micro-batch callback when the workers of a decoding reader find the schema registry unavailable.
+
+The reader's workers decode as they read; messages whose schema the registry did not give back come
+to the driver as ``unavailable`` rows. The driver reads the same offsets again and decodes them
+itself; while the registry stays down the table's batch is retried (transient) and finally the
+table stops, with nothing committed. These tests drive :class:`~ingest.handler.BatchHandler` with
+the embedded log and a registry that is down for a number of decodes (no Spark: the callback only
+collects the frame's parts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from ingest.apply.tablestate import load_state
+from ingest.config import IngestConfig, load_config
+from ingest.decode import columnar
+from ingest.errors import RegistryUnavailableError
+from ingest.handler import AllTablesStopped, BatchHandler, RunReport, TableRun
+from ingest.paths import TablePaths
+from ingest.proof.demo import prepare_workload
+
+TABLE = "customers"
+
+
+class _Frame:
+    """What the callback needs of a micro-batch whose source decoded it: its parts."""
+
+    def __init__(self, parts: pa.RecordBatch) -> None:
+        self.parts = parts
+
+    def toArrow(self) -> pa.Table:  # Spark's name
+        return pa.Table.from_batches([self.parts])
+
+
+def _config(workdir: Path) -> IngestConfig:
+    raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
+    raw["workdir"] = str(workdir)
+    raw["source"]["value_format"] = "json"
+    raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
+    raw["tables"] = [{k: v for k, v in t.items() if k not in ("expectations", "quality_policy",
+                                                              "expectation_policies")}
+                     for t in raw["tables"] if t["name"] == TABLE]  # no suite: the path under test only
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.yaml").write_text(yaml.safe_dump(raw))
+    config = load_config(workdir / "config.yaml")
+    prepare_workload(config, events=300, seed=5, malformed_fraction=0.0)
+    return config
+
+
+@pytest.fixture
+def registry_down(monkeypatch) -> dict[str, int]:
+    """The registry does not answer the first ``down`` decodes of a topic (workers' and driver's alike)."""
+    calls = {"down": 0, "decodes": 0}
+    real = columnar.BatchDecoder.decoder
+
+    def decoder(self: columnar.BatchDecoder, topic: str) -> Any:
+        calls["decodes"] += 1
+        if calls["decodes"] <= calls["down"]:
+            raise RegistryUnavailableError("schema registry: connection refused")
+        return real(self, topic)
+
+    monkeypatch.setattr(columnar.BatchDecoder, "decoder", decoder)
+    return calls
+
+
+def _run_one_batch(config: IngestConfig, monkeypatch, *,
+                   stops: bool = False) -> tuple[BatchHandler, RunReport, dict[str, int], list[Any]]:
+    spec = config.tables[0]
+    report = RunReport("r1", {spec.name: TableRun(spec.name)})
+    handler = BatchHandler(config, [spec], report, "r1", None, {})
+    assert handler.source is not None  # the embedded log decodes as it reads
+    reads: list[Any] = []
+    real_read = handler.source.read_arrow
+
+    def read_arrow(topic: str, start: dict[int, int], end: dict[int, int]) -> Any:
+        reads.append((dict(start), dict(end)))
+        return real_read(topic, start, end)
+
+    monkeypatch.setattr(handler.source, "read_arrow", read_arrow)
+    monkeypatch.setattr("ingest.handler.wait_exponential", lambda **_: lambda _state: 0)  # no back-off
+    end = handler.source.end_offsets(spec.topic)
+    start = {p: 0 for p in end}
+    # What the reader's workers hand over: the batch decoded there (the registry is down for it too).
+    batch = real_read(spec.topic, start, end)
+    frame = _Frame(handler.decoder.parts(batch))
+    if stops:
+        with pytest.raises(AllTablesStopped):  # its only table stopped: the query ends
+            handler(frame, 0)
+    else:
+        handler(frame, 0)
+    return handler, report, end, reads
+
+
+def test_the_driver_reads_and_decodes_again_until_the_registry_answers(tmp_path, monkeypatch, registry_down):
+    """Down for the workers and the driver's first try: the retry reads the offsets again and commits."""
+    config = _config(tmp_path)
+    registry_down["down"] = 2
+    handler, report, end, reads = _run_one_batch(config, monkeypatch)
+    run = report.tables[TABLE]
+    assert run.error is None and not handler.stopped
+    # once on the driver right away, once more on the retry; both the batch's whole span
+    assert reads == [({p: 0 for p in end}, end)] * 2
+    [record] = run.batches
+    assert record.received == sum(end.values()) and record.applied > 0
+    state = load_state(TablePaths.of(config, TABLE).table)
+    assert {p: state.applied_offset(config.tables[0].topic, p) for p in end} == {p: e - 1 for p, e in end.items()}
+
+
+def test_a_registry_that_stays_down_stops_the_table_with_nothing_committed(tmp_path, monkeypatch, registry_down):
+    config = _config(tmp_path)
+    registry_down["down"] = 10**6
+    handler, report, _end, reads = _run_one_batch(config, monkeypatch, stops=True)
+    assert TABLE in handler.stopped
+    assert "registry" in (report.tables[TABLE].error or "") and not report.tables[TABLE].batches
+    assert len(reads) == 3  # the driver's own decode, then each of the two retries
+    assert load_state(TablePaths.of(config, TABLE).table).table is None
