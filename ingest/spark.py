@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+from typing import Final
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -17,6 +18,11 @@ from ingest.config import IngestConfig, SparkSpec
 from ingest.errors import EnvironmentProblem
 from ingest.jvm import Connector, classpath_conf
 from ingest.lake import LakePath
+
+#: The driver JVM's options (``spark.driver.extraJavaOptions``).
+DRIVER_JAVA_OPTIONS: Final = "spark.driver.extraJavaOptions"
+#: HotSpot compiles with C1 only: a fraction of the compile work, for code that runs a little slower.
+QUICK_JIT: Final = "-XX:TieredStopAtLevel=1"
 
 JAVA_HINT = (
     "Java 17 is required for Spark: install a JDK/JRE 17 "
@@ -36,6 +42,14 @@ def check_java() -> None:
         raise EnvironmentProblem(f"{JAVA_HINT} ({java} -version failed: {exc})") from exc
 
 
+def driver_java_options(extra: tuple[tuple[str, str], ...]) -> str:
+    """The driver JVM's options: the engine's logging configuration, then those in ``extra`` (the
+    JVM takes a flag's last occurrence, so the user's win)."""
+    log_config = Path(__file__).with_name("log4j2.properties")
+    return " ".join([f"-Dlog4j2.configurationFile=file:{log_config}",
+                     *(v for k, v in extra if k == DRIVER_JAVA_OPTIONS)])
+
+
 @cache
 def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
               extra: tuple[tuple[str, str], ...] = ()) -> SparkSession:
@@ -45,8 +59,7 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    log_config = Path(__file__).with_name("log4j2.properties")
-    java_opts = f"-Dlog4j2.configurationFile=file:{log_config}"
+    java_opts = driver_java_options(extra)
     builder = (
         SparkSession.builder.master(master)
         .appName("cdc-ingest")
@@ -61,10 +74,11 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
         .config("spark.sql.execution.arrow.maxBytesPerBatch", str(256 * 1024 * 1024))
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.driver.memory", "2g")
-        .config("spark.driver.extraJavaOptions", java_opts)
+        .config(DRIVER_JAVA_OPTIONS, java_opts)
     )
     for key, value in extra:
-        builder = builder.config(key, value)
+        if key != DRIVER_JAVA_OPTIONS:
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     from ingest.source import TopicLogDataSource
@@ -130,10 +144,26 @@ def session_conf(connectors: list[Connector], user_conf: dict[str, str]) -> dict
     return delta_conf(conf) if "delta-spark" in connectors else conf
 
 
+def quick_jit(config: IngestConfig, connectors: list[Connector]) -> bool:
+    """Whether the driver JVM compiles with C1 only (``spark.jit``; see :func:`session_for`)."""
+    if config.spark.jit != "auto":
+        return config.spark.jit == "quick"
+    spark_reads_kafka = config.source.kind == "kafka" and config.source.kafka is not None \
+        and config.source.kafka.reader == "spark"
+    return "delta-spark" not in connectors and not spark_reads_kafka
+
+
 def session_for(config: IngestConfig) -> SparkSession:
     """The session for a configuration: its Spark settings, plus the Kafka source's jars when it reads
     Kafka, delta-spark's when a table is applied with it, and S3A's when that table or the streaming
-    checkpoints are on S3."""
+    checkpoints are on S3.
+
+    The driver JVM compiles with C1 only (:data:`QUICK_JIT`) when it only plans micro-batches and
+    hands Arrow batches between Python processes (``spark.jit: auto``, every table on delta-rs, no
+    Spark Kafka source): C2's compiling was about half the JVM's CPU in the batches of a
+    200k-record backlog (``benchmarks/bench_compare.py`` shows it). A process's first session fixes
+    its JVM's options; a later one with other settings shares that JVM.
+    """
     spec = config.spark
     connectors: list[Connector] = ["spark-kafka"] if config.source.kind == "kafka" else []
     if "delta-spark" in config.engines():
@@ -141,6 +171,8 @@ def session_for(config: IngestConfig) -> SparkSession:
     if ("delta-spark" in config.engines() and not config.lake_is_local) or not config.checkpoint_location.is_local:
         connectors.append("hadoop-aws")
     conf = session_conf(connectors, spec.conf)
+    if quick_jit(config, connectors):
+        conf[DRIVER_JAVA_OPTIONS] = f"{QUICK_JIT} {conf.get(DRIVER_JAVA_OPTIONS, '')}".strip()
     return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -46,6 +46,12 @@ class SparkSpec(Model):
     master: str = Field("local[2]", description="Spark master URL")
     shuffle_partitions: int = Field(2, gt=0, description="spark.sql.shuffle.partitions")
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark configuration")
+    jit: Literal["auto", "quick", "full"] = Field(
+        "auto", description="the driver JVM's JIT compiler: quick (C1 only) compiles far less and suits a JVM "
+        "that only plans and hands batches over; full (C1 then C2) makes JVM-heavy work faster in the long run; "
+        "auto: quick unless a table applies with delta-spark or Spark's Kafka source reads (source.kafka.reader: "
+        "spark)"
+    )
 
 
 class IngestConfig(Model):

@@ -1,0 +1,56 @@
+"""Which driver JVM a configuration's Spark session asks for (``spark.jit``), without starting one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ingest import spark as spark_module
+from ingest.config import IngestConfig
+from ingest.spark import DRIVER_JAVA_OPTIONS, QUICK_JIT, driver_java_options, session_for
+
+
+def _config(*, engine: str = "delta-rs", kafka_reader: str | None = None, jit: str = "auto",
+            java_options: str | None = None) -> IngestConfig:
+    source: dict[str, Any] = {"kind": "embedded"}
+    if kafka_reader:
+        source = {"kind": "kafka", "kafka": {"bootstrap_servers": "127.0.0.1:9092", "reader": kafka_reader}}
+    conf = {DRIVER_JAVA_OPTIONS: java_options} if java_options else {}
+    return IngestConfig.model_validate({
+        "source": source, "target": {"engine": engine}, "spark": {"jit": jit, "conf": conf},
+        "tables": [{"name": "t", "topic": "db.public.t"}]})
+
+
+@pytest.fixture
+def asked(monkeypatch) -> dict[str, str]:
+    """The settings ``session_for`` hands to ``get_spark`` (no JVM is started)."""
+    seen: dict[str, str] = {}
+
+    def get_spark(master: str, shuffle_partitions: int, extra: tuple[tuple[str, str], ...]) -> None:
+        seen.update(extra)
+
+    monkeypatch.setattr(spark_module, "get_spark", get_spark)
+    return seen
+
+
+@pytest.mark.parametrize(("engine", "reader", "jit", "quick"), [
+    ("delta-rs", None, "auto", True),         # the JVM plans and hands Arrow batches over
+    ("delta-rs", "python", "auto", True),     # the engine's own Kafka reader: the same
+    ("delta-rs", "spark", "auto", False),     # Spark's Kafka source reads in the JVM
+    ("delta-spark", None, "auto", False),     # delta-spark MERGEs in the JVM
+    ("delta-spark", None, "quick", True),
+    ("delta-rs", None, "full", False),
+])
+def test_the_driver_jvm_compiles_with_c1_only_when_it_only_plans(asked, engine, reader, jit, quick):
+    session_for(_config(engine=engine, kafka_reader=reader, jit=jit))
+    assert (QUICK_JIT in asked.get(DRIVER_JAVA_OPTIONS, "")) is quick
+
+
+def test_the_users_own_java_options_come_last_and_win(asked):
+    session_for(_config(java_options="-XX:TieredStopAtLevel=4 -Dx=1"))
+    assert asked[DRIVER_JAVA_OPTIONS] == f"{QUICK_JIT} -XX:TieredStopAtLevel=4 -Dx=1"
+    opts = driver_java_options(tuple(asked.items())).split()
+    # the logging configuration stays, before the user's options
+    assert opts[0].startswith("-Dlog4j2.configurationFile=file:") and opts[1:] == asked[DRIVER_JAVA_OPTIONS].split()
+    assert driver_java_options(()).split()[1:] == []
