@@ -15,12 +15,13 @@ counts. The last line is
     .venv/bin/python benchmarks/bench_compare.py --engine delta-spark --batch 200000  # MERGE as Spark jobs
     .venv/bin/python benchmarks/bench_compare.py --queries 3   # one streaming query per table
     .venv/bin/python benchmarks/bench_compare.py --source kafka   # the engine reads a real broker
+    .venv/bin/python benchmarks/bench_compare.py --jit full   # the driver JVM's C2 compiler on (spark.jit)
 
 ``--source kafka`` starts the project's Kafka broker and registry (``ingest.stack``; stopped again
 if this started them), copies the generated topics there (``benchmarks/kafka_copy.py``: same
 partitions, offsets, keys, values and timestamps; Avro ids mapped to the registry's; the copy is
-not timed) and runs the engine on Spark's Kafka source, decoding with ``mapInArrow`` and the
-registry. The bare script then reads the same topics from the broker with librdkafka
+not timed) and runs the engine on the broker with the configuration's Kafka reader (``--kafka-reader``
+picks one). The bare script then reads the same topics from the broker with librdkafka
 (``confluent_kafka``), as a user without Spark would.
 
 ``--engine`` picks the engine's apply engine for every table (``target.engine``); the bare script
@@ -33,6 +34,10 @@ once per process) is excluded and shown. ``benchmarks/bench_quality.py`` measure
 alone.
 
 Driver memory: the Python driver's peak RSS (``ru_maxrss``) and the Spark JVM's (``VmHWM``).
+
+CPU (``benchmarks/cpu_meter.py``, Linux): the CPU seconds of the bare script's run, and of the
+engine's batches (query start excluded) by process -- the Python driver, Spark's JVM (its JIT
+compiler threads apart), the Python workers, and a broker or registry this started.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bare
+from cpu_meter import KINDS, CpuMeter
 from kafka_copy import KafkaLog, kafka_config
 
 from ingest.config import IngestConfig, load_config
@@ -72,7 +78,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def workload(root: Path, value_format: str, events: int, batch: int,
-             engine: str = "delta-rs", queries: int = 1) -> tuple[IngestConfig, IngestConfig]:
+             engine: str = "delta-rs", queries: int = 1, jit: str = "auto") -> tuple[IngestConfig, IngestConfig]:
     """The workload's config (no expectations suites), generated once per format and size, and the
     same with the demo's suites writing to tables, checkpoints and results of their own."""
     workdir = (root / f"{value_format}-{events}").resolve()
@@ -83,6 +89,7 @@ def workload(root: Path, value_format: str, events: int, batch: int,
     raw["source"]["max_records_per_batch"] = batch
     raw["source"]["queries"] = queries
     raw["target"]["engine"] = engine
+    raw["spark"]["jit"] = jit
     workdir.mkdir(parents=True, exist_ok=True)
     checked = workdir / "bench-quality.yaml"
     raw_checked = yaml.safe_load(yaml.safe_dump(raw))
@@ -131,6 +138,8 @@ class EngineRun:
     ok: bool
     quarantined: int
     suites_s: float  # loading the suites (GX's import and context, once per process): excluded
+    #: ``time.perf_counter()`` when the first batch began and when the run ended (the CPU meter's stretch)
+    span: tuple[float, float] = (0.0, 0.0)
     #: one query only: seconds spent reading and decoding (Spark), applying the tables (driver), and
     #: the rest (the shared audit append, Spark's offset and commit logs, planning the next batch)
     phases: tuple[float, float, float] | None = None
@@ -155,7 +164,8 @@ def run_engine(engine: Engine, *, busy_core: bool) -> EngineRun:
         f"  {table}: batch {record.batch_id} {record.received} records {record.total_ms} ms"
         f" (decode {record.decode_ms}, apply {record.apply_ms}, quality {record.quality_status})")
         if record else None)
-    run_s = time.perf_counter() - t0
+    ended = time.perf_counter()
+    run_s = ended - t0
     if hog is not None:
         hog.terminate()
     records = [b for t in report.tables.values() for b in t.batches]
@@ -176,7 +186,27 @@ def run_engine(engine: Engine, *, busy_core: bool) -> EngineRun:
                      batches=[b.total_ms / 1000 for b in records],
                      firsts=[t.batches[0].total_ms / 1000 for t in report.tables.values() if t.batches],
                      failed=len(report.failed), ok=ok, quarantined=quarantined,
-                     suites_s=suites_s)
+                     suites_s=suites_s, span=(report.started + (report.startup_seconds or 0.0), ended))
+
+
+def cpu_rows(row: Any, meter: CpuMeter, bare_span: tuple[float, float] | None, run: EngineRun, *,
+             busy_core: bool) -> None:
+    """Where the CPU went: the bare script's run, and the engine's batches (its query start excluded)."""
+    if not meter.samples:
+        return
+    engine_cpu = meter.between(*run.span)
+    bare_cpu = meter.between(*bare_span) if bare_span else None
+
+    def spent(cpu: dict[str, float] | None, wall: float) -> str:
+        return f"{sum(cpu[k] for k in KINDS):.1f} s ({sum(cpu[k] for k in KINDS) / wall:.2f} cores)" if cpu else "-"
+
+    for kind in KINDS:
+        row(f"CPU: {kind}" + (" (JIT compiler threads)" if kind == "Spark JVM" else ""),
+            f"{bare_cpu[kind]:.1f} s" if bare_cpu else "-",
+            f"{engine_cpu[kind]:.1f} s" + (f" ({engine_cpu['JIT']:.1f} s)" if kind == "Spark JVM" else ""))
+    row("CPU in all" + (" (the busy core's burner not counted)" if busy_core else ""),
+        spent(bare_cpu, bare_span[1] - bare_span[0]) if bare_span else "-",
+        spent(engine_cpu, run.span[1] - run.span[0]))
 
 
 def p50_p95(batches: list[float]) -> str:
@@ -198,6 +228,8 @@ def main() -> None:
     parser.add_argument("--kafka-reader", choices=["spark", "python"], default=None,
                         help="with --source kafka: source.kafka.reader (default: the configuration's default)")
     parser.add_argument("--busy-core", action="store_true", help="keep one core busy while the engine runs")
+    parser.add_argument("--jit", choices=["auto", "quick", "full"], default="auto",
+                        help="the driver JVM's JIT compiler (spark.jit)")
     parser.add_argument("--skip-bare", action="store_true")
     parser.add_argument("--quality", action="store_true",
                         help="run the engine again with the demo's suites and report what validation adds")
@@ -207,7 +239,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     config, config_checked = workload(args.workdir, args.format, args.events, args.batch, args.engine,
-                                      args.queries)
+                                      args.queries, args.jit)
     log = TopicLog(config.log_dir)
     records = sum(sum(log.end_offsets(t.topic).values()) for t in config.tables)
     console.print(f"workload: {records:,} records ({args.format}) ready in {time.perf_counter() - t0:.0f} s")
@@ -229,6 +261,8 @@ def main() -> None:
             bare_log = KafkaLog(stack.bootstrap_servers(), ids)
         bare_s = bare_ok = None
         bare_batches: list[float] = []
+        meter = CpuMeter().start()
+        bare_span = None
         if not args.skip_bare:
             console.print("bare baseline: running" + (" (reading Kafka with librdkafka)" if stack else ""))
             root = config.workdir / "bare-tables"
@@ -236,10 +270,11 @@ def main() -> None:
             t0 = time.perf_counter()
             bare_batches = bare.run(tables, log=bare_log, value_format=args.format,
                                     registry_dir=config.registry_dir, root=root, batch=args.batch)
-            bare_s = time.perf_counter() - t0
+            bare_span = (t0, time.perf_counter())
+            bare_s = bare_span[1] - t0
             bare_ok = all(verify_table(n, root / n, truth.tables[n], k).ok for n, _, k in tables)
             console.print(f"bare baseline: {bare_s:.1f} s, {len(bare_batches)} batches, equal to source: {bare_ok}")
-        compare(args, config, config_checked, records, bare_s, bare_ok, bare_batches)
+        compare(args, config, config_checked, records, bare_s, bare_ok, bare_batches, meter, bare_span)
     finally:
         if isinstance(bare_log, KafkaLog):
             bare_log.close()
@@ -248,7 +283,8 @@ def main() -> None:
 
 
 def compare(args: argparse.Namespace, config: IngestConfig, config_checked: IngestConfig, records: int,
-            bare_s: float | None, bare_ok: bool | None, bare_batches: list[float]) -> None:
+            bare_s: float | None, bare_ok: bool | None, bare_batches: list[float], meter: CpuMeter,
+            bare_span: tuple[float, float] | None) -> None:
     """Run the engine (and with ``--quality`` its checked runs), then print the table and the ratio."""
     engine = Engine(config)
     t0 = time.perf_counter()
@@ -256,6 +292,7 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     start_s = time.perf_counter() - t0
     console.print(f"engine ({args.engine}): running")
     run = run_engine(engine, busy_core=args.busy_core)
+    meter.stop()  # the CPU figures are the first run's (with --quality, the runs after it are not metered)
     jvm = jvm_peak_mb(engine)
     checked = plain_again = None
     if args.quality:
@@ -293,6 +330,7 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     row("failed queries", "-", str(run.failed), str(checked.failed) if checked else "-")
     if checked:
         row("rows held back by the suites", "-", "-", str(checked.quarantined))
+    cpu_rows(row, meter, bare_span, run, busy_core=args.busy_core)
     row("Python driver peak RSS", "-", f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     row("Spark JVM peak RSS", "-", f"{jvm:.0f} MB" if jvm else "?")
     row("Spark session start and worker warm-up (excluded)", "-", f"{start_s:.1f} s")
