@@ -39,6 +39,8 @@ EARLIEST, LATEST = -2, -1  # Kafka's sentinels in startingOffsets JSON
 Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON
 #: Records a task reads before it decodes them (and yields their parts).
 READ_STEP = 50_000
+#: Records decoded into one batch of parts.
+DECODE_BATCH = 10_000
 
 
 class Log(Protocol):
@@ -183,7 +185,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for topic, p, begin, stop in partition.spans:
             # A span is read, then decoded, in steps of READ_STEP records: a worker holds one step.
             for lo in range(begin, stop, READ_STEP):
-                for batch in log.read(topic, p, lo, min(stop, lo + READ_STEP)).to_batches(max_chunksize=10_000):
+                for batch in log.read(topic, p, lo, min(stop, lo + READ_STEP)).to_batches(max_chunksize=DECODE_BATCH):
                     yield decoder.parts(batch) if decoder is not None else batch
 
     def commit(self, end: Offsets) -> None:
