@@ -15,15 +15,15 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-import yaml
 
 from ingest.apply.tablestate import load_state
-from ingest.config import IngestConfig, load_config
+from ingest.config import IngestConfig
 from ingest.decode import columnar
 from ingest.errors import RegistryUnavailableError
 from ingest.handler import AllTablesStopped, BatchHandler, RunReport, TableRun
 from ingest.paths import TablePaths
 from ingest.proof.demo import prepare_workload
+from tests.test_engine_e2e import make_config
 
 TABLE = "customers"
 
@@ -39,16 +39,10 @@ class _Frame:
 
 
 def _config(workdir: Path) -> IngestConfig:
-    raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
-    raw["workdir"] = str(workdir)
-    raw["source"]["value_format"] = "json"
-    raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
-    raw["tables"] = [{k: v for k, v in t.items() if k not in ("expectations", "quality_policy",
-                                                              "expectation_policies")}
-                     for t in raw["tables"] if t["name"] == TABLE]  # no suite: the path under test only
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.yaml").write_text(yaml.safe_dump(raw))
-    config = load_config(workdir / "config.yaml")
+    config = make_config(workdir, value_format="json")
+    # One table, without its suite: the path under test only.
+    spec = next(t for t in config.tables if t.name == TABLE).model_copy(update={"expectations": None})
+    config = config.model_copy(update={"tables": [spec]})
     prepare_workload(config, events=300, seed=5, malformed_fraction=0.0)
     return config
 
