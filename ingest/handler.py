@@ -32,7 +32,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from ingest import audit, secrets
 from ingest.apply.engines import Engines
 from ingest.apply.pipeline import BatchResult, apply_parts
-from ingest.apply.tablestate import load_state
+from ingest.apply.tablestate import OpenTables, load_state
 from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
@@ -97,6 +97,8 @@ class BatchHandler:
         #: the source, when it decodes as it reads (the stream's rows are then parts)
         self.source = cast(DecodingSource, source_for(config)) if decodes_at_read(config) else None
         self.engines = Engines(config)
+        #: each table's Delta handles, kept open from one batch to the next
+        self.opened = {s.name: OpenTables(TablePaths.of(config, s.name), s.name) for s in specs}
         self.stopped: dict[str, BaseException] = {}
         #: when each stopped table may be tried again (``time.monotonic``); only with ``retry_stopped``
         self.retry_at: dict[str, float] = {}
@@ -236,7 +238,8 @@ class BatchHandler:
                 if attempt.retry_state.attempt_number > 1:
                     # decode the table's records again (the registry may answer now)
                     parts = self._redecoded(spec, frame, parts)
-                result = apply_parts(spec, paths, parts, batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
+                result = apply_parts(spec, paths, parts, opened=self.opened[spec.name],
+                                     batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
                                      gate=self.gates.get(spec.name), engine=self.engines.for_table(spec),
                                      defer_audit=True,
                                      fetch_raw=self.source.fetch if self.source is not None

@@ -42,7 +42,7 @@ class CommitRequest:
     Attributes:
         table: table name.
         path: Delta table path.
-        tombstones_path: Delta table of remembered deletes (hard mode).
+        tombstones: the table's remembered deletes (hard mode).
         delete_mode: ``hard`` (live rows only) or ``soft`` (deleted rows flagged).
         key_columns: primary-key columns.
         schema: the table's user columns after this batch.
@@ -61,7 +61,7 @@ class CommitRequest:
 
     table: str
     path: LakePath
-    tombstones_path: LakePath
+    tombstones: tombstones.Remembered
     delete_mode: Literal["hard", "soft"]
     key_columns: tuple[str, ...]
     schema: SchemaPlan
@@ -130,7 +130,7 @@ def remember_deletes(request: CommitRequest) -> None:
     if request.delete_mode != "hard" or request.history is not None:
         return  # scd2 keeps its deletes in the versions they end (ingest.apply.history)
     key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
-    tombstones.record(request.tombstones_path, request.table, request.key_columns, key_types, request.plan.deletes)
+    request.tombstones.record(request.key_columns, key_types, request.plan.deletes)
     faults.point("after-tombstones")
 
 

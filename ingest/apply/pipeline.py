@@ -42,7 +42,7 @@ from ingest.apply.plan import MergePlan, plan_merge
 from ingest.apply.reduce import Reduction, nulls_as_unchanged, reduce_changes
 from ingest.apply.schema import check_column_names, plan_schema
 from ingest.apply.stored import stored_rows
-from ingest.apply.tablestate import TableState, load_state
+from ingest.apply.tablestate import OpenTables, TableState, load_state
 from ingest.audit import AuditRecord
 from ingest.config import TableSpec
 from ingest.deltaio import arrow_type
@@ -105,18 +105,25 @@ class _Held:
         return out
 
 
-def apply_parts(spec: TableSpec, paths: TablePaths, parts: Sequence[pa.RecordBatch], **kwargs: Any) -> BatchResult:
-    """:func:`process_batch` of the decode step's parts, against the table's current state."""
-    state = load_state(paths.table)
+def apply_parts(spec: TableSpec, paths: TablePaths, parts: Sequence[pa.RecordBatch], *,
+                opened: OpenTables | None = None, **kwargs: Any) -> BatchResult:
+    """:func:`process_batch` of the decode step's parts, against the table's current state.
+
+    Args:
+        opened: the table's handles a stream keeps between batches (default: opened for this batch).
+    """
+    opened = opened or OpenTables(paths, spec.name)
+    state = opened.state()
     batch = MicroBatch.from_parts(parts, state, table=spec.name, select=spec.columns,
                                   key_columns=spec.primary_key or ())
-    return process_batch(spec, paths, batch, state=state, **kwargs)
+    return process_batch(spec, paths, batch, state=state, remembered=opened.tombstones, **kwargs)
 
 
 def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batch_id: int, run_id: str,
                   state: TableState | None = None, decode_ms: int = 0, gate: QualityGate | None = None,
                   fetch_raw: RawFetch | None = None, engine: ApplyEngine | None = None,
-                  replay: bool = False, defer_audit: bool = False) -> BatchResult:
+                  replay: bool = False, defer_audit: bool = False,
+                  remembered: tombstones.Remembered | None = None) -> BatchResult:
     """Apply one table's micro-batch (see module docstring). Idempotent under replay.
 
     Args:
@@ -126,6 +133,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
         replay: a quarantine replay: no offsets are recorded (the stream's progress does not move),
             messages that fail again are returned rather than quarantined a second time, and the
             audit row (status ``replayed``) is written only if something was committed.
+        remembered: the table's remembered deletes, as the caller keeps them open (default: opened here).
         defer_audit: leave the audit row to the caller (``result.record``), which appends the rows
             of many tables in one commit. The table's commit carries the row in its metadata, so a
             crash before the caller appends loses nothing: :func:`ingest.audit.reconcile` restores it.
@@ -197,8 +205,9 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     record.superseded = reduction.superseded
     engine = engine or DeltaRsEngine()
     record.engine = engine.name  # before the commit: the commit info carries the record
+    remembered = remembered or tombstones.Remembered(paths.tombstones, spec.name)
     outcome = _commit(spec, paths, state, reduction, schema, tuple(key_columns or ()), record, batch,
-                      flattened, not replay, engine, history)
+                      flattened, not replay, engine, remembered, history)
     faults.point("after-delta-commit")
     record.status = "replayed" if replay else "committed" if outcome.committed else "nothing-to-commit"
     record.rows_truncated = outcome.rows_truncated
@@ -225,7 +234,8 @@ def _typed_nulls(changes: pa.Table, columns: list[ColumnSpec]) -> pa.Table:
 
 def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Reduction, schema: Any,
             key_columns: tuple[str, ...], record: AuditRecord, batch: MicroBatch, flattened: bool | None,
-            record_offsets: bool, engine: ApplyEngine, history: HistoryInput | None = None) -> CommitOutcome:
+            record_offsets: bool, engine: ApplyEngine, remembered: tombstones.Remembered,
+            history: HistoryInput | None = None) -> CommitOutcome:
     _refuse_to_move_backwards(spec.name, batch, state, record_offsets)
     locks.check(paths.table)  # on an object store: this run still holds the table's lease
     _check_position_format(spec.name, state)
@@ -243,7 +253,7 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
         if not record_offsets and plan_h.source.num_rows == 0 and plan_h.truncate is None:
             return CommitOutcome()
         return engine.commit(CommitRequest(
-            table=spec.name, path=paths.table, tombstones_path=paths.tombstones, delete_mode=spec.delete_mode,
+            table=spec.name, path=paths.table, tombstones=remembered, delete_mode=spec.delete_mode,
             key_columns=key_columns, schema=schema, plan=_empty_plan(schema.columns), truncate=plan_h.truncate,
             watermark=plan_h.watermark, truncate_log=plan_h.truncate_log, offsets=offsets,
             flattened=flattened if flattened is not None else state.flattened, history_mode="scd2", history=plan_h,
@@ -258,7 +268,7 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
         parts = [t.select(list(key_columns)) for t in (reduction.winners, reduction.truncated) if t is not None]
         keys = pa.concat_tables(parts)
         stored = stored_rows(state.table, key_columns, keys)
-        tombs = tombstones.read(paths.tombstones, key_columns, key_types, spec.name, keys) \
+        tombs = remembered.read(key_columns, key_types, keys) \
             if hard and keys.num_rows else None
         plan = plan_merge(reduction, key_columns=key_columns, columns=schema.columns, stored=stored, tombstones=tombs,
                           old_truncate=state.truncate_position, new_truncate=truncate, hard=hard)
@@ -271,7 +281,7 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
     if not record_offsets and reduction.winners.num_rows == 0 and reduction.truncate is None:
         return CommitOutcome()  # a replay that found nothing to apply commits nothing
     request = CommitRequest(
-        table=spec.name, path=paths.table, tombstones_path=paths.tombstones, delete_mode=spec.delete_mode,
+        table=spec.name, path=paths.table, tombstones=remembered, delete_mode=spec.delete_mode,
         key_columns=key_columns, schema=schema, plan=plan, truncate=truncate,
         watermark=truncate or state.truncate_position,
         offsets=offsets, flattened=flattened if flattened is not None else state.flattened,

@@ -14,13 +14,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
+from ingest.apply.tombstones import Remembered
 from ingest.deltaio import FRAMEWORK_NAMES, delta_type_name, has_deletion_vectors, open_table, table_schema
 from ingest.events import ColumnSpec
 from ingest.lake import Location
+
+if TYPE_CHECKING:
+    from ingest.paths import TablePaths
 
 STATE_KEY = "cdc.state"
 BATCH_KEY = "cdc.batch"
@@ -78,8 +83,14 @@ class TableState:
         return self.table is not None and has_deletion_vectors(self.table)
 
 
-def load_state(path: Location) -> TableState:
-    table = open_table(path)
+def load_state(path: Location, table: DeltaTable | None = None) -> TableState:
+    """The table's state at its latest version.
+
+    Args:
+        table: the table as opened before (brought up to date: only the commits since are read).
+    """
+    table = _latest(table) if table is not None else None
+    table = table if table is not None else open_table(path)
     if table is None:
         return TableState(None, None, None, None)
     schema = table_schema(table)
@@ -93,6 +104,34 @@ def load_state(path: Location) -> TableState:
     log = [(p, datetime.fromisoformat(t) if t else None) for p, t in state.get("truncates") or []]
     return TableState(table, columns, key, state.get("truncate_position"), state.get("position_format"),
                       state.get("flattened"), offsets, log, any(f.name == "_cdc_is_current" for f in schema))
+
+
+class OpenTables:
+    """One table's Delta handles, kept by a stream from one batch to the next.
+
+    Opening a Delta table replays its log, which grows by a commit with every batch; bringing an
+    open table up to date reads only the commits since. The stream holds the table's lease, so
+    nothing else replaces its tables meanwhile.
+    """
+
+    def __init__(self, paths: TablePaths, table: str) -> None:
+        self.path = paths.table
+        self.target: DeltaTable | None = None
+        self.tombstones = Remembered(paths.tombstones, table)
+
+    def state(self) -> TableState:
+        """The target table's state at its latest version (:func:`load_state`)."""
+        state = load_state(self.path, self.target)
+        self.target = state.table
+        return state
+
+
+def _latest(table: DeltaTable) -> DeltaTable | None:
+    try:
+        table.update_incremental()
+    except DeltaError:  # a log this handle cannot follow: the caller opens the table afresh
+        return None
+    return table
 
 
 def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:

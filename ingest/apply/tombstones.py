@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import DeltaError
 
 from ingest.apply.ordering import later_than_stored_sql
 from ingest.apply.schema import holds
@@ -44,59 +45,82 @@ def key_array(table: str, column: str, values: Sequence[Any], delta_type: str) -
                                 f"{delta_type}: {exc}") from exc
 
 
-def read(path: Location, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str,
-         keys: pa.Table | None = None) -> pa.Table | None:
-    """The remembered deletes: the key columns and ``_cdc_position`` (``None``: none yet).
+class Remembered:
+    """One table's remembered deletes, opened once and brought up to date before each use.
 
-    Args:
-        keys: only the deletes within the range of these keys' first key column (default: all).
+    A stream keeps one per table for as long as it runs (it holds the table's lease, so nothing
+    else replaces the table meanwhile): opening a Delta table replays its log, which grows by a
+    commit with every batch that deletes; bringing an open one up to date reads only the new commits.
     """
-    delta = _aligned(path, key_types, table)
-    if delta is None:
-        return None
-    where = key_range(keys, key_columns[0]) if keys is not None and key_columns else None
-    return read_all(delta, columns=[*key_columns, "_cdc_position"], where=where)
+
+    def __init__(self, path: Location, table: str) -> None:
+        self.path = path
+        self.table = table
+        self._delta: DeltaTable | None = None
+
+    def open(self, key_types: Mapping[str, str]) -> DeltaTable | None:
+        """The tombstone table at its latest version, its key columns widened to ``key_types``
+        (``None``: none yet)."""
+        delta = self._delta
+        if delta is not None:
+            try:
+                delta.update_incremental()
+            except DeltaError:  # a log this handle cannot follow: open the table afresh
+                delta = None
+        self._delta = _aligned(delta or open_table(self.path), key_types, self.table)
+        return self._delta
+
+    def read(self, key_columns: tuple[str, ...], key_types: Mapping[str, str],
+             keys: pa.Table | None = None) -> pa.Table | None:
+        """The remembered deletes: the key columns and ``_cdc_position`` (``None``: none yet).
+
+        Args:
+            keys: only the deletes within the range of these keys' first key column (default: all).
+        """
+        delta = self.open(key_types)
+        if delta is None:
+            return None
+        where = key_range(keys, key_columns[0]) if keys is not None and key_columns else None
+        return read_all(delta, columns=[*key_columns, "_cdc_position"], where=where)
+
+    def record(self, key_columns: tuple[str, ...], key_types: Mapping[str, str], deletes: pa.Table) -> None:
+        """Remember deleted keys, idempotently and guarded by position.
+
+        Args:
+            deletes: the key columns, ``_cdc_position`` and ``_cdc_source_ts`` of each delete.
+        """
+        if deletes.num_rows == 0:
+            return
+        data: dict[str, pa.Array | pa.ChunkedArray] = {}
+        for k in key_columns:
+            try:
+                data[k] = deletes[k].cast(arrow_type(key_types[k]))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                raise TableError(self.table, f"primary-key column {k!r} cannot hold the batch's values as "
+                                             f"{key_types[k]}: {exc}") from exc
+        data["_cdc_position"] = deletes["_cdc_position"]
+        data["_cdc_deleted_at"] = deletes["_cdc_source_ts"].cast(_TIMESTAMP)
+        data["_cdc_recorded_at"] = pa.array([datetime.now(UTC)] * deletes.num_rows, _TIMESTAMP)
+        source = pa.table(data)
+        delta = self.open(key_types)
+        if delta is None:
+            write_table(self.path, source, mode="append")
+            return
+        on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key_columns)
+        # merge_schema: tombstone tables written before _cdc_recorded_at existed take the column on.
+        (delta.merge(source, on, source_alias="s", target_alias="t", merge_schema=True)
+         .when_matched_update_all(later_than_stored_sql("s._cdc_position", "t._cdc_position"))
+         .when_not_matched_insert_all()
+         .execute())
 
 
 def positions(path: Location, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str) -> dict[Key, str]:
     """``key -> position of its delete`` for every remembered delete (for tools and tests)."""
-    rows = read(path, key_columns, key_types, table)
+    rows = Remembered(path, table).read(key_columns, key_types)
     if rows is None:
         return {}
     keys = zip(*(rows[k].to_pylist() for k in key_columns), strict=True)
     return dict(zip(keys, rows["_cdc_position"].to_pylist(), strict=True))
-
-
-def record(path: Location, table: str, key_columns: tuple[str, ...], key_types: Mapping[str, str],
-           deletes: pa.Table) -> None:
-    """Remember deleted keys, idempotently and guarded by position.
-
-    Args:
-        deletes: the key columns, ``_cdc_position`` and ``_cdc_source_ts`` of each delete.
-    """
-    if deletes.num_rows == 0:
-        return
-    data: dict[str, pa.Array | pa.ChunkedArray] = {}
-    for k in key_columns:
-        try:
-            data[k] = deletes[k].cast(arrow_type(key_types[k]))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            raise TableError(table, f"primary-key column {k!r} cannot hold the batch's values as "
-                                    f"{key_types[k]}: {exc}") from exc
-    data["_cdc_position"] = deletes["_cdc_position"]
-    data["_cdc_deleted_at"] = deletes["_cdc_source_ts"].cast(_TIMESTAMP)
-    data["_cdc_recorded_at"] = pa.array([datetime.now(UTC)] * deletes.num_rows, _TIMESTAMP)
-    source = pa.table(data)
-    delta = _aligned(path, key_types, table)
-    if delta is None:
-        write_table(path, source, mode="append")
-        return
-    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key_columns)
-    # merge_schema: tombstone tables written before _cdc_recorded_at existed take the column on.
-    (delta.merge(source, on, source_alias="s", target_alias="t", merge_schema=True)
-     .when_matched_update_all(later_than_stored_sql("s._cdc_position", "t._cdc_position"))
-     .when_not_matched_insert_all()
-     .execute())
 
 
 def purge(path: Location, older_than: datetime) -> int:
@@ -118,9 +142,8 @@ def millis_to_timestamp(values: Sequence[int | None]) -> pa.Array:
     return pa.array(values, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(_TIMESTAMP)
 
 
-def _aligned(path: Location, key_types: Mapping[str, str], table: str) -> DeltaTable | None:
+def _aligned(delta: DeltaTable | None, key_types: Mapping[str, str], table: str) -> DeltaTable | None:
     """The tombstone table, its key columns first widened to the target table's key types."""
-    delta = open_table(path)
     if delta is None:
         return None
     schema = table_schema(delta)

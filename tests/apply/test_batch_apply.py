@@ -9,7 +9,15 @@ import pytest
 
 from ingest import audit, quarantine
 from ingest.apply.pipeline import apply_parts
-from ingest.apply.tablestate import BATCH_KEY, OFFSETS_KEY, app_id, cdc_commits, load_state, table_app_id
+from ingest.apply.tablestate import (
+    BATCH_KEY,
+    OFFSETS_KEY,
+    OpenTables,
+    app_id,
+    cdc_commits,
+    load_state,
+    table_app_id,
+)
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all
 from ingest.errors import SchemaIncompatibleError
@@ -80,6 +88,29 @@ def test_delete_is_remembered_across_batches_no_resurrection(tmp_path):
     rec = apply(HARD, paths, [change("u", 1, 15, name="late")], first_offset=3, batch_id=2).record
     assert set(live(paths)) == {2}
     assert rec.stale == 1
+
+
+def test_kept_handles_follow_commits_made_elsewhere(tmp_path):
+    """A stream keeps each table's handles between batches; what another writer committed meanwhile counts."""
+    paths = paths_in(tmp_path)
+    opened = OpenTables(paths, "customers")
+
+    def kept(items, *, first_offset, batch_id):
+        return apply_parts(HARD, paths, decoded_rows(items, first_offset=first_offset), opened=opened,
+                           batch_id=batch_id, run_id="test", engine=current_engine()).record
+
+    kept([change("c", 1, 10), change("c", 2, 10), change("c", 4, 10)], first_offset=0, batch_id=0)
+    kept([change("d", 2, 11)], first_offset=3, batch_id=1)  # creates the tombstone table
+    kept([change("d", 4, 12)], first_offset=4, batch_id=2)  # both tables now open
+    target, remembered = opened.target, opened.tombstones.open({"id": "integer"})
+    assert target is not None and remembered is not None
+    apply(HARD, paths, [change("d", 1, 20)], first_offset=5, batch_id=3)  # another writer, its own handles
+    late = kept([change("u", 1, 15, name="late"), change("c", 3, 30)], first_offset=6, batch_id=4)
+    assert set(live(paths)) == {3}  # the kept tombstone table saw the other writer's delete of 1
+    assert late.stale == 1 and late.inserted == 1 and late.balanced
+    # brought up to date, not opened again
+    assert opened.target is target and opened.tombstones.open({"id": "integer"}) is remembered
+    assert load_state(paths.table).applied_offset("t", 0) == 7
 
 
 def test_truncate_removes_older_rows_and_blocks_older_events(tmp_path):
