@@ -19,7 +19,7 @@ from __future__ import annotations
 import builtins
 import re
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 Op = Literal["c", "u", "d", "r", "t"]
 ControlKind = Literal["tombstone", "heartbeat", "schema_change", "transaction", "message"]
@@ -98,12 +98,16 @@ _KAFKA_PARTITION_HEX = 8  # Kafka partitions are int32: fixed width, so SQL can 
 
 def _component(value: int) -> str:
     """Order-preserving text of a non-negative integer: two hex digits of length, then the digits."""
-    digits = format(value, "x") if value else ""
-    return f"{len(digits):02x}{digits}"
+    if not value:
+        return "00"
+    digits = f"{value:x}"
+    return _LENGTHS[len(digits)] + digits  # at most 32 digits (MAX_COMPONENT)
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class SourcePosition:
+_LENGTHS: Final = tuple(f"{n:02x}" for n in range(256))
+
+
+class SourcePosition(NamedTuple):
     """Comparable place of a change in the source's history.
 
     Built from the Debezium ``source`` block (see :func:`ingest.decode.position.source_position`):
@@ -118,6 +122,9 @@ class SourcePosition:
 
     The encoded form (``s...``/``k...``) is text whose order is the position order, so Delta and SQL
     compare it directly; every component is variable-width with a length prefix.
+
+    A named tuple, not a dataclass: one is built for every message decoded, and a tuple is built
+    several times faster; it compares field by field, in this order.
     """
 
     a: int
@@ -125,9 +132,6 @@ class SourcePosition:
     c: int
     phase: int
     fallback: bool = False
-
-    def __reduce__(self) -> tuple[type, tuple[int, int, int, int, bool]]:
-        return (SourcePosition, (self.a, self.b, self.c, self.phase, self.fallback))
 
     def encode(self) -> str:
         if self.fallback:
@@ -167,9 +171,8 @@ class SourcePosition:
         return SourcePosition(self.a, self.b, self.c, AFTER, self.fallback)
 
 
-@dataclass(frozen=True, slots=True)
-class KafkaCoordinates:
-    """Where a message sits in its topic."""
+class KafkaCoordinates(NamedTuple):
+    """Where a message sits in its topic (a named tuple: one is built for every message decoded)."""
 
     topic: str
     partition: int
