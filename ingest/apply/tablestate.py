@@ -89,8 +89,10 @@ def load_state(path: Location, table: DeltaTable | None = None) -> TableState:
     Args:
         table: the table as opened before (brought up to date: only the commits since are read).
     """
-    table = _latest(table) if table is not None else None
-    table = table if table is not None else open_table(path)
+    if table is not None:
+        table = _latest(table)
+    if table is None:
+        table = open_table(path)
     if table is None:
         return TableState(None, None, None, None)
     schema = table_schema(table)
