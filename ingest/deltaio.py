@@ -17,7 +17,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from ingest.events import parse_decimal
 from ingest.lake import LakePath, Location, reader_options
@@ -135,6 +135,21 @@ def open_table(path: Location) -> DeltaTable | None:
         return DeltaTable(where.uri, storage_options=where.storage_options)
     except TableNotFoundError:
         return None
+
+
+def latest_table(path: Location, table: DeltaTable | None = None) -> DeltaTable | None:
+    """:func:`open_table`, or ``table`` -- the same table as opened before -- brought up to date.
+
+    Opening replays the log; bringing an open table up to date reads only the commits since. A log
+    the handle cannot follow is opened afresh.
+    """
+    if table is not None:
+        try:
+            table.update_incremental()
+            return table
+        except DeltaError:
+            pass
+    return open_table(path)
 
 
 def write_table(path: Location, data: Any, **kwargs: Any) -> None:

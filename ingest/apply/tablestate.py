@@ -17,10 +17,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
 
 from ingest.apply.tombstones import Remembered
-from ingest.deltaio import FRAMEWORK_NAMES, delta_type_name, has_deletion_vectors, open_table, table_schema
+from ingest.deltaio import FRAMEWORK_NAMES, delta_type_name, has_deletion_vectors, latest_table, table_schema
 from ingest.events import ColumnSpec
 from ingest.lake import Location
 
@@ -89,10 +88,7 @@ def load_state(path: Location, table: DeltaTable | None = None) -> TableState:
     Args:
         table: the table as opened before (brought up to date: only the commits since are read).
     """
-    if table is not None:
-        table = _latest(table)
-    if table is None:
-        table = open_table(path)
+    table = latest_table(path, table)
     if table is None:
         return TableState(None, None, None, None)
     schema = table_schema(table)
@@ -126,14 +122,6 @@ class OpenTables:
         state = load_state(self.path, self.target)
         self.target = state.table
         return state
-
-
-def _latest(table: DeltaTable) -> DeltaTable | None:
-    try:
-        table.update_incremental()
-    except DeltaError:  # a log this handle cannot follow: the caller opens the table afresh
-        return None
-    return table
 
 
 def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:

@@ -15,7 +15,6 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import DeltaError
 
 from ingest.apply.ordering import later_than_stored_sql
 from ingest.apply.schema import holds
@@ -23,6 +22,7 @@ from ingest.deltaio import (
     arrow_type,
     delta_type_name,
     key_range,
+    latest_table,
     open_table,
     quote,
     read_all,
@@ -61,13 +61,7 @@ class Remembered:
     def open(self, key_types: Mapping[str, str]) -> DeltaTable | None:
         """The tombstone table at its latest version, its key columns widened to ``key_types``
         (``None``: none yet)."""
-        delta = self._delta
-        if delta is not None:
-            try:
-                delta.update_incremental()
-            except DeltaError:  # a log this handle cannot follow: open the table afresh
-                delta = None
-        self._delta = _aligned(delta or open_table(self.path), key_types, self.table)
+        self._delta = _aligned(latest_table(self.path, self._delta), key_types, self.table)
         return self._delta
 
     def read(self, key_columns: tuple[str, ...], key_types: Mapping[str, str],
