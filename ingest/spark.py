@@ -146,10 +146,11 @@ def session_conf(connectors: list[Connector], user_conf: dict[str, str]) -> dict
 
 def quick_jit(config: IngestConfig, connectors: list[Connector]) -> bool:
     """Whether the driver JVM compiles with C1 only (``spark.jit``; see :func:`session_for`)."""
+    from ingest.source import decodes_at_read
+
     if config.spark.jit != "auto":
         return config.spark.jit == "quick"
-    spark_reads_kafka = config.source.kind == "kafka" and config.source.kafka is not None \
-        and config.source.kafka.reader == "spark"
+    spark_reads_kafka = "spark-kafka" in connectors and not decodes_at_read(config)
     return "delta-spark" not in connectors and not spark_reads_kafka
 
 
