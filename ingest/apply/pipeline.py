@@ -133,10 +133,10 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
         replay: a quarantine replay: no offsets are recorded (the stream's progress does not move),
             messages that fail again are returned rather than quarantined a second time, and the
             audit row (status ``replayed``) is written only if something was committed.
-        remembered: the table's remembered deletes, as the caller keeps them open (default: opened here).
         defer_audit: leave the audit row to the caller (``result.record``), which appends the rows
             of many tables in one commit. The table's commit carries the row in its metadata, so a
             crash before the caller appends loses nothing: :func:`ingest.audit.reconcile` restores it.
+        remembered: the table's remembered deletes, as the caller keeps them open (default: opened here).
 
     Raises:
         QualityGateError: expectations under policy ``fail`` failed; nothing was written.
