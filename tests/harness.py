@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import yaml
 
 from ingest.apply.commit import ApplyEngine
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.pipeline import BatchResult, process_batch
 from ingest.apply.tablestate import load_state
 from ingest.changes import CHANGE_COLUMNS
-from ingest.config import TableSpec
+from ingest.config import IngestConfig, TableSpec, load_config
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.deltaio import FRAMEWORK_NAMES, open_table, read_all
 from ingest.paths import TablePaths
@@ -269,3 +270,23 @@ def _json(payload: Any, schema: dict[str, Any] | None) -> bytes:
     if schema is None:
         return json.dumps(payload).encode()
     return json.dumps({"schema": schema, "payload": payload}).encode()
+
+
+def make_config(workdir: Path, *, batch: int = 400, extra_tables: list[dict] | None = None,
+                value_format: str = "avro", engine: str = "delta-rs", history_mode: str = "scd1") -> IngestConfig:
+    """The demo's configuration (``configs/demo.yaml``) written into ``workdir``, with the given batch
+    size, value format, apply engine and history mode for every table, plus ``extra_tables``."""
+    raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
+    raw["workdir"] = str(workdir)
+    for table in raw["tables"]:
+        table["history_mode"] = history_mode
+    raw["target"]["engine"] = engine
+    # The config is written elsewhere: keep its suites where demo.yaml points.
+    raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
+    raw["source"]["max_records_per_batch"] = batch
+    raw["source"]["value_format"] = value_format
+    raw["tables"] += extra_tables or []
+    path = workdir / "config.yaml"
+    workdir.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw))
+    return load_config(path)

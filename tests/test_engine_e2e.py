@@ -5,36 +5,17 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
 
 from ingest import audit, quarantine
-from ingest.config import IngestConfig, load_config
 from ingest.engine import Engine
 from ingest.proof.demo import TableFingerprint, prepare_workload, truth_dir, verify_all
 from ingest.source.topiclog import ProducerRecord, TopicLog
+from tests.harness import make_config
 
 pytestmark = pytest.mark.spark
-
-
-def make_config(workdir: Path, *, batch: int = 400, extra_tables: list[dict] | None = None,
-                value_format: str = "avro", engine: str = "delta-rs", history_mode: str = "scd1") -> IngestConfig:
-    raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
-    raw["workdir"] = str(workdir)
-    for table in raw["tables"]:
-        table["history_mode"] = history_mode
-    raw["target"]["engine"] = engine
-    # The config is written elsewhere: keep its suites where demo.yaml points.
-    raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
-    raw["source"]["max_records_per_batch"] = batch
-    raw["source"]["value_format"] = value_format
-    raw["tables"] += extra_tables or []
-    path = workdir / "config.yaml"
-    workdir.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(raw))
-    return load_config(path)
 
 
 @pytest.fixture(scope="module", params=["delta-rs", "delta-spark"])

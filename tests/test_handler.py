@@ -23,7 +23,7 @@ from ingest.errors import RegistryUnavailableError
 from ingest.handler import AllTablesStopped, BatchHandler, RunReport, TableRun
 from ingest.paths import TablePaths
 from ingest.proof.demo import prepare_workload
-from tests.test_engine_e2e import make_config
+from tests.harness import make_config
 
 TABLE = "customers"
 

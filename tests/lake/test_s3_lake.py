@@ -23,7 +23,7 @@ from ingest.config import load_config
 from ingest.engine import Engine
 from ingest.lake import s3_client
 from ingest.proof.demo import TableFingerprint, prepare_workload, verify_all
-from tests.test_engine_e2e import make_config
+from tests.harness import make_config
 
 pytestmark = pytest.mark.spark
 
