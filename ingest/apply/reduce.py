@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.apply.sql import connect, ident, key_list, literal, query
+from ingest.deltaio import normalize
 from ingest.events import ColumnSpec
 
 
@@ -153,7 +154,7 @@ def _latest_per_key(ordered: pa.Table, key_columns: tuple[str, ...], cutoff: int
         toast = winners.column(i)
         empty = pc.equal(pc.list_value_length(toast), 0)
         winners = winners.set_column(i, winners.field(i), pc.if_else(empty, pa.scalar(None, toast.type), toast))
-    return winners
+    return normalize(winners)  # the types the query returns (plain string and binary)
 
 
 def _toast_columns(changes: pa.Table, user: list[str]) -> list[str]:
