@@ -24,6 +24,12 @@ not timed) and runs the engine on the broker with the configuration's Kafka read
 picks one). The bare script then reads the same topics from the broker with librdkafka
 (``confluent_kafka``), as a user without Spark would.
 
+Batches: the bare script applies a table's records in batches of at most ``--batch``; the engine
+reads with ``source.max_records_per_table`` set to ``--batch`` (and ``max_records_per_batch`` to that
+times the tables), so every table's MERGE takes at most as many records as the bare script's.
+With ``--kafka-reader spark`` (Spark's Kafka source bounds only the whole micro-batch), the engine's
+micro-batch is bounded to ``--batch`` records, all tables together.
+
 ``--engine`` picks the engine's apply engine for every table (``target.engine``); the bare script
 always merges with delta-rs on one core, as a user without Spark would.
 
@@ -86,7 +92,9 @@ def workload(root: Path, value_format: str, events: int, batch: int,
     raw["workdir"] = str(workdir)
     raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
     raw["source"]["value_format"] = value_format
-    raw["source"]["max_records_per_batch"] = batch
+    # Like the bare script's batches: at most ``batch`` records of a table per micro-batch (and MERGE).
+    raw["source"]["max_records_per_batch"] = batch * len(raw["tables"])
+    raw["source"]["max_records_per_table"] = batch
     raw["source"]["queries"] = queries
     raw["target"]["engine"] = engine
     raw["spark"]["jit"] = jit

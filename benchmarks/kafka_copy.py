@@ -104,6 +104,9 @@ def kafka_config(config: IngestConfig, stack: Any, say: Callable[[str], None], *
     raw = yaml.safe_load(Path(config.workdir / "bench.yaml").read_text())
     connection = {"bootstrap_servers": servers, **({"reader": reader} if reader else {})}
     raw["source"] |= {"kind": "kafka", "kafka": connection}
+    if reader == "spark" and raw["source"].get("max_records_per_table"):
+        # Spark's Kafka source bounds only the whole micro-batch: the tables' bound becomes that.
+        raw["source"]["max_records_per_batch"] = raw["source"].pop("max_records_per_table")
     if avro:
         raw["source"]["registry"] = {"kind": "confluent", "url": url}
     raw["target"] |= {"root": "tables-kafka", "checkpoint_dir": "checkpoints-kafka"}

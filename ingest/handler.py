@@ -8,7 +8,8 @@ table alone. :class:`RunReport` is what a run did, table by table.
 A stopped table, in a continuous run, is tried again when its error was transient (a registry or
 broker that did not answer, a concurrent writer): after ``source.retry_stopped_seconds``, doubling
 up to :data:`RETRY_MAX_SECONDS`, at the next micro-batch. It first catches up -- the records from the
-offsets its own Delta log records up to the source's end, in batches of ``max_records_per_batch`` --
+offsets its own Delta log records up to the source's end, in batches of ``max_records_per_batch`` (or
+``max_records_per_table``, if smaller) --
 and then takes its share of the micro-batch again; what the catch-up applied is recognised there by
 its offsets and skipped. Nothing is lost and nothing applied twice, although the shared query's
 checkpoint moved on while the table stood still. Any other error (quality policy ``fail``, an
@@ -198,7 +199,9 @@ class BatchHandler:
             first = source.start_offsets(spec.topic)
             state = load_state(paths.table)
             start = {p: max(first.get(p, 0), _after(state.applied_offset(spec.topic, p))) for p in end}
-            for lo, hi in _chunks(start, end, self.config.source.max_records_per_batch):
+            limit = min(self.config.source.max_records_per_batch,
+                        self.config.source.max_records_per_table or self.config.source.max_records_per_batch)
+            for lo, hi in _chunks(start, end, limit):
                 if self.source is not None:  # a source decoding as it reads: read and decoded here
                     gap, parts = None, self.decoder.decode(self.source.read_arrow(spec.topic, lo, hi))
                 else:

@@ -132,6 +132,21 @@ def test_replay_of_everything_changes_no_table(ingested, spark):
     assert sum(t.already_applied for t in report.tables.values()) > 2500
 
 
+def test_each_tables_share_of_a_micro_batch_stays_within_its_bound(tmp_path, spark):
+    config = make_config(tmp_path, batch=100_000)
+    config = config.model_copy(update={"source": config.source.model_copy(update={"max_records_per_table": 150})})
+    prepare_workload(config, events=1200, seed=5, malformed_fraction=0.0)
+    report = Engine(config, spark=spark).run()
+    assert not report.failed
+    rows = audit.read(config.tables_root / "_cdc_audit").to_pylist()
+    assert 140 <= max(r["received"] for r in rows) <= 150  # the bound holds (shares round down)
+    by_batch: dict[int, int] = {}
+    for r in rows:
+        by_batch[r["batch_id"]] = by_batch.get(r["batch_id"], 0) + r["received"]
+    assert max(by_batch.values()) > 150  # a micro-batch carries several tables' shares
+    assert all(v.ok for v in verify_all(config))
+
+
 def _json_change(op: str, row: dict, lsn: int) -> bytes:
     value = {"before": None if op == "c" else row, "after": None if op == "d" else row,
              "source": {"connector": "postgresql", "lsn": lsn, "sequence": json.dumps([str(lsn - 1), str(lsn)]),

@@ -110,6 +110,11 @@ class SourceSpec(Model):
         20_000, gt=0, description="upper bound on records per micro-batch of a query, all its topics together "
         "(maxOffsetsPerTrigger)"
     )
+    max_records_per_table: int | None = Field(
+        None, gt=0, description="upper bound on one table's records per micro-batch, so that each MERGE stays "
+        "within it however many tables share the query (the engine's own reader only: not with "
+        "kafka.reader: spark); unset: only max_records_per_batch bounds them"
+    )
     queries: int = Field(
         1, gt=0, description="streaming queries the tables share (tables are dealt to them in turn); each "
         "micro-batch of a query is decoded once and applied per table"
@@ -125,6 +130,11 @@ class SourceSpec(Model):
     def _kafka_needs_connection(self) -> SourceSpec:
         if self.kind == "kafka" and self.kafka is None:
             raise ValueError("source.kind is 'kafka' but source.kafka (bootstrap_servers) is missing")
+        if (self.max_records_per_table is not None and self.kind == "kafka" and self.kafka is not None
+                and self.kafka.reader == "spark"):
+            raise ValueError("max_records_per_table needs the engine's own reader: Spark's Kafka source "
+                             "(kafka.reader: spark) bounds only the whole micro-batch; use "
+                             "max_records_per_batch, or kafka.reader: python")
         if self.registry.kind == "confluent" and not self.registry.url:
             raise ValueError("source.registry.kind is 'confluent' but source.registry.url is missing")
         return self

@@ -59,9 +59,10 @@ class Source(Protocol):
         ...
 
     def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int,
-               decoder: Any = None) -> DataFrame:
+               decoder: Any = None, *, max_per_topic: int | None = None) -> DataFrame:
         """A streaming DataFrame of ``topics`` in Spark's Kafka row shape; given a decoder, of its parts
-        (only where :func:`decodes_at_read`)."""
+        (only where :func:`decodes_at_read`). ``max_records`` bounds a micro-batch; ``max_per_topic``
+        each topic's share of it (only the engine's own reader)."""
         ...
 
     def read_range(self, spark: SparkSession, topic: str, start: dict[int, int], end: dict[int, int]) -> DataFrame:
@@ -121,4 +122,5 @@ def read_topics(spark: SparkSession, config: IngestConfig, topics: list[str], *,
     """
     starting = json.dumps(starting_offsets) if starting_offsets else "earliest"
     assert decoder is None or decodes_at_read(config)
-    return source_for(config).stream(spark, topics, starting, config.source.max_records_per_batch, decoder=decoder)
+    return source_for(config).stream(spark, topics, starting, config.source.max_records_per_batch, decoder=decoder,
+                                     max_per_topic=config.source.max_records_per_table)

@@ -47,8 +47,9 @@ class EmbeddedSource:
         return spark.createDataFrame(self.read_arrow(topic, start, end))
 
     def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int,
-               decoder: Any = None) -> DataFrame:
-        return open_stream(spark, {"path": str(self.log_dir)}, topics, starting, max_records, decoder)
+               decoder: Any = None, *, max_per_topic: int | None = None) -> DataFrame:
+        return open_stream(spark, {"path": str(self.log_dir)}, topics, starting, max_records, decoder,
+                           max_per_topic=max_per_topic)
 
     def fetch(self, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
         """Raw key, value and timestamp of some messages, read again from the log by their coordinates."""

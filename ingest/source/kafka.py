@@ -182,12 +182,14 @@ class KafkaSource:
         return reader
 
     def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int,
-               decoder: Any = None) -> DataFrame:
+               decoder: Any = None, *, max_per_topic: int | None = None) -> DataFrame:
         if self.spec.reader == "python":
             from ingest.source.reader import open_stream
 
             location = {"kafka": self.spec.model_dump_json(), "secretsFile": self.secrets_file or ""}
-            return open_stream(spark, location, topics, starting, max_records, decoder)
+            return open_stream(spark, location, topics, starting, max_records, decoder, max_per_topic=max_per_topic)
+        # Spark's Kafka source bounds only the whole micro-batch (the configuration refuses a per-table bound).
+        assert max_per_topic is None
         # minPartitions: a topic of one partition is still decoded by every core.
         return (self._options(spark.readStream).option("subscribe", ",".join(topics))
                 .option("startingOffsets", starting).option("maxOffsetsPerTrigger", str(max_records))

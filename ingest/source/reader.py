@@ -4,7 +4,9 @@
 names (``subscribe``, ``startingOffsets``, ``maxOffsetsPerTrigger``) and yields rows of exactly the
 schema of Spark's Kafka source, so everything downstream of the read is identical for every source.
 It reads the embedded log (option ``path``: :mod:`ingest.source.topiclog`) or a Kafka cluster
-(option ``kafka``: the connection as JSON; :mod:`ingest.source.kafkalog`).
+(option ``kafka``: the connection as JSON; :mod:`ingest.source.kafkalog`). Beside the Kafka source's
+bound on the whole micro-batch, ``maxRecordsPerTopic`` bounds each topic's share of it: the records
+one table's MERGE takes, however many tables the query reads.
 
 Given a decoder (option ``decode``), the reader decodes what it reads in the same Python worker and
 yields the decode step's parts (:data:`ingest.decode.parts.PARTS_DDL`) instead of raw rows: the
@@ -41,6 +43,8 @@ Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in
 READ_STEP = 50_000
 #: Records decoded into one batch of parts.
 DECODE_BATCH = 10_000
+#: A partition's range of fewer records is not cut among the tasks.
+MIN_PIECE = 2_000
 
 
 class Log(Protocol):
@@ -85,6 +89,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.topics = [t.strip() for t in options["subscribe"].split(",") if t.strip()]
         self.starting = options.get("startingOffsets", "earliest")
         self.max_rows = int(options["maxOffsetsPerTrigger"]) if "maxOffsetsPerTrigger" in options else None
+        self.max_per_topic = int(options["maxRecordsPerTopic"]) if options.get("maxRecordsPerTopic") else None
         self.min_partitions = int(options.get("minPartitions", "1"))
         self.log = open_log(options)
         self.decode = options.get("decode")
@@ -127,20 +132,17 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         ends = self._latest = self._end_offsets()
         lag = {(t, p): max(0, e - start.get(t, {}).get(p, 0)) for t, parts in ends.items() for p, e in parts.items()}
-        total = sum(lag.values())
+        if self.max_per_topic is not None:
+            # Each topic's share first (one table's MERGE), then the micro-batch's bound over what is left.
+            for topic in ends:
+                mine = {tp: behind for tp, behind in lag.items() if tp[0] == topic}
+                lag.update(_share(mine, self.max_per_topic))
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if budget is not None:
+            lag = _share(lag, budget)
         result: Offsets = {t: dict(parts) for t, parts in start.items()}
-        for (topic, p), behind in sorted(lag.items()):
-            begin = start.get(topic, {}).get(p, 0)
-            take = behind
-            if budget is not None and total > budget:
-                # Like Kafka's source: share the budget among partitions in proportion to their lag.
-                take = behind * budget // total
-            result.setdefault(topic, {})[p] = begin + take
-        if budget is not None and total > 0 and result == start:
-            # Rounding left nothing: advance the most-lagging partition so the stream progresses.
-            topic, p = max(lag, key=lambda tp: lag[tp])
-            result[topic][p] = start.get(topic, {}).get(p, 0) + min(lag[(topic, p)], max(1, budget))
+        for (topic, p), take in sorted(lag.items()):
+            result.setdefault(topic, {})[p] = start.get(topic, {}).get(p, 0) + take
         return result
 
     def reportLatestOffset(self) -> Offsets:
@@ -150,10 +152,13 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._latest if self._latest is not None else self._end_offsets()
 
     def partitions(self, start: Offsets, end: Offsets) -> list[_Range]:
-        """As many tasks as ``minPartitions`` (the cores), of about equal record counts.
+        """As many tasks as ``minPartitions`` (the cores), of about equal record counts and the same mix.
 
-        Like Kafka's ``minPartitions``, large partition ranges are cut so that every core decodes;
-        small ones share a task, since each task costs a Python worker round trip.
+        Like Kafka's ``minPartitions``, large partition ranges are cut so that every core decodes --
+        here into one piece per task, so that every task gets the same share of every topic (tables
+        differ in what a record costs to decode, and the micro-batch waits for its slowest task).
+        Ranges under :data:`MIN_PIECE` records stay whole and go to the emptiest task, since each
+        piece costs a read of its own.
         """
         spans = []
         for topic, parts in end.items():
@@ -161,17 +166,21 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 begin = start.get(topic, {}).get(p, 0)
                 if stop > begin:
                     spans.append((topic, int(p), begin, stop))
-        tasks = max(1, self.min_partitions)
-        total = sum(stop - begin for _, _, begin, stop in spans)
-        if not total:
+        if not spans:
             return []
-        share = -(-total // tasks)
-        pieces: list[tuple[str, int, int, int]] = []
-        for topic, partition, begin, stop in spans:
-            pieces += [(topic, partition, lo, min(lo + share, stop)) for lo in range(begin, stop, share)]
+        tasks = max(1, self.min_partitions)
         bins: list[list[tuple[str, int, int, int]]] = [[] for _ in range(tasks)]
         sizes = [0] * tasks
-        for piece in sorted(pieces, key=lambda s: s[2] - s[3]):  # largest first, into the emptiest task
+        small = []
+        for topic, partition, begin, stop in spans:
+            if stop - begin < max(MIN_PIECE, tasks):
+                small.append((topic, partition, begin, stop))
+                continue
+            cuts = [begin + (stop - begin) * i // tasks for i in range(tasks + 1)]
+            for i in range(tasks):
+                bins[i].append((topic, partition, cuts[i], cuts[i + 1]))
+                sizes[i] += cuts[i + 1] - cuts[i]
+        for piece in sorted(small, key=lambda s: s[2] - s[3]):  # largest first, into the emptiest task
             i = sizes.index(min(sizes))
             bins[i].append(piece)
             sizes[i] += piece[3] - piece[2]
@@ -190,6 +199,22 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: progress is recorded in the Delta tables, not in the log."""
+
+
+def _share(lag: dict[tuple[str, str], int], budget: int) -> dict[tuple[str, str], int]:
+    """How many records each partition may take when together they may take ``budget``.
+
+    Like Kafka's source: the budget is shared among the partitions in proportion to their lag. When
+    rounding leaves nothing, the most-lagging partition takes what it can, so the stream progresses.
+    """
+    total = sum(lag.values())
+    if total <= budget:
+        return dict(lag)
+    shares = {tp: behind * budget // total for tp, behind in lag.items()}
+    if not any(shares.values()):
+        first = max(lag, key=lambda tp: lag[tp])
+        shares[first] = min(lag[first], max(1, budget))
+    return shares
 
 
 def read_ranges(log: Log, topic: str, start: dict[int, int], end: dict[int, int]) -> pa.Table:
@@ -218,9 +243,10 @@ def fetch_messages(log: Log, coords: list[tuple[str, int, int]]) -> dict[tuple[s
 
 
 def open_stream(spark: SparkSession, location: Mapping[str, str], topics: list[str], starting: str,
-                max_records: int, decoder: Any = None) -> DataFrame:
+                max_records: int, decoder: Any = None, *, max_per_topic: int | None = None) -> DataFrame:
     """A stream of ``topics`` through this reader; ``location`` is ``{"path": ...}`` or ``{"kafka": ...}``.
 
+    ``max_records`` bounds a micro-batch, ``max_per_topic`` (if given) each topic's share of it.
     ``minPartitions`` is the cores: a topic of one partition is still decoded by every core.
     """
     reader = spark.readStream.format(FORMAT_NAME)
@@ -229,6 +255,8 @@ def open_stream(spark: SparkSession, location: Mapping[str, str], topics: list[s
     reader = (reader.option("subscribe", ",".join(topics)).option("startingOffsets", starting)
               .option("maxOffsetsPerTrigger", str(max_records))
               .option("minPartitions", str(spark.sparkContext.defaultParallelism)))
+    if max_per_topic is not None:
+        reader = reader.option("maxRecordsPerTopic", str(max_per_topic))
     if decoder is not None:
         reader = reader.option("decode", encode_decoder(decoder))
     return reader.load()

@@ -34,6 +34,24 @@ def test_read_limit_is_shared_in_proportion_to_lag(log):
     assert r.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 60, "1": 30, "2": 10}}
 
 
+def test_each_topic_takes_at_most_its_bound_and_the_batch_bound_still_holds(log):
+    log.create_topic("u", 1)
+    log.append("u", [ProducerRecord(0, None, b"v", 1) for _ in range(8)])
+    r = reader(log, subscribe="t,u", maxRecordsPerTopic="20")
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 12, "1": 6, "2": 2}, "u": {"0": 8}}  # t's 20 in proportion to lag; u all it has
+    # The micro-batch's bound then shares what each topic may take.
+    bounded = r.latestOffset(start, ReadMaxRows(14))
+    assert bounded == {"t": {"0": 6, "1": 3, "2": 1}, "u": {"0": 4}}
+    # Caught up in steps of at most 20 records of t: the bound holds at every step, nothing is skipped.
+    steps, at = [], start
+    while (nxt := r.latestOffset(at, ReadAllAvailable())) != at:
+        steps.append(sum(nxt["t"].values()) - sum(at["t"].values()))
+        at = nxt
+    assert max(steps) <= 20 and at == {"t": {"0": 60, "1": 30, "2": 10}, "u": {"0": 8}}
+
+
 def test_tiny_limit_still_makes_progress(log):
     r = reader(log)
     start = {"t": {"0": 59, "1": 29, "2": 9}}
@@ -56,13 +74,23 @@ def test_partitions_and_read_cover_exactly_the_range(log):
     assert sorted((row["partition"], row["offset"]) for row in rows) == [(0, 10), (0, 11), (2, 0), (2, 1), (2, 2)]
 
 
-def test_one_task_per_core_of_about_equal_size_covering_the_range(log):
+def test_one_task_per_core_of_about_equal_size_and_mix_covering_the_range(log, monkeypatch):
+    import ingest.source.reader
+
+    monkeypatch.setattr(ingest.source.reader, "MIN_PIECE", 20)
     r = reader(log, minPartitions="2")
     parts = r.partitions({"t": {"0": 0, "1": 0, "2": 0}}, {"t": {"0": 60, "1": 30, "2": 10}})
-    sizes = [sum(stop - begin for _, _, begin, stop in p.spans) for p in parts]
-    assert sizes == [50, 50]  # partition 0 is cut; the small ones share a task
+    # Partitions 0 and 1 are cut in halves, one for each task; partition 2 is too small to cut.
+    assert [p.spans for p in parts] == [[("t", 0, 0, 30), ("t", 1, 0, 15), ("t", 2, 0, 10)],
+                                        [("t", 0, 30, 60), ("t", 1, 15, 30)]]
     rows = [(row["partition"], row["offset"]) for p in parts for batch in r.read(p) for row in batch.to_pylist()]
     assert sorted(rows) == sorted((p, o) for p, n in ((0, 60), (1, 30), (2, 10)) for o in range(n))
+
+
+def test_small_ranges_are_not_cut_and_fill_the_emptiest_task(log):
+    r = reader(log, minPartitions="2")  # every range here is under MIN_PIECE
+    parts = r.partitions({"t": {"0": 0, "1": 0, "2": 0}}, {"t": {"0": 60, "1": 30, "2": 10}})
+    assert [p.spans for p in parts] == [[("t", 0, 0, 60)], [("t", 1, 0, 30), ("t", 2, 0, 10)]]
 
 
 def test_a_task_reads_its_span_in_steps_and_covers_it_once(log, monkeypatch):
