@@ -49,18 +49,13 @@ def _kind(pid: int, root: int) -> str | None:
     return None  # a shell or a short helper: too little to show
 
 
-def _jit(pid: int) -> float:
-    """CPU seconds of a JVM's JIT compiler threads (``C1 CompilerThre``, ``C2 CompilerThre``)."""
-    total = 0.0
+def _jit_threads(pid: int) -> list[str]:
+    """The thread ids of a JVM's JIT compiler threads (``C1 CompilerThre``, ``C2 CompilerThre``)."""
     try:
         tasks = os.listdir(_PROC / str(pid) / "task")
     except OSError:
-        return 0.0
-    for task in tasks:
-        stat = _stat(pid, task)
-        if stat is not None and "CompilerThre" in stat[0]:
-            total += stat[2]
-    return total
+        return []
+    return [task for task in tasks if (stat := _stat(pid, task)) is not None and "CompilerThre" in stat[0]]
 
 
 @dataclass
@@ -72,6 +67,11 @@ class CpuMeter:
     samples: list[tuple[float, dict[int, tuple[str, float, float]]]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    # What a sample would otherwise read again every time (the meter's own CPU is the engine's loss
+    # on two busy cores): each process's kind, and each JVM's compiler threads, looked for again
+    # every few seconds (HotSpot starts C2 threads on demand).
+    _kinds: dict[int, str | None] = field(default_factory=dict)
+    _compilers: dict[int, tuple[float, list[str]]] = field(default_factory=dict)
 
     @staticmethod
     def available() -> bool:
@@ -108,10 +108,21 @@ class CpuMeter:
         while todo:
             pid = todo.pop()
             todo.extend(children.get(pid, ()))
-            kind = _kind(pid, root)
+            if pid not in self._kinds:
+                self._kinds[pid] = _kind(pid, root)
+            kind = self._kinds[pid]
             if kind is not None and pid in stats:
-                out[pid] = (kind, stats[pid], _jit(pid) if kind == "Spark JVM" else 0.0)
+                out[pid] = (kind, stats[pid], self._jit(pid) if kind == "Spark JVM" else 0.0)
         return out
+
+    def _jit(self, pid: int) -> float:
+        """CPU seconds of a JVM's JIT compiler threads."""
+        now = time.monotonic()
+        found, threads = self._compilers.get(pid, (0.0, []))
+        if now - found > 5.0:
+            threads = _jit_threads(pid)
+            self._compilers[pid] = (now, threads)
+        return sum(stat[2] for task in threads if (stat := _stat(pid, task)) is not None)
 
     def between(self, start: float, end: float) -> dict[str, float]:
         """CPU seconds per kind from ``start`` to ``end`` (``time.perf_counter`` times), and ``"JIT"``."""

@@ -322,21 +322,30 @@ class Engine:
                 if q.query.isActive:
                     q.query.stop()
         for q in queries:
+            failure: Exception | None = None
             while True:
                 try:
                     q.query.awaitTermination()
-                    break
                 except Exception as exc:
                     if mode == "available_now" and self._restart_failed(q, mode, run_id):
                         continue
-                    real = q.handler.error
-                    if isinstance(real, AllTablesStopped):
-                        break  # every table has its own error already
-                    text = f"{type(real).__name__}: {real}" if real else _short(exc)
-                    for spec in q.specs:
-                        if not report.tables[spec.name].error:
-                            report.tables[spec.name].error = secrets.redact(text)
-                    break
+                    failure = exc
+                break
+            try:
+                q.handler.settle()  # the last micro-batch may still be being applied
+            except Exception as exc:
+                failure = failure or exc
+            finally:
+                q.handler.close()
+            if failure is None:
+                continue
+            real = q.handler.error
+            if isinstance(real, AllTablesStopped):
+                continue  # every table has its own error already
+            text = f"{type(real).__name__}: {real}" if real else _short(failure)
+            for spec in q.specs:
+                if not report.tables[spec.name].error:
+                    report.tables[spec.name].error = secrets.redact(text)
 
 
 def _short(exc: BaseException | str) -> str:

@@ -22,7 +22,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -107,9 +107,27 @@ class BatchHandler:
         self._stops: Counter[str] = Counter()
         self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)
         self.batches = 0
+        #: Apply a micro-batch in the background while Spark plans and decodes the next one. Only
+        #: with a source that decodes as it reads: applying then needs nothing of the micro-batch's
+        #: DataFrame (raw messages for quarantine are fetched from the source), which Spark may
+        #: discard once the callback returns. Spark records the batch in its checkpoint before its
+        #: tables commit; a crash in between leaves a checkpoint ahead of a table's Delta log, which
+        #: the next run discards (``Engine._check_checkpoint``), resuming from the Delta logs.
+        self.overlap = self.source is not None
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="apply")
+        self._pending: Future[None] | None = None
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         try:
+            t0 = time.perf_counter()
+            if self.report.startup_seconds is None:
+                self.report.startup_seconds = t0 - self.report.started
+            early = None
+            if self.overlap:
+                # This micro-batch is decoded while the previous one is still being applied; what
+                # the tables do next depends on how that ended, so it is awaited before anything else.
+                early = self._decoded(frame)
+                self.settle()
             now = time.monotonic()
             due = [s for s in self.specs if s.name in self.stopped and self.retry_at.get(s.name, now + 1) <= now]
             active = [s for s in self.specs if s.name not in self.stopped or s in due]
@@ -117,22 +135,39 @@ class BatchHandler:
                 if self.retry_at:
                     return  # every table waits for its next try; the query goes on
                 raise AllTablesStopped
-            t0 = time.perf_counter()
-            if self.report.startup_seconds is None:
-                self.report.startup_seconds = t0 - self.report.started
             if self.source is None:  # a reader that decodes as it reads got them when its stream started
                 self.prefetch_schemas(active)
             active = [s for s in active if s not in due or self._catch_up(s, frame, batch_id)]
             # The executors decode the Kafka rows into typed columnar parts; the driver gets those only.
-            parts = self._decoded(frame)
+            parts = early if early is not None else self._decoded(frame)
             decode_ms = int((time.perf_counter() - t0) * 1000)
             self.batches += 1
-            self._apply_all(active, frame, parts, batch_id, decode_ms)
-            if len(self.stopped) == len(self.specs) and not self.retry_at:
-                raise AllTablesStopped
+            if self.overlap:
+                self._pending = self._background.submit(self._apply_all, active, frame, parts, batch_id, decode_ms)
+            else:
+                self._apply_all(active, frame, parts, batch_id, decode_ms)
         except BaseException as exc:
             self.error = exc
             raise
+
+    def settle(self) -> None:
+        """Wait for the micro-batch still being applied, if any (see ``overlap``).
+
+        Raises:
+            AllTablesStopped: that batch stopped the query's last table.
+            Exception: whatever else that batch failed with (the audit append, say).
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except BaseException as exc:
+                self.error = exc
+                raise
+
+    def close(self) -> None:
+        """Let the background applier go (after :meth:`settle`)."""
+        self._background.shutdown(wait=True)
 
     def _apply_all(self, active: list[TableSpec], frame: DataFrame, parts: list[Any], batch_id: int,
                    decode_ms: int) -> None:
@@ -156,6 +191,8 @@ class BatchHandler:
         # shared table, one at a time). Each table's commit holds its row already (reconcile).
         if records:
             audit.append(TablePaths.of(self.config, records[0].table).audit, records)
+        if len(self.stopped) == len(self.specs) and not self.retry_at:
+            raise AllTablesStopped
 
     def _decoded(self, frame: DataFrame) -> list[Any]:
         """The micro-batch's parts: decoded as the source read them, or here by ``mapInArrow``."""

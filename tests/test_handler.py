@@ -83,11 +83,15 @@ def _run_one_batch(config: IngestConfig, monkeypatch, *,
     # What the reader's workers hand over: the batch decoded there (the registry is down for it too).
     batch = real_read(spec.topic, start, end)
     frame = _Frame(handler.decoder.parts(batch))
+    assert handler.overlap  # the batch is applied in the background; settle() waits for it
     if stops:
         with pytest.raises(AllTablesStopped):  # its only table stopped: the query ends
             handler(frame, 0)
+            handler.settle()
     else:
         handler(frame, 0)
+        handler.settle()
+    handler.close()
     return handler, report, end, reads
 
 
@@ -114,3 +118,75 @@ def test_a_registry_that_stays_down_stops_the_table_with_nothing_committed(tmp_p
     assert "registry" in (report.tables[TABLE].error or "") and not report.tables[TABLE].batches
     assert len(reads) == 3  # the driver's own decode, then each of the two retries
     assert load_state(TablePaths.of(config, TABLE).table).table is None
+
+
+def _two_frames(config: IngestConfig, handler: BatchHandler) -> tuple[list[_Frame], dict[int, int]]:
+    """The table's records as two micro-batches (first and second half of every partition), decoded."""
+    assert handler.source is not None
+    topic = config.tables[0].topic
+    end = handler.source.end_offsets(topic)
+    half = {p: e // 2 for p, e in end.items()}
+    frames = [_Frame(handler.decoder.parts(handler.source.read_arrow(topic, lo, hi)))
+              for lo, hi in (({p: 0 for p in end}, half), (half, end))]
+    return frames, end
+
+
+def test_the_next_batch_is_decoded_while_the_last_is_applied_and_they_commit_in_order(tmp_path, monkeypatch):
+    import threading
+
+    import ingest.handler
+
+    config = _config(tmp_path)
+    spec = config.tables[0]
+    report = RunReport("r1", {spec.name: TableRun(spec.name)})
+    handler = BatchHandler(config, [spec], report, "r1", None, {})
+    frames, end = _two_frames(config, handler)
+    applying, release, events = threading.Event(), threading.Event(), []
+    real_apply = ingest.handler.apply_parts
+
+    def apply_parts(*args: Any, batch_id: int, **kwargs: Any) -> Any:
+        events.append(f"apply {batch_id}")
+        if batch_id == 0:
+            applying.set()
+            assert release.wait(30)
+        return real_apply(*args, batch_id=batch_id, **kwargs)
+
+    monkeypatch.setattr(ingest.handler, "apply_parts", apply_parts)
+    real_to_arrow = _Frame.toArrow
+    monkeypatch.setattr(_Frame, "toArrow", lambda self: events.append(f"decode {frames.index(self)}")
+                        or real_to_arrow(self))
+    handler(frames[0], 0)  # returns while batch 0 is still being applied
+    assert applying.wait(30)
+    second = threading.Thread(target=handler, args=(frames[1], 1))
+    second.start()
+    second.join(2)
+    # Batch 1 was decoded while batch 0 waited; then it waits for batch 0 before it is applied.
+    assert events == ["decode 0", "apply 0", "decode 1"] and second.is_alive()
+    release.set()
+    second.join(30)
+    handler.settle()
+    handler.close()
+    assert events == ["decode 0", "apply 0", "decode 1", "apply 1"]
+    assert [r.batch_id for r in report.tables[TABLE].batches] == [0, 1]
+    state = load_state(TablePaths.of(config, TABLE).table)
+    assert {p: state.applied_offset(spec.topic, p) for p in end} == {p: e - 1 for p, e in end.items()}
+
+
+def test_a_failure_of_the_batch_applied_in_the_background_stops_the_query_at_the_next_step(tmp_path, monkeypatch):
+    import ingest.handler
+
+    config = _config(tmp_path)
+    spec = config.tables[0]
+    report = RunReport("r1", {spec.name: TableRun(spec.name)})
+    handler = BatchHandler(config, [spec], report, "r1", None, {})
+    frames, _end = _two_frames(config, handler)
+
+    def append(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError("audit table: disk full")
+
+    monkeypatch.setattr(ingest.handler.audit, "append", append)
+    handler(frames[0], 0)  # the audit append fails in the background
+    with pytest.raises(OSError, match="disk full"):
+        handler(frames[1], 1)  # decodes, then finds the last batch failed: batch 1 is not applied
+    handler.close()
+    assert isinstance(handler.error, OSError) and [r.batch_id for r in report.tables[TABLE].batches] == [0]
