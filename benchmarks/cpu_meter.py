@@ -68,9 +68,10 @@ class CpuMeter:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     # What a sample would otherwise read again every time (the meter's own CPU is the engine's loss
-    # on two busy cores): each process's kind, and each JVM's compiler threads, looked for again
-    # every few seconds (HotSpot starts C2 threads on demand).
-    _kinds: dict[int, str | None] = field(default_factory=dict)
+    # on two busy cores): each process's kind, by pid and command name (spark-submit's shell becomes
+    # the JVM by exec), and each JVM's compiler threads, looked for again every few seconds
+    # (HotSpot starts C2 threads on demand).
+    _kinds: dict[tuple[int, str], str | None] = field(default_factory=dict)
     _compilers: dict[int, tuple[float, list[str]]] = field(default_factory=dict)
 
     @staticmethod
@@ -98,21 +99,24 @@ class CpuMeter:
     def _sample(self) -> dict[int, tuple[str, float, float]]:
         root = os.getpid()
         children: dict[int, list[int]] = {}
-        stats: dict[int, float] = {}
+        stats: dict[int, tuple[str, float]] = {}
         for entry in os.listdir(_PROC):
             if entry.isdigit() and (stat := _stat(entry)) is not None:
                 children.setdefault(stat[1], []).append(int(entry))
-                stats[int(entry)] = stat[2]
+                stats[int(entry)] = (stat[0], stat[2])
         out: dict[int, tuple[str, float, float]] = {}
         todo = [root]
         while todo:
             pid = todo.pop()
             todo.extend(children.get(pid, ()))
-            if pid not in self._kinds:
-                self._kinds[pid] = _kind(pid, root)
-            kind = self._kinds[pid]
-            if kind is not None and pid in stats:
-                out[pid] = (kind, stats[pid], self._jit(pid) if kind == "Spark JVM" else 0.0)
+            if pid not in stats:
+                continue
+            name, cpu = stats[pid]
+            if (pid, name) not in self._kinds:
+                self._kinds[(pid, name)] = _kind(pid, root)
+            kind = self._kinds[(pid, name)]
+            if kind is not None:
+                out[pid] = (kind, cpu, self._jit(pid) if kind == "Spark JVM" else 0.0)
         return out
 
     def _jit(self, pid: int) -> float:

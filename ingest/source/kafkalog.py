@@ -30,6 +30,8 @@ from ingest.source.topiclog import KAFKA_ROW_SCHEMA
 READ_TIMEOUT: Final = 60.0
 #: Records asked of librdkafka at a time.
 CHUNK: Final = 10_000
+#: librdkafka's own bound on the records it fetches ahead (``queued.min.messages``).
+_PREFETCH: Final = 100_000
 
 
 class DataLossError(TopicLogError):
@@ -100,7 +102,9 @@ class KafkaLog:
             return
         from confluent_kafka import Consumer, TopicPartition
 
-        consumer = Consumer(self.consumer_config())
+        # librdkafka fetches ahead until its queue holds queued.min.messages (100,000 by default) or
+        # 64 MB: past the range's end that is work for the broker and this worker, thrown away.
+        consumer = Consumer({**self.consumer_config(), "queued.min.messages": min(_PREFETCH, end - start)})
         try:
             consumer.assign([TopicPartition(topic, partition, start)])
             position, waited_since = start, time.monotonic()

@@ -308,3 +308,25 @@ def test_the_kafka_log_asks_whether_a_topic_exists_until_it_does():
     assert not kafka.exists("t")
     assert kafka.exists("t") and kafka.exists("t")
     assert calls == ["t", "t"]  # not asked again once it existed
+
+
+def test_a_kafka_read_fetches_ahead_no_more_than_its_range(monkeypatch):
+    import confluent_kafka
+
+    from ingest.config import KafkaSpec
+    from ingest.source.kafkalog import KafkaLog
+
+    made = []
+
+    class Consumer:
+        def __init__(self, conf):
+            made.append(conf)
+            raise RuntimeError("no broker here")
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", Consumer)
+    kafka = KafkaLog(KafkaSpec(bootstrap_servers="127.0.0.1:9"))
+    for start, end in ((100, 2_600), (0, 10**9)):
+        with pytest.raises(RuntimeError):
+            kafka.read("t", 0, start, end)
+    # librdkafka keeps fetching until its queue holds queued.min.messages: at most the range
+    assert [conf["queued.min.messages"] for conf in made] == [2_500, 100_000]
