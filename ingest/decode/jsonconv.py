@@ -16,6 +16,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import orjson
 
+from ingest.decode import columns
 from ingest.decode.envelope import ValuePlan, classify, make_value_plan
 from ingest.decode.semantic import FieldPlan, as_key_field, convert_image, field_plan, infer_image
 from ingest.decode.values import Converter, ConvertError, b64decode
@@ -268,3 +269,9 @@ _PRIMITIVE_CHECKS: Final[dict[str, Converter]] = {
     "float32": _json_float, "float64": _json_float, "boolean": _json_bool, "string": _json_str,
     "bytes": _json_bytes,
 }
+# Whole-column twins of the checks (ingest.decode.columns): Arrow refuses what does not fit.
+for _base in _INT_BITS:
+    columns.register(_PRIMITIVE_CHECKS[_base], columns.plain(int))
+columns.register(_json_float, columns.number)
+columns.register(_json_bool, columns.plain(bool))
+columns.register(_json_str, columns.plain(str))

@@ -16,6 +16,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Context, Decimal, InvalidOperation
 from typing import Any, Final
 
+from ingest.decode import columns
 from ingest.errors import DecodeError
 
 Converter = Callable[[Any], Any]
@@ -93,6 +94,8 @@ def _decimal_converter(precision: int, scale: int) -> Converter:
         # Already a number: fastavro's own decimal logical type, or decimal.format=NUMERIC JSON.
         return fit_decimal(_as_decimal(value), precision, scale)
 
+    if (column := columns.decimal(precision, scale)) is not None:
+        columns.register(convert, column)
     return convert
 
 
@@ -194,3 +197,10 @@ def zoned_timestamp(value: Any) -> datetime:
 TIME_CONVERTERS: Final = {unit: _time_micros(unit) for unit in (MILLI, MICRO, NANO)}
 LOCAL_CONVERTERS: Final = {unit: _timestamp(unit, utc=False) for unit in (MILLI, MICRO, NANO)}
 UTC_CONVERTERS: Final = {unit: _timestamp(unit, utc=True) for unit in (MILLI, MICRO)}
+
+# Their whole-column twins (see ingest.decode.columns).
+for _unit, _convert in TIME_CONVERTERS.items():
+    columns.register(_convert, columns.time_of_day(*_UNIT_TO_MICROS[_unit]))
+for _unit, _convert in (*LOCAL_CONVERTERS.items(), *UTC_CONVERTERS.items()):
+    columns.register(_convert, columns.timestamp(*_UNIT_TO_MICROS[_unit]))
+columns.register(to_date, columns.days)
