@@ -54,3 +54,17 @@ def test_the_users_own_java_options_come_last_and_win(asked):
     # the logging configuration stays, before the user's options
     assert opts[0].startswith("-Dlog4j2.configurationFile=file:") and opts[1:] == asked[DRIVER_JAVA_OPTIONS].split()
     assert driver_java_options(()).split()[1:] == []
+
+
+@pytest.mark.parametrize(("master", "cores"), [
+    ("local", 1), ("local[3]", 3), ("local[2, 4]", 2), ("spark://host:7077", None), ("yarn", None),
+])
+def test_the_task_slots_of_a_local_master(master, cores):
+    assert spark_module.local_cores(master) == cores
+
+
+def test_delta_rebuilds_snapshots_in_one_task_per_core_in_every_session(spark):
+    """Delta's default, 50 tasks, made a small table's VACUUM take 29 s instead of 9 s on local[2]."""
+    cores = str(spark.sparkContext.defaultParallelism)
+    assert spark.sparkContext.getConf().get(spark_module.SNAPSHOT_PARTITIONS) == cores
+    assert spark.newSession().conf.get(spark_module.SNAPSHOT_PARTITIONS) == cores

@@ -50,12 +50,11 @@ from ingest.deltaio import CHANGE_DATA_FEED, arrow_type, open_table
 from ingest.errors import CommitConflictError
 from ingest.events import ColumnSpec
 from ingest.proof import faults
-from ingest.spark import use_s3a
+from ingest.spark import SNAPSHOT_PARTITIONS, use_s3a
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-_SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 #: MERGE metrics (``operationMetrics``) copied into the outcome, deletion-vector ones included.
 _METRICS = ("numSourceRows", "numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted",
             "numTargetRowsMatchedDeleted", "numTargetRowsNotMatchedBySourceDeleted",
@@ -92,9 +91,10 @@ class DeltaSparkEngine:
         if session is None:
             session = self._local.session = self.spark.newSession()
             # Delta rebuilds a table's snapshot in 50 tasks by default: on a small cluster most of a
-            # small MERGE's time (8 s -> 3.5 s per 5-row MERGE on local[2]). One task per core.
-            if session.conf.get(_SNAPSHOT_PARTITIONS, None) is None:
-                session.conf.set(_SNAPSHOT_PARTITIONS, str(session.sparkContext.defaultParallelism))
+            # small MERGE's time (8 s -> 3.5 s per 5-row MERGE on local[2]). One task per core, if
+            # the session was not made by ingest.spark.get_spark (which sets it for local masters).
+            if session.conf.get(SNAPSHOT_PARTITIONS, None) is None:
+                session.conf.set(SNAPSHOT_PARTITIONS, str(session.sparkContext.defaultParallelism))
         return session
 
     def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
