@@ -91,8 +91,8 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
         .config(DRIVER_JAVA_OPTIONS, java_opts)
     )
     # Delta rebuilds a table's snapshot in 50 tasks unless told otherwise: on a small local master
-    # most of a small MERGE's, OPTIMIZE's or VACUUM's time (VACUUM of a 5-file table: 29 s -> 9 s
-    # on local[2]). One task per core, in every session of the context (a user's setting wins).
+    # most of a small MERGE's, OPTIMIZE's or VACUUM's time (benchmarks/bench_snapshot_tasks.py).
+    # One task per core, in every session of the context (a user's setting wins).
     cores = local_cores(master)
     if cores and SNAPSHOT_PARTITIONS not in dict(extra):
         builder = builder.config(SNAPSHOT_PARTITIONS, str(cores))

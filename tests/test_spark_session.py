@@ -64,7 +64,8 @@ def test_the_task_slots_of_a_local_master(master, cores):
 
 
 def test_delta_rebuilds_snapshots_in_one_task_per_core_in_every_session(spark):
-    """Delta's default, 50 tasks, made a small table's VACUUM take 29 s instead of 9 s on local[2]."""
+    """Delta's default, 50 tasks, makes a small table's maintenance several times slower on local[2]
+    (benchmarks/bench_snapshot_tasks.py)."""
     cores = str(spark.sparkContext.defaultParallelism)
     assert spark.sparkContext.getConf().get(spark_module.SNAPSHOT_PARTITIONS) == cores
     assert spark.newSession().conf.get(spark_module.SNAPSHOT_PARTITIONS) == cores
