@@ -64,6 +64,21 @@ def local_cores(master: str) -> int | None:
     return (os.cpu_count() or 1) if count == "*" else int(count or 1)
 
 
+def snapshot_tasks(session: SparkSession) -> SparkSession:
+    """``session`` rebuilding Delta snapshots in one task per core of its context, unless the user
+    set :data:`SNAPSHOT_PARTITIONS` (Delta's default, 50 tasks, dominates a small table's MERGE,
+    OPTIMIZE and VACUUM on a small cluster: benchmarks/bench_snapshot_tasks.py).
+
+    The one rule for every session the engine uses: :func:`get_spark`'s (maintenance, queries) and
+    the delta-spark engine's own (``newSession``). A local master also gets it in the session
+    builder, so every other session of the context (a streaming query's) has it too; a cluster's
+    cores are only known once the context runs.
+    """
+    if session.conf.get(SNAPSHOT_PARTITIONS, None) is None:
+        session.conf.set(SNAPSHOT_PARTITIONS, str(session.sparkContext.defaultParallelism))
+    return session
+
+
 @cache
 def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
               extra: tuple[tuple[str, str], ...] = ()) -> SparkSession:
@@ -90,9 +105,7 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
         .config("spark.driver.memory", "2g")
         .config(DRIVER_JAVA_OPTIONS, java_opts)
     )
-    # Delta rebuilds a table's snapshot in 50 tasks unless told otherwise: on a small local master
-    # most of a small MERGE's, OPTIMIZE's or VACUUM's time (benchmarks/bench_snapshot_tasks.py).
-    # One task per core, in every session of the context (a user's setting wins).
+    # One task per core for Delta's snapshots in every session of a local context (see snapshot_tasks).
     cores = local_cores(master)
     if cores and SNAPSHOT_PARTITIONS not in dict(extra):
         builder = builder.config(SNAPSHOT_PARTITIONS, str(cores))
@@ -101,6 +114,7 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    snapshot_tasks(spark)
     from ingest.source import TopicLogDataSource
 
     spark.dataSource.register(TopicLogDataSource)

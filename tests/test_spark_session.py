@@ -69,3 +69,16 @@ def test_delta_rebuilds_snapshots_in_one_task_per_core_in_every_session(spark):
     cores = str(spark.sparkContext.defaultParallelism)
     assert spark.sparkContext.getConf().get(spark_module.SNAPSHOT_PARTITIONS) == cores
     assert spark.newSession().conf.get(spark_module.SNAPSHOT_PARTITIONS) == cores
+
+
+def test_one_rule_for_the_snapshot_tasks_of_any_session(spark):
+    """A session without the setting (a cluster's, whose cores the builder cannot know) gets one task
+    per core of the context from the same helper the delta-spark engine uses; a user's value wins."""
+    bare = spark.newSession()
+    bare.conf.unset(spark_module.SNAPSHOT_PARTITIONS)
+    assert bare.conf.get(spark_module.SNAPSHOT_PARTITIONS, None) is None
+    spark_module.snapshot_tasks(bare)
+    assert bare.conf.get(spark_module.SNAPSHOT_PARTITIONS) == str(spark.sparkContext.defaultParallelism)
+    chosen = spark.newSession()
+    chosen.conf.set(spark_module.SNAPSHOT_PARTITIONS, "7")
+    assert spark_module.snapshot_tasks(chosen).conf.get(spark_module.SNAPSHOT_PARTITIONS) == "7"

@@ -50,7 +50,7 @@ from ingest.deltaio import CHANGE_DATA_FEED, arrow_type, open_table
 from ingest.errors import CommitConflictError
 from ingest.events import ColumnSpec
 from ingest.proof import faults
-from ingest.spark import SNAPSHOT_PARTITIONS, use_s3a
+from ingest.spark import snapshot_tasks, use_s3a
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -89,12 +89,7 @@ class DeltaSparkEngine:
         """This thread's session: the commit markers are session settings, and tables commit in parallel."""
         session = getattr(self._local, "session", None)
         if session is None:
-            session = self._local.session = self.spark.newSession()
-            # Delta rebuilds a table's snapshot in 50 tasks by default: on a small cluster most of a
-            # small MERGE's time (8 s -> 3.5 s per 5-row MERGE on local[2]). One task per core, if
-            # the session was not made by ingest.spark.get_spark (which sets it for local masters).
-            if session.conf.get(SNAPSHOT_PARTITIONS, None) is None:
-                session.conf.set(SNAPSHOT_PARTITIONS, str(session.sparkContext.defaultParallelism))
+            session = self._local.session = snapshot_tasks(self.spark.newSession())
         return session
 
     def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
