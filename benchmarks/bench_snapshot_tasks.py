@@ -23,8 +23,13 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ingest.apply.delta_spark import DeltaSparkEngine, ident
+from ingest.apply.pipeline import apply_parts
+from ingest.config import TableSpec
 from ingest.spark import SNAPSHOT_PARTITIONS, get_spark, session_conf
-from tests.apply.test_engines_interchange import _apply, change, paths_in
+from tests.factories import change, decoded_rows
+from tests.harness import paths_in
+
+SPEC = TableSpec(name="customers", topic="t")
 
 WAYS = {"Delta's default": "50", "one per core": None}
 
@@ -33,8 +38,9 @@ def _table(spark, root: Path, batches: int) -> str:
     paths = paths_in(root, "customers")
     engine = DeltaSparkEngine(spark)
     for b in range(batches):
-        _apply(engine, paths, [change("c", 10 * b + k, 10 * b + k, name=f"n{b}") for k in range(3)]
-               + [change("d", 10 * (b - 1), 10 * b + 5)] * (b > 0), first_offset=10 * b, batch_id=b)
+        items = ([change("c", 10 * b + k, 10 * b + k, name=f"n{b}") for k in range(3)]
+                 + [change("d", 10 * (b - 1), 10 * b + 5)] * (b > 0))
+        apply_parts(SPEC, paths, decoded_rows(items, first_offset=10 * b), batch_id=b, run_id="bench", engine=engine)
     return f"delta.{ident(str(paths.table))}"
 
 
