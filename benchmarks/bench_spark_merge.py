@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
+console = Console(width=150)
 
 
 def child(rows: int, batch: int, merges: int, conf: dict[str, str]) -> dict[str, list[float]]:
