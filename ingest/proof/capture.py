@@ -13,12 +13,15 @@ transactional logical-decoding message (``pg_logical_emit_message``, prefix ``in
 it changes no table, lies past the target, and Debezium forwards it to its ``<prefix>.message``
 topic and confirms its position. Writing it needs superuser or the REPLICATION attribute.
 
-Where the capture belongs to the project's own stack, a caller may also pass ``on_stall``. When the
-slots have confirmed nothing for :data:`RESTART_AFTER` seconds although markers were written (or no
-slot is active), it is called, at most :data:`MAX_RESTARTS` times per wait, and the stack restarts
-Kafka Connect. Connect's Avro converter (Apicurio 2.6, on the JDK's HTTP client, to which it gives
-no timeout) was once seen blocked for good on a registry call the registry had already answered.
-A fresh Connect resumes from its committed offsets; a record it sends again is applied idempotently.
+Where the capture belongs to the project's own stack, a caller may also pass ``on_stall``. When a
+slot that has not caught up has confirmed nothing for :data:`RESTART_AFTER` seconds although markers
+were written (or no slot is active), it is called, at most :data:`MAX_RESTARTS` times per wait, and
+the stack restarts Kafka Connect. The other slots do not matter: one connector blocked while the
+other confirms every marker is a stall too. Connect's Avro converter (Apicurio 2.6, on the JDK's
+HTTP client, to which it gives no timeout) has been seen blocked for good on a registry call: once
+on a call the registry had already answered, and once, in a suite run, on a schema registration
+the registry never logged, while the JSON connector went on confirming markers. A fresh Connect
+resumes from its committed offsets; a record it sends again is applied idempotently.
 """
 
 from __future__ import annotations
@@ -102,10 +105,11 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
     with psycopg.connect(dsn, autocommit=True) as conn:
         target = current_lsn(conn)
         result = CaptureResult(target, False, 0.0)
-        last_progress = started
         last_marker = 0.0
         last_said = started
         seen: dict[str, str | None] = {}
+        moved: dict[str, float] = {}  # when each active slot last confirmed something new
+        changed = started  # when the set of active slots last changed
         while True:
             slots = slot_states(conn, target)
             result.slots = slots
@@ -120,8 +124,14 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
             else:
                 result.problem = None
             positions = {s.name: s.confirmed for s in active}
-            if positions != seen:
-                seen, last_progress = positions, now
+            for name, confirmed in positions.items():
+                if name not in seen or seen[name] != confirmed:
+                    moved[name] = now
+            if positions.keys() != seen.keys():
+                changed = now
+            seen = positions
+            # Progress is the laggards': a slot that keeps confirming markers does not hide one that is stuck.
+            last_progress = min((moved[s.name] for s in active if not s.caught_up), default=changed)
             if now - started >= timeout:
                 result.problem = result.problem or (
                     f"after {timeout:.0f} s the slots have not confirmed {target}: " + _describe(active)
@@ -135,7 +145,8 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
                     f"({_describe(active) or 'no active slot'}): restarting Kafka Connect")
                 on_stall()
                 result.restarts += 1
-                last_progress = last_marker = time.monotonic()
+                changed = last_marker = time.monotonic()
+                moved = dict.fromkeys(moved, changed)
                 continue
             if active and stalled and now - last_marker >= (_MARKER_EVERY if result.markers else 0):
                 result.marker_error = _emit_marker(conn, target)

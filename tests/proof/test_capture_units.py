@@ -63,3 +63,27 @@ def test_restarts_are_bounded_and_a_capture_that_never_moves_times_out(slots: _S
 def test_without_on_stall_the_wait_only_writes_markers(slots: _Slots) -> None:
     result = capture.wait_for_capture("dsn", timeout=0.5, poll=0.01, restart_after=0.1)
     assert not result.ok and result.restarts == 0 and slots.stalls == 0
+
+
+class _OneStuck(_Slots):
+    """Two connectors: ``pgjson`` confirms every marker, ``pgavro`` is blocked until ``on_stall`` ran."""
+
+    def states(self, _conn: Any, _target: str) -> list[SlotState]:
+        healed = self.heal_after is not None and self.stalls >= self.heal_after
+        return [SlotState("pgavro", True, "0/30" if healed else "0/10", healed),
+                SlotState("pgjson", True, f"0/{30 + self.markers:x}", True)]
+
+
+def test_one_blocked_connector_is_a_stall_while_the_other_confirms_every_marker(
+        slots: _Slots, monkeypatch: pytest.MonkeyPatch) -> None:
+    both = _OneStuck(heal_after=1)
+    monkeypatch.setattr(capture, "slot_states", both.states)
+    monkeypatch.setattr(capture, "_MARKER_EVERY", 0.02)  # the healthy slot moves far more often than restart_after
+
+    def marker(_conn: Any, _target: str) -> None:
+        both.markers += 1
+
+    monkeypatch.setattr(capture, "_emit_marker", marker)
+    result = capture.wait_for_capture("dsn", timeout=5, poll=0.01, on_stall=both.on_stall, restart_after=0.2)
+    assert result.ok and result.restarts == 1 and both.stalls == 1
+    assert both.markers > 3  # pgjson kept moving before the restart
