@@ -109,7 +109,10 @@ def main() -> None:
         console.print(f"running: {name}")
         done = subprocess.run([sys.executable, __file__, "--rows", str(args.rows), "--batch", str(args.batch),
                                "--merges", str(args.merges), "--child", json.dumps(conf)],
-                              capture_output=True, text=True, check=True)
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.splitlines()[-25:])
+            sys.exit(f"variant {name!r} failed (exit {done.returncode}); the end of its output:\n{tail}")
         result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
         wall, jobs = result["wall"][1:], result["jobs"][1:]
         median_wall, median_jobs = statistics.median(wall), statistics.median(jobs)
