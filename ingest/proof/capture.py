@@ -124,9 +124,8 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
             else:
                 result.problem = None
             positions = {s.name: s.confirmed for s in active}
-            for name, confirmed in positions.items():
-                if name not in seen or seen[name] != confirmed:
-                    moved[name] = now
+            moved = {name: now if name not in seen or seen[name] != confirmed else moved[name]
+                     for name, confirmed in positions.items()}  # slots that went away are forgotten
             if positions.keys() != seen.keys():
                 changed = now
             seen = positions
