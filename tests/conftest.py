@@ -51,9 +51,9 @@ def spark():
         warnings.warn(f"Spark's Kafka source or delta-spark is not on the classpath: {exc}", stacklevel=1)
         extra = ()
     # Tuned for many small jobs beside another worker on 2 cores (tests/apply/test_batch_apply.py
-    # with -n 2: 227 s -> 145 s): the JIT's quick compiler only (most of a test's JVM time is
-    # planning and code generation that run a few times, which C2 would compile for nothing) and
-    # the serial collector (no GC threads competing for the cores).
+    # with -n 2 took 227 s before and 145 s after, timed once by hand): the JIT's quick compiler
+    # only (most of a test's JVM time is planning and code generation that run a few times, which
+    # C2 would compile for nothing) and the serial collector (no GC threads competing for the cores).
     extra = (*extra, (DRIVER_JAVA_OPTIONS, f"{QUICK_JIT} -XX:+UseSerialGC"))
     session = get_spark("local[2]", 2, extra)
     yield session
