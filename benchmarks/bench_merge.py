@@ -10,6 +10,11 @@ through the engine's whole driver path (parts -> reduce -> plan -> delta-rs MERG
 * **random keys**: updates spread over the whole key space. delta-rs writes copy-on-write (no
   deletion vectors), so every file holding a touched key is rewritten: the cost grows with the
   table. Reported, not a target for delta-rs.
+* **new keys**: inserts of keys the table does not hold (an initial snapshot that spans many
+  batches, an append-only table). delta-spark appends such a batch instead of merging it
+  (:func:`ingest.apply.commit.may_append`); with ``--engine delta-spark`` the same batches are also
+  run with that turned off (**new keys, merged**: patched here, not a setting), round by round in
+  turn, to show what the append saves.
 
 ``--history-mode scd2`` keeps every version (the table starts with one current version per key);
 ``--history-mode both`` runs scd1 and scd2 on tables of each size side by side and prints what
@@ -40,6 +45,8 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -180,9 +187,28 @@ def rewritten(metrics: dict[str, str]) -> tuple[int, int]:
     return int(files), int(metrics.get("numTargetDeletionVectorsAdded", 0))
 
 
+@contextmanager
+def _merging_only(on: bool) -> Iterator[None]:
+    """With ``on``, delta-spark merges every batch, new keys only included (the baseline of the append)."""
+    if not on:
+        yield
+        return
+    from ingest.apply import delta_spark
+
+    real = delta_spark.may_append
+    delta_spark.may_append = lambda *_args, **_kwargs: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        delta_spark.may_append = real
+
+
 def batch_keys(kind: str, rows: int, source: Source, size: int, rng: random.Random) -> list[int]:
     if kind == "random":
         return rng.sample(range(rows), size)
+    if kind.startswith("new keys"):
+        source.next_id += size
+        return list(range(source.next_id - size, source.next_id))
     updates = rng.sample(range(max(0, source.next_id - HOT), source.next_id), int(size * 0.8))
     inserts = list(range(source.next_id, source.next_id + size - len(updates)))
     source.next_id += len(inserts)
@@ -204,6 +230,7 @@ def main() -> None:
     parser.add_argument("--s3-endpoint", help="an S3 endpoint already running (default: start one); credentials "
                         "from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY")
     args = parser.parse_args()
+    args.workdir = args.workdir.resolve()  # Spark SQL reads delta.`<path>` as a table name unless it is absolute
     modes = ["scd1", "scd2"] if args.history_mode == "both" else [args.history_mode]
     lakes = ["local", "s3"] if args.lake == "both" else [args.lake]
     variants = [Variant(" ".join(x for x, many in ((mode, len(modes) > 1), (lake, len(lakes) > 1)) if many),
@@ -244,23 +271,30 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
             table = open_table(paths.table)
             assert table is not None
             table_files = len(table.file_uris())
-            for kind in ("hot set", "random"):
-                label = f"{kind} {variant.label}".strip()
+            groups = [["hot set"], ["random"], ["new keys"]]
+            if args.engine == "delta-spark":
+                groups[-1].append("new keys, merged")
+            for group in groups:
                 for n in range(args.rounds):
-                    parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
-                    t0 = time.perf_counter()
-                    result = apply_parts(spec, paths, parts, batch_id=n + 1, run_id="bench", engine=engine)
-                    seconds = time.perf_counter() - t0
-                    record = result.record
-                    assert record is not None and record.balanced
-                    table = open_table(paths.table)
-                    assert table is not None
-                    touched, dvs = rewritten(table.history(1)[0].get("operationMetrics", {}))
-                    results.setdefault((rows, label), []).append(seconds)
-                    files.setdefault((rows, label), []).append(touched)
-                    vectors.setdefault((rows, label), []).append(dvs)
-                    console.print(f"  {label}: {seconds:.2f} s, {record.updated} updated, {record.inserted} "
-                                  f"inserted, files rewritten {touched} of {table_files}, deletion vectors {dvs}")
+                    for kind in group:  # the kinds of a group take turns, round by round
+                        label = f"{kind} {variant.label}".strip()
+                        parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
+                        with _merging_only(kind.endswith("merged")):
+                            t0 = time.perf_counter()
+                            result = apply_parts(spec, paths, parts, batch_id=n + 1, run_id="bench", engine=engine)
+                            seconds = time.perf_counter() - t0
+                        record = result.record
+                        assert record is not None and record.balanced
+                        table = open_table(paths.table)
+                        assert table is not None
+                        last = table.history(1)[0]
+                        touched, dvs = rewritten(last.get("operationMetrics", {}))
+                        results.setdefault((rows, label), []).append(seconds)
+                        files.setdefault((rows, label), []).append(touched)
+                        vectors.setdefault((rows, label), []).append(dvs)
+                        console.print(f"  {label}: {seconds:.2f} s ({last['operation']}), {record.updated} updated, "
+                                      f"{record.inserted} inserted, files rewritten {touched} of {table_files}, "
+                                      f"deletion vectors {dvs}")
             if variant.lake == "local":
                 shutil.rmtree(args.workdir / str(rows), ignore_errors=True)
     if len(variants) > 1:
@@ -268,21 +302,27 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
         return
     out = Table(title=f"A {args.batch:,}-change batch through the engine's {args.engine} path "
                       f"(median of {args.rounds})")
+    news = [k for k in ("new keys", "new keys, merged") if (sizes[0], k) in results]
     for col in ("table rows", "hot set", "files rewritten", "random keys", "files rewritten ",
-                "deletion vectors"):
+                "deletion vectors", *news):
         out.add_column(col, justify="right")
     for rows in sizes:
         hot, rnd = results[(rows, "hot set")], results[(rows, "random")]
         hot_files, rnd_files = files[(rows, "hot set")], files[(rows, "random")]
         out.add_row(f"{rows:,}", f"{statistics.median(hot):.2f} s", str(int(statistics.median(hot_files))),
                     f"{statistics.median(rnd):.2f} s", str(int(statistics.median(rnd_files))),
-                    str(int(statistics.median(vectors[(rows, "random")]))))
+                    str(int(statistics.median(vectors[(rows, "random")]))),
+                    *(f"{statistics.median(results[(rows, k)]):.2f} s" for k in news))
     console.print(out)
     first, last = sizes[0], sizes[-1]
-    for kind in ("hot set", "random"):
+    for kind in ("hot set", "random", *news[:1]):
         growth = statistics.median(results[(last, kind)]) / statistics.median(results[(first, kind)])
-        target = " (target <= 1.5x)" if kind == "hot set" or args.engine == "delta-spark" else ""
+        target = " (target <= 1.5x)" if kind == "hot set" or (kind == "random" and args.engine == "delta-spark") else ""
         console.print(f"{kind}, {last:,} rows / {first:,} rows: {growth:.2f}x{target}")
+    if len(news) == 2:
+        for rows in sizes:
+            saved = statistics.median(results[(rows, news[1])]) / statistics.median(results[(rows, news[0])])
+            console.print(f"new keys into {rows:,} rows: merged / appended {saved:.2f}x")
 
 
 def _compare(results: dict[tuple[int, str], list[float]], sizes: list[int], args: argparse.Namespace,

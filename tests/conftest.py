@@ -142,6 +142,7 @@ MODULE_SECONDS: Final = {
     "tests/apply/test_batch_apply.py": 250, "tests/lake/test_s3_torture.py": 220,
     "tests/apply/test_engines_interchange.py": 210, "tests/apply/test_history.py": 190,
     "tests/dagster/test_materialize.py": 170, "tests/proof/torture/test_torture_fast.py": 165,
+    "tests/apply/test_new_keys_append.py": 75,
     "tests/test_change_feed.py": 150, "tests/dagster/test_maintenance.py": 140,
     "tests/proof/torture/test_secrets.py": 100, "tests/proof/torture/test_crash_windows.py": 100,
 }

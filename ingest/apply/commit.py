@@ -57,6 +57,9 @@ class CommitRequest:
             table is created with the history columns even when this batch has no versions.
         truncate_log: scd2: every truncate the table has seen, ``(position, source time)``: a late
             change before one of them is ended by it.
+        new_keys_only: the table, at the version the plan read (``state``), stores none of the
+            source's keys, and the batch has no truncate: every source row can only take the MERGE's
+            insert clause, so the engine may append them instead (:func:`may_append`).
     """
 
     table: str
@@ -74,6 +77,7 @@ class CommitRequest:
     history_mode: Literal["scd1", "scd2"] = "scd1"
     history: HistoryPlan | None = None
     truncate_log: list[tuple[str, datetime | None]] | None = None
+    new_keys_only: bool = False
 
 
 @dataclass(slots=True)
@@ -109,6 +113,21 @@ def creates_with_rows(request: CommitRequest, state: TableState) -> bool:
     widens needs the table first.
     """
     return state.table is None and not request.truncate and not request.schema.widened
+
+
+def may_append(request: CommitRequest, state: TableState, latest_version: int) -> bool:
+    """Whether the batch's rows may be appended instead of merged: the same rows, one cheap commit.
+
+    True when the plan found none of the batch's keys stored (``request.new_keys_only``) and
+    ``latest_version``, the table's version just before the commit, is still the one the plan read:
+    a MERGE would then insert exactly the rows :func:`~ingest.apply.delta_rs.initial_rows` gives,
+    and neither match nor delete a stored row. Any commit since -- another writer's, or this batch's
+    own preparation (a column added, a type widened, the change feed switched on) -- means a MERGE.
+    A writer that commits between that check and the append is still caught: it records the same
+    app transaction, and Delta refuses or skips the second of the two.
+    """
+    return (request.new_keys_only and request.history is None and not request.truncate
+            and state.table is not None and latest_version == state.version)
 
 
 def switches_feed_on(state: TableState, enabled: bool) -> bool:

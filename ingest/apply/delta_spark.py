@@ -8,7 +8,10 @@ The same steps and predicates as :mod:`ingest.apply.delta_rs`, run by Delta's ow
 3. one MERGE -- inserts, updates, deletes and the truncate together -- guarded again by position,
    with the table's app transaction (``cdc:table:<table>``, one version above the last) and
    ``cdc.batch``, ``cdc.state`` and ``cdc.offsets`` in the commit's ``userMetadata``; a batch with
-   nothing to change appends nothing under the same markers, so its progress is still recorded.
+   nothing to change appends nothing under the same markers, so its progress is still recorded. A
+   batch of keys the table does not hold (an initial snapshot, an append-only table) is appended
+   under the same markers instead (:func:`~ingest.apply.commit.may_append`), without the MERGE's
+   join and its many small Spark jobs.
 
 delta-spark records one app transaction per commit (``spark.databricks.delta.write.txnAppId`` /
 ``txnVersion``), which is why the offsets travel in the commit's metadata (see
@@ -39,6 +42,7 @@ from ingest.apply.commit import (
     CommitRequest,
     commit_info,
     creates_with_rows,
+    may_append,
     remember_deletes,
     state_metadata,
     switches_feed_on,
@@ -135,6 +139,9 @@ class DeltaSparkEngine:
                         _merge_history(spark, request)
                     else:
                         spark.read.format("delta").load(path).limit(0).write.format("delta").mode("append").save(path)
+                elif request.plan.source.num_rows and may_append(request, state, before):
+                    # Only new keys: the rows the MERGE would insert, without its join.
+                    _frame(spark, initial_rows(request)).write.format("delta").mode("append").save(path)
                 elif request.plan.source.num_rows or (request.truncate and state.columns):
                     _merge(spark, request, columns)
                 else:

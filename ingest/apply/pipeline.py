@@ -272,8 +272,10 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
             if hard and keys.num_rows else None
         plan = plan_merge(reduction, key_columns=key_columns, columns=schema.columns, stored=stored, tombstones=tombs,
                           old_truncate=state.truncate_position, new_truncate=truncate, hard=hard)
+        new_keys_only = state.table is not None and stored.num_rows == 0 and truncate is None
     else:
         plan = _empty_plan(schema.columns)
+        new_keys_only = False
     record.inserted, record.updated, record.deleted = plan.inserted, plan.updated, plan.deleted
     record.stale = plan.stale + (1 if reduction.truncate is not None and not truncate else 0)
     record.toast_unknown = plan.toast_unknown
@@ -286,6 +288,7 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
         watermark=truncate or state.truncate_position,
         offsets=offsets, flattened=flattened if flattened is not None else state.flattened,
         history_mode=spec.history_mode, describe=lambda outcome: _describe(record, outcome),
+        new_keys_only=new_keys_only,
     )
     return engine.commit(request, state)
 

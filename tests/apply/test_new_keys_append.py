@@ -1,0 +1,156 @@
+"""delta-spark appends a batch of keys its table does not hold, instead of merging it (issue 11).
+
+A small delta-spark MERGE runs about twenty Spark jobs; an append runs a few. The append must
+write what the MERGE would have written -- the same rows, the same progress markers, the same audit
+-- and must give way to the MERGE whenever a stored key, a truncate or another writer's commit is
+involved. delta-rs (which merges every batch) writes the reference table here.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from ingest import audit
+from ingest.apply.delta_rs import DeltaRsEngine
+from ingest.apply.delta_spark import DeltaSparkEngine
+from ingest.apply.pipeline import apply_parts
+from ingest.apply.tablestate import load_state
+from ingest.config import TableSpec
+from ingest.deltaio import open_table, read_all
+from ingest.errors import CommitConflictError
+from ingest.events import ColumnSpec
+from ingest.proof import faults
+from tests.factories import COLUMNS, change, decoded_rows
+from tests.harness import paths_in
+
+pytestmark = pytest.mark.spark
+HARD = TableSpec(name="t", topic="t")
+SOFT = TableSpec(name="t", topic="t", delete_mode="soft")
+EMAIL = (*COLUMNS, ColumnSpec("email", "string", True))
+
+
+def _run(engine: Any, paths: Any, spec: TableSpec, batches: list[tuple[int, list[Any]]]) -> list[Any]:
+    return [apply_parts(spec, paths, decoded_rows(items, first_offset=first), batch_id=i, run_id="test",
+                        engine=engine).record for i, (first, items) in enumerate(batches)]
+
+
+def _operations(paths: Any) -> list[str]:
+    """The table's commit operations, oldest first."""
+    return [c["operation"] for c in sorted(open_table(paths.table).history(), key=lambda c: c["version"])]
+
+
+def _table(paths: Any) -> list[dict[str, Any]]:
+    """Every stored row (soft deletes included), by key, less the time it was written."""
+    rows = read_all(open_table(paths.table)).drop_columns(["_cdc_ingested_at"]).to_pylist()
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def _both(tmp_path: Any, spark: Any, spec: TableSpec, batches: list[tuple[int, list[Any]]]):
+    """The batches applied by delta-spark and by delta-rs, each into its own table."""
+    ds, rs = paths_in(tmp_path / "ds"), paths_in(tmp_path / "rs")
+    return ds, _run(DeltaSparkEngine(spark), ds, spec, batches), rs, _run(DeltaRsEngine(), rs, spec, batches)
+
+
+@pytest.mark.parametrize("spec", [HARD, SOFT], ids=["hard", "soft"])
+def test_a_batch_of_new_keys_is_appended_with_what_the_merge_would_write(tmp_path, spark, spec):
+    batches = [(0, [change("c", k, 10 + k, name=f"n{k}") for k in range(3)]),
+               # new keys only: two inserts, an update of a key first seen here, a delete of a key never seen
+               (3, [change("c", 5, 20, name="five"), change("c", 6, 21), change("u", 6, 22, name="six"),
+                    change("d", 9, 23)])]
+    ds, ds_records, rs, rs_records = _both(tmp_path, spark, spec, batches)
+    assert _operations(ds)[-1] == "WRITE"  # appended, not merged
+    assert _table(ds) == _table(rs)  # hard: the delete of 9 writes nothing; soft: a row marked deleted
+    last, reference = ds_records[-1], rs_records[-1]
+    counts = ("received", "inserted", "updated", "deleted", "stale", "superseded")
+    assert [getattr(last, c) for c in counts] == [getattr(reference, c) for c in counts]
+    assert last.balanced and last.status == "committed"
+    assert load_state(ds.table).applied_offset("t", 0) == 6
+    # a replay of the appended batch is recognised as applied: nothing more is written
+    again = apply_parts(spec, ds, decoded_rows(batches[1][1], first_offset=3), batch_id=2, run_id="test",
+                        engine=DeltaSparkEngine(spark))
+    assert again.record is None and again.already_applied == 4
+    assert _table(ds) == _table(rs)
+
+
+def test_a_batch_that_touches_one_stored_key_is_merged(tmp_path, spark):
+    batches = [(0, [change("c", k, 10 + k) for k in range(3)]),
+               (3, [change("c", 7, 20, name="seven"), change("u", 1, 21, name="one")])]
+    ds, _, rs, _ = _both(tmp_path, spark, HARD, batches)
+    assert _operations(ds)[-1] == "MERGE"
+    assert _table(ds) == _table(rs)
+
+
+def test_an_append_after_a_column_was_added_writes_every_column_by_name(tmp_path, spark):
+    """The table's columns are no longer in the batch's order once a column was added (ALTER TABLE
+    appends it after the framework columns): the append must place values by name."""
+    batches = [(0, [change("c", k, 10 + k) for k in range(3)]),
+               (3, [change("u", 1, 20, columns=EMAIL, extra={"email": "one@x"})]),  # adds the column: a MERGE
+               (4, [change("c", 8, 30, name="eight", balance="8.50", columns=EMAIL, extra={"email": "eight@x"})])]
+    ds, _, rs, _ = _both(tmp_path, spark, HARD, batches)
+    assert _operations(ds)[-1] == "WRITE"
+    assert _table(ds) == _table(rs)
+    eight = next(r for r in _table(ds) if r["id"] == 8)
+    assert (eight["name"], eight["balance"], eight["email"]) == ("eight", Decimal("8.50"), "eight@x")
+
+
+def test_a_batch_that_adds_a_column_merges_even_with_new_keys_only(tmp_path, spark):
+    """The batch's own ALTER TABLE moved the table past the version the plan read: the engine cannot
+    tell it from another writer's commit, so it merges."""
+    batches = [(0, [change("c", k, 10 + k) for k in range(3)]),
+               (3, [change("c", 8, 30, columns=EMAIL, extra={"email": "eight@x"})])]
+    ds, _, rs, _ = _both(tmp_path, spark, HARD, batches)
+    assert _operations(ds)[-2:] == ["ADD COLUMNS", "MERGE"]
+    assert _table(ds) == _table(rs)
+
+
+def test_a_writer_racing_an_append_gets_a_conflict_and_the_key_is_written_once(tmp_path, spark, monkeypatch):
+    """Both writers read the table without key 7 and planned an append of it: the second is refused."""
+    paths = paths_in(tmp_path)
+    engine = DeltaSparkEngine(spark)
+    _run(engine, paths, HARD, [(0, [change("c", k, 10 + k) for k in range(3)])])
+    raced = False
+    real_point = faults.point
+
+    def race(name: str) -> None:
+        nonlocal raced
+        if name == "before-commit" and not raced:
+            raced = True  # the other writer appends the same offsets while this one is about to
+            apply_parts(HARD, paths, decoded_rows([change("c", 7, 20, name="winner")], first_offset=3),
+                        batch_id=1, run_id="b", engine=engine)
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", race)
+    with pytest.raises(CommitConflictError, match="another writer"):
+        apply_parts(HARD, paths, decoded_rows([change("c", 7, 21, name="loser")], first_offset=3),
+                    batch_id=1, run_id="c", engine=engine)
+    assert _operations(paths)[-1] == "WRITE"  # the winner appended
+    live = [(r["id"], r["name"]) for r in _table(paths)]
+    assert live == [(0, "x"), (1, "x"), (2, "x"), (7, "winner")]
+    assert [r["batch_id"] for r in audit.read(paths.audit).to_pylist()].count(1) == 1
+
+
+def test_a_commit_between_the_plan_and_the_append_turns_it_into_a_merge(tmp_path, spark, monkeypatch):
+    """Another writer commits key 7 after this batch planned an append of it, before its commit starts:
+    the table is no longer at the version the plan read, so the batch merges, and its newer change wins."""
+    paths = paths_in(tmp_path)
+    engine = DeltaSparkEngine(spark)
+    _run(engine, paths, HARD, [(0, [change("c", k, 10 + k) for k in range(3)])])
+    raced = False
+    real_point = faults.point
+
+    def race(name: str) -> None:
+        nonlocal raced
+        if name == "after-tombstones" and not raced:
+            raced = True
+            apply_parts(HARD, paths, decoded_rows([change("c", 7, 20, name="other")], first_offset=3),
+                        batch_id=1, run_id="b", engine=engine)
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", race)
+    apply_parts(HARD, paths, decoded_rows([change("c", 7, 21, name="newer")], first_offset=3, partition=1),
+                batch_id=1, run_id="c", engine=engine)
+    assert raced and _operations(paths)[-2:] == ["WRITE", "MERGE"]
+    assert [(r["id"], r["name"]) for r in _table(paths)] == [(0, "x"), (1, "x"), (2, "x"), (7, "newer")]
