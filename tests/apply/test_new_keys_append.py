@@ -154,3 +154,10 @@ def test_a_commit_between_the_plan_and_the_append_turns_it_into_a_merge(tmp_path
                 batch_id=1, run_id="c", engine=engine)
     assert raced and _operations(paths)[-2:] == ["WRITE", "MERGE"]
     assert [(r["id"], r["name"]) for r in _table(paths)] == [(0, "x"), (1, "x"), (2, "x"), (7, "newer")]
+
+
+def test_a_batch_that_only_deletes_keys_never_seen_records_its_progress_and_writes_no_row(tmp_path, spark):
+    batches = [(0, [change("c", k, 10 + k) for k in range(3)]), (3, [change("d", 42, 20), change("d", 43, 21)])]
+    ds, ds_records, rs, _ = _both(tmp_path, spark, HARD, batches)
+    assert _table(ds) == _table(rs) and [r["id"] for r in _table(ds)] == [0, 1, 2]
+    assert ds_records[-1].balanced and load_state(ds.table).applied_offset("t", 0) == 4
