@@ -21,7 +21,9 @@ other confirms every marker is a stall too. Connect's Avro converter (Apicurio 2
 HTTP client, to which it gives no timeout) has been seen blocked for good on a registry call: once
 on a call the registry had already answered, and once, in a suite run, on a schema registration
 the registry never logged, while the JSON connector went on confirming markers. A fresh Connect
-resumes from its committed offsets; a record it sends again is applied idempotently.
+resumes from its committed offsets; a record it sends again is applied idempotently. The seconds a
+remedied stall cost (waiting for it, and the restart) do not count against the wait's timeout, so a
+caller's timeout need not make room for :data:`MAX_RESTARTS` of them.
 """
 
 from __future__ import annotations
@@ -89,7 +91,9 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
 
     Args:
         dsn: libpq connection string of the source database.
-        timeout: seconds to wait at most.
+        timeout: seconds to wait at most, not counting the stalls ``on_stall`` remedied (the
+            seconds without progress before each restart, and the restart itself): a caller's
+            timeout is the capture's time, whether or not Connect had to be restarted on the way.
         say: receives progress lines (about every 5 s while waiting).
         poll: seconds between checks.
         on_stall: restarts the capture (Kafka Connect) when no slot has moved for ``restart_after``
@@ -110,6 +114,7 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
         seen: dict[str, str | None] = {}
         moved: dict[str, float] = {}  # when each active slot last confirmed something new
         changed = started  # when the set of active slots last changed
+        remedied = 0.0  # seconds of stalls that on_stall ended, and of its restarts: not counted
         while True:
             slots = slot_states(conn, target)
             result.slots = slots
@@ -131,9 +136,10 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
             seen = positions
             # Progress is the laggards': a slot that keeps confirming markers does not hide one that is stuck.
             last_progress = min((moved[s.name] for s in active if not s.caught_up), default=changed)
-            if now - started >= timeout:
+            if now - started - remedied >= timeout:
+                restarted = f" (and {remedied:.0f} s of {result.restarts} restart(s))" if result.restarts else ""
                 result.problem = result.problem or (
-                    f"after {timeout:.0f} s the slots have not confirmed {target}: " + _describe(active)
+                    f"after {timeout:.0f} s{restarted} the slots have not confirmed {target}: " + _describe(active)
                     + (f" (the marker message could not be written: {result.marker_error})"
                        if result.marker_error else ""))
                 break
@@ -145,6 +151,7 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
                 on_stall()
                 result.restarts += 1
                 changed = last_marker = time.monotonic()
+                remedied += changed - last_progress
                 moved = dict.fromkeys(moved, changed)
                 continue
             if active and stalled and now - last_marker >= (_MARKER_EVERY if result.markers else 0):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,3 +88,36 @@ def test_one_blocked_connector_is_a_stall_while_the_other_confirms_every_marker(
     result = capture.wait_for_capture("dsn", timeout=5, poll=0.01, on_stall=both.on_stall, restart_after=0.2)
     assert result.ok and result.restarts == 1 and both.stalls == 1
     assert both.markers > 3  # pgjson kept moving before the restart
+
+
+class _SlowAfterRestart(_Slots):
+    """Stuck until ``on_stall`` ran once; from then on it confirms something new at every look, and
+    has caught up ``catch_up`` seconds after the restart."""
+
+    def __init__(self, catch_up: float) -> None:
+        super().__init__(heal_after=1)
+        self.catch_up = catch_up
+        self.restarted_at: float | None = None
+        self.looks = 0
+
+    def states(self, _conn: Any, _target: str) -> list[SlotState]:
+        if self.restarted_at is None:
+            return [SlotState("pgavro", True, "0/10", False)]
+        self.looks += 1
+        done = time.monotonic() - self.restarted_at >= self.catch_up
+        return [SlotState("pgavro", True, "0/ffff" if done else f"0/{0x10 + self.looks:x}", done)]
+
+    def on_stall(self) -> None:
+        super().on_stall()
+        self.restarted_at = time.monotonic()
+
+
+def test_the_seconds_a_restart_remedied_do_not_count_against_the_timeout(
+        slots: _Slots, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 s stalled, then 1.2 s to catch up: 2.2 s in all against a 1.6 s timeout. The stall was
+    Connect's, and was mended: the capture itself took 1.2 s, so the wait succeeds."""
+    slow = _SlowAfterRestart(catch_up=1.2)
+    monkeypatch.setattr(capture, "slot_states", slow.states)
+    result = capture.wait_for_capture("dsn", timeout=1.6, poll=0.01, on_stall=slow.on_stall, restart_after=1.0)
+    assert result.ok and result.restarts == 1
+    assert result.seconds > 2.1  # longer than the timeout, in all
