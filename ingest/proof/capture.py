@@ -22,8 +22,9 @@ HTTP client, to which it gives no timeout) has been seen blocked for good on a r
 on a call the registry had already answered, and once, in a suite run, on a schema registration
 the registry never logged, while the JSON connector went on confirming markers. A fresh Connect
 resumes from its committed offsets; a record it sends again is applied idempotently. The seconds a
-remedied stall cost (waiting for it, and the restart) do not count against the wait's timeout, so a
-caller's timeout need not make room for :data:`MAX_RESTARTS` of them.
+stall cost that ``on_stall`` was called for (waiting for it, and the restart) do not count against
+the wait's timeout, so a caller's timeout need not make room for :data:`MAX_RESTARTS` of them; a
+capture that a restart does not mend fails that much later.
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
 
     Args:
         dsn: libpq connection string of the source database.
-        timeout: seconds to wait at most, not counting the stalls ``on_stall`` remedied (the
-            seconds without progress before each restart, and the restart itself): a caller's
+        timeout: seconds to wait at most, not counting the stalls ``on_stall`` was called for
+            (the seconds without progress before each restart, and the restart itself): a caller's
             timeout is the capture's time, whether or not Connect had to be restarted on the way.
         say: receives progress lines (about every 5 s while waiting).
         poll: seconds between checks.
@@ -114,7 +115,7 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
         seen: dict[str, str | None] = {}
         moved: dict[str, float] = {}  # when each active slot last confirmed something new
         changed = started  # when the set of active slots last changed
-        remedied = 0.0  # seconds of stalls that on_stall ended, and of its restarts: not counted
+        remedied = 0.0  # seconds of the stalls on_stall was called for, and of its restarts: not counted
         while True:
             slots = slot_states(conn, target)
             result.slots = slots
