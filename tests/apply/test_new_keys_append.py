@@ -161,3 +161,16 @@ def test_a_batch_that_only_deletes_keys_never_seen_records_its_progress_and_writ
     ds, ds_records, rs, _ = _both(tmp_path, spark, HARD, batches)
     assert _table(ds) == _table(rs) and [r["id"] for r in _table(ds)] == [0, 1, 2]
     assert ds_records[-1].balanced and load_state(ds.table).applied_offset("t", 0) == 4
+
+
+def test_the_change_feed_shows_an_appended_batch_as_its_inserts(tmp_path, spark):
+    """Delta's feed reports an append's rows as inserts, as it would the MERGE's: analysts see the same."""
+    batches = [(0, [change("c", k, 10 + k) for k in range(3)]),
+               (3, [change("c", 5, 20, name="five"), change("c", 6, 21, name="six"), change("d", 9, 22)])]
+    ds, *_ = _both(tmp_path, spark, HARD, batches)
+    version = open_table(ds.table).version()
+    assert _operations(ds)[-1] == "WRITE"
+    feed = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", version)
+            .load(str(ds.table)).select("id", "name", "_change_type", "_commit_version").collect())
+    assert sorted((r["id"], r["name"], r["_change_type"], r["_commit_version"]) for r in feed) == [
+        (5, "five", "insert", version), (6, "six", "insert", version)]
