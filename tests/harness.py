@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +41,36 @@ def use_engine(engine: ApplyEngine | None) -> None:
 
 def current_engine() -> ApplyEngine | None:
     return _ENGINE[0]
+
+
+class Race:
+    """Another writer, run once when this writer reaches a named fault point (see :func:`race_at`)."""
+
+    def __init__(self, point: str, other_writer: Callable[[], object]) -> None:
+        from ingest.proof import faults
+
+        self.point, self.other_writer, self.ran = point, other_writer, False
+        self._real_point = faults.point
+
+    def __call__(self, name: str) -> None:
+        if name == self.point and not self.ran:
+            self.ran = True
+            self.other_writer()
+        self._real_point(name)
+
+
+def race_at(monkeypatch: Any, point: str, other_writer: Callable[[], object]) -> Race:
+    """Run ``other_writer`` once, the first time this process reaches fault point ``point``
+    (:func:`ingest.proof.faults.point`), then go on: a race at an exact step of the commit.
+
+    ``monkeypatch`` (pytest's) puts the real fault points back after the test; ``.ran`` tells whether
+    the race happened.
+    """
+    from ingest.proof import faults
+
+    race = Race(point, other_writer)
+    monkeypatch.setattr(faults, "point", race)
+    return race
 
 
 KAFKA_SCHEMA = pa.schema([

@@ -22,9 +22,8 @@ from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all
 from ingest.errors import CommitConflictError
 from ingest.events import ColumnSpec
-from ingest.proof import faults
 from tests.factories import COLUMNS, change, decoded_rows
-from tests.harness import paths_in
+from tests.harness import paths_in, race_at
 
 pytestmark = pytest.mark.spark
 HARD = TableSpec(name="t", topic="t")
@@ -111,18 +110,10 @@ def test_a_writer_racing_an_append_gets_a_conflict_and_the_key_is_written_once(t
     paths = paths_in(tmp_path)
     engine = DeltaSparkEngine(spark)
     _run(engine, paths, HARD, [(0, [change("c", k, 10 + k) for k in range(3)])])
-    raced = False
-    real_point = faults.point
-
-    def race(name: str) -> None:
-        nonlocal raced
-        if name == "before-commit" and not raced:
-            raced = True  # the other writer appends the same offsets while this one is about to
-            apply_parts(HARD, paths, decoded_rows([change("c", 7, 20, name="winner")], first_offset=3),
-                        batch_id=1, run_id="b", engine=engine)
-        real_point(name)
-
-    monkeypatch.setattr(faults, "point", race)
+    # the other writer appends the same offsets while this one is about to
+    race_at(monkeypatch, "before-commit", lambda: apply_parts(
+        HARD, paths, decoded_rows([change("c", 7, 20, name="winner")], first_offset=3),
+        batch_id=1, run_id="b", engine=engine))
     with pytest.raises(CommitConflictError, match="another writer"):
         apply_parts(HARD, paths, decoded_rows([change("c", 7, 21, name="loser")], first_offset=3),
                     batch_id=1, run_id="c", engine=engine)
@@ -138,21 +129,12 @@ def test_a_commit_between_the_plan_and_the_append_turns_it_into_a_merge(tmp_path
     paths = paths_in(tmp_path)
     engine = DeltaSparkEngine(spark)
     _run(engine, paths, HARD, [(0, [change("c", k, 10 + k) for k in range(3)])])
-    raced = False
-    real_point = faults.point
-
-    def race(name: str) -> None:
-        nonlocal raced
-        if name == "after-tombstones" and not raced:
-            raced = True
-            apply_parts(HARD, paths, decoded_rows([change("c", 7, 20, name="other")], first_offset=3),
-                        batch_id=1, run_id="b", engine=engine)
-        real_point(name)
-
-    monkeypatch.setattr(faults, "point", race)
+    race = race_at(monkeypatch, "after-tombstones", lambda: apply_parts(
+        HARD, paths, decoded_rows([change("c", 7, 20, name="other")], first_offset=3),
+        batch_id=1, run_id="b", engine=engine))
     apply_parts(HARD, paths, decoded_rows([change("c", 7, 21, name="newer")], first_offset=3, partition=1),
                 batch_id=1, run_id="c", engine=engine)
-    assert raced and _operations(paths)[-2:] == ["WRITE", "MERGE"]
+    assert race.ran and _operations(paths)[-2:] == ["WRITE", "MERGE"]
     assert [(r["id"], r["name"]) for r in _table(paths)] == [(0, "x"), (1, "x"), (2, "x"), (7, "newer")]
 
 

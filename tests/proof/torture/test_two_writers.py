@@ -22,8 +22,8 @@ from ingest.deltaio import open_table, read_all
 from ingest.engine import Engine
 from ingest.errors import CommitConflictError, TableLockedError
 from ingest.paths import TablePaths
-from ingest.proof import faults
 from tests.factories import change, decoded_rows
+from tests.harness import race_at
 
 
 def _config(tmp_path: Path) -> IngestConfig:
@@ -110,18 +110,10 @@ def test_a_writer_racing_past_the_lock_gets_a_conflict_and_the_table_stays_consi
     paths = _paths(tmp_path)
     apply_parts(spec, paths, decoded_rows([change("c", k, 10 + k) for k in range(5)]), batch_id=0, run_id="a",
                 engine=apply_engine)
-    raced = False
-    real_point = faults.point
-
-    def race(name: str) -> None:
-        nonlocal raced
-        if name == "before-commit" and not raced:
-            raced = True  # the other writer commits the same offsets while this one is about to
-            apply_parts(spec, paths, decoded_rows([change("u", 1, 50, name="winner")], first_offset=5),
-                        batch_id=1, run_id="b", engine=apply_engine)
-        real_point(name)
-
-    monkeypatch.setattr(faults, "point", race)
+    # the other writer commits the same offsets while this one is about to
+    race_at(monkeypatch, "before-commit", lambda: apply_parts(
+        spec, paths, decoded_rows([change("u", 1, 50, name="winner")], first_offset=5),
+        batch_id=1, run_id="b", engine=apply_engine))
     with pytest.raises(CommitConflictError, match="another writer"):
         apply_parts(spec, paths, decoded_rows([change("u", 1, 40, name="loser"), change("c", 9, 41)],
                                               first_offset=5), batch_id=1, run_id="c", engine=apply_engine)
