@@ -125,6 +125,10 @@ def may_append(request: CommitRequest, state: TableState, latest_version: int) -
     own preparation (a column added, a type widened, the change feed switched on) -- means a MERGE.
     A writer that commits between that check and the append is still caught: it records the same
     app transaction, and Delta refuses or skips the second of the two.
+
+    The truncate and the table's existence are checked again though the flag implies both: a request
+    built by other code than the pipeline's, with the flag set wrongly, then merges, which is always
+    correct, instead of appending, which would not be.
     """
     return (request.new_keys_only and request.history is None and not request.truncate
             and state.table is not None and latest_version == state.version)
