@@ -177,6 +177,8 @@ class BareTable:
     #: position of the last change applied per key (deletes included: no resurrection)
     applied: dict[tuple[Any, ...], str] = field(default_factory=dict)
     truncated_at: str | None = None
+    #: merge with delta-spark in this session instead of delta-rs (:class:`SparkMerge`)
+    spark: Any = None
 
     def apply(self, decoder: Decoder, messages: list[tuple[int, int, bytes | None]]) -> None:
         rows: list[tuple[str, str, int, int, dict[str, Any]]] = []
@@ -240,6 +242,8 @@ class BareTable:
         self._merge(pa.table(data), list(columns), truncate)
 
     def _merge(self, source: pa.Table, user: list[str], truncate: str | None) -> None:
+        if self.spark is not None:
+            return SparkMerge(self.spark, self.path, self.key).merge(source, user, truncate)
         table = _open(self.path)
         plain = source.select([c for c in source.column_names if not c.startswith("__toast_")])
         if table is None:
@@ -264,6 +268,53 @@ class BareTable:
                                                                              "_cdc_deleted"]}, "NOT s._cdc_deleted"))
         if truncate:
             merger = merger.when_not_matched_by_source_delete(f"t._cdc_position < '{truncate}'")
+        merger.execute()
+
+
+@dataclass
+class SparkMerge:
+    """The same MERGE with delta-spark (deletion vectors on), for a user who has Spark but not this
+    framework: the source DataFrame made from the Arrow batch, new columns added first."""
+
+    spark: Any
+    path: Path
+    key: tuple[str, ...]
+
+    def merge(self, source: pa.Table, user: list[str], truncate: str | None) -> None:
+        from delta.tables import DeltaTable as SparkTable
+        from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
+
+        def frame(table: pa.Table) -> Any:
+            return self.spark.createDataFrame(table, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
+
+        plain = source.select([c for c in source.column_names if not c.startswith("__toast_")])
+        uri = self.path.resolve().as_uri()
+        if not (self.path / "_delta_log").exists():
+            (frame(plain.filter(pc.invert(plain["_cdc_deleted"]))).write.format("delta")
+             .option("delta.enableDeletionVectors", "true").save(uri))
+            return
+        current = self.spark.read.format("delta").load(uri)
+        stored = {f.name: f.dataType for f in current.schema.fields}
+        wanted = {c: from_arrow_type(source.schema.field(c).type, prefer_timestamp_ntz=True) for c in user}
+        new = [c for c in user if c not in stored]
+        if new:
+            self.spark.sql(f"ALTER TABLE delta.`{uri}` ADD COLUMNS ("
+                           + ", ".join(f"`{c}` {wanted[c].simpleString()}" for c in new) + ")")
+        wider = [c for c in user if c in stored and stored[c] != wanted[c]]
+        if wider:  # a widened column: rewrite the table with the wider type first
+            (current.select([current[f"`{c}`"].cast(wanted[c]).alias(c) if c in wider else current[f"`{c}`"]
+                             for c in current.columns])
+             .write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(uri))
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.key)
+        sets = {f"`{c}`": f"CASE WHEN s.`__toast_{c}` THEN t.`{c}` ELSE s.`{c}` END" for c in user}
+        sets.update({c: f"s.{c}" for c in ("_cdc_op", "_cdc_position", "_cdc_deleted")})
+        merger = (SparkTable.forPath(self.spark, uri).alias("t").merge(frame(source).alias("s"), on)
+                  .whenMatchedDelete("s._cdc_deleted AND s._cdc_position > t._cdc_position")
+                  .whenMatchedUpdate("NOT s._cdc_deleted AND s._cdc_position > t._cdc_position", sets)
+                  .whenNotMatchedInsert("NOT s._cdc_deleted", {f"`{c}`": f"s.`{c}`" for c in
+                                                               [*user, "_cdc_op", "_cdc_position", "_cdc_deleted"]}))
+        if truncate:
+            merger = merger.whenNotMatchedBySourceDelete(f"t._cdc_position < '{truncate}'")
         merger.execute()
 
 
@@ -293,12 +344,13 @@ def batches(log: Any, topic: str, size: int) -> Iterator[list[tuple[int, int, by
 
 
 def run(tables: list[tuple[str, str, tuple[str, ...]]], *, log: Any, value_format: str, registry_dir: Path,
-        root: Path, batch: int) -> list[float]:
-    """Apply every table's topic; returns the seconds of each batch."""
+        root: Path, batch: int, spark: Any = None) -> list[float]:
+    """Apply every table's topic; returns the seconds of each batch. ``spark``: MERGE with delta-spark
+    in that session (:class:`SparkMerge`) instead of delta-rs."""
     decoder = Decoder(value_format, registry_dir)
     seconds = []
     for name, topic, key in tables:
-        target = BareTable(root / name, key)
+        target = BareTable(root / name, key, spark=spark)
         chunks = batches(log, topic, batch)
         while True:
             t0 = time.perf_counter()  # reading the batch counts, as it does for the engine
@@ -308,3 +360,34 @@ def run(tables: list[tuple[str, str, tuple[str, ...]]], *, log: Any, value_forma
             target.apply(decoder, chunk)
             seconds.append(time.perf_counter() - t0)
     return seconds
+
+
+def main() -> None:
+    """``bare.py --spark CONFIG``: the bare job with delta-spark's MERGE, in a process of its own (a JVM
+    of its own, that no engine run warmed up); prints the batches' seconds as JSON. The session's
+    start (the same local session and jars as the engine's) is not timed."""
+    import argparse
+    import sys
+
+    from ingest.config import SparkSpec, load_config
+    from ingest.proof.demo import truth_dir
+    from ingest.proof.simulator import Truth
+    from ingest.source.topiclog import TopicLog
+    from ingest.spark import delta_session
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--spark", type=Path, required=True, help="the workload's configuration")
+    parser.add_argument("--root", type=Path, required=True, help="where the tables go")
+    parser.add_argument("--batch", type=int, required=True)
+    args = parser.parse_args()
+    config = load_config(args.spark)
+    truth = Truth.load(truth_dir(config))
+    spark = delta_session(SparkSpec(master=config.spark.master, shuffle_partitions=config.spark.shuffle_partitions))
+    seconds = run([(t.name, t.topic, truth.key_columns[t.name]) for t in config.tables], log=TopicLog(config.log_dir),
+                  value_format=config.source.value_format, registry_dir=config.registry_dir, root=args.root,
+                  batch=args.batch, spark=spark)
+    sys.stdout.write(json.dumps({"batches": seconds}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -16,6 +16,9 @@ counts. The last line is
     .venv/bin/python benchmarks/bench_compare.py --queries 3   # one streaming query per table
     .venv/bin/python benchmarks/bench_compare.py --source kafka   # the engine reads a real broker
     .venv/bin/python benchmarks/bench_compare.py --jit full   # the driver JVM's C2 compiler on (spark.jit)
+    .venv/bin/python benchmarks/bench_compare.py --engine delta-spark --jobs   # Spark's jobs by kind
+    .venv/bin/python benchmarks/bench_compare.py --engine delta-spark --bare-spark   # bare, delta-spark MERGE
+    .venv/bin/python benchmarks/bench_compare.py --spark-conf spark.sql.adaptive.enabled=false   # a setting
 
 ``--source kafka`` starts the project's Kafka broker and registry (``ingest.stack``; stopped again
 if this started them), copies the generated topics there (``benchmarks/kafka_copy.py``: same
@@ -31,7 +34,13 @@ With ``--kafka-reader spark`` (Spark's Kafka source bounds only the whole micro-
 micro-batch is bounded to ``--batch`` records, all tables together.
 
 ``--engine`` picks the engine's apply engine for every table (``target.engine``); the bare script
-always merges with delta-rs on one core, as a user without Spark would.
+always merges with delta-rs on one core, as a user without Spark would. ``--bare-spark`` also runs
+the bare script with delta-spark's MERGE instead (``bare.py --spark``: the same decode, reduce and
+guards, deletion vectors on), in a process and JVM of its own, as a user with Spark but without
+this framework would, and prints the engine's ratio to it too: what delta-spark itself costs on
+these batches, apart from what the engine adds. ``--jobs`` writes Spark's event log and prints the
+engine's Spark jobs by kind (``spark_jobs.py``); ``--spark-conf KEY=VALUE`` adds a Spark setting
+to the engine's session.
 
 ``--quality`` then runs the engine on the same records with the demo's expectation suites
 (``configs/demo.yaml``) into tables of their own, and once more without them (both warm), and
@@ -65,6 +74,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bare
+import spark_jobs
 from cpu_meter import KINDS, CpuMeter
 from kafka_copy import KafkaLog, kafka_config
 
@@ -84,7 +94,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def workload(root: Path, value_format: str, events: int, batch: int,
-             engine: str = "delta-rs", queries: int = 1, jit: str = "auto") -> tuple[IngestConfig, IngestConfig]:
+             engine: str = "delta-rs", queries: int = 1, jit: str = "auto",
+             spark_conf: dict[str, str] | None = None) -> tuple[IngestConfig, IngestConfig]:
     """The workload's config (no expectations suites), generated once per format and size, and the
     same with the demo's suites writing to tables, checkpoints and results of their own."""
     workdir = (root / f"{value_format}-{events}").resolve()
@@ -98,6 +109,8 @@ def workload(root: Path, value_format: str, events: int, batch: int,
     raw["source"]["queries"] = queries
     raw["target"]["engine"] = engine
     raw["spark"]["jit"] = jit
+    if spark_conf:
+        raw["spark"]["conf"] = {**(raw["spark"].get("conf") or {}), **spark_conf}
     workdir.mkdir(parents=True, exist_ok=True)
     checked = workdir / "bench-quality.yaml"
     raw_checked = yaml.safe_load(yaml.safe_dump(raw))
@@ -222,6 +235,17 @@ def p50_p95(batches: list[float]) -> str:
     return f"{statistics.median(batches):.2f} / {percentile(batches, .95):.2f} s" if batches else "-"
 
 
+def spark_conf(parser: argparse.ArgumentParser, pairs: list[str]) -> dict[str, str]:
+    """``--spark-conf KEY=VALUE`` arguments as settings."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            parser.error(f"--spark-conf takes KEY=VALUE, not {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=["json", "avro"], default="json")
@@ -239,6 +263,12 @@ def main() -> None:
     parser.add_argument("--busy-core", action="store_true", help="keep one core busy while the engine runs")
     parser.add_argument("--jit", choices=["auto", "quick", "full"], default="auto",
                         help="the driver JVM's JIT compiler (spark.jit)")
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the engine's session (spark.conf in the configuration); repeatable")
+    parser.add_argument("--jobs", action="store_true",
+                        help="write Spark's event log and print the engine's Spark jobs by kind (spark_jobs.py)")
+    parser.add_argument("--bare-spark", action="store_true",
+                        help="also run the bare script with delta-spark's MERGE (bare.py --spark) and compare")
     parser.add_argument("--skip-bare", action="store_true")
     parser.add_argument("--quality", action="store_true",
                         help="run the engine again with the demo's suites and report what validation adds")
@@ -247,8 +277,13 @@ def main() -> None:
         parser.error("--quality reads the embedded log: run it without --source kafka")
 
     t0 = time.perf_counter()
+    settings = spark_conf(parser, args.spark_conf)
+    if args.jobs:
+        args.event_log = (args.workdir / "eventlog" / time.strftime("%Y%m%dT%H%M%S")).resolve()
+        args.event_log.mkdir(parents=True)
+        settings |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": args.event_log.as_uri()}
     config, config_checked = workload(args.workdir, args.format, args.events, args.batch, args.engine,
-                                      args.queries, args.jit)
+                                      args.queries, args.jit, settings)
     log = TopicLog(config.log_dir)
     records = sum(sum(log.end_offsets(t.topic).values()) for t in config.tables)
     console.print(f"workload: {records:,} records ({args.format}) ready in {time.perf_counter() - t0:.0f} s")
@@ -283,12 +318,38 @@ def main() -> None:
             bare_s = bare_span[1] - t0
             bare_ok = all(verify_table(n, root / n, truth.tables[n], k).ok for n, _, k in tables)
             console.print(f"bare baseline: {bare_s:.1f} s, {len(bare_batches)} batches, equal to source: {bare_ok}")
+        args.bare_spark_s = bare_spark(args, config, truth) if args.bare_spark else None
         compare(args, config, config_checked, records, bare_s, bare_ok, bare_batches, meter, bare_span)
     finally:
         if isinstance(bare_log, KafkaLog):
             bare_log.close()
         if stack is not None and started:
             stack.down(started)
+
+
+def bare_spark(args: argparse.Namespace, config: IngestConfig, truth: Truth) -> float:
+    """The bare script with delta-spark's MERGE (``bare.py --spark``), in a process and JVM of its own
+    so that neither it nor the engine runs on a JVM the other warmed up; its session start excluded.
+    Returns its seconds, the sum of its batches'."""
+    import json
+    import subprocess
+
+    root = config.workdir / "bare-spark-tables"
+    shutil.rmtree(root, ignore_errors=True)
+    console.print("bare baseline, delta-spark MERGE: running (a process of its own)")
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("bare.py")), "--spark",
+                           str(config.workdir / "bench.yaml"), "--root", str(root), "--batch", str(args.batch)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"bare.py --spark failed:\n{done.stderr[-3000:]}")
+    batches = json.loads(done.stdout.strip().splitlines()[-1])["batches"]
+    ok = all(verify_table(t.name, root / t.name, truth.tables[t.name], truth.key_columns[t.name]).ok
+             for t in config.tables)
+    console.print(f"bare baseline, delta-spark MERGE: {sum(batches):.1f} s, {len(batches)} batches, "
+                  f"equal to source: {ok}")
+    if not ok:
+        raise SystemExit("the bare script with delta-spark's MERGE did not end equal to the source")
+    return float(sum(batches))
 
 
 def compare(args: argparse.Namespace, config: IngestConfig, config_checked: IngestConfig, records: int,
@@ -299,7 +360,8 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     t0 = time.perf_counter()
     engine.spark  # noqa: B018 -- the one-time session start is not measured
     start_s = time.perf_counter() - t0
-    console.print(f"engine ({args.engine}): running")
+    settings = "".join(f", {pair}" for pair in args.spark_conf)
+    console.print(f"engine ({args.engine}{settings}): running")
     run = run_engine(engine, busy_core=args.busy_core)
     meter.stop()  # the CPU figures are the first run's (with --quality, the runs after it are not metered)
     jvm = jvm_peak_mb(engine)
@@ -350,6 +412,9 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     row("tables equal to the source", str(bare_ok) if bare_ok is not None else "-", str(run.ok),
         str(checked.ok) if checked else "-")
     console.print(out)
+    if args.jobs:  # every run of this process, the session's warm-up included
+        console.print(spark_jobs.table(spark_jobs.job_kinds(args.event_log),
+                                       f"the engine's Spark jobs by kind ({args.event_log})"))
     if checked and plain_again:
         console.print(f"warm run without suites: {plain_again.engine_s:.1f} s, batch p50 / p95 "
                       f"{p50_p95(plain_again.batches)}, tables equal to the source: {plain_again.ok}")
@@ -359,6 +424,10 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     if bare_s:
         console.print(f"ratio counting the query start too: {(records / run.run_s) / (records / bare_s):.2f}")
         console.print(f"ratio engine/bare: {(records / run.engine_s) / (records / bare_s):.2f}")
+    if args.bare_spark_s:
+        if bare_s:
+            console.print(f"ratio bare with delta-spark MERGE / bare: {bare_s / args.bare_spark_s:.2f}")
+        console.print(f"ratio engine / bare with delta-spark MERGE: {args.bare_spark_s / run.engine_s:.2f}")
     ok = run.ok and bare_ok is not False and all(r.ok for r in (checked, plain_again) if r is not None)
     raise SystemExit(0 if ok else 1)
 

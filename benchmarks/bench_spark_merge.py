@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import spark_jobs
 from rich.console import Console
 from rich.table import Table
 
@@ -73,14 +74,12 @@ def child(rows: int, batch: int, merges: int, conf: dict[str, str]) -> dict[str,
         walls.append(time.perf_counter() - started)
     spark.stop()
     jobs: dict[int, list] = {}
-    for log in (f for f in events.rglob("*") if f.is_file() and "appstatus" not in f.name):
-        for line in log.read_text().splitlines():
-            event = json.loads(line)
-            if event["Event"] == "SparkListenerJobStart":
-                group = (event.get("Properties") or {}).get("spark.jobGroup.id", "")
-                jobs[event["Job ID"]] = [group, event["Submission Time"], None]
-            elif event["Event"] == "SparkListenerJobEnd" and event["Job ID"] in jobs:
-                jobs[event["Job ID"]][2] = event["Completion Time"]
+    for event in spark_jobs.events(events):
+        if event["Event"] == "SparkListenerJobStart":
+            group = (event.get("Properties") or {}).get("spark.jobGroup.id", "")
+            jobs[event["Job ID"]] = [group, event["Submission Time"], None]
+        elif event["Event"] == "SparkListenerJobEnd" and event["Job ID"] in jobs:
+            jobs[event["Job ID"]][2] = event["Completion Time"]
     in_jobs = [sum((end - start) / 1000 for group, start, end in jobs.values() if group == f"merge-{i}" and end)
                for i in range(1, merges + 1)]
     counts = [sum(1 for group, *_ in jobs.values() if group == f"merge-{i}") for i in range(1, merges + 1)]
