@@ -160,7 +160,8 @@ class Engine:
         """Load and check every table's suite now (start-up), before any query runs."""
         gates = {}
         for spec in specs:
-            gate = QualityGate.for_table(self.config, spec)
+            spark = self.spark if self.config.validates_on_spark(spec) else None
+            gate = QualityGate.for_table(self.config, spec, spark=spark)
             if gate is not None:
                 gates[spec.name] = gate
         return gates

@@ -38,6 +38,12 @@ class QualitySpec(Model):
         Path("quality"), description="validation results per table and batch (ingest quality show), relative to workdir"
     )
     keep_results: int = Field(200, gt=0, description="validation results kept per table; older ones are pruned")
+    validate_on: Literal["auto", "driver", "spark"] = Field(
+        "auto", description="where Great Expectations validates a batch: driver (a pandas frame in this process) "
+        "or spark (a Spark DataFrame, GX's Spark execution engine, on the session's executors); auto: spark for "
+        "the tables applied with delta-spark, driver for the others. Same expectations, policies, results and "
+        "quarantine either way"
+    )
 
 
 class SparkSpec(Model):
@@ -71,6 +77,11 @@ class IngestConfig(Model):
     def engine_of(self, spec: TableSpec) -> EngineName:
         """The apply engine of one table."""
         return spec.engine or self.target.engine
+
+    def validates_on_spark(self, spec: TableSpec) -> bool:
+        """Whether the table's batches are validated on a Spark DataFrame (``quality.validate_on``)."""
+        where = self.quality.validate_on
+        return where == "spark" or (where == "auto" and self.engine_of(spec) == "delta-spark")
 
     def engines(self) -> set[EngineName]:
         """Every apply engine a run of this configuration may use (discovered tables included)."""

@@ -13,6 +13,12 @@ multicolumn) run with result format ``COMPLETE``, whose ``unexpected_index_list`
 positions, so each failing row leads back to its change, its Kafka coordinates and raw bytes. Other
 (aggregate) expectations judge the batch as a whole.
 
+**On Spark** (``quality.validate_on``; a gate given a session) the frame is a Spark DataFrame of
+the same rows and GX runs its Spark execution engine. A Spark row has no index, so GX names the
+failing rows by the table's primary key columns (``unexpected_index_column_names``), which the
+frame carries beside the suite's columns, and the gate maps each key back to its position: the
+same verdict, holds and reasons as on pandas.
+
 **Policies** (per expectation, see :func:`ingest.quality.suites.effective_policies`): ``warn``
 records; ``quarantine`` holds back the failing rows -- for an aggregate expectation, or one GX could
 not evaluate, that is every validated row of the batch; ``fail`` raises
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -60,6 +67,7 @@ from ingest.quality.suites import (
 FIRST_PASS: Final = {"result_format": "BASIC", "partial_unexpected_count": 5}
 RESULT_FORMAT: Final = {"result_format": "COMPLETE", "partial_unexpected_count": 5}
 DATASOURCE: Final = "cdc_micro_batches"
+SPARK_DATASOURCE: Final = "cdc_micro_batches_spark"
 _SAMPLES: Final = 5
 _GX_LOCK = threading.Lock()
 
@@ -130,19 +138,30 @@ class QualityGate:
         results: where full validation results go (``None``: not kept).
     """
 
-    def __init__(self, spec: TableSpec, suite: LoadedSuite, *, results: ResultStore | None = None) -> None:
+    def __init__(self, spec: TableSpec, suite: LoadedSuite, *, results: ResultStore | None = None,
+                 spark: Any = None) -> None:
         self.spec = spec
         self.suite = suite
         self.policies = effective_policies(spec, suite)
         self.results = results
+        #: validate on a Spark DataFrame in this session (GX's Spark execution engine), not on pandas
+        self.spark = spark
         self._infos = {e.id: e for e in suite.expectations}  # by GX expectation id
         self._expectations = {e.id: e for e in suite.gx_suite.expectations}
         with _GX_LOCK:
-            self._batch_definition = _batch_definition(spec.name)
+            self._batch_definition = _batch_definition(spec.name, spark=spark is not None)
+
+    @property
+    def runs_on(self) -> str:
+        """Where the batches are validated: ``spark`` or ``driver`` (pandas)."""
+        return "spark" if self.spark is not None else "driver"
 
     @classmethod
-    def for_table(cls, config: IngestConfig, spec: TableSpec) -> QualityGate | None:
+    def for_table(cls, config: IngestConfig, spec: TableSpec, *, spark: Any = None) -> QualityGate | None:
         """Load the table's suite and check it fits the table (start-up; ``None`` without a suite).
+
+        ``spark``: the session to validate in, for a table that validates on Spark
+        (:meth:`IngestConfig.validates_on_spark`); without it, the gate validates on the driver.
 
         Raises:
             SuiteError: the suite cannot be loaded, an override names an unknown expectation, or
@@ -153,7 +172,8 @@ class QualityGate:
             return None
         suite = load_suite(config.expectations_dir, spec.expectations)
         gate = cls(spec, suite, results=ResultStore(config.quality_results_dir / spec.name,
-                                                    config.quality.keep_results))
+                                                    config.quality.keep_results),
+                   spark=spark if config.validates_on_spark(spec) else None)
         state = load_state(config.table_path(spec.name))
         if state.columns is not None:
             check_columns(spec, suite, [c.name for c in state.columns], where="table")
@@ -176,15 +196,20 @@ class QualityGate:
         check_columns(self.spec, self.suite, types, where="batch")
         wanted = types if self.suite.needs_all_columns else {c: types[c] for c in types if c in self.suite.columns}
         rows = winners.filter(mask)
-        frame = build_frame(rows, wanted)
+        keys: tuple[str, ...] = ()
+        if self.spark is not None:
+            keys = tuple(json.loads(rows["_cdc_key_columns"][0].as_py() or "[]"))
+            frame = build_spark_frame(self.spark, rows, wanted | {k: types[k] for k in keys if k in types})
+        else:
+            frame = build_frame(rows, wanted)
         with _GX_LOCK, memoized_configurations():
             validator = self._validator(frame)
             result = validator.validate_expectation_suite(self.suite.gx_suite)
-            self._name_failing_rows(validator, result)
+            self._name_failing_rows(validator, result, keys)
         del frame, validator  # nothing of the batch may outlive it (memory stays flat over many batches)
 
         report.rows_validated = rows.num_rows
-        report.outcomes = self._outcomes(result)
+        report.outcomes = self._outcomes(result, keys, _positions_by_key(rows, keys) if keys else None, rows)
         report.evaluated = len(report.outcomes)
         failing = [o for o in report.outcomes if not o.success]
         report.failed = len(failing)
@@ -215,24 +240,34 @@ class QualityGate:
         return Validator(self._batch_definition, result_format=dict(FIRST_PASS),
                          batch_parameters={"dataframe": frame})
 
-    def _name_failing_rows(self, validator: Any, result: Any) -> None:
-        """Validate again, with every unexpected row's index, each map expectation that failed."""
-        validator.result_format = dict(RESULT_FORMAT)
+    def _name_failing_rows(self, validator: Any, result: Any, keys: tuple[str, ...] = ()) -> None:
+        """Validate again, with every unexpected row's index, each map expectation that failed.
+
+        On Spark a row has no index: GX names it by ``keys``, the table's primary key columns, and
+        the expectation's own columns (see :func:`_rows_of_keys`).
+        """
+        validator.result_format = dict(RESULT_FORMAT) | (
+            {"unexpected_index_column_names": list(keys)} if self.spark is not None else {})
         for n, r in enumerate(result.results):
             expectation_id = r.expectation_config.id
             if r.success or not self._infos[expectation_id].row_level or _exception(r.exception_info):
                 continue
             result.results[n] = validator.validate_expectation(self._expectations[expectation_id])
 
-    def _outcomes(self, result: Any) -> list[Outcome]:
+    def _outcomes(self, result: Any, keys: tuple[str, ...] = (),
+                  by_key: dict[tuple[Any, ...], list[int]] | None = None, rows: pa.Table | None = None
+                  ) -> list[Outcome]:
         outcomes = []
         for r in result.results:
             info = self._infos[r.expectation_config.id]
             res = r.result or {}
             error = _exception(r.exception_info)
+            named = list(res.get("unexpected_index_list") or [])
+            if self.spark is not None:  # rows named by key; without a key none is named: the batch answers
+                named = _rows_of_keys(named, keys, by_key, rows) if by_key is not None and rows is not None else []
             outcomes.append(Outcome(
                 info=info, policy=self.policies[info.name], success=bool(r.success) and error is None,
-                unexpected=int(res.get("unexpected_count") or 0), rows=list(res.get("unexpected_index_list") or []),
+                unexpected=int(res.get("unexpected_count") or 0), rows=named,
                 observed=res.get("observed_value"), error=error,
             ))
         order = {e.id: n for n, e in enumerate(self.suite.expectations)}
@@ -253,11 +288,20 @@ class QualityGate:
         })
 
 
-def _batch_definition(table: str) -> Any:
-    """The table's whole-dataframe batch definition, made once per process and reused for every batch."""
+def _batch_definition(table: str, *, spark: bool = False) -> Any:
+    """The table's whole-dataframe batch definition, made once per process and reused for every batch
+    (on Spark: a Spark data source that reuses the running session and does not cache the frame)."""
     context = gx_context()
     sources = context.data_sources
-    source = sources.get(DATASOURCE) if DATASOURCE in sources.all() else sources.add_pandas(DATASOURCE)
+    name = SPARK_DATASOURCE if spark else DATASOURCE
+    if name in sources.all():
+        source = sources.get(name)
+    elif spark:
+        with warnings.catch_warnings():  # GX warns of an argument it sets itself (force_reuse_spark_context)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            source = sources.add_spark(name, persist=False)
+    else:
+        source = sources.add_pandas(name)
     asset = source.get_asset(table) if table in source.get_asset_names() else source.add_dataframe_asset(table)
     names = {d.name for d in asset.batch_definitions}
     return (asset.get_batch_definition("micro_batch") if "micro_batch" in names
@@ -289,6 +333,48 @@ def build_frame(rows: pa.Table, columns: dict[str, str]) -> Any:
         arrays[name] = array
     # One Arrow table converted at once builds pandas' blocks far faster than column by column.
     return pa.table(arrays).to_pandas() if arrays else pa.table({"_": pa.nulls(rows.num_rows)}).to_pandas()[[]]
+
+
+def build_spark_frame(spark: Any, rows: pa.Table, columns: dict[str, str]) -> Any:
+    """The Spark DataFrame GX validates: one row per winner, the columns in their Delta types (a
+    column the batch lacks is all null), timestamps without time zone kept as such."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    arrays = {name: rows[name] if name in rows.column_names else pa.nulls(rows.num_rows, arrow_type(type_name))
+              for name, type_name in columns.items()}
+    table = pa.table(arrays) if arrays else pa.table({"_": pa.nulls(rows.num_rows, pa.bool_())})
+    frame = spark.createDataFrame(table, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
+    return frame if arrays else frame.select()
+
+
+def _positions_by_key(rows: pa.Table, keys: tuple[str, ...]) -> dict[tuple[Any, ...], list[int]]:
+    """Validated row positions by their key values."""
+    out: dict[tuple[Any, ...], list[int]] = {}
+    for pos, values in enumerate(zip(*(rows[k].to_pylist() for k in keys), strict=True)):
+        out.setdefault(values, []).append(pos)
+    return out
+
+
+def _rows_of_keys(named: list[Any], keys: tuple[str, ...], by_key: dict[tuple[Any, ...], list[int]],
+                  rows: pa.Table) -> list[int]:
+    """The positions of the rows GX named by key (``[{key: value, ..., column: value}, ...]``).
+
+    Rows that share a key (only an engine fault makes them: the gate's suites check it) are told
+    apart by the expectation's own columns, which GX returns beside the key. A key not found (a value
+    Spark returned in another form) names no row: the failure then holds the whole batch, as a map
+    expectation that named no rows does.
+    """
+    positions: set[int] = set()
+    for entry in named:
+        found = by_key.get(tuple(entry.get(k) for k in keys)) if isinstance(entry, dict) else None
+        if found is None:
+            return []
+        if len(found) > 1:
+            columns = [c for c in entry if c not in keys and c in rows.column_names]
+            same = [p for p in found if all(_row(rows, p)[c] == entry[c] for c in columns)]
+            found = same or found
+        positions.update(found)
+    return sorted(positions)
 
 
 def _row(rows: pa.Table, pos: int) -> dict[str, Any]:

@@ -1,0 +1,99 @@
+"""The quality gate on a Spark DataFrame (``quality.validate_on``): the same verdict as on the driver.
+
+GX names a failing row by its index on pandas and by the table's primary key on Spark; both must
+lead back to the same winners, with the same counts, statuses and reasons.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from ingest.config import TableSpec
+from ingest.errors import QualityGateError
+from ingest.quality import QualityGate, load_suite
+from tests.quality.helpers import make_config, write_suite
+
+SUITE = [
+    {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "id"}},
+    {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "name", "regex": "^[a-z]+$"}},
+    {"type": "expect_column_values_to_be_between", "kwargs": {"column": "balance", "min_value": 0, "max_value": 100}},
+    {"type": "expect_column_pair_values_a_to_be_greater_than_b",
+     "kwargs": {"column_A": "balance", "column_B": "fee", "or_equal": True}},
+    {"type": "expect_compound_columns_to_be_unique", "kwargs": {"column_list": ["name", "region"]}},
+    {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 1, "max_value": 3},
+     "meta": {"policy": "warn"}},
+    {"type": "expect_table_columns_to_match_set",
+     "kwargs": {"column_set": ["region", "id", "name", "balance", "fee"], "exact_match": True}},
+]
+
+
+def winners(rows: list[tuple], key: list[str]) -> pa.Table:
+    """A reduced batch as the pipeline hands it to the gate: one row per key, deletes included."""
+    ops, ids, regions, names, balances, fees = zip(*rows, strict=True)
+    return pa.table({
+        "_cdc_op": pa.array(ops), "_cdc_key_columns": pa.array([json.dumps(key)] * len(rows)),
+        "region": pa.array(regions, pa.string()), "id": pa.array(ids, pa.int32()), "name": pa.array(names),
+        "balance": pa.array([Decimal(b) if b is not None else None for b in balances], pa.decimal128(10, 2)),
+        "fee": pa.array(fees, pa.float64()),
+    })
+
+
+def both_gates(tmp_path: Path, spark, policy: str = "quarantine", suite: list[dict] = SUITE
+               ) -> tuple[QualityGate, QualityGate]:
+    write_suite(tmp_path / "suites", "people", suite)
+    spec = TableSpec(name="people", topic="t", expectations="people", quality_policy=policy)
+    loaded = load_suite(tmp_path / "suites", "people")
+    return QualityGate(spec, loaded), QualityGate(spec, loaded, spark=spark)
+
+
+def verdict(gate: QualityGate, batch: pa.Table):
+    report = gate.check(batch, None, batch_id=0, run_id="r")
+    return (report.status, report.evaluated, report.failed, report.failures, report.rows_validated,
+            {pos: (h.expectations, h.reasons) for pos, h in sorted(report.held.items())})
+
+
+@pytest.mark.parametrize("key", [["id"], ["region", "id"]], ids=["one key column", "two key columns"])
+def test_a_spark_gate_holds_the_same_rows_for_the_same_reasons_as_the_driver_gate(tmp_path, spark, key):
+    batch = winners([("c", 1, "eu", "ann", "10.00", 1.0),
+                     ("u", 2, "eu", "Bob", "20.00", 1.0),      # regex
+                     ("d", 3, "eu", None, None, None),          # a delete: not validated
+                     ("c", 4, "us", "cy", "500.00", 1.0),       # between
+                     ("c", 4, "eu", "dee", "5.00", 9.0),        # pair; id 4 twice: unique fails
+                     ("c", 6, "us", "cy", "7.00", 1.0)],        # compound (name, region) with id 4's
+                    key)
+    driver, on_spark = both_gates(tmp_path, spark)
+    assert (driver.runs_on, on_spark.runs_on) == ("driver", "spark")
+    expected = verdict(driver, batch)
+    # rows of the batch (the delete, row 2, is not validated): Bob, both rows of id 4, cy of us
+    assert expected[0] == "quarantined" and sorted(expected[5]) == [1, 3, 4, 5]
+    assert verdict(on_spark, batch) == expected
+
+
+def test_a_whole_batch_failure_and_the_fail_policy_are_the_same_on_spark(tmp_path, spark):
+    batch = winners([("c", n, "eu", "ann" + "x" * n, "1.00", 1.0) for n in range(1, 5)], ["id"])
+    driver, on_spark = both_gates(tmp_path, spark, suite=[
+        SUITE[5], {"type": "expect_column_values_to_be_between", "kwargs": {"column": "id", "max_value": 3},
+                   "meta": {"policy": "quarantine"}}])
+    assert verdict(on_spark, batch) == verdict(driver, batch)  # 4 rows: the row count warns; id 4 held
+    strict_driver, strict_spark = both_gates(tmp_path / "fail", spark, policy="fail", suite=SUITE[1:2])
+    bad = winners([("c", 1, "eu", "Ann", "1.00", 1.0)], ["id"])
+    messages = []
+    for gate in (strict_driver, strict_spark):
+        with pytest.raises(QualityGateError) as caught:
+            gate.check(bad, None, batch_id=3, run_id="r")
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1] and "(id=1) name='Ann'" in messages[1]
+
+
+@pytest.mark.parametrize(("validate_on", "engine", "on_spark"), [
+    ("auto", "delta-spark", True), ("auto", "delta-rs", False), ("driver", "delta-spark", False),
+    ("spark", "delta-rs", True)])
+def test_validate_on_picks_where_a_table_is_validated(tmp_path, validate_on, engine, on_spark):
+    config = make_config(tmp_path, tables=[{"name": "accounts", "topic": "t", "engine": engine}])
+    config = config.model_copy(update={"quality": config.quality.model_copy(update={"validate_on": validate_on})})
+    assert config.validates_on_spark(config.tables[0]) is on_spark
