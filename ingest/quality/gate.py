@@ -42,6 +42,7 @@ import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 import pyarrow as pa
@@ -348,11 +349,19 @@ def build_spark_frame(spark: Any, rows: pa.Table, columns: dict[str, str]) -> An
 
 
 def _positions_by_key(rows: pa.Table, keys: tuple[str, ...]) -> dict[tuple[Any, ...], list[int]]:
-    """Validated row positions by their key values."""
+    """Validated row positions by their key values, as Spark returns them to Python."""
     out: dict[tuple[Any, ...], list[int]] = {}
     for pos, values in enumerate(zip(*(rows[k].to_pylist() for k in keys), strict=True)):
-        out.setdefault(values, []).append(pos)
+        out.setdefault(tuple(_as_spark_returns(v) for v in values), []).append(pos)
     return out
+
+
+def _as_spark_returns(value: Any) -> Any:
+    """``value`` as pyspark hands it back: a timestamp with a time zone becomes a naive one in this
+    process's local time (Arrow gives it aware); a timestamp without one stays as it is."""
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone().replace(tzinfo=None)
+    return value
 
 
 def _rows_of_keys(named: list[Any], keys: tuple[str, ...], by_key: dict[tuple[Any, ...], list[int]],
@@ -371,7 +380,7 @@ def _rows_of_keys(named: list[Any], keys: tuple[str, ...], by_key: dict[tuple[An
             return []
         if len(found) > 1:
             columns = [c for c in entry if c not in keys and c in rows.column_names]
-            same = [p for p in found if all(_row(rows, p)[c] == entry[c] for c in columns)]
+            same = [p for p in found if all(_as_spark_returns(_row(rows, p)[c]) == entry[c] for c in columns)]
             found = same or found
         positions.update(found)
     return sorted(positions)

@@ -7,6 +7,7 @@ lead back to the same winners, with the same counts, statuses and reasons.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -88,6 +89,19 @@ def test_a_whole_batch_failure_and_the_fail_policy_are_the_same_on_spark(tmp_pat
             gate.check(bad, None, batch_id=3, run_id="r")
         messages.append(str(caught.value))
     assert messages[0] == messages[1] and "(id=1) name='Ann'" in messages[1]
+
+
+@pytest.mark.parametrize("zone", [UTC, None], ids=["timestamp", "timestamp without time zone"])
+def test_rows_keyed_by_a_timestamp_are_named_on_spark_as_on_the_driver(tmp_path, spark, zone):
+    """pyspark returns a timestamp key without its time zone, in local time: the gate still finds the row."""
+    at = [datetime(2026, 1, 1, 12, n, tzinfo=zone) for n in range(3)]
+    batch = pa.table({"_cdc_op": ["c", "c", "u"], "_cdc_key_columns": [json.dumps(["at"])] * 3,
+                      "at": pa.array(at, pa.timestamp("us", tz="UTC" if zone else None)),
+                      "name": ["ann", "Bob", "cy"]})
+    driver, on_spark = both_gates(tmp_path, spark, suite=SUITE[1:2])
+    expected = verdict(driver, batch)
+    assert list(expected[5]) == [1]  # Bob's row, not the whole batch
+    assert verdict(on_spark, batch) == expected
 
 
 @pytest.mark.parametrize(("validate_on", "engine", "on_spark"), [
