@@ -18,6 +18,7 @@ from ingest.config import KafkaSpec
 from ingest.proof.capture import delete_topics
 from ingest.source.kafkalog import DataLossError, KafkaLog
 from ingest.source.reader import TopicLogStreamReader
+from ingest.stack.process import wait_until
 
 pytestmark = [pytest.mark.stack]
 
@@ -77,6 +78,8 @@ def test_transaction_markers_are_skipped_and_isolation_is_configurable(stack: An
         producer.produce(topic, key=b"a", value=f"aborted{i}".encode(), partition=0)
     assert producer.flush(30) == 0  # on the broker before the abort (else librdkafka purges them unsent)
     producer.abort_transaction(30)
+    # The coordinator writes the markers after commit/abort return: wait for both to land.
+    wait_until(lambda: _log(stack).end_offsets(topic)[0] >= 7, what="the transaction markers", timeout=30)
     end = _log(stack).end_offsets(topic)[0]
     assert end == 7  # 5 records and 2 markers
 
