@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Final
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from ingest.config import IngestConfig, SparkSpec
 from ingest.errors import EnvironmentProblem
@@ -137,6 +137,19 @@ def _import_decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     import ingest.source.topiclog  # noqa: F401
 
     yield from batches
+
+
+def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """``table`` as a DataFrame whose types are the Delta types the columns stand for.
+
+    The schema is explicit: left to itself, pyspark reads a timestamp without time zone as Spark's
+    ``timestamp`` (``spark.sql.timestampType``), and a ``timestamp_ntz`` column would change type.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    # pyspark cannot convert a column of no chunks (a truncate-only batch has no rows): give it one
+    rows = table if table.num_rows else table.schema.empty_table()
+    return spark.createDataFrame(rows, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
 
 
 def warm_up(spark: SparkSession) -> None:

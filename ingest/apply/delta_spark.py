@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, SparkSession
 
 from ingest.apply.commit import (
     CommitOutcome,
@@ -54,7 +54,7 @@ from ingest.deltaio import CHANGE_DATA_FEED, arrow_type, open_table
 from ingest.errors import CommitConflictError
 from ingest.events import ColumnSpec
 from ingest.proof import faults
-from ingest.spark import snapshot_tasks, use_s3a
+from ingest.spark import arrow_frame, snapshot_tasks, use_s3a
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -141,7 +141,7 @@ class DeltaSparkEngine:
                         spark.read.format("delta").load(path).limit(0).write.format("delta").mode("append").save(path)
                 elif request.plan.source.num_rows and may_append(request, state, before):
                     # Only new keys: the rows the MERGE would insert, without its join.
-                    _frame(spark, initial_rows(request)).write.format("delta").mode("append").save(path)
+                    arrow_frame(spark, initial_rows(request)).write.format("delta").mode("append").save(path)
                 elif request.plan.source.num_rows or (request.truncate and state.columns):
                     _merge(spark, request, columns)
                 else:
@@ -185,7 +185,7 @@ class DeltaSparkEngine:
         """Create the table holding the batch's rows (:func:`~ingest.apply.delta_rs.initial_rows`)."""
         from pyspark.errors import AnalysisException
 
-        frame = _frame(spark, initial_rows(request))
+        frame = arrow_frame(spark, initial_rows(request))
         writer = frame.write.format("delta").mode("error")
         for key, value in self._properties().items():
             writer = writer.option(key, value)
@@ -224,19 +224,6 @@ class DeltaSparkEngine:
 
 def _arrow(column: ColumnSpec) -> pa.DataType:
     return arrow_type(column.type)
-
-
-def _frame(spark: SparkSession, table: pa.Table) -> DataFrame:
-    """``table`` as a DataFrame whose types are the Delta types the columns stand for.
-
-    The schema is explicit: left to itself, pyspark reads a timestamp without time zone as Spark's
-    ``timestamp`` (``spark.sql.timestampType``), and a ``timestamp_ntz`` column would change type.
-    """
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    # pyspark cannot convert a column of no chunks (a truncate-only batch has no rows): give it one
-    rows = table if table.num_rows else table.schema.empty_table()
-    return spark.createDataFrame(rows, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
 
 
 @contextmanager
@@ -300,7 +287,7 @@ def run_merge(spark: SparkSession, request: CommitRequest, source: pa.Table, sta
         return dict(clause.sets)
 
     merger = DeltaTable.forPath(spark, request.path.spark_uri).alias("t").merge(
-        _frame(spark, source).alias("s"), statement.on)
+        arrow_frame(spark, source).alias("s"), statement.on)
     for clause in statement.clauses:
         if clause.kind == "matched_delete":
             merger = merger.whenMatchedDelete(clause.condition)

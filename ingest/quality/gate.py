@@ -25,14 +25,15 @@ not evaluate, that is every validated row of the batch; ``fail`` raises
 :class:`~ingest.errors.QualityGateError` before anything is written. An expectation that passes
 thanks to ``mostly`` has passed: its few unexpected rows are applied.
 
-**Cost.** GX runs on the driver with one ephemeral context, one pandas data source and one batch
-definition per table, all made once per process; per batch only the frame is new, and it holds
-only the columns the suite reads. The suite is validated with result format ``BASIC`` (counts and a
-few sample values); only the map expectations that failed are validated again with ``COMPLETE``,
-for their row indexes -- the usual clean batch does not pay for index lists, and a failing one
-ends with the same results as if the whole suite had run ``COMPLETE``. :mod:`.gx_shim` removes
-GX's largest fixed cost per validation. A process-wide lock serializes GX calls (tables run their
-batches in parallel threads and GX does not document thread safety).
+**Cost.** GX runs with one ephemeral context, one data source (pandas on the driver, or Spark)
+and one batch definition per table, all made once per process; per batch only the frame is new,
+and it holds only the columns the suite reads (on Spark also the key columns). The suite is
+validated with result format ``BASIC`` (counts and a few sample values); only the map
+expectations that failed are validated again with ``COMPLETE``, for their row indexes -- the usual
+clean batch does not pay for index lists, and a failing one ends with the same results as if the
+whole suite had run ``COMPLETE``. :mod:`.gx_shim` removes GX's largest fixed cost per validation.
+A process-wide lock serializes GX calls (tables run their batches in parallel threads and GX does
+not document thread safety), on Spark too: two tables' validations do not run as concurrent Spark jobs.
 """
 
 from __future__ import annotations
@@ -152,17 +153,13 @@ class QualityGate:
         with _GX_LOCK:
             self._batch_definition = _batch_definition(spec.name, spark=spark is not None)
 
-    @property
-    def runs_on(self) -> str:
-        """Where the batches are validated: ``spark`` or ``driver`` (pandas)."""
-        return "spark" if self.spark is not None else "driver"
-
     @classmethod
     def for_table(cls, config: IngestConfig, spec: TableSpec, *, spark: Any = None) -> QualityGate | None:
         """Load the table's suite and check it fits the table (start-up; ``None`` without a suite).
 
-        ``spark``: the session to validate in, for a table that validates on Spark
-        (:meth:`IngestConfig.validates_on_spark`); without it, the gate validates on the driver.
+        ``spark``: the session to validate in; the caller decides which tables get it (the engine
+        by :meth:`IngestConfig.validates_on_spark`). Without it, the gate validates on the driver,
+        as ``ingest quality`` and ``ingest replay`` do.
 
         Raises:
             SuiteError: the suite cannot be loaded, an override names an unknown expectation, or
@@ -174,7 +171,7 @@ class QualityGate:
         suite = load_suite(config.expectations_dir, spec.expectations)
         gate = cls(spec, suite, results=ResultStore(config.quality_results_dir / spec.name,
                                                     config.quality.keep_results),
-                   spark=spark if config.validates_on_spark(spec) else None)
+                   spark=spark)
         state = load_state(config.table_path(spec.name))
         if state.columns is not None:
             check_columns(spec, suite, [c.name for c in state.columns], where="table")
@@ -210,7 +207,7 @@ class QualityGate:
         del frame, validator  # nothing of the batch may outlive it (memory stays flat over many batches)
 
         report.rows_validated = rows.num_rows
-        report.outcomes = self._outcomes(result, keys, _positions_by_key(rows, keys) if keys else None, rows)
+        report.outcomes = self._outcomes(result, rows, keys)
         report.evaluated = len(report.outcomes)
         failing = [o for o in report.outcomes if not o.success]
         report.failed = len(failing)
@@ -255,17 +252,18 @@ class QualityGate:
                 continue
             result.results[n] = validator.validate_expectation(self._expectations[expectation_id])
 
-    def _outcomes(self, result: Any, keys: tuple[str, ...] = (),
-                  by_key: dict[tuple[Any, ...], list[int]] | None = None, rows: pa.Table | None = None
-                  ) -> list[Outcome]:
+    def _outcomes(self, result: Any, rows: pa.Table, keys: tuple[str, ...] = ()) -> list[Outcome]:
         outcomes = []
+        by_key: dict[tuple[Any, ...], list[int]] | None = None  # built for the first row named by key
         for r in result.results:
             info = self._infos[r.expectation_config.id]
             res = r.result or {}
             error = _exception(r.exception_info)
             named = list(res.get("unexpected_index_list") or [])
-            if self.spark is not None:  # rows named by key; without a key none is named: the batch answers
-                named = _rows_of_keys(named, keys, by_key, rows) if by_key is not None and rows is not None else []
+            if self.spark is not None and named:  # named by key; without a key none is: the batch answers
+                if by_key is None and keys:
+                    by_key = _positions_by_key(rows, keys)
+                named = _rows_of_keys(named, keys, by_key, rows) if by_key is not None else []
             outcomes.append(Outcome(
                 info=info, policy=self.policies[info.name], success=bool(r.success) and error is None,
                 unexpected=int(res.get("unexpected_count") or 0), rows=named,
@@ -339,13 +337,13 @@ def build_frame(rows: pa.Table, columns: dict[str, str]) -> Any:
 def build_spark_frame(spark: Any, rows: pa.Table, columns: dict[str, str]) -> Any:
     """The Spark DataFrame GX validates: one row per winner, the columns in their Delta types (a
     column the batch lacks is all null), timestamps without time zone kept as such."""
-    from pyspark.sql.pandas.types import from_arrow_schema
+    from ingest.spark import arrow_frame
 
     arrays = {name: rows[name] if name in rows.column_names else pa.nulls(rows.num_rows, arrow_type(type_name))
               for name, type_name in columns.items()}
-    table = pa.table(arrays) if arrays else pa.table({"_": pa.nulls(rows.num_rows, pa.bool_())})
-    frame = spark.createDataFrame(table, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
-    return frame if arrays else frame.select()
+    if not arrays:  # a suite of table-level expectations only: rows without columns
+        return arrow_frame(spark, pa.table({"_": pa.nulls(rows.num_rows, pa.bool_())})).select()
+    return arrow_frame(spark, pa.table(arrays))
 
 
 def _positions_by_key(rows: pa.Table, keys: tuple[str, ...]) -> dict[tuple[Any, ...], list[int]]:

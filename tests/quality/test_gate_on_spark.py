@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from ingest.config import TableSpec
+from ingest.engine import Engine
 from ingest.errors import QualityGateError
 from ingest.quality import QualityGate, load_suite
 from tests.quality.helpers import make_config, write_suite
@@ -68,7 +69,7 @@ def test_a_spark_gate_holds_the_same_rows_for_the_same_reasons_as_the_driver_gat
                      ("c", 6, "us", "cy", "7.00", 1.0)],        # compound (name, region) with id 4's
                     key)
     driver, on_spark = both_gates(tmp_path, spark)
-    assert (driver.runs_on, on_spark.runs_on) == ("driver", "spark")
+    assert driver.spark is None and on_spark.spark is spark
     expected = verdict(driver, batch)
     # rows of the batch (the delete, row 2, is not validated): Bob, both rows of id 4, cy of us
     assert expected[0] == "quarantined" and sorted(expected[5]) == [1, 3, 4, 5]
@@ -104,10 +105,14 @@ def test_rows_keyed_by_a_timestamp_are_named_on_spark_as_on_the_driver(tmp_path,
     assert verdict(on_spark, batch) == expected
 
 
-@pytest.mark.parametrize(("validate_on", "engine", "on_spark"), [
-    ("auto", "delta-spark", True), ("auto", "delta-rs", False), ("driver", "delta-spark", False),
-    ("spark", "delta-rs", True)])
-def test_validate_on_picks_where_a_table_is_validated(tmp_path, validate_on, engine, on_spark):
-    config = make_config(tmp_path, tables=[{"name": "accounts", "topic": "t", "engine": engine}])
+@pytest.mark.parametrize(("validate_on", "on_spark"), [
+    ("auto", {"on_delta_spark"}), ("driver", set()), ("spark", {"on_delta_spark", "on_delta_rs"})])
+def test_the_engine_hands_its_session_to_the_gates_validate_on_picks(tmp_path, spark, validate_on, on_spark):
+    tables = [{"name": "on_" + engine.replace("-", "_"), "topic": f"t{n}", "engine": engine, "expectations": "people"}
+              for n, engine in enumerate(("delta-spark", "delta-rs"))]
+    config = make_config(tmp_path, tables=tables)
     config = config.model_copy(update={"quality": config.quality.model_copy(update={"validate_on": validate_on})})
-    assert config.validates_on_spark(config.tables[0]) is on_spark
+    write_suite(config.expectations_dir, "people", SUITE[1:2])
+    gates = Engine(config, spark=spark).quality_gates(config.tables)
+    assert {name for name, gate in gates.items() if gate.spark is spark} == on_spark
+    assert {name for name, gate in gates.items() if gate.spark is None} == {"on_delta_spark", "on_delta_rs"} - on_spark
