@@ -64,7 +64,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -235,15 +235,15 @@ def p50_p95(batches: list[float]) -> str:
     return f"{statistics.median(batches):.2f} / {percentile(batches, .95):.2f} s" if batches else "-"
 
 
-def spark_conf(parser: argparse.ArgumentParser, pairs: list[str]) -> dict[str, str]:
-    """``--spark-conf KEY=VALUE`` arguments as settings."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            parser.error(f"--spark-conf takes KEY=VALUE, not {pair!r}")
-        out[key.strip()] = value.strip()
-    return out
+@dataclass
+class Baselines:
+    """What the bare scripts measured (each ``None`` or empty when not run)."""
+
+    seconds: float | None = None
+    ok: bool | None = None
+    batches: list[float] = field(default_factory=list)
+    span: tuple[float, float] | None = None
+    spark_seconds: float | None = None  # bare.py --spark: the bare script with delta-spark's MERGE
 
 
 def main() -> None:
@@ -263,7 +263,7 @@ def main() -> None:
     parser.add_argument("--busy-core", action="store_true", help="keep one core busy while the engine runs")
     parser.add_argument("--jit", choices=["auto", "quick", "full"], default="auto",
                         help="the driver JVM's JIT compiler (spark.jit)")
-    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--spark-conf", action="append", default=[], type=spark_jobs.setting, metavar="KEY=VALUE",
                         help="a Spark setting for the engine's session (spark.conf in the configuration); repeatable")
     parser.add_argument("--jobs", action="store_true",
                         help="write Spark's event log and print the engine's Spark jobs by kind (spark_jobs.py)")
@@ -277,11 +277,12 @@ def main() -> None:
         parser.error("--quality reads the embedded log: run it without --source kafka")
 
     t0 = time.perf_counter()
-    settings = spark_conf(parser, args.spark_conf)
+    settings = dict(args.spark_conf)
+    event_log = None
     if args.jobs:
-        args.event_log = (args.workdir / "eventlog" / time.strftime("%Y%m%dT%H%M%S")).resolve()
-        args.event_log.mkdir(parents=True)
-        settings |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": args.event_log.as_uri()}
+        event_log = (args.workdir / "eventlog" / time.strftime("%Y%m%dT%H%M%S")).resolve()
+        event_log.mkdir(parents=True)
+        settings |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log.as_uri()}
     config, config_checked = workload(args.workdir, args.format, args.events, args.batch, args.engine,
                                       args.queries, args.jit, settings)
     log = TopicLog(config.log_dir)
@@ -303,23 +304,23 @@ def main() -> None:
         if stack is not None:
             config, ids = kafka_config(config, stack, console.print, reader=args.kafka_reader)
             bare_log = KafkaLog(stack.bootstrap_servers(), ids)
-        bare_s = bare_ok = None
-        bare_batches: list[float] = []
+        base = Baselines()
         meter = CpuMeter().start()
-        bare_span = None
         if not args.skip_bare:
             console.print("bare baseline: running" + (" (reading Kafka with librdkafka)" if stack else ""))
             root = config.workdir / "bare-tables"
             tables = [(t.name, t.topic, truth.key_columns[t.name]) for t in config.tables]
             t0 = time.perf_counter()
-            bare_batches = bare.run(tables, log=bare_log, value_format=args.format,
+            base.batches = bare.run(tables, log=bare_log, value_format=args.format,
                                     registry_dir=config.registry_dir, root=root, batch=args.batch)
-            bare_span = (t0, time.perf_counter())
-            bare_s = bare_span[1] - t0
-            bare_ok = all(verify_table(n, root / n, truth.tables[n], k).ok for n, _, k in tables)
-            console.print(f"bare baseline: {bare_s:.1f} s, {len(bare_batches)} batches, equal to source: {bare_ok}")
-        args.bare_spark_s = bare_spark(args, config, truth) if args.bare_spark else None
-        compare(args, config, config_checked, records, bare_s, bare_ok, bare_batches, meter, bare_span)
+            base.span = (t0, time.perf_counter())
+            base.seconds = base.span[1] - t0
+            base.ok = all(verify_table(n, root / n, truth.tables[n], k).ok for n, _, k in tables)
+            console.print(f"bare baseline: {base.seconds:.1f} s, {len(base.batches)} batches, "
+                          f"equal to source: {base.ok}")
+        if args.bare_spark:
+            base.spark_seconds = bare_spark(args.batch, config, truth)
+        compare(args, config, config_checked, records, base, meter, event_log)
     finally:
         if isinstance(bare_log, KafkaLog):
             bare_log.close()
@@ -327,7 +328,7 @@ def main() -> None:
             stack.down(started)
 
 
-def bare_spark(args: argparse.Namespace, config: IngestConfig, truth: Truth) -> float:
+def bare_spark(batch: int, config: IngestConfig, truth: Truth) -> float:
     """The bare script with delta-spark's MERGE (``bare.py --spark``), in a process and JVM of its own
     so that neither it nor the engine runs on a JVM the other warmed up; its session start excluded.
     Returns its seconds, the sum of its batches'."""
@@ -338,7 +339,7 @@ def bare_spark(args: argparse.Namespace, config: IngestConfig, truth: Truth) -> 
     shutil.rmtree(root, ignore_errors=True)
     console.print("bare baseline, delta-spark MERGE: running (a process of its own)")
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("bare.py")), "--spark",
-                           str(config.workdir / "bench.yaml"), "--root", str(root), "--batch", str(args.batch)],
+                           str(config.workdir / "bench.yaml"), "--root", str(root), "--batch", str(batch)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"bare.py --spark failed:\n{done.stderr[-3000:]}")
@@ -353,14 +354,14 @@ def bare_spark(args: argparse.Namespace, config: IngestConfig, truth: Truth) -> 
 
 
 def compare(args: argparse.Namespace, config: IngestConfig, config_checked: IngestConfig, records: int,
-            bare_s: float | None, bare_ok: bool | None, bare_batches: list[float], meter: CpuMeter,
-            bare_span: tuple[float, float] | None) -> None:
+            base: Baselines, meter: CpuMeter, event_log: Path | None) -> None:
     """Run the engine (and with ``--quality`` its checked runs), then print the table and the ratio."""
+    bare_s, bare_ok, bare_batches = base.seconds, base.ok, base.batches
     engine = Engine(config)
     t0 = time.perf_counter()
     engine.spark  # noqa: B018 -- the one-time session start is not measured
     start_s = time.perf_counter() - t0
-    settings = "".join(f", {pair}" for pair in args.spark_conf)
+    settings = "".join(f", {key}={value}" for key, value in args.spark_conf)
     console.print(f"engine ({args.engine}{settings}): running")
     run = run_engine(engine, busy_core=args.busy_core)
     meter.stop()  # the CPU figures are the first run's (with --quality, the runs after it are not metered)
@@ -401,7 +402,7 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     row("failed queries", "-", str(run.failed), str(checked.failed) if checked else "-")
     if checked:
         row("rows held back by the suites", "-", "-", str(checked.quarantined))
-    cpu_rows(row, meter, bare_span, run, busy_core=args.busy_core)
+    cpu_rows(row, meter, base.span, run, busy_core=args.busy_core)
     row("Python driver peak RSS", "-", f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
     row("Spark JVM peak RSS", "-", f"{jvm:.0f} MB" if jvm else "?")
     row("Spark session start and worker warm-up (excluded)", "-", f"{start_s:.1f} s")
@@ -412,9 +413,9 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     row("tables equal to the source", str(bare_ok) if bare_ok is not None else "-", str(run.ok),
         str(checked.ok) if checked else "-")
     console.print(out)
-    if args.jobs:  # every run of this process, the session's warm-up included
-        console.print(spark_jobs.table(spark_jobs.job_kinds(args.event_log),
-                                       f"the engine's Spark jobs by kind ({args.event_log})"))
+    if event_log is not None:  # every run of this process, the session's warm-up included
+        console.print(spark_jobs.table(spark_jobs.job_kinds(event_log),
+                                       f"the engine's Spark jobs by kind ({event_log})"))
     if checked and plain_again:
         console.print(f"warm run without suites: {plain_again.engine_s:.1f} s, batch p50 / p95 "
                       f"{p50_p95(plain_again.batches)}, tables equal to the source: {plain_again.ok}")
@@ -424,10 +425,10 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     if bare_s:
         console.print(f"ratio counting the query start too: {(records / run.run_s) / (records / bare_s):.2f}")
         console.print(f"ratio engine/bare: {(records / run.engine_s) / (records / bare_s):.2f}")
-    if args.bare_spark_s:
+    if base.spark_seconds:
         if bare_s:
-            console.print(f"ratio bare with delta-spark MERGE / bare: {bare_s / args.bare_spark_s:.2f}")
-        console.print(f"ratio engine / bare with delta-spark MERGE: {args.bare_spark_s / run.engine_s:.2f}")
+            console.print(f"ratio bare with delta-spark MERGE / bare: {bare_s / base.spark_seconds:.2f}")
+        console.print(f"ratio engine / bare with delta-spark MERGE: {base.spark_seconds / run.engine_s:.2f}")
     ok = run.ok and bare_ok is not False and all(r.ok for r in (checked, plain_again) if r is not None)
     raise SystemExit(0 if ok else 1)
 

@@ -92,13 +92,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=70_000)
     parser.add_argument("--batch", type=int, default=7_000)
     parser.add_argument("--merges", type=int, default=10)
-    parser.add_argument("--conf", action="append", default=[], help="KEY=VALUE: a variant with this setting")
+    parser.add_argument("--conf", action="append", default=[], type=spark_jobs.setting, metavar="KEY=VALUE",
+                        help="a variant with this Spark setting; repeatable")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         print("RESULT " + json.dumps(child(args.rows, args.batch, args.merges, json.loads(args.child))))
         return
-    variants = [("engine's session", {})] + [(c, dict([c.split("=", 1)])) for c in args.conf]
+    variants = [("engine's session", {})] + [(f"{k}={v}", {k: v}) for k, v in args.conf]
     table = Table(title=f"{args.merges} MERGEs of {args.batch:,} changes into {args.rows:,} rows, local[2]")
     for column in ("variant", "first MERGE", "later MERGEs, median", "of which Spark jobs", "driver's share",
                    "jobs per MERGE"):

@@ -29,6 +29,14 @@ from rich.table import Table
 _CODECS = {".zstd": "zstd", ".lz4": "lz4", ".snappy": "snappy"}
 
 
+def setting(pair: str) -> tuple[str, str]:
+    """A ``KEY=VALUE`` command-line argument as a Spark setting (an argparse ``type``)."""
+    key, sep, value = pair.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"a Spark setting is KEY=VALUE, not {pair!r}")
+    return key.strip(), value.strip()
+
+
 @dataclass
 class JobKind:
     """The jobs of one kind: how many, their seconds in all, their tasks in all."""

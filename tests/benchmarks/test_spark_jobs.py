@@ -54,3 +54,13 @@ def test_a_directory_without_an_event_log_is_a_clear_error(tmp_path: Path) -> No
 
     with pytest.raises(SystemExit, match="no Spark event log"):
         spark_jobs.job_kinds(tmp_path)
+
+
+def test_a_spark_setting_is_key_equals_value() -> None:
+    import argparse
+
+    assert spark_jobs.setting(" spark.sql.adaptive.enabled = false") == ("spark.sql.adaptive.enabled", "false")
+    assert spark_jobs.setting("spark.driver.extraJavaOptions=-Da=b") == ("spark.driver.extraJavaOptions", "-Da=b")
+    for bad in ("spark.sql.adaptive.enabled", "=false"):
+        with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
+            spark_jobs.setting(bad)
