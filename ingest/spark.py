@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from typing import Final
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from ingest.config import IngestConfig, SparkSpec
+from ingest.config import IngestConfig, SparkSpec, local_cores
 from ingest.errors import EnvironmentProblem
 from ingest.jvm import Connector, classpath_conf
 from ingest.lake import LakePath
@@ -53,15 +52,6 @@ def driver_java_options(extra: tuple[tuple[str, str], ...]) -> str:
 
 #: How many tasks Delta rebuilds a table's snapshot in.
 SNAPSHOT_PARTITIONS: Final = "spark.databricks.delta.snapshotPartitions"
-
-
-def local_cores(master: str) -> int | None:
-    """The task slots of a ``local`` master (``local``, ``local[4]``, ``local[*]``), None for a cluster's."""
-    match = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?", master.strip())
-    if match is None:
-        return None
-    count = match.group(1)
-    return (os.cpu_count() or 1) if count == "*" else int(count or 1)
 
 
 def snapshot_tasks(session: SparkSession) -> SparkSession:

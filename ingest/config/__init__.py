@@ -9,6 +9,7 @@ Delta tables live, and each table. Relative paths are resolved against the file'
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,9 +42,19 @@ class QualitySpec(Model):
     validate_on: Literal["auto", "driver", "spark"] = Field(
         "auto", description="where Great Expectations validates a batch: driver (a pandas frame in this process) "
         "or spark (a Spark DataFrame, GX's Spark execution engine, on the session's executors); auto: spark for "
-        "the tables applied with delta-spark, driver for the others. Same expectations, policies, results and "
+        "the tables applied with delta-spark when the master is a cluster's, driver otherwise (on a local "
+        "master the executors are the driver's own cores). Same expectations, policies, results and "
         "quarantine either way"
     )
+
+
+def local_cores(master: str) -> int | None:
+    """The task slots of a ``local`` master (``local``, ``local[4]``, ``local[*]``), None for a cluster's."""
+    match = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?", master.strip())
+    if match is None:
+        return None
+    count = match.group(1)
+    return (os.cpu_count() or 1) if count == "*" else int(count or 1)
 
 
 class SparkSpec(Model):
@@ -81,7 +92,9 @@ class IngestConfig(Model):
     def validates_on_spark(self, spec: TableSpec) -> bool:
         """Whether the table's batches are validated on a Spark DataFrame (``quality.validate_on``)."""
         where = self.quality.validate_on
-        return where == "spark" or (where == "auto" and self.engine_of(spec) == "delta-spark")
+        if where == "auto":  # the batch's rows are on the driver: shipping them pays only for a cluster
+            return self.engine_of(spec) == "delta-spark" and local_cores(self.spark.master) is None
+        return where == "spark"
 
     def engines(self) -> set[EngineName]:
         """Every apply engine a run of this configuration may use (discovered tables included)."""

@@ -105,13 +105,16 @@ def test_rows_keyed_by_a_timestamp_are_named_on_spark_as_on_the_driver(tmp_path,
     assert verdict(on_spark, batch) == expected
 
 
-@pytest.mark.parametrize(("validate_on", "on_spark"), [
-    ("auto", {"on_delta_spark"}), ("driver", set()), ("spark", {"on_delta_spark", "on_delta_rs"})])
-def test_the_engine_hands_its_session_to_the_gates_validate_on_picks(tmp_path, spark, validate_on, on_spark):
+@pytest.mark.parametrize(("validate_on", "master", "on_spark"), [
+    ("auto", "spark://cluster:7077", {"on_delta_spark"}), ("auto", "local[2]", set()),
+    ("driver", "spark://cluster:7077", set()), ("spark", "local[2]", {"on_delta_spark", "on_delta_rs"})])
+def test_the_engine_hands_its_session_to_the_gates_validate_on_picks(tmp_path, spark, validate_on, master,
+                                                                      on_spark):
     tables = [{"name": "on_" + engine.replace("-", "_"), "topic": f"t{n}", "engine": engine, "expectations": "people"}
               for n, engine in enumerate(("delta-spark", "delta-rs"))]
     config = make_config(tmp_path, tables=tables)
-    config = config.model_copy(update={"quality": config.quality.model_copy(update={"validate_on": validate_on})})
+    config = config.model_copy(update={"quality": config.quality.model_copy(update={"validate_on": validate_on}),
+                                       "spark": config.spark.model_copy(update={"master": master})})
     write_suite(config.expectations_dir, "people", SUITE[1:2])
     gates = Engine(config, spark=spark).quality_gates(config.tables)
     assert {name for name, gate in gates.items() if gate.spark is spark} == on_spark
