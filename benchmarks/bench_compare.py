@@ -44,7 +44,8 @@ to the engine's session.
 
 ``--quality`` then runs the engine on the same records with the demo's expectation suites
 (``configs/demo.yaml``) into tables of their own, and once more without them (both warm), and
-reports what validation adds to the engine's time end to end; loading the suites (GX's import,
+reports what validation adds to the engine's time end to end (``--validate-on driver
+--validate-on spark``: one run with suites per side, in that order); loading the suites (GX's import,
 once per process) is excluded and shown. ``benchmarks/bench_quality.py`` measures the driver path
 alone.
 
@@ -272,7 +273,12 @@ def main() -> None:
     parser.add_argument("--skip-bare", action="store_true")
     parser.add_argument("--quality", action="store_true",
                         help="run the engine again with the demo's suites and report what validation adds")
+    parser.add_argument("--validate-on", action="append", choices=["auto", "driver", "spark"],
+                        help="with --quality: where the suites validate (quality.validate_on; default: the "
+                             "demo's); repeat to run the engine once per side, each warm, and compare them")
     args = parser.parse_args()
+    if args.validate_on and not args.quality:
+        parser.error("--validate-on needs --quality")
     if args.source == "kafka" and args.quality:
         parser.error("--quality reads the embedded log: run it without --source kafka")
 
@@ -367,9 +373,21 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     meter.stop()  # the CPU figures are the first run's (with --quality, the runs after it are not metered)
     jvm = jvm_peak_mb(engine)
     checked = plain_again = None
+    elsewhere: dict[str, EngineRun] = {}  # --validate-on: the suites validated on the other sides
     if args.quality:
-        console.print("engine with the demo's suites: running")
-        checked = run_engine(Engine(config_checked, spark=engine.spark), busy_core=args.busy_core)
+        sides = args.validate_on or [config_checked.quality.validate_on]
+        for n, side in enumerate(sides):
+            console.print(f"engine with the demo's suites, validate_on: {side}: running")
+            if n:  # each side writes the same tables, checkpoints and results afresh
+                for directory in (config_checked.tables_root, config_checked.checkpoint_root,
+                                  config_checked.quality_results_dir):
+                    shutil.rmtree(directory, ignore_errors=True)
+            on_side = config_checked.model_copy(
+                update={"quality": config_checked.quality.model_copy(update={"validate_on": side})})
+            done = run_engine(Engine(on_side, spark=engine.spark), busy_core=args.busy_core)
+            checked = checked or done
+            if n:
+                elsewhere[side] = done
         # The first run also warmed the JVM up: the suites are compared with a second run without them.
         for directory in (config.tables_root, config.checkpoint_root):
             shutil.rmtree(directory, ignore_errors=True)
@@ -419,7 +437,14 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     if checked and plain_again:
         console.print(f"warm run without suites: {plain_again.engine_s:.1f} s, batch p50 / p95 "
                       f"{p50_p95(plain_again.batches)}, tables equal to the source: {plain_again.ok}")
-        console.print(f"quality adds to the engine's time (warm runs): total "
+        plain_median = statistics.median(plain_again.batches)
+        for side, done in elsewhere.items():
+            console.print(f"with suites validated on {side}: {done.engine_s:.1f} s, batch p50 / p95 "
+                          f"{p50_p95(done.batches)}, adds {done.engine_s / plain_again.engine_s - 1:+.1%} (total) "
+                          f"and {statistics.median(done.batches) / plain_median - 1:+.1%} (median batch), "
+                          f"tables equal to the source: {done.ok}")
+        first = (args.validate_on or [config_checked.quality.validate_on])[0]
+        console.print(f"quality (validate_on: {first}) adds to the engine's time (warm runs): total "
                       f"{checked.engine_s / plain_again.engine_s - 1:+.1%}, median batch "
                       f"{statistics.median(checked.batches) / statistics.median(plain_again.batches) - 1:+.1%}")
     if bare_s:
@@ -429,7 +454,8 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
         if bare_s:
             console.print(f"ratio bare with delta-spark MERGE / bare: {bare_s / base.spark_seconds:.2f}")
         console.print(f"ratio engine / bare with delta-spark MERGE: {base.spark_seconds / run.engine_s:.2f}")
-    ok = run.ok and bare_ok is not False and all(r.ok for r in (checked, plain_again) if r is not None)
+    ok = run.ok and bare_ok is not False and all(r.ok for r in (checked, plain_again, *elsewhere.values())
+                                                 if r is not None)
     raise SystemExit(0 if ok else 1)
 
 
