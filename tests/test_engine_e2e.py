@@ -17,12 +17,16 @@ from tests.harness import make_config
 
 pytestmark = pytest.mark.spark
 
+#: Records per micro-batch: the workload's ~2,650 records in four batches (duplicates and
+#: reorders both within a batch and across batches); a delta-spark batch costs seconds, whatever its size.
+BATCH = 700
+
 
 @pytest.fixture(scope="module", params=["delta-rs", "delta-spark"])
 def ingested(request, tmp_path_factory, spark):
     """A small workload with duplicates, reorders, a truncate, an added column, TOAST and malformed input,
     applied by each engine."""
-    config = make_config(tmp_path_factory.mktemp("e2e"), engine=request.param)
+    config = make_config(tmp_path_factory.mktemp("e2e"), engine=request.param, batch=BATCH)
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
     report = Engine(config, spark=spark).run()
     return config, report
@@ -31,7 +35,8 @@ def ingested(request, tmp_path_factory, spark):
 @pytest.fixture(scope="module", params=["delta-rs", "delta-spark"])
 def ingested_history(request, tmp_path_factory, spark):
     """The same workload with every table keeping every version (``history_mode: scd2``), by each engine."""
-    config = make_config(tmp_path_factory.mktemp("e2e-scd2"), history_mode="scd2", engine=request.param)
+    config = make_config(tmp_path_factory.mktemp("e2e-scd2"), history_mode="scd2", engine=request.param,
+                         batch=BATCH)
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
     report = Engine(config, spark=spark).run()
     return config, report
