@@ -146,7 +146,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 #: Seconds the costliest modules took in a run of the suite here (2 cores, -n 2), for the schedule.
 MODULE_SECONDS: Final = {
-    "tests/test_engine_e2e.py": 550, "tests/lake/test_s3_lake.py": 400, "tests/test_semantics_edges.py": 390,
+    "tests/test_engine_e2e.py": 300, "tests/lake/test_s3_lake.py": 400, "tests/test_semantics_edges.py": 390,
     "tests/apply/test_batch_apply.py": 250, "tests/lake/test_s3_torture.py": 220,
     "tests/apply/test_engines_interchange.py": 210, "tests/apply/test_history.py": 190,
     "tests/dagster/test_materialize.py": 170, "tests/proof/torture/test_torture_fast.py": 165,
