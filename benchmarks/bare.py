@@ -373,7 +373,7 @@ def main() -> None:
     from ingest.proof.demo import truth_dir
     from ingest.proof.simulator import Truth
     from ingest.source.topiclog import TopicLog
-    from ingest.spark import delta_session, wait_for_warm_up
+    from ingest.spark import delta_session
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--spark", type=Path, required=True, help="the workload's configuration")
@@ -383,7 +383,6 @@ def main() -> None:
     config = load_config(args.spark)
     truth = Truth.load(truth_dir(config))
     spark = delta_session(SparkSpec(master=config.spark.master, shuffle_partitions=config.spark.shuffle_partitions))
-    wait_for_warm_up()  # the Python workers' start is not measured either
     seconds = run([(t.name, t.topic, truth.key_columns[t.name]) for t in config.tables], log=TopicLog(config.log_dir),
                   value_format=config.source.value_format, registry_dir=config.registry_dir, root=args.root,
                   batch=args.batch, spark=spark)

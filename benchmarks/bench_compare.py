@@ -85,7 +85,6 @@ from ingest.proof.demo import prepare_workload, truth_dir, verify_all
 from ingest.proof.simulator import Truth
 from ingest.proof.verify import verify_table
 from ingest.source.topiclog import TopicLog
-from ingest.spark import wait_for_warm_up
 
 console = Console()
 
@@ -367,7 +366,6 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     engine = Engine(config)
     t0 = time.perf_counter()
     engine.spark  # noqa: B018 -- the one-time session start is not measured
-    wait_for_warm_up()  # nor the Python workers' start, which runs on beside it
     start_s = time.perf_counter() - t0
     settings = "".join(f", {key}={value}" for key, value in args.spark_conf)
     console.print(f"engine ({args.engine}{settings}): running")

@@ -166,10 +166,9 @@ def make_engine(name: str, file_mb: int) -> ApplyEngine:
     if name == "delta-rs":
         return DeltaRsEngine(target_file_size=file_mb * 1024 * 1024)
     from ingest.apply.delta_spark import DeltaSparkEngine
-    from ingest.spark import get_spark, session_conf, wait_for_warm_up
+    from ingest.spark import get_spark, session_conf
 
     spark = get_spark("local[2]", 2, tuple(sorted(session_conf(["delta-spark", "hadoop-aws"], {}).items())))
-    wait_for_warm_up()
     return DeltaSparkEngine(spark)
 
 

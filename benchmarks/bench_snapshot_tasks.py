@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ingest.apply.delta_spark import DeltaSparkEngine, ident
 from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec
-from ingest.spark import SNAPSHOT_PARTITIONS, get_spark, session_conf, wait_for_warm_up
+from ingest.spark import SNAPSHOT_PARTITIONS, get_spark, session_conf
 from tests.factories import change, decoded_rows
 from tests.harness import paths_in
 
@@ -51,7 +51,6 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(stderr=True)
     spark = get_spark("local[2]", 2, tuple(sorted(session_conf(["delta-spark"], {}).items())))
-    wait_for_warm_up()
     cores = spark.sparkContext.getConf().get(SNAPSHOT_PARTITIONS)
     seconds: dict[tuple[str, str], list[float]] = {}
     order = list(WAYS)

@@ -42,7 +42,7 @@ def child(rows: int, batch: int, merges: int, conf: dict[str, str]) -> dict[str,
     import pyarrow as pa
     from delta.tables import DeltaTable
 
-    from ingest.spark import get_spark, session_conf, wait_for_warm_up
+    from ingest.spark import get_spark, session_conf
 
     work = Path(tempfile.mkdtemp(prefix="bench-spark-merge-"))
     events = work / "events"
@@ -51,7 +51,6 @@ def child(rows: int, batch: int, merges: int, conf: dict[str, str]) -> dict[str,
              "spark.eventLog.dir": f"file://{events}", "spark.eventLog.compress": "false",
              "spark.eventLog.rolling.enabled": "false", **conf}
     spark = get_spark("local[2]", 2, tuple(sorted(extra.items())))
-    wait_for_warm_up()
     path = f"file://{work}/t"
 
     def changes(keys: list[int], position: int) -> pa.Table:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -144,45 +142,21 @@ def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     return spark.createDataFrame(rows, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
 
 
-def warm_up(spark: SparkSession) -> threading.Thread:
+def warm_up(spark: SparkSession) -> None:
     """Start the Python workers (one per core) with the decode step imported, and the py4j callback
     server foreachBatch needs, as part of the session start.
 
     A worker's first task otherwise pays its start and the imports (several seconds, more when the
     tables' queries start together), and the first micro-batch of every table with it. Workers are
     reused from then on (``spark.python.worker.reuse``).
-
-    The workers start in a thread of their own (returned), while the caller goes on registering the
-    source and starting its queries: a run's start no longer waits for them (6 of a no-op run's 24 s
-    here). A query's first batch waits for them anyway, for the cores they hold.
     """
     from pyspark.java_gateway import ensure_callback_server_started
 
+    cores = spark.sparkContext.defaultParallelism
+    spark.range(0, cores, numPartitions=cores).mapInArrow(_import_decode, "id long").toArrow()
     # foreachBatch calls back into this process through py4j's callback server: start it now, not
     # on the first micro-batch.
     ensure_callback_server_started(spark.sparkContext._gateway)
-    cores = spark.sparkContext.defaultParallelism
-
-    def start_workers() -> None:
-        try:
-            spark.range(0, cores, numPartitions=cores).mapInArrow(_import_decode, "id long").toArrow()
-        except Exception as exc:  # a warm-up only: a run that ended first stopped it, or a batch will say why
-            logging.getLogger(__name__).debug("warm-up of the Python workers did not finish: %s", exc)
-
-    thread = threading.Thread(target=start_workers, name="spark-warm-up", daemon=True)
-    thread.start()
-    _warm_ups.append(thread)
-    return thread
-
-
-_warm_ups: list[threading.Thread] = []
-
-
-def wait_for_warm_up() -> None:
-    """Wait until the Python workers of every session started here are warm (a benchmark's start,
-    measured apart from its run)."""
-    for thread in _warm_ups:
-        thread.join()
 
 
 #: What a session needs to run delta-spark (its jars aside): Delta's SQL extension and catalog.
