@@ -362,7 +362,6 @@ def bare_spark(batch: int, config: IngestConfig, truth: Truth) -> float:
 def compare(args: argparse.Namespace, config: IngestConfig, config_checked: IngestConfig, records: int,
             base: Baselines, meter: CpuMeter, event_log: Path | None) -> None:
     """Run the engine (and with ``--quality`` its checked runs), then print the table and the ratio."""
-    bare_s, bare_ok, bare_batches = base.seconds, base.ok, base.batches
     engine = Engine(config)
     t0 = time.perf_counter()
     engine.spark  # noqa: B018 -- the one-time session start is not measured
@@ -372,11 +371,10 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     run = run_engine(engine, busy_core=args.busy_core)
     meter.stop()  # the CPU figures are the first run's (with --quality, the runs after it are not metered)
     jvm = jvm_peak_mb(engine)
-    checked = plain_again = None
-    elsewhere: dict[str, EngineRun] = {}  # --validate-on: the suites validated on the other sides
+    plain_again = None
+    by_side: dict[str, EngineRun] = {}  # the runs with suites, by where they validated, in run order
     if args.quality:
-        sides = args.validate_on or [config_checked.quality.validate_on]
-        for n, side in enumerate(sides):
+        for n, side in enumerate(args.validate_on or [config_checked.quality.validate_on]):
             console.print(f"engine with the demo's suites, validate_on: {side}: running")
             if n:  # each side writes the same tables, checkpoints and results afresh
                 for directory in (config_checked.tables_root, config_checked.checkpoint_root,
@@ -384,15 +382,13 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
                     shutil.rmtree(directory, ignore_errors=True)
             on_side = config_checked.model_copy(
                 update={"quality": config_checked.quality.model_copy(update={"validate_on": side})})
-            done = run_engine(Engine(on_side, spark=engine.spark), busy_core=args.busy_core)
-            checked = checked or done
-            if n:
-                elsewhere[side] = done
+            by_side[side] = run_engine(Engine(on_side, spark=engine.spark), busy_core=args.busy_core)
         # The first run also warmed the JVM up: the suites are compared with a second run without them.
         for directory in (config.tables_root, config.checkpoint_root):
             shutil.rmtree(directory, ignore_errors=True)
         console.print("engine without suites, again (warm, like the run with suites): running")
         plain_again = run_engine(Engine(config, spark=engine.spark), busy_core=args.busy_core)
+    checked = next(iter(by_side.values()), None)  # the table's column: the first side's run
 
     out = Table(title=f"{records:,} {args.format} records, batches of <= {args.batch:,} per table"
                       + (" (one core kept busy)" if args.busy_core else ""))
@@ -405,12 +401,13 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
     def rate(r: EngineRun) -> str:
         return f"{records / r.engine_s:,.0f} rec/s"
 
+    bare_s = base.seconds
     row("wall time", f"{bare_s:.1f} s" if bare_s else "-", f"{run.engine_s:.1f} s",
         f"{checked.engine_s:.1f} s" if checked else "-")
     row("throughput", f"{records / bare_s:,.0f} rec/s" if bare_s else "-", rate(run), rate(checked) if checked else "-")
-    row("batches", str(len(bare_batches)) if bare_batches else "-", str(len(run.batches)),
+    row("batches", str(len(base.batches)) if base.batches else "-", str(len(run.batches)),
         str(len(checked.batches)) if checked else "-")
-    row("batch p50 / p95", p50_p95(bare_batches), p50_p95(run.batches), p50_p95(checked.batches) if checked else "-")
+    row("batch p50 / p95", p50_p95(base.batches), p50_p95(run.batches), p50_p95(checked.batches) if checked else "-")
     if run.phases:
         row("in batches: decode / apply, overlapping (s)", "-",
             " / ".join(f"{v:.1f}" for v in run.phases),
@@ -428,7 +425,7 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
         row("loading the suites, GX's import (excluded)", "-", "-", f"{checked.suites_s:.1f} s")
     row("streaming query start, before the first batch (excluded)", "-", f"{run.query_start_s:.1f} s",
         f"{checked.query_start_s:.1f} s" if checked else "-")
-    row("tables equal to the source", str(bare_ok) if bare_ok is not None else "-", str(run.ok),
+    row("tables equal to the source", str(base.ok) if base.ok is not None else "-", str(run.ok),
         str(checked.ok) if checked else "-")
     console.print(out)
     if event_log is not None:  # every run of this process, the session's warm-up included
@@ -438,15 +435,11 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
         console.print(f"warm run without suites: {plain_again.engine_s:.1f} s, batch p50 / p95 "
                       f"{p50_p95(plain_again.batches)}, tables equal to the source: {plain_again.ok}")
         plain_median = statistics.median(plain_again.batches)
-        for side, done in elsewhere.items():
-            console.print(f"with suites validated on {side}: {done.engine_s:.1f} s, batch p50 / p95 "
+        for side, done in by_side.items():
+            console.print(f"quality (validate_on: {side}): {done.engine_s:.1f} s, batch p50 / p95 "
                           f"{p50_p95(done.batches)}, adds {done.engine_s / plain_again.engine_s - 1:+.1%} (total) "
-                          f"and {statistics.median(done.batches) / plain_median - 1:+.1%} (median batch), "
-                          f"tables equal to the source: {done.ok}")
-        first = (args.validate_on or [config_checked.quality.validate_on])[0]
-        console.print(f"quality (validate_on: {first}) adds to the engine's time (warm runs): total "
-                      f"{checked.engine_s / plain_again.engine_s - 1:+.1%}, median batch "
-                      f"{statistics.median(checked.batches) / statistics.median(plain_again.batches) - 1:+.1%}")
+                          f"and {statistics.median(done.batches) / plain_median - 1:+.1%} (median batch) "
+                          f"to the warm run without suites; tables equal to the source: {done.ok}")
     if bare_s:
         console.print(f"ratio counting the query start too: {(records / run.run_s) / (records / bare_s):.2f}")
         console.print(f"ratio engine/bare: {(records / run.engine_s) / (records / bare_s):.2f}")
@@ -454,8 +447,7 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
         if bare_s:
             console.print(f"ratio bare with delta-spark MERGE / bare: {bare_s / base.spark_seconds:.2f}")
         console.print(f"ratio engine / bare with delta-spark MERGE: {base.spark_seconds / run.engine_s:.2f}")
-    ok = run.ok and bare_ok is not False and all(r.ok for r in (checked, plain_again, *elsewhere.values())
-                                                 if r is not None)
+    ok = run.ok and base.ok is not False and all(r.ok for r in (plain_again, *by_side.values()) if r is not None)
     raise SystemExit(0 if ok else 1)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ingest import spark as spark_module
-from ingest.config import IngestConfig
+from ingest.config import IngestConfig, local_cores
 from ingest.spark import DRIVER_JAVA_OPTIONS, QUICK_JIT, driver_java_options, session_for
 
 
@@ -60,7 +60,7 @@ def test_the_users_own_java_options_come_last_and_win(asked):
     ("local", 1), ("local[3]", 3), ("local[2, 4]", 2), ("spark://host:7077", None), ("yarn", None),
 ])
 def test_the_task_slots_of_a_local_master(master, cores):
-    assert spark_module.local_cores(master) == cores
+    assert local_cores(master) == cores
 
 
 def test_delta_rebuilds_snapshots_in_one_task_per_core_in_every_session(spark):

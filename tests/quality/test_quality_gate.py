@@ -41,7 +41,8 @@ def paths_in(tmp_path: Path, name: str = "customers") -> TablePaths:
 
 def gate_for(tmp_path: Path, spec: TableSpec, expectations: list[dict] = PEOPLE) -> QualityGate:
     """The table's gate: on the delta-spark engine's session (a Spark DataFrame, as ``quality.validate_on:
-    auto`` puts it on a cluster) when that engine commits, on the driver (pandas) otherwise."""
+    spark`` gives it, here on the local test master) when that engine commits, on the driver (pandas)
+    otherwise."""
     write_suite(tmp_path / "suites", spec.expectations or "people", expectations)
     return QualityGate(spec, load_suite(tmp_path / "suites", spec.expectations or "people"),
                        results=ResultStore(tmp_path / "quality" / spec.name),
