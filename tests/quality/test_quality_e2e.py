@@ -12,16 +12,19 @@ from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig, load_config
 from ingest.engine import Engine
 from ingest.proof.demo import prepare_workload, verify_all
+from ingest.quality.gate import SPARK_DATASOURCE
+from ingest.quality.results import ResultStore
 from ingest.source.topiclog import TopicLog
 
 pytestmark = pytest.mark.spark
 
 
-def config_in(workdir: Path, orders_policy: str) -> IngestConfig:
+def config_in(workdir: Path, orders_policy: str, validate_on: str = "auto") -> IngestConfig:
     raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
     raw["workdir"] = str(workdir)
     raw["source"]["max_records_per_batch"] = 500
     raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
+    raw["quality"]["validate_on"] = validate_on
     for table in raw["tables"]:
         if table["name"] == "orders":
             table["quality_policy"] = orders_policy
@@ -68,9 +71,16 @@ def test_other_tables_quarantine_their_violations_and_verify_with_explained_keys
 
 
 def test_after_switching_to_quarantine_the_stopped_table_catches_up(stopped, spark):
+    """The catch-up validates on Spark (``validate_on: spark``): the whole run with the other gate."""
     config, _ = stopped
-    fixed = config_in(config.workdir, "quarantine")
+    fixed = config_in(config.workdir, "quarantine", validate_on="spark")
     report = Engine(fixed, spark=spark).run()
     assert not report.failed
     result = {v.table: v for v in verify_all(fixed)}["orders"]
     assert result.ok and result.explained > 0, result.examples
+    # Every batch of this run was validated in the Spark datasource, not the driver's pandas one.
+    results = [r for r in ResultStore(fixed.quality_results_dir / "orders").list() if r.run_id == report.run_id]
+    assert len(results) == len(report.tables["orders"].batches) > 0
+    for stored in results:
+        batches = {c["expectation_config"]["kwargs"]["batch_id"] for c in stored.load()["validation_result"]["results"]}
+        assert batches == {f"{SPARK_DATASOURCE}-orders"}
