@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: demo test install lint bench lock clean java dagster ui-screenshot jars stack stack-down stack-status demo-stack \
+.PHONY: demo test install class-archive lint bench lock clean java dagster ui-screenshot jars stack stack-down stack-status demo-stack \
 	torture-stack bench-latency
 
 java:
@@ -25,10 +25,15 @@ $(STAMP):
 
 install: $(STAMP)
 
+# The driver JVM's class-data-sharing archive of Spark's classes (ingest/class_archive.py): written
+# once per Java and pyspark into the venv (about a minute), it saves seconds on every Spark start.
+class-archive: java install
+	$(BIN)/python -m ingest.class_archive
+
 # `make demo LAKE=s3`: the same demo with its tables on the stack's MinIO (configs/demo-s3.yaml),
 # which is started first and built from its Go module the first time (about six minutes).
 LAKE ?= local
-demo: java install
+demo: java install class-archive
 ifeq ($(LAKE),s3)
 	$(BIN)/python -m ingest.stack up --components s3
 	eval "$$($(BIN)/python -m ingest.stack env)" && $(BIN)/ingest demo -c configs/demo-s3.yaml
@@ -36,19 +41,19 @@ else
 	$(BIN)/ingest demo
 endif
 
-test: java install
+test: java install class-archive
 	$(BIN)/python -m pytest -q -n 2 --durations=15
 
 lint: install
 	$(BIN)/ruff check ingest assets dagster_project tests scripts
 	$(BIN)/mypy ingest
 
-bench: java install
+bench: java install class-archive
 	$(BIN)/python benchmarks/bench_ingest.py
 
 # The Dagster UI (http://127.0.0.1:3000) over configs/demo.yaml; runs, materializations, checks and
 # sensor cursors are kept in .dagster_home/ (git-ignored) across restarts.
-dagster: java install
+dagster: java install class-archive
 	mkdir -p .dagster_home && cp dagster_project/dagster.yaml .dagster_home/dagster.yaml
 	DAGSTER_HOME=$(CURDIR)/.dagster_home VIRTUAL_ENV=$(CURDIR)/$(VENV) $(BIN)/dg dev --port 3000
 

@@ -43,11 +43,17 @@ def check_java() -> None:
 
 
 def driver_java_options(extra: tuple[tuple[str, str], ...]) -> str:
-    """The driver JVM's options: the engine's logging configuration, then those in ``extra`` (the
-    JVM takes a flag's last occurrence, so the user's win)."""
+    """The driver JVM's options: the engine's logging configuration and the class archive
+    (:mod:`ingest.class_archive`, when built), then those in ``extra`` (the JVM takes a flag's last
+    occurrence, so the user's win)."""
+    from ingest.class_archive import java_option
+
     log_config = Path(__file__).with_name("log4j2.properties")
-    return " ".join([f"-Dlog4j2.configurationFile=file:{log_config}",
-                     *(v for k, v in extra if k == DRIVER_JAVA_OPTIONS)])
+    own = [f"-Dlog4j2.configurationFile=file:{log_config}"]
+    asked = [v for k, v in extra if k == DRIVER_JAVA_OPTIONS]
+    if not any("-XX:ArchiveClassesAtExit" in v or "-XX:SharedArchiveFile" in v for v in asked):
+        own.append(java_option())
+    return " ".join(o for o in [*own, *asked] if o)
 
 
 #: How many tasks Delta rebuilds a table's snapshot in.

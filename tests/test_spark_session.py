@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from ingest import spark as spark_module
+from ingest.class_archive import java_option
 from ingest.config import IngestConfig, local_cores
 from ingest.spark import DRIVER_JAVA_OPTIONS, QUICK_JIT, driver_java_options, session_for
 
@@ -51,9 +52,10 @@ def test_the_users_own_java_options_come_last_and_win(asked):
     session_for(_config(java_options="-XX:TieredStopAtLevel=4 -Dx=1"))
     assert asked[DRIVER_JAVA_OPTIONS] == f"{QUICK_JIT} -XX:TieredStopAtLevel=4 -Dx=1"
     opts = driver_java_options(tuple(asked.items())).split()
-    # the logging configuration stays, before the user's options
-    assert opts[0].startswith("-Dlog4j2.configurationFile=file:") and opts[1:] == asked[DRIVER_JAVA_OPTIONS].split()
-    assert driver_java_options(()).split()[1:] == []
+    # the logging configuration and the class archive's options stay, before the user's options
+    user = asked[DRIVER_JAVA_OPTIONS].split()
+    assert opts[0].startswith("-Dlog4j2.configurationFile=file:") and opts[-len(user):] == user
+    assert driver_java_options(()).split()[1:] == java_option().split()
 
 
 @pytest.mark.parametrize(("master", "cores"), [
