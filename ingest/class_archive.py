@@ -35,12 +35,6 @@ SWITCH = "INGEST_CLASS_ARCHIVE"
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
-def _java() -> Path | None:
-    java_home = os.environ.get("JAVA_HOME")
-    found = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
-    return Path(found).resolve() if found and os.path.exists(found) else None
-
-
 def archive_path() -> Path | None:
     """This environment's archive for the Java Spark would start (``None``: no Java found).
 
@@ -48,9 +42,12 @@ def archive_path() -> Path | None:
     """
     import pyspark
 
-    java = _java()
-    if java is None:
+    from ingest.spark import java_binary
+
+    found = java_binary()
+    if found is None:
         return None
+    java = Path(found).resolve()
     jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     stat = java.stat()
     key = "\n".join([str(java), str(stat.st_size), str(int(stat.st_mtime)), pyspark.__version__, *jars])

@@ -30,11 +30,17 @@ JAVA_HINT = (
 )
 
 
-def check_java() -> None:
-    """Fail with one clear line when Java is missing, instead of a py4j stack trace."""
+def java_binary() -> str | None:
+    """The ``java`` Spark starts: ``$JAVA_HOME/bin/java``, else the one on ``PATH`` (``None``: neither)."""
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
-    if not java or not os.path.exists(java):
+    return java if java and os.path.exists(java) else None
+
+
+def check_java() -> None:
+    """Fail with one clear line when Java is missing, instead of a py4j stack trace."""
+    java = java_binary()
+    if java is None:
         raise EnvironmentProblem(JAVA_HINT)
     try:
         subprocess.run([java, "-version"], capture_output=True, check=True, timeout=30)
