@@ -16,6 +16,10 @@ through the engine's whole driver path (parts -> reduce -> plan -> delta-rs MERG
   run with that turned off (**new keys, merged**: patched here, not a setting), round by round in
   turn, to show what the append saves.
 
+With ``--engine delta-spark`` the random batches also take turns with **random, unlisted**: the
+same MERGE without the batch's keys listed in its condition (``delta_spark.KEY_LIST_LIMIT``; patched
+here, not a setting), to show what the list saves.
+
 ``--history-mode scd2`` keeps every version (the table starts with one current version per key);
 ``--history-mode both`` runs scd1 and scd2 on tables of each size side by side and prints what
 keeping the history costs per batch (scd2 / scd1).
@@ -203,8 +207,26 @@ def _merging_only(on: bool) -> Iterator[None]:
         delta_spark.may_append = real
 
 
+@contextmanager
+def _unlisted(on: bool) -> Iterator[None]:
+    """With ``on``, delta-spark's MERGE condition does not list the batch's keys (the baseline of the list)."""
+    if not on:
+        yield
+        return
+    from dataclasses import replace
+
+    from ingest.apply import delta_spark
+
+    real = delta_spark.DIALECT
+    delta_spark.DIALECT = replace(real, key_list_limit=0)  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        delta_spark.DIALECT = real  # type: ignore[misc]
+
+
 def batch_keys(kind: str, rows: int, source: Source, size: int, rng: random.Random) -> list[int]:
-    if kind == "random":
+    if kind.startswith("random"):
         return rng.sample(range(rows), size)
     if kind.startswith("new keys"):
         source.next_id += size
@@ -273,13 +295,14 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
             table_files = len(table.file_uris())
             groups = [["hot set"], ["random"], ["new keys"]]
             if args.engine == "delta-spark":
+                groups[1].append("random, unlisted")
                 groups[-1].append("new keys, merged")
             for group in groups:
                 for n in range(args.rounds):
                     for kind in group:  # the kinds of a group take turns, round by round
                         label = f"{kind} {variant.label}".strip()
                         parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
-                        with _merging_only(kind.endswith("merged")):
+                        with _merging_only(kind.endswith("merged")), _unlisted(kind.endswith("unlisted")):
                             t0 = time.perf_counter()
                             result = apply_parts(spec, paths, parts, batch_id=n + 1, run_id="bench", engine=engine)
                             seconds = time.perf_counter() - t0
@@ -303,8 +326,9 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
     out = Table(title=f"A {args.batch:,}-change batch through the engine's {args.engine} path "
                       f"(median of {args.rounds})")
     news = [k for k in ("new keys", "new keys, merged") if (sizes[0], k) in results]
+    unlisted = [k for k in ("random, unlisted",) if (sizes[0], k) in results]
     for col in ("table rows", "hot set", "files rewritten", "random keys", "files rewritten ",
-                "deletion vectors", *news):
+                "deletion vectors", *unlisted, *news):
         out.add_column(col, justify="right")
     for rows in sizes:
         hot, rnd = results[(rows, "hot set")], results[(rows, "random")]
@@ -312,13 +336,16 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
         out.add_row(f"{rows:,}", f"{statistics.median(hot):.2f} s", str(int(statistics.median(hot_files))),
                     f"{statistics.median(rnd):.2f} s", str(int(statistics.median(rnd_files))),
                     str(int(statistics.median(vectors[(rows, "random")]))),
-                    *(f"{statistics.median(results[(rows, k)]):.2f} s" for k in news))
+                    *(f"{statistics.median(results[(rows, k)]):.2f} s" for k in (*unlisted, *news)))
     console.print(out)
     first, last = sizes[0], sizes[-1]
-    for kind in ("hot set", "random", *news[:1]):
+    for kind in ("hot set", "random", *unlisted, *news[:1]):
         growth = statistics.median(results[(last, kind)]) / statistics.median(results[(first, kind)])
         target = " (target <= 1.5x)" if kind == "hot set" or (kind == "random" and args.engine == "delta-spark") else ""
         console.print(f"{kind}, {last:,} rows / {first:,} rows: {growth:.2f}x{target}")
+    for rows in sizes if unlisted else []:
+        listed = statistics.median(results[(rows, "random")]) / statistics.median(results[(rows, unlisted[0])])
+        console.print(f"random keys into {rows:,} rows: keys listed / unlisted {listed:.2f}x")
     if len(news) == 2:
         for rows in sizes:
             saved = statistics.median(results[(rows, news[1])]) / statistics.median(results[(rows, news[0])])

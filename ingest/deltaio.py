@@ -128,6 +128,24 @@ def _literal(value: Any, string: Callable[[str], str]) -> str | None:
     return None
 
 
+def rows_in_range(table: DeltaTable, keys: pa.Table, column: str) -> int:
+    """How many rows the table's files hold whose ``column`` statistics overlap the range of
+    ``keys[column]``: the rows a MERGE bounded by :func:`key_range` still reads. A file without
+    statistics for the column counts whole."""
+    files = pa.table(table.get_add_actions(flatten=True))
+    if files.num_rows == 0:
+        return 0
+    low, high = pc.min_max(keys[column]).values()
+    if not low.is_valid or f"min.{column}" not in files.column_names or f"max.{column}" not in files.column_names:
+        return int(pc.sum(files["num_records"]).as_py() or 0)
+    try:
+        outside = pc.or_kleene(pc.less(files[f"max.{column}"], low), pc.greater(files[f"min.{column}"], high))
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return int(pc.sum(files["num_records"]).as_py() or 0)
+    kept = pc.invert(pc.fill_null(outside, False))
+    return int(pc.sum(files["num_records"].filter(kept)).as_py() or 0)
+
+
 def open_table(path: Location) -> DeltaTable | None:
     """The Delta table at ``path`` (a directory or an object-store location), or ``None`` if there is none yet."""
     where = LakePath.of(path)

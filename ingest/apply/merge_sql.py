@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.apply.history import DROP, HistoryPlan, history_schema
 from ingest.apply.ordering import later_than_stored_sql, replaces_stored_sql
@@ -36,6 +37,12 @@ class Dialect:
     string: Callable[[str], str]
     #: a ``TIMESTAMP WITH TIME ZONE`` literal (UTC), or its typed NULL for ``None``
     timestamp: Callable[[datetime | None], str]
+    #: a batch with at most this many distinct first-key values lists them in the join condition
+    #: (``t.k IN (...)``, see :func:`_on`); 0: never
+    key_list_limit: int = 0
+    #: an integer literal of an Arrow integer type, typed as the engine reads it (a typed literal
+    #: needs no cast per value when the engine resolves a long list of them)
+    integer: Callable[[int, pa.DataType], str] = lambda value, _type: str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,14 +128,44 @@ def history_merge(plan: HistoryPlan, d: Dialect, *, key_columns: tuple[str, ...]
 
 
 def _on(key_columns: tuple[str, ...], source: pa.Table, d: Dialect, *, bounded: bool) -> str:
-    """Key equality, led by the literal bounds of the batch's first key column when ``bounded``.
+    """Key equality, led by the literal bounds of the batch's first key column when ``bounded``,
+    and, where the dialect asks for it, by the list of its values.
 
     The bounds let the engine skip every file whose min/max statistics fall outside them: with the
     table laid out by key, a batch of recent keys reads and rewrites only the newest files. A
     truncate must see every row, so it is never bounded.
+
+    The list (:attr:`Dialect.key_list_limit`) is for keys spread over the whole table, where the
+    bounds skip nothing. Both are implied by the key equality, so neither changes what the MERGE
+    does. delta-spark pushes the list below the join that writes a deletion-vector MERGE's changed
+    rows: only the batch's rows of the touched files are shuffled to the join, instead of all of
+    them (every file's rows, for random keys).
     """
     on = " AND ".join(f"t.{d.ident(k)} = s.{d.ident(k)}" for k in key_columns)
     if on and bounded:
         bounds = key_range(source, key_columns[0], "t", ident=d.ident, string=d.string)
-        on = f"{bounds} AND {on}" if bounds else on
+        listed = key_list(source, key_columns[0], d)
+        on = " AND ".join(p for p in (bounds, listed, on) if p)
     return on
+
+
+def key_list(keys: pa.Table, column: str, d: Dialect) -> str | None:
+    """``t.column`` among the distinct values of ``keys[column]``, as a SQL ``IN`` list.
+
+    A join on the key implies it (see :func:`_on`). ``None`` when the dialect lists no keys, there
+    are none or more than its limit, or they are neither integers nor strings. Nulls are left out:
+    they match no key.
+    """
+    if d.key_list_limit <= 0 or keys.num_rows == 0 or column not in keys.column_names:
+        return None
+    values = pc.unique(keys[column].drop_null())
+    if len(values) == 0 or len(values) > d.key_list_limit:
+        return None
+    kind = values.type
+    if pa.types.is_integer(kind):
+        literals = [d.integer(v, kind) for v in values.to_pylist()]
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        literals = [d.string(v) for v in values.to_pylist()]
+    else:
+        return None
+    return f"t.{d.ident(column)} IN ({', '.join(literals)})"

@@ -8,6 +8,7 @@ they write identifiers, strings and timestamps.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -44,8 +45,34 @@ def _current(d: Dialect, mode: str = "hard", truncate: str | None = None, keys: 
 
 @pytest.mark.parametrize(("mode", "truncate"), [("hard", None), ("hard", "0001"), ("soft", None), ("soft", "0001")])
 def test_both_dialects_write_the_same_statement(mode: str, truncate: str | None) -> None:
-    assert _plain(_current(RS, mode, truncate)) == _plain(_current(SPARK, mode, truncate))
+    """Apart from delta-spark's list of the batch's keys (below)."""
+    unlisted = replace(SPARK, key_list_limit=0)
+    assert _plain(_current(RS, mode, truncate)) == _plain(_current(unlisted, mode, truncate))
     assert '"id"' in _current(RS, mode, truncate).on and "`id`" in _current(SPARK, mode, truncate).on
+
+
+def test_delta_spark_lists_the_batchs_keys_in_the_join_and_delta_rs_does_not() -> None:
+    """The list is implied by the key equality; delta-spark filters the target's rows by it before the
+    join that writes a deletion-vector MERGE's changes."""
+    assert _current(SPARK).on == "t.`id` >= 3 AND t.`id` <= 12 AND t.`id` IN (7L, 3L, 12L) AND t.`id` = s.`id`"
+    assert " IN " not in _current(RS).on
+    assert _current(SPARK, truncate="0001").on == "t.`id` = s.`id`"  # a truncate sees every row
+    statement = history_merge(HistoryPlan(source=SOURCE.drop_columns([TOAST_FLAG + "notes"])), SPARK,
+                              key_columns=("id",), columns=COLUMNS)
+    assert "t.`id` IN (7L, 3L, 12L) AND " in statement.on
+
+
+def test_the_key_list_is_the_first_key_columns_distinct_values_within_the_limit() -> None:
+    source = pa.table({"region": ["eu", "it's", None, "eu"], "n": [1, 2, 3, 4]})
+    on = current_merge(source, SPARK, key_columns=("region", "n"), columns=[], delete_mode="hard", truncate=None).on
+    assert "t.`region` IN ('eu', 'it\\'s') AND " in on  # distinct, no null, Spark's quoting
+    assert "t.`n` IN" not in on
+    small = replace(SPARK, key_list_limit=1)
+    assert " IN " not in current_merge(source, small, key_columns=("region", "n"), columns=[], delete_mode="hard",
+                                       truncate=None).on
+    dated = pa.table({"day": pa.array([datetime(2024, 1, 1, tzinfo=UTC)], pa.timestamp("us", tz="UTC"))})
+    assert " IN " not in current_merge(dated, SPARK, key_columns=("day",), columns=[], delete_mode="hard",
+                                       truncate=None).on  # no plain literal: no list
 
 
 def test_the_batch_key_range_bounds_the_join_unless_a_truncate_must_see_every_row() -> None:

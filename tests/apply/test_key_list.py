@@ -1,0 +1,83 @@
+"""delta-spark's MERGE lists the batch's keys in its condition (``t.key IN (...)``): Spark must read
+the list for every key type it writes, and the MERGE must do exactly what it does without it.
+
+The statement's text is pinned in ``test_merge_sql``; here the list meets a real Spark session, with
+typed integer literals (``7Y``, ``7S``, ``7``, ``7L``) and quoted strings, and delta-rs (which lists
+nothing) writes the reference table from the same batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from ingest.apply import delta_spark
+from ingest.apply.delta_rs import DeltaRsEngine
+from ingest.apply.delta_spark import DeltaSparkEngine, dialect_for
+from ingest.apply.pipeline import apply_parts
+from ingest.config import TableSpec
+from ingest.deltaio import open_table, read_all, write_table
+from ingest.events import ChangeEvent, ColumnSpec
+from tests.factories import decoded_rows, pos
+from tests.harness import paths_in
+
+pytestmark = pytest.mark.spark
+SPEC = TableSpec(name="t", topic="t")
+KEYS = {"byte": [1, 5, -3], "short": [300, -2, 7], "integer": [70_000, 1, 2], "long": [2**40, 3, 4],
+        "string": ["it's", "back\\slash", "plain"]}
+
+
+def _change(op: str, key: Any, at: int, key_type: str, name: str) -> ChangeEvent:
+    columns = (ColumnSpec("k", key_type, False), ColumnSpec("name", "string", True))
+    row = {"k": key, "name": name}
+    return ChangeEvent(op, {"k": key}, None if op == "d" else row, row if op in ("u", "d") else None,
+                       pos(at), columns, ("k",), source_ts_ms=1_700_000_000_000 + at)
+
+
+def _rows(paths: Any) -> list[dict[str, Any]]:
+    table = read_all(open_table(paths.table)).select(["k", "name", "_cdc_op", "_cdc_position"])
+    return sorted(table.to_pylist(), key=lambda r: str(r["k"]))
+
+
+@pytest.mark.parametrize("key_type", list(KEYS))
+def test_a_merge_with_listed_keys_of_each_type_writes_what_delta_rs_writes(tmp_path, spark, key_type,
+                                                                            monkeypatch):
+    a, b, c = KEYS[key_type]
+    batches = [[_change("c", a, 1, key_type, "a"), _change("c", b, 2, key_type, "b")],
+               # a stored key updated, another deleted, a new one inserted: the listed MERGE, not the append
+               [_change("u", a, 3, key_type, "a2"), _change("d", b, 4, key_type, "b"),
+                _change("c", c, 5, key_type, "c")]]
+    monkeypatch.setattr(delta_spark, "ROWS_PER_LISTED_KEY", 0)  # list the keys however small the table
+    tables = {}
+    for name, engine in (("ds", DeltaSparkEngine(spark)), ("rs", DeltaRsEngine())):
+        paths = paths_in(tmp_path / name)
+        for i, items in enumerate(batches):
+            record = apply_parts(SPEC, paths, decoded_rows(items, first_offset=10 * i), batch_id=i, run_id="test",
+                                 engine=engine).record
+            assert record is not None and record.balanced
+        tables[name] = paths
+    merge = open_table(tables["ds"].table).history(1)[0]
+    assert merge["operation"] == "MERGE"
+    assert " IN (" in merge["operationParameters"]["predicate"]  # the keys were listed
+    assert _rows(tables["ds"]) == _rows(tables["rs"])
+    assert {r["k"]: r["name"] for r in _rows(tables["ds"])} == {a: "a2", c: "c"}
+
+
+def test_the_keys_are_listed_only_where_the_rows_they_keep_out_of_the_join_repay_them(tmp_path):
+    """No Spark needed: the choice reads the table's file statistics (delta-rs)."""
+    path = tmp_path / "t"
+    for first in range(0, 40_000, 10_000):  # four files of 10,000 keys each
+        write_table(path, pa.table({"k": pa.array(range(first, first + 10_000), pa.int64())}), mode="append")
+    table = open_table(path)
+
+    def listed(keys: list[int]) -> bool:
+        return dialect_for(table, pa.table({"k": pa.array(keys, pa.int64())}), ("k",)).key_list_limit > 0
+
+    assert listed(list(range(0, 40_000, 1_000)))  # 40 keys spread over all 40,000 rows: 1,000 rows a key
+    assert not listed(list(range(0, 40_000, 50)))  # 800 keys over 40,000 rows: 50 rows a key
+    assert listed(list(range(30_000, 30_100)))  # 100 keys in one file of 10,000 rows: 100 a key, the bar
+    assert not listed(list(range(30_000, 30_101)))  # one key more: below it
+    assert not dialect_for(None, pa.table({"k": [1]}), ("k",)).key_list_limit  # no table yet: nothing to keep out
+    assert not dialect_for(table, pa.table({"k": pa.array(range(20_001), pa.int64())}), ("k",)).key_list_limit
