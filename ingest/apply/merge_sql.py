@@ -149,12 +149,17 @@ def _on(key_columns: tuple[str, ...], source: pa.Table, d: Dialect, *, bounded: 
     return on
 
 
+#: The longest key list, in characters. Delta records a MERGE's condition in its commit (the table's
+#: history shows it), so long string keys list nothing rather than bloat every commit of the log.
+KEY_LIST_CHARS = 300_000
+
+
 def key_list(keys: pa.Table, column: str, d: Dialect) -> str | None:
     """``t.column`` among the distinct values of ``keys[column]``, as a SQL ``IN`` list.
 
     A join on the key implies it (see :func:`_on`). ``None`` when the dialect lists no keys, there
-    are none or more than its limit, or they are neither integers nor strings. Nulls are left out:
-    they match no key.
+    are none or more than its limit, they are neither integers nor strings, or their list would be
+    longer than :data:`KEY_LIST_CHARS`. Nulls are left out: they match no key.
     """
     if d.key_list_limit <= 0 or keys.num_rows == 0 or column not in keys.column_names:
         return None
@@ -168,4 +173,5 @@ def key_list(keys: pa.Table, column: str, d: Dialect) -> str | None:
         literals = [d.string(v) for v in values.to_pylist()]
     else:
         return None
-    return f"t.{d.ident(column)} IN ({', '.join(literals)})"
+    listed = ", ".join(literals)
+    return f"t.{d.ident(column)} IN ({listed})" if len(listed) <= KEY_LIST_CHARS else None

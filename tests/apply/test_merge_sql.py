@@ -70,6 +70,11 @@ def test_the_key_list_is_the_first_key_columns_distinct_values_within_the_limit(
     small = replace(SPARK, key_list_limit=1)
     assert " IN " not in current_merge(source, small, key_columns=("region", "n"), columns=[], delete_mode="hard",
                                        truncate=None).on
+    long_keys = pa.table({"region": [f"{n:0300d}" for n in range(1_000)], "n": range(1_000)})
+    assert " IN " not in current_merge(long_keys, SPARK, key_columns=("region",), columns=[], delete_mode="hard",
+                                       truncate=None).on  # 300 kB of keys: too long for every commit's record
+    assert " IN " in current_merge(long_keys.slice(0, 900), SPARK, key_columns=("region",), columns=[],
+                                   delete_mode="hard", truncate=None).on
     dated = pa.table({"day": pa.array([datetime(2024, 1, 1, tzinfo=UTC)], pa.timestamp("us", tz="UTC"))})
     assert " IN " not in current_merge(dated, SPARK, key_columns=("day",), columns=[], delete_mode="hard",
                                        truncate=None).on  # no plain literal: no list
