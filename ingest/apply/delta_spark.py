@@ -72,6 +72,9 @@ _METRICS = ("numSourceRows", "numTargetRowsInserted", "numTargetRowsUpdated", "n
             "numTargetRowsNotMatchedBySourceUpdated", "numTargetRowsCopied", "numTargetFilesAdded",
             "numTargetFilesRemoved", "numTargetDeletionVectorsAdded", "numTargetDeletionVectorsRemoved",
             "numTargetDeletionVectorsUpdated", "numOutputRows")
+#: An append's (a ``WRITE``'s) metrics under the names a MERGE gives them, so every batch's audit
+#: row reads alike whether the batch was merged or appended.
+_APPEND_METRICS = {"numOutputRows": "numTargetRowsInserted", "numFiles": "numTargetFilesAdded"}
 
 
 def ident(name: str) -> str:
@@ -170,7 +173,11 @@ class DeltaSparkEngine:
                 request.table, f"Delta skipped the commit: version {txn} of {app} was "
                 "already recorded, so another writer committed a batch at the same time")
         last = ours[0]
-        metrics = {k: int(v) for k, v in (last.get("operationMetrics") or {}).items() if k in _METRICS}
+        reported = (last.get("operationMetrics") or {}).items()
+        if last.get("operation") == "WRITE":  # an append: its metrics under the MERGE's names
+            metrics = {_APPEND_METRICS[k]: int(v) for k, v in reported if k in _APPEND_METRICS}
+        else:
+            metrics = {k: int(v) for k, v in reported if k in _METRICS}
         outcome.metrics = metrics
         removed = ("numTargetRowsNotMatchedBySourceDeleted" if request.delete_mode == "hard"
                    and request.history_mode == "scd1" else "numTargetRowsNotMatchedBySourceUpdated")

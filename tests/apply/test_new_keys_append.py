@@ -8,6 +8,7 @@ involved. delta-rs (which merges every batch) writes the reference table here.
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
@@ -66,6 +67,10 @@ def test_a_batch_of_new_keys_is_appended_with_what_the_merge_would_write(tmp_pat
     counts = ("received", "inserted", "updated", "deleted", "stale", "superseded")
     assert [getattr(last, c) for c in counts] == [getattr(reference, c) for c in counts]
     assert last.balanced and last.status == "committed"
+    # the audit row's metrics use the MERGE's names, and say what delta-rs's MERGE says
+    appended, merged = json.loads(last.merge_metrics), json.loads(reference.merge_metrics)
+    assert appended["numTargetRowsInserted"] == merged["num_target_rows_inserted"] > 0
+    assert appended["numTargetFilesAdded"] >= 1 and "numOutputRows" not in appended
     assert load_state(ds.table).applied_offset("t", 0) == 6
     # a replay of the appended batch is recognised as applied: nothing more is written
     again = apply_parts(spec, ds, decoded_rows(batches[1][1], first_offset=3), batch_id=2, run_id="test",
