@@ -81,3 +81,24 @@ def test_the_keys_are_listed_only_where_the_rows_they_keep_out_of_the_join_repay
     assert not listed(list(range(30_000, 30_101)))  # one key more: below it
     assert not dialect_for(None, pa.table({"k": [1]}), ("k",)).key_list_limit  # no table yet: nothing to keep out
     assert not dialect_for(table, pa.table({"k": pa.array(range(20_001), pa.int64())}), ("k",)).key_list_limit
+
+
+def test_an_scd2_merge_with_listed_keys_keeps_the_versions_delta_rs_keeps(tmp_path, spark, monkeypatch):
+    spec = SPEC.model_copy(update={"history_mode": "scd2"})
+    batches = [[_change("c", 1, 1, "long", "a"), _change("c", 2, 2, "long", "b")],
+               [_change("u", 1, 3, "long", "a2"), _change("d", 2, 4, "long", "b"), _change("c", 3, 5, "long", "c")]]
+    monkeypatch.setattr(delta_spark, "ROWS_PER_LISTED_KEY", 0)
+    versions = {}
+    for name, engine in (("ds", DeltaSparkEngine(spark)), ("rs", DeltaRsEngine())):
+        paths = paths_in(tmp_path / name)
+        for i, items in enumerate(batches):
+            apply_parts(spec, paths, decoded_rows(items, first_offset=10 * i), batch_id=i, run_id="test",
+                        engine=engine)
+        rows = read_all(open_table(paths.table)).select(["k", "name", "_cdc_position", "_cdc_is_current",
+                                                         "_cdc_deleted"]).to_pylist()
+        versions[name] = sorted(rows, key=lambda r: (r["k"], r["_cdc_position"]))
+        if name == "ds":
+            assert " IN (" in open_table(paths.table).history(1)[0]["operationParameters"]["predicate"]
+    assert versions["ds"] == versions["rs"]
+    assert [(r["k"], r["name"], r["_cdc_is_current"]) for r in versions["ds"]] == [
+        (1, "a", False), (1, "a2", True), (2, "b", False), (3, "c", True)]
