@@ -305,10 +305,11 @@ def _timestamp(value: datetime | None) -> str:
 #: A batch of at most this many keys lists them in the MERGE's condition (``merge_sql._on``): its
 #: rewrite join then takes only the batch's rows of the touched files, not all of them.
 KEY_LIST_LIMIT: Final = 20_000
-#: ... when the files the batch's key range reaches hold at least this many rows per key. Spark
-#: resolves a list of 10,000 keys in about 0.7 s more per MERGE here, which the rows kept out of the
-#: join repay from about a million of them (``benchmarks/bench_merge.py --engine delta-spark``).
+#: A batch lists its keys only when the files its key range reaches hold at least this many rows per
+#: key. Spark resolves a list of 10,000 keys in about 0.7 s more per MERGE here, which the rows kept
+#: out of the join repay from about a million of them (``benchmarks/bench_merge.py --engine delta-spark``).
 ROWS_PER_LISTED_KEY: Final = 100
+
 
 def _integer(value: int, kind: pa.DataType) -> str:
     """An integer literal of Spark's type for ``kind`` (``7L`` a BIGINT): a list of them resolves
