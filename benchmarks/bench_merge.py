@@ -49,12 +49,12 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from unittest.mock import patch
 
 import pyarrow as pa
 from deltalake import write_deltalake
@@ -191,38 +191,17 @@ def rewritten(metrics: dict[str, str]) -> tuple[int, int]:
     return int(files), int(metrics.get("numTargetDeletionVectorsAdded", 0))
 
 
-@contextmanager
-def _merging_only(on: bool) -> Iterator[None]:
-    """With ``on``, delta-spark merges every batch, new keys only included (the baseline of the append)."""
-    if not on:
-        yield
-        return
+def _baseline(kind: str) -> AbstractContextManager[object]:
+    """The delta-spark engine patched for a baseline kind (not settings): *new keys, merged* merges
+    every batch, new keys only included (the baseline of the append); *random, unlisted* lists no
+    keys in the MERGE's condition (the baseline of the list)."""
     from ingest.apply import delta_spark
 
-    real = delta_spark.may_append
-    delta_spark.may_append = lambda *_args, **_kwargs: False  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        delta_spark.may_append = real
-
-
-@contextmanager
-def _unlisted(on: bool) -> Iterator[None]:
-    """With ``on``, delta-spark's MERGE condition does not list the batch's keys (the baseline of the list)."""
-    if not on:
-        yield
-        return
-    from dataclasses import replace
-
-    from ingest.apply import delta_spark
-
-    real = delta_spark.DIALECT
-    delta_spark.DIALECT = replace(real, key_list_limit=0)  # type: ignore[misc]
-    try:
-        yield
-    finally:
-        delta_spark.DIALECT = real  # type: ignore[misc]
+    if kind.endswith("merged"):
+        return patch.object(delta_spark, "may_append", lambda *_args, **_kwargs: False)
+    if kind.endswith("unlisted"):
+        return patch.object(delta_spark, "DIALECT", replace(delta_spark.DIALECT, key_list_limit=0))
+    return nullcontext()
 
 
 def batch_keys(kind: str, rows: int, source: Source, size: int, rng: random.Random) -> list[int]:
@@ -302,7 +281,7 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
                     for kind in group:  # the kinds of a group take turns, round by round
                         label = f"{kind} {variant.label}".strip()
                         parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
-                        with _merging_only(kind.endswith("merged")), _unlisted(kind.endswith("unlisted")):
+                        with _baseline(kind):
                             t0 = time.perf_counter()
                             result = apply_parts(spec, paths, parts, batch_id=n + 1, run_id="bench", engine=engine)
                             seconds = time.perf_counter() - t0
