@@ -18,7 +18,11 @@ through the engine's whole driver path (parts -> reduce -> plan -> delta-rs MERG
 
 With ``--engine delta-spark`` the random batches also take turns with **random, unlisted**: the
 same MERGE without the batch's keys listed in its condition (``delta_spark.KEY_LIST_LIMIT``; patched
-here, not a setting), to show what the list saves.
+here, not a setting), to show what the list saves, and with **random, driver lookup**: the batch's
+stored rows read on the driver however many rows their key range reaches
+(``delta_spark.DRIVER_LOOKUP_ROWS``, patched likewise), the baseline of reading them on the
+executors. Every batch's **driver memory** is reported too: how far the driver process's resident
+memory rose above where it was when the batch began (sampled every 10 ms, Linux's ``/proc``).
 
 ``--history-mode scd2`` keeps every version (the table starts with one current version per key);
 ``--history-mode both`` runs scd1 and scd2 on tables of each size side by side and prints what
@@ -47,6 +51,7 @@ import random
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from contextlib import AbstractContextManager, nullcontext
@@ -201,7 +206,42 @@ def _baseline(kind: str) -> AbstractContextManager[object]:
         return patch.object(delta_spark, "may_append", lambda *_args, **_kwargs: False)
     if kind.endswith("unlisted"):
         return patch.object(delta_spark, "DIALECT", replace(delta_spark.DIALECT, key_list_limit=0))
+    if kind.endswith("driver lookup"):
+        return patch.object(delta_spark, "DRIVER_LOOKUP_ROWS", 10**18)
     return nullcontext()
+
+
+class DriverMemory:
+    """How far this process's resident memory rose during a block, above where it began (MiB)."""
+
+    def __enter__(self) -> DriverMemory:
+        self.start = self.peak = _resident()
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, _resident())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._sampler.join()
+        self.peak = max(self.peak, _resident())
+
+    @property
+    def rose_mib(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def _resident() -> int:
+    """Bytes this process holds in memory now (0 where ``/proc`` is missing)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
 
 
 def batch_keys(kind: str, rows: int, source: Source, size: int, rng: random.Random) -> list[int]:
@@ -260,6 +300,7 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
     results: dict[tuple[int, str], list[float]] = {}
     files: dict[tuple[int, str], list[int]] = {}
     vectors: dict[tuple[int, str], list[int]] = {}
+    memory: dict[tuple[int, str], list[float]] = {}
     sizes = [int(s) for s in args.sizes.split(",")]
     for rows in sizes:
         for variant in variants:
@@ -274,14 +315,14 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
             table_files = len(table.file_uris())
             groups = [["hot set"], ["random"], ["new keys"]]
             if args.engine == "delta-spark":
-                groups[1].append("random, unlisted")
+                groups[1] += ["random, unlisted", "random, driver lookup"]
                 groups[-1].append("new keys, merged")
             for group in groups:
                 for n in range(args.rounds):
                     for kind in group:  # the kinds of a group take turns, round by round
                         label = f"{kind} {variant.label}".strip()
                         parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
-                        with _baseline(kind):
+                        with _baseline(kind), DriverMemory() as driver:
                             t0 = time.perf_counter()
                             result = apply_parts(spec, paths, parts, batch_id=n + 1, run_id="bench", engine=engine)
                             seconds = time.perf_counter() - t0
@@ -289,14 +330,15 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
                         assert record is not None and record.balanced
                         table = open_table(paths.table)
                         assert table is not None
-                        last = table.history(1)[0]
-                        touched, dvs = rewritten(last.get("operationMetrics", {}))
+                        newest = table.history(1)[0]
+                        touched, dvs = rewritten(newest.get("operationMetrics", {}))
                         results.setdefault((rows, label), []).append(seconds)
                         files.setdefault((rows, label), []).append(touched)
                         vectors.setdefault((rows, label), []).append(dvs)
-                        console.print(f"  {label}: {seconds:.2f} s ({last['operation']}), {record.updated} updated, "
+                        memory.setdefault((rows, label), []).append(driver.rose_mib)
+                        console.print(f"  {label}: {seconds:.2f} s ({newest['operation']}), {record.updated} updated, "
                                       f"{record.inserted} inserted, files rewritten {touched} of {table_files}, "
-                                      f"deletion vectors {dvs}")
+                                      f"deletion vectors {dvs}, driver memory +{driver.rose_mib:,.0f} MiB")
             if variant.lake == "local":
                 shutil.rmtree(args.workdir / str(rows), ignore_errors=True)
     if len(variants) > 1:
@@ -306,16 +348,21 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
                       f"(median of {args.rounds})")
     news = [k for k in ("new keys", "new keys, merged") if (sizes[0], k) in results]
     unlisted = [k for k in ("random, unlisted",) if (sizes[0], k) in results]
+    lookups = [k for k in ("random, driver lookup",) if (sizes[0], k) in results]
     for col in ("table rows", "hot set", "files rewritten", "random keys", "files rewritten ",
-                "deletion vectors", *unlisted, *news):
+                "deletion vectors", "driver memory", *unlisted, *(f"{k}{c}" for k in lookups
+                                                                  for c in ("", ": driver memory")), *news):
         out.add_column(col, justify="right")
     for rows in sizes:
         hot, rnd = results[(rows, "hot set")], results[(rows, "random")]
         hot_files, rnd_files = files[(rows, "hot set")], files[(rows, "random")]
         out.add_row(f"{rows:,}", f"{statistics.median(hot):.2f} s", str(int(statistics.median(hot_files))),
                     f"{statistics.median(rnd):.2f} s", str(int(statistics.median(rnd_files))),
-                    str(int(statistics.median(vectors[(rows, "random")]))),
-                    *(f"{statistics.median(results[(rows, k)]):.2f} s" for k in (*unlisted, *news)))
+                    str(int(statistics.median(vectors[(rows, "random")]))), _mib(memory[(rows, "random")]),
+                    *(f"{statistics.median(results[(rows, k)]):.2f} s" for k in unlisted),
+                    *(cell for k in lookups for cell in (f"{statistics.median(results[(rows, k)]):.2f} s",
+                                                         _mib(memory[(rows, k)]))),
+                    *(f"{statistics.median(results[(rows, k)]):.2f} s" for k in news))
     console.print(out)
     first, last = sizes[0], sizes[-1]
     for kind in ("hot set", "random", *unlisted, *news[:1]):
@@ -325,10 +372,19 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
     for rows in sizes if unlisted else []:
         listed = statistics.median(results[(rows, "random")]) / statistics.median(results[(rows, unlisted[0])])
         console.print(f"random keys into {rows:,} rows: keys listed / unlisted {listed:.2f}x")
+    for rows in sizes if lookups else []:
+        on_executors = statistics.median(results[(rows, "random")]) / statistics.median(results[(rows, lookups[0])])
+        console.print(f"random keys into {rows:,} rows: stored rows read on the executors / on the driver "
+                      f"{on_executors:.2f}x the time, driver memory {_mib(memory[(rows, 'random')])} against "
+                      f"{_mib(memory[(rows, lookups[0])])}")
     if len(news) == 2:
         for rows in sizes:
             saved = statistics.median(results[(rows, news[1])]) / statistics.median(results[(rows, news[0])])
             console.print(f"new keys into {rows:,} rows: merged / appended {saved:.2f}x")
+
+
+def _mib(samples: list[float]) -> str:
+    return f"+{statistics.median(samples):,.0f} MiB"
 
 
 def _compare(results: dict[tuple[int, str], list[float]], sizes: list[int], args: argparse.Namespace,

@@ -29,6 +29,7 @@ from ingest.apply import tombstones
 from ingest.apply.history import HistoryPlan
 from ingest.apply.plan import MergePlan
 from ingest.apply.schema import SchemaPlan
+from ingest.apply.stored import KeyLookup
 from ingest.apply.tablestate import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_KEY, TableState
 from ingest.deltaio import records_change_feed
 from ingest.lake import LakePath
@@ -95,6 +96,10 @@ class ApplyEngine(Protocol):
     """Commits planned batches to Delta tables."""
 
     name: str
+
+    def lookup(self, path: LakePath) -> KeyLookup:
+        """What reads the stored rows of a batch's keys from the table at ``path``, for its plan."""
+        ...
 
     def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
         """Apply ``request`` in one commit (see the module docstring for what it records).

@@ -37,6 +37,7 @@ from ingest.apply.commit import (
 )
 from ingest.apply.history import DROP, history_schema
 from ingest.apply.merge_sql import Dialect, MergeStatement, current_merge, history_merge
+from ingest.apply.stored import KeyLookup, rows_of_keys
 from ingest.apply.tablestate import STATE_KEY, TableState, app_id
 from ingest.deltaio import (
     CHANGE_DATA_FEED,
@@ -49,6 +50,7 @@ from ingest.deltaio import (
 )
 from ingest.errors import CommitConflictError, TableError
 from ingest.events import ColumnSpec
+from ingest.lake import LakePath
 from ingest.proof import faults
 
 #: Why delta-rs stops at a table delta-spark wrote with deletion vectors, and the ways out.
@@ -76,6 +78,10 @@ class DeltaRsEngine:
         if self.change_data_feed:
             out[CHANGE_DATA_FEED] = "true"
         return out
+
+    def lookup(self, path: LakePath) -> KeyLookup:
+        """:func:`~ingest.apply.stored.rows_of_keys`: the stored rows are read here, on the driver."""
+        return rows_of_keys
 
     def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
         """Apply ``request`` in one commit.

@@ -26,6 +26,11 @@ batch of keys spread over the table touches every file: so a batch of up to :dat
 keys into a table much larger than it (:func:`dialect_for`) also lists them in the MERGE's condition
 (``t.key IN (...)``, implied by the key equality), and Spark drops the other rows before that join
 instead of shuffling them all to it.
+
+The plan looks up the stored rows of the batch's keys before the MERGE (their positions, soft-delete
+flags and unknown columns; scd2: every column of their versions). Where the files the keys' range
+reaches hold more than :data:`DRIVER_LOOKUP_ROWS` rows, the executors do it (:meth:`DeltaSparkEngine.lookup`):
+the driver receives the rows found, not every row of that range.
 """
 
 from __future__ import annotations
@@ -56,12 +61,22 @@ from ingest.apply.commit import (
 )
 from ingest.apply.delta_rs import initial_rows, table_schema_of
 from ingest.apply.merge_sql import Clause, Dialect, MergeStatement, current_merge, history_merge
+from ingest.apply.stored import KeyLookup, rows_of_keys
 from ingest.apply.tablestate import STATE_KEY, TableState, table_app_id
-from ingest.deltaio import CHANGE_DATA_FEED, arrow_type, open_table, rows_in_range
+from ingest.deltaio import (
+    CHANGE_DATA_FEED,
+    arrow_type,
+    key_range,
+    normalize,
+    open_table,
+    rows_in_range,
+    table_schema,
+)
 from ingest.errors import CommitConflictError
 from ingest.events import ColumnSpec
+from ingest.lake import LakePath
 from ingest.proof import faults
-from ingest.spark import arrow_frame, snapshot_tasks, use_s3a
+from ingest.spark import arrow_frame, snapshot_tasks, spark_location, use_s3a
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -105,6 +120,16 @@ class DeltaSparkEngine:
         if session is None:
             session = self._local.session = snapshot_tasks(self.spark.newSession())
         return session
+
+    def lookup(self, path: LakePath) -> KeyLookup:
+        """Reads the stored rows of a batch's keys on the driver while the files their key range
+        reaches hold at most :data:`DRIVER_LOOKUP_ROWS` rows, else with Spark (see :func:`spark_rows_of_keys`)."""
+        def rows(table: DeltaTable, key_columns: tuple[str, ...], keys: pa.Table,
+                 columns: list[str] | None = None) -> pa.Table:
+            if rows_in_range(table, keys, key_columns[0]) <= DRIVER_LOOKUP_ROWS:
+                return rows_of_keys(table, key_columns, keys, columns)
+            return spark_rows_of_keys(self.session(), path, table, key_columns, keys, columns)
+        return rows
 
     def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
         """Apply ``request`` in one commit.
@@ -283,6 +308,28 @@ def _merge_history(spark: SparkSession, request: CommitRequest, dialect: Dialect
     run_merge(spark, request, plan.source, statement)
 
 
+def spark_rows_of_keys(spark: SparkSession, path: LakePath, table: DeltaTable, key_columns: tuple[str, ...],
+                       keys: pa.Table, columns: list[str] | None = None) -> pa.Table:
+    """:func:`~ingest.apply.stored.rows_of_keys` as a Spark job: the same rows, in the same types.
+
+    The executors read the version of the table ``table`` is at (deletion vectors applied), bounded
+    by the keys' range like the driver's read, and keep the rows whose key is among ``keys``' (a
+    semi-join with the keys broadcast). The driver receives only the rows found -- for a current-row
+    table at most one per key -- where its own read would hold every row of the range in memory.
+    """
+    from pyspark.sql.functions import broadcast
+
+    schema = normalize(table_schema(table).empty_table()).schema
+    names = columns or schema.names
+    frame = spark.read.format("delta").option("versionAsOf", table.version()).load(spark_location(spark, path))
+    where = key_range(keys, key_columns[0], ident=ident, string=string)
+    if where is not None:
+        frame = frame.where(where)
+    wanted = arrow_frame(spark, keys.select(list(key_columns)))
+    found = frame.select(*(ident(n) for n in names)).join(broadcast(wanted), on=list(key_columns), how="left_semi")
+    return normalize(found.toArrow()).cast(pa.schema([schema.field(n) for n in names]))
+
+
 def dialect_for(table: DeltaTable | None, source: pa.Table, key_columns: tuple[str, ...]) -> Dialect:
     """:data:`DIALECT`, listing the batch's keys in the MERGE's condition only where that pays: at most
     ``DIALECT.key_list_limit`` of them, and the files their range reaches hold at least
@@ -302,6 +349,11 @@ def _timestamp(value: datetime | None) -> str:
     return f"CAST({string(value.astimezone(UTC).isoformat())} AS TIMESTAMP)"
 
 
+#: A batch's stored rows are read on the driver when the files its key range reaches hold at most this
+#: many rows, and by Spark's executors beyond that (:meth:`DeltaSparkEngine.lookup`): the driver then
+#: holds the rows found, not every row of the range. Below it the driver's read costs less than a
+#: Spark job (``benchmarks/bench_merge.py --engine delta-spark``, its *driver lookup* baseline).
+DRIVER_LOOKUP_ROWS: Final = 1_000_000
 #: A batch of at most this many keys lists them in the MERGE's condition (``merge_sql._on``): its
 #: rewrite join then takes only the batch's rows of the touched files, not all of them.
 KEY_LIST_LIMIT: Final = 20_000

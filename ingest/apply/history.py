@@ -43,7 +43,7 @@ from deltalake import DeltaTable
 
 from ingest.apply.ordering import later_than_stored
 from ingest.apply.sql import connect, ident, key_list, literal, query
-from ingest.apply.stored import rows_of_keys
+from ingest.apply.stored import KeyLookup, rows_of_keys
 from ingest.deltaio import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, arrow_type, table_schema
 from ingest.events import ColumnSpec
 
@@ -145,7 +145,7 @@ def history_schema(columns: list[ColumnSpec]) -> pa.Schema:
 
 def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                  tracked: list[str] | None, table: DeltaTable | None, watermark: str | None,
-                 truncate_log: list[tuple[str, datetime | None]]) -> HistoryPlan:
+                 truncate_log: list[tuple[str, datetime | None]], lookup: KeyLookup | None = None) -> HistoryPlan:
     """Derive the touched keys' versions and the MERGE that writes them (see module docstring).
 
     Args:
@@ -153,6 +153,7 @@ def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: li
         tracked: the columns whose change opens a version (``None``: every non-key column).
         table: the target table (``None``: not created yet).
         watermark: the table's latest truncate; truncate_log: every truncate it has seen.
+        lookup: reads the keys' stored versions (default :func:`~ingest.apply.stored.rows_of_keys`).
     """
     is_t = pc.equal(changes["_cdc_op"], "t")
     marks = changes.filter(is_t).sort_by([("_cdc_position", "ascending")])
@@ -169,7 +170,7 @@ def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: li
     if rows.num_rows == 0:
         return plan
     keys = rows.select(list(key_columns)).group_by(list(key_columns), use_threads=False).aggregate([])
-    stored = _stored_versions(table, key_columns, keys)
+    stored = _stored_versions(table, key_columns, keys, lookup or rows_of_keys)
     old = len(truncate_log)
     truncs = pa.table({
         "t_pos": pa.array([p for p, _ in truncate_log] + [m["_cdc_position"] for m in applying], pa.string()),
@@ -202,14 +203,15 @@ def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: li
     return plan
 
 
-def _stored_versions(table: DeltaTable | None, key_columns: tuple[str, ...], keys: pa.Table) -> pa.Table:
+def _stored_versions(table: DeltaTable | None, key_columns: tuple[str, ...], keys: pa.Table,
+                     lookup: KeyLookup) -> pa.Table:
     """Every stored version of ``keys`` (all columns)."""
     names = {f.name for f in table_schema(table)} if table is not None else set()
     if table is None or any(k not in names for k in key_columns):
         schema = pa.schema([keys.schema.field(k) for k in key_columns]
                            + [pa.field(n, t) for n, t in FRAMEWORK_COLUMNS + HISTORY_COLUMNS])
         return schema.empty_table()
-    return rows_of_keys(table, key_columns, keys)
+    return lookup(table, key_columns, keys)
 
 
 def _fill_candidates(rows: pa.Table, stored: pa.Table, user: list[str], key_columns: tuple[str, ...]) -> list[str]:

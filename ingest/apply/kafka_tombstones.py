@@ -30,7 +30,7 @@ from deltalake import DeltaTable
 
 from ingest.apply.ordering import after_sql
 from ingest.apply.sql import connect, ident, key_list, query
-from ingest.apply.stored import stored_rows
+from ingest.apply.stored import KeyLookup, stored_rows
 
 
 def are_deletes(setting: str, batch_flattened: bool | None, table_flattened: bool | None) -> bool:
@@ -57,9 +57,9 @@ class Resolution:
     skipped: int
 
 
-def resolve(tombstones: pa.Table, changes: pa.Table, key_columns: tuple[str, ...], table: DeltaTable | None
-            ) -> Resolution:
-    """Turn tombstones into positioned deletes (see module docstring)."""
+def resolve(tombstones: pa.Table, changes: pa.Table, key_columns: tuple[str, ...], table: DeltaTable | None, *,
+            lookup: KeyLookup | None = None) -> Resolution:
+    """Turn tombstones into positioned deletes (see module docstring); ``lookup`` reads the stored rows."""
     wanted = json.dumps(list(key_columns))
     same_key = pc.equal(tombstones["_cdc_key_columns"], wanted)
     unusable = tombstones.filter(pc.invert(same_key))
@@ -85,7 +85,7 @@ def resolve(tombstones: pa.Table, changes: pa.Table, key_columns: tuple[str, ...
                  AND t._cdc_partition = c._cdc_partition AND t._cdc_offset > c._cdc_offset""")
         con.register("based", based)
         pending = query(con, "SELECT * FROM based WHERE base_op IS NULL")
-        con.register("stored", stored_rows(table, key_columns, pending))
+        con.register("stored", stored_rows(table, key_columns, pending, lookup=lookup))
         match = " AND ".join(f"b.{ident(k)} = s.{ident(k)}" for k in key_columns)
         resolved = query(con, f"""
             SELECT b.* EXCLUDE (base_pos, base_op),

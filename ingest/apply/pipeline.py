@@ -41,7 +41,7 @@ from ingest.apply.ordering import later_than_stored
 from ingest.apply.plan import MergePlan, plan_merge
 from ingest.apply.reduce import Reduction, nulls_as_unchanged, reduce_changes
 from ingest.apply.schema import check_column_names, plan_schema
-from ingest.apply.stored import stored_rows
+from ingest.apply.stored import KeyLookup, stored_rows
 from ingest.apply.tablestate import OpenTables, TableState, load_state
 from ingest.audit import AuditRecord
 from ingest.config import TableSpec
@@ -152,6 +152,8 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     record.offsets = json.dumps({f"{t}:{p}": span for (t, p), span in sorted(batch.offsets.items())})
     held = _Held()
     controls = batch.controls
+    engine = engine or DeltaRsEngine()
+    lookup = engine.lookup(paths.table)
 
     # 2. What cannot be applied; tombstones; the schema change.
     meta = batch.meta
@@ -168,7 +170,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
             held.add_rows(unreadable, "key", [f"tombstone: {r}" for r in unreadable["_cdc_reason"].to_pylist()])
             controls["tombstone"] -= unreadable.num_rows
             changes = _with_columns(changes, key_columns, state, batch.tombstones)
-            resolution = resolve(batch.tombstones, changes, key_columns, state.table)
+            resolution = resolve(batch.tombstones, changes, key_columns, state.table, lookup=lookup)
             held.add_rows(resolution.unusable, "key")
             controls["tombstone"] += resolution.skipped
             changes = pa.concat_tables([changes, resolution.deletes])
@@ -203,11 +205,10 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
 
     # 6. Plan and commit.
     record.superseded = reduction.superseded
-    engine = engine or DeltaRsEngine()
     record.engine = engine.name  # before the commit: the commit info carries the record
     remembered = remembered or tombstones.Remembered(paths.tombstones, spec.name)
     outcome = _commit(spec, paths, state, reduction, schema, tuple(key_columns or ()), record, batch,
-                      flattened, not replay, engine, remembered, history)
+                      flattened, not replay, engine, remembered, history, lookup)
     faults.point("after-delta-commit")
     record.status = "replayed" if replay else "committed" if outcome.committed else "nothing-to-commit"
     record.rows_truncated = outcome.rows_truncated
@@ -235,7 +236,7 @@ def _typed_nulls(changes: pa.Table, columns: list[ColumnSpec]) -> pa.Table:
 def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Reduction, schema: Any,
             key_columns: tuple[str, ...], record: AuditRecord, batch: MicroBatch, flattened: bool | None,
             record_offsets: bool, engine: ApplyEngine, remembered: tombstones.Remembered,
-            history: HistoryInput | None = None) -> CommitOutcome:
+            history: HistoryInput | None = None, lookup: KeyLookup | None = None) -> CommitOutcome:
     _refuse_to_move_backwards(spec.name, batch, state, record_offsets)
     locks.check(paths.table)  # on an object store: this run still holds the table's lease
     _check_position_format(spec.name, state)
@@ -248,7 +249,7 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
         plan_h = plan_history(
             history.changes, key_columns=key_columns, columns=schema.columns, table=state.table,
             tracked=[c.name for c in schema.columns if spec.track_history is None or spec.track_history.keeps(c.name)],
-            watermark=state.truncate_position, truncate_log=state.truncate_log)
+            watermark=state.truncate_position, truncate_log=state.truncate_log, lookup=lookup)
         history.count(record, plan_h)
         if not record_offsets and plan_h.source.num_rows == 0 and plan_h.truncate is None:
             return CommitOutcome()
@@ -267,7 +268,7 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
     if key_columns:
         parts = [t.select(list(key_columns)) for t in (reduction.winners, reduction.truncated) if t is not None]
         keys = pa.concat_tables(parts)
-        stored = stored_rows(state.table, key_columns, keys)
+        stored = stored_rows(state.table, key_columns, keys, lookup=lookup)
         tombs = remembered.read(key_columns, key_types, keys) \
             if hard and keys.num_rows else None
         plan = plan_merge(reduction, key_columns=key_columns, columns=schema.columns, stored=stored, tombstones=tombs,

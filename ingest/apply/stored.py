@@ -1,6 +1,13 @@
-"""What a target table stores for a batch's keys: position, coordinates, soft-delete flag, unknown columns."""
+"""What a target table stores for a batch's keys: position, coordinates, soft-delete flag, unknown columns.
+
+Every read of stored rows by key goes through a :class:`KeyLookup`: :func:`rows_of_keys` reads them
+on the driver; the delta-spark engine gives one that reads a large table on Spark's executors
+(:meth:`ingest.apply.delta_spark.DeltaSparkEngine.lookup`).
+"""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -14,21 +21,32 @@ STORED_SCHEMA = [("s_pos", pa.string()), ("s_part", pa.int32()), ("s_off", pa.in
                  ("s_unknown", pa.list_(pa.string()))]
 
 
-def stored_rows(table: DeltaTable | None, key_columns: tuple[str, ...], keys: pa.Table) -> pa.Table:
+class KeyLookup(Protocol):
+    """Reads the stored rows whose key is among ``keys``' (``columns`` of them, default all), as
+    :func:`rows_of_keys` does."""
+
+    def __call__(self, table: DeltaTable, key_columns: tuple[str, ...], keys: pa.Table,
+                 columns: list[str] | None = None) -> pa.Table: ...
+
+
+def stored_rows(table: DeltaTable | None, key_columns: tuple[str, ...], keys: pa.Table, *,
+                lookup: KeyLookup | None = None) -> pa.Table:
     """``keys``' stored rows: the key columns, then ``s_pos``, ``s_part``, ``s_off``, ``s_deleted``, ``s_unknown``.
 
     Args:
         table: the target table (``None``: nothing is stored).
         key_columns: the primary key.
         keys: a table holding (at least) the key columns of the rows to look up.
+        lookup: what reads them (default :func:`rows_of_keys`, on the driver).
     """
     names = {f.name: f.type for f in table_schema(table)} if table is not None else {}
     if table is None or keys.num_rows == 0 or not key_columns or any(k not in names for k in key_columns):
         # A table created by a truncate has no key columns yet, and no rows.
         return _empty(keys, key_columns)
     unknown = UNKNOWN_COLUMNS in names
-    found = rows_of_keys(table, key_columns, keys, [*key_columns, "_cdc_position", "_cdc_partition", "_cdc_offset",
-                                                     "_cdc_deleted", *([UNKNOWN_COLUMNS] if unknown else [])])
+    wanted = [*key_columns, "_cdc_position", "_cdc_partition", "_cdc_offset", "_cdc_deleted",
+              *([UNKNOWN_COLUMNS] if unknown else [])]
+    found = (lookup or rows_of_keys)(table, key_columns, keys, wanted)
     if not unknown:
         found = found.append_column(UNKNOWN_COLUMNS, pa.nulls(found.num_rows, pa.list_(pa.string())))
     return found.rename_columns([*key_columns, *(name for name, _ in STORED_SCHEMA)])
