@@ -48,6 +48,7 @@ from ingest.config import TableSpec
 from ingest.deltaio import arrow_type
 from ingest.errors import TableError
 from ingest.events import ColumnSpec
+from ingest.lake import LakePath
 from ingest.paths import TablePaths
 from ingest.proof import faults
 from ingest.quality.gate import QualityGate, QualityReport
@@ -269,7 +270,7 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
         parts = [t.select(list(key_columns)) for t in (reduction.winners, reduction.truncated) if t is not None]
         keys = pa.concat_tables(parts)
         stored = stored_rows(state.table, key_columns, keys, lookup=lookup)
-        tombs = remembered.read(key_columns, key_types, keys) \
+        tombs = remembered.read(key_columns, key_types, keys, lookup=engine.lookup(LakePath.of(remembered.path))) \
             if hard and keys.num_rows else None
         plan = plan_merge(reduction, key_columns=key_columns, columns=schema.columns, stored=stored, tombstones=tombs,
                           old_truncate=state.truncate_position, new_truncate=truncate, hard=hard)

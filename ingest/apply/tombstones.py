@@ -18,10 +18,10 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from ingest.apply.ordering import later_than_stored_sql
 from ingest.apply.schema import holds
+from ingest.apply.stored import KeyLookup, rows_of_keys
 from ingest.deltaio import (
     arrow_type,
     delta_type_name,
-    key_range,
     latest_table,
     open_table,
     quote,
@@ -65,17 +65,21 @@ class Remembered:
         return self._delta
 
     def read(self, key_columns: tuple[str, ...], key_types: Mapping[str, str],
-             keys: pa.Table | None = None) -> pa.Table | None:
+             keys: pa.Table | None = None, *, lookup: KeyLookup | None = None) -> pa.Table | None:
         """The remembered deletes: the key columns and ``_cdc_position`` (``None``: none yet).
 
         Args:
-            keys: only the deletes within the range of these keys' first key column (default: all).
+            keys: only the deletes of these keys (default: all).
+            lookup: what reads the deletes of ``keys`` (default :func:`~ingest.apply.stored.rows_of_keys`,
+                on the driver; the engine's reads a large table on Spark's executors).
         """
         delta = self.open(key_types)
         if delta is None:
             return None
-        where = key_range(keys, key_columns[0]) if keys is not None and key_columns else None
-        return read_all(delta, columns=[*key_columns, "_cdc_position"], where=where)
+        columns = [*key_columns, "_cdc_position"]
+        if keys is None or not key_columns:
+            return read_all(delta, columns=columns)
+        return (lookup or rows_of_keys)(delta, key_columns, keys, columns)
 
     def record(self, key_columns: tuple[str, ...], key_types: Mapping[str, str], deletes: pa.Table) -> None:
         """Remember deleted keys, idempotently and guarded by position.

@@ -1,7 +1,8 @@
 """delta-spark reads a large table's stored rows on Spark's executors (``spark_rows_of_keys``): the
 driver then receives the rows found, not every row of the keys' range. It must give exactly what
 the driver's read gives -- the same rows, columns and types -- on a table with deletion vectors,
-for single and composite keys, with keys the table does not hold, and for every column (scd2).
+for composite keys, with keys the table does not hold, for every column (scd2), and for the
+remembered deletes of hard mode.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from ingest.apply import delta_spark
 from ingest.apply.delta_spark import DeltaSparkEngine, spark_rows_of_keys
 from ingest.apply.pipeline import apply_parts
 from ingest.apply.stored import STORED_SCHEMA, UNKNOWN_COLUMNS, rows_of_keys, stored_rows
+from ingest.apply.tombstones import Remembered
 from ingest.config import TableSpec
 from ingest.deltaio import has_deletion_vectors, open_table
 from ingest.events import ChangeEvent, ColumnSpec
+from ingest.lake import LakePath
 from tests.factories import decoded_rows, pos
 from tests.harness import paths_in
 
@@ -87,3 +90,25 @@ def test_a_large_range_is_read_on_the_executors_and_a_small_one_on_the_driver(tm
     assert calls == ["driver", "executors"]
     assert small.column_names == ["region", "id", *(name for name, _ in STORED_SCHEMA)]
     assert _sorted(large) == _sorted(small) and len(small) == 2
+
+
+def test_the_remembered_deletes_of_a_batch_are_read_alike_on_the_executors(tmp_path, spark, monkeypatch):
+    """Hard mode: the plan reads the deletes remembered for the batch's keys through the same lookup."""
+    spec = TableSpec(name="t", topic="t", delete_mode="hard")
+    paths = paths_in(tmp_path)
+    engine = DeltaSparkEngine(spark)
+    batches = [[_change("c", "eu", k, k) for k in range(10)],
+               [_change("d", "eu", k, 100 + k) for k in range(0, 10, 2)]]
+    for i, items in enumerate(batches):
+        apply_parts(spec, paths, decoded_rows(items, first_offset=100 * i), batch_id=i, run_id="test", engine=engine)
+    remembered = Remembered(paths.tombstones, "t")
+    key_columns, key_types = ("region", "id"), {"region": "string", "id": "long"}
+    keys = pa.table({"region": ["eu", "eu", "eu", "us"], "id": pa.array([2, 3, 4, 2], pa.int64())})
+    lookup = engine.lookup(LakePath.of(paths.tombstones))
+    driver = remembered.read(key_columns, key_types, keys, lookup=lookup)
+    monkeypatch.setattr(delta_spark, "DRIVER_LOOKUP_ROWS", -1)
+    monkeypatch.setattr(delta_spark, "rows_of_keys", None)  # the driver's read is not called again
+    executors = remembered.read(key_columns, key_types, keys, lookup=lookup)
+    assert driver is not None and executors is not None and executors.schema == driver.schema
+    assert sorted(executors.to_pylist(), key=str) == sorted(driver.to_pylist(), key=str)
+    assert {(r["region"], r["id"]) for r in driver.to_pylist()} == {("eu", 2), ("eu", 4)}  # deleted, asked for
