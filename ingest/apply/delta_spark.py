@@ -331,14 +331,15 @@ def spark_rows_of_keys(spark: SparkSession, path: LakePath, table: DeltaTable, k
 
 
 def dialect_for(table: DeltaTable | None, source: pa.Table, key_columns: tuple[str, ...]) -> Dialect:
-    """:data:`DIALECT`, listing the batch's keys in the MERGE's condition only where that pays: at most
-    ``DIALECT.key_list_limit`` of them, and the files their range reaches hold at least
-    :data:`ROWS_PER_LISTED_KEY` rows per key (the rows the list keeps out of the join)."""
+    """:data:`DIALECT`, listing the batch's keys in the MERGE's condition only where that pays: the
+    files their range reaches hold at least :data:`ROWS_PER_LISTED_KEY` rows per key (the rows the
+    list keeps out of the join). How many keys a list may hold, :func:`~ingest.apply.merge_sql.key_list`
+    decides with the dialect's ``key_list_limit``."""
     unlisted = replace(DIALECT, key_list_limit=0)
     if table is None or not key_columns or key_columns[0] not in source.column_names:
         return unlisted
     keys = pc.count_distinct(source[key_columns[0]]).as_py()
-    if not 0 < keys <= DIALECT.key_list_limit:
+    if keys == 0:
         return unlisted
     return DIALECT if rows_in_range(table, source, key_columns[0]) >= ROWS_PER_LISTED_KEY * keys else unlisted
 
@@ -358,14 +359,15 @@ DRIVER_LOOKUP_ROWS: Final = 1_000_000
 #: rewrite join then takes only the batch's rows of the touched files, not all of them.
 KEY_LIST_LIMIT: Final = 20_000
 #: A batch lists its keys only when the files its key range reaches hold at least this many rows per
-#: key. Spark resolves a list of 10,000 keys in about 0.7 s more per MERGE here, which the rows kept
-#: out of the join repay from about a million of them (``benchmarks/bench_merge.py --engine delta-spark``).
+#: key: the list costs Spark its analysis, which the rows kept out of the join repay only in a large
+#: table (``benchmarks/bench_key_list.py`` at 200k and 2M rows, ``bench_merge.py --engine delta-spark``).
 ROWS_PER_LISTED_KEY: Final = 100
 
 
 def _integer(value: int, kind: pa.DataType) -> str:
-    """An integer literal of Spark's type for ``kind`` (``7L`` a BIGINT): a list of them resolves
-    against a column of that type without a cast per value, about three times faster."""
+    """An integer literal of Spark's type for ``kind`` (``7L`` a BIGINT), so a list of them needs no
+    cast per value against a column of that type: at most slightly faster than an untyped list
+    (``benchmarks/bench_key_list.py``: 0.90x the MERGE's time at 200k rows, 1.04x at 2M)."""
     if pa.types.is_unsigned_integer(kind):  # Spark has no unsigned types: let it type the value
         return str(value)
     suffix = {8: "Y", 16: "S", 32: ""}.get(kind.bit_width, "L")

@@ -16,6 +16,7 @@ import pytest
 from ingest.apply import delta_spark
 from ingest.apply.delta_rs import DeltaRsEngine
 from ingest.apply.delta_spark import DeltaSparkEngine, dialect_for
+from ingest.apply.merge_sql import key_list
 from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all, write_table
@@ -65,7 +66,7 @@ def test_a_merge_with_listed_keys_of_each_type_writes_what_delta_rs_writes(tmp_p
     assert {r["k"]: r["name"] for r in _rows(tables["ds"])} == {a: "a2", c: "c"}
 
 
-def test_the_keys_are_listed_only_where_the_rows_they_keep_out_of_the_join_repay_them(tmp_path):
+def test_the_keys_are_listed_only_where_the_rows_they_keep_out_of_the_join_repay_them(tmp_path, monkeypatch):
     """No Spark needed: the choice reads the table's file statistics (delta-rs)."""
     path = tmp_path / "t"
     for first in range(0, 40_000, 10_000):  # four files of 10,000 keys each
@@ -80,7 +81,12 @@ def test_the_keys_are_listed_only_where_the_rows_they_keep_out_of_the_join_repay
     assert listed(list(range(30_000, 30_100)))  # 100 keys in one file of 10,000 rows: 100 a key, the bar
     assert not listed(list(range(30_000, 30_101)))  # one key more: below it
     assert not dialect_for(None, pa.table({"k": [1]}), ("k",)).key_list_limit  # no table yet: nothing to keep out
-    assert not dialect_for(table, pa.table({"k": pa.array(range(20_001), pa.int64())}), ("k",)).key_list_limit
+
+    # However many rows each key would keep out, a batch of more keys than the limit lists none.
+    monkeypatch.setattr(delta_spark, "ROWS_PER_LISTED_KEY", 0)
+    for keys, lists in ((delta_spark.KEY_LIST_LIMIT, True), (delta_spark.KEY_LIST_LIMIT + 1, False)):
+        batch = pa.table({"k": pa.array(range(keys), pa.int64())})
+        assert (key_list(batch, "k", dialect_for(table, batch, ("k",))) is not None) is lists
 
 
 def test_an_scd2_merge_with_listed_keys_keeps_the_versions_delta_rs_keeps(tmp_path, spark, monkeypatch):
