@@ -41,7 +41,7 @@ class Dialect:
     #: (``t.k IN (...)``, see :func:`_on`); 0: never
     key_list_limit: int = 0
     #: an integer literal of an Arrow integer type, typed as the engine reads it (a typed literal
-    #: needs no cast per value when the engine resolves a long list of them)
+    #: needs no cast per value in a long list of them)
     integer: Callable[[int, pa.DataType], str] = lambda value, _type: str(value)
 
 
