@@ -20,7 +20,7 @@ With ``--engine delta-spark`` the random batches also take turns with **random, 
 same MERGE without the batch's keys listed in its condition (``delta_spark.KEY_LIST_LIMIT``; patched
 here, not a setting), to show what the list saves, and with **random, driver lookup**: the batch's
 stored rows read on the driver however many rows their key range reaches
-(``delta_spark.DRIVER_LOOKUP_ROWS``, patched likewise), the baseline of reading them on the
+(``target.driver_lookup_rows``, patched likewise), the baseline of reading them on the
 executors. Every batch's **driver memory** is reported too: how far the driver process's resident
 memory rose above where it was when the batch began (sampled every 10 ms, Linux's ``/proc``).
 
@@ -196,10 +196,11 @@ def rewritten(metrics: dict[str, str]) -> tuple[int, int]:
     return int(files), int(metrics.get("numTargetDeletionVectorsAdded", 0))
 
 
-def _baseline(kind: str) -> AbstractContextManager[object]:
+def _baseline(kind: str, engine: ApplyEngine) -> AbstractContextManager[object]:
     """The delta-spark engine patched for a baseline kind (not settings): *new keys, merged* merges
     every batch, new keys only included (the baseline of the append); *random, unlisted* lists no
-    keys in the MERGE's condition (the baseline of the list)."""
+    keys in the MERGE's condition (the baseline of the list); *random, driver lookup* reads the
+    batch's stored rows on the driver however large their range (the baseline of the executors')."""
     from ingest.apply import delta_spark
 
     if kind.endswith("merged"):
@@ -207,7 +208,7 @@ def _baseline(kind: str) -> AbstractContextManager[object]:
     if kind.endswith("unlisted"):
         return patch.object(delta_spark, "DIALECT", replace(delta_spark.DIALECT, key_list_limit=0))
     if kind.endswith("driver lookup"):
-        return patch.object(delta_spark, "DRIVER_LOOKUP_ROWS", 10**18)
+        return patch.object(engine, "driver_lookup_rows", 10**18)
     return nullcontext()
 
 
@@ -322,7 +323,7 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
                     for kind in group:  # the kinds of a group take turns, round by round
                         label = f"{kind} {variant.label}".strip()
                         parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
-                        with _baseline(kind), DriverMemory() as driver:
+                        with _baseline(kind, engine), DriverMemory() as driver:
                             t0 = time.perf_counter()
                             result = apply_parts(spec, paths, parts, batch_id=n + 1, run_id="bench", engine=engine)
                             seconds = time.perf_counter() - t0

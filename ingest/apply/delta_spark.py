@@ -29,8 +29,9 @@ instead of shuffling them all to it.
 
 The plan looks up the stored rows of the batch's keys before the MERGE (their positions, soft-delete
 flags and unknown columns; scd2: every column of their versions). Where the files the keys' range
-reaches hold more than :data:`DRIVER_LOOKUP_ROWS` rows, the executors do it (:meth:`DeltaSparkEngine.lookup`):
-the driver receives the rows found, not every row of that range.
+reaches hold more than ``driver_lookup_rows`` rows (``target.driver_lookup_rows``, default
+:data:`DRIVER_LOOKUP_ROWS`), the executors do it (:meth:`DeltaSparkEngine.lookup`): the driver
+receives the rows found, not every row of that range.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from ingest.apply.delta_rs import initial_rows, table_schema_of
 from ingest.apply.merge_sql import Clause, Dialect, MergeStatement, current_merge, history_merge
 from ingest.apply.stored import KeyLookup, rows_of_keys
 from ingest.apply.tablestate import STATE_KEY, TableState, table_app_id
+from ingest.config import TargetSpec
 from ingest.deltaio import (
     CHANGE_DATA_FEED,
     arrow_type,
@@ -78,6 +80,12 @@ from ingest.lake import LakePath
 from ingest.proof import faults
 from ingest.spark import arrow_frame, snapshot_tasks, spark_location, use_s3a
 
+#: ``target.driver_lookup_rows``' default: a batch's stored rows are read on the driver when the files
+#: its key range reaches hold at most this many rows, and by Spark's executors beyond that
+#: (:meth:`DeltaSparkEngine.lookup`): the driver then holds the rows found, not every row of the
+#: range. Below it the driver's read costs less than a Spark job (``benchmarks/bench_merge.py
+#: --engine delta-spark``, its *driver lookup* baseline).
+DRIVER_LOOKUP_ROWS: Final[int] = TargetSpec.model_fields["driver_lookup_rows"].default
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -111,6 +119,9 @@ class DeltaSparkEngine:
     deletion_vectors: bool = True
     #: tables this engine creates record the change data feed
     change_data_feed: bool = True
+    #: a batch's stored rows are read on the driver while their key range reaches at most this many
+    #: rows, else on the executors (:meth:`lookup`)
+    driver_lookup_rows: int = DRIVER_LOOKUP_ROWS
     name: str = "delta-spark"
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
@@ -123,10 +134,10 @@ class DeltaSparkEngine:
 
     def lookup(self, path: LakePath) -> KeyLookup:
         """Reads the stored rows of a batch's keys on the driver while the files their key range
-        reaches hold at most :data:`DRIVER_LOOKUP_ROWS` rows, else with Spark (see :func:`spark_rows_of_keys`)."""
+        reaches hold at most ``driver_lookup_rows`` rows, else with Spark (see :func:`spark_rows_of_keys`)."""
         def rows(table: DeltaTable, key_columns: tuple[str, ...], keys: pa.Table,
                  columns: list[str] | None = None) -> pa.Table:
-            if rows_in_range(table, keys, key_columns[0]) <= DRIVER_LOOKUP_ROWS:
+            if rows_in_range(table, keys, key_columns[0]) <= self.driver_lookup_rows:
                 return rows_of_keys(table, key_columns, keys, columns)
             return spark_rows_of_keys(self.session(), path, table, key_columns, keys, columns)
         return rows
@@ -350,11 +361,6 @@ def _timestamp(value: datetime | None) -> str:
     return f"CAST({string(value.astimezone(UTC).isoformat())} AS TIMESTAMP)"
 
 
-#: A batch's stored rows are read on the driver when the files its key range reaches hold at most this
-#: many rows, and by Spark's executors beyond that (:meth:`DeltaSparkEngine.lookup`): the driver then
-#: holds the rows found, not every row of the range. Below it the driver's read costs less than a
-#: Spark job (``benchmarks/bench_merge.py --engine delta-spark``, its *driver lookup* baseline).
-DRIVER_LOOKUP_ROWS: Final = 1_000_000
 #: A batch of at most this many keys lists them in the MERGE's condition (``merge_sql._on``): its
 #: rewrite join then takes only the batch's rows of the touched files, not all of them.
 KEY_LIST_LIMIT: Final = 20_000

@@ -34,4 +34,5 @@ def build(name: EngineName, config: IngestConfig) -> ApplyEngine:
     from ingest.spark import session_for
 
     return DeltaSparkEngine(session_for(config), deletion_vectors=config.target.deletion_vectors,
-                            change_data_feed=config.target.change_data_feed)
+                            change_data_feed=config.target.change_data_feed,
+                            driver_lookup_rows=config.target.driver_lookup_rows)

@@ -96,6 +96,11 @@ class TargetSpec(Model):
     deletion_vectors: bool = Field(
         True, description="delta-spark: tables it creates write deletion vectors (a MERGE marks rows deleted "
         "instead of rewriting their files); delta-rs can then no longer write or read them, polars and Spark can")
+    driver_lookup_rows: int = Field(
+        1_000_000, ge=0, description="delta-spark: before each MERGE the plan looks up what the table stores for "
+        "the batch's keys; the driver reads them itself while the files their key range reaches hold at most "
+        "this many rows, else Spark's executors do and the driver receives only the rows found. Lower it to bound "
+        "the driver's memory (0: always the executors), raise it to spare a small table's batches a Spark job")
     change_data_feed: bool = Field(
         True, description="tables record Delta's change data feed (delta.enableChangeDataFeed; an existing table "
         "without it is switched on at its next batch): `ingest changes` and downstream readers get each commit's "

@@ -76,16 +76,18 @@ def test_the_executors_read_the_stored_rows_the_driver_reads(tmp_path, spark):
 
 
 def test_a_large_range_is_read_on_the_executors_and_a_small_one_on_the_driver(tmp_path, spark, monkeypatch):
-    """The engine's lookup picks by the rows the keys' range reaches (``DRIVER_LOOKUP_ROWS``)."""
+    """The engine's lookup picks by the rows the keys' range reaches (``target.driver_lookup_rows``)."""
     paths, table = _table(tmp_path, spark)
     keys = pa.table({"region": ["eu", "us"], "id": pa.array([3, 8], pa.int64())})
     calls: list[str] = []
     monkeypatch.setattr(delta_spark, "rows_of_keys", lambda *a: calls.append("driver") or rows_of_keys(*a))
     monkeypatch.setattr(delta_spark, "spark_rows_of_keys",
                         lambda *a: calls.append("executors") or spark_rows_of_keys(*a))
-    lookup = DeltaSparkEngine(spark).lookup(paths.table)
+    engine = DeltaSparkEngine(spark)
+    assert engine.driver_lookup_rows == 1_000_000  # the default: the driver reads a small table
+    lookup = engine.lookup(paths.table)
     small = stored_rows(table, ("region", "id"), keys, lookup=lookup)
-    monkeypatch.setattr(delta_spark, "DRIVER_LOOKUP_ROWS", 39)  # the range reaches all 40 stored rows
+    engine.driver_lookup_rows = 39  # the range reaches all 40 stored rows
     large = stored_rows(table, ("region", "id"), keys, lookup=lookup)
     assert calls == ["driver", "executors"]
     assert small.column_names == ["region", "id", *(name for name, _ in STORED_SCHEMA)]
@@ -106,7 +108,7 @@ def test_the_remembered_deletes_of_a_batch_are_read_alike_on_the_executors(tmp_p
     keys = pa.table({"region": ["eu", "eu", "eu", "us"], "id": pa.array([2, 3, 4, 2], pa.int64())})
     lookup = engine.lookup(LakePath.of(paths.tombstones))
     driver = remembered.read(key_columns, key_types, keys, lookup=lookup)
-    monkeypatch.setattr(delta_spark, "DRIVER_LOOKUP_ROWS", -1)
+    engine.driver_lookup_rows = 0
     monkeypatch.setattr(delta_spark, "rows_of_keys", None)  # the driver's read is not called again
     executors = remembered.read(key_columns, key_types, keys, lookup=lookup)
     assert driver is not None and executors is not None and executors.schema == driver.schema

@@ -37,6 +37,8 @@ def test_relative_paths_resolve_against_the_file(tmp_path):
         ("tables: [{name: a, topic: t}, {name: b, topic: t}]", "(top level)", "same topic"),
         ("source: {max_records_per_batch: 0}\ntables: [{name: a, topic: t}]", "source.max_records_per_batch",
          "greater than 0"),
+        ("target: {driver_lookup_rows: -1}\ntables: [{name: a, topic: t}]", "target.driver_lookup_rows",
+         "greater than or equal to 0"),
         ("source: {kind: kafka, kafka: {bootstrap_servers: 'b:9092', reader: spark}, max_records_per_table: 10}\n"
          "tables: [{name: a, topic: t}]", "source", "max_records_per_table needs the engine's own reader"),
     ],

@@ -18,7 +18,6 @@ import yaml
 from typer.testing import CliRunner
 
 from ingest import audit, quarantine
-from ingest.apply import delta_spark
 from ingest.cli import app
 from ingest.config import load_config
 from ingest.engine import Engine
@@ -40,16 +39,14 @@ def on_s3(request, s3, tmp_path_factory, spark):
     workdir = tmp_path_factory.mktemp("s3-e2e")
     path = make_config(workdir, batch=300, engine=request.param).workdir / "config.yaml"
     raw = yaml.safe_load(path.read_text())
+    # delta-spark: every look-up of stored rows reads the bucket from Spark's executors, as a large
+    # table's would (the tables here are small enough for the driver's own read).
     raw["target"].update(root=f"s3://{bucket}/{request.param}", storage=s3.storage(),
-                         checkpoint_dir=f"s3://{bucket}/checkpoints-{request.param}")
+                         checkpoint_dir=f"s3://{bucket}/checkpoints-{request.param}", driver_lookup_rows=0)
     path.write_text(yaml.safe_dump(raw))
     config = load_config(path)
     prepare_workload(config, events=800, seed=5, malformed_fraction=0.02)
-    with pytest.MonkeyPatch.context() as patch:
-        # delta-spark: every look-up of stored rows reads the bucket from Spark's executors, as a
-        # large table's would (the tables here are small enough for the driver's own read).
-        patch.setattr(delta_spark, "DRIVER_LOOKUP_ROWS", -1)
-        report = Engine(config, spark=spark).run()
+    report = Engine(config, spark=spark).run()
     return config, report, path
 
 
