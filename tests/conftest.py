@@ -81,12 +81,12 @@ def apply_engine(request: pytest.FixtureRequest) -> Any:
     if request.param == "delta-rs":
         engine: Any = DeltaRsEngine()
     else:
-        from ingest.apply import delta_spark
+        from ingest.apply.delta_spark import DeltaSparkEngine
 
         # The tests' tables are small: read their stored rows on the executors, as a large table's
         # are, so the semantics hold on that path. The driver's read is the delta-rs engine's, and
         # tests/apply/test_spark_lookup.py compares the two on a table with deletion vectors.
-        engine = delta_spark.DeltaSparkEngine(request.getfixturevalue("spark"), driver_lookup_rows=0)
+        engine = DeltaSparkEngine(request.getfixturevalue("spark"), driver_lookup_rows=0)
     harness.use_engine(engine)
     yield engine
     harness.use_engine(None)

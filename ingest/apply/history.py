@@ -145,7 +145,7 @@ def history_schema(columns: list[ColumnSpec]) -> pa.Schema:
 
 def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                  tracked: list[str] | None, table: DeltaTable | None, watermark: str | None,
-                 truncate_log: list[tuple[str, datetime | None]], lookup: KeyLookup | None = None) -> HistoryPlan:
+                 truncate_log: list[tuple[str, datetime | None]], lookup: KeyLookup = rows_of_keys) -> HistoryPlan:
     """Derive the touched keys' versions and the MERGE that writes them (see module docstring).
 
     Args:
@@ -170,7 +170,7 @@ def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: li
     if rows.num_rows == 0:
         return plan
     keys = rows.select(list(key_columns)).group_by(list(key_columns), use_threads=False).aggregate([])
-    stored = _stored_versions(table, key_columns, keys, lookup or rows_of_keys)
+    stored = _stored_versions(table, key_columns, keys, lookup)
     old = len(truncate_log)
     truncs = pa.table({
         "t_pos": pa.array([p for p, _ in truncate_log] + [m["_cdc_position"] for m in applying], pa.string()),

@@ -30,7 +30,7 @@ from deltalake import DeltaTable
 
 from ingest.apply.ordering import after_sql
 from ingest.apply.sql import connect, ident, key_list, query
-from ingest.apply.stored import KeyLookup, stored_rows
+from ingest.apply.stored import KeyLookup, rows_of_keys, stored_rows
 
 
 def are_deletes(setting: str, batch_flattened: bool | None, table_flattened: bool | None) -> bool:
@@ -58,7 +58,7 @@ class Resolution:
 
 
 def resolve(tombstones: pa.Table, changes: pa.Table, key_columns: tuple[str, ...], table: DeltaTable | None, *,
-            lookup: KeyLookup | None = None) -> Resolution:
+            lookup: KeyLookup = rows_of_keys) -> Resolution:
     """Turn tombstones into positioned deletes (see module docstring); ``lookup`` reads the stored rows."""
     wanted = json.dumps(list(key_columns))
     same_key = pc.equal(tombstones["_cdc_key_columns"], wanted)

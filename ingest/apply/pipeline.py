@@ -209,7 +209,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     record.engine = engine.name  # before the commit: the commit info carries the record
     remembered = remembered or tombstones.Remembered(paths.tombstones, spec.name)
     outcome = _commit(spec, paths, state, reduction, schema, tuple(key_columns or ()), record, batch,
-                      flattened, not replay, engine, remembered, history, lookup)
+                      flattened, not replay, engine, remembered, lookup, history)
     faults.point("after-delta-commit")
     record.status = "replayed" if replay else "committed" if outcome.committed else "nothing-to-commit"
     record.rows_truncated = outcome.rows_truncated
@@ -237,7 +237,7 @@ def _typed_nulls(changes: pa.Table, columns: list[ColumnSpec]) -> pa.Table:
 def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Reduction, schema: Any,
             key_columns: tuple[str, ...], record: AuditRecord, batch: MicroBatch, flattened: bool | None,
             record_offsets: bool, engine: ApplyEngine, remembered: tombstones.Remembered,
-            history: HistoryInput | None = None, lookup: KeyLookup | None = None) -> CommitOutcome:
+            lookup: KeyLookup, history: HistoryInput | None = None) -> CommitOutcome:
     _refuse_to_move_backwards(spec.name, batch, state, record_offsets)
     locks.check(paths.table)  # on an object store: this run still holds the table's lease
     _check_position_format(spec.name, state)

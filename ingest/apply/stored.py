@@ -29,8 +29,24 @@ class KeyLookup(Protocol):
                  columns: list[str] | None = None) -> pa.Table: ...
 
 
+def rows_of_keys(table: DeltaTable, key_columns: tuple[str, ...], keys: pa.Table,
+                 columns: list[str] | None = None) -> pa.Table:
+    """The stored rows whose key is among ``keys``' (``columns`` of them, default all).
+
+    The read is bounded by the range of the first key column (Delta skips the files outside it),
+    then narrowed to the keys themselves.
+    """
+    found = read_all(table, columns=columns, where=key_range(keys, key_columns[0]))
+    con = connect(found=found, wanted=keys.select(list(key_columns)))
+    try:
+        match = " AND ".join(f"f.{ident(k)} = w.{ident(k)}" for k in key_columns)
+        return query(con, f"SELECT f.* FROM found f WHERE EXISTS (SELECT 1 FROM wanted w WHERE {match})")
+    finally:
+        con.close()
+
+
 def stored_rows(table: DeltaTable | None, key_columns: tuple[str, ...], keys: pa.Table, *,
-                lookup: KeyLookup | None = None) -> pa.Table:
+                lookup: KeyLookup = rows_of_keys) -> pa.Table:
     """``keys``' stored rows: the key columns, then ``s_pos``, ``s_part``, ``s_off``, ``s_deleted``, ``s_unknown``.
 
     Args:
@@ -46,26 +62,10 @@ def stored_rows(table: DeltaTable | None, key_columns: tuple[str, ...], keys: pa
     unknown = UNKNOWN_COLUMNS in names
     wanted = [*key_columns, "_cdc_position", "_cdc_partition", "_cdc_offset", "_cdc_deleted",
               *([UNKNOWN_COLUMNS] if unknown else [])]
-    found = (lookup or rows_of_keys)(table, key_columns, keys, wanted)
+    found = lookup(table, key_columns, keys, wanted)
     if not unknown:
         found = found.append_column(UNKNOWN_COLUMNS, pa.nulls(found.num_rows, pa.list_(pa.string())))
     return found.rename_columns([*key_columns, *(name for name, _ in STORED_SCHEMA)])
-
-
-def rows_of_keys(table: DeltaTable, key_columns: tuple[str, ...], keys: pa.Table,
-                 columns: list[str] | None = None) -> pa.Table:
-    """The stored rows whose key is among ``keys``' (``columns`` of them, default all).
-
-    The read is bounded by the range of the first key column (Delta skips the files outside it),
-    then narrowed to the keys themselves.
-    """
-    found = read_all(table, columns=columns, where=key_range(keys, key_columns[0]))
-    con = connect(found=found, wanted=keys.select(list(key_columns)))
-    try:
-        match = " AND ".join(f"f.{ident(k)} = w.{ident(k)}" for k in key_columns)
-        return query(con, f"SELECT f.* FROM found f WHERE EXISTS (SELECT 1 FROM wanted w WHERE {match})")
-    finally:
-        con.close()
 
 
 def _empty(keys: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:

@@ -65,7 +65,7 @@ class Remembered:
         return self._delta
 
     def read(self, key_columns: tuple[str, ...], key_types: Mapping[str, str],
-             keys: pa.Table | None = None, *, lookup: KeyLookup | None = None) -> pa.Table | None:
+             keys: pa.Table | None = None, *, lookup: KeyLookup = rows_of_keys) -> pa.Table | None:
         """The remembered deletes: the key columns and ``_cdc_position`` (``None``: none yet).
 
         Args:
@@ -79,7 +79,7 @@ class Remembered:
         columns = [*key_columns, "_cdc_position"]
         if keys is None or not key_columns:
             return read_all(delta, columns=columns)
-        return (lookup or rows_of_keys)(delta, key_columns, keys, columns)
+        return lookup(delta, key_columns, keys, columns)
 
     def record(self, key_columns: tuple[str, ...], key_types: Mapping[str, str], deletes: pa.Table) -> None:
         """Remember deleted keys, idempotently and guarded by position.
