@@ -69,8 +69,13 @@ class Reduction:
 
 
 def reduce_changes(changes: pa.Table, key_columns: tuple[str, ...], columns: list[ColumnSpec], *,
-                   soft: bool = False) -> Reduction:
-    """Keep the latest change per key (see module docstring)."""
+                   soft: bool = False, fills: list[str] | None = None) -> Reduction:
+    """Keep the latest change per key (see module docstring).
+
+    ``fills``: the columns to fill from earlier images, default those holding an unchanged-TOAST
+    placeholder in ``changes``. A share of a larger batch (:mod:`ingest.apply.spark_reduce`) passes the
+    whole batch's, so every share's winners have the same columns.
+    """
     columns = [c for c in columns if c.name in changes.column_names]
     ordered = changes.append_column("_cdc_ord", pc.cast(_batch_order(changes), pa.int64()))
     # The truncates, the TOAST columns and the count are Arrow compute: a DuckDB query costs several
@@ -82,7 +87,8 @@ def reduce_changes(changes: pa.Table, key_columns: tuple[str, ...], columns: lis
         last = marks.slice(pc.index(marks["_cdc_ord"], pc.max(marks["_cdc_ord"])).as_py(), 1).to_pylist()[0]
         truncate = TruncateMark(last["_cdc_position"], last["_cdc_partition"], last["_cdc_offset"])
         cutoff = last["_cdc_ord"]
-    fills = _toast_columns(ordered, [c.name for c in columns])
+    fills = _toast_columns(ordered, [c.name for c in columns]) if fills is None else [
+        c.name for c in columns if c.name in fills]
     changed = ordered.num_rows - marks.num_rows
     if not fills and not soft:
         winners = _latest_per_key(ordered, key_columns, cutoff)
