@@ -77,9 +77,7 @@ def plan_merge(reduction: Reduction, *, key_columns: tuple[str, ...], columns: l
         con.close()
     actions = rows["_cdc_action"]
     counts = {v["values"]: v["counts"] for v in pc.value_counts(actions).to_pylist()} if rows.num_rows else {}
-    live = rows.filter(pc.is_in(actions, pa.array(["insert", "update", "delete", "truncated"])))
-    if hard:  # a hard delete of a key the table does not hold changes nothing in it
-        live = live.filter(pc.invert(pc.and_(pc.equal(live["_cdc_op"], "d"), pc.invert(live["_cdc_stored"]))))
+    live = live_rows(rows, hard=hard)
     deletes = rows.filter(pc.equal(actions, "delete")).select([*key_columns, "_cdc_position", "_cdc_source_ts"])
     plan = MergePlan(
         rows=rows, source=_source(live, columns, reduction.toast_columns, new_truncate),
@@ -93,6 +91,14 @@ def plan_merge(reduction: Reduction, *, key_columns: tuple[str, ...], columns: l
     else:
         plan.matched_updates = int(pc.sum(live["_cdc_stored"]).as_py() or 0) if live.num_rows else 0
     return plan
+
+
+def live_rows(rows: pa.Table, *, hard: bool) -> pa.Table:
+    """The plan's rows the MERGE writes (its source's rows, before :func:`_source` shapes them)."""
+    live = rows.filter(pc.is_in(rows["_cdc_action"], pa.array(["insert", "update", "delete", "truncated"])))
+    if hard:  # a hard delete of a key the table does not hold changes nothing in it
+        live = live.filter(pc.invert(pc.and_(pc.equal(live["_cdc_op"], "d"), pc.invert(live["_cdc_stored"]))))
+    return live
 
 
 def _plan_sql(key_columns: tuple[str, ...], toast: list[str], old_truncate: str | None,
@@ -145,19 +151,25 @@ def _plan_sql(key_columns: tuple[str, ...], toast: list[str], old_truncate: str 
         FROM j"""
 
 
-def _source(live: pa.Table, columns: list[ColumnSpec], toast: list[str], truncate: str | None) -> pa.Table:
+def _source(live: pa.Table, columns: list[ColumnSpec], toast: list[str], truncate: str | None, *,
+            flagged: list[str] | None = None, now: datetime | None = None) -> pa.Table:
     """The MERGE source: user columns, framework columns and TOAST flags, one row per change.
 
     A truncated row (soft-delete mode) is written as the truncate left it: flagged deleted,
     ``_cdc_op`` ``t`` at the truncate's position.
+
+    ``flagged``: the TOAST columns that get a "keep the stored value" flag, default those with a flag
+    set in ``live``; ``now``: the rows' ``_cdc_ingested_at`` (default: the current time). A share of a
+    larger batch (:mod:`ingest.apply.spark_plan`) passes the whole batch's, so every share's source
+    has the same columns and time.
     """
     n = live.num_rows
     truncated = pc.and_(live["_cdc_truncated"], pc.not_equal(live["_cdc_op"], "d")) if n else pa.array([], pa.bool_())
     data: dict[str, pa.Array | pa.ChunkedArray] = {}
     for col in columns:
-        if col.name in toast and n:
-            flags = live[f"_cdc_flag_{toast.index(col.name)}"]
-            if pc.any(flags).as_py():
+        if col.name in toast:
+            flags = live[f"_cdc_flag_{toast.index(col.name)}"] if n else pa.array([], pa.bool_())
+            if (col.name in flagged) if flagged is not None else (n and pc.any(flags).as_py()):
                 data[TOAST_FLAG + col.name] = flags
         # A column the batch never saw (the table has it) is null, as in any image that lacks it.
         data[col.name] = (live[col.name].cast(arrow_type(col.type)) if col.name in live.column_names
@@ -171,7 +183,7 @@ def _source(live: pa.Table, columns: list[ColumnSpec], toast: list[str], truncat
         "_cdc_topic": live["_cdc_topic"],
         "_cdc_partition": live["_cdc_partition"],
         "_cdc_offset": live["_cdc_offset"],
-        "_cdc_ingested_at": pa.array([datetime.now(UTC)] * n, pa.timestamp("us", tz="UTC")),
+        "_cdc_ingested_at": pa.array([now or datetime.now(UTC)] * n, pa.timestamp("us", tz="UTC")),
         "_cdc_deleted": pc.or_(pc.equal(live["_cdc_op"], "d"), truncated) if n else pa.array([], pa.bool_()),
         UNKNOWN_COLUMNS: live[UNKNOWN_COLUMNS],
     }

@@ -51,11 +51,11 @@ class SparkReduction:
     truncate: TruncateMark | None
     truncates: int
     superseded: int
-    #: the persisted frame both row sets read
-    _rows: DataFrame
+    #: the persisted frame both row sets read: winners and truncated rows, told apart by :data:`SIDE`
+    tagged: DataFrame
 
     def release(self) -> None:
-        self._rows.unpersist()
+        self.tagged.unpersist()
 
 
 def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], columns: list[ColumnSpec], *,
@@ -96,7 +96,7 @@ def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], column
     truncated = reduced.where(F.col(SIDE) == F.lit("truncated")).drop(SIDE) if soft and truncate else None
     superseded = (marks.num_rows - 1 if marks.num_rows else 0) + changed - winners_count
     return SparkReduction(winners=winners, truncated=truncated, toast_columns=fills, truncate=truncate,
-                          truncates=marks.num_rows, superseded=superseded, _rows=reduced)
+                          truncates=marks.num_rows, superseded=superseded, tagged=reduced)
 
 
 def _tagged(reduction: Reduction, soft: bool) -> pa.Table:

@@ -26,17 +26,25 @@ pytestmark = pytest.mark.spark
 NOTHING_APPLIED = TableState(None, None, None, None)
 
 
-def _batch(seed: int, events: int = 60) -> MicroBatch:
+def random_parts(seed: int, *, events: int = 60, keys: int = 16, first_offset: int = 0,
+                 truncates: bool = True, offsets_from: int | None = None, first_key: int = 0) -> list[pa.RecordBatch]:
+    """The decode step's parts of a random batch of ``events`` changes of ``keys`` keys (from
+    ``first_key``): inserts,
+    snapshot reads, updates (some with an unchanged-TOAST placeholder) and deletes, a truncate now
+    and then in the first half, exact duplicates on other partitions, delivered out of order.
+    Positions and Kafka offsets start at ``first_offset``; ``offsets_from`` moves the offsets alone
+    (the same changes delivered again later)."""
     rng = random.Random(seed)
     items: list[tuple[ChangeEvent, int]] = []
     for at in range(1, events + 1):
         roll = rng.random()
-        if roll < 0.05 and at < events // 2:  # truncates in the first half: later changes survive them
-            event = change("t", 0, at)
+        if truncates and roll < 0.05 and at < events // 2:  # truncates in the first half: later changes survive them
+            event = change("t", 0, first_offset + at)
         else:
             op = rng.choice(["c", "u", "u", "u", "d", "r"])
             toast = op in ("u", "c") and rng.random() < 0.4
-            event = change(op, rng.randrange(16), at, name=f"n{at}", notes=f"long {at}" if rng.random() < 0.7 else None,
+            event = change(op, first_key + rng.randrange(keys), first_offset + at, name=f"n{at}",
+                           notes=f"long {at}" if rng.random() < 0.7 else None,
                            unavailable=frozenset({"notes"}) if toast else frozenset())
             if toast:
                 event.after["notes"] = UNAVAILABLE  # type: ignore[index]
@@ -46,8 +54,13 @@ def _batch(seed: int, events: int = 60) -> MicroBatch:
     rng.shuffle(items)  # delivered out of order
     parts = []
     for offset, (event, partition) in enumerate(items):
-        parts += decoded_rows([event], partition=partition, first_offset=offset)
-    return MicroBatch.from_parts(parts, NOTHING_APPLIED)
+        start = first_offset if offsets_from is None else offsets_from
+        parts += decoded_rows([event], partition=partition, first_offset=start + offset)
+    return parts
+
+
+def _batch(seed: int) -> MicroBatch:
+    return MicroBatch.from_parts(random_parts(seed), NOTHING_APPLIED)
 
 
 def _rows(table: pa.Table | None, like: pa.Schema) -> list[dict[str, Any]]:
