@@ -61,6 +61,9 @@ class CommitRequest:
         new_keys_only: the table, at the version the plan read (``state``), stores none of the
             source's keys, and the batch has no truncate: every source row can only take the MERGE's
             insert clause, so the engine may append them instead (:func:`may_append`).
+        frame: the plan's rows on Spark's executors (:class:`~ingest.apply.spark_plan.SparkPlan`,
+            delta-spark only): the MERGE's source and the deletes to remember are read from there,
+            and ``plan`` holds only the matched counts (:mod:`ingest.apply.spark_batch`).
     """
 
     table: str
@@ -79,6 +82,11 @@ class CommitRequest:
     history: HistoryPlan | None = None
     truncate_log: list[tuple[str, datetime | None]] | None = None
     new_keys_only: bool = False
+    frame: Any = None
+
+    def source_rows(self) -> int:
+        """Rows in the MERGE's source, wherever it is."""
+        return int(self.frame.source_rows) if self.frame is not None else self.plan.source.num_rows
 
 
 @dataclass(slots=True)

@@ -48,7 +48,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from pyspark.sql import Column, SparkSession
+from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
 
 from ingest.apply.commit import (
     CommitOutcome,
@@ -61,7 +61,7 @@ from ingest.apply.commit import (
     switches_feed_on,
 )
 from ingest.apply.delta_rs import initial_rows, table_schema_of
-from ingest.apply.merge_sql import Clause, Dialect, MergeStatement, current_merge, history_merge
+from ingest.apply.merge_sql import Clause, Dialect, FrameSource, MergeStatement, current_merge, history_merge
 from ingest.apply.stored import KeyLookup, rows_of_keys
 from ingest.apply.tablestate import STATE_KEY, TableState, table_app_id
 from ingest.config import TargetSpec
@@ -171,7 +171,10 @@ class DeltaSparkEngine:
                 faults.point("before-widen")
                 _widen(spark, path, columns, request.schema.describe())
                 faults.point("after-widen")
-            remember_deletes(request)
+            if request.frame is not None:
+                _remember_frame(spark, request)
+            else:
+                remember_deletes(request)
             existing = open_table(request.path)
             before = existing.version() if existing is not None else -1
             txn = 1 + ((existing.transaction_version(app) or 0) if existing is not None else 0)
@@ -179,18 +182,20 @@ class DeltaSparkEngine:
             faults.point("before-commit")
             with _markers(spark, app, txn, metadata):
                 if born:
-                    self._write_new(spark, request)
+                    self._write_new(_writer(spark, request, app, txn, metadata), request)
                 elif request.history is not None:
                     if request.history.source.num_rows or (request.history.truncate and state.columns):
                         _merge_history(spark, request,
                                        dialect_for(existing, request.history.source, request.key_columns))
                     else:
                         spark.read.format("delta").load(path).limit(0).write.format("delta").mode("append").save(path)
-                elif request.plan.source.num_rows and may_append(request, state, before):
+                elif request.source_rows() and may_append(request, state, before):
                     # Only new keys: the rows the MERGE would insert, without its join.
-                    arrow_frame(spark, initial_rows(request)).write.format("delta").mode("append").save(path)
-                elif request.plan.source.num_rows or (request.truncate and state.columns):
-                    _merge(spark, request, columns, dialect_for(existing, request.plan.source, request.key_columns))
+                    _writer(spark, request, app, txn, metadata).mode("append").save(path)
+                elif request.source_rows() or (request.truncate and state.columns):
+                    dialect = (replace(DIALECT, key_list_limit=0) if request.frame is not None
+                               else dialect_for(existing, request.plan.source, request.key_columns))
+                    _merge(spark, request, columns, dialect)
                 else:
                     # Nothing to change: an empty append records the progress markers.
                     spark.read.format("delta").load(path).limit(0).write.format("delta").mode("append").save(path)
@@ -232,12 +237,11 @@ class DeltaSparkEngine:
             out[CHANGE_DATA_FEED] = "true"
         return out
 
-    def _write_new(self, spark: SparkSession, request: CommitRequest) -> None:
+    def _write_new(self, writer: DataFrameWriter, request: CommitRequest) -> None:
         """Create the table holding the batch's rows (:func:`~ingest.apply.delta_rs.initial_rows`)."""
         from pyspark.errors import AnalysisException
 
-        frame = arrow_frame(spark, initial_rows(request))
-        writer = frame.write.format("delta").mode("error")
+        writer = writer.mode("error")
         for key, value in self._properties().items():
             writer = writer.option(key, value)
         try:
@@ -305,10 +309,55 @@ def _widen(spark: SparkSession, path: str, columns: list[ColumnSpec], describe: 
 
 
 def _merge(spark: SparkSession, request: CommitRequest, columns: list[ColumnSpec], dialect: Dialect) -> None:
+    if request.frame is not None:  # the source is on the executors: its columns and key bounds are known
+        shape = FrameSource(request.frame.source.columns, request.frame.bounds)
+        statement = current_merge(shape, dialect, key_columns=request.key_columns, columns=columns,
+                                  delete_mode=request.delete_mode, truncate=request.truncate)
+        run_merge(spark, request, request.frame.source, statement)
+        return
     source = request.plan.source
     statement = current_merge(source, dialect, key_columns=request.key_columns, columns=columns,
                               delete_mode=request.delete_mode, truncate=request.truncate)
     run_merge(spark, request, source, statement)
+
+
+def _initial(spark: SparkSession, request: CommitRequest) -> DataFrame:
+    """The rows a new table starts with, or a batch of new keys appends
+    (:func:`~ingest.apply.delta_rs.initial_rows`), as a DataFrame: from the driver's plan, or
+    shaped on the executors from a plan that is there."""
+    if request.frame is None:
+        return arrow_frame(spark, initial_rows(request))
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    source = request.frame.source
+    if request.delete_mode == "hard":
+        source = source.where(~F.col("_cdc_deleted"))
+    schema = table_schema_of(request.schema.columns, request.history_mode)
+    shaped = source.select(*(F.col(ident(f.name)).cast(from_arrow_type(f.type, prefer_timestamp_ntz=True)).alias(f.name)
+                             for f in schema))
+    return shaped.sortWithinPartitions(*request.key_columns) if request.key_columns else shaped
+
+
+def _writer(spark: SparkSession, request: CommitRequest, app: str, txn: int, metadata: str) -> DataFrameWriter:
+    """A Delta writer of :func:`_initial`'s rows. A plan on the executors has its rows in the
+    session they were read in, whose settings the write follows: the commit's markers then go as
+    the writer's options (those of the engine's session would not reach it)."""
+    writer = _initial(spark, request).write.format("delta")
+    if request.frame is not None:
+        writer = writer.option("userMetadata", metadata).option("txnAppId", app).option("txnVersion", str(txn))
+    return writer
+
+
+def _remember_frame(spark: SparkSession, request: CommitRequest) -> None:
+    """:func:`~ingest.apply.commit.remember_deletes` of a plan on the executors, written by delta-spark."""
+    from ingest.apply.spark_batch import remember_on_executors
+
+    if request.delete_mode != "hard" or request.history is not None:
+        return
+    key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
+    remember_on_executors(spark, request.tombstones, request.key_columns, key_types, request.frame.deletes)
+    faults.point("after-tombstones")
 
 
 def _merge_history(spark: SparkSession, request: CommitRequest, dialect: Dialect) -> None:
@@ -385,7 +434,8 @@ DIALECT: Final = Dialect(ident=ident, string=string, timestamp=_timestamp, key_l
                          integer=_integer)
 
 
-def run_merge(spark: SparkSession, request: CommitRequest, source: pa.Table, statement: MergeStatement) -> None:
+def run_merge(spark: SparkSession, request: CommitRequest, source: pa.Table | DataFrame,
+              statement: MergeStatement) -> None:
     """Run ``statement`` with delta-spark's merge builder, ``source`` as a DataFrame."""
     from delta.tables import DeltaTable
 
@@ -394,7 +444,7 @@ def run_merge(spark: SparkSession, request: CommitRequest, source: pa.Table, sta
         return dict(clause.sets)
 
     merger = DeltaTable.forPath(spark, request.path.spark_uri).alias("t").merge(
-        arrow_frame(spark, source).alias("s"), statement.on)
+        (source if isinstance(source, DataFrame) else arrow_frame(spark, source)).alias("s"), statement.on)
     for clause in statement.clauses:
         if clause.kind == "matched_delete":
             merger = merger.whenMatchedDelete(clause.condition)

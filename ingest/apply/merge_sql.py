@@ -62,8 +62,19 @@ class MergeStatement:
     clauses: tuple[Clause, ...]
 
 
-def current_merge(source: pa.Table, d: Dialect, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
-                  delete_mode: Literal["hard", "soft"], truncate: str | None) -> MergeStatement:
+@dataclass(frozen=True, slots=True)
+class FrameSource:
+    """A MERGE source on Spark's executors, as :func:`current_merge` needs to know it: its column
+    names, and its first key column's least and greatest value (``bounds``, a table of those two
+    rows). Its keys are never listed in the condition: the driver does not hold them."""
+
+    column_names: list[str]
+    bounds: pa.Table
+
+
+def current_merge(source: pa.Table | FrameSource, d: Dialect, *, key_columns: tuple[str, ...],
+                  columns: list[ColumnSpec], delete_mode: Literal["hard", "soft"], truncate: str | None
+                  ) -> MergeStatement:
     """The MERGE of a planned batch (:attr:`MergePlan.source <ingest.apply.plan.MergePlan.source>`)
     into a table holding the current rows; ``columns`` are the table's user columns, ``truncate``
     the batch's truncate position if it applies.
@@ -127,7 +138,7 @@ def history_merge(plan: HistoryPlan, d: Dialect, *, key_columns: tuple[str, ...]
     return MergeStatement(f"{on} AND {same_version}" if on else same_version, tuple(clauses))
 
 
-def _on(key_columns: tuple[str, ...], source: pa.Table, d: Dialect, *, bounded: bool) -> str:
+def _on(key_columns: tuple[str, ...], source: pa.Table | FrameSource, d: Dialect, *, bounded: bool) -> str:
     """Key equality, led by the literal bounds of the batch's first key column when ``bounded``,
     and, where the dialect asks for it, by the list of its values.
 
@@ -143,8 +154,9 @@ def _on(key_columns: tuple[str, ...], source: pa.Table, d: Dialect, *, bounded: 
     """
     on = " AND ".join(f"t.{d.ident(k)} = s.{d.ident(k)}" for k in key_columns)
     if on and bounded:
-        bounds = key_range(source, key_columns[0], "t", ident=d.ident, string=d.string)
-        listed = key_list(source, key_columns[0], d)
+        keys = source.bounds if isinstance(source, FrameSource) else source
+        bounds = key_range(keys, key_columns[0], "t", ident=d.ident, string=d.string)
+        listed = key_list(source, key_columns[0], d) if isinstance(source, pa.Table) else None
         on = " AND ".join(p for p in (bounds, listed, on) if p)
     return on
 

@@ -45,6 +45,13 @@ class SparkPlan:
     rows: DataFrame
     source: DataFrame
     deletes: DataFrame
+    #: the source's first key column's least and greatest value (a table of two rows, for the
+    #: MERGE's bounds: :class:`~ingest.apply.merge_sql.FrameSource`)
+    bounds: pa.Table
+    #: rows in ``source``
+    source_rows: int = 0
+    #: winners whose key the table stores
+    stored_keys: int = 0
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
@@ -128,7 +135,7 @@ def plan_on_executors(reduction: SparkReduction, *, key_columns: tuple[str, ...]
     share = F.pmod(F.hash(*(F.col(k) for k in key_columns)), F.lit(shares))
     rows = (left.groupBy(share.alias("_cdc_share")).cogroup(right.groupBy(share.alias("_cdc_share")))
             .applyInArrow(plan_share, from_arrow_schema(shape, prefer_timestamp_ntz=True))).persist()
-    plan = _counted(rows, toast, hard)
+    plan, bounds = _counted(rows, toast, hard, key_columns[0])
     flagged = [name for n, name in enumerate(toast) if plan.pop(f"flag_{n}")]
     now = datetime.now(UTC)
 
@@ -142,12 +149,13 @@ def plan_on_executors(reduction: SparkReduction, *, key_columns: tuple[str, ...]
     source = rows.mapInArrow(source_of, from_arrow_schema(source_shape, prefer_timestamp_ntz=True))
     deletes = rows.where(F.col("_cdc_action") == F.lit("delete")).select(*key_columns, "_cdc_position",
                                                                          "_cdc_source_ts")
-    return SparkPlan(rows=rows, source=source, deletes=deletes, **plan)
+    return SparkPlan(rows=rows, source=source, deletes=deletes, bounds=bounds, **plan)
 
 
-def _counted(rows: DataFrame, toast: list[str], hard: bool) -> dict[str, int]:
-    """The plan's counts as :func:`~ingest.apply.plan.plan_merge` takes them, and whether each TOAST
-    column's flag is set in some live row (``flag_<n>``), in one aggregate."""
+def _counted(rows: DataFrame, toast: list[str], hard: bool, first_key: str) -> tuple[dict[str, int], pa.Table]:
+    """The plan's counts as :func:`~ingest.apply.plan.plan_merge` takes them, whether each TOAST
+    column's flag is set in some live row (``flag_<n>``), and the live rows' first-key bounds, in
+    one aggregate."""
     action = F.col("_cdc_action")
     live = action.isin("insert", "update", "delete", "truncated")
     if hard:
@@ -162,8 +170,11 @@ def _counted(rows: DataFrame, toast: list[str], hard: bool) -> dict[str, int]:
         count(live & F.col(UNKNOWN_COLUMNS).isNotNull()).alias("toast_unknown"),
         count((action == "delete") & F.col("_cdc_stored") if hard else F.lit(False)).alias("matched_deletes"),
         count(F.lit(False) if hard else live & F.col("_cdc_stored")).alias("matched_updates"),
+        count(live).alias("source_rows"), count(F.col("_cdc_stored")).alias("stored_keys"),
         *(count(live & F.col(f"_cdc_flag_{n}")).alias(f"flag_{n}") for n in range(len(toast))),
+        F.min(F.when(live, F.col(first_key))).alias("_lo"), F.max(F.when(live, F.col(first_key))).alias("_hi"),
     ]
-    first = rows.agg(*aggregates).first()
-    assert first is not None
-    return {k: int(v) for k, v in first.asDict().items()}
+    found = rows.agg(*aggregates).toArrow()
+    bounds = pa.table({first_key: pa.concat_arrays([found["_lo"].combine_chunks(), found["_hi"].combine_chunks()])})
+    counts = found.drop_columns(["_lo", "_hi"]).to_pylist()[0]
+    return {k: int(v) for k, v in counts.items()}, bounds

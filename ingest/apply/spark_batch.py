@@ -1,0 +1,152 @@
+"""One table's batch applied with its rows on Spark's executors, from change rows to the commit.
+
+The driver's journey (:mod:`ingest.apply.pipeline`) holds the batch's rows as Arrow tables. Here
+they stay in Spark: the reduce (:mod:`ingest.apply.spark_reduce`), the stored rows and remembered
+deletes of the batch's keys, the plan (:mod:`ingest.apply.spark_plan`), the remembered deletes this
+batch adds, and the MERGE's source, which the delta-spark engine reads from the executors
+(:attr:`~ingest.apply.commit.CommitRequest.frame`). The driver handles the table's state, the
+schema plan, the counts and the commit's metadata.
+
+What this does not do yet, so a batch that needs it takes the driver's journey: undecodable
+messages and foreign keys (quarantine), Kafka tombstones of a flattened stream, the quality gate,
+``ignore_null_updates`` and ``history_mode: scd2``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ingest.apply.commit import CommitOutcome, CommitRequest
+from ingest.apply.ordering import later_than_stored, later_than_stored_sql
+from ingest.apply.plan import MergePlan
+from ingest.apply.schema import plan_schema
+from ingest.apply.spark_plan import SparkPlan, plan_on_executors, stored_on_executors
+from ingest.apply.spark_reduce import reduce_on_executors
+from ingest.apply.tablestate import TableState
+from ingest.apply.tombstones import Remembered
+from ingest.audit import AuditRecord
+from ingest.config import TableSpec
+from ingest.deltaio import open_table
+from ingest.errors import TableError
+from ingest.events import ColumnSpec
+from ingest.lake import LakePath
+from ingest.paths import TablePaths
+
+
+def _spark_type(delta_type: str) -> str:
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from ingest.deltaio import arrow_type
+
+    return str(from_arrow_type(arrow_type(delta_type), prefer_timestamp_ntz=True).simpleString())
+
+
+def remembered_on_executors(spark: SparkSession, remembered: Remembered, key_columns: tuple[str, ...],
+                            key_types: Mapping[str, str], keys: DataFrame) -> DataFrame | None:
+    """:meth:`Remembered.read <ingest.apply.tombstones.Remembered.read>` of the keys in ``keys``,
+    read and matched by Spark (``None``: nothing remembered yet)."""
+    from ingest.apply.delta_spark import ident
+    from ingest.spark import spark_location
+
+    delta = remembered.open(key_types)
+    if delta is None:
+        return None
+    frame = (spark.read.format("delta").option("versionAsOf", delta.version())
+             .load(spark_location(spark, LakePath.of(remembered.path))))
+    return frame.select(*(F.col(ident(k)) for k in key_columns), "_cdc_position").join(
+        keys.select(*(F.col(ident(k)) for k in key_columns)).distinct(), on=list(key_columns), how="left_semi")
+
+
+def remember_on_executors(spark: SparkSession, remembered: Remembered, key_columns: tuple[str, ...],
+                          key_types: Mapping[str, str], deletes: DataFrame) -> None:
+    """:meth:`Remembered.record <ingest.apply.tombstones.Remembered.record>` of ``deletes`` (the key
+    columns, ``_cdc_position`` and ``_cdc_source_ts`` of each delete) by delta-spark: the same
+    columns, the same position guard."""
+    from delta.tables import DeltaTable
+
+    from ingest.apply.delta_spark import ident
+    from ingest.spark import spark_location
+
+    now = datetime.now(UTC)
+    source = deletes.select(
+        *(F.col(ident(k)).cast(_spark_type(key_types[k])).alias(k) for k in key_columns),
+        F.col("_cdc_position"), F.col("_cdc_source_ts").cast("timestamp").alias("_cdc_deleted_at"),
+        F.lit(now).cast("timestamp").alias("_cdc_recorded_at"))
+    location = spark_location(spark, LakePath.of(remembered.path))
+    if remembered.open(key_types) is None:
+        source.write.format("delta").mode("append").save(location)
+        return
+    on = " AND ".join(f"t.{ident(k)} = s.{ident(k)}" for k in key_columns)
+    (DeltaTable.forPath(spark, location).alias("t").merge(source.alias("s"), on)
+     .whenMatchedUpdateAll(later_than_stored_sql("s._cdc_position", "t._cdc_position"))
+     .whenNotMatchedInsertAll()
+     .execute())
+
+
+def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, columns: list[ColumnSpec], *,
+                       state: TableState, engine: object, record: AuditRecord,
+                       offsets: dict[tuple[str, int], int], flattened: bool | None,
+                       declared: tuple[str, ...] | None = None, shares: int | None = None) -> CommitOutcome:
+    """Reduce, plan and commit ``changes`` (the columns of
+    :attr:`~ingest.apply.microbatch.MicroBatch.changes`, of the combined ``columns``) on the
+    executors, with the delta-spark ``engine``; ``record`` gets the batch's counts. ``declared``:
+    the primary key the batch's changes declare (the table's own, once it has one, prevails).
+
+    Raises:
+        TableError: the table needs what this path does not do yet (module docstring).
+    """
+    from ingest.apply.delta_spark import DeltaSparkEngine
+    from ingest.apply.pipeline import _empty_plan
+
+    if not isinstance(engine, DeltaSparkEngine):
+        raise TableError(spec.name, "only the delta-spark engine applies a batch on the executors")
+    if spec.history_mode == "scd2" or spec.expectations or spec.ignore_null_updates:
+        raise TableError(spec.name, "history_mode scd2, expectations and ignore_null_updates are applied "
+                                    "on the driver")
+    key_columns = tuple(state.key_columns or spec.primary_key or declared or ())
+    if not key_columns:
+        raise TableError(spec.name, "a batch without a primary key is applied on the driver")
+    spark = engine.session()
+    schema = plan_schema(spec.name, state.columns, columns)
+    soft, hard = spec.delete_mode == "soft", spec.delete_mode == "hard"
+    reduction = reduce_on_executors(changes, key_columns, schema.columns, soft=soft, shares=shares)
+    plan: SparkPlan | None = None
+    try:
+        truncate = reduction.truncate.position if reduction.truncate else None
+        if truncate is not None and state.truncate_position is not None and not later_than_stored(
+                truncate, state.truncate_position):
+            truncate = None  # an older or replayed truncate changes nothing
+        table = open_table(paths.table)
+        key_types = {c.name: c.type for c in schema.columns if c.name in key_columns}
+        remembered = Remembered(paths.tombstones, spec.name)
+        stored = stored_on_executors(spark, paths.table, table, key_columns, reduction.tagged)
+        tombs = remembered_on_executors(spark, remembered, key_columns, key_types, reduction.tagged) if hard else None
+        plan = plan_on_executors(reduction, key_columns=key_columns, columns=schema.columns, stored=stored,
+                                 tombstones=tombs, old_truncate=state.truncate_position, new_truncate=truncate,
+                                 hard=hard, shares=shares)
+        record.superseded = reduction.superseded
+        record.truncates = 1 if truncate else 0
+        record.inserted, record.updated, record.deleted = plan.inserted, plan.updated, plan.deleted
+        record.stale = plan.stale + (1 if reduction.truncate is not None and not truncate else 0)
+        record.toast_unknown = plan.toast_unknown
+        record.schema_change = schema.describe()
+        record.engine = engine.name
+        counts = _empty_plan(schema.columns)
+        counts = MergePlan(rows=counts.rows, source=counts.source, matched_deletes=plan.matched_deletes,
+                           matched_updates=plan.matched_updates)
+        request = CommitRequest(
+            table=spec.name, path=paths.table, tombstones=remembered, delete_mode=spec.delete_mode,
+            key_columns=key_columns, schema=schema, plan=counts, truncate=truncate,
+            watermark=truncate or state.truncate_position, offsets=offsets,
+            flattened=flattened if flattened is not None else state.flattened, history_mode=spec.history_mode,
+            describe=lambda outcome: record.to_metadata(),
+            new_keys_only=state.table is not None and plan.stored_keys == 0 and truncate is None, frame=plan)
+        return engine.commit(request, state)
+    finally:
+        if plan is not None:
+            plan.release()
+        reduction.release()
