@@ -1,0 +1,167 @@
+"""One table's micro-batch assembled on Spark's executors: :class:`~ingest.apply.microbatch.MicroBatch`
+without collecting its change rows.
+
+The decode step leaves a DataFrame of parts (one Arrow IPC stream per row, :data:`~ingest.decode.parts.PARTS_DDL`).
+The driver's :meth:`MicroBatch.from_parts <ingest.apply.microbatch.MicroBatch.from_parts>` reads them all.
+Here:
+
+1. one small job brings back what the driver needs to know of the table's parts: their kinds,
+   schemas (with the columns they declare), Kafka partitions and the primary-key columns their
+   changes name; the driver combines the columns and reads the table's applied offsets for those
+   partitions;
+2. the executors turn the table's change parts into rows of the combined columns (the same
+   ``_named``, ``_unify`` as the driver), each marked as already applied or not;
+3. one aggregate over those rows gives the counts and offset spans; the tombstones and the
+   records that carry no change (controls, undecodable messages) -- few, and quarantined or
+   counted on the driver -- are the only rows collected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ingest.apply.microbatch import _concat, _declared, _named, _part_keys, _refuse_unavailable, _unify, combine_columns
+from ingest.apply.tablestate import TableState
+from ingest.config import ColumnSelection
+from ingest.decode.parts import FRAME, part_kind, read_parts
+from ingest.events import ColumnSpec
+
+#: Marks a change row the table has already applied (dropped before the reduce, counted).
+_DONE = "_cdc_done"
+_SUMMARY = "topic string, kind string, schema binary, partitions array<int>, keys array<string>"
+
+
+@dataclass(slots=True)
+class ExecutorBatch:
+    """:class:`~ingest.apply.microbatch.MicroBatch` with ``changes`` a DataFrame on the executors
+    (persisted: call :meth:`release` when done); the other attributes as there."""
+
+    changes: DataFrame
+    tombstones: pa.Table
+    meta: pa.Table
+    columns: list[ColumnSpec]
+    received: int = 0
+    already_applied: int = 0
+    offsets: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    _rows: DataFrame | None = None
+
+    def release(self) -> None:
+        if self._rows is not None:
+            self._rows.unpersist()
+
+
+def _parts_of(blobs: pa.Array) -> Iterator[pa.RecordBatch]:
+    for blob in blobs.to_pylist():
+        yield from read_parts([blob])
+
+
+def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, table: str = "",
+                          select: ColumnSelection | None = None, key_columns: tuple[str, ...] = ()) -> ExecutorBatch:
+    """The ``topic``'s share of ``decoded`` as :meth:`MicroBatch.from_parts
+    <ingest.apply.microbatch.MicroBatch.from_parts>` would assemble it (see module docstring).
+
+    Raises:
+        TableError, RegistryUnavailableError, SchemaIncompatibleError: as ``from_parts`` does.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    def summarize(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        out: dict[str, list[object]] = {"topic": [], "kind": [], "schema": [], "partitions": [], "keys": []}
+        for batch in batches:
+            for part in _parts_of(batch.column(0)):
+                if part.num_rows == 0:
+                    continue
+                out["topic"].append(part.column("_cdc_topic")[0].as_py())
+                out["kind"].append(part_kind(part.schema))
+                out["schema"].append(part.schema.serialize().to_pybytes())
+                out["partitions"].append(pc.unique(part.column("_cdc_partition")).to_pylist())
+                out["keys"].append(_part_keys(pa.Table.from_batches([part])) if part_kind(part.schema) == "changes"
+                                   else [])
+        yield pa.RecordBatch.from_pydict(out, schema=pa.schema([
+            ("topic", pa.string()), ("kind", pa.string()), ("schema", pa.binary()),
+            ("partitions", pa.list_(pa.int32())), ("keys", pa.list_(pa.string()))]))
+
+    summary = decoded.mapInArrow(summarize, _SUMMARY).where(F.col("topic") == F.lit(topic)).toArrow().to_pylist()
+    partitions = sorted({p for s in summary for p in s["partitions"]})
+    applied = {p: state.applied_offset(topic, p) for p in partitions}
+    declared = []
+    for s in summary:
+        if s["kind"] != "changes":
+            continue
+        named = _named(pa.ipc.read_schema(pa.py_buffer(s["schema"])).empty_table(), table_name=table)
+        columns = _declared(named)
+        if select is not None:
+            keys = {*key_columns, *(state.key_columns or ()), *s["keys"]}
+            columns = [c for c in columns if select.keeps(c.name, keys)]
+        declared.append(columns)
+    columns = combine_columns(declared)
+    shape = _unify([], columns).schema
+    out_schema = shape.append(pa.field(_DONE, pa.bool_()))
+
+    def done(rows: pa.Table) -> pa.Array:
+        """Whether each row's offset is one its partition has applied already (``_not_applied``'s rule)."""
+        offsets = pa.array([applied.get(p) for p in rows["_cdc_partition"].to_pylist()], pa.int64())
+        return pc.fill_null(pc.less_equal(rows["_cdc_offset"], offsets), False)
+
+    def unify(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for part in _parts_of(batch.column(0)):
+                if part.num_rows == 0 or part_kind(part.schema) != "changes" or \
+                        part.column("_cdc_topic")[0].as_py() != topic:
+                    continue
+                named = _named(pa.Table.from_batches([part]), table_name=table)
+                rows = _unify([named], columns)
+                yield from rows.append_column(_DONE, done(rows)).to_batches()
+
+    rows = decoded.mapInArrow(unify, from_arrow_schema(out_schema, prefer_timestamp_ntz=True)).persist()
+    counted = rows.groupBy("_cdc_topic", "_cdc_partition").agg(
+        F.count(F.when(F.col(_DONE), True)).alias("done"), F.count(F.when(~F.col(_DONE), True)).alias("kept"),
+        F.min(F.when(~F.col(_DONE), F.col("_cdc_offset"))).alias("lo"),
+        F.max(F.when(~F.col(_DONE), F.col("_cdc_offset"))).alias("hi")).toArrow().to_pylist()
+    already = sum(c["done"] for c in counted)
+    received = sum(c["kept"] for c in counted)
+    offsets = {(c["_cdc_topic"], c["_cdc_partition"]): [c["lo"], c["hi"]] for c in counted if c["kept"]}
+
+    def small(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            blobs = [b for b, part in ((b, read_parts([b])) for b in batch.column(0).to_pylist())
+                     if part and part[0].num_rows and part_kind(part[0].schema) != "changes"
+                     and part[0].column("_cdc_topic")[0].as_py() == topic]
+            yield pa.RecordBatch.from_pydict({"part": blobs}, schema=pa.schema([("part", pa.binary())]))
+
+    tombstones, meta = [], []
+    for part in read_parts(decoded.mapInArrow(small, "part binary").toArrow().column("part").to_pylist()):
+        named = _named(pa.Table.from_batches([part]), table_name=table)
+        kept = named.filter(pc.invert(done(named))) if part.num_rows else named
+        already += named.num_rows - kept.num_rows
+        received += kept.num_rows
+        for tp, lo, hi in _spans_of(kept):
+            span = offsets.setdefault(tp, [lo, hi])
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
+        if kept.num_rows == 0:
+            continue
+        if part_kind(part.schema) == "tombstones":
+            tombstones.append(kept)
+        else:
+            meta.append(kept.select(list(FRAME.names)))
+    _refuse_unavailable(meta)
+    return ExecutorBatch(changes=rows.where(~F.col(_DONE)).drop(_DONE), tombstones=_concat(tombstones),
+                         meta=pa.concat_tables(meta) if meta else FRAME.empty_table(), columns=columns,
+                         received=received, already_applied=already, offsets=offsets, _rows=rows)
+
+
+def _spans_of(table: pa.Table) -> list[tuple[tuple[str, int], int, int]]:
+    if table.num_rows == 0:
+        return []
+    grouped = pa.table({"t": table["_cdc_topic"], "p": table["_cdc_partition"], "o": table["_cdc_offset"]}).group_by(
+        ["t", "p"], use_threads=False).aggregate([("o", "min"), ("o", "max")])
+    return [((t, p), lo, hi) for t, p, lo, hi in zip(grouped["t"].to_pylist(), grouped["p"].to_pylist(),
+                                                     grouped["o_min"].to_pylist(), grouped["o_max"].to_pylist(),
+                                                     strict=True)]
+
