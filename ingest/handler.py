@@ -113,7 +113,11 @@ class BatchHandler:
         #: discard once the callback returns. Spark records the batch in its checkpoint before its
         #: tables commit; a crash in between leaves a checkpoint ahead of a table's Delta log, which
         #: the next run discards (``Engine._check_checkpoint``), resuming from the Delta logs.
-        self.overlap = self.source is not None
+        #: tables whose batches are assembled, reduced and planned on the executors (``target.plan_on``)
+        self.on_executors = {s.name for s in specs if config.plans_on_executors(s)}
+        self.overlap = self.source is not None and not self.on_executors  # they read the micro-batch's frame
+        #: this micro-batch's decoded parts as a DataFrame, persisted, while tables read it on the executors
+        self._parts_frame: DataFrame | None = None
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="apply")
         self._pending: Future[None] | None = None
 
@@ -138,14 +142,24 @@ class BatchHandler:
             if self.source is None:  # a reader that decodes as it reads got them when its stream started
                 self.prefetch_schemas(active)
             active = [s for s in active if s not in due or self._catch_up(s, frame, batch_id)]
-            # The executors decode the Kafka rows into typed columnar parts; the driver gets those only.
-            parts = early if early is not None else self._decoded(frame)
-            decode_ms = int((time.perf_counter() - t0) * 1000)
-            self.batches += 1
-            if self.overlap:
-                self._pending = self._background.submit(self._apply_all, active, frame, parts, batch_id, decode_ms)
-            else:
-                self._apply_all(active, frame, parts, batch_id, decode_ms)
+            # The executors decode the Kafka rows into typed columnar parts; the driver gets those only
+            # (of the tables it plans: the others read them where they are).
+            if any(s.name in self.on_executors for s in active):
+                self._parts_frame = self._parts(frame).persist()
+            try:
+                parts = early if early is not None else self._decoded(
+                    frame, exclude={s.topic for s in active if s.name in self.on_executors})
+                decode_ms = int((time.perf_counter() - t0) * 1000)
+                self.batches += 1
+                if self.overlap:
+                    self._pending = self._background.submit(self._apply_all, active, frame, parts, batch_id,
+                                                            decode_ms)
+                else:
+                    self._apply_all(active, frame, parts, batch_id, decode_ms)
+            finally:
+                if self._parts_frame is not None:
+                    self._parts_frame.unpersist()
+                    self._parts_frame = None
         except BaseException as exc:
             self.error = exc
             raise
@@ -175,10 +189,10 @@ class BatchHandler:
         for part in parts:
             if part.num_rows:
                 by_topic.setdefault(part.column("_cdc_topic")[0].as_py(), []).append(part)
-        work = [s for s in active if s.topic in by_topic]
+        work = [s for s in active if s.topic in by_topic or (s.name in self.on_executors and self._parts_frame)]
         # Tables apply side by side: delta-rs and DuckDB work outside the GIL.
         with ThreadPoolExecutor(max_workers=max(1, min(len(work), 4))) as pool:
-            futures = {s.name: pool.submit(self._apply, s, frame, by_topic[s.topic], batch_id, decode_ms)
+            futures = {s.name: pool.submit(self._apply, s, frame, by_topic.get(s.topic, []), batch_id, decode_ms)
                        for s in work}
         records = []
         for spec in work:
@@ -194,11 +208,18 @@ class BatchHandler:
         if len(self.stopped) == len(self.specs) and not self.retry_at:
             raise AllTablesStopped
 
-    def _decoded(self, frame: DataFrame) -> list[Any]:
-        """The micro-batch's parts: decoded as the source read them, or here by ``mapInArrow``."""
-        if self.source is None:
-            frame = frame.mapInArrow(self.decoder, PARTS_DDL)
-        return read_parts(frame.toArrow().column("part").to_pylist())
+    def _parts(self, frame: DataFrame) -> DataFrame:
+        """The micro-batch's parts as a DataFrame: decoded as the source read them, or by ``mapInArrow``."""
+        if self._parts_frame is not None:
+            return self._parts_frame
+        return frame if self.source is not None else frame.mapInArrow(self.decoder, PARTS_DDL)
+
+    def _decoded(self, frame: DataFrame, exclude: set[str] | None = None) -> list[Any]:
+        """The micro-batch's parts on the driver, less those of the ``exclude`` topics (left on the executors)."""
+        parts = self._parts(frame)
+        if exclude:
+            parts = parts.mapInArrow(_without_topics(exclude), PARTS_DDL)
+        return read_parts(parts.toArrow().column("part").to_pylist())
 
     def prefetch_schemas(self, active: list[TableSpec]) -> None:
         """Hand the executors every schema of the active topics, so they need not call the registry:
@@ -278,12 +299,19 @@ class BatchHandler:
                 if attempt.retry_state.attempt_number > 1:
                     # decode the table's records again (the registry may answer now)
                     parts = self._redecoded(spec, frame, parts)
-                result = apply_parts(spec, paths, parts, opened=self.opened[spec.name],
-                                     batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
-                                     gate=self.gates.get(spec.name), engine=self.engines.for_table(spec),
-                                     defer_audit=True,
-                                     fetch_raw=self.source.fetch if self.source is not None
-                                     else lambda coords: fetch_raw(frame, coords))  # type: ignore[arg-type]
+                fetch: Any = (self.source.fetch if self.source is not None
+                              else lambda coords: fetch_raw(frame, coords))  # type: ignore[arg-type]
+                if spec.name in self.on_executors and self._parts_frame is not None:
+                    from ingest.apply.spark_batch import apply_decoded
+
+                    result = apply_decoded(spec, paths, self._parts_frame, opened=self.opened[spec.name],
+                                           batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
+                                           engine=self.engines.for_table(spec), defer_audit=True, fetch_raw=fetch)
+                else:
+                    result = apply_parts(spec, paths, parts, opened=self.opened[spec.name],
+                                         batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
+                                         gate=self.gates.get(spec.name), engine=self.engines.for_table(spec),
+                                         defer_audit=True, fetch_raw=fetch)
         run = self.report.tables[spec.name]
         run.already_applied += result.already_applied
         if result.record is not None:
@@ -297,7 +325,10 @@ class BatchHandler:
         as it read and some message found the registry unavailable, here from the same offsets read
         again."""
         if self.source is None:
-            return parts if frame is None else self._decoded(frame.filter(frame.topic == spec.topic))
+            if frame is None:
+                return parts
+            mine = frame.filter(frame.topic == spec.topic).mapInArrow(self.decoder, PARTS_DDL)
+            return read_parts(mine.toArrow().column("part").to_pylist())
         if not _unavailable(parts):
             return parts  # decoded without the registry's help, or with it: reading again changes nothing
         start: dict[int, int] = {}
@@ -323,6 +354,18 @@ class BatchHandler:
             self.retry_at.pop(spec.name, None)
             log.error("table %s stopped: %s", spec.name, secrets.describe(exc))
 
+
+
+def _without_topics(topics: set[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A ``mapInArrow`` function that drops the parts of ``topics``."""
+    import pyarrow as pa
+
+    def keep(batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            blobs = [b for b in batch.column(0).to_pylist()
+                     if not any(p.num_rows and p.column("_cdc_topic")[0].as_py() in topics for p in read_parts([b]))]
+            yield pa.RecordBatch.from_pydict({"part": blobs}, schema=pa.schema([("part", pa.binary())]))
+    return keep
 
 
 def _unavailable(parts: list[Any]) -> bool:

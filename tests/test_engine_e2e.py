@@ -22,13 +22,27 @@ pytestmark = pytest.mark.spark
 BATCH = 700
 
 
-@pytest.fixture(scope="module", params=["delta-rs", "delta-spark"])
+@pytest.fixture(scope="module", params=["delta-rs", "delta-spark", "delta-spark-executors"])
 def ingested(request, tmp_path_factory, spark):
     """A small workload with duplicates, reorders, a truncate, an added column, TOAST and malformed input,
-    applied by each engine."""
-    config = make_config(tmp_path_factory.mktemp("e2e"), engine=request.param, batch=BATCH)
+    applied by each engine (``delta-spark-executors``: its batches assembled, reduced and planned on
+    the executors, ``target.plan_on``; without the demo's suites, which that path leaves to the driver)."""
+    engine = request.param.removesuffix("-executors")
+    config = make_config(tmp_path_factory.mktemp("e2e"), engine=engine, batch=BATCH,
+                         plan_on="executors" if request.param.endswith("-executors") else "driver",
+                         suites=not request.param.endswith("-executors"))
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
-    report = Engine(config, spark=spark).run()
+    from ingest.apply import spark_batch
+
+    planned: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        real = spark_batch.apply_on_executors
+        patch.setattr(spark_batch, "apply_on_executors", lambda spec, *a, **k: planned.append(spec.name) or real(
+            spec, *a, **k))
+        report = Engine(config, spark=spark).run()
+    batches = sum(len(t.batches) for t in report.tables.values())
+    # the executors planned most batches (a batch of only truncates, say, goes to the driver), or none
+    assert len(planned) >= batches - 3 if request.param.endswith("-executors") else not planned
     return config, report
 
 

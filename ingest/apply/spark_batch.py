@@ -7,26 +7,47 @@ batch adds, and the MERGE's source, which the delta-spark engine reads from the 
 (:attr:`~ingest.apply.commit.CommitRequest.frame`). The driver handles the table's state, the
 schema plan, the counts and the commit's metadata.
 
-What this does not do yet, so a batch that needs it takes the driver's journey: undecodable
-messages and foreign keys (quarantine), Kafka tombstones of a flattened stream, the quality gate,
+The stream takes this path for a delta-spark table when ``target.plan_on`` is ``executors``
+(:func:`apply_decoded`). Undecodable messages are quarantined from the driver (they are among the
+few rows it collects). What this path does not do yet, so a batch that needs it has its change
+rows collected and takes the driver's journey: changes whose key is not the table's, Kafka
+tombstones that delete (a flattened stream), a batch of truncates only, the quality gate,
 ``ignore_null_updates`` and ``history_mode: scd2``.
 """
 
 from __future__ import annotations
 
+import json
+import time
+from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from ingest import audit, locks, quarantine
 from ingest.apply.commit import CommitOutcome, CommitRequest
+from ingest.apply.history import check_history_mode
+from ingest.apply.kafka_tombstones import are_deletes
+from ingest.apply.microbatch import MicroBatch, _unify
 from ingest.apply.ordering import later_than_stored, later_than_stored_sql
+from ingest.apply.pipeline import (
+    BatchResult,
+    RawFetch,
+    _check_position_format,
+    _Held,
+    _refuse_to_move_backwards,
+    process_batch,
+)
 from ingest.apply.plan import MergePlan
 from ingest.apply.schema import plan_schema
+from ingest.apply.spark_microbatch import ExecutorBatch
 from ingest.apply.spark_plan import SparkPlan, plan_on_executors, stored_on_executors
 from ingest.apply.spark_reduce import reduce_on_executors
-from ingest.apply.tablestate import TableState
+from ingest.apply.tablestate import OpenTables, TableState
 from ingest.apply.tombstones import Remembered
 from ingest.audit import AuditRecord
 from ingest.config import TableSpec
@@ -35,6 +56,8 @@ from ingest.errors import TableError
 from ingest.events import ColumnSpec
 from ingest.lake import LakePath
 from ingest.paths import TablePaths
+from ingest.proof import faults
+from ingest.quality.gate import QualityReport
 
 
 def _spark_type(delta_type: str) -> str:
@@ -150,3 +173,90 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
         if plan is not None:
             plan.release()
         reduction.release()
+
+
+def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, opened: OpenTables, batch_id: int,
+                  run_id: str, engine: object, decode_ms: int = 0, fetch_raw: RawFetch | None = None,
+                  defer_audit: bool = False, shares: int | None = None) -> BatchResult:
+    """:func:`~ingest.apply.pipeline.apply_parts` of the table's share of ``decoded`` (the decode
+    step's parts as a DataFrame), its rows kept on the executors: assembled there
+    (:func:`~ingest.apply.spark_microbatch.assemble_on_executors`), then reduced, planned and
+    committed by :func:`apply_on_executors`, with the same quarantine, guards, fault points and
+    audit row as the driver's journey.
+
+    A batch this path does not reach (module docstring; Kafka tombstones that delete, changes whose
+    key is not the table's, a batch of truncates only) has its change rows collected and goes the
+    driver's journey instead (:func:`~ingest.apply.pipeline.process_batch`): the same outcome.
+    """
+    from ingest.apply.spark_microbatch import assemble_on_executors
+
+    started_at = datetime.now(UTC)
+    t0 = time.perf_counter()
+    state = opened.state()
+    batch = assemble_on_executors(decoded, spec.topic, state, table=spec.name, select=spec.columns,
+                                  key_columns=tuple(spec.primary_key or ()))
+    try:
+        if batch.received == 0:
+            return BatchResult(None, already_applied=batch.already_applied)
+        facts = batch.changes.agg(
+            F.max(F.when(F.col("_cdc_op") != F.lit("t"), F.col("_cdc_flattened"))).alias("flattened"),
+            F.collect_set(F.when(F.col("_cdc_op") != F.lit("t"), F.col("_cdc_key_columns"))).alias("keys"),
+            F.count(F.when(F.col("_cdc_op") != F.lit("t"), True)).alias("rows")).first()
+        assert facts is not None
+        flattened = facts["flattened"]
+        declared = sorted(k for k in facts["keys"] if k)
+        key_columns = tuple(state.key_columns or spec.primary_key or (json.loads(declared[0]) if declared else ()))
+        tombstone_deletes = batch.tombstones.num_rows and are_deletes(spec.kafka_tombstones, flattened,
+                                                                      state.flattened)
+        if (spec.history_mode == "scd2" or spec.expectations or spec.ignore_null_updates or not key_columns
+                or facts["rows"] == 0 or tombstone_deletes or declared != [json.dumps(list(key_columns))]):
+            return _on_driver(spec, paths, batch, state, opened, batch_id=batch_id, run_id=run_id, engine=engine,
+                              decode_ms=decode_ms, fetch_raw=fetch_raw, defer_audit=defer_audit)
+        record = AuditRecord(table=spec.name, run_id=run_id, batch_id=batch_id, received=batch.received,
+                             started_at=started_at, decode_ms=decode_ms)
+        record.offsets = json.dumps({f"{t}:{p}": span for (t, p), span in sorted(batch.offsets.items())})
+        held = _Held()
+        meta = batch.meta
+        held.add_rows(meta.filter(pc.equal(meta["_cdc_kind"], "error")), "decode")
+        controls = Counter(k for k in meta["_cdc_kind"].to_pylist() if k != "error")
+        controls["tombstone"] += batch.tombstones.num_rows  # they delete nothing here (see above)
+        record.skipped = sum(controls.values())
+        held_records = held.resolve(spec, fetch_raw, batch_id=batch_id, run_id=run_id)
+        quarantine.write(paths.quarantine, held_records)
+        record.quarantined = len(held)
+        faults.point("after-quarantine")
+        _refuse_to_move_backwards(spec.name, batch, state, True)  # type: ignore[arg-type]
+        locks.check(paths.table)
+        _check_position_format(spec.name, state)
+        check_history_mode(spec.name, spec.history_mode, state)
+        outcome = apply_on_executors(spec, paths, batch.changes, batch.columns, state=state, engine=engine,
+                                     record=record, flattened=flattened,
+                                     offsets={tp: span[1] for tp, span in batch.offsets.items()},
+                                     declared=key_columns, shares=shares)
+        faults.point("after-delta-commit")
+        record.status = "committed" if outcome.committed else "nothing-to-commit"
+        record.rows_truncated = outcome.rows_truncated
+        record.delta_version = outcome.delta_version
+        record.apply_ms = outcome.merge_ms
+        record.merge_metrics = json.dumps({k: v for k, v in sorted(outcome.metrics.items())
+                                           if isinstance(v, int | float)})
+        record.total_ms = decode_ms + int((time.perf_counter() - t0) * 1000)
+        record.finished_at = datetime.now(UTC)
+        if not defer_audit:
+            audit.append(paths.audit, [record])
+        faults.point("after-batch")
+        return BatchResult(record, already_applied=batch.already_applied, controls=controls,
+                           quality=QualityReport(), held=held_records)
+    finally:
+        batch.release()
+
+
+def _on_driver(spec: TableSpec, paths: TablePaths, batch: ExecutorBatch, state: TableState, opened: OpenTables,
+               **kwargs: Any) -> BatchResult:
+    """The driver's journey for a batch assembled on the executors: its change rows collected."""
+    from ingest.deltaio import normalize
+
+    rows = MicroBatch(changes=normalize(batch.changes.toArrow()).cast(_unify([], batch.columns).schema),
+                      tombstones=batch.tombstones, meta=batch.meta, columns=batch.columns, received=batch.received,
+                      already_applied=batch.already_applied, offsets=batch.offsets)
+    return process_batch(spec, paths, rows, state=state, remembered=opened.tombstones, **kwargs)

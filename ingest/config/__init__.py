@@ -96,6 +96,11 @@ class IngestConfig(Model):
             return self.engine_of(spec) == "delta-spark" and local_cores(self.spark.master) is None
         return where == "spark"
 
+    def plans_on_executors(self, spec: TableSpec) -> bool:
+        """Whether the table's batches are assembled, reduced and planned on Spark's executors
+        (``target.plan_on``; :mod:`ingest.apply.spark_batch` says which batches still go to the driver)."""
+        return self.engine_of(spec) == "delta-spark" and self.target.plan_on == "executors"
+
     def engines(self) -> set[EngineName]:
         """Every apply engine a run of this configuration may use (discovered tables included)."""
         found: set[EngineName] = {self.engine_of(spec) for spec in self.tables}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -101,6 +102,12 @@ class TargetSpec(Model):
         "the batch's keys; the driver reads them itself while the files their key range reaches hold at most "
         "this many rows, else Spark's executors do and the driver receives only the rows found. Lower it to bound "
         "the driver's memory (0: always the executors), raise it to spare a small table's batches a Spark job")
+    plan_on: Literal["driver", "executors"] = Field(
+        "driver", description="delta-spark: where a batch is assembled, reduced and planned. driver: its rows are "
+        "collected and planned with Arrow (faster on one machine); executors: they stay in Spark, the driver gets "
+        "counts and schemas only (a cluster whose batches outgrow the driver). A table with an expectations suite, "
+        "history_mode scd2 or ignore_null_updates, and a batch with Kafka tombstones that delete, foreign keys or "
+        "only truncates, are planned on the driver either way")
     change_data_feed: bool = Field(
         True, description="tables record Delta's change data feed (delta.enableChangeDataFeed; an existing table "
         "without it is switched on at its next batch): `ingest changes` and downstream readers get each commit's "

@@ -39,6 +39,7 @@ def test_relative_paths_resolve_against_the_file(tmp_path):
          "greater than 0"),
         ("target: {driver_lookup_rows: -1}\ntables: [{name: a, topic: t}]", "target.driver_lookup_rows",
          "greater than or equal to 0"),
+        ("target: {plan_on: cluster}\ntables: [{name: a, topic: t}]", "target.plan_on", "'driver' or 'executors'"),
         ("source: {kind: kafka, kafka: {bootstrap_servers: 'b:9092', reader: spark}, max_records_per_table: 10}\n"
          "tables: [{name: a, topic: t}]", "source", "max_records_per_table needs the engine's own reader"),
     ],
