@@ -381,13 +381,22 @@ def spark_rows_of_keys(spark: SparkSession, path: LakePath, table: DeltaTable, k
 
     schema = normalize(table_schema(table).empty_table()).schema
     names = columns or schema.names
-    frame = spark.read.format("delta").option("versionAsOf", table.version()).load(spark_location(spark, path))
-    where = key_range(keys, key_columns[0], ident=ident, string=string)
+    wanted = broadcast(arrow_frame(spark, keys.select(list(key_columns))))
+    found = frame_of_keys(spark, path, table.version(), key_columns, wanted, names,
+                          where=key_range(keys, key_columns[0], ident=ident, string=string))
+    return normalize(found.toArrow()).cast(pa.schema([schema.field(n) for n in names]))
+
+
+def frame_of_keys(spark: SparkSession, path: LakePath, version: int, key_columns: tuple[str, ...], keys: DataFrame,
+                  columns: list[str], *, where: str | None = None) -> DataFrame:
+    """``columns`` of the rows of the table at ``path`` (at ``version``, deletion vectors applied)
+    whose key is among ``keys``' -- a semi-join, narrowed first by ``where`` -- as a DataFrame: the
+    one Spark read behind every look-up of stored rows and remembered deletes by key."""
+    frame = spark.read.format("delta").option("versionAsOf", version).load(spark_location(spark, path))
     if where is not None:
         frame = frame.where(where)
-    wanted = arrow_frame(spark, keys.select(list(key_columns)))
-    found = frame.select(*(ident(n) for n in names)).join(broadcast(wanted), on=list(key_columns), how="left_semi")
-    return normalize(found.toArrow()).cast(pa.schema([schema.field(n) for n in names]))
+    return frame.select(*(ident(n) for n in columns)).join(
+        keys.select(*(ident(k) for k in key_columns)), on=list(key_columns), how="left_semi")
 
 
 def dialect_for(table: DeltaTable | None, source: pa.Table, key_columns: tuple[str, ...]) -> Dialect:

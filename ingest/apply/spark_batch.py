@@ -21,6 +21,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,7 +43,6 @@ from ingest.apply.pipeline import (
     _refuse_to_move_backwards,
     process_batch,
 )
-from ingest.apply.plan import MergePlan
 from ingest.apply.schema import plan_schema
 from ingest.apply.spark_microbatch import ExecutorBatch
 from ingest.apply.spark_plan import SparkPlan, plan_on_executors, stored_on_executors
@@ -72,16 +72,14 @@ def remembered_on_executors(spark: SparkSession, remembered: Remembered, key_col
                             key_types: Mapping[str, str], keys: DataFrame) -> DataFrame | None:
     """:meth:`Remembered.read <ingest.apply.tombstones.Remembered.read>` of the keys in ``keys``,
     read and matched by Spark (``None``: nothing remembered yet)."""
-    from ingest.apply.delta_spark import ident
-    from ingest.spark import spark_location
+    from ingest.apply.delta_spark import frame_of_keys, ident
 
     delta = remembered.open(key_types)
     if delta is None:
         return None
-    frame = (spark.read.format("delta").option("versionAsOf", delta.version())
-             .load(spark_location(spark, LakePath.of(remembered.path))))
-    return frame.select(*(F.col(ident(k)) for k in key_columns), "_cdc_position").join(
-        keys.select(*(F.col(ident(k)) for k in key_columns)).distinct(), on=list(key_columns), how="left_semi")
+    return frame_of_keys(spark, LakePath.of(remembered.path), delta.version(), key_columns,
+                         keys.select(*(F.col(ident(k)) for k in key_columns)).distinct(),
+                         [*key_columns, "_cdc_position"])
 
 
 def remember_on_executors(spark: SparkSession, remembered: Remembered, key_columns: tuple[str, ...],
@@ -158,9 +156,8 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
         record.toast_unknown = plan.toast_unknown
         record.schema_change = schema.describe()
         record.engine = engine.name
-        counts = _empty_plan(schema.columns)
-        counts = MergePlan(rows=counts.rows, source=counts.source, matched_deletes=plan.matched_deletes,
-                           matched_updates=plan.matched_updates)
+        counts = replace(_empty_plan(schema.columns), matched_deletes=plan.matched_deletes,
+                         matched_updates=plan.matched_updates)
         request = CommitRequest(
             table=spec.name, path=paths.table, tombstones=remembered, delete_mode=spec.delete_mode,
             key_columns=key_columns, schema=schema, plan=counts, truncate=truncate,

@@ -67,8 +67,7 @@ class SparkPlan:
 def stored_on_executors(spark: SparkSession, path: LakePath, table: DeltaTable | None, key_columns: tuple[str, ...],
                         keys: DataFrame) -> DataFrame:
     """:func:`~ingest.apply.stored.stored_rows` of the keys in ``keys``, read and matched by Spark."""
-    from ingest.apply.delta_spark import ident
-    from ingest.spark import spark_location
+    from ingest.apply.delta_spark import frame_of_keys, ident
 
     names = {f.name for f in table_schema(table)} if table is not None else set()
     key_types = {f.name: f.dataType.simpleString() for f in keys.schema.fields if f.name in key_columns}
@@ -79,9 +78,8 @@ def stored_on_executors(spark: SparkSession, path: LakePath, table: DeltaTable |
     unknown = UNKNOWN_COLUMNS in names
     wanted = [*key_columns, "_cdc_position", "_cdc_partition", "_cdc_offset", "_cdc_deleted",
               *([UNKNOWN_COLUMNS] if unknown else [])]
-    frame = spark.read.format("delta").option("versionAsOf", table.version()).load(spark_location(spark, path))
-    found = frame.select(*(F.col(ident(n)) for n in wanted)).join(
-        keys.select(*(F.col(ident(k)) for k in key_columns)).distinct(), on=list(key_columns), how="left_semi")
+    distinct = keys.select(*(F.col(ident(k)) for k in key_columns)).distinct()
+    found = frame_of_keys(spark, path, table.version(), key_columns, distinct, wanted)
     if not unknown:
         found = found.withColumn(UNKNOWN_COLUMNS, F.lit(None).cast("array<string>"))
     return found.toDF(*key_columns, *(name for name, _ in STORED_SCHEMA))
