@@ -26,7 +26,16 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ingest.apply.microbatch import _concat, _declared, _named, _part_keys, _refuse_unavailable, _unify, combine_columns
+from ingest.apply.microbatch import (
+    _concat,
+    _declared,
+    _named,
+    _part_keys,
+    _refuse_unavailable,
+    _spans,
+    _unify,
+    combine_columns,
+)
 from ingest.apply.tablestate import TableState
 from ingest.config import ColumnSelection
 from ingest.decode.parts import FRAME, part_kind, read_parts
@@ -90,6 +99,8 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
     summary = decoded.mapInArrow(summarize, _SUMMARY).where(F.col("topic") == F.lit(topic)).toArrow().to_pylist()
     partitions = sorted({p for s in summary for p in s["partitions"]})
     applied = {p: state.applied_offset(topic, p) for p in partitions}
+    known = pa.array(list(applied), pa.int32())
+    limits = pa.array(list(applied.values()), pa.int64())
     declared = []
     for s in summary:
         if s["kind"] != "changes":
@@ -106,8 +117,8 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
 
     def done(rows: pa.Table) -> pa.Array:
         """Whether each row's offset is one its partition has applied already (``_not_applied``'s rule)."""
-        offsets = pa.array([applied.get(p) for p in rows["_cdc_partition"].to_pylist()], pa.int64())
-        return pc.fill_null(pc.less_equal(rows["_cdc_offset"], offsets), False)
+        at = pc.index_in(rows["_cdc_partition"], value_set=known)
+        return pc.fill_null(pc.less_equal(rows["_cdc_offset"], pc.take(limits, at)), False)
 
     def unify(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -141,9 +152,8 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
         kept = named.filter(pc.invert(done(named))) if part.num_rows else named
         already += named.num_rows - kept.num_rows
         received += kept.num_rows
-        for tp, lo, hi in _spans_of(kept):
-            span = offsets.setdefault(tp, [lo, hi])
-            span[0], span[1] = min(span[0], lo), max(span[1], hi)
+        if kept.num_rows:
+            _spans(kept, offsets)
         if kept.num_rows == 0:
             continue
         if part_kind(part.schema) == "tombstones":
@@ -154,14 +164,4 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
     return ExecutorBatch(changes=rows.where(~F.col(_DONE)).drop(_DONE), tombstones=_concat(tombstones),
                          meta=pa.concat_tables(meta) if meta else FRAME.empty_table(), columns=columns,
                          received=received, already_applied=already, offsets=offsets, _rows=rows)
-
-
-def _spans_of(table: pa.Table) -> list[tuple[tuple[str, int], int, int]]:
-    if table.num_rows == 0:
-        return []
-    grouped = pa.table({"t": table["_cdc_topic"], "p": table["_cdc_partition"], "o": table["_cdc_offset"]}).group_by(
-        ["t", "p"], use_threads=False).aggregate([("o", "min"), ("o", "max")])
-    return [((t, p), lo, hi) for t, p, lo, hi in zip(grouped["t"].to_pylist(), grouped["p"].to_pylist(),
-                                                     grouped["o_min"].to_pylist(), grouped["o_max"].to_pylist(),
-                                                     strict=True)]
 
