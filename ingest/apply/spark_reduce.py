@@ -33,6 +33,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ingest.apply.reduce import Reduction, TruncateMark, reduce_changes
+from ingest.deltaio import normalize
 from ingest.events import ColumnSpec
 
 #: The column that tells a share's winners from its truncated rows (soft mode) in the one frame
@@ -68,7 +69,7 @@ def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], column
     spark = changes.sparkSession
     shares = shares or spark.sparkContext.defaultParallelism
     is_truncate = F.col("_cdc_op") == F.lit("t")
-    marks = _plain(changes.where(is_truncate).toArrow())
+    marks = normalize(changes.where(is_truncate).toArrow())
     summary = changes.agg(
         F.count(F.when(~is_truncate, True)).alias("changed"),
         F.array_distinct(F.flatten(F.collect_list(F.coalesce("_cdc_toast", F.array().cast("array<string>")))))
@@ -77,12 +78,12 @@ def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], column
     changed, present = int(summary["changed"]), set(summary["toast"] or [])
     fills = [c.name for c in columns if c.name in present]
     # The shape every share returns: the driver's reduce of no rows, with the batch's fills.
-    empty = _plain(changes.limit(0).toArrow())
+    empty = normalize(changes.limit(0).toArrow())
     shape = _tagged(reduce_changes(empty, key_columns, columns, soft=soft, fills=fills), soft)
     truncate = _latest(marks)
 
     def reduce_share(rows: pa.Table) -> pa.Table:
-        rows = _plain(rows)
+        rows = normalize(rows)
         if marks.num_rows:
             rows = pa.concat_tables([rows, marks.cast(rows.schema)])
         return _tagged(reduce_changes(rows, key_columns, columns, soft=soft, fills=fills), soft).cast(shape.schema)
@@ -117,18 +118,4 @@ def _latest(marks: pa.Table) -> TruncateMark | None:
                                               ("_cdc_offset", "ascending")])
     top = marks.take(order.slice(0, 1)).to_pylist()[0]
     return TruncateMark(top["_cdc_position"], top["_cdc_partition"], top["_cdc_offset"])
-
-
-def _plain(table: pa.Table) -> pa.Table:
-    from ingest.deltaio import normalize
-
-    return normalize(table)
-
-
-def driver_reduction(reduction: SparkReduction) -> Reduction:
-    """``reduction`` with its rows on the driver (for tests, and a caller that needs them there)."""
-    winners = _plain(reduction.winners.toArrow())
-    truncated = _plain(reduction.truncated.toArrow()) if reduction.truncated is not None else None
-    return Reduction(winners=winners, toast_columns=reduction.toast_columns, truncate=reduction.truncate,
-                     truncates=reduction.truncates, superseded=reduction.superseded, truncated=truncated)
 

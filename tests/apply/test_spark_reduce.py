@@ -16,8 +16,9 @@ import pytest
 
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.reduce import Reduction, reduce_changes
-from ingest.apply.spark_reduce import driver_reduction, reduce_on_executors
+from ingest.apply.spark_reduce import SparkReduction, reduce_on_executors
 from ingest.apply.tablestate import TableState
+from ingest.deltaio import normalize
 from ingest.events import UNAVAILABLE, ChangeEvent
 from ingest.spark import arrow_frame
 from tests.factories import change, decoded_rows
@@ -61,6 +62,14 @@ def random_parts(seed: int, *, events: int = 60, keys: int = 16, first_offset: i
 
 def _batch(seed: int) -> MicroBatch:
     return MicroBatch.from_parts(random_parts(seed), NOTHING_APPLIED)
+
+
+def driver_reduction(reduction: SparkReduction) -> Reduction:
+    """``reduction`` with its rows on the driver, to compare."""
+    truncated = normalize(reduction.truncated.toArrow()) if reduction.truncated is not None else None
+    return Reduction(winners=normalize(reduction.winners.toArrow()), toast_columns=reduction.toast_columns,
+                     truncate=reduction.truncate, truncates=reduction.truncates, superseded=reduction.superseded,
+                     truncated=truncated)
 
 
 def _rows(table: pa.Table | None, like: pa.Schema) -> list[dict[str, Any]]:
