@@ -189,7 +189,8 @@ class BatchHandler:
         for part in parts:
             if part.num_rows:
                 by_topic.setdefault(part.column("_cdc_topic")[0].as_py(), []).append(part)
-        work = [s for s in active if s.topic in by_topic or (s.name in self.on_executors and self._parts_frame)]
+        planned_there = self.on_executors if self._parts_frame is not None else set()
+        work = [s for s in active if s.topic in by_topic or s.name in planned_there]
         # Tables apply side by side: delta-rs and DuckDB work outside the GIL.
         with ThreadPoolExecutor(max_workers=max(1, min(len(work), 4))) as pool:
             futures = {s.name: pool.submit(self._apply, s, frame, by_topic.get(s.topic, []), batch_id, decode_ms)

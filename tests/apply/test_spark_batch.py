@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from ingest.apply.delta_spark import DeltaSparkEngine
@@ -68,4 +67,4 @@ def test_the_executors_leave_the_table_the_driver_leaves(tmp_path: Any, spark: A
             assert _table(on_executors.tombstones, drop) == _table(on_driver.tombstones, drop), f"batch {i}"
     last = open_table(on_executors.table)
     assert last is not None and last.history(1)[0]["operation"] == "WRITE"  # the new keys were appended
-    assert pa.table({"n": [len(_table(on_driver.table))]})["n"][0].as_py() > 24  # every batch left rows
+    assert len(_table(on_driver.table)) > 24  # every batch left rows
