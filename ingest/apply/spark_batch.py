@@ -11,8 +11,8 @@ The stream takes this path for a delta-spark table when ``target.plan_on`` is ``
 (:func:`apply_decoded`). Undecodable messages are quarantined from the driver (they are among the
 few rows it collects). What this path does not do yet, so a batch that needs it has its change
 rows collected and takes the driver's journey: changes whose key is not the table's, Kafka
-tombstones that delete (a flattened stream), a batch of truncates only, the quality gate,
-``ignore_null_updates`` and ``history_mode: scd2``.
+tombstones that delete (a flattened stream), a batch of truncates only, the quality gate and
+``history_mode: scd2``.
 """
 
 from __future__ import annotations
@@ -125,16 +125,16 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
 
     if not isinstance(engine, DeltaSparkEngine):
         raise TableError(spec.name, "only the delta-spark engine applies a batch on the executors")
-    if spec.history_mode == "scd2" or spec.expectations or spec.ignore_null_updates:
-        raise TableError(spec.name, "history_mode scd2, expectations and ignore_null_updates are applied "
-                                    "on the driver")
+    if spec.history_mode == "scd2" or spec.expectations:
+        raise TableError(spec.name, "history_mode scd2 and expectations are applied on the driver")
     key_columns = tuple(state.key_columns or spec.primary_key or declared or ())
     if not key_columns:
         raise TableError(spec.name, "a batch without a primary key is applied on the driver")
     spark = engine.session()
     schema = plan_schema(spec.name, state.columns, columns)
     soft, hard = spec.delete_mode == "soft", spec.delete_mode == "hard"
-    reduction = reduce_on_executors(changes, key_columns, schema.columns, soft=soft, shares=shares)
+    reduction = reduce_on_executors(changes, key_columns, schema.columns, soft=soft,
+                                    nulls_unchanged=spec.ignore_null_updates, shares=shares)
     plan: SparkPlan | None = None
     try:
         truncate = reduction.truncate.position if reduction.truncate else None
@@ -205,7 +205,7 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         key_columns = tuple(state.key_columns or spec.primary_key or (json.loads(declared[0]) if declared else ()))
         tombstone_deletes = batch.tombstones.num_rows and are_deletes(spec.kafka_tombstones, flattened,
                                                                       state.flattened)
-        if (spec.history_mode == "scd2" or spec.expectations or spec.ignore_null_updates or not key_columns
+        if (spec.history_mode == "scd2" or spec.expectations or not key_columns
                 or facts["rows"] == 0 or tombstone_deletes or declared != [json.dumps(list(key_columns))]):
             return _on_driver(spec, paths, batch, state, opened, batch_id=batch_id, run_id=run_id, engine=engine,
                               decode_ms=decode_ms, fetch_raw=fetch_raw, defer_audit=defer_audit)

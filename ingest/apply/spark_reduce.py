@@ -13,6 +13,10 @@ reduced by the same function in a Python worker (``groupBy(...).applyInArrow``),
 * the counts the driver's reduce gives made whole again: the superseded truncates are counted
   once, not once per share.
 
+``ignore_null_updates`` (:func:`~ingest.apply.reduce.nulls_as_unchanged`) is a rule about one
+change, so every share applies it to its own changes before the reduce; the batch's list of TOAST
+columns then also names every column an update of the batch leaves null.
+
 A change's rank in the batch order (``_cdc_ord``) is then its rank in its share: the order of
 any two changes of one key, and of a change and a truncate, is the same, and nothing after the
 reduce reads the rank itself.
@@ -32,7 +36,8 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ingest.apply.reduce import Reduction, TruncateMark, reduce_changes
+from ingest.apply.delta_spark import ident
+from ingest.apply.reduce import Reduction, TruncateMark, nulls_as_unchanged, reduce_changes
 from ingest.deltaio import normalize
 from ingest.events import ColumnSpec
 
@@ -60,20 +65,27 @@ class SparkReduction:
 
 
 def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], columns: list[ColumnSpec], *,
-                        soft: bool = False, shares: int | None = None) -> SparkReduction:
+                        soft: bool = False, nulls_unchanged: bool = False,
+                        shares: int | None = None) -> SparkReduction:
     """:func:`~ingest.apply.reduce.reduce_changes` of ``changes`` (the columns of
     :attr:`~ingest.apply.microbatch.MicroBatch.changes`), in ``shares`` shares by key hash (default:
-    one per core of the session's context), on the executors (see module docstring)."""
+    one per core of the session's context), on the executors (see module docstring).
+    ``nulls_unchanged``: the table's ``ignore_null_updates``, applied to every change first."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     spark = changes.sparkSession
     shares = shares or spark.sparkContext.defaultParallelism
     is_truncate = F.col("_cdc_op") == F.lit("t")
     marks = normalize(changes.where(is_truncate).toArrow())
+    placeholders = F.coalesce("_cdc_toast", F.array().cast("array<string>"))
+    if nulls_unchanged:  # the columns nulls_as_unchanged lists, row by row
+        nullable = [c.name for c in columns if c.name not in key_columns and c.name in changes.columns]
+        left_null = F.array(*(F.when((F.col("_cdc_op") == F.lit("u")) & F.col(ident(n)).isNull(), F.lit(n))
+                              for n in nullable)).cast("array<string>")
+        placeholders = F.concat(placeholders, F.filter(left_null, lambda name: name.isNotNull()))
     summary = changes.agg(
         F.count(F.when(~is_truncate, True)).alias("changed"),
-        F.array_distinct(F.flatten(F.collect_list(F.coalesce("_cdc_toast", F.array().cast("array<string>")))))
-        .alias("toast")).first()
+        F.array_distinct(F.flatten(F.collect_list(placeholders))).alias("toast")).first()
     assert summary is not None
     changed, present = int(summary["changed"]), set(summary["toast"] or [])
     fills = [c.name for c in columns if c.name in present]
@@ -84,11 +96,13 @@ def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], column
 
     def reduce_share(rows: pa.Table) -> pa.Table:
         rows = normalize(rows)
+        if nulls_unchanged:
+            rows = nulls_as_unchanged(rows, key_columns, columns)
         if marks.num_rows:
             rows = pa.concat_tables([rows, marks.cast(rows.schema)])
         return _tagged(reduce_changes(rows, key_columns, columns, soft=soft, fills=fills), soft).cast(shape.schema)
 
-    share = F.pmod(F.hash(*(F.col(k) for k in key_columns)), F.lit(shares))
+    share = F.pmod(F.hash(*(F.col(ident(k)) for k in key_columns)), F.lit(shares))
     reduced = (changes.where(~is_truncate).groupBy(share.alias("_cdc_share"))
                .applyInArrow(reduce_share, from_arrow_schema(shape.schema, prefer_timestamp_ntz=True)))
     reduced = reduced.persist()

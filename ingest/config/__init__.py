@@ -99,10 +99,10 @@ class IngestConfig(Model):
     def plans_on_executors(self, spec: TableSpec) -> bool:
         """Whether the table's batches are assembled, reduced and planned on Spark's executors
         (``target.plan_on``). A table whose every batch that path would hand back to the driver -- an
-        expectations suite, ``history_mode: scd2``, ``ignore_null_updates`` -- is planned there from
-        the start; :mod:`ingest.apply.spark_batch` says which single batches still go to the driver."""
+        expectations suite, ``history_mode: scd2`` -- is planned there from the start;
+        :mod:`ingest.apply.spark_batch` says which single batches still go to the driver."""
         return (self.engine_of(spec) == "delta-spark" and self.target.plan_on == "executors"
-                and not (spec.expectations or spec.history_mode == "scd2" or spec.ignore_null_updates))
+                and not (spec.expectations or spec.history_mode == "scd2"))
 
     def engines(self) -> set[EngineName]:
         """Every apply engine a run of this configuration may use (discovered tables included)."""

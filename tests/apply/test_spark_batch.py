@@ -39,9 +39,10 @@ def _table(path: Any, drop: tuple[str, ...] = ("_cdc_ingested_at",)) -> list[dic
     return sorted(rows.to_pylist(), key=lambda r: r["id"])
 
 
-@pytest.mark.parametrize("mode", ["soft", "hard"])
-def test_the_executors_leave_the_table_the_driver_leaves(tmp_path: Any, spark: Any, mode: str) -> None:
-    spec = TableSpec(name="t", topic="t", delete_mode=mode)  # type: ignore[arg-type]
+@pytest.mark.parametrize(("mode", "nulls"), [("soft", False), ("hard", False), ("hard", True)],
+                         ids=["soft", "hard", "hard-ignore-null-updates"])
+def test_the_executors_leave_the_table_the_driver_leaves(tmp_path: Any, spark: Any, mode: str, nulls: bool) -> None:
+    spec = TableSpec(name="t", topic="t", delete_mode=mode, ignore_null_updates=nulls)  # type: ignore[arg-type]
     engine = DeltaSparkEngine(spark)
     on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
     batches = [random_parts(7, keys=24, truncates=False),

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from ingest.apply.microbatch import MicroBatch
-from ingest.apply.reduce import Reduction, reduce_changes
+from ingest.apply.reduce import Reduction, nulls_as_unchanged, reduce_changes
 from ingest.apply.spark_reduce import SparkReduction, reduce_on_executors
 from ingest.apply.tablestate import TableState
 from ingest.deltaio import normalize
@@ -105,6 +105,23 @@ def test_executors_reduce_as_the_driver_does(spark: Any, seed: int, soft: bool) 
         reduced.release()
 
 
+@pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
+@pytest.mark.parametrize("seed", [11, 12])
+def test_executors_take_null_updates_as_unchanged_as_the_driver_does(spark: Any, seed: int, soft: bool) -> None:
+    batch = _batch(seed)
+    changes = nulls_as_unchanged(batch.changes, ("id",), batch.columns)
+    driver = reduce_changes(changes, ("id",), batch.columns, soft=soft)
+    plain = reduce_changes(batch.changes, ("id",), batch.columns, soft=soft)
+    like = driver.winners.schema
+    assert _rows(plain.winners, like) != _rows(driver.winners, like)  # the rule changes this batch's winners
+    reduced = reduce_on_executors(arrow_frame(spark, batch.changes), ("id",), batch.columns, soft=soft,
+                                  nulls_unchanged=True, shares=3)
+    try:
+        _same(driver, driver_reduction(reduced))
+    finally:
+        reduced.release()
+
+
 def test_a_batch_whose_truncate_supersedes_every_change(spark: Any) -> None:
     parts = decoded_rows([change("c", 1, 10, name="gone"), change("u", 2, 11), change("t", 0, 20)])
     batch = MicroBatch.from_parts(parts, NOTHING_APPLIED)
@@ -132,5 +149,22 @@ def test_shares_without_a_toast_placeholder_still_fill_like_the_batch(spark: Any
         got = driver_reduction(reduced)
         _same(driver, got)
         assert got.toast_columns == ["notes"] and "_cdc_fill_0" in got.winners.column_names
+    finally:
+        reduced.release()
+
+
+def test_null_updates_fill_in_every_share_like_the_batch(spark: Any) -> None:
+    first = change("c", 1, 10, notes="long text")
+    second = change("u", 1, 20, name="y", notes=None)  # ignore_null_updates: notes did not change
+    others = [change("u", k, 30 + k, notes="set") for k in range(2, 12)]  # no null in the other shares
+    batch = MicroBatch.from_parts(decoded_rows([first, second, *others]), NOTHING_APPLIED)
+    driver = reduce_changes(nulls_as_unchanged(batch.changes, ("id",), batch.columns), ("id",), batch.columns)
+    reduced = reduce_on_executors(arrow_frame(spark, batch.changes), ("id",), batch.columns, nulls_unchanged=True,
+                                  shares=4)
+    try:
+        got = driver_reduction(reduced)
+        _same(driver, got)
+        assert got.toast_columns == ["notes"]
+        assert [r["notes"] for r in got.winners.to_pylist() if r["id"] == 1] == ["long text"]
     finally:
         reduced.release()
