@@ -9,10 +9,11 @@ schema plan, the counts and the commit's metadata.
 
 The stream takes this path for a delta-spark table when ``target.plan_on`` is ``executors``
 (:func:`apply_decoded`). Undecodable messages are quarantined from the driver (they are among the
-few rows it collects). What this path does not do yet, so a batch that needs it has its change
-rows collected and takes the driver's journey: changes whose key is not the table's, Kafka
-tombstones that delete (a flattened stream), a batch of truncates only, the quality gate and
-``history_mode: scd2``.
+few rows it collects); so are the Kafka tombstones, which in a flattened stream become deletes
+joined to the changes on the executors. What this path does not do yet, so a batch that needs it
+has its change rows collected and takes the driver's journey: changes whose key is not the
+table's, a batch of truncates or tombstones only (it has no change rows to keep off the driver),
+the quality gate and ``history_mode: scd2``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -32,7 +34,7 @@ from pyspark.sql import functions as F
 from ingest import audit, locks, quarantine
 from ingest.apply.commit import CommitOutcome, CommitRequest
 from ingest.apply.history import check_history_mode
-from ingest.apply.kafka_tombstones import are_deletes
+from ingest.apply.kafka_tombstones import are_deletes, resolve
 from ingest.apply.microbatch import MicroBatch, _unify
 from ingest.apply.ordering import later_than_stored, later_than_stored_sql
 from ingest.apply.pipeline import (
@@ -47,11 +49,12 @@ from ingest.apply.schema import plan_schema
 from ingest.apply.spark_microbatch import ExecutorBatch
 from ingest.apply.spark_plan import SparkPlan, plan_on_executors, stored_on_executors
 from ingest.apply.spark_reduce import reduce_on_executors
+from ingest.apply.stored import KeyLookup
 from ingest.apply.tablestate import OpenTables, TableState
 from ingest.apply.tombstones import Remembered
 from ingest.audit import AuditRecord
 from ingest.config import TableSpec
-from ingest.deltaio import open_table
+from ingest.deltaio import normalize, open_table
 from ingest.errors import TableError
 from ingest.events import ColumnSpec
 from ingest.lake import LakePath
@@ -181,9 +184,9 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
     committed by :func:`apply_on_executors`, with the same quarantine, guards, fault points and
     audit row as the driver's journey.
 
-    A batch this path does not reach (module docstring; Kafka tombstones that delete, changes whose
-    key is not the table's, a batch of truncates only) has its change rows collected and goes the
-    driver's journey instead (:func:`~ingest.apply.pipeline.process_batch`): the same outcome.
+    A batch this path does not reach (module docstring; changes whose key is not the table's, a
+    batch of truncates or tombstones only) has its change rows collected and goes the driver's
+    journey instead (:func:`~ingest.apply.pipeline.process_batch`): the same outcome.
     """
     from ingest.apply.spark_microbatch import assemble_on_executors
 
@@ -203,10 +206,8 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         flattened = facts["flattened"]
         declared = sorted(k for k in facts["keys"] if k)
         key_columns = tuple(state.key_columns or spec.primary_key or (json.loads(declared[0]) if declared else ()))
-        tombstone_deletes = batch.tombstones.num_rows and are_deletes(spec.kafka_tombstones, flattened,
-                                                                      state.flattened)
         if (spec.history_mode == "scd2" or spec.expectations or not key_columns
-                or facts["rows"] == 0 or tombstone_deletes or declared != [json.dumps(list(key_columns))]):
+                or facts["rows"] == 0 or declared != [json.dumps(list(key_columns))]):
             return _on_driver(spec, paths, batch, state, opened, batch_id=batch_id, run_id=run_id, engine=engine,
                               decode_ms=decode_ms, fetch_raw=fetch_raw, defer_audit=defer_audit)
         record = AuditRecord(table=spec.name, run_id=run_id, batch_id=batch_id, received=batch.received,
@@ -216,7 +217,12 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         meta = batch.meta
         held.add_rows(meta.filter(pc.equal(meta["_cdc_kind"], "error")), "decode")
         controls = Counter(k for k in meta["_cdc_kind"].to_pylist() if k != "error")
-        controls["tombstone"] += batch.tombstones.num_rows  # they delete nothing here (see above)
+        changes = batch.changes
+        if are_deletes(spec.kafka_tombstones, flattened, state.flattened):
+            changes = _with_tombstone_deletes(batch, key_columns, engine.lookup(paths.table),  # type: ignore[attr-defined]
+                                              state, held, controls)
+        else:
+            controls["tombstone"] += batch.tombstones.num_rows
         record.skipped = sum(controls.values())
         held_records = held.resolve(spec, fetch_raw, batch_id=batch_id, run_id=run_id)
         quarantine.write(paths.quarantine, held_records)
@@ -226,7 +232,7 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         locks.check(paths.table)
         _check_position_format(spec.name, state)
         check_history_mode(spec.name, spec.history_mode, state)
-        outcome = apply_on_executors(spec, paths, batch.changes, batch.columns, state=state, engine=engine,
+        outcome = apply_on_executors(spec, paths, changes, batch.columns, state=state, engine=engine,
                                      record=record, flattened=flattened,
                                      offsets={tp: span[1] for tp, span in batch.offsets.items()},
                                      declared=key_columns, shares=shares)
@@ -248,11 +254,52 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         batch.release()
 
 
+def _with_tombstone_deletes(batch: ExecutorBatch, key_columns: tuple[str, ...], lookup: KeyLookup,
+                            state: TableState, held: _Held, controls: Counter[str]) -> DataFrame:
+    """``batch.changes`` with the deletes its Kafka tombstones stand for (a flattened stream), as
+    the driver's journey derives them (:func:`~ingest.apply.kafka_tombstones.resolve`).
+
+    The tombstones are on the driver already. Of the change rows, only what ``resolve`` reads comes
+    to it: the key, coordinates, position and operation of the changes of the keys the tombstones
+    name. The deletes it derives join the changes on the executors. Tombstones whose key could not
+    be read, or is not the table's, are held for quarantine (stage ``key``); those that delete
+    nothing are counted as skipped.
+    """
+    from ingest.apply.delta_spark import ident
+    from ingest.spark import arrow_frame
+
+    changes, meta = batch.changes, batch.meta
+    unreadable = meta.filter(pc.and_(pc.equal(meta["_cdc_kind"], "tombstone"), pc.is_valid(meta["_cdc_reason"])))
+    held.add_rows(unreadable, "key", [f"tombstone: {r}" for r in unreadable["_cdc_reason"].to_pylist()])
+    controls["tombstone"] -= unreadable.num_rows
+    if not batch.tombstones.num_rows:
+        return changes
+    spark = changes.sparkSession
+    types = {f.name: f.dataType for f in changes.schema.fields}
+    named = batch.tombstones.filter(pc.equal(batch.tombstones["_cdc_key_columns"], json.dumps(list(key_columns))))
+    keys = arrow_frame(spark, named.select(list(key_columns))).select(
+        *(F.col(ident(k)).cast(types[k]).alias(k) for k in key_columns)).distinct()
+    read = [*key_columns, "_cdc_partition", "_cdc_offset", "_cdc_position", "_cdc_op"]
+    found = normalize(changes.where(F.col("_cdc_op") != F.lit("t")).join(keys, list(key_columns), "left_semi")
+                      .select(*(F.col(ident(c)) for c in read)).toArrow())
+    # The changes' layout, only those columns filled: the derived deletes take it.
+    layout = _unify([], batch.columns).schema
+    candidates = pa.Table.from_arrays(
+        [found[f.name].cast(f.type) if f.name in read else pa.nulls(found.num_rows, f.type) for f in layout],
+        schema=layout)
+    resolution = resolve(batch.tombstones, candidates, key_columns, state.table, lookup=lookup)
+    held.add_rows(resolution.unusable, "key")
+    controls["tombstone"] += resolution.skipped
+    if not resolution.deletes.num_rows:
+        return changes
+    deletes = arrow_frame(spark, resolution.deletes).select(
+        *(F.col(ident(f.name)).cast(f.dataType).alias(f.name) for f in changes.schema.fields))
+    return changes.unionByName(deletes)
+
+
 def _on_driver(spec: TableSpec, paths: TablePaths, batch: ExecutorBatch, state: TableState, opened: OpenTables,
                **kwargs: Any) -> BatchResult:
     """The driver's journey for a batch assembled on the executors: its change rows collected."""
-    from ingest.deltaio import normalize
-
     rows = MicroBatch(changes=normalize(batch.changes.toArrow()).cast(_unify([], batch.columns).schema),
                       tombstones=batch.tombstones, meta=batch.meta, columns=batch.columns, received=batch.received,
                       already_applied=batch.already_applied, offsets=batch.offsets)

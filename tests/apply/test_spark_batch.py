@@ -6,25 +6,35 @@ plan, MERGE source and the deletes to remember, all on Spark). The first batch c
 the second meets its rows (and redelivers the first batch's changes, so remembered deletes bury
 some), the third brings only new keys (appended, not merged). After each batch both tables, their
 remembered deletes, their audit counts and their recorded offsets must be the same.
+
+A flattened stream's Kafka tombstones (the deletes of their keys) go the same two ways, from the
+decoded messages: :func:`apply_decoded` keeps such batches on the executors and must leave the
+table, counts and quarantine that the driver's journey leaves.
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
+from ingest import quarantine
+from ingest.apply import spark_batch
 from ingest.apply.delta_spark import DeltaSparkEngine
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.pipeline import apply_parts
-from ingest.apply.spark_batch import apply_on_executors
-from ingest.apply.tablestate import load_state
+from ingest.apply.spark_batch import apply_decoded, apply_on_executors
+from ingest.apply.tablestate import OpenTables, load_state
 from ingest.audit import AuditRecord
 from ingest.config import TableSpec
+from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.deltaio import open_table, read_all
 from ingest.spark import arrow_frame
 from tests.apply.test_spark_reduce import random_parts
-from tests.harness import paths_in
+from tests.harness import Topic, flat, kafka_rows, key, paths_in
 
 pytestmark = pytest.mark.spark
 COUNTS = ("inserted", "updated", "deleted", "stale", "superseded", "truncates", "toast_unknown")
@@ -69,3 +79,62 @@ def test_the_executors_leave_the_table_the_driver_leaves(tmp_path: Any, spark: A
     last = open_table(on_executors.table)
     assert last is not None and last.history(1)[0]["operation"] == "WRITE"  # the new keys were appended
     assert len(_table(on_driver.table)) > 24  # every batch left rows
+
+
+def _flattened_stream() -> tuple[Topic, list[int]]:
+    """A flattened stream whose deletes are Kafka tombstones, in three batches (the cut indices):
+    tombstones after their key's change in the batch, of a stored row, of nothing, redelivered
+    older changes, a key that cannot be read and a key that is not the table's."""
+    topic = Topic()
+    for k in range(1, 9):
+        topic.send(key(k), flat({"id": k, "v": f"a{k}"}, lsn=100 + k), partition=k % 2)
+    topic.send(key(1), None, partition=1)  # after key 1's insert on its partition: deletes it
+    topic.send(key(3), flat({"id": 3, "v": "b3"}, op="u", lsn=120), partition=1)
+    topic.send(key(3), None, partition=1)
+    topic.send(key(40), None)  # nothing to delete: skipped
+    first = len(topic.messages)
+    topic.send(key(2), None)  # the stored row of key 2
+    topic.send(key(4), flat({"id": 4, "v": "b4"}, op="u", lsn=130))
+    topic.send(key(1), flat({"id": 1, "v": "a1"}, lsn=101), partition=1)  # redelivered: stays deleted
+    topic.send(b"not a key", None)  # unreadable: quarantined
+    topic.send(json.dumps({"other": 5}).encode(), None)  # not the table's key: quarantined
+    second = len(topic.messages)
+    topic.send(key(5), flat({"id": 5, "v": "b5"}, op="u", lsn=140))
+    topic.send(key(5), None)
+    topic.send(key(6), None, partition=0)
+    topic.send(key(9), flat({"id": 9, "v": "a9"}, lsn=150))
+    return topic, [first, second]
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_tombstones_of_a_flattened_stream_delete_on_the_executors(tmp_path: Any, spark: Any, monkeypatch: Any,
+                                                                  mode: str) -> None:
+    spec = TableSpec(name="t", topic="t", delete_mode=mode)  # type: ignore[arg-type]
+    engine = DeltaSparkEngine(spark)
+    on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
+    opened = OpenTables(on_executors, "t")
+    monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
+    topic, cuts = _flattened_stream()
+    decoder = BatchDecoder(DecoderSpec("json", keep_before=False))
+    raw = {("t", m.partition, m.offset): (m.key, m.value, None) for m in topic.messages}
+    def fetch(coords: Any) -> Any:
+        return {c: raw[c] for c in coords}
+    totals: Counter[str] = Counter()
+    for i, (start, end) in enumerate(zip([0, *cuts], [*cuts, len(topic.messages)], strict=True)):
+        rows = kafka_rows("t", topic.messages[start:end])
+        expected = apply_parts(spec, on_driver, decoder.decode(rows), batch_id=i, run_id="test", engine=engine,
+                               fetch_raw=fetch).record
+        decoded = arrow_frame(spark, pa.Table.from_batches([decoder.parts(rows)])).repartition(2)
+        got = apply_decoded(spec, on_executors, decoded, opened=opened, batch_id=i, run_id="test", engine=engine,
+                            fetch_raw=fetch, shares=3).record
+        assert expected is not None and got is not None and expected.balanced and got.balanced
+        counts = (*COUNTS, "skipped", "quarantined", "received")
+        assert {c: getattr(got, c) for c in counts} == {c: getattr(expected, c) for c in counts}, f"batch {i}"
+        assert _table(on_executors.table) == _table(on_driver.table), f"batch {i}"
+        totals.update({c: getattr(got, c) for c in ("deleted", "skipped")})
+    assert totals["deleted"] >= 4 and totals["skipped"] >= 1  # tombstones deleted, one was a no-op
+    live = {r["id"] for r in _table(on_executors.table) if not r.get("_cdc_deleted")}
+    assert live == {4, 7, 8, 9}
+    held = quarantine.read(on_executors.quarantine).to_pylist()
+    assert sorted(r["reason"][:10] for r in held) == ["tombstone:", "tombstone:"]
+    assert [r["raw_key"] for r in held] == [r["raw_key"] for r in quarantine.read(on_driver.quarantine).to_pylist()]
