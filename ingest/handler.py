@@ -307,7 +307,8 @@ class BatchHandler:
 
                     result = apply_decoded(spec, paths, self._parts_frame, opened=self.opened[spec.name],
                                            batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
-                                           engine=self.engines.for_table(spec), defer_audit=True, fetch_raw=fetch)
+                                           engine=self.engines.for_table(spec), defer_audit=True, fetch_raw=fetch,
+                                           gate=self.gates.get(spec.name))
                 else:
                     result = apply_parts(spec, paths, parts, opened=self.opened[spec.name],
                                          batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,

@@ -157,6 +157,15 @@ def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     return spark.createDataFrame(rows, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
 
 
+def spark_type(delta_type: str) -> str:
+    """The Spark SQL type of a Delta type name, as :func:`arrow_frame` gives it."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from ingest.deltaio import arrow_type
+
+    return str(from_arrow_type(arrow_type(delta_type), prefer_timestamp_ntz=True).simpleString())
+
+
 def warm_up(spark: SparkSession) -> None:
     """Start the Python workers (one per core) with the decode step imported, and the py4j callback
     server foreachBatch needs, as part of the session start.

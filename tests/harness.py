@@ -305,20 +305,16 @@ def _json(payload: Any, schema: dict[str, Any] | None) -> bytes:
 
 def make_config(workdir: Path, *, batch: int = 400, extra_tables: list[dict] | None = None,
                 value_format: str = "avro", engine: str = "delta-rs", history_mode: str = "scd1",
-                plan_on: str = "driver", suites: bool = True) -> IngestConfig:
+                plan_on: str = "driver") -> IngestConfig:
     """The demo's configuration (``configs/demo.yaml``) written into ``workdir``, with the given batch
     size, value format, apply engine, history mode and ``target.plan_on`` for every table, plus
-    ``extra_tables``; ``suites=False`` drops the tables' expectation suites."""
+    ``extra_tables``."""
     raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
     raw["workdir"] = str(workdir)
     for table in raw["tables"]:
         table["history_mode"] = history_mode
     raw["target"]["engine"] = engine
     raw["target"]["plan_on"] = plan_on
-    if not suites:
-        for table in raw["tables"]:
-            for key in ("expectations", "quality_policy", "expectation_policies"):
-                table.pop(key, None)
     # The config is written elsewhere: keep its suites where demo.yaml points.
     raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
     raw["source"]["max_records_per_batch"] = batch

@@ -26,11 +26,10 @@ BATCH = 700
 def ingested(request, tmp_path_factory, spark):
     """A small workload with duplicates, reorders, a truncate, an added column, TOAST and malformed input,
     applied by each engine (``delta-spark-executors``: its batches assembled, reduced and planned on
-    the executors, ``target.plan_on``; without the demo's suites, which that path leaves to the driver)."""
+    the executors, ``target.plan_on``, the demo's suites validating them there)."""
     engine = request.param.removesuffix("-executors")
     config = make_config(tmp_path_factory.mktemp("e2e"), engine=engine, batch=BATCH,
-                         plan_on="executors" if request.param.endswith("-executors") else "driver",
-                         suites=not request.param.endswith("-executors"))
+                         plan_on="executors" if request.param.endswith("-executors") else "driver")
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
     from ingest.apply import spark_batch
 

@@ -10,10 +10,12 @@ schema plan, the counts and the commit's metadata.
 The stream takes this path for a delta-spark table when ``target.plan_on`` is ``executors``
 (:func:`apply_decoded`). Undecodable messages are quarantined from the driver (they are among the
 few rows it collects); so are the Kafka tombstones, which in a flattened stream become deletes
-joined to the changes on the executors. What this path does not do yet, so a batch that needs it
-has its change rows collected and takes the driver's journey: changes whose key is not the
-table's, a batch of truncates or tombstones only (it has no change rows to keep off the driver),
-the quality gate and ``history_mode: scd2``.
+joined to the changes on the executors. The quality gate validates the winners' DataFrame with
+GX's Spark engine; the rows it holds, and the earlier changes of their keys, are collected for
+quarantine (:func:`_withdraw`). What this path does not do yet, so a batch that needs it has its
+change rows collected and takes the driver's journey: changes whose key is not the table's, a
+batch of truncates or tombstones only (it has no change rows to keep off the driver), and
+``history_mode: scd2``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -45,13 +47,15 @@ from ingest.apply.pipeline import (
     _refuse_to_move_backwards,
     process_batch,
 )
+from ingest.apply.reduce import Reduction
 from ingest.apply.schema import plan_schema
 from ingest.apply.spark_microbatch import ExecutorBatch
 from ingest.apply.spark_plan import SparkPlan, plan_on_executors, stored_on_executors
-from ingest.apply.spark_reduce import reduce_on_executors
+from ingest.apply.spark_reduce import SparkReduction, reduce_on_executors
 from ingest.apply.stored import KeyLookup
 from ingest.apply.tablestate import OpenTables, TableState
 from ingest.apply.tombstones import Remembered
+from ingest.apply.withdraw import withdraw
 from ingest.audit import AuditRecord
 from ingest.config import TableSpec
 from ingest.deltaio import normalize, open_table
@@ -60,15 +64,7 @@ from ingest.events import ColumnSpec
 from ingest.lake import LakePath
 from ingest.paths import TablePaths
 from ingest.proof import faults
-from ingest.quality.gate import QualityReport
-
-
-def _spark_type(delta_type: str) -> str:
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    from ingest.deltaio import arrow_type
-
-    return str(from_arrow_type(arrow_type(delta_type), prefer_timestamp_ntz=True).simpleString())
+from ingest.quality.gate import QualityGate, QualityReport
 
 
 def remembered_on_executors(spark: SparkSession, remembered: Remembered, key_columns: tuple[str, ...],
@@ -93,11 +89,11 @@ def remember_on_executors(spark: SparkSession, remembered: Remembered, key_colum
     from delta.tables import DeltaTable
 
     from ingest.apply.delta_spark import ident
-    from ingest.spark import spark_location
+    from ingest.spark import spark_location, spark_type
 
     now = datetime.now(UTC)
     source = deletes.select(
-        *(F.col(ident(k)).cast(_spark_type(key_types[k])).alias(k) for k in key_columns),
+        *(F.col(ident(k)).cast(spark_type(key_types[k])).alias(k) for k in key_columns),
         F.col("_cdc_position"), F.col("_cdc_source_ts").cast("timestamp").alias("_cdc_deleted_at"),
         F.lit(now).cast("timestamp").alias("_cdc_recorded_at"))
     location = spark_location(spark, LakePath.of(remembered.path))
@@ -114,13 +110,23 @@ def remember_on_executors(spark: SparkSession, remembered: Remembered, key_colum
 def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, columns: list[ColumnSpec], *,
                        state: TableState, engine: object, record: AuditRecord,
                        offsets: dict[tuple[str, int], int], flattened: bool | None,
-                       declared: tuple[str, ...] | None = None, shares: int | None = None) -> CommitOutcome:
-    """Reduce, plan and commit ``changes`` (the columns of
+                       declared: tuple[str, ...] | None = None, shares: int | None = None,
+                       gate: QualityGate | None = None, held: _Held | None = None,
+                       before_commit: Callable[[QualityReport], None] | None = None) -> CommitOutcome:
+    """Reduce, validate, plan and commit ``changes`` (the columns of
     :attr:`~ingest.apply.microbatch.MicroBatch.changes`, of the combined ``columns``) on the
     executors, with the delta-spark ``engine``; ``record`` gets the batch's counts. ``declared``:
     the primary key the batch's changes declare (the table's own, once it has one, prevails).
 
+    Args:
+        gate: the table's quality gate (required when it names an expectations suite): it validates
+            the winners where they are; the ones it holds are withdrawn with their keys' earlier
+            changes into ``held``, as on the driver (:func:`_withdraw`).
+        before_commit: called with the gate's report once the batch is validated, before anything
+            is planned or written (the caller quarantines there, then checks its guards).
+
     Raises:
+        QualityGateError: expectations under policy ``fail`` failed; nothing was written.
         TableError: the table needs what this path does not do yet (module docstring).
     """
     from ingest.apply.delta_spark import DeltaSparkEngine
@@ -128,8 +134,10 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
 
     if not isinstance(engine, DeltaSparkEngine):
         raise TableError(spec.name, "only the delta-spark engine applies a batch on the executors")
-    if spec.history_mode == "scd2" or spec.expectations:
-        raise TableError(spec.name, "history_mode scd2 and expectations are applied on the driver")
+    if spec.history_mode == "scd2":
+        raise TableError(spec.name, "history_mode scd2 is applied on the driver")
+    if spec.expectations and (gate is None or held is None):
+        raise TableError(spec.name, f"names expectations suite {spec.expectations!r} but no quality gate was loaded")
     key_columns = tuple(state.key_columns or spec.primary_key or declared or ())
     if not key_columns:
         raise TableError(spec.name, "a batch without a primary key is applied on the driver")
@@ -140,6 +148,16 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
                                     nulls_unchanged=spec.ignore_null_updates, shares=shares)
     plan: SparkPlan | None = None
     try:
+        report = QualityReport()
+        if gate is not None and held is not None:
+            report, rows = gate.check_frame(reduction.winners, state.columns, key_columns, batch_id=record.batch_id,
+                                            run_id=record.run_id)
+            if report.held:
+                _withdraw(reduction, changes, rows, report, held, key_columns)
+        record.expectations_evaluated, record.expectations_failed = report.evaluated, report.failed
+        record.quality_status, record.quality_failures = report.status, report.failures_json()
+        if before_commit is not None:
+            before_commit(report)
         truncate = reduction.truncate.position if reduction.truncate else None
         if truncate is not None and state.truncate_position is not None and not later_than_stored(
                 truncate, state.truncate_position):
@@ -175,14 +193,36 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
         reduction.release()
 
 
+def _withdraw(reduction: SparkReduction, changes: DataFrame, rows: pa.Table, report: QualityReport, held: _Held,
+              key_columns: tuple[str, ...]) -> None:
+    """:func:`~ingest.apply.withdraw.withdraw` of the winners the gate holds (``rows``, which
+    ``report.held`` indexes) from a reduction on the executors: the earlier changes of their keys
+    are collected (bound for quarantine with them), and the winners of those keys leave the
+    reduction on the executors."""
+    from ingest.apply.delta_spark import ident
+    from ingest.spark import arrow_frame
+
+    spark = changes.sparkSession
+    chosen = rows.take(pa.array(sorted(report.held), pa.int64()))
+    types = {f.name: f.dataType for f in reduction.tagged.schema.fields}
+    keys = arrow_frame(spark, chosen.select(list(key_columns))).select(
+        *(F.col(ident(k)).cast(types[k]).alias(k) for k in key_columns)).distinct()
+    earlier = changes.where(F.col("_cdc_op") != F.lit("t")).join(F.broadcast(keys), list(key_columns), "left_semi")
+    local = Reduction(winners=rows, truncate=reduction.truncate)
+    withdraw(local, normalize(earlier.select(*(F.col(ident(c)) for c in changes.columns)).toArrow()), report, held)
+    reduction.superseded += local.superseded  # the earlier changes move from superseded to quarantined
+    reduction.drop_winners(keys, key_columns)
+
+
 def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, opened: OpenTables, batch_id: int,
                   run_id: str, engine: object, decode_ms: int = 0, fetch_raw: RawFetch | None = None,
-                  defer_audit: bool = False, shares: int | None = None) -> BatchResult:
+                  defer_audit: bool = False, shares: int | None = None, gate: QualityGate | None = None) -> BatchResult:
     """:func:`~ingest.apply.pipeline.apply_parts` of the table's share of ``decoded`` (the decode
     step's parts as a DataFrame), its rows kept on the executors: assembled there
-    (:func:`~ingest.apply.spark_microbatch.assemble_on_executors`), then reduced, planned and
-    committed by :func:`apply_on_executors`, with the same quarantine, guards, fault points and
-    audit row as the driver's journey.
+    (:func:`~ingest.apply.spark_microbatch.assemble_on_executors`), then reduced, validated by
+    ``gate`` (the table's quality gate, with a Spark session), planned and committed by
+    :func:`apply_on_executors`, with the same quarantine, guards, fault points and audit row as
+    the driver's journey.
 
     A batch this path does not reach (module docstring; changes whose key is not the table's, a
     batch of truncates or tombstones only) has its change rows collected and goes the driver's
@@ -206,10 +246,10 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         flattened = facts["flattened"]
         declared = sorted(k for k in facts["keys"] if k)
         key_columns = tuple(state.key_columns or spec.primary_key or (json.loads(declared[0]) if declared else ()))
-        if (spec.history_mode == "scd2" or spec.expectations or not key_columns
+        if (spec.history_mode == "scd2" or not key_columns
                 or facts["rows"] == 0 or declared != [json.dumps(list(key_columns))]):
             return _on_driver(spec, paths, batch, state, opened, batch_id=batch_id, run_id=run_id, engine=engine,
-                              decode_ms=decode_ms, fetch_raw=fetch_raw, defer_audit=defer_audit)
+                              decode_ms=decode_ms, fetch_raw=fetch_raw, defer_audit=defer_audit, gate=gate)
         record = AuditRecord(table=spec.name, run_id=run_id, batch_id=batch_id, received=batch.received,
                              started_at=started_at, decode_ms=decode_ms)
         record.offsets = json.dumps({f"{t}:{p}": span for (t, p), span in sorted(batch.offsets.items())})
@@ -224,18 +264,25 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         else:
             controls["tombstone"] += batch.tombstones.num_rows
         record.skipped = sum(controls.values())
-        held_records = held.resolve(spec, fetch_raw, batch_id=batch_id, run_id=run_id)
-        quarantine.write(paths.quarantine, held_records)
-        record.quarantined = len(held)
-        faults.point("after-quarantine")
-        _refuse_to_move_backwards(spec.name, batch, state, True)  # type: ignore[arg-type]
-        locks.check(paths.table)
-        _check_position_format(spec.name, state)
-        check_history_mode(spec.name, spec.history_mode, state)
+        checked, held_records = QualityReport(), []
+
+        def quarantine_first(report: QualityReport) -> None:
+            """Quarantine, then the guards (the driver's steps 5 and 6), once the winners are validated."""
+            nonlocal checked, held_records
+            checked, held_records = report, held.resolve(spec, fetch_raw, batch_id=batch_id, run_id=run_id)
+            quarantine.write(paths.quarantine, held_records)
+            record.quarantined = len(held)
+            faults.point("after-quarantine")
+            _refuse_to_move_backwards(spec.name, batch, state, True)  # type: ignore[arg-type]
+            locks.check(paths.table)
+            _check_position_format(spec.name, state)
+            check_history_mode(spec.name, spec.history_mode, state)
+
         outcome = apply_on_executors(spec, paths, changes, batch.columns, state=state, engine=engine,
                                      record=record, flattened=flattened,
                                      offsets={tp: span[1] for tp, span in batch.offsets.items()},
-                                     declared=key_columns, shares=shares)
+                                     declared=key_columns, shares=shares, gate=gate, held=held,
+                                     before_commit=quarantine_first)
         faults.point("after-delta-commit")
         record.status = "committed" if outcome.committed else "nothing-to-commit"
         record.rows_truncated = outcome.rows_truncated
@@ -249,7 +296,7 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
             audit.append(paths.audit, [record])
         faults.point("after-batch")
         return BatchResult(record, already_applied=batch.already_applied, controls=controls,
-                           quality=QualityReport(), held=held_records)
+                           quality=checked, held=held_records)
     finally:
         batch.release()
 

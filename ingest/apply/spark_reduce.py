@@ -57,11 +57,28 @@ class SparkReduction:
     truncate: TruncateMark | None
     truncates: int
     superseded: int
-    #: the persisted frame both row sets read: winners and truncated rows, told apart by :data:`SIDE`
+    #: the frame both row sets read: winners and truncated rows, told apart by :data:`SIDE`
     tagged: DataFrame
+    #: the persisted frame ``tagged`` reads (itself, until :meth:`drop_winners`)
+    cached: DataFrame | None = None
+
+    def __post_init__(self) -> None:
+        self.cached = self.cached or self.tagged
+
+    def drop_winners(self, keys: DataFrame, key_columns: tuple[str, ...]) -> None:
+        """Take the winners of ``keys`` (the key columns, distinct) out of the reduction."""
+        mark = "_cdc_dropped"
+        kept = (self.tagged.join(F.broadcast(keys.withColumn(mark, F.lit(True))), list(key_columns), "left")
+                .where(F.col(mark).isNull() | (F.col(SIDE) != F.lit("winner")))
+                .select(*(F.col(ident(c)) for c in self.tagged.columns)))
+        self.tagged = kept
+        self.winners = kept.where(F.col(SIDE) == F.lit("winner")).drop(SIDE)
+        if self.truncated is not None:
+            self.truncated = kept.where(F.col(SIDE) == F.lit("truncated")).drop(SIDE)
 
     def release(self) -> None:
-        self.tagged.unpersist()
+        if self.cached is not None:
+            self.cached.unpersist()
 
 
 def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], columns: list[ColumnSpec], *,

@@ -42,9 +42,9 @@ class QualitySpec(Model):
     validate_on: Literal["auto", "driver", "spark"] = Field(
         "auto", description="where Great Expectations validates a batch: driver (a pandas frame in this process) "
         "or spark (a Spark DataFrame, GX's Spark execution engine, on the session's executors); auto: spark for "
-        "the tables applied with delta-spark when the master is a cluster's, driver otherwise (on a local "
-        "master the executors are the driver's own cores). Same expectations, policies, results and "
-        "quarantine either way"
+        "the tables applied with delta-spark when the master is a cluster's or the table is planned on the "
+        "executors (target.plan_on), driver otherwise (on a local master the executors are the driver's own "
+        "cores). Same expectations, policies, results and quarantine either way"
     )
 
 
@@ -92,17 +92,19 @@ class IngestConfig(Model):
     def validates_on_spark(self, spec: TableSpec) -> bool:
         """Whether the table's batches are validated on a Spark DataFrame (``quality.validate_on``)."""
         where = self.quality.validate_on
-        if where == "auto":  # the batch's rows are on the driver: shipping them pays only for a cluster
-            return self.engine_of(spec) == "delta-spark" and local_cores(self.spark.master) is None
+        if where == "auto":  # rows on the driver: shipping them pays only for a cluster; else they are in Spark
+            return self.engine_of(spec) == "delta-spark" and (local_cores(self.spark.master) is None
+                                                              or self.plans_on_executors(spec))
         return where == "spark"
 
     def plans_on_executors(self, spec: TableSpec) -> bool:
         """Whether the table's batches are assembled, reduced and planned on Spark's executors
-        (``target.plan_on``). A table whose every batch that path would hand back to the driver -- an
-        expectations suite, ``history_mode: scd2`` -- is planned there from the start;
+        (``target.plan_on``). A table whose every batch that path would hand back to the driver --
+        ``history_mode: scd2``, or an expectations suite validated on the driver
+        (``quality.validate_on: driver``) -- is planned there from the start;
         :mod:`ingest.apply.spark_batch` says which single batches still go to the driver."""
         return (self.engine_of(spec) == "delta-spark" and self.target.plan_on == "executors"
-                and not (spec.expectations or spec.history_mode == "scd2"))
+                and not (spec.history_mode == "scd2" or (spec.expectations and self.quality.validate_on == "driver")))
 
     def engines(self) -> set[EngineName]:
         """Every apply engine a run of this configuration may use (discovered tables included)."""

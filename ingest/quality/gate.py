@@ -43,8 +43,7 @@ import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -52,11 +51,12 @@ import pyarrow.compute as pc
 from ingest.apply.tablestate import load_state
 from ingest.audit import QualityStatus
 from ingest.config import IngestConfig, QualityPolicy, TableSpec
-from ingest.deltaio import arrow_type, delta_type_name
-from ingest.errors import QualityGateError
+from ingest.deltaio import arrow_type, delta_type_name, normalize
+from ingest.errors import QualityGateError, TableError
 from ingest.events import ColumnSpec
 from ingest.quality.gx_shim import memoized_configurations
 from ingest.quality.results import ResultStore
+from ingest.quality.spark_rows import build_spark_frame, frame_of_winners, positions_by_key, rows_named, rows_of_keys
 from ingest.quality.suites import (
     ExpectationInfo,
     LoadedSuite,
@@ -65,6 +65,9 @@ from ingest.quality.suites import (
     gx_context,
     load_suite,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 FIRST_PASS: Final = {"result_format": "BASIC", "partial_unexpected_count": 5}
 RESULT_FORMAT: Final = {"result_format": "COMPLETE", "partial_unexpected_count": 5}
@@ -185,14 +188,13 @@ class QualityGate:
             SuiteMismatchError: the suite reads a column neither the table nor the batch has.
             QualityGateError: an expectation under policy ``fail`` failed (its result is stored first).
         """
-        report = QualityReport()
         mask = pc.not_equal(winners["_cdc_op"], "d") if winners.num_rows else pa.array([], pa.bool_())
         validated = pc.indices_nonzero(mask).to_pylist() if winners.num_rows else []
         if not validated:
-            return report
-        types = _column_types(table_columns, winners)
+            return QualityReport()
+        types = _column_types(table_columns, winners.schema)
         check_columns(self.spec, self.suite, types, where="batch")
-        wanted = types if self.suite.needs_all_columns else {c: types[c] for c in types if c in self.suite.columns}
+        wanted = self._wanted(types)
         rows = winners.filter(mask)
         keys: tuple[str, ...] = ()
         if self.spark is not None:
@@ -200,18 +202,69 @@ class QualityGate:
             frame = build_spark_frame(self.spark, rows, wanted | {k: types[k] for k in keys if k in types})
         else:
             frame = build_frame(rows, wanted)
+        result = self._validate(frame, keys)
+        del frame  # nothing of the batch may outlive it (memory stays flat over many batches)
+        return self._judge(result, rows, rows.num_rows, keys, validated, batch_id=batch_id, run_id=run_id)
+
+    def check_frame(self, winners: DataFrame, table_columns: Sequence[ColumnSpec] | None,
+                    key_columns: tuple[str, ...], *, batch_id: int, run_id: str) -> tuple[QualityReport, pa.Table]:
+        """:meth:`check` of winners that stay on Spark's executors (``plan_on: executors``).
+
+        GX validates a projection of ``winners`` itself. The rows its failing expectations name by
+        key are the only ones collected (every validated row when a failure under ``quarantine``
+        names none: the whole batch is then held). Returns the report and those rows:
+        ``report.held`` indexes them.
+
+        Raises:
+            TableError: the gate has no Spark session.
+            SuiteMismatchError, QualityGateError: as :meth:`check`.
+        """
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        if self.spark is None:
+            raise TableError(self.spec.name, "validating winners on the executors needs a gate with a Spark session")
+        schema = to_arrow_schema(winners.schema, timezone="UTC", prefers_large_types=False)
+        live = winners.where(F.col("_cdc_op") != F.lit("d"))
+        total = live.count()
+        if not total:
+            return QualityReport(), schema.empty_table()
+        types = _column_types(table_columns, schema)
+        check_columns(self.spec, self.suite, types, where="batch")
+        frame = frame_of_winners(live, self._wanted(types) | {k: types[k] for k in key_columns})
+        result = self._validate(frame, key_columns)
+        del frame
+        rows = rows_named(live, key_columns, result)
+        outcomes = self._outcomes(result, rows, key_columns)
+        if any(not o.success and o.policy == "quarantine" and not o.names_rows for o in outcomes):
+            rows = normalize(live.toArrow())  # the whole batch is held: every row goes to quarantine
+        return self._judge(result, rows, total, key_columns, range(rows.num_rows), batch_id=batch_id,
+                           run_id=run_id), rows
+
+    def _wanted(self, types: dict[str, str]) -> dict[str, str]:
+        """The columns the suite reads, of ``types``."""
+        return types if self.suite.needs_all_columns else {c: types[c] for c in types if c in self.suite.columns}
+
+    def _validate(self, frame: Any, keys: tuple[str, ...]) -> Any:
+        """GX's validation result of ``frame`` with the suite, failing map expectations run again to
+        name their rows (by ``keys`` on Spark)."""
         with _GX_LOCK, memoized_configurations():
             validator = self._validator(frame)
             result = validator.validate_expectation_suite(self.suite.gx_suite)
             self._name_failing_rows(validator, result, keys)
-        del frame, validator  # nothing of the batch may outlive it (memory stays flat over many batches)
+        return result
 
-        report.rows_validated = rows.num_rows
+    def _judge(self, result: Any, rows: pa.Table, total: int, keys: tuple[str, ...], validated: Sequence[int], *,
+               batch_id: int, run_id: str) -> QualityReport:
+        """The report of a validation ``result``: outcomes, holds (``validated[pos]`` for the row at
+        ``pos`` of ``rows``), status; stored; raises for a failure under policy ``fail``.
+        ``total``: rows validated (``rows`` may hold only the failing ones)."""
+        report = QualityReport(rows_validated=total)
         report.outcomes = self._outcomes(result, rows, keys)
         report.evaluated = len(report.outcomes)
         failing = [o for o in report.outcomes if not o.success]
         report.failed = len(failing)
-        report.failures = {o.info.name: o.unexpected if o.names_rows else rows.num_rows for o in failing}
+        report.failures = {o.info.name: o.unexpected if o.names_rows else total for o in failing}
         for o in failing:
             if o.policy != "quarantine":
                 continue
@@ -223,7 +276,7 @@ class QualityGate:
         report.status = ("failed" if gate else "quarantined" if report.held else "warned" if failing else "passed")
         self._store(report, result, batch_id=batch_id, run_id=run_id)
         if gate:
-            raise QualityGateError(self.spec.name, _gate_message(batch_id, gate, rows, rows.num_rows),
+            raise QualityGateError(self.spec.name, _gate_message(batch_id, gate, rows, total),
                                    [o.info.name for o in gate])
         return report
 
@@ -242,7 +295,7 @@ class QualityGate:
         """Validate again, with every unexpected row's index, each map expectation that failed.
 
         On Spark a row has no index: GX names it by ``keys``, the table's primary key columns, and
-        the expectation's own columns (see :func:`_rows_of_keys`).
+        the expectation's own columns (see :func:`~ingest.quality.spark_rows.rows_of_keys`).
         """
         validator.result_format = dict(RESULT_FORMAT) | (
             {"unexpected_index_column_names": list(keys)} if self.spark is not None else {})
@@ -262,8 +315,8 @@ class QualityGate:
             named = list(res.get("unexpected_index_list") or [])
             if self.spark is not None and named:  # named by key; without a key none is: the batch answers
                 if by_key is None and keys:
-                    by_key = _positions_by_key(rows, keys)
-                named = _rows_of_keys(named, keys, by_key, rows) if by_key is not None else []
+                    by_key = positions_by_key(rows, keys)
+                named = rows_of_keys(named, keys, by_key, rows) if by_key is not None else []
             outcomes.append(Outcome(
                 info=info, policy=self.policies[info.name], success=bool(r.success) and error is None,
                 unexpected=int(res.get("unexpected_count") or 0), rows=named,
@@ -307,10 +360,10 @@ def _batch_definition(table: str, *, spark: bool = False) -> Any:
             else asset.add_batch_definition_whole_dataframe("micro_batch"))
 
 
-def _column_types(table_columns: Sequence[ColumnSpec] | None, winners: pa.Table) -> dict[str, str]:
+def _column_types(table_columns: Sequence[ColumnSpec] | None, winners: pa.Schema) -> dict[str, str]:
     """Delta type of every column of the table and of the batch (the batch's types win)."""
     types = {c.name: c.type for c in table_columns or ()}
-    types.update({f.name: delta_type_name(f.type) for f in winners.schema if not f.name.startswith("_cdc_")})
+    types.update({f.name: delta_type_name(f.type) for f in winners if not f.name.startswith("_cdc_")})
     return types
 
 
@@ -332,56 +385,6 @@ def build_frame(rows: pa.Table, columns: dict[str, str]) -> Any:
         arrays[name] = array
     # One Arrow table converted at once builds pandas' blocks far faster than column by column.
     return pa.table(arrays).to_pandas() if arrays else pa.table({"_": pa.nulls(rows.num_rows)}).to_pandas()[[]]
-
-
-def build_spark_frame(spark: Any, rows: pa.Table, columns: dict[str, str]) -> Any:
-    """The Spark DataFrame GX validates: one row per winner, the columns in their Delta types (a
-    column the batch lacks is all null), timestamps without time zone kept as such."""
-    from ingest.spark import arrow_frame
-
-    arrays = {name: rows[name] if name in rows.column_names else pa.nulls(rows.num_rows, arrow_type(type_name))
-              for name, type_name in columns.items()}
-    if not arrays:  # a suite of table-level expectations only: rows without columns
-        return arrow_frame(spark, pa.table({"_": pa.nulls(rows.num_rows, pa.bool_())})).select()
-    return arrow_frame(spark, pa.table(arrays))
-
-
-def _positions_by_key(rows: pa.Table, keys: tuple[str, ...]) -> dict[tuple[Any, ...], list[int]]:
-    """Validated row positions by their key values, as Spark returns them to Python."""
-    out: dict[tuple[Any, ...], list[int]] = {}
-    for pos, values in enumerate(zip(*(rows[k].to_pylist() for k in keys), strict=True)):
-        out.setdefault(tuple(_as_spark_returns(v) for v in values), []).append(pos)
-    return out
-
-
-def _as_spark_returns(value: Any) -> Any:
-    """``value`` as pyspark hands it back: a timestamp with a time zone becomes a naive one in this
-    process's local time (Arrow gives it aware); a timestamp without one stays as it is."""
-    if isinstance(value, datetime) and value.tzinfo is not None:
-        return value.astimezone().replace(tzinfo=None)
-    return value
-
-
-def _rows_of_keys(named: list[Any], keys: tuple[str, ...], by_key: dict[tuple[Any, ...], list[int]],
-                  rows: pa.Table) -> list[int]:
-    """The positions of the rows GX named by key (``[{key: value, ..., column: value}, ...]``).
-
-    Rows that share a key (only an engine fault makes them: the gate's suites check it) are told
-    apart by the expectation's own columns, which GX returns beside the key. A key not found (a value
-    Spark returned in another form) names no row: the failure then holds the whole batch, as a map
-    expectation that named no rows does.
-    """
-    positions: set[int] = set()
-    for entry in named:
-        found = by_key.get(tuple(entry.get(k) for k in keys)) if isinstance(entry, dict) else None
-        if found is None:
-            return []
-        if len(found) > 1:
-            columns = [c for c in entry if c not in keys and c in rows.column_names]
-            same = [p for p in found if all(_as_spark_returns(_row(rows, p)[c]) == entry[c] for c in columns)]
-            found = same or found
-        positions.update(found)
-    return sorted(positions)
 
 
 def _row(rows: pa.Table, pos: int) -> dict[str, Any]:

@@ -9,7 +9,9 @@ remembered deletes, their audit counts and their recorded offsets must be the sa
 
 A flattened stream's Kafka tombstones (the deletes of their keys) go the same two ways, from the
 decoded messages: :func:`apply_decoded` keeps such batches on the executors and must leave the
-table, counts and quarantine that the driver's journey leaves.
+table, counts and quarantine that the driver's journey leaves. So must a table with an expectations
+suite: its winners are validated on the executors, and the rows held, with the earlier changes of
+their keys, must be the driver gate's.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from ingest.audit import AuditRecord
 from ingest.config import TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.deltaio import open_table, read_all
+from ingest.quality import QualityGate, load_suite
 from ingest.spark import arrow_frame
 from tests.apply.test_spark_reduce import random_parts
 from tests.harness import Topic, flat, kafka_rows, key, paths_in
+from tests.quality.helpers import write_suite
 
 pytestmark = pytest.mark.spark
 COUNTS = ("inserted", "updated", "deleted", "stale", "superseded", "truncates", "toast_unknown")
@@ -138,3 +142,51 @@ def test_tombstones_of_a_flattened_stream_delete_on_the_executors(tmp_path: Any,
     held = quarantine.read(on_executors.quarantine).to_pylist()
     assert sorted(r["reason"][:10] for r in held) == ["tombstone:", "tombstone:"]
     assert [r["raw_key"] for r in held] == [r["raw_key"] for r in quarantine.read(on_driver.quarantine).to_pylist()]
+
+
+SUITE = [
+    {"type": "expect_column_values_to_match_regex", "kwargs": {"column": "name", "regex": "^n[0-9]*[1-7]$"},
+     "meta": {"policy": "quarantine"}},
+    {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "notes"}, "meta": {"policy": "warn"}},
+]
+QUALITY = ("expectations_evaluated", "expectations_failed", "quality_status", "quality_failures")
+
+
+def _held(paths: Any) -> list[tuple[Any, ...]]:
+    rows = quarantine.read(paths.quarantine).to_pylist()
+    return sorted((r["topic"], r["partition"], r["offset"], r["stage"], r["reason"], r["expectations"], r["row_key"])
+                  for r in rows)
+
+
+@pytest.mark.parametrize("mode", ["soft", "hard"])
+def test_the_gate_holds_on_the_executors_what_it_holds_on_the_driver(tmp_path: Any, spark: Any, monkeypatch: Any,
+                                                                   mode: str) -> None:
+    write_suite(tmp_path / "suites", "s", SUITE)
+    spec = TableSpec(name="t", topic="t", delete_mode=mode, expectations="s")  # type: ignore[arg-type]
+    suite = load_suite(tmp_path / "suites", "s")
+    on_pandas, on_spark = QualityGate(spec, suite), QualityGate(spec, suite, spark=spark)
+    engine = DeltaSparkEngine(spark)
+    on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
+    opened = OpenTables(on_executors, "t")
+    monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
+    batches = [random_parts(21, keys=24, truncates=False),
+               random_parts(22, keys=20, first_key=12, first_offset=10_000)]
+    for i, parts in enumerate(batches):
+        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=engine, gate=on_pandas).record
+        blobs = pa.table({"part": [_ipc(p) for p in parts]})
+        got = apply_decoded(spec, on_executors, arrow_frame(spark, blobs).repartition(2), opened=opened, batch_id=i,
+                            run_id="test", engine=engine, gate=on_spark, shares=3).record
+        assert expected is not None and got is not None and expected.balanced and got.balanced
+        counts = (*COUNTS, *QUALITY, "quarantined", "received")
+        assert {c: getattr(got, c) for c in counts} == {c: getattr(expected, c) for c in counts}, f"batch {i}"
+        assert expected.quality_status == "quarantined" and expected.quarantined > 0  # the gate held rows
+        assert _table(on_executors.table) == _table(on_driver.table), f"batch {i}"
+    assert _held(on_executors) == _held(on_driver)
+    assert any(r[4].startswith("held with the later change") for r in _held(on_driver))  # earlier changes too
+
+
+def _ipc(part: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, part.schema) as writer:
+        writer.write_batch(part)
+    return sink.getvalue().to_pybytes()

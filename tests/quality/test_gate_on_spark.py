@@ -1,7 +1,9 @@
 """The quality gate on a Spark DataFrame (``quality.validate_on``): the same verdict as on the driver.
 
 GX names a failing row by its index on pandas and by the table's primary key on Spark; both must
-lead back to the same winners, with the same counts, statuses and reasons.
+lead back to the same winners, with the same counts, statuses and reasons. The same holds when the
+winners are a DataFrame already (``check_frame``, ``target.plan_on: executors``): only the rows held
+come back, and they are the rows the driver's gate holds.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ingest.config import TableSpec
 from ingest.engine import Engine
 from ingest.errors import QualityGateError
 from ingest.quality import QualityGate, load_suite
+from ingest.spark import arrow_frame
 from tests.quality.helpers import make_config, write_suite
 
 SUITE = [
@@ -59,6 +62,20 @@ def verdict(gate: QualityGate, batch: pa.Table):
             {pos: (h.expectations, h.reasons) for pos, h in sorted(report.held.items())})
 
 
+def held_rows(gate: QualityGate, batch: pa.Table, spark=None) -> tuple:
+    """The verdict with each held row by its values: ``check`` of ``batch``, or ``check_frame`` of
+    it as a DataFrame when ``spark`` is given (whose rows held are the only ones returned)."""
+    if spark is None:
+        report, rows = gate.check(batch, None, batch_id=0, run_id="r"), batch
+    else:
+        keys = tuple(json.loads(batch["_cdc_key_columns"][0].as_py()))
+        report, rows = gate.check_frame(arrow_frame(spark, batch), None, keys, batch_id=0, run_id="r")
+        assert rows.num_rows == len(report.held) or not report.held  # nothing but the held rows came back
+    held = sorted((json.dumps(rows.slice(pos, 1).to_pylist()[0], default=str), h.expectations, h.reasons)
+                  for pos, h in report.held.items())
+    return report.status, report.evaluated, report.failed, report.failures, report.rows_validated, held
+
+
 @pytest.mark.parametrize("key", [["id"], ["region", "id"]], ids=["one key column", "two key columns"])
 def test_a_spark_gate_holds_the_same_rows_for_the_same_reasons_as_the_driver_gate(tmp_path, spark, key):
     batch = winners([("c", 1, "eu", "ann", "10.00", 1.0),
@@ -74,6 +91,7 @@ def test_a_spark_gate_holds_the_same_rows_for_the_same_reasons_as_the_driver_gat
     # rows of the batch (the delete, row 2, is not validated): Bob, both rows of id 4, cy of us
     assert expected[0] == "quarantined" and sorted(expected[5]) == [1, 3, 4, 5]
     assert verdict(on_spark, batch) == expected
+    assert held_rows(on_spark, batch, spark) == held_rows(driver, batch)
 
 
 def test_a_whole_batch_failure_and_the_fail_policy_are_the_same_on_spark(tmp_path, spark):
@@ -82,6 +100,12 @@ def test_a_whole_batch_failure_and_the_fail_policy_are_the_same_on_spark(tmp_pat
         SUITE[5], {"type": "expect_column_values_to_be_between", "kwargs": {"column": "id", "max_value": 3},
                    "meta": {"policy": "quarantine"}}])
     assert verdict(on_spark, batch) == verdict(driver, batch)  # 4 rows: the row count warns; id 4 held
+    assert held_rows(on_spark, batch, spark) == held_rows(driver, batch)
+    whole_driver, whole_spark = both_gates(tmp_path / "whole", spark, suite=[
+        {"type": "expect_table_row_count_to_be_between", "kwargs": {"max_value": 3}, "meta": {"policy": "quarantine"}}])
+    expected = held_rows(whole_driver, batch)
+    assert expected[0] == "quarantined" and len(expected[5]) == 4  # every row of the batch is held
+    assert held_rows(whole_spark, batch, spark) == expected
     strict_driver, strict_spark = both_gates(tmp_path / "fail", spark, policy="fail", suite=SUITE[1:2])
     bad = winners([("c", 1, "eu", "Ann", "1.00", 1.0)], ["id"])
     messages = []
@@ -89,7 +113,10 @@ def test_a_whole_batch_failure_and_the_fail_policy_are_the_same_on_spark(tmp_pat
         with pytest.raises(QualityGateError) as caught:
             gate.check(bad, None, batch_id=3, run_id="r")
         messages.append(str(caught.value))
-    assert messages[0] == messages[1] and "(id=1) name='Ann'" in messages[1]
+    with pytest.raises(QualityGateError) as caught:
+        strict_spark.check_frame(arrow_frame(spark, bad), None, ("id",), batch_id=3, run_id="r")
+    messages.append(str(caught.value))
+    assert messages[0] == messages[1] == messages[2] and "(id=1) name='Ann'" in messages[1]
 
 
 @pytest.mark.parametrize("zone", [UTC, None], ids=["timestamp", "timestamp without time zone"])
@@ -107,14 +134,17 @@ def test_rows_keyed_by_a_timestamp_are_named_on_spark_as_on_the_driver(tmp_path,
 
 @pytest.mark.parametrize(("validate_on", "master", "on_spark"), [
     ("auto", "spark://cluster:7077", {"on_delta_spark"}), ("auto", "local[2]", set()),
-    ("driver", "spark://cluster:7077", set()), ("spark", "local[2]", {"on_delta_spark", "on_delta_rs"})])
+    ("driver", "spark://cluster:7077", set()), ("spark", "local[2]", {"on_delta_spark", "on_delta_rs"}),
+    ("auto", "local[2] executors", {"on_delta_spark"})])  # its batches are on the executors: validated there
 def test_the_engine_hands_its_session_to_the_gates_validate_on_picks(tmp_path, spark, validate_on, master,
                                                                       on_spark):
     tables = [{"name": "on_" + engine.replace("-", "_"), "topic": f"t{n}", "engine": engine, "expectations": "people"}
               for n, engine in enumerate(("delta-spark", "delta-rs"))]
     config = make_config(tmp_path, tables=tables)
+    master, _, plan_on = master.partition(" ")
     config = config.model_copy(update={"quality": config.quality.model_copy(update={"validate_on": validate_on}),
-                                       "spark": config.spark.model_copy(update={"master": master})})
+                                       "spark": config.spark.model_copy(update={"master": master}),
+                                       "target": config.target.model_copy(update={"plan_on": plan_on or "driver"})})
     write_suite(config.expectations_dir, "people", SUITE[1:2])
     gates = Engine(config, spark=spark).quality_gates(config.tables)
     assert {name for name, gate in gates.items() if gate.spark is spark} == on_spark
