@@ -13,9 +13,10 @@ few rows it collects); so are the Kafka tombstones, which in a flattened stream 
 joined to the changes on the executors. The quality gate validates the winners' DataFrame with
 GX's Spark engine; the rows it holds, and the earlier changes of their keys, are collected for
 quarantine (:func:`_withdraw`). What this path does not do yet, so a batch that needs it has its
-change rows collected and takes the driver's journey: changes whose key is not the table's, a
-batch of truncates or tombstones only (it has no change rows to keep off the driver), and
-``history_mode: scd2``.
+change rows collected and takes the driver's journey: a batch of truncates or tombstones only (it
+has no change rows to keep off the driver), changes that declare different keys for a table that
+has none yet (the driver takes the first one seen), and ``history_mode: scd2``. Changes whose key
+is not the table's are collected for quarantine.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ingest.apply.pipeline import (
     RawFetch,
     _check_position_format,
     _Held,
+    _hold_foreign_keys,
     _refuse_to_move_backwards,
     process_batch,
 )
@@ -224,9 +226,9 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
     :func:`apply_on_executors`, with the same quarantine, guards, fault points and audit row as
     the driver's journey.
 
-    A batch this path does not reach (module docstring; changes whose key is not the table's, a
-    batch of truncates or tombstones only) has its change rows collected and goes the driver's
-    journey instead (:func:`~ingest.apply.pipeline.process_batch`): the same outcome.
+    A batch this path does not reach (module docstring; a batch of truncates or tombstones only)
+    has its change rows collected and goes the driver's journey instead
+    (:func:`~ingest.apply.pipeline.process_batch`): the same outcome.
     """
     from ingest.apply.spark_microbatch import assemble_on_executors
 
@@ -246,8 +248,8 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         flattened = facts["flattened"]
         declared = sorted(k for k in facts["keys"] if k)
         key_columns = tuple(state.key_columns or spec.primary_key or (json.loads(declared[0]) if declared else ()))
-        if (spec.history_mode == "scd2" or not key_columns
-                or facts["rows"] == 0 or declared != [json.dumps(list(key_columns))]):
+        known = state.key_columns or spec.primary_key  # else the batch's first change declares it
+        if spec.history_mode == "scd2" or not key_columns or facts["rows"] == 0 or (len(declared) > 1 and not known):
             return _on_driver(spec, paths, batch, state, opened, batch_id=batch_id, run_id=run_id, engine=engine,
                               decode_ms=decode_ms, fetch_raw=fetch_raw, defer_audit=defer_audit, gate=gate)
         record = AuditRecord(table=spec.name, run_id=run_id, batch_id=batch_id, received=batch.received,
@@ -258,8 +260,11 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         held.add_rows(meta.filter(pc.equal(meta["_cdc_kind"], "error")), "decode")
         controls = Counter(k for k in meta["_cdc_kind"].to_pylist() if k != "error")
         changes = batch.changes
+        if declared != [json.dumps(list(key_columns))]:
+            changes = _hold_foreign_keys_of(changes, key_columns, held)
         if are_deletes(spec.kafka_tombstones, flattened, state.flattened):
-            changes = _with_tombstone_deletes(batch, key_columns, engine.lookup(paths.table),  # type: ignore[attr-defined]
+            changes = _with_tombstone_deletes(batch, changes, key_columns,
+                                              engine.lookup(paths.table),  # type: ignore[attr-defined]
                                               state, held, controls)
         else:
             controls["tombstone"] += batch.tombstones.num_rows
@@ -301,10 +306,22 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         batch.release()
 
 
-def _with_tombstone_deletes(batch: ExecutorBatch, key_columns: tuple[str, ...], lookup: KeyLookup,
-                            state: TableState, held: _Held, controls: Counter[str]) -> DataFrame:
-    """``batch.changes`` with the deletes its Kafka tombstones stand for (a flattened stream), as
-    the driver's journey derives them (:func:`~ingest.apply.kafka_tombstones.resolve`).
+def _hold_foreign_keys_of(changes: DataFrame, key_columns: tuple[str, ...], held: _Held) -> DataFrame:
+    """:func:`~ingest.apply.pipeline._hold_foreign_keys` on the executors: the changes whose primary
+    key is not the table's are collected (bound for quarantine) and leave the batch."""
+    from ingest.apply.delta_spark import ident
+
+    foreign = (F.col("_cdc_op") != F.lit("t")) & ~F.col("_cdc_key_columns").eqNullSafe(json.dumps(list(key_columns)))
+    rows = normalize(changes.where(foreign).select(*(F.col(ident(c)) for c in changes.columns)).toArrow())
+    _hold_foreign_keys(rows, key_columns, held)
+    return changes.where(~foreign)
+
+
+def _with_tombstone_deletes(batch: ExecutorBatch, changes: DataFrame, key_columns: tuple[str, ...],
+                            lookup: KeyLookup, state: TableState, held: _Held, controls: Counter[str]) -> DataFrame:
+    """``changes`` (the batch's, less those held) with the deletes the batch's Kafka tombstones
+    stand for (a flattened stream), as the driver's journey derives them
+    (:func:`~ingest.apply.kafka_tombstones.resolve`).
 
     The tombstones are on the driver already. Of the change rows, only what ``resolve`` reads comes
     to it: the key, coordinates, position and operation of the changes of the keys the tombstones
@@ -315,7 +332,7 @@ def _with_tombstone_deletes(batch: ExecutorBatch, key_columns: tuple[str, ...], 
     from ingest.apply.delta_spark import ident
     from ingest.spark import arrow_frame
 
-    changes, meta = batch.changes, batch.meta
+    meta = batch.meta
     unreadable = meta.filter(pc.and_(pc.equal(meta["_cdc_kind"], "tombstone"), pc.is_valid(meta["_cdc_reason"])))
     held.add_rows(unreadable, "key", [f"tombstone: {r}" for r in unreadable["_cdc_reason"].to_pylist()])
     controls["tombstone"] -= unreadable.num_rows

@@ -88,7 +88,8 @@ def test_the_executors_leave_the_table_the_driver_leaves(tmp_path: Any, spark: A
 def _flattened_stream() -> tuple[Topic, list[int]]:
     """A flattened stream whose deletes are Kafka tombstones, in three batches (the cut indices):
     tombstones after their key's change in the batch, of a stored row, of nothing, redelivered
-    older changes, a key that cannot be read and a key that is not the table's."""
+    older changes, a key that cannot be read and a key that is not the table's (of a tombstone and
+    of a change)."""
     topic = Topic()
     for k in range(1, 9):
         topic.send(key(k), flat({"id": k, "v": f"a{k}"}, lsn=100 + k), partition=k % 2)
@@ -102,6 +103,7 @@ def _flattened_stream() -> tuple[Topic, list[int]]:
     topic.send(key(1), flat({"id": 1, "v": "a1"}, lsn=101), partition=1)  # redelivered: stays deleted
     topic.send(b"not a key", None)  # unreadable: quarantined
     topic.send(json.dumps({"other": 5}).encode(), None)  # not the table's key: quarantined
+    topic.send(json.dumps({"other": 6}).encode(), flat({"other": 6, "v": "x"}, lsn=135))  # so is this change
     second = len(topic.messages)
     topic.send(key(5), flat({"id": 5, "v": "b5"}, op="u", lsn=140))
     topic.send(key(5), None)
@@ -140,7 +142,7 @@ def test_tombstones_of_a_flattened_stream_delete_on_the_executors(tmp_path: Any,
     live = {r["id"] for r in _table(on_executors.table) if not r.get("_cdc_deleted")}
     assert live == {4, 7, 8, 9}
     held = quarantine.read(on_executors.quarantine).to_pylist()
-    assert sorted(r["reason"][:10] for r in held) == ["tombstone:", "tombstone:"]
+    assert sorted(r["reason"][:10] for r in held) == ["primary ke", "tombstone:", "tombstone:"]
     assert [r["raw_key"] for r in held] == [r["raw_key"] for r in quarantine.read(on_driver.quarantine).to_pylist()]
 
 
