@@ -18,7 +18,10 @@ through the engine's whole driver path (parts -> reduce -> plan -> delta-rs MERG
 
 With ``--engine delta-spark`` the random batches also take turns with **random, unlisted**: the
 same MERGE without the batch's keys listed in its condition (``delta_spark.KEY_LIST_LIMIT``; patched
-here, not a setting), to show what the list saves, and with **random, driver lookup**: the batch's
+here, not a setting), to show what the list saves, with **random, bare MERGE**: the same after-images
+merged by a plain delta-spark MERGE a user would write (update all by key, insert the rest; no
+reduce, position guard, audit or progress), the floor delta-spark itself sets, and with
+**random, driver lookup**: the batch's
 stored rows read on the driver however many rows their key range reaches
 (``target.driver_lookup_rows``, patched likewise), the baseline of reading them on the
 executors. Every batch's **driver memory** is reported too: how far the driver process's resident
@@ -212,6 +215,23 @@ def _baseline(kind: str, engine: ApplyEngine) -> AbstractContextManager[object]:
     return nullcontext()
 
 
+def bare_merge(engine: ApplyEngine, paths: TablePaths, parts: list[pa.RecordBatch]) -> None:
+    """The batch's after-images merged by key with delta-spark and nothing else (*random, bare MERGE*)."""
+    from delta.tables import DeltaTable
+
+    from ingest.apply.microbatch import MicroBatch
+    from ingest.apply.tablestate import TableState
+    from ingest.spark import arrow_frame, spark_location
+
+    spark = engine.session()  # type: ignore[attr-defined]
+    names = [c.name for c in COLUMNS] + ["_cdc_position"]
+    rows = MicroBatch.from_parts(parts, TableState(None, None, None, None)).changes.select(names)
+    source = arrow_frame(spark, rows)
+    values = {n: f"s.{n}" for n in names}
+    (DeltaTable.forPath(spark, spark_location(spark, paths.table)).alias("t").merge(source.alias("s"), "t.id = s.id")
+     .whenMatchedUpdate(set=values).whenNotMatchedInsert(values={**values, "_cdc_deleted": "false"}).execute())
+
+
 class DriverMemory:
     """How far this process's resident memory rose during a block, above where it began (MiB)."""
 
@@ -316,7 +336,7 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
             table_files = len(table.file_uris())
             groups = [["hot set"], ["random"], ["new keys"]]
             if args.engine == "delta-spark":
-                groups[1] += ["random, unlisted", "random, driver lookup"]
+                groups[1] += ["random, unlisted", "random, driver lookup", "random, bare MERGE"]
                 groups[-1].append("new keys, merged")
             for group in groups:
                 for n in range(args.rounds):
@@ -325,10 +345,14 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
                         parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
                         with _baseline(kind, engine), DriverMemory() as driver:
                             t0 = time.perf_counter()
-                            result = apply_parts(spec, paths, parts, batch_id=n + 1, run_id="bench", engine=engine)
+                            record = None
+                            if kind.endswith("bare MERGE"):
+                                bare_merge(engine, paths, parts)
+                            else:
+                                record = apply_parts(spec, paths, parts, batch_id=n + 1, run_id="bench",
+                                                     engine=engine).record
+                                assert record is not None and record.balanced
                             seconds = time.perf_counter() - t0
-                        record = result.record
-                        assert record is not None and record.balanced
                         table = open_table(paths.table)
                         assert table is not None
                         newest = table.history(1)[0]
@@ -337,8 +361,9 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
                         files.setdefault((rows, label), []).append(touched)
                         vectors.setdefault((rows, label), []).append(dvs)
                         memory.setdefault((rows, label), []).append(driver.rose_mib)
-                        console.print(f"  {label}: {seconds:.2f} s ({newest['operation']}), {record.updated} updated, "
-                                      f"{record.inserted} inserted, files rewritten {touched} of {table_files}, "
+                        counted = f"{record.updated} updated, {record.inserted} inserted" if record else "not counted"
+                        console.print(f"  {label}: {seconds:.2f} s ({newest['operation']}), {counted}, "
+                                      f"files rewritten {touched} of {table_files}, "
                                       f"deletion vectors {dvs}, driver memory +{driver.rose_mib:,.0f} MiB")
             if variant.lake == "local":
                 shutil.rmtree(args.workdir / str(rows), ignore_errors=True)
@@ -350,9 +375,10 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
     news = [k for k in ("new keys", "new keys, merged") if (sizes[0], k) in results]
     unlisted = [k for k in ("random, unlisted",) if (sizes[0], k) in results]
     lookups = [k for k in ("random, driver lookup",) if (sizes[0], k) in results]
+    bare = [k for k in ("random, bare MERGE",) if (sizes[0], k) in results]
     for col in ("table rows", "hot set", "files rewritten", "random keys", "files rewritten ",
                 "deletion vectors", "driver memory", *unlisted, *(f"{k}{c}" for k in lookups
-                                                                  for c in ("", ": driver memory")), *news):
+                                                                  for c in ("", ": driver memory")), *bare, *news):
         out.add_column(col, justify="right")
     for rows in sizes:
         hot, rnd = results[(rows, "hot set")], results[(rows, "random")]
@@ -363,16 +389,19 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
                     *(f"{statistics.median(results[(rows, k)]):.2f} s" for k in unlisted),
                     *(cell for k in lookups for cell in (f"{statistics.median(results[(rows, k)]):.2f} s",
                                                          _mib(memory[(rows, k)]))),
-                    *(f"{statistics.median(results[(rows, k)]):.2f} s" for k in news))
+                    *(f"{statistics.median(results[(rows, k)]):.2f} s" for k in (*bare, *news)))
     console.print(out)
     first, last = sizes[0], sizes[-1]
-    for kind in ("hot set", "random", *unlisted, *news[:1]):
+    for kind in ("hot set", "random", *unlisted, *bare, *news[:1]):
         growth = statistics.median(results[(last, kind)]) / statistics.median(results[(first, kind)])
         target = " (target <= 1.5x)" if kind == "hot set" or (kind == "random" and args.engine == "delta-spark") else ""
         console.print(f"{kind}, {last:,} rows / {first:,} rows: {growth:.2f}x{target}")
     for rows in sizes if unlisted else []:
         listed = statistics.median(results[(rows, "random")]) / statistics.median(results[(rows, unlisted[0])])
         console.print(f"random keys into {rows:,} rows: keys listed / unlisted {listed:.2f}x")
+    for rows in sizes if bare else []:
+        over = statistics.median(results[(rows, "random")]) / statistics.median(results[(rows, bare[0])])
+        console.print(f"random keys into {rows:,} rows: the engine / a bare delta-spark MERGE {over:.2f}x")
     for rows in sizes if lookups else []:
         on_executors = statistics.median(results[(rows, "random")]) / statistics.median(results[(rows, lookups[0])])
         console.print(f"random keys into {rows:,} rows: stored rows read on the executors / on the driver "
