@@ -311,7 +311,9 @@ def _hold_foreign_keys_of(changes: DataFrame, key_columns: tuple[str, ...], held
     key is not the table's are collected (bound for quarantine) and leave the batch."""
     from ingest.apply.delta_spark import ident
 
-    foreign = (F.col("_cdc_op") != F.lit("t")) & ~F.col("_cdc_key_columns").eqNullSafe(json.dumps(list(key_columns)))
+    # as there, a change that declares no key is not foreign
+    foreign = F.coalesce((F.col("_cdc_op") != F.lit("t")) & (F.col("_cdc_key_columns") != F.lit(json.dumps(
+        list(key_columns)))), F.lit(False))
     rows = normalize(changes.where(foreign).select(*(F.col(ident(c)) for c in changes.columns)).toArrow())
     _hold_foreign_keys(rows, key_columns, held)
     return changes.where(~foreign)
