@@ -270,6 +270,8 @@ def torture(
     damage: Annotated[float, typer.Option(help="chance of damaging a Spark checkpoint before a restart")] = 0.2,
     value_format: Annotated[str, typer.Option("--format", help="avro or json")] = "avro",
     engine: Annotated[str, typer.Option(help="apply engine of the killed runs: delta-rs or delta-spark")] = "delta-rs",
+    plan_on: Annotated[str, typer.Option(
+        help="delta-spark: where batches are planned (target.plan_on): driver or executors")] = "driver",
     lake: Annotated[str, typer.Option(
         help="where the tables live: local (the workdir) or s3 (a fresh prefix in the stack's MinIO, started "
         "if it is not running, and restarted during --store-restarts runs)")] = "local",
@@ -302,16 +304,19 @@ def torture(
 
     if lake not in ("local", "s3"):
         raise typer.BadParameter("choose local or s3", param_hint="--lake")
+    if plan_on not in ("driver", "executors"):
+        raise typer.BadParameter("choose driver or executors", param_hint="--plan-on")
     where = workdir or Path(tempfile.mkdtemp(prefix="cdc-torture-"))
     spec = TortureSpec(workdir=where, seed=seed, kills=kills, events=events, batch=batch,
                        value_format=value_format, damage_probability=damage,  # type: ignore[arg-type]
-                       extra_tables=tables - 3, engine=engine)  # type: ignore[arg-type]
+                       extra_tables=tables - 3, engine=engine, plan_on=plan_on)  # type: ignore[arg-type]
     if lake == "s3":
         from ingest.cli_stack import stack_lake
 
         spec.lake_root, spec.storage, spec.restart_store = stack_lake(f"torture-seed{seed}-{int(time.time())}")
         spec.store_restarts = store_restarts
-    console.rule(f"torture: seed {seed}, {kills} kills, engine {engine}, lake {spec.lake_root or 'local'}")
+    console.rule(f"torture: seed {seed}, {kills} kills, engine {engine} (planned on the {plan_on}), "
+                 f"lake {spec.lake_root or 'local'}")
     result = Torture(spec, say=lambda line: console.print(line, markup=False, highlight=False)).run()
     c = result.consistency
     out = Table(title=f"torture seed {seed} in {where}")
