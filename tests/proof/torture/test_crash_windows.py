@@ -4,6 +4,8 @@ The in-process twin of ``ingest torture``: fast and deterministic. At each point
 :data:`ingest.proof.faults.POINTS` the batch stops as a SIGKILL would stop it (nothing after the point
 runs); replaying the same batch -- as Spark does after a restart -- must leave the table, its
 tombstones, the audit (after the start-up repair) and the quarantine exactly as one clean run does.
+On delta-spark the same windows are crossed with the batch planned on the executors as well
+(``target.plan_on: executors``), whose steps between the points differ.
 """
 
 from __future__ import annotations
@@ -109,5 +111,61 @@ def test_a_crash_at_any_point_then_replay_equals_a_clean_run(tmp_path: Path, mon
     assert hit == [point]
     _apply(spec, paths, SECOND, len(FIRST), 2)  # the replay after the restart
     assert _state(paths) == clean
+    rows = {r["id"]: r for r in read_all(open_table(paths.table)).to_pylist() if not r["_cdc_deleted"]}
+    assert sorted(rows) == [1, 4, 5, 6, 7] and rows[1]["name"] == "updated"
+
+
+def _apply_on_executors(spark: Any, engine: Any, paths: TablePaths, items: list[Any], first: int, batch: int) -> None:
+    """``_apply`` with ``target.plan_on: executors``: the decoded parts as a DataFrame, the table's
+    handles opened afresh (a restarted process)."""
+    import pyarrow as pa
+
+    from ingest.apply import spark_batch
+    from ingest.apply.tablestate import OpenTables
+    from ingest.spark import arrow_frame
+
+    blobs = []
+    for part in decoded_rows(items, first_offset=first):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, part.schema) as writer:
+            writer.write_batch(part)
+        blobs.append(sink.getvalue().to_pybytes())
+    spark_batch.apply_decoded(TableSpec(name="t", topic="t"), paths, arrow_frame(spark, pa.table({"part": blobs})),
+                              opened=OpenTables(paths, "t"), batch_id=batch, run_id=f"r{batch}", engine=engine)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("point", faults.POINTS)
+def test_a_crash_on_the_executor_path_then_replay_equals_a_clean_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_runs: dict[tuple[str, str], dict[str, Any]],
+        spark: Any, point: str) -> None:
+    """The same windows with the batch planned on the executors (``target.plan_on: executors``),
+    where quarantine follows validation and the remembered deletes are a delta-spark MERGE."""
+    from ingest.apply import spark_batch
+    from ingest.apply.delta_spark import DeltaSparkEngine
+
+    engine = DeltaSparkEngine(spark)
+    monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
+    if ("executors", "hard") not in clean_runs:
+        paths = _paths(tmp_path / "clean")
+        _apply_on_executors(spark, engine, paths, FIRST, 0, 0)
+        _apply_on_executors(spark, engine, paths, SECOND, len(FIRST), 1)
+        clean_runs["executors", "hard"] = _state(paths)
+    paths = _paths(tmp_path / "crashed")
+    _apply_on_executors(spark, engine, paths, FIRST, 0, 0)
+    hit = []
+
+    def crash(name: str) -> None:
+        if name == point:
+            hit.append(name)
+            raise _Killed(name)
+
+    monkeypatch.setattr(faults, "point", crash)
+    with pytest.raises(_Killed):
+        _apply_on_executors(spark, engine, paths, SECOND, len(FIRST), 1)
+    monkeypatch.setattr(faults, "point", lambda name: None)
+    assert hit == [point]
+    _apply_on_executors(spark, engine, paths, SECOND, len(FIRST), 2)  # the replay after the restart
+    assert _state(paths) == clean_runs["executors", "hard"]
     rows = {r["id"]: r for r in read_all(open_table(paths.table)).to_pylist() if not r["_cdc_deleted"]}
     assert sorted(rows) == [1, 4, 5, 6, 7] and rows[1]["name"] == "updated"
