@@ -42,7 +42,7 @@ from ingest.events import SNAPSHOT, STREAMED, KafkaCoordinates
 if TYPE_CHECKING:
     from ingest.config import IngestConfig, TableSpec
 
-from ingest.decode.parts import PARTS_SCHEMA, ROW_OPS, TS, Message, PartsBuilder, arrow_type_of, assemble
+from ingest.decode.parts import ROW_OPS, TS, Message, PartsBuilder, arrow_type_of, assemble, write_parts
 
 
 class _NeedsSlowPath(Exception):
@@ -213,13 +213,7 @@ class BatchDecoder:
 
     def parts(self, batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
         """One input batch as a batch of IPC parts (one row per part)."""
-        blobs = []
-        for part in self.decode(batch):
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, part.schema) as writer:
-                writer.write_batch(part)
-            blobs.append(sink.getvalue().to_pybytes())
-        return pa.RecordBatch.from_arrays([pa.array(blobs, pa.binary())], schema=PARTS_SCHEMA)
+        return write_parts(self.decode(batch))
 
     def decode(self, batch: pa.RecordBatch | pa.Table) -> list[pa.RecordBatch]:
         """Decode every message of ``batch`` into parts; a message that fails becomes an ``error`` row.

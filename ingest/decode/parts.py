@@ -83,8 +83,20 @@ def part_kind(schema: pa.Schema) -> str:
     return (schema.metadata or {}).get(KIND_KEY, b"changes").decode()
 
 
+def write_parts(parts: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
+    """Parts as the decode step ships them: one Arrow IPC stream per part, one row each
+    (:data:`PARTS_SCHEMA`; inverse of :func:`read_parts`)."""
+    blobs = []
+    for part in parts:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, part.schema) as writer:
+            writer.write_batch(part)
+        blobs.append(sink.getvalue().to_pybytes())
+    return pa.RecordBatch.from_arrays([pa.array(blobs, pa.binary())], schema=PARTS_SCHEMA)
+
+
 def read_parts(blobs: Sequence[bytes]) -> list[pa.RecordBatch]:
-    """The parts of a decoded batch, from their IPC streams (inverse of ``BatchDecoder.parts``)."""
+    """The parts of a decoded batch, from their IPC streams (inverse of :func:`write_parts`)."""
     out = []
     for blob in blobs:
         with pa.ipc.open_stream(pa.py_buffer(blob)) as reader:

@@ -19,6 +19,7 @@ from ingest.apply.pipeline import apply_parts
 from ingest.apply.spark_microbatch import assemble_on_executors
 from ingest.apply.tablestate import load_state
 from ingest.config import TableSpec
+from ingest.decode.parts import write_parts
 from ingest.events import ControlRecord
 from ingest.spark import arrow_frame
 from tests.apply.test_spark_reduce import random_parts
@@ -26,16 +27,6 @@ from tests.factories import change, decoded_rows
 from tests.harness import paths_in
 
 pytestmark = pytest.mark.spark
-
-
-def _blobs(parts: list[pa.RecordBatch]) -> pa.Table:
-    out = []
-    for part in parts:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, part.schema) as writer:
-            writer.write_batch(part)
-        out.append(sink.getvalue().to_pybytes())
-    return pa.table({"part": pa.array(out, pa.binary())})
 
 
 def _sorted(table: pa.Table) -> list[dict[str, Any]]:
@@ -53,7 +44,7 @@ def test_the_executors_assemble_the_batch_the_driver_assembles(tmp_path: Any, sp
     mine = (first + random_parts(1, keys=30, first_offset=10_000)
             + decoded_rows(["not json", heartbeat, "truncated envelope", tombstone], partition=1, first_offset=20_000))
     others = decoded_rows([change("c", 1, 5), change("u", 1, 6)], topic="other")
-    decoded = arrow_frame(spark, _blobs(mine + others)).repartition(3)
+    decoded = arrow_frame(spark, pa.Table.from_batches([write_parts(mine + others)])).repartition(3)
 
     driver = MicroBatch.from_parts(mine, state)
     got = assemble_on_executors(decoded, "t", state, table="t")
