@@ -10,6 +10,7 @@ On delta-spark the same windows are crossed with the batch planned on the execut
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +97,17 @@ def test_a_crash_at_any_point_then_replay_equals_a_clean_run(tmp_path: Path, mon
     clean = _clean(clean_runs, tmp_path, apply_engine.name, mode)
     spec = TableSpec(name="t", topic="t", delete_mode=mode)
     paths = _paths(tmp_path / "crashed")
-    _apply(spec, paths, FIRST, 0, 0)
-    hit = []
+    _crash_then_replay(monkeypatch, point, lambda items, first, batch: _apply(spec, paths, items, first, batch))
+    assert _state(paths) == clean
+    _assert_live_rows(paths)
+
+
+def _crash_then_replay(monkeypatch: pytest.MonkeyPatch, point: str,
+                       apply: Callable[[list[Any], int, int], None]) -> None:
+    """``FIRST``, then ``SECOND`` stopped at ``point`` as a SIGKILL would stop it, then ``SECOND``
+    again (the replay after the restart), each applied by ``apply(items, first offset, batch id)``."""
+    apply(FIRST, 0, 0)
+    real, hit = faults.point, []
 
     def crash(name: str) -> None:
         if name == point:
@@ -106,11 +116,13 @@ def test_a_crash_at_any_point_then_replay_equals_a_clean_run(tmp_path: Path, mon
 
     monkeypatch.setattr(faults, "point", crash)
     with pytest.raises(_Killed):
-        _apply(spec, paths, SECOND, len(FIRST), 1)
-    monkeypatch.undo()
+        apply(SECOND, len(FIRST), 1)
+    monkeypatch.setattr(faults, "point", real)
     assert hit == [point]
-    _apply(spec, paths, SECOND, len(FIRST), 2)  # the replay after the restart
-    assert _state(paths) == clean
+    apply(SECOND, len(FIRST), 2)
+
+
+def _assert_live_rows(paths: TablePaths) -> None:
     rows = {r["id"]: r for r in read_all(open_table(paths.table)).to_pylist() if not r["_cdc_deleted"]}
     assert sorted(rows) == [1, 4, 5, 6, 7] and rows[1]["name"] == "updated"
 
@@ -122,15 +134,11 @@ def _apply_on_executors(spark: Any, engine: Any, paths: TablePaths, items: list[
 
     from ingest.apply import spark_batch
     from ingest.apply.tablestate import OpenTables
+    from ingest.decode.parts import write_parts
     from ingest.spark import arrow_frame
 
-    blobs = []
-    for part in decoded_rows(items, first_offset=first):
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, part.schema) as writer:
-            writer.write_batch(part)
-        blobs.append(sink.getvalue().to_pybytes())
-    spark_batch.apply_decoded(TableSpec(name="t", topic="t"), paths, arrow_frame(spark, pa.table({"part": blobs})),
+    blobs = pa.Table.from_batches([write_parts(decoded_rows(items, first_offset=first))])
+    spark_batch.apply_decoded(TableSpec(name="t", topic="t"), paths, arrow_frame(spark, blobs),
                               opened=OpenTables(paths, "t"), batch_id=batch, run_id=f"r{batch}", engine=engine)
 
 
@@ -152,20 +160,7 @@ def test_a_crash_on_the_executor_path_then_replay_equals_a_clean_run(
         _apply_on_executors(spark, engine, paths, SECOND, len(FIRST), 1)
         clean_runs["executors", "hard"] = _state(paths)
     paths = _paths(tmp_path / "crashed")
-    _apply_on_executors(spark, engine, paths, FIRST, 0, 0)
-    hit = []
-
-    def crash(name: str) -> None:
-        if name == point:
-            hit.append(name)
-            raise _Killed(name)
-
-    monkeypatch.setattr(faults, "point", crash)
-    with pytest.raises(_Killed):
-        _apply_on_executors(spark, engine, paths, SECOND, len(FIRST), 1)
-    monkeypatch.setattr(faults, "point", lambda name: None)
-    assert hit == [point]
-    _apply_on_executors(spark, engine, paths, SECOND, len(FIRST), 2)  # the replay after the restart
+    _crash_then_replay(monkeypatch, point,
+                       lambda items, first, batch: _apply_on_executors(spark, engine, paths, items, first, batch))
     assert _state(paths) == clean_runs["executors", "hard"]
-    rows = {r["id"]: r for r in read_all(open_table(paths.table)).to_pylist() if not r["_cdc_deleted"]}
-    assert sorted(rows) == [1, 4, 5, 6, 7] and rows[1]["name"] == "updated"
+    _assert_live_rows(paths)
