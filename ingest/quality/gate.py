@@ -204,7 +204,8 @@ class QualityGate:
             frame = build_frame(rows, wanted)
         result = self._validate(frame, keys)
         del frame  # nothing of the batch may outlive it (memory stays flat over many batches)
-        return self._judge(result, rows, rows.num_rows, keys, validated, batch_id=batch_id, run_id=run_id)
+        return self._judge(result, self._outcomes(result, rows, keys), rows, rows.num_rows, validated,
+                           batch_id=batch_id, run_id=run_id)
 
     def check_frame(self, winners: DataFrame, table_columns: Sequence[ColumnSpec] | None,
                     key_columns: tuple[str, ...], *, batch_id: int, run_id: str) -> tuple[QualityReport, pa.Table]:
@@ -238,7 +239,8 @@ class QualityGate:
         outcomes = self._outcomes(result, rows, key_columns)
         if any(not o.success and o.policy == "quarantine" and not o.names_rows for o in outcomes):
             rows = normalize(live.toArrow())  # the whole batch is held: every row goes to quarantine
-        return self._judge(result, rows, total, key_columns, range(rows.num_rows), batch_id=batch_id,
+            outcomes = self._outcomes(result, rows, key_columns)
+        return self._judge(result, outcomes, rows, total, range(rows.num_rows), batch_id=batch_id,
                            run_id=run_id), rows
 
     def _wanted(self, types: dict[str, str]) -> dict[str, str]:
@@ -254,13 +256,13 @@ class QualityGate:
             self._name_failing_rows(validator, result, keys)
         return result
 
-    def _judge(self, result: Any, rows: pa.Table, total: int, keys: tuple[str, ...], validated: Sequence[int], *,
+    def _judge(self, result: Any, outcomes: list[Outcome], rows: pa.Table, total: int, validated: Sequence[int], *,
                batch_id: int, run_id: str) -> QualityReport:
-        """The report of a validation ``result``: outcomes, holds (``validated[pos]`` for the row at
-        ``pos`` of ``rows``), status; stored; raises for a failure under policy ``fail``.
-        ``total``: rows validated (``rows`` may hold only the failing ones)."""
+        """The report of a validation ``result`` and its ``outcomes`` (row positions in ``rows``):
+        holds (``validated[pos]`` for the row at ``pos``), status; stored; raises for a failure
+        under policy ``fail``. ``total``: rows validated (``rows`` may hold only the failing ones)."""
         report = QualityReport(rows_validated=total)
-        report.outcomes = self._outcomes(result, rows, keys)
+        report.outcomes = outcomes
         report.evaluated = len(report.outcomes)
         failing = [o for o in report.outcomes if not o.success]
         report.failed = len(failing)
