@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ingest import audit, locks, quarantine
-from ingest.apply.commit import CommitOutcome, CommitRequest
+from ingest.apply.commit import ApplyEngine, CommitOutcome, CommitRequest
 from ingest.apply.history import check_history_mode
 from ingest.apply.kafka_tombstones import are_deletes, resolve
 from ingest.apply.microbatch import MicroBatch, _unify
@@ -217,7 +217,7 @@ def _withdraw(reduction: SparkReduction, changes: DataFrame, rows: pa.Table, rep
 
 
 def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, opened: OpenTables, batch_id: int,
-                  run_id: str, engine: object, decode_ms: int = 0, fetch_raw: RawFetch | None = None,
+                  run_id: str, engine: ApplyEngine, decode_ms: int = 0, fetch_raw: RawFetch | None = None,
                   defer_audit: bool = False, shares: int | None = None, gate: QualityGate | None = None) -> BatchResult:
     """:func:`~ingest.apply.pipeline.apply_parts` of the table's share of ``decoded`` (the decode
     step's parts as a DataFrame), its rows kept on the executors: assembled there
@@ -263,9 +263,8 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         if declared != [json.dumps(list(key_columns))]:
             changes = _hold_foreign_keys_of(changes, key_columns, held)
         if are_deletes(spec.kafka_tombstones, flattened, state.flattened):
-            changes = _with_tombstone_deletes(batch, changes, key_columns,
-                                              engine.lookup(paths.table),  # type: ignore[attr-defined]
-                                              state, held, controls)
+            changes = _with_tombstone_deletes(batch, changes, key_columns, engine.lookup(paths.table), state, held,
+                                              controls)
         else:
             controls["tombstone"] += batch.tombstones.num_rows
         record.skipped = sum(controls.values())

@@ -63,7 +63,8 @@ class SparkReduction:
     cached: DataFrame | None = None
 
     def __post_init__(self) -> None:
-        self.cached = self.cached or self.tagged
+        if self.cached is None:
+            self.cached = self.tagged
 
     def drop_winners(self, keys: DataFrame, key_columns: tuple[str, ...]) -> None:
         """Take the winners of ``keys`` (the key columns, distinct) out of the reduction."""
