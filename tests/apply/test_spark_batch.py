@@ -186,3 +186,28 @@ def test_the_gate_holds_on_the_executors_what_it_holds_on_the_driver(tmp_path: A
     assert _held(on_executors) == _held(on_driver)
     assert any(r[4].startswith("held with the later change") for r in _held(on_driver))  # earlier changes too
 
+
+def test_a_column_null_in_every_schemaless_message_takes_the_tables_type(tmp_path: Any, spark: Any,
+                                                                         monkeypatch: Any) -> None:
+    spec = TableSpec(name="t", topic="t")
+    engine = DeltaSparkEngine(spark)
+    on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
+    opened = OpenTables(on_executors, "t")
+    monkeypatch.setattr(spark_batch, "_on_driver", None)
+    topic = Topic()
+    for k in range(1, 4):
+        topic.send(key(k), flat({"id": k, "v": f"a{k}", "n": k * 10}, lsn=100 + k))
+    first = len(topic.messages)
+    for k in range(1, 5):  # v and n null in every message of the batch: JSON without a schema types them null
+        topic.send(key(k), flat({"id": k, "v": None, "n": None}, op="u" if k < 4 else "c", lsn=200 + k))
+    decoder = BatchDecoder(DecoderSpec("json", keep_before=False))
+    for i, (start, end) in enumerate([(0, first), (first, len(topic.messages))]):
+        rows = kafka_rows("t", topic.messages[start:end])
+        expected = apply_parts(spec, on_driver, decoder.decode(rows), batch_id=i, run_id="test", engine=engine).record
+        decoded = arrow_frame(spark, pa.Table.from_batches([decoder.parts(rows)]))
+        got = apply_decoded(spec, on_executors, decoded, opened=opened, batch_id=i, run_id="test", engine=engine).record
+        assert expected is not None and got is not None and got.balanced
+        assert {c: getattr(got, c) for c in COUNTS} == {c: getattr(expected, c) for c in COUNTS}, f"batch {i}"
+        assert _table(on_executors.table) == _table(on_driver.table), f"batch {i}"
+    assert [r["v"] for r in _table(on_executors.table)] == [None] * 4
+    assert load_state(on_executors.table).columns == load_state(on_driver.table).columns
