@@ -61,6 +61,7 @@ from ingest.apply.commit import (
     switches_feed_on,
 )
 from ingest.apply.delta_rs import initial_rows, table_schema_of
+from ingest.apply.history import DROP
 from ingest.apply.merge_sql import Clause, Dialect, FrameSource, MergeStatement, current_merge, history_merge
 from ingest.apply.stored import KeyLookup, rows_of_keys
 from ingest.apply.tablestate import STATE_KEY, TableState, table_app_id
@@ -184,7 +185,7 @@ class DeltaSparkEngine:
                 if born:
                     self._write_new(_writer(spark, request, app, txn, metadata), request)
                 elif request.history is not None:
-                    if request.history.source.num_rows or (request.history.truncate and state.columns):
+                    if request.history.source_rows() or (request.history.truncate and state.columns):
                         _merge_history(spark, request,
                                        dialect_for(existing, request.history.source, request.key_columns))
                     else:
@@ -325,14 +326,18 @@ def _initial(spark: SparkSession, request: CommitRequest) -> DataFrame:
     """The rows a new table starts with, or a batch of new keys appends
     (:func:`~ingest.apply.delta_rs.initial_rows`), as a DataFrame: from the driver's plan, or
     shaped on the executors from a plan that is there."""
-    if request.frame is None:
+    history = request.history.frame if request.history is not None else None
+    if request.frame is None and history is None:
         return arrow_frame(spark, initial_rows(request))
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_type
 
-    source = request.frame.source
-    if request.delete_mode == "hard":
-        source = source.where(~F.col("_cdc_deleted"))
+    if history is not None:
+        source = history.source.where(~F.col(DROP))
+    else:
+        source = request.frame.source
+        if request.delete_mode == "hard":
+            source = source.where(~F.col("_cdc_deleted"))
     schema = table_schema_of(request.schema.columns, request.history_mode)
     shaped = source.select(*(F.col(ident(f.name)).cast(from_arrow_type(f.type, prefer_timestamp_ntz=True)).alias(f.name)
                              for f in schema))
@@ -344,7 +349,7 @@ def _writer(spark: SparkSession, request: CommitRequest, app: str, txn: int, met
     session they were read in, whose settings the write follows: the commit's markers then go as
     the writer's options (those of the engine's session would not reach it)."""
     writer = _initial(spark, request).write.format("delta")
-    if request.frame is not None:
+    if request.frame is not None or (request.history is not None and request.history.frame is not None):
         writer = writer.option("userMetadata", metadata).option("txnAppId", app).option("txnVersion", str(txn))
     return writer
 
@@ -364,6 +369,12 @@ def _merge_history(spark: SparkSession, request: CommitRequest, dialect: Dialect
     """The scd2 MERGE (:mod:`ingest.apply.history`), the statement delta-rs runs too."""
     plan = request.history
     assert plan is not None
+    if plan.frame is not None:  # the source is on the executors: its columns and key bounds are known
+        shape = FrameSource(plan.frame.source.columns, plan.frame.bounds)
+        statement = history_merge(plan, replace(dialect, key_list_limit=0), key_columns=request.key_columns,
+                                  columns=request.schema.columns, source=shape)
+        run_merge(spark, request, plan.frame.source, statement)
+        return
     statement = history_merge(plan, dialect, key_columns=request.key_columns, columns=request.schema.columns)
     run_merge(spark, request, plan.source, statement)
 

@@ -65,6 +65,9 @@ class HistoryPlan:
         watermark: the table's latest truncate after the batch.
         truncate_log: every truncate the table has seen after the batch: ``(position, source time)``.
         updates: source rows that update a stored version.
+        toast_unknown: versions of ``source`` (not dropped) that still list unknown columns.
+        frame: the same plan with its source on Spark's executors
+            (:class:`~ingest.apply.spark_history.SparkHistory`; ``source`` is then empty).
     """
 
     source: pa.Table
@@ -79,6 +82,12 @@ class HistoryPlan:
     watermark: str | None = None
     truncate_log: list[tuple[str, datetime | None]] = field(default_factory=list)
     updates: int = 0
+    toast_unknown: int = 0
+    frame: Any = None
+
+    def source_rows(self) -> int:
+        """Rows in the MERGE's source, wherever it is."""
+        return int(self.frame.source_rows) if self.frame is not None else self.source.num_rows
 
 
 @dataclass(slots=True)
@@ -98,11 +107,17 @@ class HistoryInput:
 
     def count(self, record: Any, plan: HistoryPlan) -> None:
         """The batch's audit terms (:class:`~ingest.audit.AuditRecord`)."""
-        record.inserted, record.updated, record.deleted = plan.inserted, plan.updated, plan.deleted
-        record.truncates, record.stale = plan.truncates, plan.stale
-        record.superseded = plan.superseded + self.received - self.changes.num_rows - self.held
-        source = plan.source.filter(pc.invert(plan.source[DROP]))
-        record.toast_unknown = int(pc.sum(pc.is_valid(source["_cdc_unknown_columns"])).as_py() or 0)
+        count_history(record, plan, withdrawn=self.received - self.changes.num_rows, held=self.held)
+
+
+def count_history(record: Any, plan: HistoryPlan, *, withdrawn: int, held: int) -> None:
+    """A scd2 batch's audit terms (:class:`~ingest.audit.AuditRecord`): ``plan``'s, and of the
+    ``withdrawn`` changes of the keys the quality gate held, those it did not quarantine itself
+    (``held``) count as superseded."""
+    record.inserted, record.updated, record.deleted = plan.inserted, plan.updated, plan.deleted
+    record.truncates, record.stale = plan.truncates, plan.stale
+    record.superseded = plan.superseded + withdrawn - held
+    record.toast_unknown = plan.toast_unknown
 
 
 def history_changes(changes: pa.Table, candidates: pa.Table, winners: pa.Table, key_columns: Any) -> pa.Table:
@@ -145,7 +160,8 @@ def history_schema(columns: list[ColumnSpec]) -> pa.Schema:
 
 def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                  tracked: list[str] | None, table: DeltaTable | None, watermark: str | None,
-                 truncate_log: list[tuple[str, datetime | None]], lookup: KeyLookup = rows_of_keys) -> HistoryPlan:
+                 truncate_log: list[tuple[str, datetime | None]], lookup: KeyLookup = rows_of_keys,
+                 stored: pa.Table | None = None) -> HistoryPlan:
     """Derive the touched keys' versions and the MERGE that writes them (see module docstring).
 
     Args:
@@ -154,6 +170,8 @@ def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: li
         table: the target table (``None``: not created yet).
         watermark: the table's latest truncate; truncate_log: every truncate it has seen.
         lookup: reads the keys' stored versions (default :func:`~ingest.apply.stored.rows_of_keys`).
+        stored: the stored versions of the changes' keys, read already (``table`` and ``lookup`` are
+            then not read): every column the table has.
     """
     is_t = pc.equal(changes["_cdc_op"], "t")
     marks = changes.filter(is_t).sort_by([("_cdc_position", "ascending")])
@@ -170,7 +188,8 @@ def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: li
     if rows.num_rows == 0:
         return plan
     keys = rows.select(list(key_columns)).group_by(list(key_columns), use_threads=False).aggregate([])
-    stored = _stored_versions(table, key_columns, keys, lookup)
+    if stored is None:
+        stored = _stored_versions(table, key_columns, keys, lookup)
     old = len(truncate_log)
     truncs = pa.table({
         "t_pos": pa.array([p for p, _ in truncate_log] + [m["_cdc_position"] for m in applying], pa.string()),
@@ -200,6 +219,8 @@ def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: li
     changed = diff.filter(pc.not_equal(diff["h_action"], "same"))
     plan.updates = int(pc.sum(pc.equal(changed["h_action"], "update")).as_py() or 0)
     plan.source = _source(changed, drops, columns)
+    kept = plan.source.filter(pc.invert(plan.source[DROP]))
+    plan.toast_unknown = int(pc.sum(pc.is_valid(kept["_cdc_unknown_columns"])).as_py() or 0)
     return plan
 
 

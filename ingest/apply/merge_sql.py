@@ -117,15 +117,16 @@ def current_merge(source: pa.Table | FrameSource, d: Dialect, *, key_columns: tu
     return MergeStatement(on or "false", tuple(clauses))
 
 
-def history_merge(plan: HistoryPlan, d: Dialect, *, key_columns: tuple[str, ...], columns: list[ColumnSpec]
-                  ) -> MergeStatement:
-    """The scd2 MERGE (:mod:`ingest.apply.history`) of ``plan.source``: versions matched by key and position.
+def history_merge(plan: HistoryPlan, d: Dialect, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
+                  source: FrameSource | None = None) -> MergeStatement:
+    """The scd2 MERGE (:mod:`ingest.apply.history`) of ``plan.source`` (or of ``source``, the
+    shape of a source on Spark's executors): versions matched by key and position.
 
     A planned version replaces its stored twin or is inserted, one marked ``DROP`` removes it; a
     truncate ends every current version older than its position.
     """
     sets = {d.ident(f.name): f"s.{d.ident(f.name)}" for f in history_schema(columns)}
-    on = _on(key_columns, plan.source, d, bounded=not plan.truncate)
+    on = _on(key_columns, source if source is not None else plan.source, d, bounded=not plan.truncate)
     clauses = [Clause("matched_delete", f"s.{DROP}"),
                Clause("matched_update", f"NOT s.{DROP}", sets),
                Clause("not_matched_insert", f"NOT s.{DROP}", sets)]

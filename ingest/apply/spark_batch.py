@@ -12,11 +12,13 @@ The stream takes this path for a delta-spark table when ``target.plan_on`` is ``
 few rows it collects); so are the Kafka tombstones, which in a flattened stream become deletes
 joined to the changes on the executors. The quality gate validates the winners' DataFrame with
 GX's Spark engine; the rows it holds, and the earlier changes of their keys, are collected for
-quarantine (:func:`_withdraw`). What this path does not do yet, so a batch that needs it has its
-change rows collected and takes the driver's journey: a batch of truncates or tombstones only (it
-has no change rows to keep off the driver), changes that declare different keys for a table that
-has none yet (the driver takes the first one seen), and ``history_mode: scd2``. Changes whose key
-is not the table's are collected for quarantine.
+quarantine (:func:`_withdraw`). A ``history_mode: scd2`` table's versions are derived on the
+executors too (:mod:`ingest.apply.spark_history`), from every change of the batch less those of the
+keys the gate held. What this path does not do yet, so a batch that needs it has its change rows
+collected and takes the driver's journey: a batch of truncates or tombstones only (it has no change
+rows to keep off the driver), and changes that declare different keys for a table that has none
+yet (the driver takes the first one seen). Changes whose key is not the table's are collected for
+quarantine.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,7 +38,7 @@ from pyspark.sql import functions as F
 
 from ingest import audit, locks, quarantine
 from ingest.apply.commit import ApplyEngine, CommitOutcome, CommitRequest
-from ingest.apply.history import check_history_mode
+from ingest.apply.history import check_history_mode, count_history
 from ingest.apply.kafka_tombstones import are_deletes, resolve
 from ingest.apply.microbatch import MicroBatch, _unify
 from ingest.apply.ordering import later_than_stored, later_than_stored_sql
@@ -50,7 +52,8 @@ from ingest.apply.pipeline import (
     process_batch,
 )
 from ingest.apply.reduce import Reduction
-from ingest.apply.schema import plan_schema
+from ingest.apply.schema import SchemaPlan, plan_schema
+from ingest.apply.spark_history import history_on_executors
 from ingest.apply.spark_microbatch import ExecutorBatch
 from ingest.apply.spark_plan import SparkPlan, plan_on_executors, stored_on_executors
 from ingest.apply.spark_reduce import SparkReduction, reduce_on_executors
@@ -67,6 +70,9 @@ from ingest.lake import LakePath
 from ingest.paths import TablePaths
 from ingest.proof import faults
 from ingest.quality.gate import QualityGate, QualityReport
+
+if TYPE_CHECKING:
+    from ingest.apply.delta_spark import DeltaSparkEngine
 
 
 def remembered_on_executors(spark: SparkSession, remembered: Remembered, key_columns: tuple[str, ...],
@@ -136,8 +142,6 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
 
     if not isinstance(engine, DeltaSparkEngine):
         raise TableError(spec.name, "only the delta-spark engine applies a batch on the executors")
-    if spec.history_mode == "scd2":
-        raise TableError(spec.name, "history_mode scd2 is applied on the driver")
     if spec.expectations and (gate is None or held is None):
         raise TableError(spec.name, f"names expectations suite {spec.expectations!r} but no quality gate was loaded")
     key_columns = tuple(state.key_columns or spec.primary_key or declared or ())
@@ -146,20 +150,31 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
     spark = engine.session()
     schema = plan_schema(spec.name, state.columns, columns)
     soft, hard = spec.delete_mode == "soft", spec.delete_mode == "hard"
+    history = spec.history_mode == "scd2"
+    gated = gate is not None and held is not None
+    # scd2 plans every change, not the winners: only the gate needs them
     reduction = reduce_on_executors(changes, key_columns, schema.columns, soft=soft,
-                                    nulls_unchanged=spec.ignore_null_updates, shares=shares)
+                                    nulls_unchanged=spec.ignore_null_updates, shares=shares) \
+        if gated or not history else None
     plan: SparkPlan | None = None
     try:
-        report = QualityReport()
-        if gate is not None and held is not None:
+        report, withdrawn = QualityReport(), None
+        if gated:
+            assert gate is not None and held is not None and reduction is not None
             report, rows = gate.check_frame(reduction.winners, state.columns, key_columns, batch_id=record.batch_id,
                                             run_id=record.run_id)
             if report.held:
-                _withdraw(reduction, changes, rows, report, held, key_columns)
+                before = len(held)
+                keys, earlier = _withdraw(reduction, changes, rows, report, held, key_columns)
+                withdrawn = (keys, earlier, len(held) - before)
         record.expectations_evaluated, record.expectations_failed = report.evaluated, report.failed
         record.quality_status, record.quality_failures = report.status, report.failures_json()
         if before_commit is not None:
             before_commit(report)
+        if history:
+            return _commit_history(spec, paths, changes, withdrawn, schema, key_columns=key_columns, state=state,
+                                   engine=engine, record=record, offsets=offsets, flattened=flattened, shares=shares)
+        assert reduction is not None
         truncate = reduction.truncate.position if reduction.truncate else None
         if truncate is not None and state.truncate_position is not None and not later_than_stored(
                 truncate, state.truncate_position):
@@ -192,15 +207,48 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
     finally:
         if plan is not None:
             plan.release()
-        reduction.release()
+        if reduction is not None:
+            reduction.release()
+
+
+def _commit_history(spec: TableSpec, paths: TablePaths, changes: DataFrame,
+                    withdrawn: tuple[DataFrame, int, int] | None, schema: SchemaPlan, *, key_columns: tuple[str, ...],
+                    state: TableState, engine: DeltaSparkEngine, record: AuditRecord,
+                    offsets: dict[tuple[str, int], int], flattened: bool | None, shares: int | None) -> CommitOutcome:
+    """The scd2 plan and commit of ``changes`` (:mod:`ingest.apply.spark_history`), less every
+    change of the keys the gate held (``withdrawn``: those keys, how many changes of them were
+    collected, how many records the gate quarantined), as the driver's journey commits it."""
+    from ingest.apply.pipeline import _empty_plan
+
+    if withdrawn is not None:  # a truncate has no key: it stays
+        changes = changes.join(F.broadcast(withdrawn[0]), list(key_columns), "left_anti")
+    tracked = [c.name for c in schema.columns if spec.track_history is None or spec.track_history.keeps(c.name)]
+    plan = history_on_executors(changes, key_columns=key_columns, columns=schema.columns, tracked=tracked,
+                                path=paths.table, table=state.table, watermark=state.truncate_position,
+                                truncate_log=state.truncate_log, nulls_unchanged=spec.ignore_null_updates,
+                                shares=shares)
+    try:
+        count_history(record, plan, withdrawn=withdrawn[1] if withdrawn else 0, held=withdrawn[2] if withdrawn else 0)
+        record.schema_change = schema.describe()
+        record.engine = engine.name
+        request = CommitRequest(
+            table=spec.name, path=paths.table, tombstones=Remembered(paths.tombstones, spec.name),
+            delete_mode=spec.delete_mode, key_columns=key_columns, schema=schema, plan=_empty_plan(schema.columns),
+            truncate=plan.truncate, watermark=plan.watermark, truncate_log=plan.truncate_log, offsets=offsets,
+            flattened=flattened if flattened is not None else state.flattened, history_mode="scd2", history=plan,
+            describe=lambda outcome: record.to_metadata())
+        return engine.commit(request, state)
+    finally:
+        plan.frame.release()
 
 
 def _withdraw(reduction: SparkReduction, changes: DataFrame, rows: pa.Table, report: QualityReport, held: _Held,
-              key_columns: tuple[str, ...]) -> None:
+              key_columns: tuple[str, ...]) -> tuple[DataFrame, int]:
     """:func:`~ingest.apply.withdraw.withdraw` of the winners the gate holds (``rows``, which
     ``report.held`` indexes) from a reduction on the executors: the earlier changes of their keys
     are collected (bound for quarantine with them), and the winners of those keys leave the
-    reduction on the executors."""
+    reduction on the executors. Returns those keys (distinct, a DataFrame) and how many changes of
+    them were collected."""
     from ingest.apply.delta_spark import ident
     from ingest.spark import arrow_frame
 
@@ -211,9 +259,11 @@ def _withdraw(reduction: SparkReduction, changes: DataFrame, rows: pa.Table, rep
         *(F.col(ident(k)).cast(types[k]).alias(k) for k in key_columns)).distinct()
     earlier = changes.where(F.col("_cdc_op") != F.lit("t")).join(F.broadcast(keys), list(key_columns), "left_semi")
     local = Reduction(winners=rows, truncate=reduction.truncate)
-    withdraw(local, normalize(earlier.select(*(F.col(ident(c)) for c in changes.columns)).toArrow()), report, held)
+    collected = normalize(earlier.select(*(F.col(ident(c)) for c in changes.columns)).toArrow())
+    withdraw(local, collected, report, held)
     reduction.superseded += local.superseded  # the earlier changes move from superseded to quarantined
     reduction.drop_winners(keys, key_columns)
+    return keys, collected.num_rows
 
 
 def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, opened: OpenTables, batch_id: int,
@@ -249,7 +299,7 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         declared = sorted(k for k in facts["keys"] if k)
         key_columns = tuple(state.key_columns or spec.primary_key or (json.loads(declared[0]) if declared else ()))
         known = state.key_columns or spec.primary_key  # else the batch's first change declares it
-        if spec.history_mode == "scd2" or not key_columns or facts["rows"] == 0 or (len(declared) > 1 and not known):
+        if not key_columns or facts["rows"] == 0 or (len(declared) > 1 and not known):
             return _on_driver(spec, paths, batch, state, opened, batch_id=batch_id, run_id=run_id, engine=engine,
                               decode_ms=decode_ms, fetch_raw=fetch_raw, defer_audit=defer_audit, gate=gate)
         record = AuditRecord(table=spec.name, run_id=run_id, batch_id=batch_id, received=batch.received,

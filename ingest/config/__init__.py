@@ -100,11 +100,11 @@ class IngestConfig(Model):
     def plans_on_executors(self, spec: TableSpec) -> bool:
         """Whether the table's batches are assembled, reduced and planned on Spark's executors
         (``target.plan_on``). A table whose every batch that path would hand back to the driver --
-        ``history_mode: scd2``, or an expectations suite validated on the driver
-        (``quality.validate_on: driver``) -- is planned there from the start;
-        :mod:`ingest.apply.spark_batch` says which single batches still go to the driver."""
+        one with an expectations suite validated on the driver (``quality.validate_on: driver``) --
+        is planned there from the start; :mod:`ingest.apply.spark_batch` says which single batches
+        still go to the driver."""
         return (self.engine_of(spec) == "delta-spark" and self.target.plan_on == "executors"
-                and not (spec.history_mode == "scd2" or (spec.expectations and self.quality.validate_on == "driver")))
+                and not (spec.expectations and self.quality.validate_on == "driver"))
 
     def engines(self) -> set[EngineName]:
         """Every apply engine a run of this configuration may use (discovered tables included)."""

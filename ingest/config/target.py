@@ -105,9 +105,9 @@ class TargetSpec(Model):
     plan_on: Literal["driver", "executors"] = Field(
         "driver", description="delta-spark: where a batch is assembled, reduced and planned. driver: its rows are "
         "collected and planned with Arrow (faster on one machine); executors: they stay in Spark, the driver gets "
-        "counts and schemas only (a cluster whose batches outgrow the driver). A table with history_mode scd2 (or "
-        "a suite under quality.validate_on: driver), and a batch of only truncates or tombstones, are planned on "
-        "the driver either way")
+        "counts and schemas only (a cluster whose batches outgrow the driver). A table with a suite under "
+        "quality.validate_on: driver, and a batch of only truncates or tombstones, are planned on the driver "
+        "either way")
     change_data_feed: bool = Field(
         True, description="tables record Delta's change data feed (delta.enableChangeDataFeed; an existing table "
         "without it is switched on at its next batch): `ingest changes` and downstream readers get each commit's "

@@ -11,7 +11,8 @@ A flattened stream's Kafka tombstones (the deletes of their keys) go the same tw
 decoded messages: :func:`apply_decoded` keeps such batches on the executors and must leave the
 table, counts and quarantine that the driver's journey leaves. So must a table with an expectations
 suite: its winners are validated on the executors, and the rows held, with the earlier changes of
-their keys, must be the driver gate's.
+their keys, must be the driver gate's. And so must a ``history_mode: scd2`` table: every version,
+the truncate log, the counts and the rows held.
 """
 
 from __future__ import annotations
@@ -211,3 +212,41 @@ def test_a_column_null_in_every_schemaless_message_takes_the_tables_type(tmp_pat
         assert _table(on_executors.table) == _table(on_driver.table), f"batch {i}"
     assert [r["v"] for r in _table(on_executors.table)] == [None] * 4
     assert load_state(on_executors.table).columns == load_state(on_driver.table).columns
+
+
+def _versions(path: Any) -> list[dict[str, Any]]:
+    return sorted(_table(path), key=lambda r: (r["id"], r["_cdc_position"]))
+
+
+@pytest.mark.parametrize("nulls", [True], ids=["ignore-null-updates"])  # nulls: every share fills as the batch does
+def test_history_is_derived_on_the_executors_as_on_the_driver(tmp_path: Any, spark: Any, monkeypatch: Any,
+                                                              nulls: bool) -> None:
+    write_suite(tmp_path / "suites", "s", SUITE)
+    spec = TableSpec(name="t", topic="t", history_mode="scd2", expectations="s", ignore_null_updates=nulls,
+                     track_history={"include": ["name"]})  # type: ignore[arg-type]
+    suite = load_suite(tmp_path / "suites", "s")
+    on_pandas, on_spark = QualityGate(spec, suite), QualityGate(spec, suite, spark=spark)
+    engine = DeltaSparkEngine(spark)
+    on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
+    opened = OpenTables(on_executors, "t")
+    monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
+    # the first batch creates the table; the second reaches its keys, truncates, and brings late
+    # changes out of order (two runs of positions); the third redelivers the second's changes
+    batches = [random_parts(31, keys=24, truncates=False),
+               random_parts(32, keys=20, first_key=12, first_offset=10_000)
+               + random_parts(33, keys=24, events=30, truncates=False, first_offset=5_000, offsets_from=20_000),
+               random_parts(32, keys=20, first_key=12, first_offset=10_000, offsets_from=30_000)]
+    for i, parts in enumerate(batches):
+        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=engine, gate=on_pandas).record
+        blobs = pa.Table.from_batches([write_parts(parts)])
+        got = apply_decoded(spec, on_executors, arrow_frame(spark, blobs).repartition(2), opened=opened, batch_id=i,
+                            run_id="test", engine=engine, gate=on_spark, shares=3).record
+        assert expected is not None and got is not None and expected.balanced and got.balanced
+        counts = (*COUNTS, *QUALITY, "quarantined", "received")
+        assert {c: getattr(got, c) for c in counts} == {c: getattr(expected, c) for c in counts}, f"batch {i}"
+        assert _versions(on_executors.table) == _versions(on_driver.table), f"batch {i}"
+        assert load_state(on_executors.table).truncate_log == load_state(on_driver.table).truncate_log
+    assert _held(on_executors) == _held(on_driver)
+    rows = _versions(on_driver.table)
+    assert len(rows) > len({r["id"] for r in rows})  # keys with past versions
+    assert any(r["_cdc_end_op"] == "t" for r in rows) and expected.truncates == 0  # a truncate ended versions
