@@ -127,7 +127,8 @@ def _assert_live_rows(paths: TablePaths) -> None:
     assert sorted(rows) == [1, 4, 5, 6, 7] and rows[1]["name"] == "updated"
 
 
-def _apply_on_executors(spark: Any, engine: Any, paths: TablePaths, items: list[Any], first: int, batch: int) -> None:
+def _apply_on_executors(spark: Any, engine: Any, paths: TablePaths, items: list[Any], first: int, batch: int,
+                        spec: TableSpec | None = None) -> None:
     """``_apply`` with ``target.plan_on: executors``: the decoded parts as a DataFrame, the table's
     handles opened afresh (a restarted process)."""
     import pyarrow as pa
@@ -138,7 +139,7 @@ def _apply_on_executors(spark: Any, engine: Any, paths: TablePaths, items: list[
     from ingest.spark import arrow_frame
 
     blobs = pa.Table.from_batches([write_parts(decoded_rows(items, first_offset=first))])
-    spark_batch.apply_decoded(TableSpec(name="t", topic="t"), paths, arrow_frame(spark, blobs),
+    spark_batch.apply_decoded(spec or TableSpec(name="t", topic="t"), paths, arrow_frame(spark, blobs),
                               opened=OpenTables(paths, "t"), batch_id=batch, run_id=f"r{batch}", engine=engine)
 
 
@@ -163,4 +164,34 @@ def test_a_crash_on_the_executor_path_then_replay_equals_a_clean_run(
     _crash_then_replay(monkeypatch, point,
                        lambda items, first, batch: _apply_on_executors(spark, engine, paths, items, first, batch))
     assert _state(paths) == clean_runs["executors", "hard"]
+    _assert_live_rows(paths)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("point", ["after-widen"])  # the others' steps are the scd1 executor path's
+def test_a_crash_while_history_is_kept_on_the_executor_path_then_replay_equals_a_clean_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_runs: dict[tuple[str, str], dict[str, Any]],
+        spark: Any, point: str) -> None:
+    """A ``history_mode: scd2`` table on that path, stopped with the table widened but not yet
+    holding the batch's versions: the replay derives and writes the same versions from the
+    executors (every version compared, not only the live rows)."""
+    from ingest.apply import spark_batch
+    from ingest.apply.delta_spark import DeltaSparkEngine
+
+    engine = DeltaSparkEngine(spark)
+    spec = TableSpec(name="t", topic="t", history_mode="scd2")
+    monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
+
+    def apply(paths: TablePaths) -> Callable[[list[Any], int, int], None]:
+        return lambda items, first, batch: _apply_on_executors(spark, engine, paths, items, first, batch, spec)
+
+    if ("executors", "scd2") not in clean_runs:
+        clean = _paths(tmp_path / "clean")
+        apply(clean)(FIRST, 0, 0)
+        apply(clean)(SECOND, len(FIRST), 1)
+        clean_runs["executors", "scd2"] = _state(clean)
+    paths = _paths(tmp_path / "crashed")
+    _crash_then_replay(monkeypatch, point, apply(paths))
+    assert _state(paths) == clean_runs["executors", "scd2"]
+    assert len(clean_runs["executors", "scd2"]["rows"]) > 7  # past versions kept beside the current ones
     _assert_live_rows(paths)
