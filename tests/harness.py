@@ -305,14 +305,17 @@ def _json(payload: Any, schema: dict[str, Any] | None) -> bytes:
 
 def make_config(workdir: Path, *, batch: int = 400, extra_tables: list[dict] | None = None,
                 value_format: str = "avro", engine: str = "delta-rs", history_mode: str = "scd1",
-                plan_on: str = "driver") -> IngestConfig:
+                plan_on: str = "driver", suites: bool = True) -> IngestConfig:
     """The demo's configuration (``configs/demo.yaml``) written into ``workdir``, with the given batch
     size, value format, apply engine, history mode and ``target.plan_on`` for every table, plus
-    ``extra_tables``."""
+    ``extra_tables``; ``suites``: the tables keep their expectations suites."""
     raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
     raw["workdir"] = str(workdir)
     for table in raw["tables"]:
         table["history_mode"] = history_mode
+        if not suites:
+            for key in ("expectations", "expectation_policies", "quality_policy"):
+                table.pop(key, None)
     raw["target"]["engine"] = engine
     raw["target"]["plan_on"] = plan_on
     # The config is written elsewhere: keep its suites where demo.yaml points.

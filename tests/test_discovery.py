@@ -156,8 +156,8 @@ def test_a_topic_that_appears_while_running_is_picked_up(tmp_path, spark):
     log = TopicLog(config.log_dir)
     produce(log, "shop.public.first", [("c", {"id": 1, "v": "a"}, 10)])
     reports = []
-    runner = threading.Thread(target=lambda: reports.append(
-        Engine(config, spark=spark).run(mode="continuous", stop_after=45)))
+    engine = Engine(config, spark=spark)
+    runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=90)))
     runner.start()
     deadline = time.monotonic() + 40
     while not (config.table_path("public_first") / "_delta_log").exists() and time.monotonic() < deadline:
@@ -165,6 +165,7 @@ def test_a_topic_that_appears_while_running_is_picked_up(tmp_path, spark):
     produce(log, "shop.public.late", [("c", {"id": i, "v": "b"}, 20 + i) for i in range(3)])
     while not (config.table_path("public_late") / "_delta_log").exists() and time.monotonic() < deadline + 20:
         time.sleep(0.5)
+    engine.stop()  # once the late table is written: the run settles its last batch, then ends
     runner.join(timeout=120)
     (report,) = reports
     assert not report.failed
