@@ -96,35 +96,35 @@ class MicroBatch:
         for part in parts:
             if part.num_rows == 0:
                 continue
-            named = _named(pa.Table.from_batches([part]), table_name=table)
+            named = with_source_names(pa.Table.from_batches([part]), table_name=table)
             kept = _not_applied(named, state)
             already += named.num_rows - kept.num_rows
             if kept.num_rows == 0:
                 continue
             received += kept.num_rows
-            _spans(kept, offsets)
+            add_spans(kept, offsets)
             kind = part_kind(part.schema)
             if kind == "changes":
-                declared = _declared(kept)
+                declared = declared_columns(kept)
                 if select is not None:
-                    keys = {*key_columns, *(state.key_columns or ()), *_part_keys(kept)}
+                    keys = {*key_columns, *(state.key_columns or ()), *part_key_columns(kept)}
                     declared = [c for c in declared if select.keeps(c.name, keys)]
                 changes.append((kept, declared))
             elif kind == "tombstones":
                 tombstones.append(kept)
             else:
                 meta.append(kept.select(list(FRAME.names)))
-        _refuse_unavailable(meta)
+        refuse_unavailable(meta)
         columns = combine_columns([cols for _, cols in changes])
         return cls(
-            changes=_unify([t for t, _ in changes], columns),
-            tombstones=_concat(tombstones),
+            changes=unify_parts([t for t, _ in changes], columns),
+            tombstones=concat_frames(tombstones),
             meta=pa.concat_tables(meta) if meta else FRAME.empty_table(),
             columns=columns, received=received, already_applied=already, offsets=offsets,
         )
 
 
-def _part_keys(table: pa.Table) -> list[str]:
+def part_key_columns(table: pa.Table) -> list[str]:
     """The primary-key columns a part's changes name (``_cdc_key_columns``)."""
     named = pc.unique(table["_cdc_key_columns"].drop_null()).to_pylist()
     return [k for names in named for k in json.loads(names)]
@@ -139,7 +139,7 @@ def combine_columns(versions: Sequence[Sequence[ColumnSpec]]) -> list[ColumnSpec
     return combine("", versions) if versions else []
 
 
-def _refuse_unavailable(meta: list[pa.Table]) -> None:
+def refuse_unavailable(meta: list[pa.Table]) -> None:
     """A batch whose schema registry did not answer fails whole, before anything is written (transient)."""
     for table in meta:
         down = table.filter(pc.equal(table["_cdc_kind"], "unavailable"))
@@ -147,7 +147,7 @@ def _refuse_unavailable(meta: list[pa.Table]) -> None:
             raise RegistryUnavailableError(down["_cdc_reason"][0].as_py())
 
 
-def _named(table: pa.Table, *, table_name: str) -> pa.Table:
+def with_source_names(table: pa.Table, *, table_name: str) -> pa.Table:
     """A part with its user columns under their real names (after the reserved-name check)."""
     columns = columns_of(table.schema)
     for col in columns:
@@ -158,7 +158,7 @@ def _named(table: pa.Table, *, table_name: str) -> pa.Table:
     return renamed.replace_schema_metadata(table.schema.metadata)
 
 
-def _declared(table: pa.Table) -> list[ColumnSpec]:
+def declared_columns(table: pa.Table) -> list[ColumnSpec]:
     """A part's user columns; a column typed by the driver (a key the image lacked) takes its Arrow type."""
     return [c if c.type != INFERRED else ColumnSpec(c.name, delta_type_name(table.schema.field(c.name).type))
             for c in columns_of(table.schema)]
@@ -181,7 +181,8 @@ def _not_applied(table: pa.Table, state: TableState) -> pa.Table:
     return table if keep is None else table.filter(keep)
 
 
-def _spans(table: pa.Table, offsets: dict[tuple[str, int], list[int]]) -> None:
+def add_spans(table: pa.Table, offsets: dict[tuple[str, int], list[int]]) -> None:
+    """Widen ``offsets`` (``(topic, partition) -> [first, last]``) to the offsets of ``table``'s rows."""
     grouped = pa.table({"t": table["_cdc_topic"], "p": table["_cdc_partition"], "o": table["_cdc_offset"]}).group_by(
         ["t", "p"], use_threads=False).aggregate([("o", "min"), ("o", "max")])
     for topic, partition, lo, hi in zip(grouped["t"].to_pylist(), grouped["p"].to_pylist(),
@@ -190,7 +191,7 @@ def _spans(table: pa.Table, offsets: dict[tuple[str, int], list[int]]) -> None:
         span[0], span[1] = min(span[0], lo), max(span[1], hi)
 
 
-def _unify(tables: Sequence[pa.Table], columns: Sequence[ColumnSpec]) -> pa.Table:
+def unify_parts(tables: Sequence[pa.Table], columns: Sequence[ColumnSpec]) -> pa.Table:
     """Every part cast to the combined columns (absent ones null), in one table."""
     target = pa.schema([*FRAME, *(pa.field(c.name, arrow_type(c.type)) for c in columns)])
     if not tables:
@@ -214,7 +215,8 @@ def _widen(array: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
     return array.cast(target, safe=not (pa.types.is_floating(target) and pa.types.is_integer(array.type)))
 
 
-def _concat(tables: list[pa.Table]) -> pa.Table:
+def concat_frames(tables: list[pa.Table]) -> pa.Table:
+    """Parts whose columns differ (tombstones: each with its own key columns) in one table, absent columns null."""
     if not tables:
         return FRAME.empty_table()
     return pa.concat_tables(tables, promote_options="permissive")

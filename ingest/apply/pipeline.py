@@ -72,7 +72,7 @@ class BatchResult:
 
 
 @dataclass(slots=True)
-class _Held:
+class Held:
     """Messages held back so far: ``(row of a table, stage, reason, expectations)`` gathered by step."""
 
     records: list[QuarantineRecord] = field(default_factory=list)
@@ -151,7 +151,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     record = AuditRecord(table=spec.name, run_id=run_id, batch_id=batch_id, received=batch.received,
                          started_at=started_at, decode_ms=decode_ms)
     record.offsets = json.dumps({f"{t}:{p}": span for (t, p), span in sorted(batch.offsets.items())})
-    held = _Held()
+    held = Held()
     controls = batch.controls
     engine = engine or DeltaRsEngine()
     lookup = engine.lookup(paths.table)
@@ -160,7 +160,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     meta = batch.meta
     held.add_rows(meta.filter(pc.equal(meta["_cdc_kind"], "error")), "decode")
     key_columns = state.key_columns or spec.primary_key or batch.key_columns() or _tombstone_key(batch)
-    changes = _hold_foreign_keys(batch.changes, key_columns, held)
+    changes = hold_foreign_keys(batch.changes, key_columns, held)
     flattened = batch.flattened
     unreadable = meta.filter(pc.and_(pc.equal(meta["_cdc_kind"], "tombstone"), pc.is_valid(meta["_cdc_reason"])))
     tombstone_deletes = are_deletes(spec.kafka_tombstones, flattened, state.flattened)
@@ -238,9 +238,9 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
             key_columns: tuple[str, ...], record: AuditRecord, batch: MicroBatch, flattened: bool | None,
             record_offsets: bool, engine: ApplyEngine, remembered: tombstones.Remembered,
             lookup: KeyLookup, history: HistoryInput | None = None) -> CommitOutcome:
-    _refuse_to_move_backwards(spec.name, batch, state, record_offsets)
+    refuse_to_move_backwards(spec.name, batch, state, record_offsets)
     locks.check(paths.table)  # on an object store: this run still holds the table's lease
-    _check_position_format(spec.name, state)
+    check_position_format(spec.name, state)
     check_history_mode(spec.name, spec.history_mode, state)
     if state.table is None and not schema.columns and reduction.truncate is None:
         return CommitOutcome()  # nothing to create a table from (only control records): nothing to record
@@ -256,7 +256,7 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
             return CommitOutcome()
         return engine.commit(CommitRequest(
             table=spec.name, path=paths.table, tombstones=remembered, delete_mode=spec.delete_mode,
-            key_columns=key_columns, schema=schema, plan=_empty_plan(schema.columns), truncate=plan_h.truncate,
+            key_columns=key_columns, schema=schema, plan=empty_plan(schema.columns), truncate=plan_h.truncate,
             watermark=plan_h.watermark, truncate_log=plan_h.truncate_log, offsets=offsets,
             flattened=flattened if flattened is not None else state.flattened, history_mode="scd2", history=plan_h,
             describe=lambda outcome: _describe(record, outcome)), state)
@@ -276,7 +276,7 @@ def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Re
                           old_truncate=state.truncate_position, new_truncate=truncate, hard=hard)
         new_keys_only = state.table is not None and stored.num_rows == 0 and truncate is None
     else:
-        plan = _empty_plan(schema.columns)
+        plan = empty_plan(schema.columns)
         new_keys_only = False
     record.inserted, record.updated, record.deleted = plan.inserted, plan.updated, plan.deleted
     record.stale = plan.stale + (1 if reduction.truncate is not None and not truncate else 0)
@@ -299,7 +299,7 @@ def _describe(record: AuditRecord, outcome: CommitOutcome) -> dict[str, Any]:
     return record.to_metadata()
 
 
-def _refuse_to_move_backwards(table: str, batch: MicroBatch, state: TableState, record_offsets: bool) -> None:
+def refuse_to_move_backwards(table: str, batch: MicroBatch, state: TableState, record_offsets: bool) -> None:
     """The batch's offsets must be beyond what the table records (another writer may have moved it)."""
     from ingest.errors import OffsetsConflictError
 
@@ -313,7 +313,8 @@ def _refuse_to_move_backwards(table: str, batch: MicroBatch, state: TableState, 
                        "Refusing to move progress backwards (is another writer running on this table?)")
 
 
-def _check_position_format(table: str, state: TableState) -> None:
+def check_position_format(table: str, state: TableState) -> None:
+    """The table's positions must be encoded as this version encodes them (they are compared as text)."""
     from ingest.apply.tablestate import POSITION_FORMAT
 
     if state.table is not None and state.position_format != POSITION_FORMAT and state.key_columns is not None:
@@ -329,7 +330,7 @@ def _tombstone_key(batch: MicroBatch) -> tuple[str, ...] | None:
     return tuple(json.loads(batch.tombstones["_cdc_key_columns"][0].as_py()))
 
 
-def _hold_foreign_keys(changes: pa.Table, key_columns: Sequence[str] | None, held: _Held) -> pa.Table:
+def hold_foreign_keys(changes: pa.Table, key_columns: Sequence[str] | None, held: Held) -> pa.Table:
     """Changes (not truncates) whose primary key is not the table's are held back (stage ``key``)."""
     if not key_columns or changes.num_rows == 0:
         return changes
@@ -367,7 +368,8 @@ def _truncates_only(changes: pa.Table) -> Reduction:
                      superseded=max(0, marks.num_rows - 1))
 
 
-def _empty_plan(columns: list[ColumnSpec]) -> MergePlan:
+def empty_plan(columns: list[ColumnSpec]) -> MergePlan:
+    """A merge plan with nothing to write (a source of no rows in the table's columns)."""
     from ingest.apply.plan import _source
 
     empty = pa.schema([("_cdc_op", pa.string())]).empty_table()
@@ -381,7 +383,7 @@ _EMPTY_LIVE = pa.schema([("_cdc_truncated", pa.bool_()), ("_cdc_op", pa.string()
 
 
 def _check_quality(spec: TableSpec, gate: QualityGate | None, reduction: Reduction, changes: pa.Table,
-                   state: TableState, held: _Held, *, batch_id: int, run_id: str) -> QualityReport:
+                   state: TableState, held: Held, *, batch_id: int, run_id: str) -> QualityReport:
     """Step 4: run the gate; the winners it holds leave the reduction, with every earlier change of their keys."""
     from ingest.apply.withdraw import withdraw
 

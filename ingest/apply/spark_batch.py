@@ -40,16 +40,16 @@ from ingest import audit, locks, quarantine
 from ingest.apply.commit import ApplyEngine, CommitOutcome, CommitRequest
 from ingest.apply.history import check_history_mode, count_history
 from ingest.apply.kafka_tombstones import are_deletes, resolve
-from ingest.apply.microbatch import MicroBatch, _unify
+from ingest.apply.microbatch import MicroBatch, unify_parts
 from ingest.apply.ordering import later_than_stored, later_than_stored_sql
 from ingest.apply.pipeline import (
     BatchResult,
+    Held,
     RawFetch,
-    _check_position_format,
-    _Held,
-    _hold_foreign_keys,
-    _refuse_to_move_backwards,
+    check_position_format,
+    hold_foreign_keys,
     process_batch,
+    refuse_to_move_backwards,
 )
 from ingest.apply.reduce import Reduction
 from ingest.apply.schema import SchemaPlan, plan_schema
@@ -119,7 +119,7 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
                        state: TableState, engine: object, record: AuditRecord,
                        offsets: dict[tuple[str, int], int], flattened: bool | None,
                        declared: tuple[str, ...] | None = None, shares: int | None = None,
-                       gate: QualityGate | None = None, held: _Held | None = None,
+                       gate: QualityGate | None = None, held: Held | None = None,
                        before_commit: Callable[[QualityReport], None] | None = None) -> CommitOutcome:
     """Reduce, validate, plan and commit ``changes`` (the columns of
     :attr:`~ingest.apply.microbatch.MicroBatch.changes`, of the combined ``columns``) on the
@@ -138,7 +138,7 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
         TableError: the table needs what this path does not do yet (module docstring).
     """
     from ingest.apply.delta_spark import DeltaSparkEngine
-    from ingest.apply.pipeline import _empty_plan
+    from ingest.apply.pipeline import empty_plan
 
     if not isinstance(engine, DeltaSparkEngine):
         raise TableError(spec.name, "only the delta-spark engine applies a batch on the executors")
@@ -194,7 +194,7 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
         record.toast_unknown = plan.toast_unknown
         record.schema_change = schema.describe()
         record.engine = engine.name
-        counts = replace(_empty_plan(schema.columns), matched_deletes=plan.matched_deletes,
+        counts = replace(empty_plan(schema.columns), matched_deletes=plan.matched_deletes,
                          matched_updates=plan.matched_updates)
         request = CommitRequest(
             table=spec.name, path=paths.table, tombstones=remembered, delete_mode=spec.delete_mode,
@@ -218,7 +218,7 @@ def _commit_history(spec: TableSpec, paths: TablePaths, changes: DataFrame,
     """The scd2 plan and commit of ``changes`` (:mod:`ingest.apply.spark_history`), less every
     change of the keys the gate held (``withdrawn``: those keys, how many changes of them were
     collected, how many records the gate quarantined), as the driver's journey commits it."""
-    from ingest.apply.pipeline import _empty_plan
+    from ingest.apply.pipeline import empty_plan
 
     if withdrawn is not None:  # a truncate has no key: it stays
         changes = changes.join(F.broadcast(withdrawn[0]), list(key_columns), "left_anti")
@@ -233,7 +233,7 @@ def _commit_history(spec: TableSpec, paths: TablePaths, changes: DataFrame,
         record.engine = engine.name
         request = CommitRequest(
             table=spec.name, path=paths.table, tombstones=Remembered(paths.tombstones, spec.name),
-            delete_mode=spec.delete_mode, key_columns=key_columns, schema=schema, plan=_empty_plan(schema.columns),
+            delete_mode=spec.delete_mode, key_columns=key_columns, schema=schema, plan=empty_plan(schema.columns),
             truncate=plan.truncate, watermark=plan.watermark, truncate_log=plan.truncate_log, offsets=offsets,
             flattened=flattened if flattened is not None else state.flattened, history_mode="scd2", history=plan,
             describe=lambda outcome: record.to_metadata())
@@ -242,7 +242,7 @@ def _commit_history(spec: TableSpec, paths: TablePaths, changes: DataFrame,
         plan.frame.release()
 
 
-def _withdraw(reduction: SparkReduction, changes: DataFrame, rows: pa.Table, report: QualityReport, held: _Held,
+def _withdraw(reduction: SparkReduction, changes: DataFrame, rows: pa.Table, report: QualityReport, held: Held,
               key_columns: tuple[str, ...]) -> tuple[DataFrame, int]:
     """:func:`~ingest.apply.withdraw.withdraw` of the winners the gate holds (``rows``, which
     ``report.held`` indexes) from a reduction on the executors: the earlier changes of their keys
@@ -305,7 +305,7 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         record = AuditRecord(table=spec.name, run_id=run_id, batch_id=batch_id, received=batch.received,
                              started_at=started_at, decode_ms=decode_ms)
         record.offsets = json.dumps({f"{t}:{p}": span for (t, p), span in sorted(batch.offsets.items())})
-        held = _Held()
+        held = Held()
         meta = batch.meta
         held.add_rows(meta.filter(pc.equal(meta["_cdc_kind"], "error")), "decode")
         controls = Counter(k for k in meta["_cdc_kind"].to_pylist() if k != "error")
@@ -327,9 +327,9 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
             quarantine.write(paths.quarantine, held_records)
             record.quarantined = len(held)
             faults.point("after-quarantine")
-            _refuse_to_move_backwards(spec.name, batch, state, True)  # type: ignore[arg-type]
+            refuse_to_move_backwards(spec.name, batch, state, True)  # type: ignore[arg-type]
             locks.check(paths.table)
-            _check_position_format(spec.name, state)
+            check_position_format(spec.name, state)
             check_history_mode(spec.name, spec.history_mode, state)
 
         outcome = apply_on_executors(spec, paths, changes, batch.columns, state=state, engine=engine,
@@ -355,8 +355,8 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         batch.release()
 
 
-def _hold_foreign_keys_of(changes: DataFrame, key_columns: tuple[str, ...], held: _Held) -> DataFrame:
-    """:func:`~ingest.apply.pipeline._hold_foreign_keys` on the executors: the changes whose primary
+def _hold_foreign_keys_of(changes: DataFrame, key_columns: tuple[str, ...], held: Held) -> DataFrame:
+    """:func:`~ingest.apply.pipeline.hold_foreign_keys` on the executors: the changes whose primary
     key is not the table's are collected (bound for quarantine) and leave the batch."""
     from ingest.apply.delta_spark import ident
 
@@ -364,12 +364,12 @@ def _hold_foreign_keys_of(changes: DataFrame, key_columns: tuple[str, ...], held
     foreign = F.coalesce((F.col("_cdc_op") != F.lit("t")) & (F.col("_cdc_key_columns") != F.lit(json.dumps(
         list(key_columns)))), F.lit(False))
     rows = normalize(changes.where(foreign).select(*(F.col(ident(c)) for c in changes.columns)).toArrow())
-    _hold_foreign_keys(rows, key_columns, held)
+    hold_foreign_keys(rows, key_columns, held)
     return changes.where(~foreign)
 
 
 def _with_tombstone_deletes(batch: ExecutorBatch, changes: DataFrame, key_columns: tuple[str, ...],
-                            lookup: KeyLookup, state: TableState, held: _Held, controls: Counter[str]) -> DataFrame:
+                            lookup: KeyLookup, state: TableState, held: Held, controls: Counter[str]) -> DataFrame:
     """``changes`` (the batch's, less those held) with the deletes the batch's Kafka tombstones
     stand for (a flattened stream), as the driver's journey derives them
     (:func:`~ingest.apply.kafka_tombstones.resolve`).
@@ -398,7 +398,7 @@ def _with_tombstone_deletes(batch: ExecutorBatch, changes: DataFrame, key_column
     found = normalize(changes.where(F.col("_cdc_op") != F.lit("t")).join(keys, list(key_columns), "left_semi")
                       .select(*(F.col(ident(c)) for c in read)).toArrow())
     # The changes' layout, only those columns filled: the derived deletes take it.
-    layout = _unify([], batch.columns).schema
+    layout = unify_parts([], batch.columns).schema
     candidates = pa.Table.from_arrays(
         [found[f.name].cast(f.type) if f.name in read else pa.nulls(found.num_rows, f.type) for f in layout],
         schema=layout)
@@ -415,7 +415,7 @@ def _with_tombstone_deletes(batch: ExecutorBatch, changes: DataFrame, key_column
 def _on_driver(spec: TableSpec, paths: TablePaths, batch: ExecutorBatch, state: TableState, opened: OpenTables,
                **kwargs: Any) -> BatchResult:
     """The driver's journey for a batch assembled on the executors: its change rows collected."""
-    rows = MicroBatch(changes=normalize(batch.changes.toArrow()).cast(_unify([], batch.columns).schema),
+    rows = MicroBatch(changes=normalize(batch.changes.toArrow()).cast(unify_parts([], batch.columns).schema),
                       tombstones=batch.tombstones, meta=batch.meta, columns=batch.columns, received=batch.received,
                       already_applied=batch.already_applied, offsets=batch.offsets)
     return process_batch(spec, paths, rows, state=state, remembered=opened.tombstones, **kwargs)

@@ -10,7 +10,7 @@ Here:
    changes name; the driver combines the columns and reads the table's applied offsets for those
    partitions;
 2. the executors turn the table's change parts into rows of the combined columns (the same
-   ``_named``, ``_unify`` as the driver), each marked as already applied or not;
+   ``with_source_names``, ``unify_parts`` as the driver), each marked as already applied or not;
 3. one aggregate over those rows gives the counts and offset spans; the tombstones and the
    records that carry no change (controls, undecodable messages) -- few, and quarantined or
    counted on the driver -- are the only rows collected.
@@ -27,14 +27,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ingest.apply.microbatch import (
-    _concat,
-    _declared,
-    _named,
-    _part_keys,
-    _refuse_unavailable,
-    _spans,
-    _unify,
+    add_spans,
     combine_columns,
+    concat_frames,
+    declared_columns,
+    part_key_columns,
+    refuse_unavailable,
+    unify_parts,
+    with_source_names,
 )
 from ingest.apply.tablestate import TableState
 from ingest.config import ColumnSelection
@@ -90,8 +90,8 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
                 out["kind"].append(part_kind(part.schema))
                 out["schema"].append(part.schema.serialize().to_pybytes())
                 out["partitions"].append(pc.unique(part.column("_cdc_partition")).to_pylist())
-                out["keys"].append(_part_keys(pa.Table.from_batches([part])) if part_kind(part.schema) == "changes"
-                                   else [])
+                changes = part_kind(part.schema) == "changes"
+                out["keys"].append(part_key_columns(pa.Table.from_batches([part])) if changes else [])
         yield pa.RecordBatch.from_pydict(out, schema=pa.schema([
             ("topic", pa.string()), ("kind", pa.string()), ("schema", pa.binary()),
             ("partitions", pa.list_(pa.int32())), ("keys", pa.list_(pa.string()))]))
@@ -105,14 +105,14 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
     for s in summary:
         if s["kind"] != "changes":
             continue
-        named = _named(pa.ipc.read_schema(pa.py_buffer(s["schema"])).empty_table(), table_name=table)
-        columns = _declared(named)
+        named = with_source_names(pa.ipc.read_schema(pa.py_buffer(s["schema"])).empty_table(), table_name=table)
+        columns = declared_columns(named)
         if select is not None:
             keys = {*key_columns, *(state.key_columns or ()), *s["keys"]}
             columns = [c for c in columns if select.keeps(c.name, keys)]
         declared.append(columns)
     columns = combine_columns(declared)
-    shape = _unify([], columns).schema
+    shape = unify_parts([], columns).schema
     out_schema = shape.append(pa.field(_DONE, pa.bool_()))
 
     def done(rows: pa.Table) -> pa.Array:
@@ -126,8 +126,8 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
                 if part.num_rows == 0 or part_kind(part.schema) != "changes" or \
                         part.column("_cdc_topic")[0].as_py() != topic:
                     continue
-                named = _named(pa.Table.from_batches([part]), table_name=table)
-                rows = _unify([named], columns)
+                named = with_source_names(pa.Table.from_batches([part]), table_name=table)
+                rows = unify_parts([named], columns)
                 yield from rows.append_column(_DONE, done(rows)).to_batches()
 
     rows = decoded.mapInArrow(unify, from_arrow_schema(out_schema, prefer_timestamp_ntz=True)).persist()
@@ -148,20 +148,20 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
 
     tombstones, meta = [], []
     for part in read_parts(decoded.mapInArrow(small, "part binary").toArrow().column("part").to_pylist()):
-        named = _named(pa.Table.from_batches([part]), table_name=table)
+        named = with_source_names(pa.Table.from_batches([part]), table_name=table)
         kept = named.filter(pc.invert(done(named))) if part.num_rows else named
         already += named.num_rows - kept.num_rows
         received += kept.num_rows
         if kept.num_rows:
-            _spans(kept, offsets)
+            add_spans(kept, offsets)
         if kept.num_rows == 0:
             continue
         if part_kind(part.schema) == "tombstones":
             tombstones.append(kept)
         else:
             meta.append(kept.select(list(FRAME.names)))
-    _refuse_unavailable(meta)
-    return ExecutorBatch(changes=rows.where(~F.col(_DONE)).drop(_DONE), tombstones=_concat(tombstones),
+    refuse_unavailable(meta)
+    return ExecutorBatch(changes=rows.where(~F.col(_DONE)).drop(_DONE), tombstones=concat_frames(tombstones),
                          meta=pa.concat_tables(meta) if meta else FRAME.empty_table(), columns=columns,
                          received=received, already_applied=already, offsets=offsets, _rows=rows)
 

@@ -18,11 +18,11 @@ from ingest.apply.reduce import Reduction
 from ingest.apply.sql import connect, ident, literal, query
 
 if TYPE_CHECKING:
-    from ingest.apply.pipeline import _Held
+    from ingest.apply.pipeline import Held
     from ingest.quality.gate import QualityReport
 
 
-def withdraw(reduction: Reduction, changes: pa.Table, report: QualityReport, held: _Held) -> None:
+def withdraw(reduction: Reduction, changes: pa.Table, report: QualityReport, held: Held) -> None:
     """Move the held winners and their keys' earlier changes from ``reduction`` into ``held``."""
     winners = reduction.winners
     key_columns = json.loads(winners["_cdc_key_columns"][0].as_py())
