@@ -1,7 +1,8 @@
 """A batch applied with its rows on the executors leaves the table the driver's journey leaves.
 
-Two tables take the same three random batches with delta-spark: one through the driver's journey
-(``apply_parts``), one through ``apply_on_executors`` (reduce, stored rows, remembered deletes,
+Two tables take the same three random batches: one through the driver's journey (``apply_parts``,
+committed by delta-rs: :data:`REFERENCE`), one with delta-spark through ``apply_on_executors``
+(reduce, stored rows, remembered deletes,
 plan, MERGE source and the deletes to remember, all on Spark). The first batch creates the table,
 the second meets its rows (and redelivers the first batch's changes, so remembered deletes bury
 some), the third brings only new keys (appended, not merged). After each batch both tables, their
@@ -26,6 +27,7 @@ import pytest
 
 from ingest import quarantine
 from ingest.apply import spark_batch
+from ingest.apply.delta_rs import DeltaRsEngine
 from ingest.apply.delta_spark import DeltaSparkEngine
 from ingest.apply.microbatch import MicroBatch
 from ingest.apply.pipeline import apply_parts
@@ -43,6 +45,9 @@ from tests.harness import Topic, flat, kafka_rows, key, paths_in
 from tests.quality.helpers import write_suite
 
 pytestmark = pytest.mark.spark
+#: The driver's journey commits with delta-rs: the same plan and MERGE statement as delta-spark's
+#: (tests/apply/test_engines_interchange.py), an independent writer, and a second a batch cheaper.
+REFERENCE = DeltaRsEngine()
 COUNTS = ("inserted", "updated", "deleted", "stale", "superseded", "truncates", "toast_unknown")
 
 
@@ -65,7 +70,7 @@ def test_the_executors_leave_the_table_the_driver_leaves(tmp_path: Any, spark: A
                + random_parts(7, keys=24, truncates=False, offsets_from=20_000),
                random_parts(9, keys=10, first_key=100, first_offset=30_000, truncates=False)]
     for i, parts in enumerate(batches):
-        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=engine).record
+        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=REFERENCE).record
         assert expected is not None and expected.balanced
         state = load_state(on_executors.table)
         batch = MicroBatch.from_parts(parts, state)
@@ -129,7 +134,7 @@ def test_tombstones_of_a_flattened_stream_delete_on_the_executors(tmp_path: Any,
     totals: Counter[str] = Counter()
     for i, (start, end) in enumerate(zip([0, *cuts], [*cuts, len(topic.messages)], strict=True)):
         rows = kafka_rows("t", topic.messages[start:end])
-        expected = apply_parts(spec, on_driver, decoder.decode(rows), batch_id=i, run_id="test", engine=engine,
+        expected = apply_parts(spec, on_driver, decoder.decode(rows), batch_id=i, run_id="test", engine=REFERENCE,
                                fetch_raw=fetch).record
         decoded = arrow_frame(spark, pa.Table.from_batches([decoder.parts(rows)])).repartition(2)
         got = apply_decoded(spec, on_executors, decoded, opened=opened, batch_id=i, run_id="test", engine=engine,
@@ -175,7 +180,8 @@ def test_the_gate_holds_on_the_executors_what_it_holds_on_the_driver(tmp_path: A
     batches = [random_parts(21, keys=24, truncates=False),
                random_parts(22, keys=20, first_key=12, first_offset=10_000)]
     for i, parts in enumerate(batches):
-        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=engine, gate=on_pandas).record
+        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=REFERENCE,
+                               gate=on_pandas).record
         blobs = pa.Table.from_batches([write_parts(parts)])
         got = apply_decoded(spec, on_executors, arrow_frame(spark, blobs).repartition(2), opened=opened, batch_id=i,
                             run_id="test", engine=engine, gate=on_spark, shares=3).record
@@ -204,7 +210,8 @@ def test_a_column_null_in_every_schemaless_message_takes_the_tables_type(tmp_pat
     decoder = BatchDecoder(DecoderSpec("json", keep_before=False))
     for i, (start, end) in enumerate([(0, first), (first, len(topic.messages))]):
         rows = kafka_rows("t", topic.messages[start:end])
-        expected = apply_parts(spec, on_driver, decoder.decode(rows), batch_id=i, run_id="test", engine=engine).record
+        expected = apply_parts(spec, on_driver, decoder.decode(rows), batch_id=i, run_id="test",
+                               engine=REFERENCE).record
         decoded = arrow_frame(spark, pa.Table.from_batches([decoder.parts(rows)]))
         got = apply_decoded(spec, on_executors, decoded, opened=opened, batch_id=i, run_id="test", engine=engine).record
         assert expected is not None and got is not None and got.balanced
@@ -237,7 +244,8 @@ def test_history_is_derived_on_the_executors_as_on_the_driver(tmp_path: Any, spa
                + random_parts(33, keys=24, events=30, truncates=False, first_offset=5_000, offsets_from=20_000),
                random_parts(32, keys=20, first_key=12, first_offset=10_000, offsets_from=30_000)]
     for i, parts in enumerate(batches):
-        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=engine, gate=on_pandas).record
+        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=REFERENCE,
+                               gate=on_pandas).record
         blobs = pa.Table.from_batches([write_parts(parts)])
         got = apply_decoded(spec, on_executors, arrow_frame(spark, blobs).repartition(2), opened=opened, batch_id=i,
                             run_id="test", engine=engine, gate=on_spark, shares=3).record
