@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -38,6 +39,7 @@ from ingest.config import TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.decode.parts import write_parts
 from ingest.deltaio import open_table, read_all
+from ingest.paths import TablePaths
 from ingest.quality import QualityGate, load_suite
 from ingest.spark import arrow_frame
 from tests.apply.test_spark_reduce import random_parts
@@ -166,19 +168,18 @@ def _held(paths: Any) -> list[tuple[Any, ...]]:
                   for r in rows)
 
 
-@pytest.mark.parametrize("mode", ["soft"])  # soft: the second batch truncates, truncated rows stay beside held keys
-def test_the_gate_holds_on_the_executors_what_it_holds_on_the_driver(tmp_path: Any, spark: Any, monkeypatch: Any,
-                                                                   mode: str) -> None:
+def _gated_journeys(tmp_path: Any, spark: Any, monkeypatch: Any, spec: TableSpec, batches: list[Any]
+                    ) -> Iterator[tuple[int, AuditRecord, TablePaths, TablePaths]]:
+    """Each batch of ``batches`` through the driver's journey (:data:`SUITE` validated by pandas)
+    and kept on the executors (validated by GX on Spark): yields the batch's index, the driver's
+    audit record and both tables' paths, once both records balance and give the same counts."""
     write_suite(tmp_path / "suites", "s", SUITE)
-    spec = TableSpec(name="t", topic="t", delete_mode=mode, expectations="s")  # type: ignore[arg-type]
     suite = load_suite(tmp_path / "suites", "s")
     on_pandas, on_spark = QualityGate(spec, suite), QualityGate(spec, suite, spark=spark)
     engine = DeltaSparkEngine(spark)
     on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
     opened = OpenTables(on_executors, "t")
     monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
-    batches = [random_parts(21, keys=24, truncates=False),
-               random_parts(22, keys=20, first_key=12, first_offset=10_000)]
     for i, parts in enumerate(batches):
         expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=REFERENCE,
                                gate=on_pandas).record
@@ -188,6 +189,16 @@ def test_the_gate_holds_on_the_executors_what_it_holds_on_the_driver(tmp_path: A
         assert expected is not None and got is not None and expected.balanced and got.balanced
         counts = (*COUNTS, *QUALITY, "quarantined", "received")
         assert {c: getattr(got, c) for c in counts} == {c: getattr(expected, c) for c in counts}, f"batch {i}"
+        yield i, expected, on_driver, on_executors
+
+
+@pytest.mark.parametrize("mode", ["soft"])  # soft: the second batch truncates, truncated rows stay beside held keys
+def test_the_gate_holds_on_the_executors_what_it_holds_on_the_driver(tmp_path: Any, spark: Any, monkeypatch: Any,
+                                                                   mode: str) -> None:
+    spec = TableSpec(name="t", topic="t", delete_mode=mode, expectations="s")  # type: ignore[arg-type]
+    batches = [random_parts(21, keys=24, truncates=False),
+               random_parts(22, keys=20, first_key=12, first_offset=10_000)]
+    for i, expected, on_driver, on_executors in _gated_journeys(tmp_path, spark, monkeypatch, spec, batches):
         assert expected.quality_status == "quarantined" and expected.quarantined > 0  # the gate held rows
         assert _table(on_executors.table) == _table(on_driver.table), f"batch {i}"
     assert _held(on_executors) == _held(on_driver)
@@ -228,33 +239,20 @@ def _versions(path: Any) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("nulls", [True], ids=["ignore-null-updates"])  # nulls: every share fills as the batch does
 def test_history_is_derived_on_the_executors_as_on_the_driver(tmp_path: Any, spark: Any, monkeypatch: Any,
                                                               nulls: bool) -> None:
-    write_suite(tmp_path / "suites", "s", SUITE)
     spec = TableSpec(name="t", topic="t", history_mode="scd2", expectations="s", ignore_null_updates=nulls,
                      track_history={"include": ["name"]})  # type: ignore[arg-type]
-    suite = load_suite(tmp_path / "suites", "s")
-    on_pandas, on_spark = QualityGate(spec, suite), QualityGate(spec, suite, spark=spark)
-    engine = DeltaSparkEngine(spark)
-    on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
-    opened = OpenTables(on_executors, "t")
-    monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
     # the first batch creates the table; the second reaches its keys, truncates, and brings late
     # changes out of order (two runs of positions); the third redelivers the second's changes
     batches = [random_parts(31, keys=24, truncates=False),
                random_parts(32, keys=20, first_key=12, first_offset=10_000)
                + random_parts(33, keys=24, events=30, truncates=False, first_offset=5_000, offsets_from=20_000),
                random_parts(32, keys=20, first_key=12, first_offset=10_000, offsets_from=30_000)]
-    for i, parts in enumerate(batches):
-        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=REFERENCE,
-                               gate=on_pandas).record
-        blobs = pa.Table.from_batches([write_parts(parts)])
-        got = apply_decoded(spec, on_executors, arrow_frame(spark, blobs).repartition(2), opened=opened, batch_id=i,
-                            run_id="test", engine=engine, gate=on_spark, shares=3).record
-        assert expected is not None and got is not None and expected.balanced and got.balanced
-        counts = (*COUNTS, *QUALITY, "quarantined", "received")
-        assert {c: getattr(got, c) for c in counts} == {c: getattr(expected, c) for c in counts}, f"batch {i}"
+    truncates = {}
+    for i, expected, on_driver, on_executors in _gated_journeys(tmp_path, spark, monkeypatch, spec, batches):
         assert _versions(on_executors.table) == _versions(on_driver.table), f"batch {i}"
         assert load_state(on_executors.table).truncate_log == load_state(on_driver.table).truncate_log
+        truncates[i] = expected.truncates
     assert _held(on_executors) == _held(on_driver)
     rows = _versions(on_driver.table)
     assert len(rows) > len({r["id"] for r in rows})  # keys with past versions
-    assert any(r["_cdc_end_op"] == "t" for r in rows) and expected.truncates == 0  # a truncate ended versions
+    assert any(r["_cdc_end_op"] == "t" for r in rows) and truncates[2] == 0  # a truncate ended versions
