@@ -25,8 +25,9 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ingest.apply.history import DROP, HistoryPlan, plan_history
+from ingest.apply.history import HistoryPlan, plan_history
 from ingest.apply.reduce import nulls_as_unchanged
+from ingest.apply.spark_reduce import bound_aggregates, bounds_of, share_of
 from ingest.deltaio import normalize, table_schema
 from ingest.events import ColumnSpec
 from ingest.lake import LakePath
@@ -77,18 +78,17 @@ def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], co
     unused = plan.stale  # the truncates that change nothing: every share counts them again
     rows = changes.where(~is_truncate)
     key_types = {f.name: f.dataType for f in rows.schema.fields if f.name in key_columns}
-    names = [f.name for f in table_schema(table)] if table is not None else []
+    stored_schema = normalize(table_schema(table).empty_table()).schema if table is not None else pa.schema([])
+    names = stored_schema.names
     has_stored = bool(names) and all(k in names for k in key_columns)
     if has_stored:
         assert table is not None
-        stored_schema = normalize(table_schema(table).empty_table()).schema
         keys = rows.select(*(F.col(ident(k)) for k in key_columns)).distinct()
         found = frame_of_keys(spark, path, table.version(), key_columns, keys, names)
         # keys in the changes' types: the hash of a value depends on its type
         found = found.select(*(F.col(ident(n)).cast(key_types[n]).alias(n) if n in key_types else F.col(ident(n))
                                for n in names))
     else:
-        stored_schema = pa.schema([])
         # not derived from ``rows``: the cogroup would see one lineage on both sides
         found = spark.createDataFrame([], rows.select(*(F.col(ident(k)) for k in key_columns)).schema)
 
@@ -117,16 +117,15 @@ def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], co
     def plan_share(batch: pa.Table, versions: pa.Table) -> pa.Table:
         return planned(batch, versions).cast(shape)
 
-    share = F.pmod(F.hash(*(F.col(ident(k)) for k in key_columns)), F.lit(shares))
+    share = share_of(key_columns, shares)
     planned_rows = (rows.groupBy(share.alias("_cdc_share")).cogroup(found.groupBy(share.alias("_cdc_share")))
                     .applyInArrow(plan_share, from_arrow_schema(shape, prefer_timestamp_ntz=True))).persist()
     first = key_columns[0]
     in_source = ~F.col(_COUNTED)
     totals = planned_rows.agg(
         *(F.sum(f"_cdc_n_{n}").alias(n) for n in COUNTS), F.count(F.when(in_source, True)).alias("source_rows"),
-        F.min(F.when(in_source, F.col(ident(first)))).alias("_lo"),
-        F.max(F.when(in_source, F.col(ident(first)))).alias("_hi")).toArrow()
-    bounds = pa.table({first: pa.concat_arrays([totals["_lo"].combine_chunks(), totals["_hi"].combine_chunks()])})
+        *bound_aggregates(first, in_source)).toArrow()
+    bounds = bounds_of(totals, first)
     counted = {k: int(v or 0) for k, v in totals.drop_columns(["_lo", "_hi"]).to_pylist()[0].items()}
     for name in ("inserted", "updated", "deleted", "superseded", "updates", "toast_unknown"):
         setattr(plan, name, counted[name])
@@ -137,5 +136,4 @@ def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], co
         *(now.alias(n) if n == "_cdc_ingested_at" else F.col(ident(n)) for n in plan.source.column_names))
     plan.frame = SparkHistory(rows=planned_rows, source=source, bounds=bounds, source_rows=counted["source_rows"],
                               changes=counted["changes"])
-    assert DROP in plan.source.column_names
     return plan

@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from ingest.apply.plan import _source, live_rows, plan_merge
 from ingest.apply.reduce import Reduction
-from ingest.apply.spark_reduce import SIDE, SparkReduction
+from ingest.apply.spark_reduce import SIDE, SparkReduction, bound_aggregates, bounds_of, share_of
 from ingest.apply.stored import STORED_SCHEMA, UNKNOWN_COLUMNS
 from ingest.deltaio import normalize, table_schema
 from ingest.events import ColumnSpec
@@ -130,7 +130,7 @@ def plan_on_executors(reduction: SparkReduction, *, key_columns: tuple[str, ...]
     def plan_share(winners: pa.Table, found: pa.Table) -> pa.Table:
         return planned(winners, found).cast(shape)
 
-    share = F.pmod(F.hash(*(F.col(k) for k in key_columns)), F.lit(shares))
+    share = share_of(key_columns, shares)
     rows = (left.groupBy(share.alias("_cdc_share")).cogroup(right.groupBy(share.alias("_cdc_share")))
             .applyInArrow(plan_share, from_arrow_schema(shape, prefer_timestamp_ntz=True))).persist()
     plan, bounds = _counted(rows, toast, hard, key_columns[0])
@@ -170,9 +170,9 @@ def _counted(rows: DataFrame, toast: list[str], hard: bool, first_key: str) -> t
         count(F.lit(False) if hard else live & F.col("_cdc_stored")).alias("matched_updates"),
         count(live).alias("source_rows"), count(F.col("_cdc_stored")).alias("stored_keys"),
         *(count(live & F.col(f"_cdc_flag_{n}")).alias(f"flag_{n}") for n in range(len(toast))),
-        F.min(F.when(live, F.col(first_key))).alias("_lo"), F.max(F.when(live, F.col(first_key))).alias("_hi"),
+        *bound_aggregates(first_key, live),
     ]
     found = rows.agg(*aggregates).toArrow()
-    bounds = pa.table({first_key: pa.concat_arrays([found["_lo"].combine_chunks(), found["_hi"].combine_chunks()])})
+    bounds = bounds_of(found, first_key)
     counts = found.drop_columns(["_lo", "_hi"]).to_pylist()[0]
     return {k: int(v) for k, v in counts.items()}, bounds

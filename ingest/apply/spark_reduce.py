@@ -33,7 +33,7 @@ from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ingest.apply.delta_spark import ident
@@ -44,6 +44,25 @@ from ingest.events import ColumnSpec
 #: The column that tells a share's winners from its truncated rows (soft mode) in the one frame
 #: a share returns.
 SIDE: Final = "_cdc_side"
+
+
+def share_of(key_columns: tuple[str, ...], shares: int) -> Column:
+    """The share a row falls in by its key: every change, stored row and remembered delete of a
+    key lands in the same one, its key columns being of the same types (the hash depends on them)."""
+    return F.pmod(F.hash(*(F.col(ident(k)) for k in key_columns)), F.lit(shares))
+
+
+def bound_aggregates(column: str, where: Column) -> list[Column]:
+    """The least and greatest value of ``column`` among the rows ``where`` holds, as two aggregates
+    (``_lo``, ``_hi``) to add to a count's, read back by :func:`bounds_of`."""
+    return [F.min(F.when(where, F.col(ident(column)))).alias("_lo"),
+            F.max(F.when(where, F.col(ident(column)))).alias("_hi")]
+
+
+def bounds_of(found: pa.Table, column: str) -> pa.Table:
+    """The two rows of a MERGE source's first-key bounds (:class:`~ingest.apply.merge_sql.FrameSource`)
+    from an aggregate with :func:`bound_aggregates`."""
+    return pa.table({column: pa.concat_arrays([found["_lo"].combine_chunks(), found["_hi"].combine_chunks()])})
 
 
 @dataclass(slots=True)
@@ -120,7 +139,7 @@ def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], column
             rows = pa.concat_tables([rows, marks.cast(rows.schema)])
         return _tagged(reduce_changes(rows, key_columns, columns, soft=soft, fills=fills), soft).cast(shape.schema)
 
-    share = F.pmod(F.hash(*(F.col(ident(k)) for k in key_columns)), F.lit(shares))
+    share = share_of(key_columns, shares)
     reduced = (changes.where(~is_truncate).groupBy(share.alias("_cdc_share"))
                .applyInArrow(reduce_share, from_arrow_schema(shape.schema, prefer_timestamp_ntz=True)))
     reduced = reduced.persist()
