@@ -125,6 +125,8 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
     :attr:`~ingest.apply.microbatch.MicroBatch.changes`, of the combined ``columns``) on the
     executors, with the delta-spark ``engine``; ``record`` gets the batch's counts. ``declared``:
     the primary key the batch's changes declare (the table's own, once it has one, prevails).
+    A ``history_mode: scd2`` table's versions are derived from every change (:func:`_commit_history`):
+    it is reduced only for its gate.
 
     Args:
         gate: the table's quality gate (required when it names an expectations suite): it validates
