@@ -175,7 +175,8 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
             before_commit(report)
         if history:
             return _commit_history(spec, paths, changes, withdrawn, schema, key_columns=key_columns, state=state,
-                                   engine=engine, record=record, offsets=offsets, flattened=flattened, shares=shares)
+                                   engine=engine, record=record, offsets=offsets, flattened=flattened, shares=shares,
+                                   marks=reduction.marks if reduction is not None else None)
         assert reduction is not None
         truncate = reduction.truncate.position if reduction.truncate else None
         if truncate is not None and state.truncate_position is not None and not later_than_stored(
@@ -216,10 +217,12 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
 def _commit_history(spec: TableSpec, paths: TablePaths, changes: DataFrame,
                     withdrawn: tuple[DataFrame, int, int] | None, schema: SchemaPlan, *, key_columns: tuple[str, ...],
                     state: TableState, engine: DeltaSparkEngine, record: AuditRecord,
-                    offsets: dict[tuple[str, int], int], flattened: bool | None, shares: int | None) -> CommitOutcome:
+                    offsets: dict[tuple[str, int], int], flattened: bool | None, shares: int | None,
+                    marks: pa.Table | None = None) -> CommitOutcome:
     """The scd2 plan and commit of ``changes`` (:mod:`ingest.apply.spark_history`), less every
     change of the keys the gate held (``withdrawn``: those keys, how many changes of them were
-    collected, how many records the gate quarantined), as the driver's journey commits it."""
+    collected, how many records the gate quarantined), as the driver's journey commits it.
+    ``marks``: the batch's truncates, when the gate's reduce collected them already."""
     from ingest.apply.pipeline import empty_plan
 
     if withdrawn is not None:  # a truncate has no key: it stays
@@ -228,7 +231,7 @@ def _commit_history(spec: TableSpec, paths: TablePaths, changes: DataFrame,
     plan = history_on_executors(changes, key_columns=key_columns, columns=schema.columns, tracked=tracked,
                                 path=paths.table, table=state.table, watermark=state.truncate_position,
                                 truncate_log=state.truncate_log, nulls_unchanged=spec.ignore_null_updates,
-                                shares=shares)
+                                shares=shares, marks=marks)
     try:
         count_history(record, plan, withdrawn=withdrawn[1] if withdrawn else 0, held=withdrawn[2] if withdrawn else 0)
         record.schema_change = schema.describe()

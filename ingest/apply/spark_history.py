@@ -33,7 +33,7 @@ from ingest.events import ColumnSpec
 from ingest.lake import LakePath
 
 #: The share's counts, as columns of its one counts row (null in its source rows).
-COUNTS: Final = ("inserted", "updated", "deleted", "stale", "superseded", "updates", "toast_unknown", "changes")
+COUNTS: Final = ("inserted", "updated", "deleted", "stale", "superseded", "updates", "toast_unknown")
 #: Marks a share's counts row.
 _COUNTED: Final = "_cdc_counted"
 
@@ -49,8 +49,6 @@ class SparkHistory:
     #: the source's first key column's least and greatest value (two rows: the MERGE's bounds)
     bounds: pa.Table
     source_rows: int = 0
-    #: change rows of the batch planned (truncates not counted)
-    changes: int = 0
 
     def release(self) -> None:
         self.rows.unpersist()
@@ -59,12 +57,14 @@ class SparkHistory:
 def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                          tracked: list[str] | None, path: LakePath, table: DeltaTable | None,
                          watermark: str | None, truncate_log: list[tuple[str, datetime | None]],
-                         nulls_unchanged: bool = False, shares: int | None = None) -> HistoryPlan:
+                         nulls_unchanged: bool = False, shares: int | None = None,
+                         marks: pa.Table | None = None) -> HistoryPlan:
     """:func:`~ingest.apply.history.plan_history` of ``changes`` (the columns of
     :attr:`~ingest.apply.microbatch.MicroBatch.changes`), in shares by key hash on the executors.
     ``nulls_unchanged``: the table's ``ignore_null_updates``, applied to every change first (as the
     driver's journey does before it plans). The plan's :attr:`~ingest.apply.history.HistoryPlan.frame`
-    holds the source; its ``source`` is empty."""
+    holds the source; its ``source`` is empty. ``marks``: the batch's truncates, when collected
+    already (:attr:`~ingest.apply.spark_reduce.SparkReduction.marks`)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from ingest.apply.delta_spark import frame_of_keys, ident
@@ -72,7 +72,8 @@ def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], co
     spark = changes.sparkSession
     shares = shares or spark.sparkContext.defaultParallelism
     is_truncate = F.col("_cdc_op") == F.lit("t")
-    marks = normalize(changes.where(is_truncate).toArrow())
+    if marks is None:
+        marks = normalize(changes.where(is_truncate).toArrow())
     plan = plan_history(marks, key_columns=key_columns, columns=columns, tracked=tracked, table=None,
                         watermark=watermark, truncate_log=truncate_log)
     unused = plan.stale  # the truncates that change nothing: every share counts them again
@@ -96,11 +97,12 @@ def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], co
         batch = normalize(batch)
         if nulls_unchanged:
             batch = nulls_as_unchanged(batch, key_columns, columns)
-        share = plan_history(pa.concat_tables([batch, marks.cast(batch.schema)]), key_columns=key_columns,
+        truncates = marks.select(batch.column_names).cast(batch.schema)  # the shares' columns may be reordered
+        share = plan_history(pa.concat_tables([batch, truncates]), key_columns=key_columns,
                              columns=columns, tracked=tracked, table=None, watermark=watermark,
                              truncate_log=truncate_log,
                              stored=normalize(versions).cast(stored_schema) if has_stored else None)
-        counts = {**{n: getattr(share, n) for n in COUNTS[:-1]}, "changes": batch.num_rows}
+        counts = {n: getattr(share, n) for n in COUNTS}
         counts["stale"] -= unused
         source = share.source.append_column(_COUNTED, pa.array([False] * share.source.num_rows, pa.bool_()))
         tail = pa.Table.from_arrays(
@@ -134,6 +136,5 @@ def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], co
     now = F.lit(datetime.now(UTC)).cast("timestamp")
     source = planned_rows.where(in_source).select(
         *(now.alias(n) if n == "_cdc_ingested_at" else F.col(ident(n)) for n in plan.source.column_names))
-    plan.frame = SparkHistory(rows=planned_rows, source=source, bounds=bounds, source_rows=counted["source_rows"],
-                              changes=counted["changes"])
+    plan.frame = SparkHistory(rows=planned_rows, source=source, bounds=bounds, source_rows=counted["source_rows"])
     return plan

@@ -80,6 +80,8 @@ class SparkReduction:
     tagged: DataFrame
     #: the persisted frame ``tagged`` reads (itself, until :meth:`drop_winners`)
     cached: DataFrame | None = None
+    #: the batch's truncates (every one, as collected for the shares)
+    marks: pa.Table | None = None
 
     def __post_init__(self) -> None:
         if self.cached is None:
@@ -148,7 +150,7 @@ def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], column
     truncated = reduced.where(F.col(SIDE) == F.lit("truncated")).drop(SIDE) if soft and truncate else None
     superseded = (marks.num_rows - 1 if marks.num_rows else 0) + changed - winners_count
     return SparkReduction(winners=winners, truncated=truncated, toast_columns=fills, truncate=truncate,
-                          truncates=marks.num_rows, superseded=superseded, tagged=reduced)
+                          truncates=marks.num_rows, superseded=superseded, tagged=reduced, marks=marks)
 
 
 def _tagged(reduction: Reduction, soft: bool) -> pa.Table:
