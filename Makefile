@@ -2,7 +2,7 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml harness/pyproject.toml requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
 
 .PHONY: demo test install class-archive lint bench lock clean java dagster ui-screenshot jars stack stack-down stack-status demo-stack \
 	torture-stack bench-latency
@@ -19,7 +19,7 @@ $(STAMP):
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --no-cache-dir --upgrade pip uv
 	$(BIN)/uv pip install --python $(BIN)/python --quiet --no-cache -r requirements.lock
-	$(BIN)/uv pip install --python $(BIN)/python --quiet --no-cache --no-deps -e .
+	$(BIN)/uv pip install --python $(BIN)/python --quiet --no-cache --no-deps -e . -e harness
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -35,8 +35,8 @@ class-archive: java install
 LAKE ?= local
 demo: java install class-archive
 ifeq ($(LAKE),s3)
-	$(BIN)/python -m ingest.stack up --components s3
-	eval "$$($(BIN)/python -m ingest.stack env)" && $(BIN)/ingest demo -c configs/demo-s3.yaml
+	$(BIN)/python -m harness.stack up --components s3
+	eval "$$($(BIN)/python -m harness.stack env)" && $(BIN)/ingest demo -c configs/demo-s3.yaml
 else
 	$(BIN)/ingest demo
 endif
@@ -45,7 +45,7 @@ test: java install class-archive
 	$(BIN)/python -m pytest -q -n 2 --durations=15
 
 lint: install
-	$(BIN)/ruff check ingest assets dagster_project tests scripts
+	$(BIN)/ruff check ingest harness assets dagster_project tests scripts benchmarks
 	$(BIN)/mypy ingest
 
 bench: java install class-archive
@@ -66,16 +66,16 @@ ui-screenshot: java install
 # Kafka Connect + Debezium 3.6, Apicurio Registry 3.3 (+ nginx basic auth). Data, logs and jars go
 # to .stack/ (git-ignored; STACK_DIR overrides). `jars` resolves the JVM jars with Maven (infra/jvm).
 jars: install
-	$(BIN)/python -m ingest.stack jars
+	$(BIN)/python -m harness.stack jars
 
 stack: install
-	$(BIN)/python -m ingest.stack up
+	$(BIN)/python -m harness.stack up
 
 stack-down: install
-	$(BIN)/python -m ingest.stack down
+	$(BIN)/python -m harness.stack down
 
 stack-status: install
-	$(BIN)/python -m ingest.stack status
+	$(BIN)/python -m harness.stack status
 
 # The real path end to end: start the stack, reset the `shop` schema (and its topics and the
 # workdirs under stack-work/), run the seeded SQL workload, wait for Debezium, ingest it with

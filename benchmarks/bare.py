@@ -369,9 +369,10 @@ def main() -> None:
     import argparse
     import sys
 
+    from harness.demo import truth_dir
+    from harness.simulator import Truth
+
     from ingest.config import SparkSpec, load_config
-    from ingest.proof.demo import truth_dir
-    from ingest.proof.simulator import Truth
     from ingest.source.topiclog import TopicLog
     from ingest.spark import delta_session
 

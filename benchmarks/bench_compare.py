@@ -20,7 +20,7 @@ counts. The last line is
     .venv/bin/python benchmarks/bench_compare.py --engine delta-spark --bare-spark   # bare, delta-spark MERGE
     .venv/bin/python benchmarks/bench_compare.py --spark-conf spark.sql.adaptive.enabled=false   # a setting
 
-``--source kafka`` starts the project's Kafka broker and registry (``ingest.stack``; stopped again
+``--source kafka`` starts the project's Kafka broker and registry (``harness.stack``; stopped again
 if this started them), copies the generated topics there (``benchmarks/kafka_copy.py``: same
 partitions, offsets, keys, values and timestamps; Avro ids mapped to the registry's; the copy is
 not timed) and runs the engine on the broker with the configuration's Kafka reader (``--kafka-reader``
@@ -77,14 +77,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bare
 import spark_jobs
 from cpu_meter import KINDS, CpuMeter
+from harness.demo import prepare_workload, truth_dir, verify_all
+from harness.simulator import Truth
 from kafka_copy import KafkaLog, kafka_config
 
 from ingest.config import IngestConfig, load_config
 from ingest.engine import Engine
-from ingest.proof.demo import prepare_workload, truth_dir, verify_all
-from ingest.proof.simulator import Truth
-from ingest.proof.verify import verify_table
 from ingest.source.topiclog import TopicLog
+from ingest.verify.compare import verify_table
 
 console = Console()
 
@@ -301,7 +301,7 @@ def main() -> None:
 
     stack, started = None, []
     if args.source == "kafka":
-        from ingest.stack import Stack
+        from harness.stack import Stack
 
         stack = Stack.from_env()
         started = [name for name, seconds in stack.up(["kafka", "registry"]).items() if seconds > 0]

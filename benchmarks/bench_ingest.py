@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 import yaml
+from harness.demo import prepare_workload, verify_all
 from rich.console import Console
 from rich.table import Table
 
 from ingest.config import load_config
 from ingest.engine import Engine
-from ingest.proof.demo import prepare_workload, verify_all
 
 console = Console()
 

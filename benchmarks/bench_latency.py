@@ -6,7 +6,7 @@ schema (``benchlat``) and fresh tables:
 1. reset the schema and its topics, write a small catalog (customers, products);
 2. start ``ingest run --continuous`` on the stack (Avro through the registry's basic-auth port, or
    ``--format json``) and wait until it has caught up with the catalog;
-3. run the load generator (:class:`ingest.proof.load.LoadGenerator`) in ``ceil(rate / per-generator)``
+3. run the load generator (:class:`harness.postgres.load.LoadGenerator`) in ``ceil(rate / per-generator)``
    processes, each with its own connection, for ``warmup + measure`` seconds;
 4. wait until Debezium has captured everything and the tables have applied their topics (the
    backlog, if the engine fell behind, is drained and timed), then stop the engine;
@@ -15,7 +15,7 @@ schema (``benchlat``) and fresh tables:
    audit), and the latency p50/p95/p99 of every ``order_items`` row (inserted, never updated by the
    generator) whose source commit fell in the measurement window:
    ``commit time of the first Delta version holding the row's offset - _cdc_source_ts``
-   (:mod:`ingest.proof.latency`).
+   (:mod:`harness.latency`).
 
     .venv/bin/python benchmarks/bench_latency.py [--rates 500,2000,5000] [--warmup 20] [--measure 60]
 """
@@ -33,18 +33,18 @@ from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
 
+from harness.latency import CommitIndex, row_latencies
+from harness.postgres.load import LoadGenerator, LoadReport
+from harness.postgres.workload import WorkloadSpec, run_workload
+from harness.stack_proofs.setup import engine_environment, reset_source, stack_config
+from harness.torture.process import IngestProcess
 from rich.console import Console
 from rich.table import Table
 
 from ingest import audit
 from ingest.config import load_config
-from ingest.proof.capture import wait_for_capture
-from ingest.proof.ingest_process import IngestProcess
-from ingest.proof.latency import CommitIndex, row_latencies
-from ingest.proof.load import LoadGenerator, LoadReport
-from ingest.proof.pg_workload import WorkloadSpec, run_workload
-from ingest.proof.source_db import wait_for_tables
-from ingest.proof.stack_setup import engine_environment, reset_source, stack_config
+from ingest.verify.capture import wait_for_capture
+from ingest.verify.source_db import wait_for_tables
 
 console = Console(width=170)  # the table is the result: never wrapped to a pipe's 80 columns
 SCHEMA = "benchlat"
@@ -140,7 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     args.workdir = args.workdir.resolve()
 
-    from ingest.stack import CDC_COMPONENTS, Stack
+    from harness.stack import CDC_COMPONENTS, Stack
 
     stack = Stack.from_env()
     stack.up(CDC_COMPONENTS)

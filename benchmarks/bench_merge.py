@@ -31,7 +31,7 @@ memory rose above where it was when the batch began (sampled every 10 ms, Linux'
 ``--history-mode both`` runs scd1 and scd2 on tables of each size side by side and prints what
 keeping the history costs per batch (scd2 / scd1).
 
-``--lake s3`` puts the tables on an S3 API server on loopback (``ingest/stack/s3.py``, started by
+``--lake s3`` puts the tables on an S3 API server on loopback (``harness/src/harness/stack/s3.py``, started by
 the script; ``--s3-endpoint URL`` uses one already running, such as MinIO) and ``--lake both`` runs
 the local disk and S3 side by side on the same batches: what a MERGE costs on an object store.
 
@@ -300,7 +300,7 @@ def main() -> None:
     server = None
     endpoint = args.s3_endpoint
     if "s3" in lakes:
-        from ingest.stack.s3 import S3Server, create_bucket
+        from harness.stack.s3 import S3Server, create_bucket
 
         if endpoint is None:
             server = S3Server(Path(tempfile.mkdtemp(prefix="bench-s3-"))).start()

@@ -26,9 +26,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness.demo import prepare_workload
+
 from ingest.class_archive import SWITCH, build
 from ingest.config import load_config
-from ingest.proof.demo import prepare_workload
 
 console = Console(width=120)
 ROOT = Path(__file__).resolve().parent.parent

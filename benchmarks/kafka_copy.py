@@ -22,9 +22,9 @@ import yaml
 from ingest.config import IngestConfig, KafkaSpec, load_config
 from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, frame, unframe
 from ingest.errors import DecodeError
-from ingest.proof.capture import delete_topics
 from ingest.source.kafka import KafkaSource
 from ingest.source.topiclog import TopicLog
+from ingest.verify.capture import delete_topics
 
 _READ_CHUNK = 50_000
 

@@ -31,9 +31,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness.demo import prepare_workload  # noqa: E402
+
 from dagster_project.settings import CONFIG_ENV, WORKDIR_ENV  # noqa: E402
 from ingest.config import load_config  # noqa: E402
-from ingest.proof.demo import prepare_workload  # noqa: E402
 
 LOCATION = "cdc_ingest"
 REPOSITORY = "__repository__"

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-
-from ingest.stack.s3 import S3Server
+from harness.stack.s3 import S3Server
 
 #: What the suite writes at its peak (Kafka's logs, Delta tables, Spark's spill files): about 1 GiB,
 #: seen once with a disk sampler over a full run (a one-off, not a repo script); the margin keeps a
@@ -176,7 +175,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     ``TEST_S3=stack`` runs them against the stack's MinIO instead (``make stack`` first). A server
     that cannot start fails the tests that use it (never a skip)."""
     if os.environ.get("TEST_S3") == "stack":
-        from ingest.stack import StackSettings
+        from harness.stack import StackSettings
 
         settings = StackSettings.from_env()
         server = S3Server.external(settings.s3_endpoint(), settings.s3_access_key, settings.credentials.s3_secret_key)

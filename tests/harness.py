@@ -47,10 +47,10 @@ class Race:
     """Another writer, run once when this writer reaches a named fault point (see :func:`race_at`)."""
 
     def __init__(self, point: str, other_writer: Callable[[], object]) -> None:
-        from ingest.proof import faults
+        from ingest import crashpoints
 
         self.point, self.other_writer, self.ran = point, other_writer, False
-        self._real_point = faults.point
+        self._real_point = crashpoints.point
 
     def __call__(self, name: str) -> None:
         if name == self.point and not self.ran:
@@ -61,15 +61,15 @@ class Race:
 
 def race_at(monkeypatch: Any, point: str, other_writer: Callable[[], object]) -> Race:
     """Run ``other_writer`` once, the first time this process reaches fault point ``point``
-    (:func:`ingest.proof.faults.point`), then go on: a race at an exact step of the commit.
+    (:func:`ingest.crashpoints.point`), then go on: a race at an exact step of the commit.
 
     ``monkeypatch`` (pytest's) puts the real fault points back after the test; ``.ran`` tells whether
     the race happened.
     """
-    from ingest.proof import faults
+    from ingest import crashpoints
 
     race = Race(point, other_writer)
-    monkeypatch.setattr(faults, "point", race)
+    monkeypatch.setattr(crashpoints, "point", race)
     return race
 
 
@@ -213,7 +213,7 @@ def history_problems(table: Any, key_columns: list[str]) -> list[str]:
 
 def versions_of_history(history: pa.Table, key_columns: list[str]) -> dict[tuple[Any, ...], list[tuple]]:
     """Each key's versions ``(row, valid_from, valid_to, end_op)`` from a source's changes in source order
-    (the simulator's :attr:`~ingest.proof.simulator.truth.Truth.history`): a change that alters the
+    (the simulator's :attr:`~harness.simulator.truth.Truth.history`): a change that alters the
     row opens a version, one that does not leaves it; a delete ends it, a truncate ends them all."""
     current: dict[tuple[Any, ...], dict[str, Any]] = {}
     out: dict[tuple[Any, ...], list[tuple]] = defaultdict(list)

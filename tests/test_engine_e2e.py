@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 import yaml
+from harness.demo import TableFingerprint, prepare_workload, truth_dir, verify_all
 
 from ingest import audit, quarantine
 from ingest.engine import Engine
-from ingest.proof.demo import TableFingerprint, prepare_workload, truth_dir, verify_all
 from ingest.source.topiclog import ProducerRecord, TopicLog
 from tests.harness import make_config
 
@@ -75,11 +75,12 @@ def test_history_tables_hold_the_source_as_current_rows_and_well_formed_versions
     history (late, duplicated and reordered deliveries, a truncate, an added column, TOAST), the
     current ones equal the source's truth, the change feed folded by version is the table, and a
     replay of everything changes nothing."""
+    from harness.simulator import Truth
+
     from ingest.apply.tablestate import load_state
     from ingest.changes import ChangeRange, changes
     from ingest.deltaio import read_all
     from ingest.paths import TablePaths
-    from ingest.proof.simulator import Truth
     from tests.harness import fold_feed, history_problems, live_by_key, stored_versions, versions_of_history
 
     config, report = ingested_history
@@ -144,7 +145,7 @@ def test_several_batches_and_balance_in_every_batch(ingested):
 
 def test_malformed_messages_are_quarantined_with_reasons(ingested):
     config, _ = ingested
-    from ingest.proof.simulator import Truth
+    from harness.simulator import Truth
 
     counts = Truth.load(truth_dir(config)).counts
     injected = sum(c.get("malformed", 0) for c in counts.values())

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from harness.demo import prepare_workload
 
 from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig
@@ -22,7 +23,6 @@ from ingest.decode import columnar
 from ingest.errors import RegistryUnavailableError
 from ingest.handler import AllTablesStopped, BatchHandler, RunReport, TableRun
 from ingest.paths import TablePaths
-from ingest.proof.demo import prepare_workload
 from tests.harness import make_config
 
 TABLE = "customers"

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from ingest import crashpoints
 from ingest.apply import tombstones
 from ingest.apply.history import HistoryPlan
 from ingest.apply.plan import MergePlan
@@ -33,7 +34,6 @@ from ingest.apply.stored import KeyLookup
 from ingest.apply.tablestate import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_KEY, TableState
 from ingest.deltaio import records_change_feed
 from ingest.lake import LakePath
-from ingest.proof import faults
 
 
 @dataclass(slots=True)
@@ -167,7 +167,7 @@ def remember_deletes(request: CommitRequest) -> None:
         return  # scd2 keeps its deletes in the versions they end (ingest.apply.history)
     key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
     request.tombstones.record(request.key_columns, key_types, request.plan.deletes)
-    faults.point("after-tombstones")
+    crashpoints.point("after-tombstones")
 
 
 def state_metadata(key_columns: tuple[str, ...], watermark: str | None, flattened: bool | None,

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from ingest import crashpoints
 from ingest.apply.commit import (
     CommitOutcome,
     CommitRequest,
@@ -51,7 +52,6 @@ from ingest.deltaio import (
 from ingest.errors import CommitConflictError, TableError
 from ingest.events import ColumnSpec
 from ingest.lake import LakePath
-from ingest.proof import faults
 
 #: Why delta-rs stops at a table delta-spark wrote with deletion vectors, and the ways out.
 DELETION_VECTORS_REFUSED = (
@@ -101,9 +101,9 @@ class DeltaRsEngine:
             table.alter.set_table_properties({CHANGE_DATA_FEED: "true"})
         if request.schema.widened:
             assert table is not None  # a widening has a table to widen (so the batch did not create it)
-            faults.point("before-widen")
+            crashpoints.point("before-widen")
             table = _widen(table, columns, request.schema.describe())
-            faults.point("after-widen")
+            crashpoints.point("after-widen")
         if table is not None and not born:
             _add_key_columns(table, request, state)
         remember_deletes(request)
@@ -112,7 +112,7 @@ class DeltaRsEngine:
                               for (topic, partition), offset in sorted(request.offsets.items())],
             custom_metadata=as_json(commit_info(request, state, outcome)),
         )
-        faults.point("before-commit")
+        crashpoints.point("before-commit")
         if born:
             return _create_with_rows(request, props, self._properties(), self.target_file_size, outcome, started)
         assert table is not None

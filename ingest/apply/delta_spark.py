@@ -50,6 +50,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
 
+from ingest import crashpoints
 from ingest.apply.commit import (
     CommitOutcome,
     CommitRequest,
@@ -78,7 +79,6 @@ from ingest.deltaio import (
 from ingest.errors import CommitConflictError
 from ingest.events import ColumnSpec
 from ingest.lake import LakePath
-from ingest.proof import faults
 from ingest.spark import arrow_frame, snapshot_tasks, spark_location, use_s3a
 
 #: ``target.driver_lookup_rows``' default: a batch's stored rows are read on the driver when the files
@@ -169,9 +169,9 @@ class DeltaSparkEngine:
                     spark.sql(f"ALTER TABLE delta.{ident(path)} SET TBLPROPERTIES ({feed})")
                 self._add_columns(spark, path, columns, state.columns or [])
             if request.schema.widened and state.table is not None:
-                faults.point("before-widen")
+                crashpoints.point("before-widen")
                 _widen(spark, path, columns, request.schema.describe())
-                faults.point("after-widen")
+                crashpoints.point("after-widen")
             if request.frame is not None:
                 _remember_frame(spark, request)
             else:
@@ -180,7 +180,7 @@ class DeltaSparkEngine:
             before = existing.version() if existing is not None else -1
             txn = 1 + ((existing.transaction_version(app) or 0) if existing is not None else 0)
             metadata = json.dumps(commit_info(request, state, outcome))
-            faults.point("before-commit")
+            crashpoints.point("before-commit")
             with _markers(spark, app, txn, metadata):
                 if born:
                     self._write_new(_writer(spark, request, app, txn, metadata), request)
@@ -362,7 +362,7 @@ def _remember_frame(spark: SparkSession, request: CommitRequest) -> None:
         return
     key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
     remember_on_executors(spark, request.tombstones, request.key_columns, key_types, request.frame.deletes)
-    faults.point("after-tombstones")
+    crashpoints.point("after-tombstones")
 
 
 def _merge_history(spark: SparkSession, request: CommitRequest, dialect: Dialect) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest import audit, locks, quarantine
+from ingest import audit, crashpoints, locks, quarantine
 from ingest.apply import tombstones
 from ingest.apply.commit import ApplyEngine, CommitOutcome, CommitRequest
 from ingest.apply.delta_rs import DeltaRsEngine
@@ -50,7 +50,6 @@ from ingest.errors import TableError
 from ingest.events import ColumnSpec
 from ingest.lake import LakePath
 from ingest.paths import TablePaths
-from ingest.proof import faults
 from ingest.quality.gate import QualityGate, QualityReport
 from ingest.quarantine import QuarantineRecord, Stage
 
@@ -202,7 +201,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     if not replay:
         quarantine.write(paths.quarantine, held_records)
     record.quarantined = len(held)
-    faults.point("after-quarantine")
+    crashpoints.point("after-quarantine")
 
     # 6. Plan and commit.
     record.superseded = reduction.superseded
@@ -210,7 +209,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     remembered = remembered or tombstones.Remembered(paths.tombstones, spec.name)
     outcome = _commit(spec, paths, state, reduction, schema, tuple(key_columns or ()), record, batch,
                       flattened, not replay, engine, remembered, lookup, history)
-    faults.point("after-delta-commit")
+    crashpoints.point("after-delta-commit")
     record.status = "replayed" if replay else "committed" if outcome.committed else "nothing-to-commit"
     record.rows_truncated = outcome.rows_truncated
     record.delta_version = outcome.delta_version
@@ -220,7 +219,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     record.finished_at = datetime.now(UTC)
     if (not replay or outcome.committed) and not defer_audit:
         audit.append(paths.audit, [record])
-    faults.point("after-batch")
+    crashpoints.point("after-batch")
     return BatchResult(record if not replay or outcome.committed else None, already_applied=batch.already_applied,
                        controls=controls, quality=report, held=held_records)
 

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ingest import audit, locks, quarantine
+from ingest import audit, crashpoints, locks, quarantine
 from ingest.apply.commit import ApplyEngine, CommitOutcome, CommitRequest
 from ingest.apply.history import check_history_mode, count_history
 from ingest.apply.kafka_tombstones import are_deletes, resolve
@@ -68,7 +68,6 @@ from ingest.errors import TableError
 from ingest.events import ColumnSpec
 from ingest.lake import LakePath
 from ingest.paths import TablePaths
-from ingest.proof import faults
 from ingest.quality.gate import QualityGate, QualityReport
 
 if TYPE_CHECKING:
@@ -331,7 +330,7 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
             checked, held_records = report, held.resolve(spec, fetch_raw, batch_id=batch_id, run_id=run_id)
             quarantine.write(paths.quarantine, held_records)
             record.quarantined = len(held)
-            faults.point("after-quarantine")
+            crashpoints.point("after-quarantine")
             refuse_to_move_backwards(spec.name, batch, state, True)  # type: ignore[arg-type]
             locks.check(paths.table)
             check_position_format(spec.name, state)
@@ -342,7 +341,7 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
                                      offsets={tp: span[1] for tp, span in batch.offsets.items()},
                                      declared=key_columns, shares=shares, gate=gate, held=held,
                                      before_commit=quarantine_first)
-        faults.point("after-delta-commit")
+        crashpoints.point("after-delta-commit")
         record.status = "committed" if outcome.committed else "nothing-to-commit"
         record.rows_truncated = outcome.rows_truncated
         record.delta_version = outcome.delta_version
@@ -353,7 +352,7 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
         record.finished_at = datetime.now(UTC)
         if not defer_audit:
             audit.append(paths.audit, [record])
-        faults.point("after-batch")
+        crashpoints.point("after-batch")
         return BatchResult(record, already_applied=batch.already_applied, controls=controls,
                            quality=checked, held=held_records)
     finally:

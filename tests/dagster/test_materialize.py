@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import dagster as dg
 import pytest
+from harness.demo import prepare_workload, truth_dir, verify_all
 
 from assets.analytics import DAILY_REVENUE
 from assets.constants import ANALYTICS_KEY_PREFIX, BALANCE_CHECK, LAG_CHECK, QUALITY_CHECK, table_key
@@ -14,7 +15,6 @@ from assets.definitions import build_definitions
 from assets.resources import SparkIngestEngine
 from ingest import audit
 from ingest.deltaio import open_table, read_all
-from ingest.proof.demo import prepare_workload, truth_dir, verify_all
 from tests.dagster.conftest import write_config
 
 pytestmark = pytest.mark.spark
@@ -108,7 +108,7 @@ def test_daily_revenue_equals_the_source(materialized):
     config, result, graph = materialized
     key = dg.AssetKey([ANALYTICS_KEY_PREFIX, DAILY_REVENUE])
     assert graph.get(key).parent_keys == {table_key("orders"), table_key("customers")}
-    from ingest.proof.simulator import Truth
+    from harness.simulator import Truth
 
     truth = Truth.load(truth_dir(config))
     segment = {r["id"]: r["segment"] for r in truth.tables["customers"].to_pylist()}

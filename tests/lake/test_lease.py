@@ -8,12 +8,12 @@ import sys
 import time
 
 import pytest
+from harness.stack.s3 import S3Server
 
 from ingest import locks
 from ingest.errors import TableLockedError
 from ingest.lake import LakePath, s3_client
 from ingest.lease import Lease, LeaseLostError
-from ingest.stack.s3 import S3Server
 
 
 def _root(s3: S3Server, bucket: str) -> LakePath:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from harness.demo import TableFingerprint, prepare_workload, verify_all
 from typer.testing import CliRunner
 
 from ingest import audit, quarantine
@@ -22,7 +23,6 @@ from ingest.cli import app
 from ingest.config import load_config
 from ingest.engine import Engine
 from ingest.lake import s3_client
-from ingest.proof.demo import TableFingerprint, prepare_workload, verify_all
 from tests.harness import make_config
 
 pytestmark = pytest.mark.spark

@@ -7,11 +7,11 @@ import time
 
 import pyarrow as pa
 import pytest
+from harness.stack.s3 import S3Server
 
 from ingest.deltaio import open_table, write_table
 from ingest.lake import LakePath, delta_storage_options
 from ingest.lease import Lease
-from ingest.stack.s3 import S3Server
 from tests.lake.outage import Relay
 
 

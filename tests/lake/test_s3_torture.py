@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from harness.stack.s3 import S3Server
+from harness.torture.run import Torture, TortureSpec
 
 from ingest.config import load_config
 from ingest.lake import s3_client
-from ingest.proof.torture import Torture, TortureSpec
-from ingest.stack.s3 import S3Server
 from tests.lake.outage import Relay
 
 
@@ -21,7 +21,7 @@ from tests.lake.outage import Relay
 def store(s3: S3Server) -> Iterator[tuple[str, Callable[[], float]]]:
     """The endpoint the runs use, and what restarts the store behind it."""
     if s3.pid is None:  # TEST_S3=stack: the stack's MinIO, restarted for real
-        from ingest.cli_stack import stack_lake
+        from harness.cli_stack import stack_lake
 
         yield s3.endpoint, stack_lake("unused")[2]
         return

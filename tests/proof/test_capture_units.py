@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ingest.proof import capture
-from ingest.proof.capture import SlotState
+from ingest.verify import capture
+from ingest.verify.capture import SlotState
 
 
 class _Slots:

@@ -1,4 +1,4 @@
-"""Pieces of ingest.proof that need no database: config, workdir safety, values, verify's normalizers."""
+"""Pieces of the proofs that need no database: config, workdir safety, values, verify's normalizers."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
+from harness.postgres import values as pg_values
+from harness.stack_proofs.demo import remove_workdir, schema_of
 
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError, IngestError
-from ingest.proof import pg_values
-from ingest.proof.demo_stack import remove_workdir, schema_of
-from ingest.proof.source_db import source_table_of
-from ingest.proof.source_values import parse_json
-from ingest.proof.verify import verify_table
+from ingest.verify.compare import verify_table
+from ingest.verify.source_db import source_table_of
+from ingest.verify.source_values import parse_json
 
 
 def test_source_table_defaults_to_the_topic_name() -> None:

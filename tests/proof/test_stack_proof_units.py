@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from harness.latency import CommitIndex, latencies_of, summarize
+from harness.stack_proofs.faults import KINDS, kill_at, schedule
+from harness.stack_proofs.setup import stack_config, topics_of
+from harness.torture.process import IngestProcess
 
 from ingest.apply.tablestate import BATCH_KEY
 from ingest.config import load_config
-from ingest.proof.ingest_process import IngestProcess
-from ingest.proof.latency import CommitIndex, latencies_of, summarize
-from ingest.proof.stack_faults import KINDS, kill_at, schedule
-from ingest.proof.stack_setup import stack_config, topics_of
 
 
 def test_schedule_is_seeded_balanced_and_covers_every_kind() -> None:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from ingest.proof.verify import verify_table
+from ingest.verify.compare import verify_table
 
 UTC = dt.UTC
 EXPECTED = pa.table(

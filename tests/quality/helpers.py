@@ -13,6 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 import yaml
+from harness.simulator.encode import DEBEZIUM_VERSION, Envelope, JsonChangeEncoder
+from harness.simulator.model import Column, TableDef
 
 from ingest import quarantine
 from ingest.apply.pipeline import apply_parts
@@ -21,8 +23,6 @@ from ingest.config import IngestConfig, load_config
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.deltaio import open_table, read_all
 from ingest.paths import TablePaths
-from ingest.proof.simulator.encode import DEBEZIUM_VERSION, Envelope, JsonChangeEncoder
-from ingest.proof.simulator.model import Column, TableDef
 from ingest.quality import QualityGate
 from tests.harness import current_engine
 

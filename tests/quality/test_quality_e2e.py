@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from harness.demo import prepare_workload, verify_all
 
 from ingest import audit, quarantine
 from ingest.apply.tablestate import load_state
 from ingest.config import IngestConfig, load_config
 from ingest.engine import Engine
-from ingest.proof.demo import prepare_workload, verify_all
 from ingest.quality.gate import SPARK_DATASOURCE
 from ingest.quality.results import ResultStore
 from ingest.source.topiclog import TopicLog

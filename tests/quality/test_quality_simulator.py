@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pyarrow.compute as pc
 import pytest
+from harness.simulator import WorkloadSpec, generate
+from harness.simulator.rows import QUALITY_VIOLATIONS
 
 from ingest.decode.registry import EmbeddedSchemaRegistry
-from ingest.proof.simulator import WorkloadSpec, generate
-from ingest.proof.simulator.rows import QUALITY_VIOLATIONS
 from ingest.source.topiclog import TopicLog
 
 

@@ -25,7 +25,7 @@ import pytest
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Any]:
     """The running local stack, with the engine's credentials in ``os.environ`` for the session."""
-    from ingest.stack import CDC_COMPONENTS, Stack
+    from harness.stack import CDC_COMPONENTS, Stack
 
     running, already = None, None
     try:

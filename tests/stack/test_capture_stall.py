@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from ingest.proof.capture import wait_for_capture
+from ingest.verify.capture import wait_for_capture
 
 pytestmark = pytest.mark.stack
 

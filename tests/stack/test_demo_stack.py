@@ -13,12 +13,12 @@ from typing import Any
 import psycopg
 import pytest
 from deltalake import DeltaTable
+from harness.postgres.workload import WorkloadSpec
+from harness.stack_proofs.demo import DemoStackResult, run_demo_stack
 from typer.testing import CliRunner
 
 from ingest.cli import app
 from ingest.config import IngestConfig
-from ingest.proof.demo_stack import DemoStackResult, run_demo_stack
-from ingest.proof.pg_workload import WorkloadSpec
 from tests.stack.helpers import stack_config, write_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from harness.stack.process import wait_until
 
 from ingest.config import KafkaSpec
-from ingest.proof.capture import delete_topics
 from ingest.source.kafkalog import DataLossError, KafkaLog
 from ingest.source.reader import TopicLogStreamReader
-from ingest.stack.process import wait_until
+from ingest.verify.capture import delete_topics
 
 pytestmark = [pytest.mark.stack]
 

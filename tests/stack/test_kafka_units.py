@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 from unittest import mock
 
-from ingest.stack import kafka
+from harness.stack import kafka
 
 
 def test_a_cluster_id_never_starts_with_a_dash() -> None:
@@ -18,7 +18,7 @@ def test_a_cluster_id_never_starts_with_a_dash() -> None:
 
 
 def test_a_dashed_cluster_id_left_by_an_older_version_is_replaced(tmp_path: Path) -> None:
-    from ingest.stack.settings import StackSettings
+    from harness.stack.settings import StackSettings
 
     settings = StackSettings.from_env({"STACK_DIR": str(tmp_path / "stack")}, create=True)
     component = kafka.Kafka(settings, lambda _message: None)

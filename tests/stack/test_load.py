@@ -6,10 +6,9 @@ import time
 
 import psycopg
 import pytest
-
-from ingest.proof import pg_schema
-from ingest.proof.load import LoadGenerator
-from ingest.proof.pg_workload import WorkloadSpec, run_workload
+from harness.postgres import schema as pg_schema
+from harness.postgres.load import LoadGenerator
+from harness.postgres.workload import WorkloadSpec, run_workload
 
 pytestmark = pytest.mark.stack
 

@@ -24,7 +24,7 @@ from ingest.decode.registry import ConfluentSchemaRegistry
 from ingest.deltaio import open_table, read_all
 from ingest.engine import Engine
 from ingest.errors import RegistryUnavailableError
-from ingest.proof.capture import delete_topics, wait_for_capture
+from ingest.verify.capture import delete_topics, wait_for_capture
 from tests.stack.helpers import PREFIX, stack_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]

@@ -1,6 +1,6 @@
 """Credentials on the real stack: Kafka over SASL_PLAINTEXT / SCRAM-SHA-512, the registry behind basic auth.
 
-A configuration (:func:`ingest.proof.stack_setup.stack_config` with ``sasl=True``) reads Kafka
+A configuration (:func:`harness.stack_proofs.setup.stack_config` with ``sasl=True``) reads Kafka
 through the SCRAM listener (``kafka.security.protocol=SASL_PLAINTEXT``,
 ``kafka.sasl.mechanism=SCRAM-SHA-512``, the JAAS config from ``KAFKA_SASL_JAAS_CONFIG``) and Avro
 schemas through nginx's basic-auth port (``SCHEMA_REGISTRY_USER_INFO``). Spark's scratch space is
@@ -34,14 +34,14 @@ from typing import Any
 import psycopg
 import pytest
 from deltalake import DeltaTable
+from harness.postgres import schema as pg_schema
+from harness.postgres.workload import WorkloadSpec, run_workload
+from harness.stack_proofs.setup import reset_source, stack_config
 from psycopg import sql
 
 from ingest.config import load_config
-from ingest.proof import pg_schema
-from ingest.proof.capture import wait_for_capture
-from ingest.proof.pg_workload import WorkloadSpec, run_workload
-from ingest.proof.source_db import verify_source_db
-from ingest.proof.stack_setup import reset_source, stack_config
+from ingest.verify.capture import wait_for_capture
+from ingest.verify.source_db import verify_source_db
 
 pytestmark = pytest.mark.stack
 

@@ -16,11 +16,11 @@ from typing import Any
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from harness.stack_proofs.check import check_stack
+from harness.stack_proofs.faults import KINDS
+from harness.stack_proofs.torture import StackTorture, StackTortureResult, StackTortureSpec
 
 from ingest.config import load_config
-from ingest.proof.stack_check import check_stack
-from ingest.proof.stack_faults import KINDS
-from ingest.proof.stack_torture import StackTorture, StackTortureResult, StackTortureSpec
 
 pytestmark = pytest.mark.stack
 

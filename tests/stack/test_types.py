@@ -22,13 +22,13 @@ import psycopg
 import pytest
 import requests
 from deltalake import DeltaTable
+from harness.postgres.values import large_text
 
 from ingest.config import IngestConfig
 from ingest.deltaio import open_table, read_all
 from ingest.engine import Engine
-from ingest.proof.capture import delete_topics, wait_for_capture
-from ingest.proof.pg_values import large_text
-from ingest.proof.source_db import check_table
+from ingest.verify.capture import delete_topics, wait_for_capture
+from ingest.verify.source_db import check_table
 from tests.stack.helpers import PREFIX, REPO, json_events, read_topic, stack_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]

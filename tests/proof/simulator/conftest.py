@@ -20,10 +20,10 @@ from typing import Any
 
 import fastavro
 import pytest
+from harness.simulator import Truth, WorkloadSpec, generate
+from harness.simulator.model import LOYALTY_TIER, default_tables, ledger_table
 
 from ingest.decode.registry import EmbeddedSchemaRegistry, unframe
-from ingest.proof.simulator import Truth, WorkloadSpec, generate
-from ingest.proof.simulator.model import LOYALTY_TIER, default_tables, ledger_table
 from ingest.source.topiclog import TopicLog
 
 PLACEHOLDER = "__debezium_unavailable_value"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from ingest.proof.simulator.changes import SourceChanges
-from ingest.proof.simulator.model import SourceDatabase, default_tables
-from ingest.proof.simulator.rows import RowFactory
-from ingest.proof.simulator.spec import WorkloadSpec
+from harness.simulator.changes import SourceChanges
+from harness.simulator.model import SourceDatabase, default_tables
+from harness.simulator.rows import RowFactory
+from harness.simulator.spec import WorkloadSpec
 
 T0_US = 1_717_400_000_000_000
 

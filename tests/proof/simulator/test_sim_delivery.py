@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from ingest.proof.simulator.delivery import TopicWriter
+from harness.simulator.delivery import TopicWriter
+
 from ingest.source.topiclog import ProducerRecord, partition_for_key
 
 

@@ -13,17 +13,17 @@ from typing import Any
 
 import fastavro
 import pytest
-
-from ingest.decode.registry import EmbeddedSchemaRegistry, frame
-from ingest.proof.simulator.encode import (
+from harness.simulator.encode import (
     MALFORMED_KINDS,
     AvroChangeEncoder,
     Envelope,
     JsonChangeEncoder,
     malformed_message,
 )
-from ingest.proof.simulator.model import UTC, default_tables
-from ingest.proof.simulator.wire import UNAVAILABLE_VALUE, unscaled_bytes, variable_scale, zoned_timestamp
+from harness.simulator.model import UTC, default_tables
+from harness.simulator.wire import UNAVAILABLE_VALUE, unscaled_bytes, variable_scale, zoned_timestamp
+
+from ingest.decode.registry import EmbeddedSchemaRegistry, frame
 
 TABLES = default_tables()
 SOURCE: dict[str, Any] = {

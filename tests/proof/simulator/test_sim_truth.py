@@ -8,9 +8,8 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
-
-from ingest.proof.simulator import Truth
-from ingest.proof.simulator.model import LOYALTY_TIER, TableDef, TableState, default_tables
+from harness.simulator import Truth
+from harness.simulator.model import LOYALTY_TIER, TableDef, TableState, default_tables
 
 EXPECTED_TYPES = {
     "customers": {

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from harness.simulator import WorkloadSpec, generate
+from harness.simulator.encode import MALFORMED_KINDS
 
 from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.errors import TopicLogError
-from ingest.proof.simulator import WorkloadSpec, generate
-from ingest.proof.simulator.encode import MALFORMED_KINDS
 from ingest.source.topiclog import TopicLog, partition_for_key
 
 TABLES = ("customers", "products", "orders")

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 import yaml
+from harness.torture.faults import DAMAGES, damage_checkpoint
 
 from ingest import audit
 from ingest.checkpoint import inspect
 from ingest.config import IngestConfig, load_config
 from ingest.deltaio import open_table, read_all
 from ingest.engine import Engine
-from ingest.proof.torture_faults import DAMAGES, damage_checkpoint
 from ingest.source.topiclog import ProducerRecord, TopicLog
 
 TOPIC = "app.notes"

@@ -1,7 +1,7 @@
 """Every crash window of a batch, in process: crash at a named point, replay the batch, compare.
 
 The in-process twin of ``ingest torture``: fast and deterministic. At each point of
-:data:`ingest.proof.faults.POINTS` the batch stops as a SIGKILL would stop it (nothing after the point
+:data:`ingest.crashpoints.POINTS` the batch stops as a SIGKILL would stop it (nothing after the point
 runs); replaying the same batch -- as Spark does after a restart -- must leave the table, its
 tombstones, the audit (after the start-up repair) and the quarantine exactly as one clean run does.
 On delta-spark the same windows are crossed with the batch planned on the executors as well
@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 
-from ingest import audit, quarantine
+from ingest import audit, crashpoints, quarantine
 from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec
 from ingest.deltaio import open_table, read_all
 from ingest.events import ColumnSpec, ControlRecord
 from ingest.paths import TablePaths
-from ingest.proof import faults
 from tests.factories import COLUMNS, change, decoded_rows
 from tests.harness import current_engine
 
@@ -88,7 +87,7 @@ def _clean(runs: dict[tuple[str, str], dict[str, Any]], root: Path, engine: str,
 
 
 # Soft mode keeps deleted rows and writes no tombstones, so it has no "after-tombstones" point.
-@pytest.mark.parametrize(("point", "mode"), [(p, m) for m in ("hard", "soft") for p in faults.POINTS
+@pytest.mark.parametrize(("point", "mode"), [(p, m) for m in ("hard", "soft") for p in crashpoints.POINTS
                                              if not (p == "after-tombstones" and m == "soft")])
 @pytest.mark.hard_mode_on_delta_spark
 def test_a_crash_at_any_point_then_replay_equals_a_clean_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -107,17 +106,17 @@ def _crash_then_replay(monkeypatch: pytest.MonkeyPatch, point: str,
     """``FIRST``, then ``SECOND`` stopped at ``point`` as a SIGKILL would stop it, then ``SECOND``
     again (the replay after the restart), each applied by ``apply(items, first offset, batch id)``."""
     apply(FIRST, 0, 0)
-    real, hit = faults.point, []
+    real, hit = crashpoints.point, []
 
     def crash(name: str) -> None:
         if name == point:
             hit.append(name)
             raise _Killed(name)
 
-    monkeypatch.setattr(faults, "point", crash)
+    monkeypatch.setattr(crashpoints, "point", crash)
     with pytest.raises(_Killed):
         apply(SECOND, len(FIRST), 1)
-    monkeypatch.setattr(faults, "point", real)
+    monkeypatch.setattr(crashpoints, "point", real)
     assert hit == [point]
     apply(SECOND, len(FIRST), 2)
 
@@ -144,7 +143,7 @@ def _apply_on_executors(spark: Any, engine: Any, paths: TablePaths, items: list[
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("point", faults.POINTS)
+@pytest.mark.parametrize("point", crashpoints.POINTS)
 def test_a_crash_on_the_executor_path_then_replay_equals_a_clean_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_runs: dict[tuple[str, str], dict[str, Any]],
         spark: Any, point: str) -> None:

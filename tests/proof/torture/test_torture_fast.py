@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harness.torture.consistency import check
+from harness.torture.run import Torture, TortureSpec
 from typer.testing import CliRunner
 
 from ingest.config import load_config
 from ingest.deltaio import open_table, read_all
-from ingest.proof.consistency import check
-from ingest.proof.torture import Torture, TortureSpec
 
 
 @pytest.mark.spark
@@ -53,9 +53,10 @@ def test_the_torture_command_prints_its_figures_and_fails_on_divergence(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, divergent: int) -> None:
     from collections import Counter
 
+    from harness.torture import run as torture
+    from harness.torture.consistency import ConsistencyReport
+
     from ingest.cli import app
-    from ingest.proof import torture
-    from ingest.proof.consistency import ConsistencyReport
 
     def fake_run(self: torture.Torture) -> torture.TortureResult:
         report = ConsistencyReport([], divergent_rows=divergent, commits=120, records=9000, received=9000,

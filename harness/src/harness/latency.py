@@ -1,0 +1,134 @@
+"""Source-commit -> visible-in-Delta latency, read exactly from the rows and the Delta log.
+
+For a row of a target table:
+
+* the **source commit time** is ``_cdc_source_ts``: Debezium's ``source.ts_ms``, PostgreSQL's commit
+  timestamp of the transaction that made the row's latest change (millisecond resolution);
+* the **visible time** is the commit timestamp of the first Delta version that contained that
+  change. Every engine commit records, in its commit info (``cdc.batch``, the audit record), the
+  offsets it covers per topic-partition (``{"<topic>:<partition>": [first, last]}``); the row keeps
+  the Kafka coordinates of its change (``_cdc_topic``, ``_cdc_partition``, ``_cdc_offset``), so the
+  version is the one whose span holds that offset.
+
+Both clocks are the same machine's here. For an insert-only or append-like table (``order_items``
+under :mod:`harness.postgres.load`: rows are inserted, never updated) each live row measures its insert.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow as pa
+
+from ingest.apply.tablestate import BATCH_KEY, cdc_commits
+from ingest.deltaio import open_table, read_all
+
+_COLUMNS = ["_cdc_source_ts", "_cdc_topic", "_cdc_partition", "_cdc_offset"]
+
+
+@dataclass
+class CommitIndex:
+    """For each topic-partition, the engine commits' offset spans in offset order, with their versions and times."""
+
+    firsts: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    spans: dict[tuple[str, int], list[tuple[int, int, int, int]]] = field(default_factory=dict)
+
+    @classmethod
+    def from_commits(cls, commits: Iterable[dict]) -> CommitIndex:
+        """Build from commit-info dicts carrying ``version``, ``timestamp`` (ms) and ``cdc.batch``."""
+        index = cls()
+        raw: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
+        for commit in commits:
+            batch = commit[BATCH_KEY]
+            offsets = batch.get("offsets") or "{}"
+            for name, (first, last) in (json.loads(offsets) if isinstance(offsets, str) else offsets).items():
+                topic, _, partition = name.rpartition(":")
+                raw.setdefault((topic, int(partition)), []).append(
+                    (int(first), int(last), int(commit["version"]), int(commit["timestamp"])))
+        for key, spans in raw.items():
+            spans.sort(key=lambda s: (s[0], s[2]))
+            index.spans[key] = spans
+            index.firsts[key] = [s[0] for s in spans]
+        return index
+
+    @classmethod
+    def of_table(cls, path: str | Path) -> CommitIndex:
+        """The index of a Delta table's engine commits."""
+        table = open_table(path)
+        return cls.from_commits(cdc_commits(table) if table is not None else [])
+
+    def visible(self, topic: str, partition: int, offset: int) -> tuple[int, int] | None:
+        """``(version, commit time in ms)`` of the first commit whose span holds the offset, else ``None``."""
+        firsts = self.firsts.get((topic, partition))
+        if not firsts:
+            return None
+        spans = self.spans[(topic, partition)]
+        best: tuple[int, int] | None = None
+        # Spans of one partition do not overlap (progress never moves backwards); the few spans that
+        # start at or below the offset are checked in case a replay recorded an earlier one.
+        start = bisect.bisect_right(firsts, offset) - 1
+        for i in range(start, max(-1, start - 8), -1):
+            first, last, version, ts = spans[i]
+            if first <= offset <= last and (best is None or version < best[0]):
+                best = (version, ts)
+        return best
+
+
+@dataclass
+class Latencies:
+    """Latencies in milliseconds of the rows whose source commit fell in the window."""
+
+    values: list[float]
+    unmatched: int = 0
+
+    def percentile(self, p: float) -> float | None:
+        """Nearest-rank percentile (``None`` without values)."""
+        if not self.values:
+            return None
+        ordered = sorted(self.values)
+        rank = max(1, math.ceil(p / 100 * len(ordered)))
+        return ordered[rank - 1]
+
+
+def row_latencies(path: str | Path, *, since: datetime | None = None, until: datetime | None = None,
+                  index: CommitIndex | None = None) -> Latencies:
+    """Latency of every live row of a table whose ``_cdc_source_ts`` lies in ``[since, until)``.
+
+    Args:
+        path: the Delta table.
+        since: earliest source commit time to include (aware datetime; ``None``: no bound).
+        until: first source commit time to exclude.
+        index: a prepared :class:`CommitIndex` (default: built from the table).
+    """
+    table = open_table(path)
+    if table is None:
+        return Latencies([])
+    rows = read_all(table, columns=_COLUMNS)
+    return latencies_of(rows, index or CommitIndex.of_table(path), since=since, until=until)
+
+
+def latencies_of(rows: pa.Table, index: CommitIndex, *, since: datetime | None = None,
+                 until: datetime | None = None) -> Latencies:
+    """:func:`row_latencies` on rows already read (columns ``_cdc_source_ts``, ``_cdc_topic``, ...)."""
+    out = Latencies([])
+    for ts, topic, partition, offset in zip(*(rows[c].to_pylist() for c in _COLUMNS), strict=True):
+        if ts is None or (since is not None and ts < since) or (until is not None and ts >= until):
+            continue
+        seen = index.visible(topic, partition, offset)
+        if seen is None:
+            out.unmatched += 1
+            continue
+        out.values.append(seen[1] - ts.timestamp() * 1000)
+    return out
+
+
+def summarize(values: Sequence[float], points: Sequence[float] = (50, 95, 99)) -> dict[float, float | None]:
+    """Nearest-rank percentiles of ``values``."""
+    lat = Latencies(list(values))
+    return {p: lat.percentile(p) for p in points}

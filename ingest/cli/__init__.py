@@ -1,0 +1,16 @@
+"""The ``ingest`` command line (:mod:`ingest.cli.commands`).
+
+``app`` and ``main`` are loaded on first use, so that an extension's command module may import the
+shared pieces (:mod:`ingest.cli.common`) without loading the app, which loads the extensions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("app", "main"):
+        return getattr(importlib.import_module("ingest.cli.commands"), name)
+    raise AttributeError(name)

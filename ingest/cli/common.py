@@ -1,0 +1,73 @@
+"""What every ``ingest`` command module shares: the consoles, the configuration options and the output
+helpers (console tables, CSV, the per-batch progress line)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ingest.config import IngestConfig, load_config
+from ingest.discovery import with_discovered
+
+# Piped output (CI logs, files) gets a width that fits the summary tables instead of 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+
+def say(line: str) -> None:
+    """One line of a long command's progress, printed as it is (no markup)."""
+    console.print(line, markup=False, highlight=False)
+
+
+DEFAULT_CONFIG = Path("configs/demo.yaml")
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="configuration file (YAML)")]
+WorkdirOpt = Annotated[Path | None, typer.Option(help="override the config's workdir")]
+
+
+def load(path: Path, workdir: Path | None = None) -> IngestConfig:
+    """The configuration, with the tables ``discover`` finds now (``run`` looks again itself)."""
+    return with_discovered(load_config(path, workdir=workdir), strict=False)
+
+
+def print_table(rows: Any, title: str, limit: int) -> None:
+    """The first ``limit`` rows of an Arrow table as a console table (nulls blank)."""
+    out = Table(title=title)
+    for name in rows.column_names:
+        out.add_column(name)
+    for row in rows.slice(0, limit).to_pylist():
+        out.add_row(*("" if v is None else str(v) for v in row.values()))
+    console.print(out)
+
+
+def write_csv(table: Any) -> None:
+    """``table`` as CSV on stdout; lists and structs (CSV has no such type) as JSON text."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    nested = [i for i, f in enumerate(table.schema) if pa.types.is_nested(f.type)]
+    for i in nested:
+        text = pa.array([None if v is None else json.dumps(v, default=str) for v in table.column(i).to_pylist()],
+                        pa.string())
+        table = table.set_column(i, table.schema.field(i).name, text)
+    pacsv.write_csv(table, sys.stdout.buffer)
+
+
+def progress_printer() -> Any:
+    """The line ``run`` and the demos print after every table batch."""
+    def show(table: str, record: Any, result: Any) -> None:
+        if record is None:
+            console.print(f"  [dim]{table}: batch of {result.already_applied} already-applied records skipped[/]")
+            return
+        console.print(
+            f"  {table}: batch {record.batch_id} received {record.received:>6}  "
+            f"+{record.inserted} ~{record.updated} -{record.deleted}  superseded {record.superseded}  "
+            f"stale {record.stale}  quarantined {record.quarantined}  quality {record.quality_status}  "
+            f"-> v{record.delta_version} ({record.total_ms} ms)"
+        )
+    return show

@@ -1,0 +1,112 @@
+"""The analysts' commands: a table's change data feed (``changes``), its commits (``history``) and SQL
+over the live rows, now or as of a version or time (``query``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console, err, load, print_table, write_csv
+from ingest.errors import IngestError
+
+
+def changes(
+    table: Annotated[str, typer.Argument(help="a configured table")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+    from_version: Annotated[int | None, typer.Option(help="first commit version to read (inclusive)")] = None,
+    since: Annotated[str | None, typer.Option(help="read the commits made at or after this time (ISO 8601)")] = None,
+    to_version: Annotated[int | None, typer.Option(help="last commit version to read (inclusive)")] = None,
+    output: Annotated[str, typer.Option("--format", help="table, json or csv")] = "table",
+    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
+) -> None:
+    """Print or export a table's change data feed: inserts, update pre/post images and deletes, by version."""
+    from datetime import UTC, datetime
+
+    from ingest.changes import ChangeRange, as_json_lines
+    from ingest.changes import changes as read_changes
+
+    if (from_version is None) == (since is None):
+        err.print("[red]give one of --from-version N or --since TIMESTAMP[/]")
+        raise typer.Exit(2)
+    try:
+        moment = datetime.fromisoformat(since.replace("Z", "+00:00")) if since else None
+    except ValueError:
+        err.print(f"[red]--since {escape(str(since))}: expected an ISO 8601 time, e.g. 2026-11-24T06:00:00Z[/]")
+        raise typer.Exit(2) from None
+    which = ChangeRange(from_version, moment.replace(tzinfo=moment.tzinfo or UTC) if moment else None, to_version)
+    try:
+        rows = read_changes(load(config, workdir), table, which, say=lambda m: err.print(escape(m)))
+    except IngestError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    if output == "json":
+        print(as_json_lines(rows))
+    elif output == "csv":
+        write_csv(rows)
+    else:
+        shown = [c for c in rows.column_names if not c.startswith("_cdc_") or c in ("_cdc_position", "_cdc_deleted")]
+        print_table(rows.select(shown), f"{table}: {rows.num_rows} changes", limit)
+
+
+def history(
+    table: Annotated[str, typer.Argument(help="table name (a configured table, the audit or the quarantine)")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+    limit: Annotated[int | None, typer.Option(help="newest commits only")] = None,
+    output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+) -> None:
+    """List a table's commits: version, time, batch, offsets, counts and quality status."""
+    from ingest.query import history as table_history
+    from ingest.query import history_json, offsets_text
+
+    try:
+        commits = table_history(load(config, workdir), table, limit=limit)
+    except IngestError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    if output == "json":
+        print(history_json(commits))
+        return
+    out = Table(title=f"{table}: {len(commits)} commits, newest first")
+    for name in ("version", "time (UTC)", "operation", "kind", "batch", "engine", "offsets", "received",
+                 "+ins", "~upd", "-del", "quarantined", "quality"):
+        out.add_column(name, justify="right" if name in ("version", "batch", "received", "+ins", "~upd", "-del",
+                                                         "quarantined") else "left")
+    for c in commits:
+        out.add_row(*("" if v is None else str(v) for v in (
+            c.version, f"{c.time:%Y-%m-%d %H:%M:%S}", c.operation, c.kind, c.batch_id, c.engine,
+            offsets_text(c.offsets), c.received, c.inserted, c.updated, c.deleted, c.quarantined,
+            c.quality_status)))
+    console.print(out)
+
+
+def query(
+    sql: Annotated[str, typer.Argument(help="SQL over the tables (each configured table is a view of live rows)")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+    output: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
+    as_of: Annotated[list[str] | None, typer.Option(
+        "--as-of", help="read as of a VERSION (of the one table the query reads), a TIMESTAMP (every "
+        "table), or TABLE@VERSION / TABLE@TIMESTAMP; repeatable")] = None,
+) -> None:
+    """Run SQL (DuckDB) over the live rows of the Delta tables, now or as they were (--as-of)."""
+    from ingest.query import AsOf, run_sql
+
+    try:
+        result = run_sql(load(config, workdir), sql, [AsOf.parse(p) for p in as_of or []])
+    except IngestError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    if output == "json":
+        for row in result.to_pylist():
+            print(json.dumps(row, default=str))
+    elif output == "csv":
+        write_csv(result)
+    else:
+        print_table(result, f"{result.num_rows} rows", limit)
