@@ -25,10 +25,10 @@ $(STAMP):
 
 install: $(STAMP)
 
-# The driver JVM's class-data-sharing archive of Spark's classes (ingest/class_archive.py): written
+# The driver JVM's class-data-sharing archive of Spark's classes (ingest/spark/class_archive.py): written
 # once per Java and pyspark into the venv (about a minute), it saves seconds on every Spark start.
 class-archive: java install
-	$(BIN)/python -m ingest.class_archive
+	$(BIN)/python -m ingest.spark.class_archive
 
 # `make demo LAKE=s3`: the same demo with its tables on the stack's MinIO (configs/demo-s3.yaml),
 # which is started first and built from its Go module the first time (about six minutes).

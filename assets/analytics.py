@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from assets.constants import ANALYTICS_GROUP, ANALYTICS_KEY_PREFIX, table_key
-from assets.resources import IngestEngine
+from assets.resources import IngestPipeline
 from ingest.config import IngestConfig
-from ingest.deltaio import normalize, open_table, query_tables, write_table
+from ingest.lake.delta import normalize, open_table, query_tables, write_table
 
 DAILY_REVENUE: Final = "daily_revenue_by_segment"
 #: The tables the analytic asset reads; it exists only when both are configured.
@@ -95,8 +95,8 @@ def build_analytics_assets(config: IngestConfig) -> list[dg.AssetsDefinition]:
         "from the live rows of orders and customers; written as a Delta table.",
     )
     def daily_revenue_by_segment(context: dg.AssetExecutionContext,
-                                 ingest_engine: IngestEngine) -> dg.MaterializeResult:
-        settings = ingest_engine.config()
+                                 ingest_pipeline: IngestPipeline) -> dg.MaterializeResult:
+        settings = ingest_pipeline.config()
         result = daily_revenue(settings)
         path = settings.tables_root / ANALYTICS_KEY_PREFIX / DAILY_REVENUE
         write_table(path, result, mode="overwrite", schema_mode="overwrite")

@@ -15,10 +15,10 @@ from typing import Any
 import dagster as dg
 
 from assets.constants import BALANCE_CHECK, LAG_CHECK, table_key
-from assets.resources import IngestEngine
-from ingest import audit
-from ingest.audit import AuditRecord
+from assets.resources import IngestPipeline
 from ingest.config import TableSpec
+from ingest.records import audit
+from ingest.records.audit import AuditRecord
 from ingest.secrets import redact
 
 
@@ -52,17 +52,18 @@ def build_table_checks(spec: TableSpec, thresholds: LagThresholds = DEFAULT_THRE
     ]
 
     @dg.multi_asset_check(name=f"{spec.name}_health_checks", specs=specs, can_subset=True)
-    def _checks(context: dg.AssetCheckExecutionContext, ingest_engine: IngestEngine) -> Iterator[dg.AssetCheckResult]:
+    def _checks(context: dg.AssetCheckExecutionContext,
+                ingest_pipeline: IngestPipeline) -> Iterator[dg.AssetCheckResult]:
         selected = {k.name for k in context.selected_asset_check_keys}
         if BALANCE_CHECK in selected:
-            yield balance_check_result(spec, ingest_engine)
+            yield balance_check_result(spec, ingest_pipeline)
         if LAG_CHECK in selected:
-            yield lag_check_result(spec, ingest_engine, thresholds)
+            yield lag_check_result(spec, ingest_pipeline, thresholds)
 
     return _checks
 
 
-def balance_check_result(spec: TableSpec, engine: IngestEngine) -> dg.AssetCheckResult:
+def balance_check_result(spec: TableSpec, engine: IngestPipeline) -> dg.AssetCheckResult:
     """``audit_balance`` over every audit row of the table."""
     rows = audit.read(engine.paths(spec.name).audit, table=spec.name).to_pylist()
     records = [AuditRecord.from_metadata(r) for r in rows]
@@ -87,7 +88,7 @@ def balance_check_result(spec: TableSpec, engine: IngestEngine) -> dg.AssetCheck
                                metadata=metadata, description=f"{len(records)} batches balance")
 
 
-def lag_check_result(spec: TableSpec, engine: IngestEngine, thresholds: LagThresholds,
+def lag_check_result(spec: TableSpec, engine: IngestPipeline, thresholds: LagThresholds,
                      *, now: datetime | None = None) -> dg.AssetCheckResult:
     """``lag``: pending records and the age of the newest commit."""
     status = engine.status(spec.name)

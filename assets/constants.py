@@ -17,7 +17,7 @@ CDC_KEY_PREFIX: Final = "cdc"
 ANALYTICS_KEY_PREFIX: Final = "analytics"
 
 #: Resource key under which the ingestion engine is bound.
-ENGINE_RESOURCE_KEY: Final = "ingest_engine"
+ENGINE_RESOURCE_KEY: Final = "ingest_pipeline"
 
 #: Run tag naming the table a sensor-requested run ingests.
 TABLE_TAG: Final = "cdc/table"

@@ -14,7 +14,7 @@ from assets.checks import DEFAULT_THRESHOLDS, LagThresholds, build_table_checks
 from assets.constants import CDC_TABLES_GROUP, ENGINE_RESOURCE_KEY
 from assets.incremental import build_incremental_assets
 from assets.jobs import build_maintenance_job, build_maintenance_schedule
-from assets.resources import IngestEngine
+from assets.resources import IngestPipeline
 from assets.sensors import DEFAULT_INTERVAL_SECONDS, build_offsets_sensor
 from assets.tables import build_table_asset
 from ingest.config import IngestConfig
@@ -22,7 +22,7 @@ from ingest.config import IngestConfig
 INGEST_JOB = "cdc_ingest_all_tables"
 
 
-def build_definitions(config: IngestConfig, engine: IngestEngine, *,
+def build_definitions(config: IngestConfig, engine: IngestPipeline, *,
                       thresholds: LagThresholds = DEFAULT_THRESHOLDS,
                       sensor_interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
                       sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
@@ -32,7 +32,7 @@ def build_definitions(config: IngestConfig, engine: IngestEngine, *,
 
     Args:
         config: the ingestion configuration the assets are generated from.
-        engine: the resource that drains tables (bound as ``ingest_engine``).
+        engine: the resource that drains tables (bound as ``ingest_pipeline``).
         thresholds: when the ``lag`` check calls a table stale.
         sensor_interval_seconds: minimum seconds between two ticks of a table's sensor.
         sensor_status: whether the sensors start running when first loaded.

@@ -24,10 +24,10 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 
 from assets.constants import ANALYTICS_GROUP, ANALYTICS_KEY_PREFIX, table_key
-from assets.resources import IngestEngine
-from ingest.changes import ChangeFeedError, ChangeRange, changes
+from assets.resources import IngestPipeline
 from ingest.config import IngestConfig
-from ingest.deltaio import open_table, read_all, write_table
+from ingest.lake.delta import open_table, read_all, write_table
+from ingest.read.changes import ChangeFeedError, ChangeRange, changes
 
 ORDERS_BY_STATUS: Final = "orders_by_status"
 CURSOR_KEY: Final = "cdc.feed_cursor"
@@ -165,8 +165,8 @@ def build_incremental_assets(config: IngestConfig) -> list[dg.AssetsDefinition]:
         description="Live orders and their amount per status, kept up to date from the orders table's change "
         "data feed since the version it last consumed (stored with the aggregate).",
     )
-    def orders_by_status(context: dg.AssetExecutionContext, ingest_engine: IngestEngine) -> dg.MaterializeResult:
-        done = refresh(ingest_engine.config(), context.log)
+    def orders_by_status(context: dg.AssetExecutionContext, ingest_pipeline: IngestPipeline) -> dg.MaterializeResult:
+        done = refresh(ingest_pipeline.config(), context.log)
         context.log.info(f"{done['mode']}: {done['changes_consumed']} changes up to {_SOURCE} "
                          f"v{done['to_version']}, {done['orders']} live orders")
         return dg.MaterializeResult(metadata={

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from assets.constants import MAINTENANCE_TAG, SHARED_TABLES_POOL, table_key, table_pool
 from assets.maintenance import MaintenanceOptions, TableMaintenance, maintain_cdc_table, maintain_shared_table
-from assets.resources import IngestEngine
+from assets.resources import IngestPipeline
 from ingest.config import TableSpec
 
 MAINTENANCE_JOB = "cdc_table_maintenance"
@@ -53,8 +53,8 @@ def build_maintenance_op(spec: TableSpec) -> dg.OpDefinition:
            description=f"Compact, vacuum, checkpoint and clean up `{spec.name}`; forget tombstones older than "
            f"{spec.tombstone_retention}.")
     def _maintain(context: dg.OpExecutionContext, config: MaintenanceConfig,
-                  ingest_engine: IngestEngine) -> None:
-        settings = ingest_engine.config()
+                  ingest_pipeline: IngestPipeline) -> None:
+        settings = ingest_pipeline.config()
         report = maintain_cdc_table(settings, spec, config.options(settings.target.target_file_size_mb))
         context.log.info(f"{spec.name}: {report.as_dict()}")
         context.log_event(dg.AssetObservation(asset_key=table_key(spec.name), metadata=_metadata(report),
@@ -66,8 +66,8 @@ def build_maintenance_op(spec: TableSpec) -> dg.OpDefinition:
 @dg.op(name="maintain_audit_and_quarantine", pool=SHARED_TABLES_POOL,
        description="Compact, vacuum, checkpoint and clean up the shared audit and quarantine tables.")
 def maintain_shared_tables(context: dg.OpExecutionContext, config: MaintenanceConfig,
-                           ingest_engine: IngestEngine) -> None:
-    settings = ingest_engine.config()
+                           ingest_pipeline: IngestPipeline) -> None:
+    settings = ingest_pipeline.config()
     for name in (settings.target.audit_table, settings.target.quarantine_table):
         report = maintain_shared_table(settings.tables_root / name, config.options(settings.target.target_file_size_mb))
         context.log.info(f"{name}: {report.as_dict()}")

@@ -5,7 +5,7 @@ No Dagster here (the maintenance job in :mod:`assets.jobs` calls it). Maintenanc
 which reads its progress and key from the newest commit that has them, looks straight past them;
 Delta app transactions (the applied offsets) live in the table's snapshot and survive any commit.
 
-Maintenance holds the same writer lock as an ingestion run (``ingest.locks``), so it never
+Maintenance holds the same writer lock as an ingestion run (``ingest.lake.locks``), so it never
 rewrites files under a run, whether the run came from Dagster or from ``ingest run``.
 
 A table with deletion vectors (written by the delta-spark engine) is maintained with Spark SQL
@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from deltalake import CommitProperties, DeltaTable
 
-from ingest import locks
-from ingest.apply.tablestate import latest_cdc_commit, load_state
-from ingest.apply.tombstones import purge as purge_tombstones
+from ingest.commit.remembered import purge as purge_tombstones
+from ingest.commit.state import latest_cdc_commit, load_state
 from ingest.config import IngestConfig, TableSpec
-from ingest.deltaio import has_deletion_vectors, open_table
-from ingest.lake import LakePath, Location
-from ingest.paths import TablePaths
+from ingest.lake import locks
+from ingest.lake.delta import has_deletion_vectors, open_table
+from ingest.lake.location import LakePath, Location
+from ingest.lake.tables import TablePaths
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -101,7 +101,7 @@ def maintain(path: Location, options: MaintenanceOptions, *, key_columns: tuple[
     now = now or datetime.now(UTC)
     report.version_before = table.version()
     if has_deletion_vectors(table):
-        from ingest.spark import delta_session  # pyspark only for tables that need it
+        from ingest.spark.session import delta_session  # pyspark only for tables that need it
 
         where = LakePath.of(path)
         session = spark or partial(delta_session, s3=not where.is_local)
@@ -137,8 +137,8 @@ def _maintain_with_spark(table: DeltaTable, where: LakePath, options: Maintenanc
     """:func:`maintain` for a table delta-rs cannot write: delta-spark's OPTIMIZE and VACUUM."""
     import json
 
-    from ingest.apply.delta_spark import ident
-    from ingest.spark import spark_location
+    from ingest.commit.delta_spark import ident
+    from ingest.spark.session import spark_location
 
     spark = session().newSession()  # its settings stay its own
     spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(options.target_file_size_mb * 1024 * 1024))
@@ -170,7 +170,7 @@ def _data_files(where: LakePath) -> set[str]:
     """The table's files outside its log: what a vacuum may delete."""
     if where.is_local:
         return {str(p) for p in where.local.rglob("*") if p.is_file() and "_delta_log" not in p.parts}
-    from ingest.lake import s3_client
+    from ingest.lake.location import s3_client
 
     pages = s3_client(where).get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=where.key + "/")
     return {o["Key"] for page in pages for o in page.get("Contents", []) if "/_delta_log/" not in o["Key"]}
@@ -190,7 +190,7 @@ def maintain_cdc_table(config: IngestConfig, spec: TableSpec, options: Maintenan
     held = locks.acquire_all(config.tables_root, [spec.name], lease_seconds=config.target.storage.lease_seconds)
     try:
         state = load_state(paths.table)
-        from ingest.spark import session_for
+        from ingest.spark.session import session_for
 
         report = maintain(paths.table, options, key_columns=state.key_columns, now=now,
                           spark=lambda: session_for(config))  # the configuration's master and settings

@@ -1,9 +1,9 @@
 """The ingestion engine as the Dagster definitions see it: one interface, two implementations.
 
-:class:`IngestEngine` reads a table's state straight from the topic log and the Delta log (no
+:class:`IngestPipeline` reads a table's state straight from the topic log and the Delta log (no
 Spark needed, so sensors and checks stay cheap). How a table is drained is up to the
-implementation: :class:`SparkIngestEngine` runs the real Spark Structured Streaming engine in the
-run's process; :class:`StubIngestEngine` returns prepared results, for tests of the asset's
+implementation: :class:`SparkIngestPipeline` runs the real Spark Structured Streaming engine in the
+run's process; :class:`StubIngestPipeline` returns prepared results, for tests of the asset's
 metadata and checks without Spark.
 """
 
@@ -18,15 +18,15 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, TableSpec, load_config
-from ingest.discovery import with_discovered
-from ingest.engine import Engine, TableRun
+from ingest.lake.tables import TablePaths
 from ingest.ops.status import TableStatus, table_status
-from ingest.paths import TablePaths
+from ingest.records.audit import AuditRecord
+from ingest.source.discovery import with_discovered
+from ingest.stream.runner import Runner, TableRun
 
 
-class IngestEngine(dg.ConfigurableResource):
+class IngestPipeline(dg.ConfigurableResource):
     """Interface: drain a table's available changes and read its state.
 
     Reads (:meth:`config`, :meth:`status`, :meth:`paths`) are shared; :meth:`drain` is what an
@@ -68,10 +68,10 @@ class IngestEngine(dg.ConfigurableResource):
         raise NotImplementedError(f"{type(self).__name__} does not drain tables")
 
 
-class SparkIngestEngine(IngestEngine):
+class SparkIngestPipeline(IngestPipeline):
     """The real engine: Spark Structured Streaming with ``availableNow``, in the run's process.
 
-    One SparkSession per process (``ingest.spark.get_spark``); under ``dagster dev``'s multiprocess
+    One SparkSession per process (``ingest.spark.session.get_spark``); under ``dagster dev``'s multiprocess
     executor every step is a process of its own, so each drained table starts one.
     """
 
@@ -83,11 +83,11 @@ class SparkIngestEngine(IngestEngine):
         return {s.table: s for s in table_status(only)}
 
     def drain(self, table: str) -> TableRun:
-        report = Engine(self.config()).run(tables=[table], mode="available_now")
+        report = Runner(self.config()).run(tables=[table], mode="available_now")
         return report.tables[table]
 
 
-class StubIngestEngine(IngestEngine):
+class StubIngestPipeline(IngestPipeline):
     """A stand-in for tests: ``drain`` returns prepared results and ingests nothing.
 
     Reads still come from the configured workdir, so a test controls both what a run reports and

@@ -16,7 +16,7 @@ import json
 import dagster as dg
 
 from assets.constants import TABLE_TAG, table_key
-from assets.resources import IngestEngine
+from assets.resources import IngestPipeline
 from ingest.config import TableSpec
 from ingest.ops.status import TableStatus
 
@@ -42,8 +42,9 @@ def build_offsets_sensor(specs: list[TableSpec], *, minimum_interval_seconds: in
         description=f"Materializes each of the {len(keys)} CDC tables whose topic has offsets the table has not "
         "applied; the cursor follows every topic's end offsets.",
     )
-    def _sensor(context: dg.SensorEvaluationContext, ingest_engine: IngestEngine) -> dg.SensorResult | dg.SkipReason:
-        statuses = ingest_engine.statuses(list(keys))
+    def _sensor(context: dg.SensorEvaluationContext,
+                ingest_pipeline: IngestPipeline) -> dg.SensorResult | dg.SkipReason:
+        statuses = ingest_pipeline.statuses(list(keys))
         cursor = _cursor(context.cursor)
         requests, skipped = [], []
         in_flight = runs_in_flight(context.instance, list(keys.values()))

@@ -1,6 +1,6 @@
 """One asset per configured table: materializing it drains the table's available changes.
 
-The asset calls the engine through the :class:`~assets.resources.IngestEngine` resource and turns
+The asset calls the engine through the :class:`~assets.resources.IngestPipeline` resource and turns
 its audit records into materialization metadata (counts, offsets, lag, Delta version, rows, schema,
 batch durations, path) and into the ``quality`` check: the table's Great Expectations results,
 blocking when the table's quality policy is ``fail``.
@@ -14,12 +14,12 @@ from typing import Any
 import dagster as dg
 
 from assets.constants import CDC_TABLES_GROUP, QUALITY_CHECK, table_key, table_pool
-from assets.resources import IngestEngine
+from assets.resources import IngestPipeline
 from ingest.config import TableSpec
-from ingest.deltaio import FRAMEWORK_NAMES, open_table, table_schema
-from ingest.engine import TableRun
+from ingest.lake.delta import FRAMEWORK_NAMES, open_table, table_schema
 from ingest.ops.status import TableStatus
 from ingest.secrets import redact
+from ingest.stream.runner import TableRun
 
 #: Counts summed over a run's batches and reported as metadata.
 COUNTS = ("received", "inserted", "updated", "deleted", "truncates", "superseded", "stale", "quarantined", "skipped")
@@ -54,10 +54,10 @@ def build_table_asset(spec: TableSpec) -> dg.AssetsDefinition:
             "quality_policy": spec.quality_policy,
         },
     )
-    def _table(context: dg.AssetExecutionContext, ingest_engine: IngestEngine) -> Iterator[dg.MaterializeResult]:
-        before = ingest_engine.status(spec.name)
-        run = ingest_engine.drain(spec.name)
-        after = ingest_engine.status(spec.name)
+    def _table(context: dg.AssetExecutionContext, ingest_pipeline: IngestPipeline) -> Iterator[dg.MaterializeResult]:
+        before = ingest_pipeline.status(spec.name)
+        run = ingest_pipeline.drain(spec.name)
+        after = ingest_pipeline.status(spec.name)
         for record in run.batches:
             context.log.info(
                 f"batch {record.batch_id}: received {record.received}, inserted {record.inserted}, updated "
@@ -65,7 +65,7 @@ def build_table_asset(spec: TableSpec) -> dg.AssetsDefinition:
                 f"-> Delta version {record.delta_version} ({record.total_ms} ms)"
             )
         yield dg.MaterializeResult(
-            metadata=materialization_metadata(spec, run, before, after, ingest_engine.paths(spec.name).table),
+            metadata=materialization_metadata(spec, run, before, after, ingest_pipeline.paths(spec.name).table),
             check_results=[quality_check_result(spec, run)],
             data_version=dg.DataVersion(str(after.delta_version)) if after.delta_version is not None else None,
         )

@@ -8,7 +8,7 @@ truncate, unchanged-TOAST placeholders keeping the stored value, added and widen
 quality gate, no quarantine, no audit, no crash safety: the bare minimum that still ends equal to
 the source. The engine must be at least as fast end to end (``bench_compare.py``).
 
-Only the position encoding (:class:`ingest.events.SourcePosition`) is shared with the engine, so
+Only the position encoding (:class:`ingest.model.SourcePosition`) is shared with the engine, so
 both write comparable ``_cdc_position`` text; every decode and apply step is this file's own.
 """
 
@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
-from ingest.events import SourcePosition
+from ingest.model import SourcePosition
 
 MARKER = "__debezium_unavailable_value"
 Convert = Callable[[list[Any]], pa.Array]
@@ -374,7 +374,7 @@ def main() -> None:
 
     from ingest.config import SparkSpec, load_config
     from ingest.source.topiclog import TopicLog
-    from ingest.spark import delta_session
+    from ingest.spark.session import delta_session
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--spark", type=Path, required=True, help="the workload's configuration")

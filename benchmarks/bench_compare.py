@@ -3,7 +3,7 @@
 Generates one simulated workload (snapshot, updates, deletes, duplicates, cross-partition
 reordering, a truncate, an added and a widened column, TOAST placeholders), applies it with the bare
 baseline (``benchmarks/bare.py``: json or fastavro + Arrow + delta-rs MERGE, no Spark) and with the
-engine (``ingest.engine.Engine``, no quality suites, as the bare script has none), verifies both
+engine (``ingest.stream.runner.Runner``, no quality suites, as the bare script has none), verifies both
 against the simulator's truth, and prints a table. The engine's one-time Spark session start and
 the start of its streaming queries are excluded (and shown); every batch, the first included,
 counts. The last line is
@@ -82,8 +82,8 @@ from harness.simulator import Truth
 from kafka_copy import KafkaLog, kafka_config
 
 from ingest.config import IngestConfig, load_config
-from ingest.engine import Engine
 from ingest.source.topiclog import TopicLog
+from ingest.stream.runner import Runner
 from ingest.verify.compare import verify_table
 
 console = Console()
@@ -137,7 +137,7 @@ def _burn(stop_at: float) -> None:
         x += 1
 
 
-def jvm_peak_mb(engine: Engine) -> float | None:
+def jvm_peak_mb(engine: Runner) -> float | None:
     proc = getattr(engine.spark.sparkContext._gateway, "proc", None)
     if proc is None:
         return None
@@ -174,7 +174,7 @@ class EngineRun:
         return self.run_s - self.query_start_s
 
 
-def run_engine(engine: Engine, *, busy_core: bool) -> EngineRun:
+def run_engine(engine: Runner, *, busy_core: bool) -> EngineRun:
     hog = None
     if busy_core:
         hog = multiprocessing.Process(target=_burn, args=(time.time() + 3600,), daemon=True)
@@ -362,7 +362,7 @@ def bare_spark(batch: int, config: IngestConfig, truth: Truth) -> float:
 def compare(args: argparse.Namespace, config: IngestConfig, config_checked: IngestConfig, records: int,
             base: Baselines, meter: CpuMeter, event_log: Path | None) -> None:
     """Run the engine (and with ``--quality`` its checked runs), then print the table and the ratio."""
-    engine = Engine(config)
+    engine = Runner(config)
     t0 = time.perf_counter()
     engine.spark  # noqa: B018 -- the one-time session start is not measured
     start_s = time.perf_counter() - t0
@@ -382,12 +382,12 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
                     shutil.rmtree(directory, ignore_errors=True)
             on_side = config_checked.model_copy(
                 update={"quality": config_checked.quality.model_copy(update={"validate_on": side})})
-            by_side[side] = run_engine(Engine(on_side, spark=engine.spark), busy_core=args.busy_core)
+            by_side[side] = run_engine(Runner(on_side, spark=engine.spark), busy_core=args.busy_core)
         # The first run also warmed the JVM up: the suites are compared with a second run without them.
         for directory in (config.tables_root, config.checkpoint_root):
             shutil.rmtree(directory, ignore_errors=True)
         console.print("engine without suites, again (warm, like the run with suites): running")
-        plain_again = run_engine(Engine(config, spark=engine.spark), busy_core=args.busy_core)
+        plain_again = run_engine(Runner(config, spark=engine.spark), busy_core=args.busy_core)
     checked = next(iter(by_side.values()), None)  # the table's column: the first side's run
 
     out = Table(title=f"{records:,} {args.format} records, batches of <= {args.batch:,} per table"

@@ -33,14 +33,14 @@ import bench_merge
 from rich.console import Console
 from rich.table import Table
 
-from ingest.apply.microbatch import MicroBatch
+from ingest.apply.batch import MicroBatch
 from ingest.apply.pipeline import apply_parts
 from ingest.apply.spark_batch import apply_on_executors
-from ingest.apply.tablestate import load_state
-from ingest.audit import AuditRecord
-from ingest.deltaio import open_table, read_all
-from ingest.lake import LakePath
-from ingest.spark import arrow_frame
+from ingest.commit.state import load_state
+from ingest.lake.delta import open_table, read_all
+from ingest.lake.location import LakePath
+from ingest.records.audit import AuditRecord
+from ingest.spark.session import arrow_frame
 
 console = Console()
 WAYS = ("driver", "executors")

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest.config import load_config
-from ingest.engine import Engine
+from ingest.stream.runner import Runner
 
 console = Console()
 
@@ -53,7 +53,7 @@ def main() -> None:
     prepare_workload(config, events=args.events, seed=11, malformed_fraction=0.0)
     generate_s = time.perf_counter() - t0
 
-    engine = Engine(config)
+    engine = Runner(config)
     t0 = time.perf_counter()
     engine.spark  # noqa: B018 -- start the session outside the measured window
     startup_s = time.perf_counter() - t0

@@ -42,11 +42,11 @@ import bench_merge
 from rich.console import Console
 from rich.table import Table
 
-from ingest.apply import delta_spark
-from ingest.apply.delta_spark import DeltaSparkEngine, ident
 from ingest.apply.pipeline import apply_parts
-from ingest.lake import LakePath
-from ingest.spark import get_spark, session_conf, spark_location
+from ingest.commit import delta_spark
+from ingest.commit.delta_spark import DeltaSparkWriter, ident
+from ingest.lake.location import LakePath
+from ingest.spark.session import get_spark, session_conf, spark_location
 
 console = Console()
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -131,7 +131,7 @@ def main() -> None:
     conf = {**session_conf(["delta-spark"], {}), "spark.ui.enabled": "true", "spark.ui.port": str(port)}
     spark = get_spark("local[2]", 2, tuple(sorted(conf.items())))
     metrics = SqlMetrics(port, spark.sparkContext.applicationId)
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     try:
         console.print(f"table of {args.rows:,} rows")
         paths, source = bench_merge.build(LakePath.local_dir(workdir), args.rows, 128)

@@ -41,8 +41,8 @@ from harness.torture.process import IngestProcess
 from rich.console import Console
 from rich.table import Table
 
-from ingest import audit
 from ingest.config import load_config
+from ingest.records import audit
 from ingest.verify.capture import wait_for_capture
 from ingest.verify.source_db import wait_for_tables
 

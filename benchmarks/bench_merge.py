@@ -12,7 +12,7 @@ through the engine's whole driver path (parts -> reduce -> plan -> delta-rs MERG
   table. Reported, not a target for delta-rs.
 * **new keys**: inserts of keys the table does not hold (an initial snapshot that spans many
   batches, an append-only table). delta-spark appends such a batch instead of merging it
-  (:func:`ingest.apply.commit.may_append`); with ``--engine delta-spark`` the same batches are also
+  (:func:`ingest.commit.writer.may_append`); with ``--engine delta-spark`` the same batches are also
   run with that turned off (**new keys, merged**: patched here, not a setting), round by round in
   turn, to show what the append saves.
 
@@ -69,15 +69,15 @@ from deltalake import write_deltalake
 from rich.console import Console
 from rich.table import Table
 
-from ingest.apply.commit import ApplyEngine
-from ingest.apply.delta_rs import DeltaRsEngine
 from ingest.apply.pipeline import apply_parts
+from ingest.commit.delta_rs import DeltaRsWriter
+from ingest.commit.writer import Writer
 from ingest.config import TableSpec, TargetSpec
 from ingest.decode.parts import PartsBuilder
-from ingest.deltaio import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, open_table
-from ingest.events import ChangeEvent, ColumnSpec, SourcePosition
-from ingest.lake import LakePath, delta_storage_options
-from ingest.paths import TablePaths
+from ingest.lake.delta import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, open_table
+from ingest.lake.location import LakePath, delta_storage_options
+from ingest.lake.tables import TablePaths
+from ingest.model import ChangeEvent, ColumnSpec, SourcePosition
 
 console = Console()
 COLUMNS = (ColumnSpec("id", "long", False), ColumnSpec("customer_id", "integer"), ColumnSpec("amount", "decimal(12,2)"),
@@ -144,7 +144,7 @@ def build(root: LakePath, rows: int, file_mb: int, spec: TableSpec = SPEC) -> tu
     paths = TablePaths(root / "orders", root / "_cdc_tombstones" / "orders", root / "_cdc_audit",
                        root / "_cdc_quarantine")
     source = Source(rows)
-    engine = DeltaRsEngine(target_file_size=file_mb * 1024 * 1024)
+    engine = DeltaRsWriter(target_file_size=file_mb * 1024 * 1024)
     apply_parts(spec, paths, source.parts([rows + 10_000_000]), batch_id=0, run_id="build",  # engine-made table
                 engine=engine)
     table = open_table(paths.table)
@@ -174,21 +174,21 @@ def build(root: LakePath, rows: int, file_mb: int, spec: TableSpec = SPEC) -> tu
     return paths, source
 
 
-def make_engine(name: str, file_mb: int) -> ApplyEngine:
+def make_engine(name: str, file_mb: int) -> Writer:
     if name == "delta-rs":
-        return DeltaRsEngine(target_file_size=file_mb * 1024 * 1024)
-    from ingest.apply.delta_spark import DeltaSparkEngine
-    from ingest.spark import get_spark, session_conf
+        return DeltaRsWriter(target_file_size=file_mb * 1024 * 1024)
+    from ingest.commit.delta_spark import DeltaSparkWriter
+    from ingest.spark.session import get_spark, session_conf
 
     spark = get_spark("local[2]", 2, tuple(sorted(session_conf(["delta-spark", "hadoop-aws"], {}).items())))
-    return DeltaSparkEngine(spark)
+    return DeltaSparkWriter(spark)
 
 
-def enable_deletion_vectors(engine: ApplyEngine, paths: TablePaths) -> None:
-    from ingest.apply.delta_spark import DeltaSparkEngine, ident
-    from ingest.spark import spark_location
+def enable_deletion_vectors(engine: Writer, paths: TablePaths) -> None:
+    from ingest.commit.delta_spark import DeltaSparkWriter, ident
+    from ingest.spark.session import spark_location
 
-    if isinstance(engine, DeltaSparkEngine):
+    if isinstance(engine, DeltaSparkWriter):
         engine.spark.sql(f"ALTER TABLE delta.{ident(spark_location(engine.spark, paths.table))} "
                          "SET TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
 
@@ -199,12 +199,12 @@ def rewritten(metrics: dict[str, str]) -> tuple[int, int]:
     return int(files), int(metrics.get("numTargetDeletionVectorsAdded", 0))
 
 
-def _baseline(kind: str, engine: ApplyEngine) -> AbstractContextManager[object]:
+def _baseline(kind: str, engine: Writer) -> AbstractContextManager[object]:
     """The delta-spark engine patched for a baseline kind (not settings): *new keys, merged* merges
     every batch, new keys only included (the baseline of the append); *random, unlisted* lists no
     keys in the MERGE's condition (the baseline of the list); *random, driver lookup* reads the
     batch's stored rows on the driver however large their range (the baseline of the executors')."""
-    from ingest.apply import delta_spark
+    from ingest.commit import delta_spark
 
     if kind.endswith("merged"):
         return patch.object(delta_spark, "may_append", lambda *_args, **_kwargs: False)
@@ -215,13 +215,13 @@ def _baseline(kind: str, engine: ApplyEngine) -> AbstractContextManager[object]:
     return nullcontext()
 
 
-def bare_merge(engine: ApplyEngine, paths: TablePaths, parts: list[pa.RecordBatch]) -> None:
+def bare_merge(engine: Writer, paths: TablePaths, parts: list[pa.RecordBatch]) -> None:
     """The batch's after-images merged by key with delta-spark and nothing else (*random, bare MERGE*)."""
     from delta.tables import DeltaTable
 
-    from ingest.apply.microbatch import MicroBatch
-    from ingest.apply.tablestate import TableState
-    from ingest.spark import arrow_frame, spark_location
+    from ingest.apply.batch import MicroBatch
+    from ingest.commit.state import TableState
+    from ingest.spark.session import arrow_frame, spark_location
 
     spark = engine.session()  # type: ignore[attr-defined]
     names = [c.name for c in COLUMNS] + ["_cdc_position"]

@@ -35,14 +35,14 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from ingest.apply.microbatch import MicroBatch
+from ingest.apply.batch import MicroBatch
 from ingest.apply.pipeline import apply_parts as process_batch
-from ingest.apply.reduce import reduce_changes
-from ingest.apply.tablestate import TableState
+from ingest.apply.rules.reduce import reduce_changes
+from ingest.commit.state import TableState
 from ingest.config import TableSpec
 from ingest.decode.parts import PartsBuilder
-from ingest.events import ChangeEvent, ColumnSpec, SourcePosition
-from ingest.paths import TablePaths
+from ingest.lake.tables import TablePaths
+from ingest.model import ChangeEvent, ColumnSpec, SourcePosition
 from ingest.quality import QualityGate, ResultStore, load_suite
 
 console = Console()

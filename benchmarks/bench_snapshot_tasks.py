@@ -1,6 +1,6 @@
 """Delta's snapshot tasks on a local master: its default (50) against one per core (not a test).
 
-``ingest.spark.get_spark`` sets ``spark.databricks.delta.snapshotPartitions`` to the local master's
+``ingest.spark.session.get_spark`` sets ``spark.databricks.delta.snapshotPartitions`` to the local master's
 cores. This builds small tables with deletion vectors through the delta-spark engine (a few MERGE
 commits each), then maintains them as ``assets.maintenance`` does -- ``OPTIMIZE ... ZORDER BY`` and
 ``VACUUM ... RETAIN 0 HOURS`` -- in sessions that differ only in that setting, alternating which
@@ -22,10 +22,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ingest.apply.delta_spark import DeltaSparkEngine, ident
 from ingest.apply.pipeline import apply_parts
+from ingest.commit.delta_spark import DeltaSparkWriter, ident
 from ingest.config import TableSpec
-from ingest.spark import SNAPSHOT_PARTITIONS, get_spark, session_conf
+from ingest.spark.session import SNAPSHOT_PARTITIONS, get_spark, session_conf
 from tests.factories import change, decoded_rows
 from tests.harness import paths_in
 
@@ -36,7 +36,7 @@ WAYS = {"Delta's default": "50", "one per core": None}
 
 def _table(spark, root: Path, batches: int) -> str:
     paths = paths_in(root, "customers")
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     for b in range(batches):
         items = ([change("c", 10 * b + k, 10 * b + k, name=f"n{b}") for k in range(3)]
                  + [change("d", 10 * (b - 1), 10 * b + 5)] * (b > 0))

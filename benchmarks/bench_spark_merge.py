@@ -42,7 +42,7 @@ def child(rows: int, batch: int, merges: int, conf: dict[str, str]) -> dict[str,
     import pyarrow as pa
     from delta.tables import DeltaTable
 
-    from ingest.spark import get_spark, session_conf
+    from ingest.spark.session import get_spark, session_conf
 
     work = Path(tempfile.mkdtemp(prefix="bench-spark-merge-"))
     events = work / "events"

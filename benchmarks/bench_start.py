@@ -2,7 +2,7 @@
 
 A caught-up run is almost all start-up: Python imports, the driver JVM and its context, the Python
 workers' warm-up and the streaming query's start. This times that command, end to end as a user runs
-it, with the driver's class archive (:mod:`ingest.class_archive`) and without it
+it, with the driver's class archive (:mod:`ingest.spark.class_archive`) and without it
 (``INGEST_CLASS_ARCHIVE=off``), alternating which goes first, on the demo's tables with the engine
 given (delta-spark loads Delta's classes too).
 
@@ -28,8 +28,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.demo import prepare_workload
 
-from ingest.class_archive import SWITCH, build
 from ingest.config import load_config
+from ingest.spark.class_archive import SWITCH, build
 
 console = Console(width=120)
 ROOT = Path(__file__).resolve().parent.parent

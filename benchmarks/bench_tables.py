@@ -35,9 +35,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest.config import IngestConfig, load_config
-from ingest.deltaio import open_table, read_all
-from ingest.engine import Engine
+from ingest.lake.delta import open_table, read_all
 from ingest.source.topiclog import ProducerRecord, TopicLog
+from ingest.stream.runner import Runner
 
 console = Console()
 TS_MS = 1_767_225_600_000
@@ -91,7 +91,7 @@ def verify(config: IngestConfig, expected: dict[str, dict[int, str]]) -> bool:
     return True
 
 
-def _jvm_pid(engine: Engine) -> int | None:
+def _jvm_pid(engine: Runner) -> int | None:
     proc = getattr(engine.spark.sparkContext._gateway, "proc", None)
     return proc.pid if proc is not None else None
 
@@ -105,7 +105,7 @@ def _proc(pid: int) -> dict[str, float]:
             "cpu": (int(fields[11]) + int(fields[12])) / ticks}
 
 
-def idle(engine: Engine, seconds: float) -> list[dict[str, float]]:
+def idle(engine: Runner, seconds: float) -> list[dict[str, float]]:
     """Samples of driver and JVM while ``engine`` runs continuously over caught-up tables."""
     import threading
 
@@ -144,7 +144,7 @@ def main() -> None:
     # Warm-up, not counted: the session's first query pays the JVM's and the Python workers' start,
     # which would otherwise fall on whichever spread runs first.
     config, _ = workload(args.workdir / "warm-up", 1, 200)
-    engine = Engine(config)
+    engine = Runner(config)
     t0 = time.perf_counter()
     engine.run()
     console.print(f"warm-up (Spark session, first query; not counted): {time.perf_counter() - t0:.1f} s")
@@ -155,7 +155,7 @@ def main() -> None:
             config, expected = workload(args.workdir, n, args.records)
             console.print(f"[{turn + 1}/{args.repeat}] {n} tables x {args.records // n} records: written in "
                           f"{time.perf_counter() - t0:.1f} s")
-            engine = Engine(config, spark=engine.spark)
+            engine = Runner(config, spark=engine.spark)
             t0 = time.perf_counter()
             report = engine.run()
             seconds = time.perf_counter() - t0
@@ -184,7 +184,7 @@ def main() -> None:
     if args.idle_seconds:
         last = results[-1]
         console.print(f"continuous mode over {last['tables']} idle tables for {args.idle_seconds:.0f} s")
-        engine = Engine(last["config"], spark=engine.spark)
+        engine = Runner(last["config"], spark=engine.spark)
         samples = idle(engine, args.idle_seconds)
         if len(samples) >= 2:
             first, final = samples[0], samples[-1]

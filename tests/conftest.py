@@ -37,7 +37,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def spark():
     from ingest.errors import EnvironmentProblem
-    from ingest.spark import DRIVER_JAVA_OPTIONS, QUICK_JIT, get_spark, session_conf
+    from ingest.spark.session import DRIVER_JAVA_OPTIONS, QUICK_JIT, get_spark, session_conf
 
     # Spark's Kafka source, delta-spark and S3A must be on the classpath when the one session starts:
     # tests/stack read the real Kafka through it, the delta-spark engine's tests MERGE with it, and
@@ -74,18 +74,18 @@ def apply_engine(request: pytest.FixtureRequest) -> Any:
     A module opts in with ``pytestmark = pytest.mark.usefixtures("apply_engine")``: its semantics
     must hold on both engines (issue 11).
     """
-    from ingest.apply.delta_rs import DeltaRsEngine
+    from ingest.commit.delta_rs import DeltaRsWriter
     from tests import harness
 
     if request.param == "delta-rs":
-        engine: Any = DeltaRsEngine()
+        engine: Any = DeltaRsWriter()
     else:
-        from ingest.apply.delta_spark import DeltaSparkEngine
+        from ingest.commit.delta_spark import DeltaSparkWriter
 
         # The tests' tables are small: read their stored rows on the executors, as a large table's
         # are, so the semantics hold on that path. The driver's read is the delta-rs engine's, and
         # tests/apply/test_spark_lookup.py compares the two on a table with deletion vectors.
-        engine = DeltaSparkEngine(request.getfixturevalue("spark"), driver_lookup_rows=0)
+        engine = DeltaSparkWriter(request.getfixturevalue("spark"), driver_lookup_rows=0)
     harness.use_engine(engine)
     yield engine
     harness.use_engine(None)

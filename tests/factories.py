@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from ingest.decode.parts import PartsBuilder
-from ingest.events import ChangeEvent, ColumnSpec, ControlRecord, SourcePosition
+from ingest.model import ChangeEvent, ColumnSpec, ControlRecord, SourcePosition
 
 COLUMNS = (
     ColumnSpec("id", "integer", False),

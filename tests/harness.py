@@ -20,26 +20,26 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
-from ingest.apply.commit import ApplyEngine
-from ingest.apply.microbatch import MicroBatch
+from ingest.apply.batch import MicroBatch
 from ingest.apply.pipeline import BatchResult, process_batch
-from ingest.apply.tablestate import load_state
-from ingest.changes import CHANGE_COLUMNS
+from ingest.commit.state import load_state
+from ingest.commit.writer import Writer
 from ingest.config import IngestConfig, TableSpec, load_config
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
-from ingest.deltaio import FRAMEWORK_NAMES, open_table, read_all
-from ingest.paths import TablePaths
+from ingest.lake.delta import FRAMEWORK_NAMES, open_table, read_all
+from ingest.lake.tables import TablePaths
+from ingest.read.changes import CHANGE_COLUMNS
 
 #: The apply engine the harness commits with (``None``: process_batch's default, delta-rs); set by
 #: the ``apply_engine`` fixture (tests/conftest.py), which runs a module's tests on both engines.
-_ENGINE: list[ApplyEngine | None] = [None]
+_ENGINE: list[Writer | None] = [None]
 
 
-def use_engine(engine: ApplyEngine | None) -> None:
+def use_engine(engine: Writer | None) -> None:
     _ENGINE[0] = engine
 
 
-def current_engine() -> ApplyEngine | None:
+def current_engine() -> Writer | None:
     return _ENGINE[0]
 
 
@@ -155,7 +155,7 @@ def rows(paths: TablePaths, *, live_only: bool = True) -> dict[Any, dict[str, An
 def fold_feed(feed: pa.Table, key_columns: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
     """A table's live rows rebuilt from its change data feed alone (user columns, by key).
 
-    ``feed`` is :func:`ingest.changes.changes`' result, ordered by version, key and change type: each
+    ``feed`` is :func:`ingest.read.changes.changes`' result, ordered by version, key and change type: each
     key's last insert or update post-image stands, a delete removes it, and a soft-deleted row is
     not live.
     """

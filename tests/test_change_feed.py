@@ -18,15 +18,15 @@ import yaml
 from deltalake import DeltaTable
 from typer.testing import CliRunner
 
-from ingest import audit
-from ingest.apply.engines import build
 from ingest.apply.pipeline import apply_parts
-from ingest.changes import ChangeFeedError, ChangeRange, changes
 from ingest.cli import app
+from ingest.commit.writers import build
 from ingest.config import IngestConfig, load_config
-from ingest.deltaio import read_all, records_change_feed
-from ingest.events import ColumnSpec
-from ingest.paths import TablePaths
+from ingest.lake.delta import read_all, records_change_feed
+from ingest.lake.tables import TablePaths
+from ingest.model import ColumnSpec
+from ingest.read.changes import ChangeFeedError, ChangeRange, changes
+from ingest.records import audit
 from tests.factories import COLUMNS, change, decoded_rows
 from tests.harness import Topic, current_engine, ingest_batch, key, pg, use_engine
 
@@ -141,12 +141,12 @@ def test_a_widening_is_not_reported_as_changed_rows(tmp_path: Path) -> None:
 def test_a_table_created_without_the_feed_records_it_from_its_next_batch(tmp_path: Path) -> None:
     _, off = _config(tmp_path, change_data_feed=False)
     spec, paths = off.table("t"), TablePaths.of(off, "t")
-    use_engine(build(off.engine_of(spec), off))
+    use_engine(build(off.writer_of(spec), off))
     apply_parts(spec, paths, decoded_rows([change("c", k, 10 + k) for k in (1, 2, 3)]), batch_id=0, run_id="r",
                 engine=current_engine())
     assert not records_change_feed(DeltaTable(str(paths.table)))
     _, on = _config(tmp_path)  # the default: change_data_feed on
-    use_engine(build(on.engine_of(spec), on))
+    use_engine(build(on.writer_of(spec), on))
     later = [change("u", 1, 50, name="later"), change("d", 2, 60)]
     apply_parts(spec, paths, decoded_rows(later, first_offset=3), batch_id=1, run_id="r", engine=current_engine())
     table = DeltaTable(str(paths.table))
@@ -161,7 +161,7 @@ def test_a_table_created_without_the_feed_records_it_from_its_next_batch(tmp_pat
 
 def test_a_table_without_the_feed_and_a_bad_range_are_clear_errors(tmp_path: Path) -> None:
     _, config = _config(tmp_path, change_data_feed=False)
-    use_engine(build(config.engine_of(config.table("t")), config))  # the config's engines: feed off
+    use_engine(build(config.writer_of(config.table("t")), config))  # the config's engines: feed off
     _workload(config, batches=1)
     with pytest.raises(ChangeFeedError, match="change data feed is not enabled"):
         changes(config, "t", ChangeRange(from_version=0))

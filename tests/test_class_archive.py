@@ -1,4 +1,4 @@
-"""The driver JVM's class archive (ingest.class_archive): named when built, mapped by a real driver."""
+"""The driver JVM's class archive (ingest.spark.class_archive): named when built, mapped by a real driver."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from ingest import class_archive
-from ingest.spark import DRIVER_JAVA_OPTIONS, driver_java_options
+from ingest.spark import class_archive
+from ingest.spark.session import DRIVER_JAVA_OPTIONS, driver_java_options
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_a_driver_jvm_loads_sparks_classes_from_the_archive(tmp_path):
     assert path is not None and path.is_file()
     log = tmp_path / "classes.txt"
     script = textwrap.dedent(f"""
-        from ingest.spark import get_spark
+        from ingest.spark.session import get_spark
         spark = get_spark("local[1]", 1, (("spark.driver.extraJavaOptions", "-Xlog:class+load=info:file={log}"),))
         spark.stop()
     """)

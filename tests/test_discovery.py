@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from ingest.config import KafkaSpec, load_config
-from ingest.deltaio import has_deletion_vectors, open_table, read_all
-from ingest.discovery import discovered, table_name, with_discovered
-from ingest.engine import Engine
 from ingest.errors import ConfigError, SourceUnavailableError
+from ingest.lake.delta import has_deletion_vectors, open_table, read_all
 from ingest.source import EmbeddedSource, KafkaSource
+from ingest.source.discovery import discovered, table_name, with_discovered
 from ingest.source.topiclog import ProducerRecord, TopicLog
+from ingest.stream.runner import Runner
 from tests.harness import TS, key, pg
 
 PATTERN = r"shop\.public\.[^.]+"
@@ -123,7 +123,7 @@ def test_a_run_ingests_every_matching_topic_with_defaults_and_overrides(tmp_path
     produce(log, "shop.public.customers", [("c", {"id": 1, "name": "x"}, 10), ("d", {"id": 1, "name": "x"}, 20)])
     produce(log, "elsewhere.public.noise", [("c", {"id": 1}, 10)])
 
-    report = Engine(config, spark=spark).run()
+    report = Runner(config, spark=spark).run()
     assert sorted(report.tables) == ["crm", "public_order_lines", "public_orders"] and not report.failed
     orders = rows(config, "public_orders")
     assert len(orders) == 5 and orders[0]["_cdc_deleted"] is True  # the default: soft deletes
@@ -156,7 +156,7 @@ def test_a_topic_that_appears_while_running_is_picked_up(tmp_path, spark):
     log = TopicLog(config.log_dir)
     produce(log, "shop.public.first", [("c", {"id": 1, "v": "a"}, 10)])
     reports = []
-    engine = Engine(config, spark=spark)
+    engine = Runner(config, spark=spark)
     runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=90)))
     runner.start()
     deadline = time.monotonic() + 40
@@ -190,13 +190,13 @@ def test_one_failing_table_among_many_stops_alone_and_resumes_from_its_own_log(t
     topics = [f"shop.public.t{i}" for i in range(6)]
     for topic in topics:
         produce(log, topic, [("c", {"id": k, "qty": 1}, 10 + k) for k in range(4)])
-    first = Engine(config, spark=spark).run()
+    first = Runner(config, spark=spark).run()
     assert len(first.tables) == 6 and not first.failed
 
     for topic in topics:  # the guarded table's batch breaks its suite; the others' is fine
         produce(log, topic, [("u", {"id": 1, "qty": 99 if topic.endswith("t3") else 2}, 100),
                              ("c", {"id": 9, "qty": 3}, 101)])
-    second = Engine(config, spark=spark).run()
+    second = Runner(config, spark=spark).run()
     assert second.failed == ["guarded"] and "policy 'fail'" in second.tables["guarded"].error
     for name in ("public_t0", "public_t1", "public_t2", "public_t4", "public_t5"):
         assert second.tables[name].total("updated") == 1 and second.tables[name].total("inserted") == 1
@@ -208,7 +208,7 @@ def test_one_failing_table_among_many_stops_alone_and_resumes_from_its_own_log(t
     relaxed = {**guarded, "quality_policy": "warn"}
     raw["tables"] = [relaxed]
     path.write_text(yaml.safe_dump(raw))
-    third = Engine(load_config(path), spark=spark).run()
+    third = Runner(load_config(path), spark=spark).run()
     assert not third.failed
     assert third.tables["guarded"].total("updated") == 1 and third.tables["guarded"].total("inserted") == 1
     assert rows(config, "guarded")[1]["qty"] == 99 and len(rows(config, "guarded")) == 5
@@ -218,9 +218,10 @@ def test_one_failing_table_among_many_stops_alone_and_resumes_from_its_own_log(t
 
 @pytest.mark.spark
 def test_in_a_continuous_run_a_transient_stop_catches_up_alone_and_a_terminal_one_stays(tmp_path, spark, monkeypatch):
-    from ingest import audit, handler
     from ingest.errors import RegistryUnavailableError, TableError
-    from ingest.paths import TablePaths
+    from ingest.lake.tables import TablePaths
+    from ingest.records import audit
+    from ingest.stream import callback as handler
 
     path = write_config(tmp_path / "work")
     raw = yaml.safe_load(path.read_text())
@@ -245,7 +246,7 @@ def test_in_a_continuous_run_a_transient_stop_catches_up_alone_and_a_terminal_on
         return real(spec, *args, **kwargs)
 
     monkeypatch.setattr(handler, "apply_parts", faulty)
-    engine = Engine(config, spark=spark)
+    engine = Runner(config, spark=spark)
     reports: list[Any] = []
     runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=240)))
     runner.start()

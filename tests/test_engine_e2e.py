@@ -10,9 +10,9 @@ import pytest
 import yaml
 from harness.demo import TableFingerprint, prepare_workload, truth_dir, verify_all
 
-from ingest import audit, quarantine
-from ingest.engine import Engine
+from ingest.records import audit, quarantine
 from ingest.source.topiclog import ProducerRecord, TopicLog
+from ingest.stream.runner import Runner
 from tests.harness import make_config
 
 pytestmark = pytest.mark.spark
@@ -38,7 +38,7 @@ def ingested(request, tmp_path_factory, spark):
         real = spark_batch.apply_on_executors
         patch.setattr(spark_batch, "apply_on_executors", lambda spec, *a, **k: planned.append(spec.name) or real(
             spec, *a, **k))
-        report = Engine(config, spark=spark).run()
+        report = Runner(config, spark=spark).run()
     batches = sum(len(t.batches) for t in report.tables.values())
     # the executors planned most batches (a batch of only truncates, say, goes to the driver), or none
     assert len(planned) >= batches - 3 if request.param.endswith("-executors") else not planned
@@ -63,7 +63,7 @@ def ingested_history(request, tmp_path_factory, spark):
     with pytest.MonkeyPatch.context() as patch:
         real = spark_batch.history_on_executors
         patch.setattr(spark_batch, "history_on_executors", lambda *a, **k: planned.append(1) or real(*a, **k))
-        report = Engine(config, spark=spark).run()
+        report = Runner(config, spark=spark).run()
     batches = sum(len(t.batches) for t in report.tables.values())
     # the executors derived most batches' versions (a batch of only truncates goes to the driver), or none
     assert len(planned) >= batches - 3 if on_executors else not planned
@@ -77,10 +77,10 @@ def test_history_tables_hold_the_source_as_current_rows_and_well_formed_versions
     replay of everything changes nothing."""
     from harness.simulator import Truth
 
-    from ingest.apply.tablestate import load_state
-    from ingest.changes import ChangeRange, changes
-    from ingest.deltaio import read_all
-    from ingest.paths import TablePaths
+    from ingest.commit.state import load_state
+    from ingest.lake.delta import read_all
+    from ingest.lake.tables import TablePaths
+    from ingest.read.changes import ChangeRange, changes
     from tests.harness import fold_feed, history_problems, live_by_key, stored_versions, versions_of_history
 
     config, report = ingested_history
@@ -107,7 +107,7 @@ def test_history_tables_hold_the_source_as_current_rows_and_well_formed_versions
         assert fold_feed(feed, versions) == live_by_key(state.table, versions), spec.name
         before[spec.name] = TableFingerprint.of(config.table_path(spec.name))
     assert all(r["balanced"] for r in audit.read(config.tables_root / "_cdc_audit").to_pylist())
-    Engine(config, spark=spark).run(from_beginning=True)
+    Runner(config, spark=spark).run(from_beginning=True)
     assert before == {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
 
 
@@ -121,8 +121,8 @@ def test_tables_equal_the_source(ingested):
 def test_every_tables_change_feed_folds_to_its_rows(ingested):
     """Issue 12.7 on the simulator's history (duplicates, reorders, a truncate, an added column, TOAST):
     each table's feed from version 0, folded by key, is the table that equals the source's truth."""
-    from ingest.apply.tablestate import load_state
-    from ingest.changes import ChangeRange, changes
+    from ingest.commit.state import load_state
+    from ingest.read.changes import ChangeRange, changes
     from tests.harness import fold_feed, live_by_key
 
     config, _ = ingested
@@ -159,7 +159,7 @@ def test_malformed_messages_are_quarantined_with_reasons(ingested):
 def test_replay_of_everything_changes_no_table(ingested, spark):
     config, _ = ingested
     before = {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
-    report = Engine(config, spark=spark).run(from_beginning=True)
+    report = Runner(config, spark=spark).run(from_beginning=True)
     after = {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
     assert before == after
     assert all(not t.batches for t in report.tables.values())
@@ -170,7 +170,7 @@ def test_each_tables_share_of_a_micro_batch_stays_within_its_bound(tmp_path, spa
     config = make_config(tmp_path, batch=100_000)
     config = config.model_copy(update={"source": config.source.model_copy(update={"max_records_per_table": 150})})
     prepare_workload(config, events=1200, seed=5, malformed_fraction=0.0)
-    report = Engine(config, spark=spark).run()
+    report = Runner(config, spark=spark).run()
     assert not report.failed
     rows = audit.read(config.tables_root / "_cdc_audit").to_pylist()
     assert 140 <= max(r["received"] for r in rows) <= 150  # the bound holds (shares round down)
@@ -202,11 +202,11 @@ def test_lost_checkpoint_resumes_from_delta_without_rereading(tmp_path, spark):
     config = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name == "notes")})
     log = TopicLog(config.log_dir)
     _produce(log, "app.notes", [("c", {"id": i, "body": f"v{i}"}, 100 + i) for i in range(10)])
-    first = Engine(config, spark=spark).run()
+    first = Runner(config, spark=spark).run()
     assert first.tables["notes"].total("inserted") == 10
     shutil.rmtree(config.checkpoint_root)
     _produce(log, "app.notes", [("u", {"id": 1, "body": "changed"}, 200), ("d", {"id": 2}, 201)])
-    second = Engine(config, spark=spark).run()
+    second = Runner(config, spark=spark).run()
     run = second.tables["notes"]
     assert run.already_applied == 0  # resumed from the Delta log: no re-read
     assert run.total("received") == 2 and run.total("updated") == 1 and run.total("deleted") == 1
@@ -219,10 +219,10 @@ def test_incompatible_change_stops_only_that_table(tmp_path, spark):
     log = TopicLog(config.log_dir)
     _produce(log, "app.good", [("c", {"id": 1, "body": "x"}, 10)])
     _produce(log, "app.bad", [("c", {"id": 1, "body": "x"}, 10)])
-    assert not Engine(config, spark=spark).run().failed
+    assert not Runner(config, spark=spark).run().failed
     _produce(log, "app.bad", [("u", {"id": 1, "body": 5}, 20)])
     _produce(log, "app.good", [("u", {"id": 1, "body": "y"}, 20)])
-    report = Engine(config, spark=spark).run()
+    report = Runner(config, spark=spark).run()
     assert report.failed == ["bad"]
     assert "'body'" in report.tables["bad"].error and "string" in report.tables["bad"].error
     assert report.tables["good"].total("updated") == 1
@@ -252,7 +252,7 @@ def test_continuous_mode_picks_up_records_appended_while_running(tmp_path, spark
     config = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name == "live")})
     log = TopicLog(config.log_dir)
     _produce(log, "app.live", [("c", {"id": 1, "body": "a"}, 10)])
-    from ingest.deltaio import open_table, read_all
+    from ingest.lake.delta import open_table, read_all
 
     def live_rows() -> int:
         table = open_table(config.table_path("live"))
@@ -264,7 +264,7 @@ def test_continuous_mode_picks_up_records_appended_while_running(tmp_path, spark
             time.sleep(0.5)
 
     reports = []
-    engine = Engine(config, spark=spark)
+    engine = Runner(config, spark=spark)
     runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=120)))
     runner.start()
     wait_for(1)  # the running query applied what was there when it started

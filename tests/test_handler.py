@@ -3,7 +3,7 @@
 The reader's workers decode as they read; messages whose schema the registry did not give back come
 to the driver as ``unavailable`` rows. The driver reads the same offsets again and decodes them
 itself; while the registry stays down the table's batch is retried (transient) and finally the
-table stops, with nothing committed. These tests drive :class:`~ingest.handler.BatchHandler` with
+table stops, with nothing committed. These tests drive :class:`~ingest.stream.callback.ForEachBatch` with
 the embedded log and a registry that is down for a number of decodes (no Spark: the callback only
 collects the frame's parts).
 """
@@ -17,12 +17,12 @@ import pyarrow as pa
 import pytest
 from harness.demo import prepare_workload
 
-from ingest.apply.tablestate import load_state
+from ingest.commit.state import load_state
 from ingest.config import IngestConfig
 from ingest.decode import columnar
 from ingest.errors import RegistryUnavailableError
-from ingest.handler import AllTablesStopped, BatchHandler, RunReport, TableRun
-from ingest.paths import TablePaths
+from ingest.lake.tables import TablePaths
+from ingest.stream.callback import AllTablesStopped, ForEachBatch, RunReport, TableRun
 from tests.harness import make_config
 
 TABLE = "customers"
@@ -64,10 +64,10 @@ def registry_down(monkeypatch) -> dict[str, int]:
 
 
 def _run_one_batch(config: IngestConfig, monkeypatch, *,
-                   stops: bool = False) -> tuple[BatchHandler, RunReport, dict[str, int], list[Any]]:
+                   stops: bool = False) -> tuple[ForEachBatch, RunReport, dict[str, int], list[Any]]:
     spec = config.tables[0]
     report = RunReport("r1", {spec.name: TableRun(spec.name)})
-    handler = BatchHandler(config, [spec], report, "r1", None, {})
+    handler = ForEachBatch(config, [spec], report, "r1", None, {})
     assert handler.source is not None  # the embedded log decodes as it reads
     reads: list[Any] = []
     real_read = handler.source.read_arrow
@@ -77,7 +77,7 @@ def _run_one_batch(config: IngestConfig, monkeypatch, *,
         return real_read(topic, start, end)
 
     monkeypatch.setattr(handler.source, "read_arrow", read_arrow)
-    monkeypatch.setattr("ingest.handler.wait_exponential", lambda **_: lambda _state: 0)  # no back-off
+    monkeypatch.setattr("ingest.stream.callback.wait_exponential", lambda **_: lambda _state: 0)  # no back-off
     end = handler.source.end_offsets(spec.topic)
     start = {p: 0 for p in end}
     # What the reader's workers hand over: the batch decoded there (the registry is down for it too).
@@ -120,7 +120,7 @@ def test_a_registry_that_stays_down_stops_the_table_with_nothing_committed(tmp_p
     assert load_state(TablePaths.of(config, TABLE).table).table is None
 
 
-def _two_frames(config: IngestConfig, handler: BatchHandler) -> tuple[list[_Frame], dict[int, int]]:
+def _two_frames(config: IngestConfig, handler: ForEachBatch) -> tuple[list[_Frame], dict[int, int]]:
     """The table's records as two micro-batches (first and second half of every partition), decoded."""
     assert handler.source is not None
     topic = config.tables[0].topic
@@ -134,15 +134,15 @@ def _two_frames(config: IngestConfig, handler: BatchHandler) -> tuple[list[_Fram
 def test_the_next_batch_is_decoded_while_the_last_is_applied_and_they_commit_in_order(tmp_path, monkeypatch):
     import threading
 
-    import ingest.handler
+    import ingest.stream.callback
 
     config = _config(tmp_path)
     spec = config.tables[0]
     report = RunReport("r1", {spec.name: TableRun(spec.name)})
-    handler = BatchHandler(config, [spec], report, "r1", None, {})
+    handler = ForEachBatch(config, [spec], report, "r1", None, {})
     frames, end = _two_frames(config, handler)
     applying, release, events = threading.Event(), threading.Event(), []
-    real_apply = ingest.handler.apply_parts
+    real_apply = ingest.stream.callback.apply_parts
 
     def apply_parts(*args: Any, batch_id: int, **kwargs: Any) -> Any:
         events.append(f"apply {batch_id}")
@@ -151,7 +151,7 @@ def test_the_next_batch_is_decoded_while_the_last_is_applied_and_they_commit_in_
             assert release.wait(30)
         return real_apply(*args, batch_id=batch_id, **kwargs)
 
-    monkeypatch.setattr(ingest.handler, "apply_parts", apply_parts)
+    monkeypatch.setattr(ingest.stream.callback, "apply_parts", apply_parts)
     real_to_arrow = _Frame.toArrow
     monkeypatch.setattr(_Frame, "toArrow", lambda self: events.append(f"decode {frames.index(self)}")
                         or real_to_arrow(self))
@@ -173,18 +173,18 @@ def test_the_next_batch_is_decoded_while_the_last_is_applied_and_they_commit_in_
 
 
 def test_a_failure_of_the_batch_applied_in_the_background_stops_the_query_at_the_next_step(tmp_path, monkeypatch):
-    import ingest.handler
+    import ingest.stream.callback
 
     config = _config(tmp_path)
     spec = config.tables[0]
     report = RunReport("r1", {spec.name: TableRun(spec.name)})
-    handler = BatchHandler(config, [spec], report, "r1", None, {})
+    handler = ForEachBatch(config, [spec], report, "r1", None, {})
     frames, _end = _two_frames(config, handler)
 
     def append(*_args: Any, **_kwargs: Any) -> None:
         raise OSError("audit table: disk full")
 
-    monkeypatch.setattr(ingest.handler.audit, "append", append)
+    monkeypatch.setattr(ingest.stream.callback.audit, "append", append)
     handler(frames[0], 0)  # the audit append fails in the background
     with pytest.raises(OSError, match="disk full"):
         handler(frames[1], 1)  # decodes, then finds the last batch failed: batch 1 is not applied

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ingest import quarantine
-from ingest.quarantine import QuarantineRecord
+from ingest.records import quarantine
+from ingest.records.quarantine import QuarantineRecord
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 

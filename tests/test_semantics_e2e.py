@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ingest.cli import app
 from ingest.config import load_config
-from ingest.deltaio import has_deletion_vectors, open_table, read_all
+from ingest.lake.delta import has_deletion_vectors, open_table, read_all
 from tests.harness import flat, key, pg
 
 pytestmark = pytest.mark.spark

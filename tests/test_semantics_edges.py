@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ingest import audit
-from ingest.apply.tombstones import positions as tombstone_positions
-from ingest.apply.tombstones import purge as purge_tombstones
+from ingest.commit.remembered import positions as tombstone_positions
+from ingest.commit.remembered import purge as purge_tombstones
 from ingest.config import TableSpec
-from ingest.deltaio import open_table, read_all, table_schema
 from ingest.errors import SchemaIncompatibleError, TableError
+from ingest.lake.delta import open_table, read_all, table_schema
+from ingest.records import audit
 from tests.harness import Topic, envelope, flat, ingest_batch, ingest_in_batches, key, paths_in, pg, rows
 
 pytestmark = pytest.mark.usefixtures("apply_engine")

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from ingest import spark as spark_module
-from ingest.class_archive import java_option
 from ingest.config import IngestConfig, local_cores
-from ingest.spark import DRIVER_JAVA_OPTIONS, QUICK_JIT, driver_java_options, session_for
+from ingest.spark import session as spark_module
+from ingest.spark.class_archive import java_option
+from ingest.spark.session import DRIVER_JAVA_OPTIONS, QUICK_JIT, driver_java_options, session_for
 
 
 def _config(*, engine: str = "delta-rs", kafka_reader: str | None = None, jit: str = "auto",

@@ -15,12 +15,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ingest import audit
 from ingest.cli import app
 from ingest.config import IngestConfig, load_config
-from ingest.deltaio import open_table
-from ingest.paths import TablePaths
-from ingest.query import AsOf, TimeTravelError, history, run_sql
+from ingest.lake.delta import open_table
+from ingest.lake.tables import TablePaths
+from ingest.read.query import AsOf, TimeTravelError, history, run_sql
+from ingest.records import audit
 from tests.harness import Topic, current_engine, ingest_batch, key, pg
 
 pytestmark = pytest.mark.usefixtures("apply_engine")

@@ -2,18 +2,18 @@
 
 The journey (each step columnar; only messages held back become Python objects, as quarantine rows):
 
-1. unify the parts and drop what the table already applied (:class:`~ingest.apply.microbatch.MicroBatch`);
+1. unify the parts and drop what the table already applied (:class:`~ingest.apply.batch.MicroBatch`);
 2. hold back what cannot be applied: undecodable messages, changes whose key is not the table's;
    Kafka tombstones of a flattened stream become the deletes of their keys
-   (:mod:`ingest.apply.kafka_tombstones`); the schema change is planned (an incompatible one stops
+   (:mod:`ingest.apply.rules.kafka_tombstones`); the schema change is planned (an incompatible one stops
    the table here, before anything is written);
-3. reduce to the latest change per key (:mod:`ingest.apply.reduce`);
+3. reduce to the latest change per key (:mod:`ingest.apply.rules.reduce`);
 4. validate those after-images with the table's expectations suite (:mod:`ingest.quality`); a
    ``fail`` raises here, so the table's offsets do not move;
 5. quarantine first: if we crash after it, the replay finds the rows already there;
-6. plan the MERGE against the stored rows (:mod:`ingest.apply.plan`) and commit it with the engine
-   (:mod:`ingest.apply.delta_rs`), progress and audit record in the same commit; a ``history_mode:
-   scd2`` table instead derives its touched keys' versions from every change (:mod:`ingest.apply.history`);
+6. plan the MERGE against the stored rows (:mod:`ingest.apply.rules.plan`) and commit it with the engine
+   (:mod:`ingest.commit.delta_rs`), progress and audit record in the same commit; a ``history_mode:
+   scd2`` table instead derives its touched keys' versions from every change (:mod:`ingest.apply.rules.history`);
 7. append the audit row.
 """
 
@@ -30,28 +30,30 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest import audit, crashpoints, locks, quarantine
-from ingest.apply import tombstones
-from ingest.apply.commit import ApplyEngine, CommitOutcome, CommitRequest
-from ingest.apply.delta_rs import DeltaRsEngine
-from ingest.apply.history import HistoryInput, check_history_mode, history_changes, plan_history
-from ingest.apply.kafka_tombstones import are_deletes, resolve
-from ingest.apply.microbatch import MicroBatch
-from ingest.apply.ordering import later_than_stored
-from ingest.apply.plan import MergePlan, plan_merge
-from ingest.apply.reduce import Reduction, nulls_as_unchanged, reduce_changes
-from ingest.apply.schema import check_column_names, plan_schema
+from ingest import crashpoints
+from ingest.apply.batch import MicroBatch
+from ingest.apply.rules.history import HistoryInput, check_history_mode, history_changes, plan_history
+from ingest.apply.rules.kafka_tombstones import are_deletes, resolve
+from ingest.apply.rules.ordering import later_than_stored
+from ingest.apply.rules.plan import MergePlan, plan_merge
+from ingest.apply.rules.reduce import Reduction, nulls_as_unchanged, reduce_changes
+from ingest.apply.rules.schema import check_column_names, plan_schema
 from ingest.apply.stored import KeyLookup, stored_rows
-from ingest.apply.tablestate import OpenTables, TableState, load_state
-from ingest.audit import AuditRecord
+from ingest.commit import remembered as tombstones
+from ingest.commit.delta_rs import DeltaRsWriter
+from ingest.commit.state import OpenTables, TableState, load_state
+from ingest.commit.writer import CommitOutcome, CommitRequest, Writer
 from ingest.config import TableSpec
-from ingest.deltaio import arrow_type
 from ingest.errors import TableError
-from ingest.events import ColumnSpec
-from ingest.lake import LakePath
-from ingest.paths import TablePaths
+from ingest.lake import locks
+from ingest.lake.delta import arrow_type
+from ingest.lake.location import LakePath
+from ingest.lake.tables import TablePaths
+from ingest.model import ColumnSpec
 from ingest.quality.gate import QualityGate, QualityReport
-from ingest.quarantine import QuarantineRecord, Stage
+from ingest.records import audit, quarantine
+from ingest.records.audit import AuditRecord
+from ingest.records.quarantine import QuarantineRecord, Stage
 
 #: Raw key and value (and Kafka timestamp) of messages by ``(topic, partition, offset)``, fetched
 #: again from the source for changes held back after decoding.
@@ -121,9 +123,9 @@ def apply_parts(spec: TableSpec, paths: TablePaths, parts: Sequence[pa.RecordBat
 
 def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batch_id: int, run_id: str,
                   state: TableState | None = None, decode_ms: int = 0, gate: QualityGate | None = None,
-                  fetch_raw: RawFetch | None = None, engine: ApplyEngine | None = None,
+                  fetch_raw: RawFetch | None = None, engine: Writer | None = None,
                   replay: bool = False, defer_audit: bool = False,
-                  remembered: tombstones.Remembered | None = None) -> BatchResult:
+                  remembered: tombstones.RememberedDeletes | None = None) -> BatchResult:
     """Apply one table's micro-batch (see module docstring). Idempotent under replay.
 
     Args:
@@ -135,7 +137,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
             audit row (status ``replayed``) is written only if something was committed.
         defer_audit: leave the audit row to the caller (``result.record``), which appends the rows
             of many tables in one commit. The table's commit carries the row in its metadata, so a
-            crash before the caller appends loses nothing: :func:`ingest.audit.reconcile` restores it.
+            crash before the caller appends loses nothing: :func:`ingest.records.audit.reconcile` restores it.
         remembered: the table's remembered deletes, as the caller keeps them open (default: opened here).
 
     Raises:
@@ -152,7 +154,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     record.offsets = json.dumps({f"{t}:{p}": span for (t, p), span in sorted(batch.offsets.items())})
     held = Held()
     controls = batch.controls
-    engine = engine or DeltaRsEngine()
+    engine = engine or DeltaRsWriter()
     lookup = engine.lookup(paths.table)
 
     # 2. What cannot be applied; tombstones; the schema change.
@@ -206,7 +208,7 @@ def process_batch(spec: TableSpec, paths: TablePaths, batch: MicroBatch, *, batc
     # 6. Plan and commit.
     record.superseded = reduction.superseded
     record.engine = engine.name  # before the commit: the commit info carries the record
-    remembered = remembered or tombstones.Remembered(paths.tombstones, spec.name)
+    remembered = remembered or tombstones.RememberedDeletes(paths.tombstones, spec.name)
     outcome = _commit(spec, paths, state, reduction, schema, tuple(key_columns or ()), record, batch,
                       flattened, not replay, engine, remembered, lookup, history)
     crashpoints.point("after-delta-commit")
@@ -235,7 +237,7 @@ def _typed_nulls(changes: pa.Table, columns: list[ColumnSpec]) -> pa.Table:
 
 def _commit(spec: TableSpec, paths: TablePaths, state: TableState, reduction: Reduction, schema: Any,
             key_columns: tuple[str, ...], record: AuditRecord, batch: MicroBatch, flattened: bool | None,
-            record_offsets: bool, engine: ApplyEngine, remembered: tombstones.Remembered,
+            record_offsets: bool, engine: Writer, remembered: tombstones.RememberedDeletes,
             lookup: KeyLookup, history: HistoryInput | None = None) -> CommitOutcome:
     refuse_to_move_backwards(spec.name, batch, state, record_offsets)
     locks.check(paths.table)  # on an object store: this run still holds the table's lease
@@ -314,7 +316,7 @@ def refuse_to_move_backwards(table: str, batch: MicroBatch, state: TableState, r
 
 def check_position_format(table: str, state: TableState) -> None:
     """The table's positions must be encoded as this version encodes them (they are compared as text)."""
-    from ingest.apply.tablestate import POSITION_FORMAT
+    from ingest.commit.state import POSITION_FORMAT
 
     if state.table is not None and state.position_format != POSITION_FORMAT and state.key_columns is not None:
         raise TableError(table, f"was written with source-position format {state.position_format or 1}; this "
@@ -356,7 +358,7 @@ def _with_columns(changes: pa.Table, key_columns: Sequence[str], state: TableSta
 
 
 def _truncates_only(changes: pa.Table) -> Reduction:
-    from ingest.apply.reduce import TruncateMark
+    from ingest.apply.rules.reduce import TruncateMark
 
     marks = changes.filter(pc.equal(changes["_cdc_op"], "t")).sort_by([("_cdc_position", "descending")])
     truncate = None
@@ -369,7 +371,7 @@ def _truncates_only(changes: pa.Table) -> Reduction:
 
 def empty_plan(columns: list[ColumnSpec]) -> MergePlan:
     """A merge plan with nothing to write (a source of no rows in the table's columns)."""
-    from ingest.apply.plan import _source
+    from ingest.apply.rules.plan import _source
 
     empty = pa.schema([("_cdc_op", pa.string())]).empty_table()
     return MergePlan(rows=empty, source=_source(_EMPTY_LIVE, columns, [], None))
@@ -384,7 +386,7 @@ _EMPTY_LIVE = pa.schema([("_cdc_truncated", pa.bool_()), ("_cdc_op", pa.string()
 def _check_quality(spec: TableSpec, gate: QualityGate | None, reduction: Reduction, changes: pa.Table,
                    state: TableState, held: Held, *, batch_id: int, run_id: str) -> QualityReport:
     """Step 4: run the gate; the winners it holds leave the reduction, with every earlier change of their keys."""
-    from ingest.apply.withdraw import withdraw
+    from ingest.apply.rules.withdraw import withdraw
 
     if not spec.expectations:
         return QualityReport()

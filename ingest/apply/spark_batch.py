@@ -4,7 +4,7 @@ The driver's journey (:mod:`ingest.apply.pipeline`) holds the batch's rows as Ar
 they stay in Spark: the reduce (:mod:`ingest.apply.spark_reduce`), the stored rows and remembered
 deletes of the batch's keys, the plan (:mod:`ingest.apply.spark_plan`), the remembered deletes this
 batch adds, and the MERGE's source, which the delta-spark engine reads from the executors
-(:attr:`~ingest.apply.commit.CommitRequest.frame`). The driver handles the table's state, the
+(:attr:`~ingest.commit.writer.CommitRequest.frame`). The driver handles the table's state, the
 schema plan, the counts and the commit's metadata.
 
 The stream takes this path for a delta-spark table when ``target.plan_on`` is ``executors``
@@ -36,12 +36,8 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ingest import audit, crashpoints, locks, quarantine
-from ingest.apply.commit import ApplyEngine, CommitOutcome, CommitRequest
-from ingest.apply.history import check_history_mode, count_history
-from ingest.apply.kafka_tombstones import are_deletes, resolve
-from ingest.apply.microbatch import MicroBatch, unify_parts
-from ingest.apply.ordering import later_than_stored, later_than_stored_sql
+from ingest import crashpoints
+from ingest.apply.batch import MicroBatch, unify_parts
 from ingest.apply.pipeline import (
     BatchResult,
     Held,
@@ -51,34 +47,40 @@ from ingest.apply.pipeline import (
     process_batch,
     refuse_to_move_backwards,
 )
-from ingest.apply.reduce import Reduction
-from ingest.apply.schema import SchemaPlan, plan_schema
+from ingest.apply.rules.history import check_history_mode, count_history
+from ingest.apply.rules.kafka_tombstones import are_deletes, resolve
+from ingest.apply.rules.ordering import later_than_stored, later_than_stored_sql
+from ingest.apply.rules.reduce import Reduction
+from ingest.apply.rules.schema import SchemaPlan, plan_schema
+from ingest.apply.rules.withdraw import withdraw
 from ingest.apply.spark_history import history_on_executors
 from ingest.apply.spark_microbatch import ExecutorBatch
 from ingest.apply.spark_plan import SparkPlan, plan_on_executors, stored_on_executors
 from ingest.apply.spark_reduce import SparkReduction, reduce_on_executors
 from ingest.apply.stored import KeyLookup
-from ingest.apply.tablestate import OpenTables, TableState
-from ingest.apply.tombstones import Remembered
-from ingest.apply.withdraw import withdraw
-from ingest.audit import AuditRecord
+from ingest.commit.remembered import RememberedDeletes
+from ingest.commit.state import OpenTables, TableState
+from ingest.commit.writer import CommitOutcome, CommitRequest, Writer
 from ingest.config import TableSpec
-from ingest.deltaio import normalize, open_table
 from ingest.errors import TableError
-from ingest.events import ColumnSpec
-from ingest.lake import LakePath
-from ingest.paths import TablePaths
+from ingest.lake import locks
+from ingest.lake.delta import normalize, open_table
+from ingest.lake.location import LakePath
+from ingest.lake.tables import TablePaths
+from ingest.model import ColumnSpec
 from ingest.quality.gate import QualityGate, QualityReport
+from ingest.records import audit, quarantine
+from ingest.records.audit import AuditRecord
 
 if TYPE_CHECKING:
-    from ingest.apply.delta_spark import DeltaSparkEngine
+    from ingest.commit.delta_spark import DeltaSparkWriter
 
 
-def remembered_on_executors(spark: SparkSession, remembered: Remembered, key_columns: tuple[str, ...],
+def remembered_on_executors(spark: SparkSession, remembered: RememberedDeletes, key_columns: tuple[str, ...],
                             key_types: Mapping[str, str], keys: DataFrame) -> DataFrame | None:
-    """:meth:`Remembered.read <ingest.apply.tombstones.Remembered.read>` of the keys in ``keys``,
+    """:meth:`RememberedDeletes.read <ingest.commit.remembered.RememberedDeletes.read>` of the keys in ``keys``,
     read and matched by Spark (``None``: nothing remembered yet)."""
-    from ingest.apply.delta_spark import frame_of_keys, ident
+    from ingest.commit.delta_spark import frame_of_keys, ident
 
     delta = remembered.open(key_types)
     if delta is None:
@@ -88,15 +90,15 @@ def remembered_on_executors(spark: SparkSession, remembered: Remembered, key_col
                          [*key_columns, "_cdc_position"])
 
 
-def remember_on_executors(spark: SparkSession, remembered: Remembered, key_columns: tuple[str, ...],
+def remember_on_executors(spark: SparkSession, remembered: RememberedDeletes, key_columns: tuple[str, ...],
                           key_types: Mapping[str, str], deletes: DataFrame) -> None:
-    """:meth:`Remembered.record <ingest.apply.tombstones.Remembered.record>` of ``deletes`` (the key
+    """:meth:`RememberedDeletes.record <ingest.commit.remembered.RememberedDeletes.record>` of ``deletes`` (the key
     columns, ``_cdc_position`` and ``_cdc_source_ts`` of each delete) by delta-spark: the same
     columns, the same position guard."""
     from delta.tables import DeltaTable
 
-    from ingest.apply.delta_spark import ident
-    from ingest.spark import spark_location, spark_type
+    from ingest.commit.delta_spark import ident
+    from ingest.spark.session import spark_location, spark_type
 
     now = datetime.now(UTC)
     source = deletes.select(
@@ -121,7 +123,7 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
                        gate: QualityGate | None = None, held: Held | None = None,
                        before_commit: Callable[[QualityReport], None] | None = None) -> CommitOutcome:
     """Reduce, validate, plan and commit ``changes`` (the columns of
-    :attr:`~ingest.apply.microbatch.MicroBatch.changes`, of the combined ``columns``) on the
+    :attr:`~ingest.apply.batch.MicroBatch.changes`, of the combined ``columns``) on the
     executors, with the delta-spark ``engine``; ``record`` gets the batch's counts. ``declared``:
     the primary key the batch's changes declare (the table's own, once it has one, prevails).
     A ``history_mode: scd2`` table's versions are derived from every change (:func:`_commit_history`):
@@ -138,10 +140,10 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
         QualityGateError: expectations under policy ``fail`` failed; nothing was written.
         TableError: the table needs what this path does not do yet (module docstring).
     """
-    from ingest.apply.delta_spark import DeltaSparkEngine
     from ingest.apply.pipeline import empty_plan
+    from ingest.commit.delta_spark import DeltaSparkWriter
 
-    if not isinstance(engine, DeltaSparkEngine):
+    if not isinstance(engine, DeltaSparkWriter):
         raise TableError(spec.name, "only the delta-spark engine applies a batch on the executors")
     if spec.expectations and (gate is None or held is None):
         raise TableError(spec.name, f"names expectations suite {spec.expectations!r} but no quality gate was loaded")
@@ -183,7 +185,7 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
             truncate = None  # an older or replayed truncate changes nothing
         table = open_table(paths.table)
         key_types = {c.name: c.type for c in schema.columns if c.name in key_columns}
-        remembered = Remembered(paths.tombstones, spec.name)
+        remembered = RememberedDeletes(paths.tombstones, spec.name)
         stored = stored_on_executors(spark, paths.table, table, key_columns, reduction.tagged)
         tombs = remembered_on_executors(spark, remembered, key_columns, key_types, reduction.tagged) if hard else None
         plan = plan_on_executors(reduction, key_columns=key_columns, columns=schema.columns, stored=stored,
@@ -215,7 +217,7 @@ def apply_on_executors(spec: TableSpec, paths: TablePaths, changes: DataFrame, c
 
 def _commit_history(spec: TableSpec, paths: TablePaths, changes: DataFrame,
                     withdrawn: tuple[DataFrame, int, int] | None, schema: SchemaPlan, *, key_columns: tuple[str, ...],
-                    state: TableState, engine: DeltaSparkEngine, record: AuditRecord,
+                    state: TableState, engine: DeltaSparkWriter, record: AuditRecord,
                     offsets: dict[tuple[str, int], int], flattened: bool | None, shares: int | None,
                     marks: pa.Table | None = None) -> CommitOutcome:
     """The scd2 plan and commit of ``changes`` (:mod:`ingest.apply.spark_history`), less every
@@ -236,7 +238,7 @@ def _commit_history(spec: TableSpec, paths: TablePaths, changes: DataFrame,
         record.schema_change = schema.describe()
         record.engine = engine.name
         request = CommitRequest(
-            table=spec.name, path=paths.table, tombstones=Remembered(paths.tombstones, spec.name),
+            table=spec.name, path=paths.table, tombstones=RememberedDeletes(paths.tombstones, spec.name),
             delete_mode=spec.delete_mode, key_columns=key_columns, schema=schema, plan=empty_plan(schema.columns),
             truncate=plan.truncate, watermark=plan.watermark, truncate_log=plan.truncate_log, offsets=offsets,
             flattened=flattened if flattened is not None else state.flattened, history_mode="scd2", history=plan,
@@ -248,13 +250,13 @@ def _commit_history(spec: TableSpec, paths: TablePaths, changes: DataFrame,
 
 def _withdraw(reduction: SparkReduction, changes: DataFrame, rows: pa.Table, report: QualityReport, held: Held,
               key_columns: tuple[str, ...]) -> tuple[DataFrame, int]:
-    """:func:`~ingest.apply.withdraw.withdraw` of the winners the gate holds (``rows``, which
+    """:func:`~ingest.apply.rules.withdraw.withdraw` of the winners the gate holds (``rows``, which
     ``report.held`` indexes) from a reduction on the executors: the earlier changes of their keys
     are collected (bound for quarantine with them), and the winners of those keys leave the
     reduction on the executors. Returns those keys (distinct, a DataFrame) and how many changes of
     them were collected."""
-    from ingest.apply.delta_spark import ident
-    from ingest.spark import arrow_frame
+    from ingest.commit.delta_spark import ident
+    from ingest.spark.session import arrow_frame
 
     spark = changes.sparkSession
     chosen = rows.take(pa.array(sorted(report.held), pa.int64()))
@@ -271,7 +273,7 @@ def _withdraw(reduction: SparkReduction, changes: DataFrame, rows: pa.Table, rep
 
 
 def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, opened: OpenTables, batch_id: int,
-                  run_id: str, engine: ApplyEngine, decode_ms: int = 0, fetch_raw: RawFetch | None = None,
+                  run_id: str, engine: Writer, decode_ms: int = 0, fetch_raw: RawFetch | None = None,
                   defer_audit: bool = False, shares: int | None = None, gate: QualityGate | None = None) -> BatchResult:
     """:func:`~ingest.apply.pipeline.apply_parts` of the table's share of ``decoded`` (the decode
     step's parts as a DataFrame), its rows kept on the executors: assembled there
@@ -362,7 +364,7 @@ def apply_decoded(spec: TableSpec, paths: TablePaths, decoded: DataFrame, *, ope
 def _hold_foreign_keys_of(changes: DataFrame, key_columns: tuple[str, ...], held: Held) -> DataFrame:
     """:func:`~ingest.apply.pipeline.hold_foreign_keys` on the executors: the changes whose primary
     key is not the table's are collected (bound for quarantine) and leave the batch."""
-    from ingest.apply.delta_spark import ident
+    from ingest.commit.delta_spark import ident
 
     # as there, a change that declares no key is not foreign
     foreign = F.coalesce((F.col("_cdc_op") != F.lit("t")) & (F.col("_cdc_key_columns") != F.lit(json.dumps(
@@ -376,7 +378,7 @@ def _with_tombstone_deletes(batch: ExecutorBatch, changes: DataFrame, key_column
                             lookup: KeyLookup, state: TableState, held: Held, controls: Counter[str]) -> DataFrame:
     """``changes`` (the batch's, less those held) with the deletes the batch's Kafka tombstones
     stand for (a flattened stream), as the driver's journey derives them
-    (:func:`~ingest.apply.kafka_tombstones.resolve`).
+    (:func:`~ingest.apply.rules.kafka_tombstones.resolve`).
 
     The tombstones are on the driver already. Of the change rows, only what ``resolve`` reads comes
     to it: the key, coordinates, position and operation of the changes of the keys the tombstones
@@ -384,8 +386,8 @@ def _with_tombstone_deletes(batch: ExecutorBatch, changes: DataFrame, key_column
     be read, or is not the table's, are held for quarantine (stage ``key``); those that delete
     nothing are counted as skipped.
     """
-    from ingest.apply.delta_spark import ident
-    from ingest.spark import arrow_frame
+    from ingest.commit.delta_spark import ident
+    from ingest.spark.session import arrow_frame
 
     meta = batch.meta
     unreadable = meta.filter(pc.and_(pc.equal(meta["_cdc_kind"], "tombstone"), pc.is_valid(meta["_cdc_reason"])))

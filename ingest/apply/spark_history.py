@@ -1,6 +1,6 @@
 """SCD type 2 on Spark's executors: the driver's history plan, run on shares of the batch split by key.
 
-:func:`~ingest.apply.history.plan_history` derives the versions of every key a batch touches from
+:func:`~ingest.apply.rules.history.plan_history` derives the versions of every key a batch touches from
 that key's story: its stored versions, the batch's changes of it and the table's truncates. All of
 it is per key, given the truncates. So, as for the current-row plan (:mod:`ingest.apply.spark_plan`),
 the batch's changes and the stored versions of their keys (read by Spark) are split by the same hash
@@ -10,7 +10,7 @@ of the key, and each share is planned by the same function in a Python worker
 What comes to the driver: the batch's truncates (few), and one row of counts per share, summed in
 one aggregate with the MERGE source's size and first-key bounds. The truncate fields of the plan --
 which truncate ends the untouched keys' versions, the table's truncate log after the batch -- are
-the driver's own :func:`~ingest.apply.history.plan_history` of the truncates alone. Each share
+the driver's own :func:`~ingest.apply.rules.history.plan_history` of the truncates alone. Each share
 counts the truncates that change nothing once; they are counted once for the batch.
 """
 
@@ -25,12 +25,12 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ingest.apply.history import HistoryPlan, plan_history
-from ingest.apply.reduce import nulls_as_unchanged
+from ingest.apply.rules.history import HistoryPlan, plan_history
+from ingest.apply.rules.reduce import nulls_as_unchanged
 from ingest.apply.spark_reduce import bound_aggregates, bounds_of, share_of
-from ingest.deltaio import normalize, table_schema
-from ingest.events import ColumnSpec
-from ingest.lake import LakePath
+from ingest.lake.delta import normalize, table_schema
+from ingest.lake.location import LakePath
+from ingest.model import ColumnSpec
 
 #: The share's counts, as columns of its one counts row (null in its source rows).
 COUNTS: Final = ("inserted", "updated", "deleted", "stale", "superseded", "updates", "toast_unknown")
@@ -40,11 +40,11 @@ _COUNTED: Final = "_cdc_counted"
 
 @dataclass(slots=True)
 class SparkHistory:
-    """A :class:`~ingest.apply.history.HistoryPlan`'s MERGE source on the executors (``rows``
+    """A :class:`~ingest.apply.rules.history.HistoryPlan`'s MERGE source on the executors (``rows``
     persisted: call :meth:`release` when done)."""
 
     rows: DataFrame
-    #: the versions to write and, flagged :data:`~ingest.apply.history.DROP`, the ones to drop
+    #: the versions to write and, flagged :data:`~ingest.apply.rules.history.DROP`, the ones to drop
     source: DataFrame
     #: the source's first key column's least and greatest value (two rows: the MERGE's bounds)
     bounds: pa.Table
@@ -59,15 +59,15 @@ def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], co
                          watermark: str | None, truncate_log: list[tuple[str, datetime | None]],
                          nulls_unchanged: bool = False, shares: int | None = None,
                          marks: pa.Table | None = None) -> HistoryPlan:
-    """:func:`~ingest.apply.history.plan_history` of ``changes`` (the columns of
-    :attr:`~ingest.apply.microbatch.MicroBatch.changes`), in shares by key hash on the executors.
+    """:func:`~ingest.apply.rules.history.plan_history` of ``changes`` (the columns of
+    :attr:`~ingest.apply.batch.MicroBatch.changes`), in shares by key hash on the executors.
     ``nulls_unchanged``: the table's ``ignore_null_updates``, applied to every change first (as the
-    driver's journey does before it plans). The plan's :attr:`~ingest.apply.history.HistoryPlan.frame`
+    driver's journey does before it plans). The plan's :attr:`~ingest.apply.rules.history.HistoryPlan.frame`
     holds the source; its ``source`` is empty. ``marks``: the batch's truncates, when collected
     already (:attr:`~ingest.apply.spark_reduce.SparkReduction.marks`)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from ingest.apply.delta_spark import frame_of_keys, ident
+    from ingest.commit.delta_spark import frame_of_keys, ident
 
     spark = changes.sparkSession
     shares = shares or spark.sparkContext.defaultParallelism

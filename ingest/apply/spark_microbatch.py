@@ -1,8 +1,8 @@
-"""One table's micro-batch assembled on Spark's executors: :class:`~ingest.apply.microbatch.MicroBatch`
+"""One table's micro-batch assembled on Spark's executors: :class:`~ingest.apply.batch.MicroBatch`
 without collecting its change rows.
 
 The decode step leaves a DataFrame of parts (one Arrow IPC stream per row, :data:`~ingest.decode.parts.PARTS_DDL`).
-The driver's :meth:`MicroBatch.from_parts <ingest.apply.microbatch.MicroBatch.from_parts>` reads them all.
+The driver's :meth:`MicroBatch.from_parts <ingest.apply.batch.MicroBatch.from_parts>` reads them all.
 Here:
 
 1. one small job brings back what the driver needs to know of the table's parts: their kinds,
@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ingest.apply.microbatch import (
+from ingest.apply.batch import (
     add_spans,
     combine_columns,
     concat_frames,
@@ -36,10 +36,10 @@ from ingest.apply.microbatch import (
     unify_parts,
     with_source_names,
 )
-from ingest.apply.tablestate import TableState
+from ingest.commit.state import TableState
 from ingest.config import ColumnSelection
 from ingest.decode.parts import FRAME, part_kind, read_parts
-from ingest.events import ColumnSpec
+from ingest.model import ColumnSpec
 
 #: Marks a change row the table has already applied (dropped before the reduce, counted).
 _DONE = "_cdc_done"
@@ -48,7 +48,7 @@ _SUMMARY = "topic string, kind string, schema binary, partitions array<int>, key
 
 @dataclass(slots=True)
 class ExecutorBatch:
-    """:class:`~ingest.apply.microbatch.MicroBatch` with ``changes`` a DataFrame on the executors
+    """:class:`~ingest.apply.batch.MicroBatch` with ``changes`` a DataFrame on the executors
     (persisted: call :meth:`release` when done); the other attributes as there."""
 
     changes: DataFrame
@@ -73,7 +73,7 @@ def _parts_of(blobs: pa.Array) -> Iterator[pa.RecordBatch]:
 def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, table: str = "",
                           select: ColumnSelection | None = None, key_columns: tuple[str, ...] = ()) -> ExecutorBatch:
     """The ``topic``'s share of ``decoded`` as :meth:`MicroBatch.from_parts
-    <ingest.apply.microbatch.MicroBatch.from_parts>` would assemble it (see module docstring).
+    <ingest.apply.batch.MicroBatch.from_parts>` would assemble it (see module docstring).
 
     Raises:
         TableError, RegistryUnavailableError, SchemaIncompatibleError: as ``from_parts`` does.

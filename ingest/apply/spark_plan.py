@@ -1,6 +1,6 @@
 """The merge plan on Spark's executors: the driver's plan, run on shares of the batch split by key.
 
-:func:`~ingest.apply.plan.plan_merge` classifies each winner against what the table stores for its
+:func:`~ingest.apply.rules.plan.plan_merge` classifies each winner against what the table stores for its
 key (and, in hard-delete mode, the key's remembered delete), undoes TOAST fills older than the
 stored row and shapes the MERGE's source. All of it is per key, given the batch's truncate
 positions and TOAST columns. So, as for the reduce (:mod:`ingest.apply.spark_reduce`), the
@@ -25,13 +25,13 @@ from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ingest.apply.plan import _source, live_rows, plan_merge
-from ingest.apply.reduce import Reduction
+from ingest.apply.rules.plan import _source, live_rows, plan_merge
+from ingest.apply.rules.reduce import Reduction
 from ingest.apply.spark_reduce import SIDE, SparkReduction, bound_aggregates, bounds_of, share_of
 from ingest.apply.stored import STORED_SCHEMA, UNKNOWN_COLUMNS
-from ingest.deltaio import normalize, table_schema
-from ingest.events import ColumnSpec
-from ingest.lake import LakePath
+from ingest.lake.delta import normalize, table_schema
+from ingest.lake.location import LakePath
+from ingest.model import ColumnSpec
 
 #: The remembered delete's position, beside the stored row's columns in a share's right side.
 _TOMB = "_cdc_tomb_position"
@@ -39,14 +39,14 @@ _TOMB = "_cdc_tomb_position"
 
 @dataclass(slots=True)
 class SparkPlan:
-    """:class:`~ingest.apply.plan.MergePlan`, its row sets as Spark DataFrames (``rows`` persisted:
+    """:class:`~ingest.apply.rules.plan.MergePlan`, its row sets as Spark DataFrames (``rows`` persisted:
     call :meth:`release` when done)."""
 
     rows: DataFrame
     source: DataFrame
     deletes: DataFrame
     #: the source's first key column's least and greatest value (a table of two rows, for the
-    #: MERGE's bounds: :class:`~ingest.apply.merge_sql.FrameSource`)
+    #: MERGE's bounds: :class:`~ingest.commit.merge_sql.FrameSource`)
     bounds: pa.Table
     #: rows in ``source``
     source_rows: int = 0
@@ -67,7 +67,7 @@ class SparkPlan:
 def stored_on_executors(spark: SparkSession, path: LakePath, table: DeltaTable | None, key_columns: tuple[str, ...],
                         keys: DataFrame) -> DataFrame:
     """:func:`~ingest.apply.stored.stored_rows` of the keys in ``keys``, read and matched by Spark."""
-    from ingest.apply.delta_spark import frame_of_keys, ident
+    from ingest.commit.delta_spark import frame_of_keys, ident
 
     names = {f.name for f in table_schema(table)} if table is not None else set()
     key_types = {f.name: f.dataType.simpleString() for f in keys.schema.fields if f.name in key_columns}
@@ -88,7 +88,7 @@ def stored_on_executors(spark: SparkSession, path: LakePath, table: DeltaTable |
 def plan_on_executors(reduction: SparkReduction, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                       stored: DataFrame, tombstones: DataFrame | None, old_truncate: str | None,
                       new_truncate: str | None, hard: bool, shares: int | None = None) -> SparkPlan:
-    """:func:`~ingest.apply.plan.plan_merge` of ``reduction`` against ``stored`` (as
+    """:func:`~ingest.apply.rules.plan.plan_merge` of ``reduction`` against ``stored`` (as
     :func:`stored_on_executors` reads it) and, in hard mode, ``tombstones`` (the key columns and
     ``_cdc_position`` of the remembered deletes), in shares by key hash on the executors."""
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -151,7 +151,7 @@ def plan_on_executors(reduction: SparkReduction, *, key_columns: tuple[str, ...]
 
 
 def _counted(rows: DataFrame, toast: list[str], hard: bool, first_key: str) -> tuple[dict[str, int], pa.Table]:
-    """The plan's counts as :func:`~ingest.apply.plan.plan_merge` takes them, whether each TOAST
+    """The plan's counts as :func:`~ingest.apply.rules.plan.plan_merge` takes them, whether each TOAST
     column's flag is set in some live row (``flag_<n>``), and the live rows' first-key bounds, in
     one aggregate."""
     action = F.col("_cdc_action")

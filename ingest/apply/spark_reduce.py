@@ -1,6 +1,6 @@
 """Reduce on Spark's executors: the driver's reduce, run on shares of the batch split by key.
 
-:func:`~ingest.apply.reduce.reduce_changes` keeps each key's latest change. Every rule it applies
+:func:`~ingest.apply.rules.reduce.reduce_changes` keeps each key's latest change. Every rule it applies
 is a rule about one key's changes (their order, their lives between deletes, the TOAST fills from
 earlier images of the same life) plus the batch's latest truncate. So the batch can be split by
 a hash of the key into shares -- every change of a key lands in the same share -- and each share
@@ -13,7 +13,7 @@ reduced by the same function in a Python worker (``groupBy(...).applyInArrow``),
 * the counts the driver's reduce gives made whole again: the superseded truncates are counted
   once, not once per share.
 
-``ignore_null_updates`` (:func:`~ingest.apply.reduce.nulls_as_unchanged`) is a rule about one
+``ignore_null_updates`` (:func:`~ingest.apply.rules.reduce.nulls_as_unchanged`) is a rule about one
 change, so every share applies it to its own changes before the reduce; the batch's list of TOAST
 columns then also names every column an update of the batch leaves null.
 
@@ -36,10 +36,10 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ingest.apply.delta_spark import ident
-from ingest.apply.reduce import Reduction, TruncateMark, nulls_as_unchanged, reduce_changes
-from ingest.deltaio import normalize
-from ingest.events import ColumnSpec
+from ingest.apply.rules.reduce import Reduction, TruncateMark, nulls_as_unchanged, reduce_changes
+from ingest.commit.delta_spark import ident
+from ingest.lake.delta import normalize
+from ingest.model import ColumnSpec
 
 #: The column that tells a share's winners from its truncated rows (soft mode) in the one frame
 #: a share returns.
@@ -60,14 +60,14 @@ def bound_aggregates(column: str, where: Column) -> list[Column]:
 
 
 def bounds_of(found: pa.Table, column: str) -> pa.Table:
-    """The two rows of a MERGE source's first-key bounds (:class:`~ingest.apply.merge_sql.FrameSource`)
+    """The two rows of a MERGE source's first-key bounds (:class:`~ingest.commit.merge_sql.FrameSource`)
     from an aggregate with :func:`bound_aggregates`."""
     return pa.table({column: pa.concat_arrays([found["_lo"].combine_chunks(), found["_hi"].combine_chunks()])})
 
 
 @dataclass(slots=True)
 class SparkReduction:
-    """:class:`~ingest.apply.reduce.Reduction`, its row sets as Spark DataFrames (persisted: call
+    """:class:`~ingest.apply.rules.reduce.Reduction`, its row sets as Spark DataFrames (persisted: call
     :meth:`release` when done)."""
 
     winners: DataFrame
@@ -106,8 +106,8 @@ class SparkReduction:
 def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], columns: list[ColumnSpec], *,
                         soft: bool = False, nulls_unchanged: bool = False,
                         shares: int | None = None) -> SparkReduction:
-    """:func:`~ingest.apply.reduce.reduce_changes` of ``changes`` (the columns of
-    :attr:`~ingest.apply.microbatch.MicroBatch.changes`), in ``shares`` shares by key hash (default:
+    """:func:`~ingest.apply.rules.reduce.reduce_changes` of ``changes`` (the columns of
+    :attr:`~ingest.apply.batch.MicroBatch.changes`), in ``shares`` shares by key hash (default:
     one per core of the session's context), on the executors (see module docstring).
     ``nulls_unchanged``: the table's ``ignore_null_updates``, applied to every change first."""
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -164,7 +164,7 @@ def _tagged(reduction: Reduction, soft: bool) -> pa.Table:
 
 
 def _latest(marks: pa.Table) -> TruncateMark | None:
-    """The batch's latest truncate, as :func:`~ingest.apply.reduce.reduce_changes` picks it."""
+    """The batch's latest truncate, as :func:`~ingest.apply.rules.reduce.reduce_changes` picks it."""
     if not marks.num_rows:
         return None
     order = pc.sort_indices(marks, sort_keys=[("_cdc_position", "descending"), ("_cdc_partition", "ascending"),

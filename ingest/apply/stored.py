@@ -2,7 +2,7 @@
 
 Every read of stored rows by key goes through a :class:`KeyLookup`: :func:`rows_of_keys` reads them
 on the driver; the delta-spark engine gives one that reads a large table on Spark's executors
-(:meth:`ingest.apply.delta_spark.DeltaSparkEngine.lookup`).
+(:meth:`ingest.commit.delta_spark.DeltaSparkWriter.lookup`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Protocol
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from ingest.apply.sql import connect, ident, query
-from ingest.deltaio import key_range, read_all, table_schema
+from ingest.apply.rules.sql import connect, ident, query
+from ingest.lake.delta import key_range, read_all, table_schema
 
 #: Framework column naming the columns whose value is unknown (an unresolved TOAST placeholder).
 UNKNOWN_COLUMNS = "_cdc_unknown_columns"

@@ -39,10 +39,10 @@ def run(
     from_beginning: Annotated[bool, typer.Option(help="re-read topics from offset 0 (replay)")] = False,
 ) -> None:
     """Ingest the configured tables until caught up (or continuously)."""
-    from ingest.engine import Engine
+    from ingest.stream.runner import Runner
 
     cfg = load(config, workdir)
-    report = Engine(cfg).run(tables=table, mode="continuous" if continuous else "available_now",
+    report = Runner(cfg).run(tables=table, mode="continuous" if continuous else "available_now",
                              reset_checkpoints=reset_checkpoints, from_beginning=from_beginning,
                              progress=progress_printer())
     out = Table(title=f"run {report.run_id} ({report.seconds:.1f} s)")

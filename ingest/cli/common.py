@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest.config import IngestConfig, load_config
-from ingest.discovery import with_discovered
+from ingest.source.discovery import with_discovered
 
 # Piped output (CI logs, files) gets a width that fits the summary tables instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)

@@ -134,8 +134,8 @@ def quarantine_list(
     limit: Annotated[int, typer.Option(help="rows to print")] = 50,
 ) -> None:
     """Quarantined messages (pending ones unless --all)."""
-    from ingest import quarantine
-    from ingest.paths import TablePaths
+    from ingest.lake.tables import TablePaths
+    from ingest.records import quarantine
 
     cfg = load(config, workdir)
     path = TablePaths.of(cfg, cfg.tables[0].name).quarantine
@@ -160,8 +160,8 @@ def quarantine_show(
     table: Annotated[str | None, typer.Option("--table", "-t", help="table (if the topic feeds several)")] = None,
 ) -> None:
     """Everything about one quarantined message, with its raw bytes and the change it decodes to."""
-    from ingest import quarantine
-    from ingest.paths import TablePaths
+    from ingest.lake.tables import TablePaths
+    from ingest.records import quarantine
 
     cfg = load(config, workdir)
     topic, partition, offset = _parse_id(message)
@@ -184,7 +184,7 @@ def quarantine_show(
 def _decoded(cfg: IngestConfig, row: dict[str, Any]) -> str:
     from ingest.decode.columnar import DecoderSpec
     from ingest.errors import DecodeError
-    from ingest.events import ChangeEvent, KafkaCoordinates
+    from ingest.model import ChangeEvent, KafkaCoordinates
 
     decoder = DecoderSpec.for_table(cfg, cfg.table(row["table"]), keep_before=True)()
     try:

@@ -27,8 +27,8 @@ def changes(
     """Print or export a table's change data feed: inserts, update pre/post images and deletes, by version."""
     from datetime import UTC, datetime
 
-    from ingest.changes import ChangeRange, as_json_lines
-    from ingest.changes import changes as read_changes
+    from ingest.read.changes import ChangeRange, as_json_lines
+    from ingest.read.changes import changes as read_changes
 
     if (from_version is None) == (since is None):
         err.print("[red]give one of --from-version N or --since TIMESTAMP[/]")
@@ -61,8 +61,8 @@ def history(
     output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
 ) -> None:
     """List a table's commits: version, time, batch, offsets, counts and quality status."""
-    from ingest.query import history as table_history
-    from ingest.query import history_json, offsets_text
+    from ingest.read.query import history as table_history
+    from ingest.read.query import history_json, offsets_text
 
     try:
         commits = table_history(load(config, workdir), table, limit=limit)
@@ -96,7 +96,7 @@ def query(
         "table), or TABLE@VERSION / TABLE@TIMESTAMP; repeatable")] = None,
 ) -> None:
     """Run SQL (DuckDB) over the live rows of the Delta tables, now or as they were (--as-of)."""
-    from ingest.query import AsOf, run_sql
+    from ingest.read.query import AsOf, run_sql
 
     try:
         result = run_sql(load(config, workdir), sql, [AsOf.parse(p) for p in as_of or []])

@@ -16,16 +16,17 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ingest.config.base import Duration, EngineName, Model, QualityPolicy
+from ingest.config.base import Duration, Model, PlacementName, QualityPolicy, WriterName
 from ingest.config.source import KafkaSpec, RegistrySpec, SourceSpec
 from ingest.config.tables import ColumnSelection, DiscoverySpec, TableSpec
 from ingest.config.target import StorageSpec, TargetSpec
 from ingest.errors import ConfigError
-from ingest.lake import LakePath, is_uri
+from ingest.lake.location import LakePath, is_uri
 
 __all__ = [
-    "ColumnSelection", "DiscoverySpec", "Duration", "EngineName", "IngestConfig", "KafkaSpec", "QualityPolicy",
-    "QualitySpec", "RegistrySpec", "SourceSpec", "SparkSpec", "StorageSpec", "TableSpec", "TargetSpec", "load_config",
+    "ColumnSelection", "DiscoverySpec", "Duration", "IngestConfig", "KafkaSpec", "PlacementName", "QualityPolicy",
+    "QualitySpec", "RegistrySpec", "SourceSpec", "SparkSpec", "StorageSpec", "TableSpec", "TargetSpec", "WriterName",
+    "load_config",
 ]
 
 
@@ -85,33 +86,50 @@ class IngestConfig(Model):
     tables: tuple[TableSpec, ...] = Field((), description="the tables to ingest (and overrides of discovered ones)")
     discover: DiscoverySpec | None = Field(None, description="also ingest every topic matching a pattern")
 
-    def engine_of(self, spec: TableSpec) -> EngineName:
-        """The apply engine of one table."""
-        return spec.engine or self.target.engine
+    def writer_of(self, spec: TableSpec) -> WriterName:
+        """Who writes one table's Delta commits (``writer``, else ``target.writer``)."""
+        return spec.writer or self.target.writer
 
     def validates_on_spark(self, spec: TableSpec) -> bool:
         """Whether the table's batches are validated on a Spark DataFrame (``quality.validate_on``)."""
         where = self.quality.validate_on
         if where == "auto":  # rows on the driver: shipping them pays only for a cluster; else they are in Spark
-            return self.engine_of(spec) == "delta-spark" and (local_cores(self.spark.master) is None
-                                                              or self.plans_on_executors(spec))
+            return self.writer_of(spec) == "delta-spark" and (local_cores(self.spark.master) is None
+                                                              or self.placement_of(spec) == "executors")
         return where == "spark"
 
-    def plans_on_executors(self, spec: TableSpec) -> bool:
-        """Whether the table's batches are assembled, reduced and planned on Spark's executors
-        (``target.plan_on``). A table whose every batch that path would hand back to the driver --
-        one with an expectations suite validated on the driver (``quality.validate_on: driver``) --
-        is planned there from the start; :mod:`ingest.apply.spark_batch` says which single batches
-        still go to the driver."""
-        return (self.engine_of(spec) == "delta-spark" and self.target.plan_on == "executors"
-                and not (spec.expectations and self.quality.validate_on == "driver"))
+    def placement_of(self, spec: TableSpec) -> PlacementName:
+        """Where the table's batches are assembled, reduced and planned (``plan_on``, else ``target.plan_on``).
 
-    def engines(self) -> set[EngineName]:
-        """Every apply engine a run of this configuration may use (discovered tables included)."""
-        found: set[EngineName] = {self.engine_of(spec) for spec in self.tables}
+        A table with an expectations suite validated on the driver (``quality.validate_on: driver``) is
+        planned there: its winners would come to the driver for every batch anyway.
+        """
+        wanted = spec.plan_on or self.target.plan_on
+        if wanted == "executors" and spec.expectations and self.quality.validate_on == "driver":
+            return "driver"
+        return wanted
+
+    def writers(self) -> set[WriterName]:
+        """Every writer a run of this configuration may use (discovered tables included)."""
+        found: set[WriterName] = {self.writer_of(spec) for spec in self.tables}
         if self.discover is not None:
-            found.add(self.discover.defaults.get("engine") or self.target.engine)
+            found.add(self.writer_of(self.discover.spec("discovered", "discovered")))
         return found
+
+    @model_validator(mode="after")
+    def _placements(self) -> IngestConfig:
+        """A table planned on the executors is merged from there, which only delta-spark does."""
+        specs = list(self.tables)
+        if self.discover is not None:
+            specs.append(self.discover.spec("discovered", "discovered"))
+        for spec in specs:
+            if (spec.plan_on or self.target.plan_on) == "executors" and self.writer_of(spec) == "delta-rs":
+                where = "discover.defaults" if spec.name == "discovered" else f"table {spec.name!r}"
+                raise ValueError(
+                    f"{where} is planned on the executors (plan_on: executors) but written by delta-rs, which "
+                    "merges Arrow tables on the driver and cannot read rows that stay in Spark: choose "
+                    "writer: delta-spark for it, or plan_on: driver")
+        return self
 
     @model_validator(mode="after")
     def _unique(self) -> IngestConfig:
@@ -250,3 +268,4 @@ def load_config(path: str | os.PathLike[str], *, workdir: str | os.PathLike[str]
 
         secrets.prepare((), config.secrets_path)
     return config
+

@@ -1,5 +1,5 @@
-"""What the configuration's models share: the strict base model, name rules, durations, the policy
-and engine names."""
+"""What the configuration's models share: the strict base model, name rules, durations, the policy,
+writer and placement names."""
 
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks
 
 #: What failing expectations do: record only, quarantine the failing rows, or stop the table's batch.
 QualityPolicy = Literal["warn", "quarantine", "fail"]
-EngineName = Literal["delta-rs", "delta-spark"]
+#: Who writes a table's Delta commits (:mod:`ingest.commit`).
+WriterName = Literal["delta-rs", "delta-spark"]
+#: Where a table's batch is assembled, reduced and planned (:mod:`ingest.apply.placement`).
+PlacementName = Literal["driver", "executors"]
 
 
 def _parse_duration(value: Any) -> Any:

@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from ingest.config.base import NAME, SOURCE_TABLE, TOPIC, Duration, EngineName, Model, QualityPolicy
+from ingest.config.base import NAME, SOURCE_TABLE, TOPIC, Duration, Model, PlacementName, QualityPolicy, WriterName
 
 
 class ColumnSelection(Model):
@@ -63,8 +63,13 @@ class TableSpec(Model):
         default_factory=dict,
         description="policy per expectation name, overriding the suite's meta.policy and quality_policy",
     )
-    engine: EngineName | None = Field(
-        None, description="this table's apply engine (delta-rs or delta-spark); default: target.engine")
+    writer: WriterName | None = Field(
+        None, validation_alias=AliasChoices("writer", "engine"),
+        description="who writes this table's Delta commits (delta-rs or delta-spark; also accepted as engine); "
+        "default: target.writer")
+    plan_on: PlacementName | None = Field(
+        None, description="where this table's batches are assembled, reduced and planned (driver or executors); "
+        "default: target.plan_on")
     columns: ColumnSelection | None = Field(
         None, description="source columns to keep: {include: [...]} or {exclude: [...]}; the key is always kept")
     ignore_null_updates: bool = Field(
@@ -132,7 +137,7 @@ class DiscoverySpec(Model):
     A topic named ``<prefix>.<schema>.<table>`` (Debezium's naming) gets the table
     ``table_name`` with ``{prefix}``, ``{schema}`` and ``{table}`` filled in; characters a table
     name cannot hold become ``_``. A table listed under ``tables`` with the same topic wins: that is
-    how one discovered table is configured differently. See :mod:`ingest.discovery`.
+    how one discovered table is configured differently. See :mod:`ingest.source.discovery`.
     """
 
     topic_pattern: str = Field(description="regular expression a topic's whole name must match")

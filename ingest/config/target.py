@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 
-from ingest.config.base import URL_USERINFO, EngineName, Model
-from ingest.lake import OBJECT_STORE_SCHEMES, delta_storage_options, is_uri
+from ingest.config.base import URL_USERINFO, Model, PlacementName, WriterName
+from ingest.lake.location import OBJECT_STORE_SCHEMES, delta_storage_options, is_uri
 
 
 class StorageSpec(Model):
@@ -91,9 +90,10 @@ class TargetSpec(Model):
     target_file_size_mb: int = Field(
         8, gt=0, description="target Parquet file size written by MERGE and compaction; delta-rs rewrites every "
         "file a MERGE touches, so small files keep a hot-set MERGE small (benchmarks/bench_merge.py)")
-    engine: EngineName = Field(
-        "delta-rs", description="what applies the batches: delta-rs (on the driver, no JVM jar needed) or "
-        "delta-spark (MERGE as Spark jobs, deletion vectors); a table may choose its own")
+    writer: WriterName = Field(
+        "delta-rs", validation_alias=AliasChoices("writer", "engine"),
+        description="who writes the Delta commits (also accepted as engine): delta-rs (on the driver, no JVM jar "
+        "needed) or delta-spark (MERGE as Spark jobs, deletion vectors); a table may choose its own")
     deletion_vectors: bool = Field(
         True, description="delta-spark: tables it creates write deletion vectors (a MERGE marks rows deleted "
         "instead of rewriting their files); delta-rs can then no longer write or read them, polars and Spark can")
@@ -102,12 +102,12 @@ class TargetSpec(Model):
         "the batch's keys; the driver reads them itself while the files their key range reaches hold at most "
         "this many rows, else Spark's executors do and the driver receives only the rows found. Lower it to bound "
         "the driver's memory (0: always the executors), raise it to spare a small table's batches a Spark job")
-    plan_on: Literal["driver", "executors"] = Field(
-        "driver", description="delta-spark: where a batch is assembled, reduced and planned. driver: its rows are "
-        "collected and planned with Arrow (faster on one machine); executors: they stay in Spark, the driver gets "
-        "counts and schemas only (a cluster whose batches outgrow the driver). A table with a suite under "
-        "quality.validate_on: driver, and a batch of only truncates or tombstones, are planned on the driver "
-        "either way")
+    plan_on: PlacementName = Field(
+        "driver", description="where a batch is assembled, reduced and planned. driver: its rows are collected and "
+        "planned with Arrow (faster on one machine); executors: they stay in Spark, the driver gets counts and "
+        "schemas only (a cluster whose batches outgrow the driver; needs writer delta-spark, which merges from "
+        "there). A table with a suite under quality.validate_on: driver, and a batch of only truncates or "
+        "tombstones, are planned on the driver either way; a table may choose its own")
     change_data_feed: bool = Field(
         True, description="tables record Delta's change data feed (delta.enableChangeDataFeed; an existing table "
         "without it is switched on at its next batch): `ingest changes` and downstream readers get each commit's "

@@ -23,7 +23,7 @@ from ingest.decode.envelope import KeyReader, ValuePlan, to_event, tombstone
 from ingest.decode.jsonconv import JsonCodec
 from ingest.decode.registry import SchemaRegistry
 from ingest.errors import ConfigError, DecodeError
-from ingest.events import ChangeEvent, ControlRecord, KafkaCoordinates
+from ingest.model import ChangeEvent, ControlRecord, KafkaCoordinates
 
 __all__ = ["MessageDecoder", "decode_message"]
 

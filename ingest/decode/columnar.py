@@ -5,7 +5,7 @@ runs as it reads). It turns a batch of Kafka-shaped rows into *parts* (:mod:`ing
 one per value schema, one of tombstones per key shape, one of the messages that carry no change.
 Spark cannot know a part's types before it has seen the batch (a schema may change in any
 message), so each part travels as an Arrow IPC stream in one binary cell; the driver unifies the
-parts into the table's schema (:mod:`ingest.apply.microbatch`). Raw bytes travel only with messages
+parts into the table's schema (:mod:`ingest.apply.batch`). Raw bytes travel only with messages
 that did not decode.
 
 Two paths, one set of rules. Envelopes of a schema already seen take the *fast path*: the record is
@@ -37,7 +37,7 @@ from ingest.decode.columns import twin_of
 from ingest.decode.position import optional_int, source_position
 from ingest.decode.values import ConvertError
 from ingest.errors import DecodeError, RegistryUnavailableError
-from ingest.events import SNAPSHOT, STREAMED, KafkaCoordinates
+from ingest.model import SNAPSHOT, STREAMED, KafkaCoordinates
 
 if TYPE_CHECKING:
     from ingest.config import IngestConfig, TableSpec

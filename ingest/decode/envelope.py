@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 from ingest.decode.position import optional_int, source_position
 from ingest.decode.semantic import FieldPlan, as_key_field, convert_image, infer_image
 from ingest.errors import DecodeError
-from ingest.events import (
+from ingest.model import (
     SNAPSHOT,
     STREAMED,
     UNAVAILABLE,

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from ingest.decode import MessageDecoder
 from ingest.errors import DecodeError, RegistryUnavailableError
-from ingest.events import UNAVAILABLE, ChangeEvent, ColumnSpec, ControlRecord, KafkaCoordinates
+from ingest.model import UNAVAILABLE, ChangeEvent, ColumnSpec, ControlRecord, KafkaCoordinates
 
 if TYPE_CHECKING:
     pass
@@ -62,7 +62,7 @@ Message = tuple[KafkaCoordinates, int, Any, Any]  # coordinates, row in the inpu
 
 
 def arrow_type_of(type_name: str) -> pa.DataType:
-    from ingest.deltaio import arrow_type
+    from ingest.lake.delta import arrow_type
 
     return arrow_type(type_name)
 

@@ -22,7 +22,7 @@ import fastavro
 
 from ingest import secrets
 from ingest.errors import DecodeError, RegistryUnavailableError, SchemaRegistryError
-from ingest.locks import exclusive
+from ingest.lake.locks import exclusive
 
 MAGIC_BYTE = 0
 _HEADER = struct.Struct(">bI")

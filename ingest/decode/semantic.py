@@ -36,7 +36,7 @@ from ingest.decode.values import (
     zoned_timestamp,
 )
 from ingest.errors import DecodeError
-from ingest.events import UNAVAILABLE, UNTYPED, ColumnSpec
+from ingest.model import UNAVAILABLE, UNTYPED, ColumnSpec
 
 Wire = Literal["avro", "json"]
 

@@ -27,16 +27,16 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from ingest import quarantine
-from ingest.apply.engines import Engines
-from ingest.apply.microbatch import MicroBatch
+from ingest.apply.batch import MicroBatch
 from ingest.apply.pipeline import process_batch
-from ingest.apply.tablestate import TableState, load_state
-from ingest.audit import AuditRecord
+from ingest.commit.state import TableState, load_state
+from ingest.commit.writers import Writers
 from ingest.config import IngestConfig
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
-from ingest.paths import TablePaths
+from ingest.lake.tables import TablePaths
 from ingest.quality import QualityGate, QualityReport
+from ingest.records import quarantine
+from ingest.records.audit import AuditRecord
 
 #: ``batch_id`` of replay commits in the audit table (stream batches are >= 0).
 REPLAY_BATCH = -1
@@ -111,7 +111,7 @@ def replay_quarantine(config: IngestConfig, table: str, *, stage: str | None = N
     gate = QualityGate.for_table(config, spec) if recheck and spec.expectations else None
     replay_spec = spec if gate is not None else spec.model_copy(update={"expectations": None})
     result = process_batch(replay_spec, paths, batch, batch_id=REPLAY_BATCH, run_id=run_id, state=state, gate=gate,
-                           engine=Engines(config).for_table(spec), replay=True)
+                           engine=Writers(config).for_table(spec), replay=True)
     report.quality = result.quality or QualityReport()
     report.record = result.record
     stage_of = {(r["topic"], r["partition"], r["offset"]): r["stage"] for r in picked}

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import pyarrow.compute as pc
 
-from ingest import audit
-from ingest.apply.tablestate import load_state
+from ingest.commit.state import load_state
 from ingest.config import IngestConfig
-from ingest.deltaio import open_table, query
 from ingest.errors import SourceUnavailableError
-from ingest.lake import Location
-from ingest.paths import TablePaths
+from ingest.lake.delta import open_table, query
+from ingest.lake.location import Location
+from ingest.lake.tables import TablePaths
+from ingest.records import audit
 from ingest.source import Source, source_for
 
 

@@ -48,12 +48,11 @@ from typing import TYPE_CHECKING, Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.apply.tablestate import load_state
-from ingest.audit import QualityStatus
+from ingest.commit.state import load_state
 from ingest.config import IngestConfig, QualityPolicy, TableSpec
-from ingest.deltaio import arrow_type, delta_type_name, normalize
 from ingest.errors import QualityGateError, TableError
-from ingest.events import ColumnSpec
+from ingest.lake.delta import arrow_type, delta_type_name, normalize
+from ingest.model import ColumnSpec
 from ingest.quality.gx_shim import memoized_configurations
 from ingest.quality.results import ResultStore
 from ingest.quality.spark_rows import build_spark_frame, frame_of_winners, positions_by_key, rows_named, rows_of_keys
@@ -65,6 +64,7 @@ from ingest.quality.suites import (
     gx_context,
     load_suite,
 )
+from ingest.records.audit import QualityStatus
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

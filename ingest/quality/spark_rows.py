@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ingest.deltaio import arrow_type, normalize
+from ingest.lake.delta import arrow_type, normalize
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def build_spark_frame(spark: Any, rows: pa.Table, columns: dict[str, str]) -> Any:
     """The Spark DataFrame GX validates: one row per winner, the columns in their Delta types (a
     column the batch lacks is all null), timestamps without time zone kept as such."""
-    from ingest.spark import arrow_frame
+    from ingest.spark.session import arrow_frame
 
     arrays = {name: rows[name] if name in rows.column_names else pa.nulls(rows.num_rows, arrow_type(type_name))
               for name, type_name in columns.items()}
@@ -39,8 +39,8 @@ def frame_of_winners(live: DataFrame, columns: dict[str, str]) -> DataFrame:
     """:func:`build_spark_frame` of winners that are a DataFrame already (``live``: without deletes)."""
     from pyspark.sql import functions as F
 
-    from ingest.apply.delta_spark import ident
-    from ingest.spark import spark_type
+    from ingest.commit.delta_spark import ident
+    from ingest.spark.session import spark_type
 
     present = set(live.columns)
     return live.select(*(F.col(ident(name)) if name in present else F.lit(None).cast(spark_type(type_name)).alias(name)
@@ -52,7 +52,7 @@ def rows_named(live: DataFrame, key_columns: tuple[str, ...], result: Any) -> pa
     collected: few, and bound for quarantine)."""
     from pyspark.sql import functions as F
 
-    from ingest.apply.delta_spark import ident
+    from ingest.commit.delta_spark import ident
 
     named = {tuple(entry.get(k) for k in key_columns)
              for r in result.results if not r.success

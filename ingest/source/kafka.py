@@ -3,7 +3,7 @@
 The admin client is confluent-kafka (librdkafka). The stream is read, as ``source.kafka.reader``
 says, by the engine's own reader (``python``: librdkafka in the Python workers, decoding as it
 reads; :mod:`ingest.source.reader` over :mod:`ingest.source.kafkalog`) or by Spark's Java Kafka
-source (``spark``), whose jars the engine puts on the classpath (:mod:`ingest.jvm`). All get the
+source (``spark``), whose jars the engine puts on the classpath (:mod:`ingest.spark.jars`). All get the
 same connection settings: ``source.kafka.bootstrap_servers``, the ``kafka.*`` options of the
 configuration (librdkafka takes those it shares with the Java client), and the SASL JAAS config
 from the environment (``source.kafka.credentials_env``) or the secrets file. librdkafka has no

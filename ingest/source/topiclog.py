@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ingest.errors import TopicLogError
-from ingest.locks import exclusive
+from ingest.lake.locks import exclusive
 
 #: Record schema inside a segment (topic and partition are implied by the path).
 SEGMENT_SCHEMA = pa.schema(

@@ -243,7 +243,7 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: psycopg.Connection)
 
 def _unknown_values(path: Any, key: tuple[str, ...]) -> tuple[int, str | None]:
     """Live rows whose ``_cdc_unknown_columns`` is not empty (an unchanged-TOAST value never seen)."""
-    from ingest.deltaio import open_table, read_all
+    from ingest.lake.delta import open_table, read_all
 
     delta = open_table(path)
     if delta is None:

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest import audit, quarantine
 from ingest.apply.pipeline import apply_parts
-from ingest.apply.tablestate import (
+from ingest.commit.state import (
     BATCH_KEY,
     OFFSETS_KEY,
     OpenTables,
@@ -19,10 +18,11 @@ from ingest.apply.tablestate import (
     table_app_id,
 )
 from ingest.config import TableSpec
-from ingest.deltaio import open_table, read_all
 from ingest.errors import SchemaIncompatibleError
-from ingest.events import UNAVAILABLE, ColumnSpec, ControlRecord
-from ingest.paths import TablePaths
+from ingest.lake.delta import open_table, read_all
+from ingest.lake.tables import TablePaths
+from ingest.model import UNAVAILABLE, ColumnSpec, ControlRecord
+from ingest.records import audit, quarantine
 from tests.factories import COLUMNS, change, decoded_rows
 from tests.harness import current_engine
 
@@ -248,9 +248,9 @@ def test_toast_not_filled_from_a_redelivered_older_image(tmp_path):
 
 
 def test_commit_refuses_to_move_progress_backwards(tmp_path):
-    from ingest.apply.microbatch import MicroBatch
+    from ingest.apply.batch import MicroBatch
     from ingest.apply.pipeline import process_batch
-    from ingest.apply.tablestate import TableState, load_state
+    from ingest.commit.state import TableState, load_state
     from ingest.errors import OffsetsConflictError
 
     paths = paths_in(tmp_path)

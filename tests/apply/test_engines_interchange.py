@@ -11,15 +11,15 @@ from decimal import Decimal
 
 import pytest
 
-from ingest import audit, quarantine
-from ingest.apply.delta_rs import DeltaRsEngine
-from ingest.apply.delta_spark import DeltaSparkEngine
 from ingest.apply.pipeline import apply_parts
-from ingest.apply.tablestate import load_state
+from ingest.commit.delta_rs import DeltaRsWriter
+from ingest.commit.delta_spark import DeltaSparkWriter
+from ingest.commit.state import load_state
 from ingest.config import TableSpec
-from ingest.deltaio import has_deletion_vectors, open_table, read_all, table_schema
 from ingest.errors import TableError
-from ingest.events import ColumnSpec
+from ingest.lake.delta import has_deletion_vectors, open_table, read_all, table_schema
+from ingest.model import ColumnSpec
+from ingest.records import audit, quarantine
 from tests.factories import change, decoded_rows
 from tests.harness import paths_in
 
@@ -43,7 +43,7 @@ def _spark_live(spark, path) -> dict[int, str]:
 
 def test_delta_spark_continues_a_delta_rs_table_and_delta_rs_takes_it_back(tmp_path, spark):
     paths = paths_in(tmp_path, "customers")
-    rs, ds = DeltaRsEngine(), DeltaSparkEngine(spark)
+    rs, ds = DeltaRsWriter(), DeltaSparkWriter(spark)
     _apply(rs, paths, [change("c", k, 10 + k, name=f"rs{k}") for k in range(4)], first_offset=0, batch_id=0)
     # delta-spark resumes after offset 3: the replayed offsets 2..3 are already applied, 4..5 are new
     rec = _apply(ds, paths, [change("u", 2, 12, name="old"), change("d", 3, 13), change("u", 1, 20, name="ds1"),
@@ -60,7 +60,7 @@ def test_delta_spark_continues_a_delta_rs_table_and_delta_rs_takes_it_back(tmp_p
 
 def test_a_delta_spark_table_with_deletion_vectors_reads_everywhere_and_delta_rs_refuses_it(tmp_path, spark):
     paths = paths_in(tmp_path, "customers")
-    ds = DeltaSparkEngine(spark)
+    ds = DeltaSparkWriter(spark)
     _apply(ds, paths, [change("c", k, 10 + k, name=f"n{k}") for k in range(6)], first_offset=0, batch_id=0)
     rec = _apply(ds, paths, [change("d", 1, 20), change("u", 2, 21, name="two"), "garbage: not a change"],
                  first_offset=6, batch_id=1)
@@ -80,17 +80,17 @@ def test_a_delta_spark_table_with_deletion_vectors_reads_everywhere_and_delta_rs
     assert spark.read.format("delta").load(str(paths.audit)).count() == 2
     assert spark.read.format("delta").load(str(paths.quarantine)).count() == len(quarantine.read(paths.quarantine))
     with pytest.raises(TableError, match=r"deletion vectors.*DROP FEATURE deletionVectors"):
-        _apply(DeltaRsEngine(), paths, [change("c", 7, 30)], first_offset=9, batch_id=2)
+        _apply(DeltaRsWriter(), paths, [change("c", 7, 30)], first_offset=9, batch_id=2)
     assert _live(paths) == expected  # nothing was written by the refused engine
 
 
 def test_without_deletion_vectors_delta_rs_continues_a_delta_spark_table(tmp_path, spark):
     paths = paths_in(tmp_path, "customers")
-    _apply(DeltaSparkEngine(spark, deletion_vectors=False), paths,
+    _apply(DeltaSparkWriter(spark, deletion_vectors=False), paths,
            [change("c", k, 10 + k, name=f"n{k}") for k in range(3)], first_offset=0, batch_id=0)
     assert not has_deletion_vectors(open_table(paths.table))
     # delta-rs resumes from the offsets delta-spark recorded in its commit's metadata
-    rec = _apply(DeltaRsEngine(), paths, [change("u", 2, 12, name="x"), change("d", 0, 20)], first_offset=2,
+    rec = _apply(DeltaRsWriter(), paths, [change("u", 2, 12, name="x"), change("d", 0, 20)], first_offset=2,
                  batch_id=1)
     assert rec.received == 1 and rec.deleted == 1
     assert _live(paths) == {1: "n1", 2: "n2"} == _spark_live(spark, paths.table)
@@ -100,7 +100,7 @@ def test_maintenance_compacts_and_vacuums_a_table_with_deletion_vectors(tmp_path
     from assets.maintenance import MaintenanceOptions, maintain
 
     paths = paths_in(tmp_path, "customers")
-    ds = DeltaSparkEngine(spark)
+    ds = DeltaSparkWriter(spark)
     for b in range(3):
         _apply(ds, paths, [change("c", 10 * b + k, 10 * b + k, name=f"n{b}") for k in range(3)]
                + [change("d", 10 * (b - 1), 10 * b + 5)] * (b > 0), first_offset=10 * b, batch_id=b)
@@ -127,7 +127,7 @@ def test_every_column_type_keeps_its_type_and_values_on_both_engines(tmp_path, s
               "day": date(2024, 2, 29), "at": datetime(2024, 6, 3, 8, 8, 57, 389000, tzinfo=UTC),
               "local": datetime(2024, 6, 3, 10, 8, 57, 389000), "amount": Decimal("20214.74")}
     tables = {}
-    for engine in (DeltaRsEngine(), DeltaSparkEngine(spark)):
+    for engine in (DeltaRsWriter(), DeltaSparkWriter(spark)):
         paths = paths_in(tmp_path / engine.name, "customers")
         _apply(engine, paths, [change("c", 1, 10, columns=TYPED, extra=values)], first_offset=0, batch_id=0)
         _apply(engine, paths, [change("u", 1, 11, columns=TYPED, extra={**values, "name": "second"}),

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from ingest import audit
 from ingest.config import ColumnSelection, TableSpec
-from ingest.deltaio import open_table, read_all
 from ingest.errors import TableError
+from ingest.lake.delta import open_table, read_all
+from ingest.records import audit
 from tests.harness import TS, Topic, history_problems, ingest_batch, key, paths_in, pg, rows
 
 pytestmark = pytest.mark.usefixtures("apply_engine")

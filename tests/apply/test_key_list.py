@@ -13,14 +13,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ingest.apply import delta_spark
-from ingest.apply.delta_rs import DeltaRsEngine
-from ingest.apply.delta_spark import DeltaSparkEngine, dialect_for
-from ingest.apply.merge_sql import key_list
 from ingest.apply.pipeline import apply_parts
+from ingest.commit import delta_spark
+from ingest.commit.delta_rs import DeltaRsWriter
+from ingest.commit.delta_spark import DeltaSparkWriter, dialect_for
+from ingest.commit.merge_sql import key_list
 from ingest.config import TableSpec
-from ingest.deltaio import open_table, read_all, write_table
-from ingest.events import ChangeEvent, ColumnSpec
+from ingest.lake.delta import open_table, read_all, write_table
+from ingest.model import ChangeEvent, ColumnSpec
 from tests.factories import decoded_rows, pos
 from tests.harness import paths_in
 
@@ -52,7 +52,7 @@ def test_a_merge_with_listed_keys_of_each_type_writes_what_delta_rs_writes(tmp_p
                 _change("c", c, 5, key_type, "c")]]
     monkeypatch.setattr(delta_spark, "ROWS_PER_LISTED_KEY", 0)  # list the keys however small the table
     tables = {}
-    for name, engine in (("ds", DeltaSparkEngine(spark)), ("rs", DeltaRsEngine())):
+    for name, engine in (("ds", DeltaSparkWriter(spark)), ("rs", DeltaRsWriter())):
         paths = paths_in(tmp_path / name)
         for i, items in enumerate(batches):
             record = apply_parts(SPEC, paths, decoded_rows(items, first_offset=10 * i), batch_id=i, run_id="test",
@@ -95,7 +95,7 @@ def test_an_scd2_merge_with_listed_keys_keeps_the_versions_delta_rs_keeps(tmp_pa
                [_change("u", 1, 3, "long", "a2"), _change("d", 2, 4, "long", "b"), _change("c", 3, 5, "long", "c")]]
     monkeypatch.setattr(delta_spark, "ROWS_PER_LISTED_KEY", 0)
     versions = {}
-    for name, engine in (("ds", DeltaSparkEngine(spark)), ("rs", DeltaRsEngine())):
+    for name, engine in (("ds", DeltaSparkWriter(spark)), ("rs", DeltaRsWriter())):
         paths = paths_in(tmp_path / name)
         for i, items in enumerate(batches):
             apply_parts(spec, paths, decoded_rows(items, first_offset=10 * i), batch_id=i, run_id="test",

@@ -1,4 +1,4 @@
-"""The MERGE statement both engines run (ingest.apply.merge_sql): one text, two SQL dialects.
+"""The MERGE statement both engines run (ingest.commit.merge_sql): one text, two SQL dialects.
 
 What each statement does to a table is proven by the engine suites, which run on delta-rs and on
 delta-spark; these tests pin the statement's shape and that the two dialects differ only in how
@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from ingest.apply.delta_rs import DIALECT as RS
-from ingest.apply.delta_spark import DIALECT as SPARK
-from ingest.apply.history import DROP, HistoryPlan
-from ingest.apply.merge_sql import Dialect, MergeStatement, current_merge, history_merge
-from ingest.apply.plan import TOAST_FLAG
-from ingest.events import ColumnSpec
+from ingest.apply.rules.history import DROP, HistoryPlan
+from ingest.apply.rules.plan import TOAST_FLAG
+from ingest.commit.delta_rs import DIALECT as RS
+from ingest.commit.delta_spark import DIALECT as SPARK
+from ingest.commit.merge_sql import Dialect, MergeStatement, current_merge, history_merge
+from ingest.model import ColumnSpec
 
 COLUMNS = [ColumnSpec("id", "long", False), ColumnSpec("notes", "string", True)]
 SOURCE = pa.table({"id": pa.array([7, 3, 12], pa.int64()), "notes": ["a", None, "c"],

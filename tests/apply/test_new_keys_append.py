@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from ingest import audit
-from ingest.apply.delta_rs import DeltaRsEngine
-from ingest.apply.delta_spark import DeltaSparkEngine
 from ingest.apply.pipeline import apply_parts
-from ingest.apply.tablestate import load_state
+from ingest.commit.delta_rs import DeltaRsWriter
+from ingest.commit.delta_spark import DeltaSparkWriter
+from ingest.commit.state import load_state
 from ingest.config import TableSpec
-from ingest.deltaio import open_table, read_all
 from ingest.errors import CommitConflictError
-from ingest.events import ColumnSpec
+from ingest.lake.delta import open_table, read_all
+from ingest.model import ColumnSpec
+from ingest.records import audit
 from tests.factories import COLUMNS, change, decoded_rows
 from tests.harness import paths_in, race_at
 
@@ -51,7 +51,7 @@ def _table(paths: Any) -> list[dict[str, Any]]:
 def _both(tmp_path: Any, spark: Any, spec: TableSpec, batches: list[tuple[int, list[Any]]]):
     """The batches applied by delta-spark and by delta-rs, each into its own table."""
     ds, rs = paths_in(tmp_path / "ds"), paths_in(tmp_path / "rs")
-    return ds, _run(DeltaSparkEngine(spark), ds, spec, batches), rs, _run(DeltaRsEngine(), rs, spec, batches)
+    return ds, _run(DeltaSparkWriter(spark), ds, spec, batches), rs, _run(DeltaRsWriter(), rs, spec, batches)
 
 
 @pytest.mark.parametrize("spec", [HARD, SOFT], ids=["hard", "soft"])
@@ -74,7 +74,7 @@ def test_a_batch_of_new_keys_is_appended_with_what_the_merge_would_write(tmp_pat
     assert load_state(ds.table).applied_offset("t", 0) == 6
     # a replay of the appended batch is recognised as applied: nothing more is written
     again = apply_parts(spec, ds, decoded_rows(batches[1][1], first_offset=3), batch_id=2, run_id="test",
-                        engine=DeltaSparkEngine(spark))
+                        engine=DeltaSparkWriter(spark))
     assert again.record is None and again.already_applied == 4
     assert _table(ds) == _table(rs)
 
@@ -113,7 +113,7 @@ def test_a_batch_that_adds_a_column_merges_even_with_new_keys_only(tmp_path, spa
 def test_a_writer_racing_an_append_gets_a_conflict_and_the_key_is_written_once(tmp_path, spark, monkeypatch):
     """Both writers read the table without key 7 and planned an append of it: the second is refused."""
     paths = paths_in(tmp_path)
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     _run(engine, paths, HARD, [(0, [change("c", k, 10 + k) for k in range(3)])])
     # the other writer appends the same offsets while this one is about to
     race_at(monkeypatch, "before-commit", lambda: apply_parts(
@@ -132,7 +132,7 @@ def test_a_commit_between_the_plan_and_the_append_turns_it_into_a_merge(tmp_path
     """Another writer commits key 7 after this batch planned an append of it, before its commit starts:
     the table is no longer at the version the plan read, so the batch merges, and its newer change wins."""
     paths = paths_in(tmp_path)
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     _run(engine, paths, HARD, [(0, [change("c", k, 10 + k) for k in range(3)])])
     race = race_at(monkeypatch, "after-tombstones", lambda: apply_parts(
         HARD, paths, decoded_rows([change("c", 7, 20, name="other")], first_offset=3),

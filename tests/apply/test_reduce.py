@@ -5,10 +5,10 @@ import random
 import pyarrow as pa
 import pytest
 
-from ingest.apply.microbatch import MicroBatch
-from ingest.apply.reduce import Reduction, reduce_changes
-from ingest.apply.tablestate import TableState
-from ingest.events import UNAVAILABLE, ChangeEvent
+from ingest.apply.batch import MicroBatch
+from ingest.apply.rules.reduce import Reduction, reduce_changes
+from ingest.commit.state import TableState
+from ingest.model import UNAVAILABLE, ChangeEvent
 from tests.factories import change, decoded_rows
 
 NOTHING_APPLIED = TableState(None, None, None, None)

@@ -1,8 +1,8 @@
 import pytest
 
-from ingest.apply.schema import combine, holds, plan_schema
+from ingest.apply.rules.schema import combine, holds, plan_schema
 from ingest.errors import SchemaIncompatibleError
-from ingest.events import ColumnSpec
+from ingest.model import ColumnSpec
 
 
 @pytest.mark.parametrize(

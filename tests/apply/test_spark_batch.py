@@ -26,22 +26,22 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ingest import quarantine
 from ingest.apply import spark_batch
-from ingest.apply.delta_rs import DeltaRsEngine
-from ingest.apply.delta_spark import DeltaSparkEngine
-from ingest.apply.microbatch import MicroBatch
+from ingest.apply.batch import MicroBatch
 from ingest.apply.pipeline import apply_parts
 from ingest.apply.spark_batch import apply_decoded, apply_on_executors
-from ingest.apply.tablestate import OpenTables, load_state
-from ingest.audit import AuditRecord
+from ingest.commit.delta_rs import DeltaRsWriter
+from ingest.commit.delta_spark import DeltaSparkWriter
+from ingest.commit.state import OpenTables, load_state
 from ingest.config import TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.decode.parts import write_parts
-from ingest.deltaio import open_table, read_all
-from ingest.paths import TablePaths
+from ingest.lake.delta import open_table, read_all
+from ingest.lake.tables import TablePaths
 from ingest.quality import QualityGate, load_suite
-from ingest.spark import arrow_frame
+from ingest.records import quarantine
+from ingest.records.audit import AuditRecord
+from ingest.spark.session import arrow_frame
 from tests.apply.test_spark_reduce import random_parts
 from tests.harness import Topic, flat, kafka_rows, key, paths_in
 from tests.quality.helpers import write_suite
@@ -49,7 +49,7 @@ from tests.quality.helpers import write_suite
 pytestmark = pytest.mark.spark
 #: The driver's journey commits with delta-rs: the same plan and MERGE statement as delta-spark's
 #: (tests/apply/test_engines_interchange.py), an independent writer, and a second a batch cheaper.
-REFERENCE = DeltaRsEngine()
+REFERENCE = DeltaRsWriter()
 COUNTS = ("inserted", "updated", "deleted", "stale", "superseded", "truncates", "toast_unknown")
 
 
@@ -65,7 +65,7 @@ def _table(path: Any, drop: tuple[str, ...] = ("_cdc_ingested_at",)) -> list[dic
 @pytest.mark.parametrize(("mode", "nulls"), [("soft", False), ("hard", True)], ids=["soft", "hard-ignore-null-updates"])
 def test_the_executors_leave_the_table_the_driver_leaves(tmp_path: Any, spark: Any, mode: str, nulls: bool) -> None:
     spec = TableSpec(name="t", topic="t", delete_mode=mode, ignore_null_updates=nulls)  # type: ignore[arg-type]
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
     batches = [random_parts(7, keys=24, truncates=False),
                random_parts(8, keys=20, first_key=12, first_offset=10_000)
@@ -124,7 +124,7 @@ def _flattened_stream() -> tuple[Topic, list[int]]:
 def test_tombstones_of_a_flattened_stream_delete_on_the_executors(tmp_path: Any, spark: Any, monkeypatch: Any,
                                                                   mode: str) -> None:
     spec = TableSpec(name="t", topic="t", delete_mode=mode)  # type: ignore[arg-type]
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
     opened = OpenTables(on_executors, "t")
     monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
@@ -176,7 +176,7 @@ def _gated_journeys(tmp_path: Any, spark: Any, monkeypatch: Any, spec: TableSpec
     write_suite(tmp_path / "suites", "s", SUITE)
     suite = load_suite(tmp_path / "suites", "s")
     on_pandas, on_spark = QualityGate(spec, suite), QualityGate(spec, suite, spark=spark)
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
     opened = OpenTables(on_executors, "t")
     monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
@@ -208,7 +208,7 @@ def test_the_gate_holds_on_the_executors_what_it_holds_on_the_driver(tmp_path: A
 def test_a_column_null_in_every_schemaless_message_takes_the_tables_type(tmp_path: Any, spark: Any,
                                                                          monkeypatch: Any) -> None:
     spec = TableSpec(name="t", topic="t")
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
     opened = OpenTables(on_executors, "t")
     monkeypatch.setattr(spark_batch, "_on_driver", None)

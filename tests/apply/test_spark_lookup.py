@@ -12,15 +12,15 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ingest.apply import delta_spark
-from ingest.apply.delta_spark import DeltaSparkEngine, spark_rows_of_keys
 from ingest.apply.pipeline import apply_parts
 from ingest.apply.stored import STORED_SCHEMA, UNKNOWN_COLUMNS, rows_of_keys, stored_rows
-from ingest.apply.tombstones import Remembered
+from ingest.commit import delta_spark
+from ingest.commit.delta_spark import DeltaSparkWriter, spark_rows_of_keys
+from ingest.commit.remembered import RememberedDeletes
 from ingest.config import TableSpec
-from ingest.deltaio import has_deletion_vectors, open_table
-from ingest.events import ChangeEvent, ColumnSpec
-from ingest.lake import LakePath
+from ingest.lake.delta import has_deletion_vectors, open_table
+from ingest.lake.location import LakePath
+from ingest.model import ChangeEvent, ColumnSpec
 from tests.factories import decoded_rows, pos
 from tests.harness import paths_in
 
@@ -40,7 +40,7 @@ def _table(tmp_path: Any, spark: Any) -> tuple[Any, Any]:
     """A delta-spark table of 40 keys, some updated and deleted by MERGEs (so it has deletion vectors)."""
     spec = TableSpec(name="t", topic="t", delete_mode="soft")
     paths = paths_in(tmp_path)
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     batches = [[_change("c", r, k, k + 100 * (r == "eu")) for r in ("eu", "us") for k in range(20)],
                [_change("u", "eu", k, 1000 + k, "later") for k in range(0, 20, 3)]
                + [_change("d", "us", k, 2000 + k) for k in range(0, 20, 4)]]
@@ -83,7 +83,7 @@ def test_a_large_range_is_read_on_the_executors_and_a_small_one_on_the_driver(tm
     monkeypatch.setattr(delta_spark, "rows_of_keys", lambda *a: calls.append("driver") or rows_of_keys(*a))
     monkeypatch.setattr(delta_spark, "spark_rows_of_keys",
                         lambda *a: calls.append("executors") or spark_rows_of_keys(*a))
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     assert engine.driver_lookup_rows == 1_000_000  # the default: the driver reads a small table
     lookup = engine.lookup(paths.table)
     small = stored_rows(table, ("region", "id"), keys, lookup=lookup)
@@ -98,12 +98,12 @@ def test_the_remembered_deletes_of_a_batch_are_read_alike_on_the_executors(tmp_p
     """Hard mode: the plan reads the deletes remembered for the batch's keys through the same lookup."""
     spec = TableSpec(name="t", topic="t", delete_mode="hard")
     paths = paths_in(tmp_path)
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     batches = [[_change("c", "eu", k, k) for k in range(10)],
                [_change("d", "eu", k, 100 + k) for k in range(0, 10, 2)]]
     for i, items in enumerate(batches):
         apply_parts(spec, paths, decoded_rows(items, first_offset=100 * i), batch_id=i, run_id="test", engine=engine)
-    remembered = Remembered(paths.tombstones, "t")
+    remembered = RememberedDeletes(paths.tombstones, "t")
     key_columns, key_types = ("region", "id"), {"region": "string", "id": "long"}
     keys = pa.table({"region": ["eu", "eu", "eu", "us"], "id": pa.array([2, 3, 4, 2], pa.int64())})
     lookup = engine.lookup(LakePath.of(paths.tombstones))

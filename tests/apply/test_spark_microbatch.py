@@ -14,14 +14,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ingest.apply.microbatch import MicroBatch
+from ingest.apply.batch import MicroBatch
 from ingest.apply.pipeline import apply_parts
 from ingest.apply.spark_microbatch import assemble_on_executors
-from ingest.apply.tablestate import load_state
+from ingest.commit.state import load_state
 from ingest.config import TableSpec
 from ingest.decode.parts import write_parts
-from ingest.events import ControlRecord
-from ingest.spark import arrow_frame
+from ingest.model import ControlRecord
+from ingest.spark.session import arrow_frame
 from tests.apply.test_spark_reduce import random_parts
 from tests.factories import change, decoded_rows
 from tests.harness import paths_in

@@ -14,20 +14,20 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ingest.apply.microbatch import MicroBatch
-from ingest.apply.ordering import later_than_stored
+from ingest.apply.batch import MicroBatch
 from ingest.apply.pipeline import apply_parts
-from ingest.apply.plan import MergePlan, plan_merge
-from ingest.apply.reduce import reduce_changes
+from ingest.apply.rules.ordering import later_than_stored
+from ingest.apply.rules.plan import MergePlan, plan_merge
+from ingest.apply.rules.reduce import reduce_changes
 from ingest.apply.spark_plan import SparkPlan, plan_on_executors, stored_on_executors
 from ingest.apply.spark_reduce import reduce_on_executors
 from ingest.apply.stored import stored_rows
-from ingest.apply.tablestate import load_state
-from ingest.apply.tombstones import Remembered
+from ingest.commit.remembered import RememberedDeletes
+from ingest.commit.state import load_state
 from ingest.config import TableSpec
-from ingest.deltaio import normalize, open_table
-from ingest.lake import LakePath
-from ingest.spark import arrow_frame
+from ingest.lake.delta import normalize, open_table
+from ingest.lake.location import LakePath
+from ingest.spark.session import arrow_frame
 from tests.apply.test_spark_reduce import random_parts
 from tests.harness import paths_in
 
@@ -76,7 +76,7 @@ def test_executors_plan_as_the_driver_does(tmp_path: Any, spark: Any, seed: int,
             driver_red.truncate.position, state.truncate_position)):
         new_truncate = driver_red.truncate.position
     keys = pa.concat_tables([t.select(list(key)) for t in (driver_red.winners, driver_red.truncated) if t is not None])
-    remembered = Remembered(paths.tombstones, "t")
+    remembered = RememberedDeletes(paths.tombstones, "t")
     tombs = remembered.read(key, {"id": "long"}, keys) if hard else None
     driver = plan_merge(driver_red, key_columns=key, columns=batch.columns, stored=stored_rows(table, key, keys),
                         tombstones=tombs, old_truncate=state.truncate_position, new_truncate=new_truncate, hard=hard)

@@ -14,13 +14,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ingest.apply.microbatch import MicroBatch
-from ingest.apply.reduce import Reduction, nulls_as_unchanged, reduce_changes
+from ingest.apply.batch import MicroBatch
+from ingest.apply.rules.reduce import Reduction, nulls_as_unchanged, reduce_changes
 from ingest.apply.spark_reduce import SparkReduction, reduce_on_executors
-from ingest.apply.tablestate import TableState
-from ingest.deltaio import normalize
-from ingest.events import UNAVAILABLE, ChangeEvent
-from ingest.spark import arrow_frame
+from ingest.commit.state import TableState
+from ingest.lake.delta import normalize
+from ingest.model import UNAVAILABLE, ChangeEvent
+from ingest.spark.session import arrow_frame
 from tests.factories import change, decoded_rows
 
 pytestmark = pytest.mark.spark

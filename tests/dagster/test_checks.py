@@ -7,15 +7,15 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 
 from assets.checks import LagThresholds, balance_check_result, lag_check_result
-from assets.resources import StubIngestEngine
-from ingest import audit
-from ingest.audit import AuditRecord
+from assets.resources import StubIngestPipeline
+from ingest.records import audit
+from ingest.records.audit import AuditRecord
 from tests.dagster.conftest import produce
 
 
 def test_balance_fails_on_a_batch_that_does_not_add_up(notes_config):
     path, config = notes_config
-    engine = StubIngestEngine(config_path=str(path))
+    engine = StubIngestPipeline(config_path=str(path))
     spec = config.table("notes")
     audit_path = engine.paths("notes").audit
     audit.append(audit_path, [AuditRecord("notes", "r1", 0, received=5, inserted=3, superseded=1, quarantined=1)])
@@ -28,7 +28,7 @@ def test_balance_fails_on_a_batch_that_does_not_add_up(notes_config):
 
 def test_lag_is_stale_only_with_a_backlog_and_no_recent_commit(notes_config):
     path, config = notes_config
-    engine = StubIngestEngine(config_path=str(path))
+    engine = StubIngestPipeline(config_path=str(path))
     spec = config.table("notes")
     assert lag_check_result(spec, engine, LagThresholds()).passed  # nothing in the topic
     produce(config, "app.notes", [("c", {"id": i, "body": "x"}, 10 + i) for i in range(4)])

@@ -14,7 +14,7 @@ from assets.constants import (
     table_pool,
 )
 from assets.jobs import MAINTENANCE_JOB, MAINTENANCE_SCHEDULE
-from assets.resources import SparkIngestEngine
+from assets.resources import SparkIngestPipeline
 from dagster_project.settings import CONFIG_ENV, WORKDIR_ENV
 from ingest.config import load_config
 from tests.dagster.conftest import DEMO_CONFIG, write_config
@@ -47,8 +47,8 @@ def test_definitions_load_with_every_configured_table(monkeypatch, tmp_path):
     assert [s.name for s in defs.sensors] == ["cdc_offsets_sensor"]  # type: ignore[union-attr]
     [schedule] = defs.schedules  # type: ignore[misc]
     assert schedule.name == MAINTENANCE_SCHEDULE and schedule.job_name == MAINTENANCE_JOB
-    engine = defs.resources["ingest_engine"]  # type: ignore[index]
-    assert isinstance(engine, SparkIngestEngine) and engine.workdir == str(tmp_path.resolve())
+    engine = defs.resources["ingest_pipeline"]  # type: ignore[index]
+    assert isinstance(engine, SparkIngestPipeline) and engine.workdir == str(tmp_path.resolve())
 
 
 def test_a_table_added_to_the_config_becomes_an_asset(monkeypatch, tmp_path):

@@ -11,9 +11,9 @@ import pytest
 from assets.constants import ANALYTICS_KEY_PREFIX, table_key
 from assets.definitions import build_definitions
 from assets.incremental import ORDERS_BY_STATUS
-from assets.resources import SparkIngestEngine
-from ingest.deltaio import open_table, read_all
-from ingest.query import run_sql
+from assets.resources import SparkIngestPipeline
+from ingest.lake.delta import open_table, read_all
+from ingest.read.query import run_sql
 from tests.dagster.conftest import produce, write_config
 
 pytestmark = pytest.mark.spark
@@ -22,11 +22,11 @@ KEY = dg.AssetKey([ANALYTICS_KEY_PREFIX, ORDERS_BY_STATUS])
 
 
 def _materialize(config, path) -> dict:
-    engine = SparkIngestEngine(config_path=str(path))
+    engine = SparkIngestPipeline(config_path=str(path))
     defs = build_definitions(config, engine)
     assets = [a for a in defs.assets if a.key in (table_key("orders"), KEY)]  # type: ignore[union-attr]
     result = dg.materialize(assets, instance=dg.DagsterInstance.ephemeral(),  # type: ignore[arg-type]
-                            resources={"ingest_engine": engine})
+                            resources={"ingest_pipeline": engine})
     assert result.success
     [event] = [e for e in result.get_asset_materialization_events() if e.asset_key == KEY]
     return {k: v.value for k, v in event.materialization.metadata.items()}

@@ -10,11 +10,11 @@ import pytest
 from assets.constants import table_key
 from assets.definitions import build_definitions
 from assets.jobs import MAINTENANCE_JOB
-from assets.resources import SparkIngestEngine
-from ingest.apply.tablestate import load_state
-from ingest.deltaio import open_table, read_all
-from ingest.engine import Engine
-from ingest.paths import TablePaths
+from assets.resources import SparkIngestPipeline
+from ingest.commit.state import load_state
+from ingest.lake.delta import open_table, read_all
+from ingest.lake.tables import TablePaths
+from ingest.stream.runner import Runner
 from tests.dagster.conftest import produce, write_config
 
 pytestmark = pytest.mark.spark
@@ -31,7 +31,7 @@ def test_maintenance_compacts_and_the_engine_still_reads_its_progress(tmp_path, 
                                 tables=[{"name": "notes", "topic": "app.notes", "tombstone_retention": "1d"}])
     produce(config, "app.notes", [("c", {"id": i, "body": f"v{i}"}, 100 + i) for i in range(20)]
             + [("d", {"id": i}, 200 + i) for i in range(3)])
-    assert not Engine(config, spark=spark).run().failed
+    assert not Runner(config, spark=spark).run().failed
     paths = TablePaths.of(config, "notes")
     before = load_state(paths.table)
     files_before = len(before.table.file_uris())
@@ -39,7 +39,7 @@ def test_maintenance_compacts_and_the_engine_still_reads_its_progress(tmp_path, 
     offsets = {p: before.applied_offset("app.notes", p) for p in (0, 1)}
     rows_before = _live(config)
 
-    engine = SparkIngestEngine(config_path=str(path))
+    engine = SparkIngestPipeline(config_path=str(path))
     defs = build_definitions(config, engine)
     result = defs.get_job_def(MAINTENANCE_JOB).execute_in_process(
         run_config={"ops": {op: {"config": {"vacuum_retention_hours": 0}}
@@ -70,6 +70,6 @@ def test_maintenance_compacts_and_the_engine_still_reads_its_progress(tmp_path, 
     # nothing is re-read, and new changes apply once.
     shutil.rmtree(config.checkpoint_root)
     produce(config, "app.notes", [("u", {"id": 5, "body": "changed"}, 300), ("c", {"id": 99, "body": "new"}, 301)])
-    run = Engine(config, spark=spark).run().tables["notes"]
+    run = Runner(config, spark=spark).run().tables["notes"]
     assert run.already_applied == 0 and run.total("updated") == 1 and run.total("inserted") == 1
     assert _live(config) == {**rows_before, 5: "changed", 99: "new"}

@@ -12,9 +12,9 @@ from harness.demo import prepare_workload, truth_dir, verify_all
 from assets.analytics import DAILY_REVENUE
 from assets.constants import ANALYTICS_KEY_PREFIX, BALANCE_CHECK, LAG_CHECK, QUALITY_CHECK, table_key
 from assets.definitions import build_definitions
-from assets.resources import SparkIngestEngine
-from ingest import audit
-from ingest.deltaio import open_table, read_all
+from assets.resources import SparkIngestPipeline
+from ingest.lake.delta import open_table, read_all
+from ingest.records import audit
 from tests.dagster.conftest import write_config
 
 pytestmark = pytest.mark.spark
@@ -33,13 +33,13 @@ def materialized(request, tmp_path_factory, spark):
     path, config = write_config(tmp_path_factory.mktemp("dagster") / "work", batch=300, engine=engine_name,
                                 target=target)
     prepare_workload(config, events=800, seed=1, malformed_fraction=0.01)
-    engine = SparkIngestEngine(config_path=str(path))
+    engine = SparkIngestPipeline(config_path=str(path))
     defs = build_definitions(config, engine)
     graph = defs.get_repository_def().asset_graph
     result = dg.materialize(
         [*defs.assets, *defs.asset_checks],  # type: ignore[list-item]
         instance=dg.DagsterInstance.ephemeral(),
-        resources={"ingest_engine": engine},
+        resources={"ingest_pipeline": engine},
     )
     return config, result, graph
 
@@ -53,7 +53,7 @@ def test_tables_equal_the_source(materialized):
     config, result, _ = materialized
     assert result.success
     engines = {r["engine"] for r in audit.read(config.tables_root / "_cdc_audit").to_pylist()}
-    assert engines == {config.target.engine}
+    assert engines == {config.target.writer}
     assert config.lake_is_local or not (config.workdir / "tables").exists()
     assert all(v.ok for v in verify_all(config)), [v.table for v in verify_all(config) if not v.ok]
 

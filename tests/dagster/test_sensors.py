@@ -10,23 +10,23 @@ from dagster._core.storage.dagster_run import DagsterRun
 
 from assets.constants import TABLE_TAG, table_key
 from assets.definitions import build_definitions
-from assets.resources import SparkIngestEngine
+from assets.resources import SparkIngestPipeline
 from assets.sensors import build_offsets_sensor
 from tests.dagster.conftest import produce, write_config
 
 pytestmark = pytest.mark.spark
 
 
-def _tick(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, engine: SparkIngestEngine,
+def _tick(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, engine: SparkIngestPipeline,
           cursor: str | None) -> tuple[list[dg.RunRequest], str | None, str | None]:
-    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"ingest_engine": engine})
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"ingest_pipeline": engine})
     data = sensor.evaluate_tick(context)
     return list(data.run_requests or []), data.cursor, data.skip_message
 
 
 def test_requests_only_new_offsets_and_advances_its_cursor(notes_config, spark):
     path, config = notes_config
-    engine = SparkIngestEngine(config_path=str(path))
+    engine = SparkIngestPipeline(config_path=str(path))
     sensor = build_offsets_sensor([config.table("notes")])
     instance = dg.DagsterInstance.ephemeral()
 
@@ -46,7 +46,7 @@ def test_requests_only_new_offsets_and_advances_its_cursor(notes_config, spark):
 
     # The run drains the table: caught up, nothing requested.
     defs = build_definitions(config, engine)
-    assert dg.materialize(defs.assets, instance=instance, resources={"ingest_engine": engine}).success  # type: ignore[arg-type]
+    assert dg.materialize(defs.assets, instance=instance, resources={"ingest_pipeline": engine}).success  # type: ignore[arg-type]
     requests, _, skip = _tick(sensor, instance, engine, cursor)
     assert not requests and "caught up" in skip
 
@@ -60,7 +60,7 @@ def test_requests_only_new_offsets_and_advances_its_cursor(notes_config, spark):
 
 def test_waits_while_a_run_of_the_table_is_in_flight(notes_config):
     path, config = notes_config
-    engine = SparkIngestEngine(config_path=str(path))
+    engine = SparkIngestPipeline(config_path=str(path))
     sensor = build_offsets_sensor([config.table("notes")])
     instance = dg.DagsterInstance.ephemeral()
     produce(config, "app.notes", [("c", {"id": 1, "body": "a"}, 10)])
@@ -73,7 +73,7 @@ def test_waits_while_a_run_of_the_table_is_in_flight(notes_config):
 def test_one_sensor_requests_each_table_that_needs_it(tmp_path):
     path, config = write_config(tmp_path / "work", batch=5, value_format="json", tables=[
         {"name": "notes", "topic": "app.notes"}, {"name": "tags", "topic": "app.tags"}])
-    engine = SparkIngestEngine(config_path=str(path))
+    engine = SparkIngestPipeline(config_path=str(path))
     sensor = build_offsets_sensor(list(config.tables))
     instance = dg.DagsterInstance.ephemeral()
     produce(config, "app.notes", [("c", {"id": 1, "body": "a"}, 10)])

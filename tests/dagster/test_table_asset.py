@@ -9,7 +9,7 @@ import pytest
 
 from assets.constants import QUALITY_CHECK, table_key
 from assets.definitions import build_definitions
-from assets.resources import StubIngestEngine
+from assets.resources import StubIngestPipeline
 from tests.dagster.conftest import write_config
 
 _BATCH = {"received": 10, "inserted": 6, "updated": 2, "deleted": 1, "quarantined": 1, "delta_version": 0,
@@ -19,10 +19,10 @@ _BATCH = {"received": 10, "inserted": 6, "updated": 2, "deleted": 1, "quarantine
 def _materialize(tmp_path, policy: str, runs: dict) -> tuple[dg.ExecuteInProcessResult, dg.AssetCheckEvaluation]:
     path, config = write_config(tmp_path / "work", value_format="json", tables=[
         {"name": "notes", "topic": "app.notes", "quality_policy": policy}])
-    engine = StubIngestEngine(config_path=str(path), runs_json=json.dumps(runs))
+    engine = StubIngestPipeline(config_path=str(path), runs_json=json.dumps(runs))
     defs = build_definitions(config, engine)
     result = dg.materialize(defs.assets, instance=dg.DagsterInstance.ephemeral(),  # type: ignore[arg-type]
-                            resources={"ingest_engine": engine}, raise_on_error=False)
+                            resources={"ingest_pipeline": engine}, raise_on_error=False)
     [evaluation] = [e for e in result.get_asset_check_evaluations() if e.check_name == QUALITY_CHECK]
     return result, evaluation
 

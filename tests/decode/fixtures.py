@@ -15,7 +15,7 @@ import fastavro
 
 from ingest.decode import MessageDecoder
 from ingest.decode.registry import EmbeddedSchemaRegistry, frame
-from ingest.events import ChangeEvent, KafkaCoordinates
+from ingest.model import ChangeEvent, KafkaCoordinates
 
 COORDS = KafkaCoordinates(topic="shop.public.orders", partition=2, offset=41, timestamp_ms=1_700_000_000_000)
 MARKER = "__debezium_unavailable_value"

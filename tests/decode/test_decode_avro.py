@@ -13,7 +13,7 @@ import pytest
 from ingest.decode import MessageDecoder
 from ingest.decode.registry import EmbeddedSchemaRegistry, frame
 from ingest.errors import ConfigError, DecodeError
-from ingest.events import UNAVAILABLE, ChangeEvent, ColumnSpec, ControlRecord, SourcePosition
+from ingest.model import UNAVAILABLE, ChangeEvent, ColumnSpec, ControlRecord, SourcePosition
 
 from .fixtures import (
     AVRO_ORDER_FIELDS,

@@ -11,7 +11,7 @@ import pytest
 
 from ingest.decode import decode_message
 from ingest.errors import DecodeError
-from ingest.events import UNAVAILABLE, ChangeEvent, ColumnSpec, SourcePosition
+from ingest.model import UNAVAILABLE, ChangeEvent, ColumnSpec, SourcePosition
 
 from .fixtures import (
     COORDS,

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ingest.decode import MessageDecoder
-from ingest.events import ChangeEvent, KafkaCoordinates, SourcePosition
+from ingest.model import ChangeEvent, KafkaCoordinates, SourcePosition
 
 from .fixtures import COORDS, envelope, json_message, mysql_source, pg_source
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ingest.errors import DecodeError
-from ingest.events import ControlRecord, SourcePosition
+from ingest.model import ControlRecord, SourcePosition
 
 from .fixtures import (
     COORDS,

@@ -20,7 +20,7 @@ from ingest.decode import MessageDecoder
 from ingest.decode.jsonconv import JsonCodec
 from ingest.decode.registry import EmbeddedSchemaRegistry, frame
 from ingest.errors import DecodeError
-from ingest.events import ChangeEvent, ColumnSpec, ControlRecord, KafkaCoordinates, SourcePosition
+from ingest.model import ChangeEvent, ColumnSpec, ControlRecord, KafkaCoordinates, SourcePosition
 
 SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "debezium-samples"
 pytestmark = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f"Debezium samples not present at {SAMPLES}")

@@ -16,7 +16,7 @@ from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.decode.semantic import convert_image, field_plan
 from ingest.decode.values import fit_decimal
 from ingest.errors import DecodeError
-from ingest.events import UNAVAILABLE, ChangeEvent
+from ingest.model import UNAVAILABLE, ChangeEvent
 
 from .fixtures import (
     COORDS,

@@ -10,7 +10,7 @@ import yaml
 
 from ingest.config import load_config
 from ingest.errors import ConfigError
-from ingest.lake import LakePath
+from ingest.lake.location import LakePath
 
 
 def test_an_s3_location_joins_names_and_keeps_its_options():

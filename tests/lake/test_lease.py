@@ -1,4 +1,4 @@
-"""One writer per table on an object store: the lease (ingest/lease.py) against a real S3 API server."""
+"""One writer per table on an object store: the lease (ingest/lake/lease.py) against a real S3 API server."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import time
 import pytest
 from harness.stack.s3 import S3Server
 
-from ingest import locks
 from ingest.errors import TableLockedError
-from ingest.lake import LakePath, s3_client
-from ingest.lease import Lease, LeaseLostError
+from ingest.lake import locks
+from ingest.lake.lease import Lease, LeaseLostError
+from ingest.lake.location import LakePath, s3_client
 
 
 def _root(s3: S3Server, bucket: str) -> LakePath:
@@ -86,7 +86,7 @@ def test_acquire_all_takes_every_lease_or_none(s3, bucket):
 def test_the_lease_keeps_a_writer_in_another_process_out(s3, bucket):
     """Two processes, no shared directory: the second one's lease is refused while the first renews."""
     root = _root(s3, bucket)
-    script = ("import sys; from ingest.lake import LakePath; from ingest.lease import Lease; "
+    script = ("import sys; from ingest.lake.location import LakePath; from ingest.lake.lease import Lease; "
               f"root = LakePath({root.uri!r}, {dict(root.options)!r}); "
               "Lease(root, 'orders', ttl=6).acquire(); print('held', flush=True); sys.stdin.read()")
     holder = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -117,7 +117,7 @@ def test_only_a_holder_that_died_on_this_machine_loses_its_lease_before_expiry(s
     import json
     import socket
 
-    from ingest.lease import _process_identity
+    from ingest.lake.lease import _process_identity
 
     root = _root(s3, bucket)
     me = _process_identity(os.getpid())

@@ -18,11 +18,11 @@ import yaml
 from harness.demo import TableFingerprint, prepare_workload, verify_all
 from typer.testing import CliRunner
 
-from ingest import audit, quarantine
 from ingest.cli import app
 from ingest.config import load_config
-from ingest.engine import Engine
-from ingest.lake import s3_client
+from ingest.lake.location import s3_client
+from ingest.records import audit, quarantine
+from ingest.stream.runner import Runner
 from tests.harness import make_config
 
 pytestmark = pytest.mark.spark
@@ -46,7 +46,7 @@ def on_s3(request, s3, tmp_path_factory, spark):
     path.write_text(yaml.safe_dump(raw))
     config = load_config(path)
     prepare_workload(config, events=800, seed=5, malformed_fraction=0.02)
-    report = Engine(config, spark=spark).run()
+    report = Runner(config, spark=spark).run()
     return config, report, path
 
 
@@ -69,8 +69,8 @@ def _keys(where) -> set[str]:
 
 
 def test_spark_checkpoints_on_s3_are_resumed_and_a_damaged_one_is_discarded(on_s3, spark):
-    from ingest import checkpoint
-    from ingest.engine import query_name
+    from ingest.stream import checkpoint
+    from ingest.stream.runner import query_name
 
     config, _, _ = on_s3
     assert not (config.workdir / "checkpoints").exists()
@@ -84,7 +84,7 @@ def test_spark_checkpoints_on_s3_are_resumed_and_a_damaged_one_is_discarded(on_s
     # Damage it the way a half-written upload would: the last offsets file truncated.
     last = max(int(n.split("/")[1]) for n in written if n.startswith("offsets/") and n.split("/")[1].isdigit())
     s3_client(query).put_object(Bucket=query.bucket, Key=f"{query.key}/offsets/{last}", Body=b"v1\n{")
-    Engine(config, spark=spark).run()
+    Runner(config, spark=spark).run()
     assert before == {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
     if f"offsets/{last}" in _keys(query):  # discarded; the resumed query wrote its own batches
         body = s3_client(query).get_object(Bucket=query.bucket, Key=f"{query.key}/offsets/{last}")["Body"].read()
@@ -94,7 +94,7 @@ def test_spark_checkpoints_on_s3_are_resumed_and_a_damaged_one_is_discarded(on_s
 
 
 def _applied(config, spec, partition):
-    from ingest.apply.tablestate import load_state
+    from ingest.commit.state import load_state
 
     return load_state(config.table_path(spec.name)).applied_offset(spec.topic, partition)
 
@@ -110,7 +110,7 @@ def test_audit_and_quarantine_on_s3(on_s3):
 def test_a_replay_from_the_beginning_changes_no_table_on_s3(on_s3, spark):
     config, _, _ = on_s3
     before = {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
-    Engine(config, spark=spark).run(from_beginning=True)
+    Runner(config, spark=spark).run(from_beginning=True)
     assert before == {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
 
 
@@ -132,13 +132,13 @@ def test_status_verify_and_query_commands_read_the_s3_lake(on_s3):
 
 def test_a_run_on_a_table_whose_lease_another_run_holds_stops_before_spark(on_s3):
     from ingest.errors import TableLockedError
-    from ingest.lease import Lease
+    from ingest.lake.lease import Lease
 
     config, _, _ = on_s3
     holder = Lease(config.tables_root, "orders", ttl=30).acquire()
     try:
         with pytest.raises(TableLockedError, match="another writer holds its lease") as refused:
-            Engine(config).run()  # no SparkSession given: the refusal comes before one would start
+            Runner(config).run()  # no SparkSession given: the refusal comes before one would start
         assert refused.value.table == "orders"
     finally:
         holder.release()
@@ -159,7 +159,7 @@ def test_maintenance_compacts_and_vacuums_a_table_on_s3(on_s3):
     # compaction then folds in (delta-spark): vacuum deletes the files no version refers to any more.
     assert report.exists and report.vacuumed_files > 0, report
     assert report.version_after > report.version_before, report
-    if config.target.engine == "delta-rs":
+    if config.target.writer == "delta-rs":
         assert report.checkpoint_version == report.version_after, report
     assert TableFingerprint.of(config.table_path("orders")) != before
     assert all(r.ok for r in verify_all(config))
@@ -189,7 +189,7 @@ def test_two_processes_committing_to_one_s3_table_never_lose_a_commit(s3, bucket
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    from ingest.deltaio import read_all
+    from ingest.lake.delta import read_all
 
     write_deltalake(uri, pa.table({"writer": ["seed"], "n": [-1]}), storage_options=options)
     writers = [subprocess.Popen([sys.executable, str(script), name], stdout=subprocess.PIPE, text=True)

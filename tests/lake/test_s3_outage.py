@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 from harness.stack.s3 import S3Server
 
-from ingest.deltaio import open_table, write_table
-from ingest.lake import LakePath, delta_storage_options
-from ingest.lease import Lease
+from ingest.lake.delta import open_table, write_table
+from ingest.lake.lease import Lease
+from ingest.lake.location import LakePath, delta_storage_options
 from tests.lake.outage import Relay
 
 

@@ -13,7 +13,7 @@ from harness.stack.s3 import S3Server
 from harness.torture.run import Torture, TortureSpec
 
 from ingest.config import load_config
-from ingest.lake import s3_client
+from ingest.lake.location import s3_client
 from tests.lake.outage import Relay
 
 

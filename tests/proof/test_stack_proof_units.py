@@ -18,7 +18,7 @@ from harness.stack_proofs.faults import KINDS, kill_at, schedule
 from harness.stack_proofs.setup import stack_config, topics_of
 from harness.torture.process import IngestProcess
 
-from ingest.apply.tablestate import BATCH_KEY
+from ingest.commit.state import BATCH_KEY
 from ingest.config import load_config
 
 

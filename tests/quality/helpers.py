@@ -16,14 +16,14 @@ import yaml
 from harness.simulator.encode import DEBEZIUM_VERSION, Envelope, JsonChangeEncoder
 from harness.simulator.model import Column, TableDef
 
-from ingest import quarantine
 from ingest.apply.pipeline import apply_parts
-from ingest.audit import AuditRecord
 from ingest.config import IngestConfig, load_config
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
-from ingest.deltaio import open_table, read_all
-from ingest.paths import TablePaths
+from ingest.lake.delta import open_table, read_all
+from ingest.lake.tables import TablePaths
 from ingest.quality import QualityGate
+from ingest.records import quarantine
+from ingest.records.audit import AuditRecord
 from tests.harness import current_engine
 
 ACCOUNTS = TableDef(

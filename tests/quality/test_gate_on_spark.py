@@ -17,10 +17,10 @@ import pyarrow as pa
 import pytest
 
 from ingest.config import TableSpec
-from ingest.engine import Engine
 from ingest.errors import QualityGateError
 from ingest.quality import QualityGate, load_suite
-from ingest.spark import arrow_frame
+from ingest.spark.session import arrow_frame
+from ingest.stream.runner import Runner
 from tests.quality.helpers import make_config, write_suite
 
 SUITE = [
@@ -146,6 +146,6 @@ def test_the_engine_hands_its_session_to_the_gates_validate_on_picks(tmp_path, s
                                        "spark": config.spark.model_copy(update={"master": master}),
                                        "target": config.target.model_copy(update={"plan_on": plan_on or "driver"})})
     write_suite(config.expectations_dir, "people", SUITE[1:2])
-    gates = Engine(config, spark=spark).quality_gates(config.tables)
+    gates = Runner(config, spark=spark).quality_gates(config.tables)
     assert {name for name, gate in gates.items() if gate.spark is spark} == on_spark
     assert {name for name, gate in gates.items() if gate.spark is None} == {"on_delta_spark", "on_delta_rs"} - on_spark

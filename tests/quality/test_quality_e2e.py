@@ -8,13 +8,13 @@ import pytest
 import yaml
 from harness.demo import prepare_workload, verify_all
 
-from ingest import audit, quarantine
-from ingest.apply.tablestate import load_state
+from ingest.commit.state import load_state
 from ingest.config import IngestConfig, load_config
-from ingest.engine import Engine
 from ingest.quality.gate import SPARK_DATASOURCE
 from ingest.quality.results import ResultStore
+from ingest.records import audit, quarantine
 from ingest.source.topiclog import TopicLog
+from ingest.stream.runner import Runner
 
 pytestmark = pytest.mark.spark
 
@@ -40,7 +40,7 @@ def stopped(tmp_path_factory, spark):
     workdir = tmp_path_factory.mktemp("quality-e2e")
     config = config_in(workdir, "fail")
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.01, violation_fraction=0.01)
-    return config, Engine(config, spark=spark).run()
+    return config, Runner(config, spark=spark).run()
 
 
 def test_fail_stops_only_its_table_with_the_expectation_named(stopped):
@@ -74,7 +74,7 @@ def test_after_switching_to_quarantine_the_stopped_table_catches_up(stopped, spa
     """The catch-up validates on Spark (``validate_on: spark``): the whole run with the other gate."""
     config, _ = stopped
     fixed = config_in(config.workdir, "quarantine", validate_on="spark")
-    report = Engine(fixed, spark=spark).run()
+    report = Runner(fixed, spark=spark).run()
     assert not report.failed
     result = {v.table: v for v in verify_all(fixed)}["orders"]
     assert result.ok and result.explained > 0, result.examples

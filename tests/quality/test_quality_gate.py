@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from ingest import audit, quarantine
 from ingest.apply.pipeline import apply_parts
-from ingest.apply.tablestate import load_state
+from ingest.commit.state import load_state
 from ingest.config import TableSpec
-from ingest.deltaio import open_table, read_all
 from ingest.errors import QualityGateError, SuiteMismatchError, TableError
-from ingest.events import ColumnSpec
-from ingest.paths import TablePaths
+from ingest.lake.delta import open_table, read_all
+from ingest.lake.tables import TablePaths
+from ingest.model import ColumnSpec
 from ingest.quality import QualityGate, ResultStore, load_suite
+from ingest.records import audit, quarantine
 from tests.factories import COLUMNS, change, decoded_rows, source_bytes
 from tests.harness import current_engine
 from tests.quality.helpers import write_suite

@@ -10,11 +10,11 @@ import pytest
 
 from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec
-from ingest.engine import Engine
 from ingest.errors import ConfigError, SuiteError
-from ingest.paths import TablePaths
+from ingest.lake.tables import TablePaths
 from ingest.quality import QualityGate
 from ingest.quality.suites import effective_policies, load_suite
+from ingest.stream.runner import Runner
 from tests.factories import change, decoded_rows
 from tests.quality.helpers import make_config, write_suite
 
@@ -91,14 +91,14 @@ def test_engine_start_up_refuses_a_suite_naming_a_missing_column(tmp_path):
     apply_parts(TableSpec(name="customers", topic="t"), TablePaths.of(config, "customers"),
                   decoded_rows([change("c", 1, 10)]), batch_id=0, run_id="r")  # the table exists now
     with pytest.raises(SuiteError, match=r"no_such_column"):
-        Engine(config).run()
+        Runner(config).run()
 
 
 def test_engine_start_up_refuses_an_unknown_expectation(tmp_path):
     config = make_config(tmp_path, tables=[{"name": "customers", "topic": "t", "expectations": "s"}])
     write_suite(config.expectations_dir, "s", [{"type": "expect_the_unexpected", "kwargs": {}}])
     with pytest.raises(SuiteError, match="expect_the_unexpected"):
-        Engine(config).run()
+        Runner(config).run()
     assert QualityGate.for_table(config, TableSpec(name="x", topic="x")) is None
 
 

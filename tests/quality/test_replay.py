@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ingest import audit, quarantine
-from ingest.apply.tablestate import load_state
-from ingest.deltaio import open_table, read_all
+from ingest.commit.state import load_state
 from ingest.errors import QualityGateError
+from ingest.lake.delta import open_table, read_all
 from ingest.ops.replay import REPLAY_BATCH, replay_quarantine
+from ingest.records import audit, quarantine
 from tests.quality.helpers import ACCOUNTS_SUITE, TOPIC, accounts_paths, ingest, live, pending, write_suite
 
 # Replays commit with the table's engine: the cases whose commit differs run on both (issue 11); the

@@ -20,7 +20,7 @@ HEAVY = ("pandas", "numpy", "deltalake", "polars", "duckdb", "great_expectations
 # embedded reader's decode of one typed change, listing what that decode imported.
 _WORKER = textwrap.dedent("""
     import json, sys
-    from ingest.spark import _import_decode
+    from ingest.spark.session import _import_decode
 
     list(_import_decode(iter([])))
     from ingest.decode.columnar import BatchDecoder, DecoderSpec
@@ -60,7 +60,7 @@ def test_a_warmed_worker_decodes_its_first_batch_without_importing_anything_heav
 
 def test_a_warmed_worker_has_the_kafka_reader_imported() -> None:
     # Its first Kafka task would otherwise import the configuration's models and librdkafka (0.5-0.9 s).
-    script = ("import sys; from ingest.spark import _import_decode; list(_import_decode(iter([]))); "
+    script = ("import sys; from ingest.spark.session import _import_decode; list(_import_decode(iter([]))); "
               "print(all(m in sys.modules for m in ('ingest.source.kafkalog', 'confluent_kafka', 'pydantic')))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip().splitlines()[-1] == "True"

@@ -17,9 +17,9 @@ from psycopg import sql
 
 from ingest import secrets
 from ingest.config import DiscoverySpec
-from ingest.discovery import with_discovered
 from ingest.errors import ConfigError
 from ingest.source import KafkaSource, source_for
+from ingest.source.discovery import with_discovered
 from ingest.source.kafka import admin_config
 from tests.stack.helpers import stack_config
 
@@ -70,8 +70,8 @@ def test_kafka_topics_are_discovered_and_a_transaction_topic_is_refused(stack: A
 @pytest.mark.spark
 def test_a_whole_schema_is_discovered_ingested_while_running_and_equals_postgres(
         stack: Any, spark: Any, pg_dsn: str, tmp_path: Path) -> None:
-    from ingest.deltaio import has_deletion_vectors, open_table, read_all
-    from ingest.engine import Engine
+    from ingest.lake.delta import has_deletion_vectors, open_table, read_all
+    from ingest.stream.runner import Runner
     from ingest.verify.capture import wait_for_capture
     from ingest.verify.source_db import verify_source_db
 
@@ -100,7 +100,7 @@ def test_a_whole_schema_is_discovered_ingested_while_running_and_equals_postgres
     assert config.tables == ()
     assert wait_for_capture(pg_dsn, timeout=120, on_stall=stack.unstick_capture).ok  # the first three topics exist
     reports: list[Any] = []
-    engine = Engine(config, spark=spark)
+    engine = Runner(config, spark=spark)
     runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=300)))
     runner.start()
     deadline = time.monotonic() + 120

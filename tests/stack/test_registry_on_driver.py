@@ -21,9 +21,9 @@ import psycopg
 import pytest
 
 from ingest.decode.registry import ConfluentSchemaRegistry
-from ingest.deltaio import open_table, read_all
-from ingest.engine import Engine
 from ingest.errors import RegistryUnavailableError
+from ingest.lake.delta import open_table, read_all
+from ingest.stream.runner import Runner
 from ingest.verify.capture import delete_topics, wait_for_capture
 from tests.stack.helpers import PREFIX, stack_config
 
@@ -62,8 +62,8 @@ def test_avro_decodes_with_credentials_only_the_driver_has(
 
         monkeypatch.setattr(ConfluentSchemaRegistry, "subject_schemas", refuse)
 
-    with caplog.at_level(logging.WARNING, logger="ingest.handler"):
-        report = Engine(config, spark=spark).run()
+    with caplog.at_level(logging.WARNING, logger="ingest.stream.callback"):
+        report = Runner(config, spark=spark).run()
 
     assert not report.failed, {n: t.error for n, t in report.tables.items()}
     table = open_table(config.table_path("item"))

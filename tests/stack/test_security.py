@@ -142,7 +142,7 @@ def test_dagster_materializations_over_sasl(stack: Any, written: Written, pg_dsn
     import dagster as dg
 
     from assets.definitions import build_definitions
-    from assets.resources import SparkIngestEngine
+    from assets.resources import SparkIngestPipeline
 
     orders = pg_schema.qualified(SCHEMA, "orders")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -150,13 +150,13 @@ def test_dagster_materializations_over_sasl(stack: Any, written: Written, pg_dsn
                              "LIMIT 5)").format(t=orders))
     assert wait_for_capture(pg_dsn, timeout=120, on_stall=stack.unstick_capture).ok
     config_path = written.root / "good" / "config.yaml"
-    engine = SparkIngestEngine(config_path=str(config_path))
+    engine = SparkIngestPipeline(config_path=str(config_path))
     defs = build_definitions(load_config(config_path), engine)
     home = written.root / "dagster-home"
     home.mkdir()
     with dg.instance_for_test(temp_dir=str(home)) as instance:
         result = dg.materialize([*defs.assets, *defs.asset_checks], instance=instance,  # type: ignore[list-item]
-                                resources={"ingest_engine": engine})
+                                resources={"ingest_pipeline": engine})
         assert result.success
         metadata = [{k: str(v.value) for k, v in e.materialization.metadata.items()}
                     for e in result.get_asset_materialization_events()]
@@ -183,10 +183,10 @@ def test_dagster_materializations_over_sasl(stack: Any, written: Written, pg_dsn
 def test_the_change_feed_and_time_travel_agree_with_postgresql(stack: Any, written: Written, pg_dsn: str) -> None:
     """Issue 12 on the real stack: the feed of every table, folded, is the table; the orders the
     Dagster test updated read as before and after through ``--as-of``; PostgreSQL is the truth."""
-    from ingest.apply.tablestate import load_state
-    from ingest.changes import ChangeRange, changes
-    from ingest.deltaio import open_table, read_all
-    from ingest.query import AsOf, run_sql
+    from ingest.commit.state import load_state
+    from ingest.lake.delta import open_table, read_all
+    from ingest.read.changes import ChangeRange, changes
+    from ingest.read.query import AsOf, run_sql
     from tests.harness import fold_feed, history_problems, live_by_key
 
     config = load_config(written.root / "good" / "config.yaml")

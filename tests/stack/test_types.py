@@ -25,8 +25,8 @@ from deltalake import DeltaTable
 from harness.postgres.values import large_text
 
 from ingest.config import IngestConfig
-from ingest.deltaio import open_table, read_all
-from ingest.engine import Engine
+from ingest.lake.delta import open_table, read_all
+from ingest.stream.runner import Runner
 from ingest.verify.capture import delete_topics, wait_for_capture
 from ingest.verify.source_db import check_table
 from tests.stack.helpers import PREFIX, REPO, json_events, read_topic, stack_config
@@ -110,7 +110,7 @@ def probe(pg_dsn: str, stack: Any, spark: Any, tmp_path_factory: pytest.TempPath
     configs = {}
     for fmt in PREFIX:
         config = stack_config(fmt, tmp_path_factory.mktemp(f"types-{fmt}"), schema=SCHEMA, tables=TABLES)
-        report = Engine(config, spark=spark).run()
+        report = Runner(config, spark=spark).run()
         assert not report.failed, {n: t.error for n, t in report.tables.items()}
         configs[fmt] = config
     return configs

@@ -108,7 +108,7 @@ def demo(
 
 def _quality_summary(cfg: IngestConfig, result: Any) -> None:
     """Per table: violations the source holds, what this run's batches found, what quarantine holds."""
-    from ingest import quarantine
+    from ingest.records import quarantine
 
     held = quarantine.read(cfg.tables_root / cfg.target.quarantine_table, stage="quality", pending=True)
     pending = Counter(held["table"].to_pylist())

@@ -16,14 +16,14 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ingest import quarantine
 from ingest.config import IngestConfig
 from ingest.decode.registry import EmbeddedSchemaRegistry
-from ingest.deltaio import open_table
-from ingest.engine import Engine, ProgressFn, RunReport
-from ingest.lake import Location
-from ingest.paths import TablePaths
+from ingest.lake.delta import open_table
+from ingest.lake.location import Location
+from ingest.lake.tables import TablePaths
+from ingest.records import quarantine
 from ingest.source.topiclog import TopicLog
+from ingest.stream.runner import ProgressFn, Runner, RunReport
 from ingest.verify.compare import TableVerification, verify_table
 
 
@@ -111,7 +111,7 @@ def run_demo(config: IngestConfig, *, events: int, seed: int, malformed_fraction
                                  violation_fraction=violation_fraction, on_generate=on_generate)
     before = {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
     # Always read the stream from offset 0: on a second run this is the replay the demo shows off.
-    report = Engine(config).run(from_beginning=True, progress=progress)
+    report = Runner(config).run(from_beginning=True, progress=progress)
     after = {t.name: TableFingerprint.of(config.table_path(t.name)) for t in config.tables}
     from harness.simulator import Truth
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ingest.apply.tablestate import BATCH_KEY, cdc_commits
-from ingest.deltaio import open_table, read_all
+from ingest.commit.state import BATCH_KEY, cdc_commits
+from ingest.lake.delta import open_table, read_all
 
 _COLUMNS = ["_cdc_source_ts", "_cdc_topic", "_cdc_partition", "_cdc_offset"]
 

@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest import audit, quarantine
 from ingest.config import IngestConfig, load_config
 from ingest.decode import MessageDecoder
 from ingest.decode.registry import EmbeddedSchemaRegistry
-from ingest.deltaio import open_table, read_all
-from ingest.engine import Engine, RunReport
 from ingest.errors import ConfigError
-from ingest.events import KafkaCoordinates
+from ingest.lake.delta import open_table, read_all
+from ingest.model import KafkaCoordinates
+from ingest.records import audit, quarantine
 from ingest.source.topiclog import TopicLog
+from ingest.stream.runner import Runner, RunReport
 from tests.proof.torture.corpus import AVRO_STOPPERS, HOSTILE_COLUMNS, JSON_STOPPERS, Topic, avro_corpus, json_corpus
 
 Run = tuple[IngestConfig, RunReport, dict[str, Topic]]
@@ -43,7 +43,7 @@ def _run(workdir: Path, spark: Any, value_format: str, tables: dict[str, Topic],
     log = TopicLog(config.log_dir)
     for topic in tables.values():
         topic.produce(log)
-    return config, Engine(config, spark=spark).run(), tables
+    return config, Runner(config, spark=spark).run(), tables
 
 
 @pytest.fixture(scope="module")

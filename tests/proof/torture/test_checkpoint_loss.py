@@ -1,6 +1,6 @@
 """A Spark checkpoint lost, truncated, garbled, rewound or lying: resume from the Delta log, never lose data.
 
-Unit tests check :func:`ingest.checkpoint.inspect` on real checkpoint files; end-to-end tests damage
+Unit tests check :func:`ingest.stream.checkpoint.inspect` on real checkpoint files; end-to-end tests damage
 the checkpoint of a live table between two runs and check that the second run leaves the table
 equal to its source with every record received exactly once, and says what it did.
 """
@@ -19,12 +19,12 @@ import pytest
 import yaml
 from harness.torture.faults import DAMAGES, damage_checkpoint
 
-from ingest import audit
-from ingest.checkpoint import inspect
 from ingest.config import IngestConfig, load_config
-from ingest.deltaio import open_table, read_all
-from ingest.engine import Engine
+from ingest.lake.delta import open_table, read_all
+from ingest.records import audit
 from ingest.source.topiclog import ProducerRecord, TopicLog
+from ingest.stream.checkpoint import inspect
+from ingest.stream.runner import Runner
 
 TOPIC = "app.notes"
 
@@ -69,7 +69,7 @@ def template(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Path:
     """A table with several batches (hence a checkpoint with several offsets and commits files)."""
     config = _config(tmp_path_factory.mktemp("checkpoint-template"))
     _produce(TopicLog(config.log_dir), [("c", i, f"v{i}", 100 + i) for i in range(16)])
-    report = Engine(config, spark=spark).run()
+    report = Runner(config, spark=spark).run()
     assert not report.failed and len(report.tables["notes"].batches) >= 3
     return config.workdir
 
@@ -84,7 +84,7 @@ def ingested(template: Path, tmp_path: Path) -> IngestConfig:
 
 # -- inspect ----------------------------------------------------------------------------------------
 def _verdict(config: IngestConfig, applied: dict[int, int] | None = None) -> Any:
-    from ingest.apply.tablestate import load_state
+    from ingest.commit.state import load_state
 
     state = load_state(config.table_path("notes"))
     done = applied if applied is not None else {p: state.applied_offset(TOPIC, p) for p in (0, 1)}
@@ -140,8 +140,8 @@ def test_damaged_checkpoint_resumes_from_delta_without_loss_or_duplicates(
     assert what
     log = TopicLog(ingested.log_dir)
     _produce(log, [("u", 1, "changed", 300), ("d", 2, None, 301), ("c", 40, "new", 302), ("c", 41, "new", 303)])
-    with caplog.at_level(logging.WARNING, logger="ingest.engine"):
-        report = Engine(ingested, spark=spark).run()
+    with caplog.at_level(logging.WARNING, logger="ingest.stream.runner"):
+        report = Runner(ingested, spark=spark).run()
     assert not report.failed, report.tables["notes"].error
     expected = {i: f"v{i}" for i in range(16) if i != 2} | {1: "changed", 40: "new", 41: "new"}
     assert _rows(ingested) == expected
@@ -158,8 +158,8 @@ def test_checkpoint_spark_cannot_read_falls_back_at_runtime(ingested: IngestConf
     last.write_text("v99" + last.read_text()[2:])
     (offsets / f".{last.name}.crc").unlink()
     _produce(TopicLog(ingested.log_dir), [("c", 50, "after", 400)])
-    with caplog.at_level(logging.WARNING, logger="ingest.engine"):
-        report = Engine(ingested, spark=spark).run()
+    with caplog.at_level(logging.WARNING, logger="ingest.stream.runner"):
+        report = Runner(ingested, spark=spark).run()
     assert not report.failed, report.tables["notes"].error
     assert _rows(ingested)[50] == "after"
     assert any("restarting it from the offsets" in r.getMessage() or "cannot start" in r.getMessage()

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from ingest import audit, crashpoints, quarantine
+from ingest import crashpoints
 from ingest.apply.pipeline import apply_parts
 from ingest.config import TableSpec
-from ingest.deltaio import open_table, read_all
-from ingest.events import ColumnSpec, ControlRecord
-from ingest.paths import TablePaths
+from ingest.lake.delta import open_table, read_all
+from ingest.lake.tables import TablePaths
+from ingest.model import ColumnSpec, ControlRecord
+from ingest.records import audit, quarantine
 from tests.factories import COLUMNS, change, decoded_rows
 from tests.harness import current_engine
 
@@ -133,9 +134,9 @@ def _apply_on_executors(spark: Any, engine: Any, paths: TablePaths, items: list[
     import pyarrow as pa
 
     from ingest.apply import spark_batch
-    from ingest.apply.tablestate import OpenTables
+    from ingest.commit.state import OpenTables
     from ingest.decode.parts import write_parts
-    from ingest.spark import arrow_frame
+    from ingest.spark.session import arrow_frame
 
     blobs = pa.Table.from_batches([write_parts(decoded_rows(items, first_offset=first))])
     spark_batch.apply_decoded(spec or TableSpec(name="t", topic="t"), paths, arrow_frame(spark, blobs),
@@ -150,9 +151,9 @@ def test_a_crash_on_the_executor_path_then_replay_equals_a_clean_run(
     """The same windows with the batch planned on the executors (``target.plan_on: executors``),
     where quarantine follows validation and the remembered deletes are a delta-spark MERGE."""
     from ingest.apply import spark_batch
-    from ingest.apply.delta_spark import DeltaSparkEngine
+    from ingest.commit.delta_spark import DeltaSparkWriter
 
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
     if ("executors", "hard") not in clean_runs:
         paths = _paths(tmp_path / "clean")
@@ -175,9 +176,9 @@ def test_a_crash_while_history_is_kept_on_the_executor_path_then_replay_equals_a
     holding the batch's versions: the replay derives and writes the same versions from the
     executors (every version compared, not only the live rows)."""
     from ingest.apply import spark_batch
-    from ingest.apply.delta_spark import DeltaSparkEngine
+    from ingest.commit.delta_spark import DeltaSparkWriter
 
-    engine = DeltaSparkEngine(spark)
+    engine = DeltaSparkWriter(spark)
     spec = TableSpec(name="t", topic="t", history_mode="scd2")
     monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
 

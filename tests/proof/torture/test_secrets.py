@@ -26,11 +26,12 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from ingest import audit, quarantine, secrets
+from ingest import secrets
 from ingest.config import load_config
 from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry
-from ingest.deltaio import open_table, read_all
 from ingest.errors import ConfigError, RegistryUnavailableError, SchemaRegistryError
+from ingest.lake.delta import open_table, read_all
+from ingest.records import audit, quarantine
 from ingest.source.topiclog import ProducerRecord, TopicLog
 from tests.proof.torture.corpus import ITEM_FIELDS, AvroTable, Topic, item
 

@@ -13,7 +13,7 @@ from harness.torture.run import Torture, TortureSpec
 from typer.testing import CliRunner
 
 from ingest.config import load_config
-from ingest.deltaio import open_table, read_all
+from ingest.lake.delta import open_table, read_all
 
 
 @pytest.mark.spark

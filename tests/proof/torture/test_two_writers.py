@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest import locks
 from ingest.apply.pipeline import apply_parts
-from ingest.apply.tablestate import load_state
+from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec, load_config
-from ingest.deltaio import open_table, read_all
-from ingest.engine import Engine
 from ingest.errors import CommitConflictError, TableLockedError
-from ingest.paths import TablePaths
+from ingest.lake import locks
+from ingest.lake.delta import open_table, read_all
+from ingest.lake.tables import TablePaths
+from ingest.stream.runner import Runner
 from tests.factories import change, decoded_rows
 from tests.harness import race_at
 
@@ -37,7 +37,7 @@ def _hold_lock_in_another_process(root: Path, table: str) -> subprocess.Popen[by
     code = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from ingest.locks import TableLock
+        from ingest.lake.locks import TableLock
         lock = TableLock(Path({str(root)!r}), {table!r}).acquire()  # kept: the lock lives with the object
         print("locked", flush=True)
         time.sleep(120)
@@ -53,7 +53,7 @@ def test_a_second_run_on_a_locked_table_fails_at_once_naming_table_and_holder(tm
     try:
         started = time.monotonic()
         with pytest.raises(TableLockedError) as caught:
-            Engine(config).run()  # no Spark session is started before the lock check
+            Runner(config).run()  # no Spark session is started before the lock check
         assert time.monotonic() - started < 5
         message = str(caught.value)
         assert "'orders'" in message and f"pid {holder.pid}" in message and "one `ingest run`" in message
@@ -129,15 +129,15 @@ def test_concurrent_runs_on_different_tables_share_audit_and_quarantine_safely(t
         import sys
         from datetime import datetime, UTC
         from pathlib import Path
-        from ingest import audit
-        from ingest.audit import AuditRecord
+        from ingest.records import audit
+        from ingest.records.audit import AuditRecord
         name = sys.argv[1]
         for i in range(15):
             audit.append(Path({str(tmp_path / "_cdc_audit")!r}), [AuditRecord(table=name, run_id=name, batch_id=i)])
     """)
     children = [subprocess.Popen([sys.executable, "-c", script, name]) for name in ("left", "right")]
     assert all(c.wait(timeout=120) == 0 for c in children)
-    from ingest import audit
+    from ingest.records import audit
 
     rows = audit.read(tmp_path / "_cdc_audit").to_pylist()
     assert sorted((r["table"], r["batch_id"]) for r in rows) == sorted(
@@ -147,6 +147,6 @@ def test_concurrent_runs_on_different_tables_share_audit_and_quarantine_safely(t
 @pytest.mark.spark
 def test_the_lock_is_released_after_a_run(tmp_path: Path, spark: Any) -> None:
     config = _config(tmp_path)
-    Engine(config, spark=spark).run()
-    Engine(config, spark=spark).run()  # would raise TableLockedError if the first run kept its locks
+    Runner(config, spark=spark).run()
+    Runner(config, spark=spark).run()  # would raise TableLockedError if the first run kept its locks
     locks.TableLock(config.tables_root, "orders").acquire().release()

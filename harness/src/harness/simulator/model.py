@@ -1,6 +1,6 @@
 """The simulated PostgreSQL source: table definitions, column types and the live rows.
 
-Rows hold plain Python values of the types the decoder produces (see :mod:`ingest.events`):
+Rows hold plain Python values of the types the decoder produces (see :mod:`ingest.model`):
 ``int``, ``bool``, ``str`` (also for ``Json`` and ``Enum``), ``decimal.Decimal``,
 ``datetime.date``, naive ``datetime`` for ``MicroTimestamp`` (``timestamp without time zone``)
 and UTC-aware ``datetime`` for ``ZonedTimestamp`` (``timestamptz``). Keeping the source state in

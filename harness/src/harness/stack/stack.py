@@ -22,7 +22,7 @@ from harness.stack.registry import Registry, RegistryAuth
 from harness.stack.s3 import Minio
 from harness.stack.settings import StackSettings
 from harness.stack.tools import ensure_jars
-from ingest.locks import exclusive
+from ingest.lake.locks import exclusive
 
 #: Start order (and, reversed, stop order).
 ORDER: tuple[str, ...] = ("pg", "kafka", "registry", "registry-auth", "connect", "s3")

@@ -17,7 +17,7 @@ from pathlib import Path
 from harness.stack.errors import StackError
 from harness.stack.process import Progress, tail
 from harness.stack.settings import StackSettings
-from ingest.jvm import COORDINATES, mark_resolved
+from ingest.spark.jars import COORDINATES, mark_resolved
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 NGINX_BIN = Path("/usr/sbin/nginx")
@@ -206,7 +206,7 @@ def ensure_jars(settings: StackSettings, progress: Progress) -> None:
     """
     if jars_ready(settings):
         return
-    from ingest.locks import exclusive
+    from ingest.lake.locks import exclusive
 
     with exclusive(settings.jars_dir.parent / ".jars.lock"):  # a second process (a test worker) waits
         if not jars_ready(settings):

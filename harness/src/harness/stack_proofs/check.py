@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 from harness.postgres.schema import TABLES
 from harness.torture.consistency import ConsistencyReport, account_table
-from ingest import quarantine
 from ingest.config import IngestConfig
-from ingest.paths import TablePaths
+from ingest.lake.tables import TablePaths
+from ingest.records import quarantine
 from ingest.source import source_for
 from ingest.verify.compare import TableVerification
 from ingest.verify.source_db import SourceVerification, source_table_of, verify_source_db

@@ -44,7 +44,7 @@ class FormatRun:
 
     label: str
     config: IngestConfig
-    report: Any = None  # ingest.engine.RunReport
+    report: Any = None  # ingest.stream.runner.RunReport
     verification: SourceVerification | None = None
     ingest_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -101,7 +101,7 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
         The result; ``ok`` when every configuration ingested without error and verified equal.
     """
     from harness.stack import CDC_COMPONENTS, Stack
-    from ingest.engine import Engine
+    from ingest.stream.runner import Runner
 
     say = say or (lambda _line: None)
     result = DemoStackResult()
@@ -153,7 +153,7 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
         result.runs.append(run)
         say(f"ingest ({label}): {len(cfg.tables)} tables into {cfg.tables_root}")
         t0 = time.monotonic()
-        run.report = Engine(cfg, spark=spark).run(progress=progress)
+        run.report = Runner(cfg, spark=spark).run(progress=progress)
         run.ingest_seconds = time.monotonic() - t0
         say(f"verify ({label}) against the source database")
         t0 = time.monotonic()

@@ -16,11 +16,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest import audit, quarantine
-from ingest.apply.tablestate import cdc_commits
+from ingest.commit.state import cdc_commits
 from ingest.config import IngestConfig
-from ingest.deltaio import open_table, read_all
-from ingest.paths import TablePaths
+from ingest.lake.delta import open_table, read_all
+from ingest.lake.tables import TablePaths
+from ingest.records import audit, quarantine
 from ingest.source.topiclog import TopicLog
 from ingest.verify.compare import TableVerification
 

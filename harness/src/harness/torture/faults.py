@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from ingest.apply.tablestate import load_state
+from ingest.commit.state import load_state
 from ingest.config import IngestConfig
 from ingest.decode import MessageDecoder
 from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.errors import DecodeError
-from ingest.events import ChangeEvent, KafkaCoordinates
+from ingest.model import ChangeEvent, KafkaCoordinates
 from ingest.source.topiclog import TopicLog
 
 #: Kill labels in the report. Named points are :data:`ingest.crashpoints.POINTS`; ``during-merge`` and

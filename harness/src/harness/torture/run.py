@@ -42,10 +42,10 @@ import yaml
 
 from harness.torture.consistency import ConsistencyReport, check
 from harness.torture.faults import DAMAGES, KILLS, Kill, WidenWatch, choose_kill, damage_checkpoint
-from ingest.apply.tablestate import load_state
-from ingest.config import EngineName, IngestConfig, load_config
+from ingest.commit.state import load_state
+from ingest.config import IngestConfig, WriterName, load_config
 from ingest.decode.registry import EmbeddedSchemaRegistry
-from ingest.discovery import discovered
+from ingest.source.discovery import discovered
 from ingest.source.topiclog import ProducerRecord, TopicLog
 
 Say = Callable[[str], None]
@@ -94,7 +94,7 @@ class TortureSpec:
     run_timeout: float = 900.0
     tables: tuple[str, ...] = ("customers", "products", "orders")
     extra_tables: int = 0
-    engine: EngineName = "delta-rs"
+    engine: WriterName = "delta-rs"
     plan_on: Literal["driver", "executors"] = "driver"
     lake_root: str | None = None
     storage: dict[str, object] | None = None

@@ -1,0 +1,222 @@
+"""One table's micro-batch on the driver, columnar: the decode step's parts unified into Arrow tables.
+
+The parts (:mod:`ingest.decode.columnar`) come typed by their own schema version. Here they become
+three tables: ``changes`` (every row change and truncate, cast to the batch's combined columns),
+``tombstones`` (Kafka tombstones with their keys) and ``meta`` (undecodable messages and the
+records that carry no change). Records the table has already applied -- its Delta app transactions
+say so -- are dropped first. Nothing here turns rows into Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ingest.apply.rules.schema import combine
+from ingest.commit.state import TableState
+from ingest.config import ColumnSelection
+from ingest.decode.parts import FRAME, INFERRED, columns_of, part_kind
+from ingest.errors import RegistryUnavailableError, TableError
+from ingest.lake.delta import arrow_type, delta_type_name
+from ingest.model import ColumnSpec
+
+#: Control kinds that carry no row change, as the decode step names them.
+CONTROL_KINDS = ("heartbeat", "schema_change", "transaction", "message")
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    """One table's batch, columnar.
+
+    Attributes:
+        changes: row changes and truncates: :data:`~ingest.decode.parts.FRAME` columns, then the
+            user columns of every schema version in the batch (combined: new columns added, safe
+            widenings applied); a column a schema version lacks is null in its rows.
+        tombstones: Kafka tombstones whose key decoded: framework columns and the key columns.
+        meta: undecodable messages (``_cdc_kind`` ``error``, with raw bytes and reason) and control
+            records (heartbeats, schema changes, transaction markers, logical messages, tombstones
+            whose key could not be read).
+        columns: the combined user columns of ``changes`` (Delta types).
+        received: records of the batch the table had not applied yet.
+        already_applied: records dropped because the table's app transactions cover them.
+        offsets: ``(topic, partition) -> [first, last]`` offset of the records kept.
+    """
+
+    changes: pa.Table
+    tombstones: pa.Table
+    meta: pa.Table
+    columns: list[ColumnSpec]
+    received: int = 0
+    already_applied: int = 0
+    offsets: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+
+    @property
+    def controls(self) -> Counter[str]:
+        """Control records by kind (skipped in the audit)."""
+        kinds = self.meta["_cdc_kind"].to_pylist() if self.meta.num_rows else []
+        return Counter(k for k in kinds if k != "error")
+
+    @property
+    def flattened(self) -> bool | None:
+        """Whether the batch's records are ``ExtractNewRecordState`` rows (``None``: it holds none)."""
+        rows = self.changes.filter(pc.not_equal(self.changes["_cdc_op"], "t")) if self.changes.num_rows else None
+        if rows is None or rows.num_rows == 0:
+            return None
+        return bool(pc.any(rows["_cdc_flattened"]).as_py())
+
+    def key_columns(self) -> tuple[str, ...] | None:
+        """The primary key the batch's changes declare (the first one seen), if any."""
+        rows = self.changes.filter(pc.is_valid(self.changes["_cdc_key_columns"])) if self.changes.num_rows else None
+        if rows is None or rows.num_rows == 0:
+            return None
+        return tuple(json.loads(rows["_cdc_key_columns"][0].as_py()))
+
+    @classmethod
+    def from_parts(cls, parts: Sequence[pa.RecordBatch], state: TableState, *, table: str = "",
+                   select: ColumnSelection | None = None, key_columns: Sequence[str] = ()) -> MicroBatch:
+        """Unify the decode step's parts; drop what ``state`` says the table already applied.
+
+        ``select`` keeps only the table's chosen columns (and ``key_columns``, the state's and each
+        change's own key): the others are dropped before their types are combined, so no change of
+        theirs can stop the table.
+
+        Raises:
+            TableError: a source column collides with the framework's reserved ``_cdc_`` prefix.
+            RegistryUnavailableError: the decode step could not reach the schema registry.
+            SchemaIncompatibleError: two schema versions disagree on a column's type unsafely.
+        """
+        changes, tombstones, meta = [], [], []
+        received = already = 0
+        offsets: dict[tuple[str, int], list[int]] = {}
+        for part in parts:
+            if part.num_rows == 0:
+                continue
+            named = with_source_names(pa.Table.from_batches([part]), table_name=table)
+            kept = _not_applied(named, state)
+            already += named.num_rows - kept.num_rows
+            if kept.num_rows == 0:
+                continue
+            received += kept.num_rows
+            add_spans(kept, offsets)
+            kind = part_kind(part.schema)
+            if kind == "changes":
+                declared = declared_columns(kept)
+                if select is not None:
+                    keys = {*key_columns, *(state.key_columns or ()), *part_key_columns(kept)}
+                    declared = [c for c in declared if select.keeps(c.name, keys)]
+                changes.append((kept, declared))
+            elif kind == "tombstones":
+                tombstones.append(kept)
+            else:
+                meta.append(kept.select(list(FRAME.names)))
+        refuse_unavailable(meta)
+        columns = combine_columns([cols for _, cols in changes])
+        return cls(
+            changes=unify_parts([t for t, _ in changes], columns),
+            tombstones=concat_frames(tombstones),
+            meta=pa.concat_tables(meta) if meta else FRAME.empty_table(),
+            columns=columns, received=received, already_applied=already, offsets=offsets,
+        )
+
+
+def part_key_columns(table: pa.Table) -> list[str]:
+    """The primary-key columns a part's changes name (``_cdc_key_columns``)."""
+    named = pc.unique(table["_cdc_key_columns"].drop_null()).to_pylist()
+    return [k for names in named for k in json.loads(names)]
+
+
+def combine_columns(versions: Sequence[Sequence[ColumnSpec]]) -> list[ColumnSpec]:
+    """The union of the schema versions' columns, widened where they differ (:func:`ingest.apply.rules.schema.combine`).
+
+    Raises:
+        SchemaIncompatibleError: two versions disagree on a column in a way no widening covers.
+    """
+    return combine("", versions) if versions else []
+
+
+def refuse_unavailable(meta: list[pa.Table]) -> None:
+    """A batch whose schema registry did not answer fails whole, before anything is written (transient)."""
+    for table in meta:
+        down = table.filter(pc.equal(table["_cdc_kind"], "unavailable"))
+        if down.num_rows:
+            raise RegistryUnavailableError(down["_cdc_reason"][0].as_py())
+
+
+def with_source_names(table: pa.Table, *, table_name: str) -> pa.Table:
+    """A part with its user columns under their real names (after the reserved-name check)."""
+    columns = columns_of(table.schema)
+    for col in columns:
+        if col.name.startswith("_cdc_") or col.name.startswith("__cdc_"):
+            raise TableError(table_name, f"source column {col.name!r} collides with the framework's reserved "
+                                         "prefix '_cdc_'")
+    renamed = table.rename_columns(list(FRAME.names) + [c.name for c in columns])
+    return renamed.replace_schema_metadata(table.schema.metadata)
+
+
+def declared_columns(table: pa.Table) -> list[ColumnSpec]:
+    """A part's user columns; a column typed by the driver (a key the image lacked) takes its Arrow type."""
+    return [c if c.type != INFERRED else ColumnSpec(c.name, delta_type_name(table.schema.field(c.name).type))
+            for c in columns_of(table.schema)]
+
+
+def _not_applied(table: pa.Table, state: TableState) -> pa.Table:
+    if state.table is None:
+        return table
+    keep = None
+    # A few thousand rows: Acero's thread pool costs more than it saves, and waits for a core.
+    pairs = pa.table({"t": table["_cdc_topic"], "p": table["_cdc_partition"]}).group_by(
+        ["t", "p"], use_threads=False).aggregate([])
+    for topic, partition in zip(pairs["t"].to_pylist(), pairs["p"].to_pylist(), strict=True):
+        applied = state.applied_offset(topic, partition)
+        if applied is None:
+            continue
+        mine = pc.and_(pc.equal(table["_cdc_topic"], topic), pc.equal(table["_cdc_partition"], partition))
+        done = pc.and_(mine, pc.less_equal(table["_cdc_offset"], applied))
+        keep = pc.invert(done) if keep is None else pc.and_(keep, pc.invert(done))
+    return table if keep is None else table.filter(keep)
+
+
+def add_spans(table: pa.Table, offsets: dict[tuple[str, int], list[int]]) -> None:
+    """Widen ``offsets`` (``(topic, partition) -> [first, last]``) to the offsets of ``table``'s rows."""
+    grouped = pa.table({"t": table["_cdc_topic"], "p": table["_cdc_partition"], "o": table["_cdc_offset"]}).group_by(
+        ["t", "p"], use_threads=False).aggregate([("o", "min"), ("o", "max")])
+    for topic, partition, lo, hi in zip(grouped["t"].to_pylist(), grouped["p"].to_pylist(),
+                                        grouped["o_min"].to_pylist(), grouped["o_max"].to_pylist(), strict=True):
+        span = offsets.setdefault((topic, partition), [lo, hi])
+        span[0], span[1] = min(span[0], lo), max(span[1], hi)
+
+
+def unify_parts(tables: Sequence[pa.Table], columns: Sequence[ColumnSpec]) -> pa.Table:
+    """Every part cast to the combined columns (absent ones null), in one table."""
+    target = pa.schema([*FRAME, *(pa.field(c.name, arrow_type(c.type)) for c in columns)])
+    if not tables:
+        return target.empty_table()
+    out = []
+    for table in tables:
+        arrays = []
+        for f in target:
+            if f.name in table.column_names:
+                arrays.append(_widen(table[f.name], f.type))
+            else:
+                arrays.append(pa.nulls(table.num_rows, f.type))
+        out.append(pa.Table.from_arrays(arrays, schema=target))
+    return pa.concat_tables(out)
+
+
+def _widen(array: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
+    if array.type == target:
+        return array
+    # int -> double is the one widening that rounds (beyond 2**53); the others are exact.
+    return array.cast(target, safe=not (pa.types.is_floating(target) and pa.types.is_integer(array.type)))
+
+
+def concat_frames(tables: list[pa.Table]) -> pa.Table:
+    """Parts whose columns differ (tombstones: each with its own key columns) in one table, absent columns null."""
+    if not tables:
+        return FRAME.empty_table()
+    return pa.concat_tables(tables, promote_options="permissive")

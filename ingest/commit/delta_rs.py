@@ -1,0 +1,288 @@
+"""The delta-rs apply engine: one planned batch, one Delta commit (DESIGN 3.4, 3.5).
+
+1. create the table if needed, and rewrite it first when a column widens (data unchanged);
+2. remember the batch's deletes in the tombstone table (hard mode) -- a separate commit, made before
+   the MERGE so that a crash between the two is repaired by the replay (see :mod:`ingest.apply.rules.plan`);
+3. one MERGE -- inserts, updates, deletes and the truncate together -- guarded again by position in
+   its predicates, with one Delta app transaction per topic-partition (the batch's offsets) and the
+   table state and audit record in the commit info; a batch with nothing to change still commits
+   its progress markers.
+
+delta-rs writes copy-on-write files (it cannot write deletion vectors): a MERGE rewrites every file
+that holds a touched key. It refuses a table with deletion vectors (see :data:`DELETION_VECTORS_REFUSED`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from ingest import crashpoints
+from ingest.apply.rules.history import DROP, history_schema
+from ingest.apply.stored import KeyLookup, rows_of_keys
+from ingest.commit.merge_sql import Dialect, MergeStatement, current_merge, history_merge
+from ingest.commit.state import STATE_KEY, TableState, app_id
+from ingest.commit.writer import (
+    CommitOutcome,
+    CommitRequest,
+    as_json,
+    commit_info,
+    creates_with_rows,
+    remember_deletes,
+    state_metadata,
+    switches_feed_on,
+)
+from ingest.errors import CommitConflictError, TableError
+from ingest.lake.delta import (
+    CHANGE_DATA_FEED,
+    FRAMEWORK_COLUMNS,
+    arrow_type,
+    quote,
+    read_all,
+    sql_string,
+    write_table,
+)
+from ingest.lake.location import LakePath
+from ingest.model import ColumnSpec
+
+#: Why delta-rs stops at a table delta-spark wrote with deletion vectors, and the ways out.
+DELETION_VECTORS_REFUSED = (
+    "the table has deletion vectors (written by the delta-spark engine), which delta-rs can neither write nor "
+    "read; keep it on delta-spark (engine: delta-spark for this table), or remove them with Spark SQL first: "
+    "ALTER TABLE delta.`<path>` SET TBLPROPERTIES ('delta.enableDeletionVectors' = false), "
+    "REORG TABLE delta.`<path>` APPLY (PURGE), ALTER TABLE delta.`<path>` DROP FEATURE deletionVectors "
+    "(README: choosing an apply engine)")
+
+
+@dataclass(slots=True)
+class DeltaRsWriter:
+    """Commits planned batches with delta-rs, on the driver (DataFusion, multi-threaded)."""
+
+    #: bytes of the Parquet files a new table's writes aim at (its ``delta.targetFileSize``)
+    target_file_size: int = 64 * 1024 * 1024
+    #: tables this engine creates record the change data feed
+    change_data_feed: bool = True
+    name: str = "delta-rs"
+
+    def _properties(self) -> dict[str, str]:
+        """The table properties of the tables this engine creates."""
+        out = {"delta.targetFileSize": str(self.target_file_size)}
+        if self.change_data_feed:
+            out[CHANGE_DATA_FEED] = "true"
+        return out
+
+    def lookup(self, path: LakePath) -> KeyLookup:
+        """:func:`~ingest.apply.stored.rows_of_keys`: the stored rows are read here, on the driver."""
+        return rows_of_keys
+
+    def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
+        """Apply ``request`` in one commit.
+
+        Raises:
+            CommitConflictError: another writer committed to the table at the same time.
+            TableError: a key column cannot hold the batch's values.
+        """
+        started = time.perf_counter()
+        outcome = CommitOutcome()
+        if state.deletion_vectors:
+            raise TableError(request.table, DELETION_VECTORS_REFUSED)
+        columns = request.schema.columns
+        born = creates_with_rows(request, state)
+        table = state.table if state.table is not None or born else _create(request, self._properties())
+        if table is not None and not born and switches_feed_on(state, self.change_data_feed):
+            table.alter.set_table_properties({CHANGE_DATA_FEED: "true"})
+        if request.schema.widened:
+            assert table is not None  # a widening has a table to widen (so the batch did not create it)
+            crashpoints.point("before-widen")
+            table = _widen(table, columns, request.schema.describe())
+            crashpoints.point("after-widen")
+        if table is not None and not born:
+            _add_key_columns(table, request, state)
+        remember_deletes(request)
+        props = CommitProperties(
+            app_transactions=[Transaction(app_id(topic, partition), offset, int(time.time() * 1000))
+                              for (topic, partition), offset in sorted(request.offsets.items())],
+            custom_metadata=as_json(commit_info(request, state, outcome)),
+        )
+        crashpoints.point("before-commit")
+        if born:
+            return _create_with_rows(request, props, self._properties(), self.target_file_size, outcome, started)
+        assert table is not None
+        before = table.version()
+        try:
+            # A table without user columns (created by a truncate) holds no rows: nothing to merge.
+            if request.history is not None and (request.history.source.num_rows
+                                                or (request.history.truncate and state.columns)):
+                metrics = _merge_history(table, request, props)
+                outcome.metrics = metrics
+                updated = metrics.get("num_target_rows_updated", 0)
+                outcome.rows_truncated = max(0, updated - request.history.updates)
+                table.update_incremental()
+            elif request.history is None and (request.plan.source.num_rows or (request.truncate and state.columns)):
+                metrics = _merge(table, request, columns, props)
+                outcome.metrics = metrics
+                outcome.rows_truncated = _truncated_rows(request, metrics)
+                table.update_incremental()
+            if table.version() == before:
+                # MERGE writes no commit when it changes nothing; progress must still be recorded.
+                table.create_write_transaction([], "append", table.schema(), commit_properties=props)
+        except CommitFailedError as exc:
+            raise CommitConflictError(request.table, f"commit failed, another writer changed the table: {exc}") from exc
+        table.update_incremental()
+        outcome.committed = True
+        outcome.delta_version = table.version()
+        outcome.merge_ms = int((time.perf_counter() - started) * 1000)
+        return outcome
+
+
+def _add_key_columns(table: DeltaTable, request: CommitRequest, state: TableState) -> None:
+    """A table a truncate created has no user columns: its first MERGE needs the key columns its
+    join names (the MERGE's schema merge adds the other new columns itself)."""
+    from deltalake.schema import Schema
+
+    have = {c.name for c in state.columns or []}
+    missing = [c for c in request.schema.columns if c.name in request.key_columns and c.name not in have]
+    if missing:
+        table.alter.add_columns(Schema.from_arrow(pa.schema([pa.field(c.name, arrow_type(c.type))
+                                                              for c in missing])).fields)
+
+
+def _framework_schema() -> list[pa.Field]:
+    return [pa.field(name, typ) for name, typ in FRAMEWORK_COLUMNS]
+
+
+def _truncated_rows(request: CommitRequest, metrics: dict[str, Any]) -> int:
+    """Rows the batch's truncate removed (hard) or flagged deleted (soft).
+
+    The MERGE's counts include what the source's own rows matched; the rest is the truncate's.
+    """
+    if request.delete_mode == "hard":
+        return max(0, metrics.get("num_target_rows_deleted", 0) - request.plan.matched_deletes)
+    return max(0, metrics.get("num_target_rows_updated", 0) - request.plan.matched_updates)
+
+
+def table_schema_of(columns: list[ColumnSpec], history_mode: str = "scd1") -> pa.Schema:
+    """The Delta table's schema: the source columns in their types, then the framework's (and scd2's)."""
+    if history_mode == "scd2":
+        return history_schema(columns)
+    return pa.schema([pa.field(c.name, arrow_type(c.type)) for c in columns] + _framework_schema())
+
+
+def _create(request: CommitRequest, properties: dict[str, str]) -> DeltaTable:
+    return DeltaTable.create(
+        request.path.uri, table_schema_of(request.schema.columns, request.history_mode), mode="ignore",
+        name=request.table, configuration=properties,
+        description=_description(request),
+        commit_properties=CommitProperties(custom_metadata={STATE_KEY: json.dumps(
+            state_metadata(request.key_columns, None, request.flattened))}),
+        storage_options=request.path.storage_options,
+    )
+
+
+def _create_with_rows(request: CommitRequest, props: CommitProperties, properties: dict[str, str],
+                      target_file_size: int, outcome: CommitOutcome, started: float) -> CommitOutcome:
+    """Create the table holding the batch's rows (:func:`initial_rows`), progress and state in its first commit."""
+    rows = initial_rows(request)
+    try:
+        write_table(request.path, rows, mode="error", name=request.table, description=_description(request),
+                        configuration=properties, target_file_size=target_file_size, commit_properties=props)
+    except (CommitFailedError, DeltaError) as exc:  # another writer created it first
+        raise CommitConflictError(request.table, f"creating the table failed, another writer was first: {exc}"
+                                  ) from exc
+    outcome.committed = True
+    outcome.delta_version = 0
+    outcome.merge_ms = int((time.perf_counter() - started) * 1000)
+    return outcome
+
+
+def initial_rows(request: CommitRequest) -> pa.Table:
+    """The rows a new table starts with: those the MERGE would insert into an empty table -- every
+    row of the plan's source, less hard deletes (a key the table never held) -- laid out by key."""
+    source = request.plan.source
+    if request.history is not None:
+        source = request.history.source.filter(pc.invert(request.history.source[DROP]))
+    elif request.delete_mode == "hard" and source.num_rows:
+        source = source.filter(pc.invert(source["_cdc_deleted"]))
+    if request.key_columns:
+        source = source.sort_by([(k, "ascending") for k in request.key_columns])
+    schema = table_schema_of(request.schema.columns, request.history_mode)
+    return pa.Table.from_arrays([source[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def _description(request: CommitRequest) -> str:
+    return f"CDC target table {request.table} (primary key {', '.join(request.key_columns)})"
+
+
+def _widen(table: DeltaTable, columns: list[ColumnSpec], describe: str) -> DeltaTable:
+    """Rewrite the table with widened column types (data unchanged) before the batch's commit."""
+    current = read_all(table)
+    user = {c.name for c in columns}
+    target = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in columns if c.name in current.column_names]
+                       + [f for f in current.schema if f.name not in user])
+    # int -> double is the one widening that rounds (beyond 2**53): pyarrow's checked cast refuses it.
+    arrays = [current[f.name].cast(f.type, safe=not (pa.types.is_floating(f.type)
+                                                      and pa.types.is_integer(current[f.name].type)))
+              for f in target]
+    write_deltalake(table, pa.Table.from_arrays(arrays, schema=target), mode="overwrite", schema_mode="overwrite",
+                    commit_properties=CommitProperties(custom_metadata={"cdc.schema_change": describe}))
+    table.update_incremental()
+    return table
+
+
+def _merge(table: DeltaTable, request: CommitRequest, columns: list[ColumnSpec], props: CommitProperties
+           ) -> dict[str, Any]:
+    source = request.plan.source
+    if request.key_columns:
+        source = source.sort_by([(k, "ascending") for k in request.key_columns])
+    statement = current_merge(source, DIALECT, key_columns=request.key_columns, columns=columns,
+                              delete_mode=request.delete_mode, truncate=request.truncate)
+    return run_merge(table, source, statement, props)
+
+
+def _merge_history(table: DeltaTable, request: CommitRequest, props: CommitProperties) -> dict[str, Any]:
+    """The scd2 MERGE (:mod:`ingest.apply.rules.history`): versions matched by key and position."""
+    plan = request.history
+    assert plan is not None
+    statement = history_merge(plan, DIALECT, key_columns=request.key_columns, columns=request.schema.columns)
+    return run_merge(table, plan.source.sort_by([(k, "ascending") for k in request.key_columns]), statement, props)
+
+
+def _timestamp(value: datetime | None) -> str:
+    if value is None:
+        return "NULL"
+    stamp = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return f"arrow_cast('{stamp}Z', 'Timestamp(Microsecond, Some(\"UTC\"))')"
+
+
+#: DataFusion's SQL, as delta-rs's MERGE reads it.
+DIALECT: Final = Dialect(ident=quote, string=sql_string, timestamp=_timestamp)
+
+
+def run_merge(table: DeltaTable, source: pa.Table, statement: MergeStatement, props: CommitProperties
+              ) -> dict[str, Any]:
+    """Run ``statement`` with delta-rs's merge builder; returns its metrics."""
+    merger = table.merge(source, statement.on, source_alias="s", target_alias="t", merge_schema=True,
+                         commit_properties=props)
+    for clause in statement.clauses:
+        if clause.kind == "matched_delete":
+            merger = merger.when_matched_delete(clause.condition)
+        elif clause.kind == "matched_update":
+            assert clause.sets is not None
+            merger = merger.when_matched_update(clause.sets, clause.condition)
+        elif clause.kind == "not_matched_insert":
+            assert clause.sets is not None
+            merger = merger.when_not_matched_insert(clause.sets, clause.condition)
+        elif clause.kind == "not_matched_by_source_delete":
+            merger = merger.when_not_matched_by_source_delete(clause.condition)
+        else:
+            assert clause.sets is not None
+            merger = merger.when_not_matched_by_source_update(clause.sets, clause.condition)
+    return merger.execute()

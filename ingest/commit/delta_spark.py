@@ -1,0 +1,480 @@
+"""The delta-spark apply engine: the planned batch MERGEd by delta-spark, as Spark jobs (DESIGN 3.4, 3.5).
+
+The same steps and predicates as :mod:`ingest.commit.delta_rs`, run by Delta's own MERGE:
+
+1. create the table if needed (deletion vectors on by default), add the batch's new columns
+   (``ALTER TABLE ... ADD COLUMNS``) and rewrite it first when a column widens (data unchanged);
+2. remember the batch's deletes in the tombstone table (hard mode), before the MERGE;
+3. one MERGE -- inserts, updates, deletes and the truncate together -- guarded again by position,
+   with the table's app transaction (``cdc:table:<table>``, one version above the last) and
+   ``cdc.batch``, ``cdc.state`` and ``cdc.offsets`` in the commit's ``userMetadata``; a batch with
+   nothing to change appends nothing under the same markers, so its progress is still recorded. A
+   batch of keys the table does not hold (an initial snapshot, an append-only table) is appended
+   under the same markers instead (:func:`~ingest.commit.writer.may_append`), without the MERGE's
+   join and its many small Spark jobs.
+
+delta-spark records one app transaction per commit (``spark.databricks.delta.write.txnAppId`` /
+``txnVersion``), which is why the offsets travel in the commit's metadata (see
+:mod:`ingest.commit.writer`). Two writers that planned the same version: Delta skips the second
+commit, and the engine reports it as a conflict. Those settings are per Spark session, so every
+thread that commits has its own session (``SparkSession.newSession``: same context and jars).
+
+With deletion vectors a MERGE that deletes or updates rows marks them in a small vector file instead
+of rewriting the Parquet file holding them; the audit record gets the MERGE's own metrics. Such a
+MERGE still joins the batch with the rows of every file it touches to write the changed rows, and a
+batch of keys spread over the table touches every file: so a batch of up to :data:`KEY_LIST_LIMIT`
+keys into a table much larger than it (:func:`dialect_for`) also lists them in the MERGE's condition
+(``t.key IN (...)``, implied by the key equality), and Spark drops the other rows before that join
+instead of shuffling them all to it.
+
+The plan looks up the stored rows of the batch's keys before the MERGE (their positions, soft-delete
+flags and unknown columns; scd2: every column of their versions). Where the files the keys' range
+reaches hold more than ``driver_lookup_rows`` rows (``target.driver_lookup_rows``, default
+:data:`DRIVER_LOOKUP_ROWS`), the executors do it (:meth:`DeltaSparkWriter.lookup`): the driver
+receives the rows found, not every row of that range.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
+
+from ingest import crashpoints
+from ingest.apply.rules.history import DROP
+from ingest.apply.stored import KeyLookup, rows_of_keys
+from ingest.commit.delta_rs import initial_rows, table_schema_of
+from ingest.commit.merge_sql import Clause, Dialect, FrameSource, MergeStatement, current_merge, history_merge
+from ingest.commit.state import STATE_KEY, TableState, table_app_id
+from ingest.commit.writer import (
+    CommitOutcome,
+    CommitRequest,
+    commit_info,
+    creates_with_rows,
+    may_append,
+    remember_deletes,
+    state_metadata,
+    switches_feed_on,
+)
+from ingest.config import TargetSpec
+from ingest.errors import CommitConflictError
+from ingest.lake.delta import (
+    CHANGE_DATA_FEED,
+    arrow_type,
+    key_range,
+    normalize,
+    open_table,
+    rows_in_range,
+    table_schema,
+)
+from ingest.lake.location import LakePath
+from ingest.model import ColumnSpec
+from ingest.spark.session import arrow_frame, snapshot_tasks, spark_location, use_s3a
+
+#: ``target.driver_lookup_rows``' default: a batch's stored rows are read on the driver when the files
+#: its key range reaches hold at most this many rows, and by Spark's executors beyond that
+#: (:meth:`DeltaSparkWriter.lookup`): the driver then holds the rows found, not every row of the
+#: range. Below it the driver's read costs less than a Spark job (``benchmarks/bench_merge.py
+#: --engine delta-spark``, its *driver lookup* baseline).
+DRIVER_LOOKUP_ROWS: Final[int] = TargetSpec.model_fields["driver_lookup_rows"].default
+_TXN_APP = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+#: MERGE metrics (``operationMetrics``) copied into the outcome, deletion-vector ones included.
+_METRICS = ("numSourceRows", "numTargetRowsInserted", "numTargetRowsUpdated", "numTargetRowsDeleted",
+            "numTargetRowsMatchedDeleted", "numTargetRowsNotMatchedBySourceDeleted",
+            "numTargetRowsNotMatchedBySourceUpdated", "numTargetRowsCopied", "numTargetFilesAdded",
+            "numTargetFilesRemoved", "numTargetDeletionVectorsAdded", "numTargetDeletionVectorsRemoved",
+            "numTargetDeletionVectorsUpdated", "numOutputRows")
+#: An append's (a ``WRITE``'s) metrics under the names a MERGE gives them, so every batch's audit
+#: row reads alike whether the batch was merged or appended.
+_APPEND_METRICS = {"numOutputRows": "numTargetRowsInserted", "numFiles": "numTargetFilesAdded"}
+
+
+def ident(name: str) -> str:
+    """Quote an identifier for Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def string(value: str) -> str:
+    """A Spark SQL string literal (Spark escapes with backslashes; two quotes would be two literals)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@dataclass
+class DeltaSparkWriter:
+    """Commits planned batches with delta-spark's MERGE, on the Spark session's executors."""
+
+    spark: SparkSession
+    #: tables this engine creates write deletion vectors
+    deletion_vectors: bool = True
+    #: tables this engine creates record the change data feed
+    change_data_feed: bool = True
+    #: a batch's stored rows are read on the driver while their key range reaches at most this many
+    #: rows, else on the executors (:meth:`lookup`)
+    driver_lookup_rows: int = DRIVER_LOOKUP_ROWS
+    name: str = "delta-spark"
+    _local: threading.local = field(default_factory=threading.local, repr=False)
+
+    def session(self) -> SparkSession:
+        """This thread's session: the commit markers are session settings, and tables commit in parallel."""
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = snapshot_tasks(self.spark.newSession())
+        return session
+
+    def lookup(self, path: LakePath) -> KeyLookup:
+        """Reads the stored rows of a batch's keys on the driver while the files their key range
+        reaches hold at most ``driver_lookup_rows`` rows, else with Spark (see :func:`spark_rows_of_keys`)."""
+        def rows(table: DeltaTable, key_columns: tuple[str, ...], keys: pa.Table,
+                 columns: list[str] | None = None) -> pa.Table:
+            if rows_in_range(table, keys, key_columns[0]) <= self.driver_lookup_rows:
+                return rows_of_keys(table, key_columns, keys, columns)
+            return spark_rows_of_keys(self.session(), path, table, key_columns, keys, columns)
+        return rows
+
+    def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
+        """Apply ``request`` in one commit.
+
+        Raises:
+            CommitConflictError: another writer committed to the table at the same time.
+        """
+        from delta.exceptions import DeltaConcurrentModificationException
+
+        started = time.perf_counter()
+        outcome = CommitOutcome()
+        spark = self.session()
+        if not request.path.is_local:
+            use_s3a(spark, request.path)
+        path = request.path.spark_uri
+        columns = request.schema.columns
+        app = table_app_id(request.table)
+        born = creates_with_rows(request, state)
+        try:
+            if state.table is None and not born:
+                self._create(spark, request)
+            elif state.table is not None:
+                if switches_feed_on(state, self.change_data_feed):
+                    feed = f"{string(CHANGE_DATA_FEED)} = 'true'"
+                    spark.sql(f"ALTER TABLE delta.{ident(path)} SET TBLPROPERTIES ({feed})")
+                self._add_columns(spark, path, columns, state.columns or [])
+            if request.schema.widened and state.table is not None:
+                crashpoints.point("before-widen")
+                _widen(spark, path, columns, request.schema.describe())
+                crashpoints.point("after-widen")
+            if request.frame is not None:
+                _remember_frame(spark, request)
+            else:
+                remember_deletes(request)
+            existing = open_table(request.path)
+            before = existing.version() if existing is not None else -1
+            txn = 1 + ((existing.transaction_version(app) or 0) if existing is not None else 0)
+            metadata = json.dumps(commit_info(request, state, outcome))
+            crashpoints.point("before-commit")
+            with _markers(spark, app, txn, metadata):
+                if born:
+                    self._write_new(_writer(spark, request, app, txn, metadata), request)
+                elif request.history is not None:
+                    if request.history.source_rows() or (request.history.truncate and state.columns):
+                        _merge_history(spark, request,
+                                       dialect_for(existing, request.history.source, request.key_columns))
+                    else:
+                        spark.read.format("delta").load(path).limit(0).write.format("delta").mode("append").save(path)
+                elif request.source_rows() and may_append(request, state, before):
+                    # Only new keys: the rows the MERGE would insert, without its join.
+                    _writer(spark, request, app, txn, metadata).mode("append").save(path)
+                elif request.source_rows() or (request.truncate and state.columns):
+                    dialect = (replace(DIALECT, key_list_limit=0) if request.frame is not None
+                               else dialect_for(existing, request.plan.source, request.key_columns))
+                    _merge(spark, request, columns, dialect)
+                else:
+                    # Nothing to change: an empty append records the progress markers.
+                    spark.read.format("delta").load(path).limit(0).write.format("delta").mode("append").save(path)
+        except DeltaConcurrentModificationException as exc:
+            raise CommitConflictError(request.table, f"commit failed, another writer changed the table: {exc}"
+                                      ) from exc
+        # The table as opened before the commit, brought up to date (a new table: opened now).
+        table = existing if existing is not None else open_table(request.path)
+        assert table is not None  # written above
+        if existing is not None:
+            table.update_incremental()
+        # Delta skips, silently, a write whose app-transaction version is already recorded: find ours.
+        ours = [c for c in table.history(max(1, table.version() - before)) if c.get("userMetadata") == metadata]
+        if not ours:
+            raise CommitConflictError(
+                request.table, f"Delta skipped the commit: version {txn} of {app} was "
+                "already recorded, so another writer committed a batch at the same time")
+        last = ours[0]
+        reported = (last.get("operationMetrics") or {}).items()
+        if last.get("operation") == "WRITE":  # an append: its metrics under the MERGE's names
+            metrics = {_APPEND_METRICS[k]: int(v) for k, v in reported if k in _APPEND_METRICS}
+        else:
+            metrics = {k: int(v) for k, v in reported if k in _METRICS}
+        outcome.metrics = metrics
+        removed = ("numTargetRowsNotMatchedBySourceDeleted" if request.delete_mode == "hard"
+                   and request.history_mode == "scd1" else "numTargetRowsNotMatchedBySourceUpdated")
+        outcome.rows_truncated = metrics.get(removed, 0)
+        outcome.committed = True
+        outcome.delta_version = int(last["version"])
+        outcome.merge_ms = int((time.perf_counter() - started) * 1000)
+        return outcome
+
+    def _properties(self) -> dict[str, str]:
+        """The table properties of the tables this engine creates."""
+        out = {}
+        if self.deletion_vectors:
+            out["delta.enableDeletionVectors"] = "true"
+        if self.change_data_feed:
+            out[CHANGE_DATA_FEED] = "true"
+        return out
+
+    def _write_new(self, writer: DataFrameWriter, request: CommitRequest) -> None:
+        """Create the table holding the batch's rows (:func:`~ingest.commit.delta_rs.initial_rows`)."""
+        from pyspark.errors import AnalysisException
+
+        writer = writer.mode("error")
+        for key, value in self._properties().items():
+            writer = writer.option(key, value)
+        try:
+            writer.save(request.path.spark_uri)
+        except AnalysisException as exc:
+            if "exist" not in str(exc).lower():
+                raise
+            raise CommitConflictError(request.table, f"creating the table failed, another writer was first: {exc}"
+                                      ) from exc
+
+    def _create(self, spark: SparkSession, request: CommitRequest) -> None:
+        from delta.tables import DeltaTable
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        builder = (DeltaTable.createIfNotExists(spark).location(request.path.spark_uri)
+                   .addColumns(from_arrow_schema(table_schema_of(request.schema.columns, request.history_mode)))
+                   .comment(f"CDC target table {request.table} (primary key {', '.join(request.key_columns)})"))
+        for key, value in self._properties().items():
+            builder = builder.property(key, value)
+        state = {STATE_KEY: state_metadata(request.key_columns, None, request.flattened)}
+        with _markers(spark, None, None, json.dumps(state)):
+            builder.execute()
+
+    @staticmethod
+    def _add_columns(spark: SparkSession, path: str, columns: list[ColumnSpec], stored: list[ColumnSpec]) -> None:
+        """New source columns become table columns before the MERGE writes them (a metadata commit)."""
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        have = {c.name for c in stored}
+        new = [c for c in columns if c.name not in have]
+        if new:
+            spec = ", ".join(f"{ident(c.name)} {from_arrow_type(_arrow(c)).simpleString()}" for c in new)
+            spark.sql(f"ALTER TABLE delta.{ident(path)} ADD COLUMNS ({spec})")
+
+
+def _arrow(column: ColumnSpec) -> pa.DataType:
+    return arrow_type(column.type)
+
+
+@contextmanager
+def _markers(spark: SparkSession, app: str | None, version: int | None, metadata: str) -> Iterator[None]:
+    """The commit's app transaction and ``userMetadata``, set for the statements run inside."""
+    settings = {_USER_METADATA: metadata}
+    if app is not None:
+        settings |= {_TXN_APP: app, _TXN_VERSION: str(version)}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key in settings:
+            spark.conf.unset(key)
+
+
+def _widen(spark: SparkSession, path: str, columns: list[ColumnSpec], describe: str) -> None:
+    """Rewrite the table with widened column types (data unchanged) before the batch's commit."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    current = spark.read.format("delta").load(path)
+    types = {c.name: from_arrow_type(_arrow(c)) for c in columns}
+    widened = current.select([current[ident(name)].cast(types[name]).alias(name) if name in types
+                              else current[ident(name)] for name in current.columns])
+    (widened.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+     .option("userMetadata", json.dumps({"cdc.schema_change": describe})).save(path))
+
+
+def _merge(spark: SparkSession, request: CommitRequest, columns: list[ColumnSpec], dialect: Dialect) -> None:
+    if request.frame is not None:  # the source is on the executors: its columns and key bounds are known
+        shape = FrameSource(request.frame.source.columns, request.frame.bounds)
+        statement = current_merge(shape, dialect, key_columns=request.key_columns, columns=columns,
+                                  delete_mode=request.delete_mode, truncate=request.truncate)
+        run_merge(spark, request, request.frame.source, statement)
+        return
+    source = request.plan.source
+    statement = current_merge(source, dialect, key_columns=request.key_columns, columns=columns,
+                              delete_mode=request.delete_mode, truncate=request.truncate)
+    run_merge(spark, request, source, statement)
+
+
+def _initial(spark: SparkSession, request: CommitRequest) -> DataFrame:
+    """The rows a new table starts with, or a batch of new keys appends
+    (:func:`~ingest.commit.delta_rs.initial_rows`), as a DataFrame: from the driver's plan, or
+    shaped on the executors from a plan that is there."""
+    history = request.history.frame if request.history is not None else None
+    if request.frame is None and history is None:
+        return arrow_frame(spark, initial_rows(request))
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    if history is not None:
+        source = history.source.where(~F.col(DROP))
+    else:
+        source = request.frame.source
+        if request.delete_mode == "hard":
+            source = source.where(~F.col("_cdc_deleted"))
+    schema = table_schema_of(request.schema.columns, request.history_mode)
+    shaped = source.select(*(F.col(ident(f.name)).cast(from_arrow_type(f.type, prefer_timestamp_ntz=True)).alias(f.name)
+                             for f in schema))
+    return shaped.sortWithinPartitions(*request.key_columns) if request.key_columns else shaped
+
+
+def _writer(spark: SparkSession, request: CommitRequest, app: str, txn: int, metadata: str) -> DataFrameWriter:
+    """A Delta writer of :func:`_initial`'s rows. A plan on the executors has its rows in the
+    session they were read in, whose settings the write follows: the commit's markers then go as
+    the writer's options (those of the engine's session would not reach it)."""
+    writer = _initial(spark, request).write.format("delta")
+    if request.frame is not None or (request.history is not None and request.history.frame is not None):
+        writer = writer.option("userMetadata", metadata).option("txnAppId", app).option("txnVersion", str(txn))
+    return writer
+
+
+def _remember_frame(spark: SparkSession, request: CommitRequest) -> None:
+    """:func:`~ingest.commit.writer.remember_deletes` of a plan on the executors, written by delta-spark."""
+    from ingest.apply.spark_batch import remember_on_executors
+
+    if request.delete_mode != "hard" or request.history is not None:
+        return
+    key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
+    remember_on_executors(spark, request.tombstones, request.key_columns, key_types, request.frame.deletes)
+    crashpoints.point("after-tombstones")
+
+
+def _merge_history(spark: SparkSession, request: CommitRequest, dialect: Dialect) -> None:
+    """The scd2 MERGE (:mod:`ingest.apply.rules.history`), the statement delta-rs runs too."""
+    plan = request.history
+    assert plan is not None
+    if plan.frame is not None:  # the source is on the executors: its columns and key bounds are known
+        shape = FrameSource(plan.frame.source.columns, plan.frame.bounds)
+        statement = history_merge(plan, replace(dialect, key_list_limit=0), key_columns=request.key_columns,
+                                  columns=request.schema.columns, source=shape)
+        run_merge(spark, request, plan.frame.source, statement)
+        return
+    statement = history_merge(plan, dialect, key_columns=request.key_columns, columns=request.schema.columns)
+    run_merge(spark, request, plan.source, statement)
+
+
+def spark_rows_of_keys(spark: SparkSession, path: LakePath, table: DeltaTable, key_columns: tuple[str, ...],
+                       keys: pa.Table, columns: list[str] | None = None) -> pa.Table:
+    """:func:`~ingest.apply.stored.rows_of_keys` as a Spark job: the same rows, in the same types.
+
+    The executors read the version of the table ``table`` is at (deletion vectors applied), bounded
+    by the keys' range like the driver's read, and keep the rows whose key is among ``keys``' (a
+    semi-join with the keys broadcast). The driver receives only the rows found -- for a current-row
+    table at most one per key -- where its own read would hold every row of the range in memory.
+    """
+    from pyspark.sql.functions import broadcast
+
+    schema = normalize(table_schema(table).empty_table()).schema
+    names = columns or schema.names
+    wanted = broadcast(arrow_frame(spark, keys.select(list(key_columns))))
+    found = frame_of_keys(spark, path, table.version(), key_columns, wanted, names,
+                          where=key_range(keys, key_columns[0], ident=ident, string=string))
+    return normalize(found.toArrow()).cast(pa.schema([schema.field(n) for n in names]))
+
+
+def frame_of_keys(spark: SparkSession, path: LakePath, version: int, key_columns: tuple[str, ...], keys: DataFrame,
+                  columns: list[str], *, where: str | None = None) -> DataFrame:
+    """``columns`` of the rows of the table at ``path`` (at ``version``, deletion vectors applied)
+    whose key is among ``keys``' -- a semi-join, narrowed first by ``where`` -- as a DataFrame: the
+    one Spark read behind every look-up of stored rows and remembered deletes by key."""
+    frame = spark.read.format("delta").option("versionAsOf", version).load(spark_location(spark, path))
+    if where is not None:
+        frame = frame.where(where)
+    return frame.select(*(ident(n) for n in columns)).join(
+        keys.select(*(ident(k) for k in key_columns)), on=list(key_columns), how="left_semi")
+
+
+def dialect_for(table: DeltaTable | None, source: pa.Table, key_columns: tuple[str, ...]) -> Dialect:
+    """:data:`DIALECT`, listing the batch's keys in the MERGE's condition only where that pays: the
+    files their range reaches hold at least :data:`ROWS_PER_LISTED_KEY` rows per key (the rows the
+    list keeps out of the join). How many keys a list may hold, :func:`~ingest.commit.merge_sql.key_list`
+    decides with the dialect's ``key_list_limit``."""
+    unlisted = replace(DIALECT, key_list_limit=0)
+    if table is None or not key_columns or key_columns[0] not in source.column_names:
+        return unlisted
+    keys = pc.count_distinct(source[key_columns[0]]).as_py()
+    if keys == 0:
+        return unlisted
+    return DIALECT if rows_in_range(table, source, key_columns[0]) >= ROWS_PER_LISTED_KEY * keys else unlisted
+
+
+def _timestamp(value: datetime | None) -> str:
+    if value is None:
+        return "CAST(NULL AS TIMESTAMP)"
+    return f"CAST({string(value.astimezone(UTC).isoformat())} AS TIMESTAMP)"
+
+
+#: A batch of at most this many keys lists them in the MERGE's condition (``merge_sql._on``): its
+#: rewrite join then takes only the batch's rows of the touched files, not all of them.
+KEY_LIST_LIMIT: Final = 20_000
+#: A batch lists its keys only when the files its key range reaches hold at least this many rows per
+#: key: the list costs Spark its analysis, which the rows kept out of the join repay only in a large
+#: table (``benchmarks/bench_key_list.py`` at 200k and 2M rows, ``bench_merge.py --engine delta-spark``).
+ROWS_PER_LISTED_KEY: Final = 100
+
+
+def _integer(value: int, kind: pa.DataType) -> str:
+    """An integer literal of Spark's type for ``kind`` (``7L`` a BIGINT), so a list of them needs no
+    cast per value against a column of that type: at most slightly faster than an untyped list
+    (``benchmarks/bench_key_list.py``: 0.90x the MERGE's time at 200k rows, 1.04x at 2M)."""
+    if pa.types.is_unsigned_integer(kind):  # Spark has no unsigned types: let it type the value
+        return str(value)
+    suffix = {8: "Y", 16: "S", 32: ""}.get(kind.bit_width, "L")
+    return f"{value}{suffix}"
+
+
+#: Spark SQL, as delta-spark's MERGE reads it.
+DIALECT: Final = Dialect(ident=ident, string=string, timestamp=_timestamp, key_list_limit=KEY_LIST_LIMIT,
+                         integer=_integer)
+
+
+def run_merge(spark: SparkSession, request: CommitRequest, source: pa.Table | DataFrame,
+              statement: MergeStatement) -> None:
+    """Run ``statement`` with delta-spark's merge builder, ``source`` as a DataFrame."""
+    from delta.tables import DeltaTable
+
+    def sets(clause: Clause) -> dict[str, str | Column]:
+        assert clause.sets is not None
+        return dict(clause.sets)
+
+    merger = DeltaTable.forPath(spark, request.path.spark_uri).alias("t").merge(
+        (source if isinstance(source, DataFrame) else arrow_frame(spark, source)).alias("s"), statement.on)
+    for clause in statement.clauses:
+        if clause.kind == "matched_delete":
+            merger = merger.whenMatchedDelete(clause.condition)
+        elif clause.kind == "matched_update":
+            merger = merger.whenMatchedUpdate(clause.condition, sets(clause))
+        elif clause.kind == "not_matched_insert":
+            merger = (merger.whenNotMatchedInsert(values=sets(clause)) if clause.condition is None
+                      else merger.whenNotMatchedInsert(clause.condition, sets(clause)))
+        elif clause.kind == "not_matched_by_source_delete":
+            merger = merger.whenNotMatchedBySourceDelete(clause.condition)
+        else:
+            merger = merger.whenNotMatchedBySourceUpdate(clause.condition, sets(clause))
+    merger.execute()

@@ -1,0 +1,168 @@
+"""RememberedDeletes deletes: a side Delta table per target table, keyed by its primary key (DESIGN 3.2).
+
+In hard-delete mode a deleted row leaves the target table, so its key and the delete's position are
+kept here: an older or replayed event of that key is then recognised as stale instead of bringing
+the row back. Each tombstone also records when it was written (``_cdc_recorded_at``); retention
+counts from then, not from the source's timestamp, so catching up an old backlog does not make its
+deletes purgeable at once. The table follows the primary key's safe type widening.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+from ingest.apply.rules.ordering import later_than_stored_sql
+from ingest.apply.rules.schema import holds
+from ingest.apply.stored import KeyLookup, rows_of_keys
+from ingest.errors import TableError
+from ingest.lake.delta import (
+    arrow_type,
+    delta_type_name,
+    latest_table,
+    open_table,
+    quote,
+    read_all,
+    table_schema,
+    write_table,
+)
+from ingest.lake.location import Location
+
+Key = tuple[Any, ...]
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+def key_array(table: str, column: str, values: Sequence[Any], delta_type: str) -> pa.Array:
+    """Key values as an Arrow array of the column's type; an error names the table and column."""
+    try:
+        return pa.array(values, arrow_type(delta_type))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
+        raise TableError(table, f"primary-key column {column!r} cannot hold the batch's values as "
+                                f"{delta_type}: {exc}") from exc
+
+
+class RememberedDeletes:
+    """One table's remembered deletes, opened once and brought up to date before each use.
+
+    A stream keeps one per table for as long as it runs (it holds the table's lease, so nothing
+    else replaces the table meanwhile): opening a Delta table replays its log, which grows by a
+    commit with every batch that deletes; bringing an open one up to date reads only the new commits.
+    """
+
+    def __init__(self, path: Location, table: str) -> None:
+        self.path = path
+        self.table = table
+        self._delta: DeltaTable | None = None
+
+    def open(self, key_types: Mapping[str, str]) -> DeltaTable | None:
+        """The tombstone table at its latest version, its key columns widened to ``key_types``
+        (``None``: none yet)."""
+        self._delta = _aligned(latest_table(self.path, self._delta), key_types, self.table)
+        return self._delta
+
+    def read(self, key_columns: tuple[str, ...], key_types: Mapping[str, str],
+             keys: pa.Table | None = None, *, lookup: KeyLookup = rows_of_keys) -> pa.Table | None:
+        """The remembered deletes: the key columns and ``_cdc_position`` (``None``: none yet).
+
+        Args:
+            keys: only the deletes of these keys (default: all).
+            lookup: what reads the deletes of ``keys`` (default :func:`~ingest.apply.stored.rows_of_keys`,
+                on the driver; the engine's reads a large table on Spark's executors).
+        """
+        delta = self.open(key_types)
+        if delta is None:
+            return None
+        columns = [*key_columns, "_cdc_position"]
+        if keys is None or not key_columns:
+            return read_all(delta, columns=columns)
+        return lookup(delta, key_columns, keys, columns)
+
+    def record(self, key_columns: tuple[str, ...], key_types: Mapping[str, str], deletes: pa.Table) -> None:
+        """Remember deleted keys, idempotently and guarded by position.
+
+        Args:
+            deletes: the key columns, ``_cdc_position`` and ``_cdc_source_ts`` of each delete.
+        """
+        if deletes.num_rows == 0:
+            return
+        data: dict[str, pa.Array | pa.ChunkedArray] = {}
+        for k in key_columns:
+            try:
+                data[k] = deletes[k].cast(arrow_type(key_types[k]))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                raise TableError(self.table, f"primary-key column {k!r} cannot hold the batch's values as "
+                                             f"{key_types[k]}: {exc}") from exc
+        data["_cdc_position"] = deletes["_cdc_position"]
+        data["_cdc_deleted_at"] = deletes["_cdc_source_ts"].cast(_TIMESTAMP)
+        data["_cdc_recorded_at"] = pa.array([datetime.now(UTC)] * deletes.num_rows, _TIMESTAMP)
+        source = pa.table(data)
+        delta = self.open(key_types)
+        if delta is None:
+            write_table(self.path, source, mode="append")
+            return
+        on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key_columns)
+        # merge_schema: tombstone tables written before _cdc_recorded_at existed take the column on.
+        (delta.merge(source, on, source_alias="s", target_alias="t", merge_schema=True)
+         .when_matched_update_all(later_than_stored_sql("s._cdc_position", "t._cdc_position"))
+         .when_not_matched_insert_all()
+         .execute())
+
+
+def positions(path: Location, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str) -> dict[Key, str]:
+    """``key -> position of its delete`` for every remembered delete (for tools and tests)."""
+    rows = RememberedDeletes(path, table).read(key_columns, key_types)
+    if rows is None:
+        return {}
+    keys = zip(*(rows[k].to_pylist() for k in key_columns), strict=True)
+    return dict(zip(keys, rows["_cdc_position"].to_pylist(), strict=True))
+
+
+def purge(path: Location, older_than: datetime) -> int:
+    """Forget deletes recorded before ``older_than``; returns how many were removed."""
+    delta = open_table(path)
+    if delta is None:
+        return 0
+    stamp = older_than.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    # The columns are UTC-aware: compare with a UTC literal (a naive `::timestamp` fails in delta-rs's delete).
+    cutoff = f"arrow_cast('{stamp}Z', 'Timestamp(Microsecond, Some(\"UTC\"))')"
+    names = {f.name for f in table_schema(delta)}
+    # Tombstones written before _cdc_recorded_at existed only know the source time.
+    written = "coalesce(_cdc_recorded_at, _cdc_deleted_at)" if "_cdc_recorded_at" in names else "_cdc_deleted_at"
+    result = delta.delete(f"{written} < {cutoff}")
+    return int(result.get("num_deleted_rows", 0))
+
+
+def millis_to_timestamp(values: Sequence[int | None]) -> pa.Array:
+    return pa.array(values, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(_TIMESTAMP)
+
+
+def _aligned(delta: DeltaTable | None, key_types: Mapping[str, str], table: str) -> DeltaTable | None:
+    """The tombstone table, its key columns first widened to the target table's key types."""
+    if delta is None:
+        return None
+    schema = table_schema(delta)
+    wider = {}
+    for f in schema:
+        want = key_types.get(f.name)
+        if want is None:
+            continue
+        have = delta_type_name(f.type)
+        if have == want:
+            continue
+        if not holds(want, have):
+            raise TableError(table, f"primary-key column {f.name!r} is {want} in the table but {have} in its "
+                                    "tombstones; only a safe widening can follow")
+        wider[f.name] = want
+    if not wider:
+        return delta
+    target = pa.schema([pa.field(f.name, arrow_type(wider[f.name])) if f.name in wider else f for f in schema])
+    current = read_all(delta)
+    write_deltalake(delta, current.cast(target), mode="overwrite", schema_mode="overwrite",
+                    commit_properties=CommitProperties(custom_metadata={
+                        "cdc.schema_change": "; ".join(f"widened {k} -> {v}" for k, v in wider.items())}))
+    delta.update_incremental()
+    return delta

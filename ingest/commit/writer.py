@@ -1,0 +1,201 @@
+"""The apply engines' contract: one planned batch in, one atomic Delta commit out (DESIGN 3.4, 3.5).
+
+Two engines implement :class:`Writer`: :class:`~ingest.commit.delta_rs.DeltaRsWriter` (delta-rs
+on the driver, copy-on-write files) and :class:`~ingest.commit.delta_spark.DeltaSparkWriter`
+(delta-spark's MERGE as Spark jobs, deletion vectors). Whatever the engine, a CDC commit carries in
+its commit info:
+
+* ``cdc.batch``: the batch's audit record (:mod:`ingest.records.audit` restores lost audit rows from it);
+* ``cdc.state``: primary key, latest truncate position, position format, flattened-ness;
+* ``cdc.offsets``: the last applied offset of every topic-partition the table has seen, carried
+  forward from commit to commit (``"<topic>:<partition>" -> offset``).
+
+delta-rs also records each partition's offset as its own Delta app transaction
+(``cdc:<topic>:<partition>``). delta-spark's MERGE records one app transaction per commit, so it
+records ``cdc:table:<table>`` with a version one above the last, and the offsets travel in
+``cdc.offsets`` of the same commit. :class:`~ingest.commit.state.TableState` reads both, so either
+engine continues a table the other wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+from ingest import crashpoints
+from ingest.apply.rules.history import HistoryPlan
+from ingest.apply.rules.plan import MergePlan
+from ingest.apply.rules.schema import SchemaPlan
+from ingest.apply.stored import KeyLookup
+from ingest.commit import remembered as tombstones
+from ingest.commit.state import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_KEY, TableState
+from ingest.lake.delta import records_change_feed
+from ingest.lake.location import LakePath
+
+
+@dataclass(slots=True)
+class CommitRequest:
+    """Everything an engine needs to commit one planned batch.
+
+    Attributes:
+        table: table name.
+        path: Delta table path.
+        tombstones: the table's remembered deletes (hard mode).
+        delete_mode: ``hard`` (live rows only) or ``soft`` (deleted rows flagged).
+        key_columns: primary-key columns.
+        schema: the table's user columns after this batch.
+        plan: the merge plan.
+        truncate: the batch's truncate position if it applies, else ``None``.
+        watermark: the latest truncate position the table will have seen after this commit.
+        offsets: last offset of the batch per ``(topic, partition)`` (progress markers).
+        flattened: whether the table's stream is known to be ``ExtractNewRecordState`` rows.
+        describe: builds the audit record stored in the commit info (``cdc.batch``) from the
+            outcome, just before the commit.
+        history: ``history_mode: scd2``: the versions to write (:mod:`ingest.apply.rules.history`); the
+            table is created with the history columns even when this batch has no versions.
+        truncate_log: scd2: every truncate the table has seen, ``(position, source time)``: a late
+            change before one of them is ended by it.
+        new_keys_only: the table, at the version the plan read (``state``), stores none of the
+            source's keys, and the batch has no truncate: every source row can only take the MERGE's
+            insert clause, so the engine may append them instead (:func:`may_append`).
+        frame: the plan's rows on Spark's executors (:class:`~ingest.apply.spark_plan.SparkPlan`,
+            delta-spark only): the MERGE's source and the deletes to remember are read from there,
+            and ``plan`` holds only the matched counts (:mod:`ingest.apply.spark_batch`).
+    """
+
+    table: str
+    path: LakePath
+    tombstones: tombstones.RememberedDeletes
+    delete_mode: Literal["hard", "soft"]
+    key_columns: tuple[str, ...]
+    schema: SchemaPlan
+    plan: MergePlan
+    truncate: str | None
+    watermark: str | None
+    offsets: dict[tuple[str, int], int]
+    flattened: bool | None
+    describe: Callable[[CommitOutcome], dict[str, Any]]
+    history_mode: Literal["scd1", "scd2"] = "scd1"
+    history: HistoryPlan | None = None
+    truncate_log: list[tuple[str, datetime | None]] | None = None
+    new_keys_only: bool = False
+    frame: Any = None
+
+    def source_rows(self) -> int:
+        """Rows in the MERGE's source, wherever it is."""
+        return int(self.frame.source_rows) if self.frame is not None else self.plan.source.num_rows
+
+
+@dataclass(slots=True)
+class CommitOutcome:
+    """What the commit did."""
+
+    committed: bool = False
+    delta_version: int | None = None
+    rows_truncated: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    merge_ms: int = 0
+
+
+class Writer(Protocol):
+    """Commits planned batches to Delta tables."""
+
+    name: str
+
+    def lookup(self, path: LakePath) -> KeyLookup:
+        """What reads the stored rows of a batch's keys from the table at ``path``, for its plan."""
+        ...
+
+    def commit(self, request: CommitRequest, state: TableState) -> CommitOutcome:
+        """Apply ``request`` in one commit (see the module docstring for what it records).
+
+        Raises:
+            CommitConflictError: another writer committed to the table at the same time.
+            TableError: the table cannot take the batch (a key column, a protocol the engine cannot write).
+        """
+        ...
+
+
+def creates_with_rows(request: CommitRequest, state: TableState) -> bool:
+    """Whether the batch creates its table and writes its rows in the same commit.
+
+    A MERGE into an empty table would cost a second commit and a join; a batch that truncates or
+    widens needs the table first.
+    """
+    return state.table is None and not request.truncate and not request.schema.widened
+
+
+def may_append(request: CommitRequest, state: TableState, latest_version: int) -> bool:
+    """Whether the batch's rows may be appended instead of merged: the same rows, one cheap commit.
+
+    True when the plan found none of the batch's keys stored (``request.new_keys_only``) and
+    ``latest_version``, the table's version just before the commit, is still the one the plan read:
+    a MERGE would then insert exactly the rows :func:`~ingest.commit.delta_rs.initial_rows` gives,
+    and neither match nor delete a stored row. Any commit since -- another writer's, or this batch's
+    own preparation (a column added, a type widened, the change feed switched on) -- means a MERGE.
+    A writer that commits between that check and the append is still caught: it records the same
+    app transaction, and Delta refuses or skips the second of the two.
+
+    The truncate and the table's existence are checked again though the flag implies both: a request
+    built by other code than the pipeline's, with the flag set wrongly, then merges, which is always
+    correct, instead of appending, which would not be.
+    """
+    return (request.new_keys_only and request.history is None and not request.truncate
+            and state.table is not None and latest_version == state.version)
+
+
+def switches_feed_on(state: TableState, enabled: bool) -> bool:
+    """Whether the batch must first switch on the change data feed of its existing table.
+
+    With ``target.change_data_feed`` on, a table created before (or with it off) records its changes
+    from its next commit on, as a table created now would: one property commit, repeated harmlessly
+    if a crash comes before the batch's own.
+    """
+    return enabled and state.table is not None and not records_change_feed(state.table)
+
+
+def remember_deletes(request: CommitRequest) -> None:
+    """Record the batch's deletes as tombstones before the commit (hard-delete mode, scd1).
+
+    Written first, so a crash between the two leaves tombstones the replay rewrites, never a
+    delete without its tombstone.
+    """
+    if request.delete_mode != "hard" or request.history is not None:
+        return  # scd2 keeps its deletes in the versions they end (ingest.apply.rules.history)
+    key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
+    request.tombstones.record(request.key_columns, key_types, request.plan.deletes)
+    crashpoints.point("after-tombstones")
+
+
+def state_metadata(key_columns: tuple[str, ...], watermark: str | None, flattened: bool | None,
+                   truncate_log: list[tuple[str, datetime | None]] | None = None) -> dict[str, Any]:
+    """The ``cdc.state`` a commit carries (read back by :func:`ingest.commit.state.load_state`)."""
+    out: dict[str, Any] = {"primary_key": list(key_columns), "truncate_position": watermark,
+                           "position_format": POSITION_FORMAT, "flattened": flattened}
+    if truncate_log is not None:
+        out["truncates"] = [[position, ts.isoformat() if ts else None] for position, ts in truncate_log]
+    return out
+
+
+def offsets_metadata(state: TableState, offsets: dict[tuple[str, int], int]) -> dict[str, int]:
+    """The ``cdc.offsets`` a commit carries: what the table recorded, moved on by the batch's offsets."""
+    merged = dict(state.offsets)
+    merged.update({f"{topic}:{partition}": offset for (topic, partition), offset in offsets.items()})
+    return dict(sorted(merged.items()))
+
+
+def commit_info(request: CommitRequest, state: TableState, outcome: CommitOutcome) -> dict[str, Any]:
+    """The CDC entries of a commit's info (``cdc.batch``, ``cdc.state``, ``cdc.offsets``)."""
+    return {
+        BATCH_KEY: request.describe(outcome),
+        STATE_KEY: state_metadata(request.key_columns, request.watermark, request.flattened, request.truncate_log),
+        OFFSETS_KEY: offsets_metadata(state, request.offsets),
+    }
+
+
+def as_json(entries: dict[str, Any]) -> dict[str, str]:
+    """Commit-info entries as delta-rs stores them: one JSON string per entry."""
+    return {key: json.dumps(value) for key, value in entries.items()}

@@ -1,0 +1,252 @@
+"""Small Delta Lake helpers over delta-rs: type mapping, reads and framework columns.
+
+Reads go through delta-rs's own DataFusion engine (``QueryBuilder``) rather than
+``to_pyarrow_dataset``: pyarrow dataset scanners over delta-rs can abort the interpreter at exit
+(delta-rs#2184, arrow#34314), which would turn a successful CLI run into exit code 134.
+
+A table with deletion vectors (written by the delta-spark engine) is read with polars instead:
+deltalake 1.6 refuses that reader feature, polars applies the vectors (the rows they mark deleted
+are not returned). Both read the same snapshot version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, QueryBuilder, write_deltalake
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from ingest.lake.location import LakePath, Location, reader_options
+from ingest.model import parse_decimal
+
+#: Framework columns on every target table, after the user columns.
+FRAMEWORK_COLUMNS: Final[tuple[tuple[str, pa.DataType], ...]] = (
+    ("_cdc_op", pa.string()),
+    ("_cdc_position", pa.string()),
+    ("_cdc_source_ts", pa.timestamp("us", tz="UTC")),
+    ("_cdc_topic", pa.string()),
+    ("_cdc_partition", pa.int32()),
+    ("_cdc_offset", pa.int64()),
+    ("_cdc_ingested_at", pa.timestamp("us", tz="UTC")),
+    ("_cdc_deleted", pa.bool_()),
+    # Columns whose value is unknown: an unchanged-TOAST placeholder with no stored value to keep.
+    ("_cdc_unknown_columns", pa.list_(pa.string())),
+)
+#: Framework columns of a ``history_mode: scd2`` table, after :data:`FRAMEWORK_COLUMNS`: each row is
+#: one version of its key, valid from ``_cdc_valid_from`` until ``_cdc_valid_to`` (the source commit
+#: time of the change that ended it: the next version, a delete or a truncate; null while current).
+HISTORY_COLUMNS: Final[tuple[tuple[str, pa.DataType], ...]] = (
+    ("_cdc_valid_from", pa.timestamp("us", tz="UTC")),
+    ("_cdc_valid_to", pa.timestamp("us", tz="UTC")),
+    ("_cdc_is_current", pa.bool_()),
+    # The change that ended the version: its position and op ('d' delete, 't' truncate, else the next version's).
+    ("_cdc_end_position", pa.string()),
+    ("_cdc_end_op", pa.string()),
+)
+FRAMEWORK_NAMES: Final = frozenset(name for name, _ in FRAMEWORK_COLUMNS + HISTORY_COLUMNS)
+
+_PRIMITIVE_TO_ARROW: Final[dict[str, pa.DataType]] = {
+    "byte": pa.int8(),
+    "short": pa.int16(),
+    "integer": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"),
+    # A schemaless JSON column that was null in every message seen (ingest.decode.semantic.infer_image):
+    # any type holds it; a table never stores it (ingest.apply.rules.schema.plan_schema).
+    "void": pa.null(),
+}
+
+
+def arrow_type(delta_type: str) -> pa.DataType:
+    """Arrow type for a Delta primitive type name."""
+    dec = parse_decimal(delta_type)
+    if dec is not None:
+        return pa.decimal128(*dec)
+    return _PRIMITIVE_TO_ARROW[delta_type]
+
+
+def delta_type_name(arrow: pa.DataType) -> str:
+    """Delta primitive type name for an Arrow type read back from a table."""
+    if pa.types.is_decimal(arrow):
+        return f"decimal({arrow.precision},{arrow.scale})"
+    if pa.types.is_timestamp(arrow):
+        return "timestamp" if arrow.tz else "timestamp_ntz"
+    if pa.types.is_large_string(arrow) or pa.types.is_string_view(arrow):
+        return "string"
+    if pa.types.is_large_binary(arrow) or pa.types.is_binary_view(arrow):
+        return "binary"
+    for name, typ in _PRIMITIVE_TO_ARROW.items():
+        if typ == arrow:
+            return name
+    return str(arrow)
+
+
+def quote(name: str) -> str:
+    """Quote an identifier for delta-rs/DataFusion SQL (names keep their case and spaces)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def key_range(keys: pa.Table | None, column: str, alias: str = "", *, ident: Callable[[str], str] = quote,
+              string: Callable[[str], str] = sql_string) -> str | None:
+    """``column`` between the smallest and largest of ``keys[column]``, as a SQL predicate.
+
+    Delta engines skip every file whose min/max statistics fall outside it, so with a table laid out
+    by key a batch reads and rewrites only the files its keys live in. ``None`` when there are no
+    keys or the values have no plain literal (then nothing is pruned). ``ident`` and ``string``
+    write identifiers and string literals in the SQL dialect wanted (default: delta-rs's).
+    """
+    if keys is None or keys.num_rows == 0 or column not in keys.column_names:
+        return None
+    literals = [_literal(v.as_py(), string) for v in pc.min_max(keys[column]).values()]
+    if None in literals:
+        return None
+    col = f"{alias}.{ident(column)}" if alias else ident(column)
+    return f"{col} >= {literals[0]} AND {col} <= {literals[1]}"
+
+
+def _literal(value: Any, string: Callable[[str], str]) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return string(value)
+    return None
+
+
+def rows_in_range(table: DeltaTable, keys: pa.Table, column: str) -> int:
+    """How many rows the table's files hold whose ``column`` statistics overlap the range of
+    ``keys[column]``: the rows a MERGE bounded by :func:`key_range` still reads. A file without
+    statistics for the column counts whole."""
+    files = pa.table(table.get_add_actions(flatten=True))
+    if files.num_rows == 0:
+        return 0
+    low, high = pc.min_max(keys[column]).values()
+    if not low.is_valid or f"min.{column}" not in files.column_names or f"max.{column}" not in files.column_names:
+        return int(pc.sum(files["num_records"]).as_py() or 0)
+    try:
+        outside = pc.or_kleene(pc.less(files[f"max.{column}"], low), pc.greater(files[f"min.{column}"], high))
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return int(pc.sum(files["num_records"]).as_py() or 0)
+    kept = pc.invert(pc.fill_null(outside, False))
+    return int(pc.sum(files["num_records"].filter(kept)).as_py() or 0)
+
+
+def open_table(path: Location) -> DeltaTable | None:
+    """The Delta table at ``path`` (a directory or an object-store location), or ``None`` if there is none yet."""
+    where = LakePath.of(path)
+    try:
+        return DeltaTable(where.uri, storage_options=where.storage_options)
+    except TableNotFoundError:
+        return None
+
+
+def latest_table(path: Location, table: DeltaTable | None = None) -> DeltaTable | None:
+    """:func:`open_table`, or ``table`` -- the same table as opened before -- brought up to date.
+
+    Opening replays the log; bringing an open table up to date reads only the commits since. A log
+    the handle cannot follow is opened afresh.
+    """
+    if table is not None:
+        try:
+            table.update_incremental()
+            return table
+        except DeltaError:
+            pass
+    return open_table(path)
+
+
+def write_table(path: Location, data: Any, **kwargs: Any) -> None:
+    """``write_deltalake`` at a lake location, with the storage options that reach it."""
+    where = LakePath.of(path)
+    write_deltalake(where.uri, data, storage_options=where.storage_options, **kwargs)
+
+
+#: The table property that makes Delta record a table's change data feed.
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+
+
+def records_change_feed(table: DeltaTable) -> bool:
+    """Whether the table's properties switch its change data feed on."""
+    return str(table.metadata().configuration.get(CHANGE_DATA_FEED, "false")).lower() == "true"
+
+
+def has_deletion_vectors(table: DeltaTable) -> bool:
+    """Whether the table's protocol names the ``deletionVectors`` reader feature."""
+    return "deletionVectors" in (table.protocol().reader_features or [])
+
+
+def scan(table: DeltaTable) -> Any:
+    """A polars ``LazyFrame`` over the table's snapshot, deletion vectors applied."""
+    import polars as pl
+
+    # polars reads the data files with its own object-store client, which takes the table's endpoint
+    # options (the ones polars itself reads from a DeltaTable) but not delta-rs's retry settings.
+    options = reader_options(getattr(table, "_storage_options", None))
+    return pl.scan_delta(table.table_uri, version=table.version(), storage_options=options)
+
+
+def query(table: DeltaTable, sql: str, *, name: str = "t") -> pa.Table:
+    """Run ``sql`` against ``table`` registered as ``name`` and return the result."""
+    return query_tables({name: table}, sql)
+
+
+def query_tables(tables: Mapping[str, DeltaTable], sql: str) -> pa.Table:
+    """Run ``sql`` against ``tables``, each registered under its name, and return the result.
+
+    delta-rs's DataFusion reads tables without deletion vectors; when one of them has them (a
+    delta-spark table), all are read with polars, which applies them.
+    """
+    if any(has_deletion_vectors(table) for table in tables.values()):
+        import polars as pl
+
+        context = pl.SQLContext({name: scan(table) for name, table in tables.items()})
+        frame = context.execute(sql, eager=False).collect()
+        return frame.to_arrow(compat_level=pl.CompatLevel.oldest())
+    builder = QueryBuilder()
+    for name, table in tables.items():
+        builder = builder.register(name, table)
+    result = builder.execute(sql).read_all()
+    return pa.table(result) if not isinstance(result, pa.Table) else result
+
+
+def read_all(table: DeltaTable, *, columns: list[str] | None = None, where: str | None = None) -> pa.Table:
+    """Read a whole table (optionally some columns and a SQL filter)."""
+    cols = ", ".join(quote(c) for c in columns) if columns else "*"
+    sql = f"SELECT {cols} FROM t" + (f" WHERE {where}" if where else "")
+    return normalize(query(table, sql))
+
+
+def normalize(table: pa.Table) -> pa.Table:
+    """Turn view/large string and binary types (also inside lists) into plain ones for comparisons and pylist."""
+    fields = [pa.field(f.name, _plain(f.type), f.nullable) for f in table.schema]
+    schema = pa.schema(fields)
+    return table.cast(schema) if schema != table.schema else table
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return pa.list_(_plain(t.value_type))
+    return t
+
+
+def table_schema(table: DeltaTable) -> pa.Schema:
+    return pa.schema(table.schema().to_arrow())

@@ -1,0 +1,31 @@
+"""Where one table's Delta tables live: the target, its tombstones, the shared audit and quarantine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ingest.config import IngestConfig
+from ingest.lake.location import LakePath
+
+
+@dataclass(slots=True)
+class TablePaths:
+    """The Delta tables one configured table writes."""
+
+    table: LakePath
+    tombstones: LakePath
+    audit: LakePath
+    quarantine: LakePath
+    quality_results: Path | None = None
+
+    def __post_init__(self) -> None:
+        # Directories given as paths (tests, tools) become lake locations like the configuration's.
+        for name in ("table", "tombstones", "audit", "quarantine"):
+            setattr(self, name, LakePath.of(getattr(self, name)))
+
+    @classmethod
+    def of(cls, config: IngestConfig, name: str) -> TablePaths:
+        root = config.tables_root
+        return cls(root / name, root / "_cdc_tombstones" / name, root / config.target.audit_table,
+                   root / config.target.quarantine_table, config.quality_results_dir / name)

@@ -1,0 +1,284 @@
+"""The SparkSession: local by default, workers on this interpreter, our topic-log source registered."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Final
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from ingest.config import IngestConfig, SparkSpec, local_cores
+from ingest.errors import EnvironmentProblem
+from ingest.lake.location import LakePath
+from ingest.spark.jars import Connector, classpath_conf
+
+#: The driver JVM's options (``spark.driver.extraJavaOptions``).
+DRIVER_JAVA_OPTIONS: Final = "spark.driver.extraJavaOptions"
+#: HotSpot compiles with C1 only: a fraction of the compile work, for code that runs a little slower.
+#: Stopping at C1 also shrinks the code cache HotSpot reserves from 240 to 48 MB, which a long run
+#: of many distinct Spark queries fills ("CodeCache is full. Compiler has been disabled", then
+#: method-handle calls fail): the usual 240 MB is kept.
+QUICK_JIT: Final = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
+JAVA_HINT = (
+    "Java 17 is required for Spark: install a JDK/JRE 17 "
+    "(e.g. `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
+)
+
+
+def java_binary() -> str | None:
+    """The ``java`` Spark starts: ``$JAVA_HOME/bin/java``, else the one on ``PATH`` (``None``: neither)."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    return java if java and os.path.exists(java) else None
+
+
+def check_java() -> None:
+    """Fail with one clear line when Java is missing, instead of a py4j stack trace."""
+    java = java_binary()
+    if java is None:
+        raise EnvironmentProblem(JAVA_HINT)
+    try:
+        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise EnvironmentProblem(f"{JAVA_HINT} ({java} -version failed: {exc})") from exc
+
+
+def driver_java_options(extra: tuple[tuple[str, str], ...]) -> str:
+    """The driver JVM's options: the engine's logging configuration and the class archive
+    (:mod:`ingest.spark.class_archive`, when built), then those in ``extra`` (the JVM takes a flag's last
+    occurrence, so the user's win)."""
+    from ingest.spark.class_archive import java_option
+
+    log_config = Path(__file__).with_name("log4j2.properties")
+    own = [f"-Dlog4j2.configurationFile=file:{log_config}"]
+    asked = [v for k, v in extra if k == DRIVER_JAVA_OPTIONS]
+    if not any("-XX:ArchiveClassesAtExit" in v or "-XX:SharedArchiveFile" in v for v in asked):
+        own.append(java_option())
+    return " ".join(o for o in [*own, *asked] if o)
+
+
+#: How many tasks Delta rebuilds a table's snapshot in.
+SNAPSHOT_PARTITIONS: Final = "spark.databricks.delta.snapshotPartitions"
+
+
+def snapshot_tasks(session: SparkSession) -> SparkSession:
+    """``session`` rebuilding Delta snapshots in one task per core of its context, unless the user
+    set :data:`SNAPSHOT_PARTITIONS` (Delta's default, 50 tasks, dominates a small table's MERGE,
+    OPTIMIZE and VACUUM on a small cluster: benchmarks/bench_snapshot_tasks.py).
+
+    The one rule for every session the engine uses: :func:`get_spark`'s (maintenance, queries) and
+    the delta-spark engine's own (``newSession``). A local master also gets it in the session
+    builder, so every other session of the context (a streaming query's) has it too; a cluster's
+    cores are only known once the context runs.
+    """
+    if session.conf.get(SNAPSHOT_PARTITIONS, None) is None:
+        session.conf.set(SNAPSHOT_PARTITIONS, str(session.sparkContext.defaultParallelism))
+    return session
+
+
+@cache
+def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
+              extra: tuple[tuple[str, str], ...] = ()) -> SparkSession:
+    """One session per process (starting one costs ~5 s), configured for this engine."""
+    check_java()
+    # Python workers and streaming-source runners must use this venv's interpreter.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    java_opts = driver_java_options(extra)
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("cdc-ingest")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # Arrow batches between the JVM and Python stay far below the 2 GiB per binary column,
+        # however large the messages (the decode step bounds its own output the same way).
+        .config("spark.sql.execution.arrow.maxBytesPerBatch", str(256 * 1024 * 1024))
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        .config("spark.driver.memory", "2g")
+        .config(DRIVER_JAVA_OPTIONS, java_opts)
+    )
+    # One task per core for Delta's snapshots in every session of a local context (see snapshot_tasks).
+    cores = local_cores(master)
+    if cores and SNAPSHOT_PARTITIONS not in dict(extra):
+        builder = builder.config(SNAPSHOT_PARTITIONS, str(cores))
+    for key, value in extra:
+        if key != DRIVER_JAVA_OPTIONS:
+            builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    snapshot_tasks(spark)
+    from ingest.source import TopicLogDataSource
+
+    spark.dataSource.register(TopicLogDataSource)
+    warm_up(spark)
+    return spark
+
+
+def _import_decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    # The imports are the point, those the decode step makes lazily on its first batch included:
+    # pyarrow imports pandas on its first conversion of Python values (about 0.9 s of a 1.2 s cold
+    # first decode, measured in a worker), and the parts' Delta types come from ingest.lake.delta.
+    # The Kafka reader's module brings the configuration's models (pydantic) and librdkafka: 0.5-0.9 s.
+    import confluent_kafka  # noqa: F401
+    import pandas  # noqa: F401
+
+    import ingest.decode.columnar
+    import ingest.lake.delta
+    import ingest.source.kafkalog
+    import ingest.source.reader
+    import ingest.source.topiclog  # noqa: F401
+
+    yield from batches
+
+
+def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """``table`` as a DataFrame whose types are the Delta types the columns stand for.
+
+    The schema is explicit: left to itself, pyspark reads a timestamp without time zone as Spark's
+    ``timestamp`` (``spark.sql.timestampType``), and a ``timestamp_ntz`` column would change type.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    # pyspark cannot convert a column of no chunks (a truncate-only batch has no rows): give it one
+    rows = table if table.num_rows else table.schema.empty_table()
+    return spark.createDataFrame(rows, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
+
+
+def spark_type(delta_type: str) -> str:
+    """The Spark SQL type of a Delta type name, as :func:`arrow_frame` gives it."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from ingest.lake.delta import arrow_type
+
+    return str(from_arrow_type(arrow_type(delta_type), prefer_timestamp_ntz=True).simpleString())
+
+
+def warm_up(spark: SparkSession) -> None:
+    """Start the Python workers (one per core) with the decode step imported, and the py4j callback
+    server foreachBatch needs, as part of the session start.
+
+    A worker's first task otherwise pays its start and the imports (several seconds, more when the
+    tables' queries start together), and the first micro-batch of every table with it. Workers are
+    reused from then on (``spark.python.worker.reuse``).
+    """
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    cores = spark.sparkContext.defaultParallelism
+    spark.range(0, cores, numPartitions=cores).mapInArrow(_import_decode, "id long").toArrow()
+    # foreachBatch calls back into this process through py4j's callback server: start it now, not
+    # on the first micro-batch.
+    ensure_callback_server_started(spark.sparkContext._gateway)
+
+
+#: What a session needs to run delta-spark (its jars aside): Delta's SQL extension and catalog.
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def delta_conf(user_conf: dict[str, str]) -> dict[str, str]:
+    """:data:`DELTA_CONF` added to ``user_conf`` (a user's own SQL extensions are kept)."""
+    extensions = [e for e in user_conf.get("spark.sql.extensions", "").split(",") if e]
+    if DELTA_CONF["spark.sql.extensions"] not in extensions:
+        extensions.append(DELTA_CONF["spark.sql.extensions"])
+    return {"spark.sql.catalog.spark_catalog": DELTA_CONF["spark.sql.catalog.spark_catalog"],
+            **user_conf, "spark.sql.extensions": ",".join(extensions)}
+
+
+def session_conf(connectors: list[Connector], user_conf: dict[str, str]) -> dict[str, str]:
+    """Spark settings for ``connectors``: their jars, and Delta's extension when delta-spark is one."""
+    conf = {**user_conf, **classpath_conf(connectors, user_conf)}
+    return delta_conf(conf) if "delta-spark" in connectors else conf
+
+
+def quick_jit(config: IngestConfig, connectors: list[Connector]) -> bool:
+    """Whether the driver JVM compiles with C1 only (``spark.jit``; see :func:`session_for`)."""
+    from ingest.source import decodes_at_read
+
+    if config.spark.jit != "auto":
+        return config.spark.jit == "quick"
+    spark_reads_kafka = "spark-kafka" in connectors and not decodes_at_read(config)
+    return "delta-spark" not in connectors and not spark_reads_kafka
+
+
+def session_for(config: IngestConfig) -> SparkSession:
+    """The session for a configuration: its Spark settings, plus the Kafka source's jars when it reads
+    Kafka, delta-spark's when a table is applied with it, and S3A's when that table or the streaming
+    checkpoints are on S3.
+
+    The driver JVM compiles with C1 only (:data:`QUICK_JIT`) when it only plans micro-batches and
+    hands Arrow batches between Python processes (``spark.jit: auto``, every table on delta-rs, no
+    Spark Kafka source): C2's compiling was about half the JVM's CPU in the batches of a
+    200k-record backlog (``benchmarks/bench_compare.py`` shows it). A process's first session fixes
+    its JVM's options; a later one with other settings shares that JVM.
+    """
+    spec = config.spark
+    connectors: list[Connector] = ["spark-kafka"] if config.source.kind == "kafka" else []
+    if "delta-spark" in config.writers():
+        connectors.append("delta-spark")
+    if ("delta-spark" in config.writers() and not config.lake_is_local) or not config.checkpoint_location.is_local:
+        connectors.append("hadoop-aws")
+    conf = session_conf(connectors, spec.conf)
+    if quick_jit(config, connectors):
+        conf[DRIVER_JAVA_OPTIONS] = f"{QUICK_JIT} {conf.get(DRIVER_JAVA_OPTIONS, '')}".strip()
+    return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))
+
+
+def use_s3a(spark: SparkSession, where: LakePath) -> None:
+    """Let Spark reach ``where``'s bucket: its endpoint, region, addressing and keys, per bucket.
+
+    The settings go into the running context's Hadoop configuration, keyed by bucket
+    (``fs.s3a.bucket.<bucket>.*``), so one session reaches lakes on different endpoints. The keys are
+    read from this process's environment now: the JVM's own environment was fixed when it started.
+    """
+    options, bucket = where.options, where.bucket
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    prefix = f"fs.s3a.bucket.{bucket}."
+    endpoint = options.get("AWS_ENDPOINT_URL")
+    settings = {"endpoint.region": options.get("AWS_REGION", "us-east-1"),
+                "path.style.access": "false" if options.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST") == "true" else "true"}
+    if endpoint:
+        settings["endpoint"] = endpoint
+        settings["connection.ssl.enabled"] = "false" if endpoint.startswith("http://") else "true"
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        token = os.environ.get("AWS_SESSION_TOKEN")
+        settings.update({"access.key": key, "secret.key": secret, "aws.credentials.provider": (
+            "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider" if token else
+            "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider")})
+        if token:
+            settings["session.token"] = token
+    for name, value in settings.items():
+        conf.set(prefix + name, value)
+
+
+def spark_location(spark: SparkSession, where: LakePath) -> str:
+    """``where`` as Spark reads it, its bucket's S3A settings in place when it is on S3."""
+    if not where.is_local:
+        use_s3a(spark, where)
+    return where.spark_uri
+
+
+def delta_session(spec: SparkSpec | None = None, *, s3: bool = False) -> SparkSession:
+    """A session that reads and writes delta-spark tables, with ``spec``'s settings (default: local).
+
+    For the commands that meet a table with deletion vectors outside a run (``ingest changes``,
+    maintenance), whatever engine the configuration names; ``s3``: with S3A's jars, for a lake on S3.
+    """
+    spec = spec or SparkSpec()
+    conf = session_conf(["delta-spark", "hadoop-aws"] if s3 else ["delta-spark"], spec.conf)
+    return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))

@@ -1,0 +1,427 @@
+"""One query's micro-batch on the driver: decode in the executors, then apply it table by table.
+
+:class:`ForEachBatch` is the ``foreachBatch`` callback. It hands the executors the registry's
+schemas, collects the decoded parts (never raw rows), and applies each table's share in its own
+thread, with its own MERGE commit and offsets; a transient error is retried, any other stops that
+table alone. :class:`RunReport` is what a run did, table by table.
+
+A stopped table, in a continuous run, is tried again when its error was transient (a registry or
+broker that did not answer, a concurrent writer): after ``source.retry_stopped_seconds``, doubling
+up to :data:`RETRY_MAX_SECONDS`, at the next micro-batch. It first catches up -- the records from the
+offsets its own Delta log records up to the source's end, in batches of ``max_records_per_batch`` (or
+``max_records_per_table``, if smaller) --
+and then takes its share of the micro-batch again; what the catch-up applied is recognised there by
+its offsets and skipped. Nothing is lost and nothing applied twice, although the shared query's
+checkpoint moved on while the table stood still. Any other error (quality policy ``fail``, an
+incompatible schema, a bad configuration) stops the table until the run is restarted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
+
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from ingest import secrets
+from ingest.apply.pipeline import BatchResult, apply_parts
+from ingest.commit.state import OpenTables, load_state
+from ingest.commit.writers import Writers
+from ingest.config import IngestConfig, TableSpec
+from ingest.decode.columnar import BatchDecoder, DecoderSpec
+from ingest.decode.parts import PARTS_DDL, part_kind, read_parts
+from ingest.decode.registry import ConfluentSchemaRegistry
+from ingest.errors import RegistryUnavailableError, is_transient
+from ingest.lake.tables import TablePaths
+from ingest.quality import QualityGate
+from ingest.records import audit
+from ingest.records.audit import AuditRecord
+from ingest.source import DecodingSource, decodes_at_read, source_for
+
+log = logging.getLogger(__name__)
+_RETRIES = 3  # attempts at a table's batch when its error is transient
+RETRY_MAX_SECONDS = 600.0  # longest wait before a stopped table is tried again (continuous runs)
+
+
+@dataclass(slots=True)
+class TableRun:
+    """What one table did during a run."""
+
+    table: str
+    batches: list[AuditRecord] = field(default_factory=list)
+    already_applied: int = 0
+    error: str | None = None
+    #: errors this table stopped on and recovered from during the run (continuous runs)
+    recovered: list[str] = field(default_factory=list)
+
+    def total(self, attr: str) -> int:
+        return sum(getattr(b, attr) for b in self.batches)
+
+
+@dataclass(slots=True)
+class RunReport:
+    run_id: str
+    tables: dict[str, TableRun]
+    seconds: float = 0.0
+    #: when the run began (``time.perf_counter``), and how long until its first micro-batch began
+    started: float = field(default_factory=time.perf_counter)
+    startup_seconds: float | None = None
+
+    @property
+    def failed(self) -> list[str]:
+        return [name for name, t in self.tables.items() if t.error]
+
+
+ProgressFn = Callable[[str, AuditRecord | None, BatchResult], None]
+
+
+class AllTablesStopped(Exception):
+    """Every table of the query has stopped: the query ends (their errors are in the report)."""
+
+
+class ForEachBatch:
+    """``foreachBatch`` callback of one query: decode in the executors, apply each table on the driver."""
+
+    def __init__(self, config: IngestConfig, specs: list[TableSpec], report: RunReport, run_id: str,
+                 progress: ProgressFn | None, gates: dict[str, QualityGate], *, retry_stopped: bool = False) -> None:
+        self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
+        self.progress, self.gates = progress, gates
+        self.specs_by_topic = {s.topic: DecoderSpec.for_table(config, s) for s in specs}
+        self.decoder = BatchDecoder(self.specs_by_topic)
+        self.registry = _driver_registry(config)
+        #: the source, when it decodes as it reads (the stream's rows are then parts)
+        self.source = cast(DecodingSource, source_for(config)) if decodes_at_read(config) else None
+        self.engines = Writers(config)
+        #: each table's Delta handles, kept open from one batch to the next
+        self.opened = {s.name: OpenTables(TablePaths.of(config, s.name), s.name) for s in specs}
+        self.stopped: dict[str, BaseException] = {}
+        #: when each stopped table may be tried again (``time.monotonic``); only with ``retry_stopped``
+        self.retry_at: dict[str, float] = {}
+        self.retry_stopped = retry_stopped
+        self._stops: Counter[str] = Counter()
+        self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)
+        self.batches = 0
+        #: Apply a micro-batch in the background while Spark plans and decodes the next one. Only
+        #: with a source that decodes as it reads: applying then needs nothing of the micro-batch's
+        #: DataFrame (raw messages for quarantine are fetched from the source), which Spark may
+        #: discard once the callback returns. Spark records the batch in its checkpoint before its
+        #: tables commit; a crash in between leaves a checkpoint ahead of a table's Delta log, which
+        #: the next run discards (``Runner._check_checkpoint``), resuming from the Delta logs.
+        #: tables whose batches are assembled, reduced and planned on the executors (``target.plan_on``)
+        self.on_executors = {s.name for s in specs if config.placement_of(s) == "executors"}
+        self.overlap = self.source is not None and not self.on_executors  # they read the micro-batch's frame
+        #: this micro-batch's decoded parts as a DataFrame, persisted, while tables read it on the executors
+        self._parts_frame: DataFrame | None = None
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="apply")
+        self._pending: Future[None] | None = None
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        try:
+            t0 = time.perf_counter()
+            if self.report.startup_seconds is None:
+                self.report.startup_seconds = t0 - self.report.started
+            early = None
+            if self.overlap:
+                # This micro-batch is decoded while the previous one is still being applied; what
+                # the tables do next depends on how that ended, so it is awaited before anything else.
+                early = self._decoded(frame)
+                self.settle()
+            now = time.monotonic()
+            due = [s for s in self.specs if s.name in self.stopped and self.retry_at.get(s.name, now + 1) <= now]
+            active = [s for s in self.specs if s.name not in self.stopped or s in due]
+            if not active:
+                if self.retry_at:
+                    return  # every table waits for its next try; the query goes on
+                raise AllTablesStopped
+            if self.source is None:  # a reader that decodes as it reads got them when its stream started
+                self.prefetch_schemas(active)
+            active = [s for s in active if s not in due or self._catch_up(s, frame, batch_id)]
+            # The executors decode the Kafka rows into typed columnar parts; the driver gets those only
+            # (of the tables it plans: the others read them where they are).
+            if any(s.name in self.on_executors for s in active):
+                self._parts_frame = self._parts(frame).persist()
+            try:
+                parts = early if early is not None else self._decoded(
+                    frame, exclude={s.topic for s in active if s.name in self.on_executors})
+                decode_ms = int((time.perf_counter() - t0) * 1000)
+                self.batches += 1
+                if self.overlap:
+                    self._pending = self._background.submit(self._apply_all, active, frame, parts, batch_id,
+                                                            decode_ms)
+                else:
+                    self._apply_all(active, frame, parts, batch_id, decode_ms)
+            finally:
+                if self._parts_frame is not None:
+                    self._parts_frame.unpersist()
+                    self._parts_frame = None
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def settle(self) -> None:
+        """Wait for the micro-batch still being applied, if any (see ``overlap``).
+
+        Raises:
+            AllTablesStopped: that batch stopped the query's last table.
+            Exception: whatever else that batch failed with (the audit append, say).
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except BaseException as exc:
+                self.error = exc
+                raise
+
+    def close(self) -> None:
+        """Let the background applier go (after :meth:`settle`)."""
+        self._background.shutdown(wait=True)
+
+    def _apply_all(self, active: list[TableSpec], frame: DataFrame, parts: list[Any], batch_id: int,
+                   decode_ms: int) -> None:
+        by_topic: dict[str, list[Any]] = {}
+        for part in parts:
+            if part.num_rows:
+                by_topic.setdefault(part.column("_cdc_topic")[0].as_py(), []).append(part)
+        planned_there = self.on_executors if self._parts_frame is not None else set()
+        work = [s for s in active if s.topic in by_topic or s.name in planned_there]
+        # Tables apply side by side: delta-rs and DuckDB work outside the GIL.
+        with ThreadPoolExecutor(max_workers=max(1, min(len(work), 4))) as pool:
+            futures = {s.name: pool.submit(self._apply, s, frame, by_topic.get(s.topic, []), batch_id, decode_ms)
+                       for s in work}
+        records = []
+        for spec in work:
+            exc = futures[spec.name].exception()
+            if exc is not None:
+                self._stop(spec, exc)
+            elif (record := futures[spec.name].result()) is not None:
+                records.append(record)
+        # One audit commit for the micro-batch's tables, not one each (200 tables: 200 commits of a
+        # shared table, one at a time). Each table's commit holds its row already (reconcile).
+        if records:
+            audit.append(TablePaths.of(self.config, records[0].table).audit, records)
+        if len(self.stopped) == len(self.specs) and not self.retry_at:
+            raise AllTablesStopped
+
+    def _parts(self, frame: DataFrame) -> DataFrame:
+        """The micro-batch's parts as a DataFrame: decoded as the source read them, or by ``mapInArrow``."""
+        if self._parts_frame is not None:
+            return self._parts_frame
+        return frame if self.source is not None else frame.mapInArrow(self.decoder, PARTS_DDL)
+
+    def _decoded(self, frame: DataFrame, exclude: set[str] | None = None) -> list[Any]:
+        """The micro-batch's parts on the driver, less those of the ``exclude`` topics (left on the executors)."""
+        parts = self._parts(frame)
+        if exclude:
+            parts = parts.mapInArrow(_without_topics(exclude), PARTS_DDL)
+        return read_parts(parts.toArrow().column("part").to_pylist())
+
+    def prefetch_schemas(self, active: list[TableSpec]) -> None:
+        """Hand the executors every schema of the active topics, so they need not call the registry:
+        with each micro-batch's ``mapInArrow``, or, for a reader that decodes as it reads, once in
+        the decoder its stream starts with (a schema registered later, the workers fetch themselves).
+
+        A registry the driver cannot read is not an error here: the workers then try themselves, and
+        a table whose schemas stay unreachable fails its batch as before (retried, then stopped).
+        """
+        if self.registry is None:
+            return
+        for spec in active:
+            try:
+                found = self.registry.subject_schemas([f"{spec.topic}-key", f"{spec.topic}-value"])
+            except RegistryUnavailableError as exc:
+                log.warning("table %s: schemas not prefetched (%s); the executors will ask the registry",
+                            spec.name, secrets.describe(exc))
+                continue
+            known = self.specs_by_topic[spec.topic]
+            self.specs_by_topic[spec.topic] = replace(known, schemas=tuple(sorted(found.items())))
+        self.decoder = BatchDecoder(self.specs_by_topic)
+
+    def _catch_up(self, spec: TableSpec, frame: DataFrame, batch_id: int) -> bool:
+        """A stopped table's next try: apply what it missed, from its Delta log's offsets to the source's end.
+
+        Returns whether it succeeded; the table is then active again. On failure it stops again (and
+        waits twice as long, if the error is transient again).
+        """
+        paths = TablePaths.of(self.config, spec.name)
+        run = self.report.tables[spec.name]
+        log.warning("table %s: trying again after %s; catching up from its Delta log", spec.name, run.error)
+        try:
+            source = source_for(self.config)
+            end = source.end_offsets(spec.topic)
+            first = source.start_offsets(spec.topic)
+            state = load_state(paths.table)
+            start = {p: max(first.get(p, 0), _after(state.applied_offset(spec.topic, p))) for p in end}
+            limit = min(self.config.source.max_records_per_batch,
+                        self.config.source.max_records_per_table or self.config.source.max_records_per_batch)
+            for lo, hi in _chunks(start, end, limit):
+                if self.source is not None:  # a source decoding as it reads: read and decoded here
+                    gap, parts = None, self.decoder.decode(self.source.read_arrow(spec.topic, lo, hi))
+                else:
+                    gap = source.read_range(frame.sparkSession, spec.topic, lo, hi)
+                    parts = self._decoded(gap)
+                record = self._apply(spec, gap, parts, batch_id, 0)
+                if record is not None:
+                    audit.append(paths.audit, [record])
+        except Exception as exc:
+            self._stop(spec, exc)
+            return False
+        del self.stopped[spec.name]
+        self.retry_at.pop(spec.name, None)
+        self._stops.pop(spec.name, None)  # a later outage waits from the first step again
+        run.recovered.append(run.error or "")
+        run.error = None
+        log.warning("table %s: caught up and running again", spec.name)
+        return True
+
+    def _apply(self, spec: TableSpec, frame: DataFrame | None, parts: list[Any], batch_id: int,
+               decode_ms: int) -> AuditRecord | None:
+        """Apply one table's share of the micro-batch; returns its audit row, for the caller to append."""
+        paths = TablePaths.of(self.config, spec.name)
+        if self.source is not None and _unavailable(parts):
+            # The reader's workers could not reach the registry (no route or credentials on the
+            # executors): the driver, which may, decodes the table's share itself.
+            log.warning("table %s: the workers could not read the schema registry; decoding batch %d on the "
+                        "driver (source.kafka.reader: spark lets the driver hand them the schemas)",
+                        spec.name, batch_id)
+            parts = self._redecoded(spec, frame, parts)
+        for attempt in Retrying(stop=stop_after_attempt(_RETRIES), wait=wait_exponential(multiplier=1, max=15),
+                                retry=retry_if_exception(is_transient), reraise=True,
+                                before_sleep=lambda state: log.warning(
+                                    "table %s: batch %d failed (%s); retrying", spec.name, batch_id,
+                                    _failure(state))):
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    # decode the table's records again (the registry may answer now)
+                    parts = self._redecoded(spec, frame, parts)
+                fetch: Any = (self.source.fetch if self.source is not None
+                              else lambda coords: fetch_raw(frame, coords))  # type: ignore[arg-type]
+                if spec.name in self.on_executors and self._parts_frame is not None:
+                    from ingest.apply.spark_batch import apply_decoded
+
+                    result = apply_decoded(spec, paths, self._parts_frame, opened=self.opened[spec.name],
+                                           batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
+                                           engine=self.engines.for_table(spec), defer_audit=True, fetch_raw=fetch,
+                                           gate=self.gates.get(spec.name))
+                else:
+                    result = apply_parts(spec, paths, parts, opened=self.opened[spec.name],
+                                         batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
+                                         gate=self.gates.get(spec.name), engine=self.engines.for_table(spec),
+                                         defer_audit=True, fetch_raw=fetch)
+        run = self.report.tables[spec.name]
+        run.already_applied += result.already_applied
+        if result.record is not None:
+            run.batches.append(result.record)
+        if self.progress is not None:
+            self.progress(spec.name, result.record, result)
+        return result.record
+
+    def _redecoded(self, spec: TableSpec, frame: DataFrame | None, parts: list[Any]) -> list[Any]:
+        """The table's share decoded again, for a retry: by ``mapInArrow``, or, where the source decoded
+        as it read and some message found the registry unavailable, here from the same offsets read
+        again."""
+        if self.source is None:
+            if frame is None:
+                return parts
+            mine = frame.filter(frame.topic == spec.topic).mapInArrow(self.decoder, PARTS_DDL)
+            return read_parts(mine.toArrow().column("part").to_pylist())
+        if not _unavailable(parts):
+            return parts  # decoded without the registry's help, or with it: reading again changes nothing
+        start: dict[int, int] = {}
+        end: dict[int, int] = {}
+        for part in parts:
+            if part.num_rows:
+                for partition, offset in zip(part.column("_cdc_partition").to_pylist(),
+                                             part.column("_cdc_offset").to_pylist(), strict=True):
+                    start[partition] = min(start.get(partition, offset), offset)
+                    end[partition] = max(end.get(partition, offset + 1), offset + 1)
+        return self.decoder.decode(self.source.read_arrow(spec.topic, start, end)) if start else parts
+
+    def _stop(self, spec: TableSpec, exc: BaseException) -> None:
+        """The table stops; its offsets stay where its Delta log has them, and the next run resumes there."""
+        self.stopped[spec.name] = exc
+        self.report.tables[spec.name].error = secrets.redact(f"{type(exc).__name__}: {exc}")
+        if self.retry_stopped and is_transient(exc):
+            self._stops[spec.name] += 1
+            wait = min(RETRY_MAX_SECONDS, self.config.source.retry_stopped_seconds * 2 ** (self._stops[spec.name] - 1))
+            self.retry_at[spec.name] = time.monotonic() + wait
+            log.error("table %s stopped: %s; trying again in %.0f s", spec.name, secrets.describe(exc), wait)
+        else:
+            self.retry_at.pop(spec.name, None)
+            log.error("table %s stopped: %s", spec.name, secrets.describe(exc))
+
+
+
+def _without_topics(topics: set[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A ``mapInArrow`` function that drops the parts of ``topics``."""
+    import pyarrow as pa
+
+    def keep(batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            blobs = [b for b in batch.column(0).to_pylist()
+                     if not any(p.num_rows and p.column("_cdc_topic")[0].as_py() in topics for p in read_parts([b]))]
+            yield pa.RecordBatch.from_pydict({"part": blobs}, schema=pa.schema([("part", pa.binary())]))
+    return keep
+
+
+def _unavailable(parts: list[Any]) -> bool:
+    """Whether some message of the parts could not be decoded because the registry did not answer."""
+    return any(part.num_rows and part_kind(part.schema) == "meta"
+               and pc.any(pc.equal(part.column("_cdc_kind"), "unavailable")).as_py() for part in parts)
+
+
+def _driver_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:
+    """The driver's client of a Confluent-compatible registry (None for the embedded one)."""
+    registry = config.source.registry
+    if registry.kind != "confluent" or not registry.url:
+        return None
+    try:
+        return ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
+                                                     secrets_file=config.secrets_path)
+    except RegistryUnavailableError as exc:
+        log.warning("schema registry client not created on the driver (%s); the executors will ask it",
+                    secrets.describe(exc))
+        return None
+
+
+def _failure(state: Any) -> str:
+    """What a tenacity attempt failed with, for the retry's log line."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    return secrets.describe(exc) if exc is not None else "no exception"
+
+
+def _after(applied: int | None) -> int:
+    return 0 if applied is None else applied + 1
+
+
+def _chunks(start: dict[int, int], end: dict[int, int], limit: int) -> Iterator[tuple[dict[int, int], dict[int, int]]]:
+    """``[start, end)`` per partition in pieces of about ``limit`` records, the partitions side by side."""
+    pos = {p: o for p, o in start.items() if p in end}
+    while live := [p for p in sorted(pos) if pos[p] < end[p]]:
+        share = max(1, limit // len(live))
+        stop = {p: min(end[p], pos[p] + share) for p in live}
+        yield {p: pos[p] for p in live}, stop
+        pos.update(stop)
+
+
+def fetch_raw(frame: DataFrame, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
+    """Raw key, value and timestamp of some messages of a micro-batch, read again from the source."""
+    from pyspark.sql import functions as F
+
+    by_topic_partition: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, offset in coords:
+        by_topic_partition.setdefault((topic, partition), []).append(offset)
+    condition: Any = None
+    for (topic, partition), offsets in by_topic_partition.items():
+        clause = (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").isin(offsets)
+        condition = clause if condition is None else condition | clause
+    rows = frame.filter(condition).select("topic", "partition", "offset", "key", "value", "timestamp").toArrow()
+    return {(t, p, o): (k, v, ts) for t, p, o, k, v, ts in zip(*(rows[c].to_pylist() for c in rows.column_names),
+                                                               strict=True)}
