@@ -34,8 +34,8 @@ from ingest.commit.state import latest_cdc_commit, load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.lake import locks
 from ingest.lake.delta import has_deletion_vectors, open_table
+from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath, Location
-from ingest.lake.tables import TablePaths
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -137,8 +137,8 @@ def _maintain_with_spark(table: DeltaTable, where: LakePath, options: Maintenanc
     """:func:`maintain` for a table delta-rs cannot write: delta-spark's OPTIMIZE and VACUUM."""
     import json
 
-    from ingest.commit.delta_spark import ident
     from ingest.spark.session import spark_location
+    from ingest.spark.sql import ident
 
     spark = session().newSession()  # its settings stay its own
     spark.conf.set("spark.databricks.delta.optimize.maxFileSize", str(options.target_file_size_mb * 1024 * 1024))

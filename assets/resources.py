@@ -19,7 +19,7 @@ import dagster as dg
 from pydantic import Field
 
 from ingest.config import IngestConfig, TableSpec, load_config
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.ops.status import TableStatus, table_status
 from ingest.records.audit import AuditRecord
 from ingest.source.discovery import with_discovered

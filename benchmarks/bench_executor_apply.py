@@ -1,15 +1,15 @@
 """A delta-spark batch applied on the driver against on the executors, side by side (not a test).
 
-Issue 11 asks that with delta-spark nothing row-level goes through the driver.
-:mod:`ingest.apply.spark_batch` reduces and plans a batch on Spark's executors and MERGEs from
-there; the driver's journey (:func:`ingest.apply.pipeline.apply_parts`) reduces and plans on the
-driver (Arrow, DuckDB) and hands the MERGE its source. This script applies the same batches both
-ways, taking turns batch by batch, into two copies of one table per size (``bench_merge.py``'s
-table: laid out by key, deletion vectors on), and prints each way's median time and how far the
-driver's resident memory rose during the batch.
+With delta-spark nothing row-level need go through the driver: the executors placement
+(:mod:`ingest.apply.placement.executors`) assembles, reduces and plans a batch on Spark's executors
+and MERGEs from there; the driver placement reduces and plans on the driver (Arrow, DuckDB) and
+hands the MERGE its source. This script runs the one journey (:func:`ingest.apply.journey.apply_batch`)
+over the same batches with each placement, taking turns batch by batch, into two copies of one table
+per size (``bench_merge.py``'s table: laid out by key, deletion vectors on), and prints each way's
+median time and how far the driver's resident memory rose during the batch.
 
-The executors' batch starts as a cached DataFrame of the batch's change rows, as if decoded there;
-building it is not timed (nor is the driver's collect of the decoded parts on the other side).
+The executors' batch starts as a cached DataFrame of the decoded parts, as the decode step leaves
+it; building it is not timed (nor is the driver's collect of the decoded parts on the other side).
 Batches: ``random`` (updates spread over the whole key space) and ``hot set`` (80 % updates of the
 newest 50,000 keys, 20 % new keys), ``--batch`` changes each.
 
@@ -30,16 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_merge
+import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from ingest.apply.batch import MicroBatch
-from ingest.apply.pipeline import apply_parts
-from ingest.apply.spark_batch import apply_on_executors
-from ingest.commit.state import load_state
+from ingest.apply.journey import apply_batch, apply_parts, placement_for
+from ingest.commit.state import OpenTables
+from ingest.decode.parts import write_parts
 from ingest.lake.delta import open_table, read_all
 from ingest.lake.location import LakePath
-from ingest.records.audit import AuditRecord
 from ingest.spark.session import arrow_frame
 
 console = Console()
@@ -77,23 +76,21 @@ def main() -> None:
                         with bench_merge.DriverMemory() as driver:
                             t0 = time.perf_counter()
                             record = apply_parts(bench_merge.SPEC, paths, parts, batch_id=n, run_id="bench",
-                                                 engine=engine).record
+                                                 writer=engine).record
                             seconds = time.perf_counter() - t0
                         assert record is not None and record.balanced
                     else:
-                        state = load_state(paths.table)
-                        batch = MicroBatch.from_parts(parts, state)
-                        frame = arrow_frame(spark, batch.changes).cache()
+                        frame = arrow_frame(spark, pa.Table.from_batches([write_parts(parts)])).cache()
                         frame.count()
-                        record = AuditRecord(table="orders", run_id="bench", batch_id=n, received=batch.received)
                         with bench_merge.DriverMemory() as driver:
                             t0 = time.perf_counter()
-                            apply_on_executors(bench_merge.SPEC, paths, frame, batch.columns, state=state,
-                                               engine=engine, record=record, flattened=batch.flattened,
-                                               offsets={tp: span[1] for tp, span in batch.offsets.items()},
-                                               declared=batch.key_columns())
+                            record = apply_batch(bench_merge.SPEC, paths, frame, writer=engine,
+                                                 placement=placement_for("executors", engine, paths.table),
+                                                 opened=OpenTables(paths, "orders"), batch_id=n,
+                                                 run_id="bench").record
                             seconds = time.perf_counter() - t0
                         frame.unpersist()
+                        assert record is not None and record.balanced
                     if n:
                         times.setdefault((rows, kind, way), []).append(seconds)
                         memory.setdefault((rows, kind, way), []).append(driver.rose_mib)

@@ -24,10 +24,10 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compare import workload
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.commit.state import OpenTables
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.source import source_for
 
 WAYS = ("kept", "fresh")

@@ -42,11 +42,12 @@ import bench_merge
 from rich.console import Console
 from rich.table import Table
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.commit import delta_spark
-from ingest.commit.delta_spark import DeltaSparkWriter, ident
+from ingest.commit.delta_spark import DeltaSparkWriter
 from ingest.lake.location import LakePath
 from ingest.spark.session import get_spark, session_conf, spark_location
+from ingest.spark.sql import ident
 
 console = Console()
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -147,7 +148,7 @@ def main() -> None:
                 with _choice(kind):
                     started = time.perf_counter()
                     record = apply_parts(bench_merge.SPEC, paths, parts, batch_id=n + 1, run_id="bench",
-                                         engine=engine).record
+                                         writer=engine).record
                     seconds = time.perf_counter() - started
                 assert record is not None and record.balanced and record.updated == args.batch
                 written = metrics.shuffled_since(before)

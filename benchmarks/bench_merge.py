@@ -69,14 +69,14 @@ from deltalake import write_deltalake
 from rich.console import Console
 from rich.table import Table
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.writer import Writer
 from ingest.config import TableSpec, TargetSpec
 from ingest.decode.parts import PartsBuilder
 from ingest.lake.delta import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, open_table
+from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath, delta_storage_options
-from ingest.lake.tables import TablePaths
 from ingest.model import ChangeEvent, ColumnSpec, SourcePosition
 
 console = Console()
@@ -146,7 +146,7 @@ def build(root: LakePath, rows: int, file_mb: int, spec: TableSpec = SPEC) -> tu
     source = Source(rows)
     engine = DeltaRsWriter(target_file_size=file_mb * 1024 * 1024)
     apply_parts(spec, paths, source.parts([rows + 10_000_000]), batch_id=0, run_id="build",  # engine-made table
-                engine=engine)
+                writer=engine)
     table = open_table(paths.table)
     assert table is not None
     schema = pa.schema(table.schema().to_arrow())
@@ -185,8 +185,9 @@ def make_engine(name: str, file_mb: int) -> Writer:
 
 
 def enable_deletion_vectors(engine: Writer, paths: TablePaths) -> None:
-    from ingest.commit.delta_spark import DeltaSparkWriter, ident
+    from ingest.commit.delta_spark import DeltaSparkWriter
     from ingest.spark.session import spark_location
+    from ingest.spark.sql import ident
 
     if isinstance(engine, DeltaSparkWriter):
         engine.spark.sql(f"ALTER TABLE delta.{ident(spark_location(engine.spark, paths.table))} "
@@ -350,7 +351,7 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
                                 bare_merge(engine, paths, parts)
                             else:
                                 record = apply_parts(spec, paths, parts, batch_id=n + 1, run_id="bench",
-                                                     engine=engine).record
+                                                     writer=engine).record
                                 assert record is not None and record.balanced
                             seconds = time.perf_counter() - t0
                         table = open_table(paths.table)

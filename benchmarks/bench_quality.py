@@ -1,10 +1,10 @@
 """What data-quality validation costs per micro-batch, and whether memory stays flat.
 
-Not a test: it measures, on the driver path only (``process_batch`` on decoded batches, no Spark),
+Not a test: it measures, on the driver path only (``apply_parts`` on decoded batches, no Spark),
 so the denominator is the smallest honest one -- Spark's decode time is left out.
 
 1. **Overhead at 100k-event batches.** Synthetic ``orders`` batches (the demo's orders columns, a
-   few values that break the demo suite) go through ``process_batch`` twice per round, into two
+   few values that break the demo suite) go through ``apply_parts`` twice per round, into two
    tables: once without a suite, once with ``expectations/orders.json`` under policy
    ``quarantine``. Rounds alternate the two so machine load hits both alike. Reported, in wall
    and CPU seconds (CPU is steadier on a shared machine): median batch time of each, the
@@ -12,7 +12,7 @@ so the denominator is the smallest honest one -- Spark's decode time is left out
    validation cost); ``--violations-every N`` adds rejected rows, and so quarantine writes.
 2. **Once per process.** The first suite load pays GX's import and context; the second is free.
 3. **Memory over 1,000 batches.** RSS every 100 batches while the quality gate validates 1,000
-   batches (gate only; then full ``process_batch`` with MERGE, audit, quarantine and result
+   batches (gate only; then full ``apply_parts`` with MERGE, audit, quarantine and result
    files; then the same without a suite as a control, since Delta tables that grow by a commit per
    batch grow the process too), and the number of pandas DataFrames still alive at the end.
 
@@ -36,12 +36,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest.apply.batch import MicroBatch
-from ingest.apply.pipeline import apply_parts as process_batch
+from ingest.apply.journey import apply_parts
 from ingest.apply.rules.reduce import reduce_changes
 from ingest.commit.state import TableState
 from ingest.config import TableSpec
 from ingest.decode.parts import PartsBuilder
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.model import ChangeEvent, ColumnSpec, SourcePosition
 from ingest.quality import QualityGate, ResultStore, load_suite
 
@@ -145,11 +145,11 @@ def overhead(root: Path, events: int, rounds: int, bad_every: int) -> dict[str, 
     for n in range(rounds + 1):  # round 0 warms both tables up (creation) and is not counted
         rows = plain_src.next(events)
         with Clock() as a:
-            process_batch(plain_spec, paths_in(root, "plain"), rows, batch_id=n, run_id="bench",
+            apply_parts(plain_spec, paths_in(root, "plain"), rows, batch_id=n, run_id="bench",
                           fetch_raw=_raw)
         rows = checked_src.next(events)
         with Clock() as b:
-            result = process_batch(spec, paths_in(root, "checked"), rows, batch_id=n, run_id="bench", gate=gate,
+            result = apply_parts(spec, paths_in(root, "checked"), rows, batch_id=n, run_id="bench", gate=gate,
                                    fetch_raw=_raw)
         del rows
         v = gate.clocks[-1]
@@ -182,7 +182,7 @@ def memory(root: Path, batches: int, events: int, *, full: bool, suite: bool = T
     for n in range(1, batches + 1):
         rows = source.next(events)
         if full:
-            process_batch(spec, paths_in(root, spec.name), rows, batch_id=n, run_id="mem",
+            apply_parts(spec, paths_in(root, spec.name), rows, batch_id=n, run_id="mem",
                           gate=gate if suite else None, fetch_raw=_raw)
         else:
             batch = MicroBatch.from_parts(rows, TableState(None, None, None, None))
@@ -210,7 +210,7 @@ def main() -> None:
     parser.add_argument("--memory-events", type=int, default=2000, help="events per batch for the memory runs")
     parser.add_argument("--skip-full-memory", action="store_true", help="gate-only memory run")
     parser.add_argument("--skip-control", action="store_true",
-                        help="no control run (full process_batch without a suite: the Delta side's own growth)")
+                        help="no control run (full apply_parts without a suite: the Delta side's own growth)")
     args = parser.parse_args()
 
     t0 = time.perf_counter()
@@ -231,7 +231,7 @@ def main() -> None:
             console.print(f"memory: {args.memory_batches} batches of {args.memory_events} events, gate only")
             gate_mem = memory(root, args.memory_batches, args.memory_events, full=False)
         if args.memory_batches and not args.skip_full_memory:
-            console.print(f"memory: {args.memory_batches} batches of {args.memory_events} events, full process_batch")
+            console.print(f"memory: {args.memory_batches} batches of {args.memory_events} events, full apply_parts")
             full_mem = memory(root, args.memory_batches, args.memory_events, full=True)
         control_mem = None
         if args.memory_batches and not args.skip_full_memory and not args.skip_control:
@@ -254,7 +254,7 @@ def main() -> None:
         out.add_row("rows quarantined per batch (injected violations)", f"{cost['held']:.0f}")
     out.add_row("GX import + context + first suite (once per process)", f"{first:.1f} s")
     out.add_row("second suite load (same process)", f"{second * 1000:.0f} ms")
-    runs = [(label, samples) for label, samples in (("gate only", gate_mem), ("full process_batch", full_mem),
+    runs = [(label, samples) for label, samples in (("gate only", gate_mem), ("full apply_parts", full_mem),
                                                     ("full, no suite (control)", control_mem)) if samples]
     for label, samples in runs:
         points = [(n, mb) for n, mb in samples if n > 0]

@@ -22,10 +22,11 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ingest.apply.pipeline import apply_parts
-from ingest.commit.delta_spark import DeltaSparkWriter, ident
+from ingest.apply.journey import apply_parts
+from ingest.commit.delta_spark import DeltaSparkWriter
 from ingest.config import TableSpec
 from ingest.spark.session import SNAPSHOT_PARTITIONS, get_spark, session_conf
+from ingest.spark.sql import ident
 from tests.factories import change, decoded_rows
 from tests.harness import paths_in
 
@@ -40,7 +41,7 @@ def _table(spark, root: Path, batches: int) -> str:
     for b in range(batches):
         items = ([change("c", 10 * b + k, 10 * b + k, name=f"n{b}") for k in range(3)]
                  + [change("d", 10 * (b - 1), 10 * b + 5)] * (b > 0))
-        apply_parts(SPEC, paths, decoded_rows(items, first_offset=10 * b), batch_id=b, run_id="bench", engine=engine)
+        apply_parts(SPEC, paths, decoded_rows(items, first_offset=10 * b), batch_id=b, run_id="bench", writer=engine)
     return f"delta.{ident(str(paths.table))}"
 
 

@@ -20,18 +20,17 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
-from ingest.apply.batch import MicroBatch
-from ingest.apply.pipeline import BatchResult, process_batch
-from ingest.commit.state import load_state
+from ingest.apply.batch import BatchResult
+from ingest.apply.journey import apply_parts
 from ingest.commit.writer import Writer
 from ingest.config import IngestConfig, TableSpec, load_config
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.lake.delta import FRAMEWORK_NAMES, open_table, read_all
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.read.changes import CHANGE_COLUMNS
 
-#: The apply engine the harness commits with (``None``: process_batch's default, delta-rs); set by
-#: the ``apply_engine`` fixture (tests/conftest.py), which runs a module's tests on both engines.
+#: The writer the harness commits with (``None``: apply_parts's default, delta-rs); set by the
+#: ``apply_engine`` fixture (tests/conftest.py), which runs a module's tests with both writers.
 _ENGINE: list[Writer | None] = [None]
 
 
@@ -39,7 +38,7 @@ def use_engine(engine: Writer | None) -> None:
     _ENGINE[0] = engine
 
 
-def current_engine() -> Writer | None:
+def current_writer() -> Writer | None:
     return _ENGINE[0]
 
 
@@ -121,12 +120,9 @@ def ingest_batch(spec: TableSpec, paths: TablePaths, topic: Topic, messages: lis
     """Decode ``messages`` as the executors do and apply them as one micro-batch."""
     rows = kafka_rows(topic.name, messages)
     parts = BatchDecoder(DecoderSpec("json", key_columns=spec.primary_key, keep_before=False)).decode(rows)
-    state = load_state(paths.table)
     raw = {(topic.name, m.partition, m.offset): (m.key, m.value, None) for m in messages}
-    batch = MicroBatch.from_parts(parts, state, table=spec.name, select=spec.columns,
-                                  key_columns=spec.primary_key or ())
-    return process_batch(spec, paths, batch, batch_id=batch_id, run_id="test", state=state,
-                         fetch_raw=lambda coords: {c: raw[c] for c in coords}, engine=current_engine())
+    return apply_parts(spec, paths, parts, batch_id=batch_id, run_id="test",
+                       fetch_raw=lambda coords: {c: raw[c] for c in coords}, writer=current_writer())
 
 
 def ingest_in_batches(spec: TableSpec, paths: TablePaths, topic: Topic, cuts: list[int]) -> list[BatchResult]:

@@ -18,23 +18,23 @@ import yaml
 from deltalake import DeltaTable
 from typer.testing import CliRunner
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.cli import app
 from ingest.commit.writers import build
 from ingest.config import IngestConfig, load_config
 from ingest.lake.delta import read_all, records_change_feed
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.model import ColumnSpec
 from ingest.read.changes import ChangeFeedError, ChangeRange, changes
 from ingest.records import audit
 from tests.factories import COLUMNS, change, decoded_rows
-from tests.harness import Topic, current_engine, ingest_batch, key, pg, use_engine
+from tests.harness import Topic, current_writer, ingest_batch, key, pg, use_engine
 
 pytestmark = pytest.mark.usefixtures("apply_engine")
 
 
 def _config(tmp_path: Path, delete_mode: str = "hard", **target: Any) -> tuple[Path, IngestConfig]:
-    engine = current_engine()
+    engine = current_writer()
     raw: dict[str, Any] = {"workdir": str(tmp_path),
                            "tables": [{"name": "t", "topic": "t", "delete_mode": delete_mode}],
                            "target": {"engine": engine.name if engine is not None else "delta-rs", **target}}
@@ -129,9 +129,9 @@ def test_a_widening_is_not_reported_as_changed_rows(tmp_path: Path) -> None:
     spec, paths = config.table("t"), TablePaths.of(config, "t")
     wide = (COLUMNS[0], COLUMNS[1], ColumnSpec("balance", "decimal(14,2)"), COLUMNS[3])
     apply_parts(spec, paths, decoded_rows([change("c", k, 10 + k) for k in (1, 2, 3)]), batch_id=0, run_id="r",
-                engine=current_engine())
+                writer=current_writer())
     widened = [change("u", 1, 50, name="wider", balance="123456789012.34", columns=wide)]  # (12,2) -> (14,2)
-    apply_parts(spec, paths, decoded_rows(widened, first_offset=3), batch_id=1, run_id="r", engine=current_engine())
+    apply_parts(spec, paths, decoded_rows(widened, first_offset=3), batch_id=1, run_id="r", writer=current_writer())
     feed = changes(config, "t", ChangeRange(from_version=1))
     assert [(r["_change_type"], r["id"], r["name"], str(r["balance"])) for r in feed.to_pylist()] == [
         ("update_preimage", 1, "x", "1.00"), ("update_postimage", 1, "wider", "123456789012.34")]
@@ -143,12 +143,12 @@ def test_a_table_created_without_the_feed_records_it_from_its_next_batch(tmp_pat
     spec, paths = off.table("t"), TablePaths.of(off, "t")
     use_engine(build(off.writer_of(spec), off))
     apply_parts(spec, paths, decoded_rows([change("c", k, 10 + k) for k in (1, 2, 3)]), batch_id=0, run_id="r",
-                engine=current_engine())
+                writer=current_writer())
     assert not records_change_feed(DeltaTable(str(paths.table)))
     _, on = _config(tmp_path)  # the default: change_data_feed on
     use_engine(build(on.writer_of(spec), on))
     later = [change("u", 1, 50, name="later"), change("d", 2, 60)]
-    apply_parts(spec, paths, decoded_rows(later, first_offset=3), batch_id=1, run_id="r", engine=current_engine())
+    apply_parts(spec, paths, decoded_rows(later, first_offset=3), batch_id=1, run_id="r", writer=current_writer())
     table = DeltaTable(str(paths.table))
     assert records_change_feed(table)
     switched = table.version() - 1  # the property's commit, then the batch's
@@ -176,7 +176,7 @@ def test_the_cli_exports_changes_from_a_version_or_a_time(tmp_path: Path) -> Non
     every = runner.invoke(app, ["changes", "t", "-c", str(path), "--from-version", "0", "--format", "json"])
     assert every.exit_code == 0, every.output
     # Reading through Spark is announced on stderr; stdout holds only the export.
-    assert ("readChangeFeed" in every.stderr) == (current_engine().name == "delta-spark"), every.stderr
+    assert ("readChangeFeed" in every.stderr) == (current_writer().name == "delta-spark"), every.stderr
     rows = [json.loads(line) for line in every.stdout.splitlines()]
     feed = changes(config, "t", ChangeRange(from_version=0)).to_pylist()
     assert [(r["_commit_version"], r["_change_type"], r["id"], r["v"]) for r in rows] == [

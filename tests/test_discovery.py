@@ -219,7 +219,7 @@ def test_one_failing_table_among_many_stops_alone_and_resumes_from_its_own_log(t
 @pytest.mark.spark
 def test_in_a_continuous_run_a_transient_stop_catches_up_alone_and_a_terminal_one_stays(tmp_path, spark, monkeypatch):
     from ingest.errors import RegistryUnavailableError, TableError
-    from ingest.lake.tables import TablePaths
+    from ingest.lake.layout import TablePaths
     from ingest.records import audit
     from ingest.stream import callback as handler
 
@@ -235,7 +235,7 @@ def test_in_a_continuous_run_a_transient_stop_catches_up_alone_and_a_terminal_on
     outage = threading.Event()
     outage.set()
     calls: dict[str, int] = {}
-    real = handler.apply_parts
+    real = handler.apply_batch
 
     def faulty(spec: Any, *args: Any, **kwargs: Any) -> Any:
         calls[spec.name] = calls.get(spec.name, 0) + 1
@@ -245,7 +245,7 @@ def test_in_a_continuous_run_a_transient_stop_catches_up_alone_and_a_terminal_on
             raise TableError(spec.name, "cannot take this batch (test)")
         return real(spec, *args, **kwargs)
 
-    monkeypatch.setattr(handler, "apply_parts", faulty)
+    monkeypatch.setattr(handler, "apply_batch", faulty)
     engine = Runner(config, spark=spark)
     reports: list[Any] = []
     runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=240)))

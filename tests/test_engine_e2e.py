@@ -31,13 +31,13 @@ def ingested(request, tmp_path_factory, spark):
     config = make_config(tmp_path_factory.mktemp("e2e"), engine=engine, batch=BATCH,
                          plan_on="executors" if request.param.endswith("-executors") else "driver")
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
-    from ingest.apply import spark_batch
+    from ingest.apply.placement.executors import ExecutorsPlacement
 
-    planned: list[str] = []
+    planned: list[int] = []
     with pytest.MonkeyPatch.context() as patch:
-        real = spark_batch.apply_on_executors
-        patch.setattr(spark_batch, "apply_on_executors", lambda spec, *a, **k: planned.append(spec.name) or real(
-            spec, *a, **k))
+        real = ExecutorsPlacement.plan_current
+        patch.setattr(ExecutorsPlacement, "plan_current", lambda self, *a, **k: planned.append(1) or real(
+            self, *a, **k))
         report = Runner(config, spark=spark).run()
     batches = sum(len(t.batches) for t in report.tables.values())
     # the executors planned most batches (a batch of only truncates, say, goes to the driver), or none
@@ -57,12 +57,13 @@ def ingested_history(request, tmp_path_factory, spark):
                          engine=request.param.removesuffix("-executors"), suites=not on_executors,
                          plan_on="executors" if on_executors else "driver")
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
-    from ingest.apply import spark_batch
+    from ingest.apply.placement.executors import ExecutorsPlacement
 
     planned: list[int] = []
     with pytest.MonkeyPatch.context() as patch:
-        real = spark_batch.history_on_executors
-        patch.setattr(spark_batch, "history_on_executors", lambda *a, **k: planned.append(1) or real(*a, **k))
+        real = ExecutorsPlacement.plan_versions
+        patch.setattr(ExecutorsPlacement, "plan_versions", lambda self, *a, **k: planned.append(1) or real(
+            self, *a, **k))
         report = Runner(config, spark=spark).run()
     batches = sum(len(t.batches) for t in report.tables.values())
     # the executors derived most batches' versions (a batch of only truncates goes to the driver), or none
@@ -79,7 +80,7 @@ def test_history_tables_hold_the_source_as_current_rows_and_well_formed_versions
 
     from ingest.commit.state import load_state
     from ingest.lake.delta import read_all
-    from ingest.lake.tables import TablePaths
+    from ingest.lake.layout import TablePaths
     from ingest.read.changes import ChangeRange, changes
     from tests.harness import fold_feed, history_problems, live_by_key, stored_versions, versions_of_history
 

@@ -21,7 +21,7 @@ from ingest.commit.state import load_state
 from ingest.config import IngestConfig
 from ingest.decode import columnar
 from ingest.errors import RegistryUnavailableError
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.stream.callback import AllTablesStopped, ForEachBatch, RunReport, TableRun
 from tests.harness import make_config
 
@@ -142,16 +142,16 @@ def test_the_next_batch_is_decoded_while_the_last_is_applied_and_they_commit_in_
     handler = ForEachBatch(config, [spec], report, "r1", None, {})
     frames, end = _two_frames(config, handler)
     applying, release, events = threading.Event(), threading.Event(), []
-    real_apply = ingest.stream.callback.apply_parts
+    real_apply = ingest.stream.callback.apply_batch
 
-    def apply_parts(*args: Any, batch_id: int, **kwargs: Any) -> Any:
+    def apply_batch(*args: Any, batch_id: int, **kwargs: Any) -> Any:
         events.append(f"apply {batch_id}")
         if batch_id == 0:
             applying.set()
             assert release.wait(30)
         return real_apply(*args, batch_id=batch_id, **kwargs)
 
-    monkeypatch.setattr(ingest.stream.callback, "apply_parts", apply_parts)
+    monkeypatch.setattr(ingest.stream.callback, "apply_batch", apply_batch)
     real_to_arrow = _Frame.toArrow
     monkeypatch.setattr(_Frame, "toArrow", lambda self: events.append(f"decode {frames.index(self)}")
                         or real_to_arrow(self))

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 from ingest.cli import app
 from ingest.config import IngestConfig, load_config
 from ingest.lake.delta import open_table
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.read.query import AsOf, TimeTravelError, history, run_sql
 from ingest.records import audit
-from tests.harness import Topic, current_engine, ingest_batch, key, pg
+from tests.harness import Topic, current_writer, ingest_batch, key, pg
 
 pytestmark = pytest.mark.usefixtures("apply_engine")
 
@@ -29,7 +29,7 @@ LIVE = "SELECT id, v FROM t ORDER BY id"
 
 
 def _config(tmp_path: Path, tables: tuple[str, ...] = ("t",)) -> tuple[Path, IngestConfig]:
-    engine = current_engine()
+    engine = current_writer()
     raw: dict[str, Any] = {"workdir": str(tmp_path), "tables": [{"name": n, "topic": n} for n in tables],
                            "target": {"engine": engine.name if engine is not None else "delta-rs"}}
     path = tmp_path / "config.yaml"

@@ -1,18 +1,25 @@
-"""One table's micro-batch on the driver, columnar: the decode step's parts unified into Arrow tables.
+"""One table's micro-batch, columnar: the decode step's parts unified, and what the journey holds back.
 
 The parts (:mod:`ingest.decode.columnar`) come typed by their own schema version. Here they become
 three tables: ``changes`` (every row change and truncate, cast to the batch's combined columns),
 ``tombstones`` (Kafka tombstones with their keys) and ``meta`` (undecodable messages and the
 records that carry no change). Records the table has already applied -- its Delta app transactions
 say so -- are dropped first. Nothing here turns rows into Python objects.
+
+:meth:`MicroBatch.from_parts` assembles a batch on the driver; the executors placement assembles
+the same batch with its ``changes`` left in Spark (:mod:`ingest.apply.placement.executors.assembly`),
+from the same functions. :class:`Held` gathers what the journey holds back for quarantine, and
+:class:`BatchResult` is what a table's batch did.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,19 +31,30 @@ from ingest.decode.parts import FRAME, INFERRED, columns_of, part_kind
 from ingest.errors import RegistryUnavailableError, TableError
 from ingest.lake.delta import arrow_type, delta_type_name
 from ingest.model import ColumnSpec
+from ingest.records.quarantine import QuarantineRecord, Stage
+
+if TYPE_CHECKING:
+    from ingest.quality.gate import QualityReport
+    from ingest.records.audit import AuditRecord
 
 #: Control kinds that carry no row change, as the decode step names them.
 CONTROL_KINDS = ("heartbeat", "schema_change", "transaction", "message")
+#: A batch's change rows: an Arrow table on the driver, a DataFrame on Spark's executors.
+Rows = TypeVar("Rows")
+#: Raw key and value (and Kafka timestamp) of messages by ``(topic, partition, offset)``, fetched
+#: again from the source for changes held back after decoding.
+RawFetch = Callable[[list[tuple[str, int, int]]], dict[tuple[str, int, int], tuple[Any, Any, Any]]]
 
 
 @dataclass(slots=True)
-class MicroBatch:
+class MicroBatch(Generic[Rows]):
     """One table's batch, columnar.
 
     Attributes:
         changes: row changes and truncates: :data:`~ingest.decode.parts.FRAME` columns, then the
             user columns of every schema version in the batch (combined: new columns added, safe
-            widenings applied); a column a schema version lacks is null in its rows.
+            widenings applied); a column a schema version lacks is null in its rows. An Arrow table
+            on the driver, a DataFrame (persisted until :meth:`release`) on the executors.
         tombstones: Kafka tombstones whose key decoded: framework columns and the key columns.
         meta: undecodable messages (``_cdc_kind`` ``error``, with raw bytes and reason) and control
             records (heartbeats, schema changes, transaction markers, logical messages, tombstones
@@ -47,13 +65,15 @@ class MicroBatch:
         offsets: ``(topic, partition) -> [first, last]`` offset of the records kept.
     """
 
-    changes: pa.Table
+    changes: Rows
     tombstones: pa.Table
     meta: pa.Table
     columns: list[ColumnSpec]
     received: int = 0
     already_applied: int = 0
     offsets: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    #: unpersists what the executors keep of the batch (nothing on the driver)
+    release: Callable[[], object] = field(default=lambda: None, repr=False)
 
     @property
     def controls(self) -> Counter[str]:
@@ -62,23 +82,25 @@ class MicroBatch:
         return Counter(k for k in kinds if k != "error")
 
     @property
-    def flattened(self) -> bool | None:
-        """Whether the batch's records are ``ExtractNewRecordState`` rows (``None``: it holds none)."""
-        rows = self.changes.filter(pc.not_equal(self.changes["_cdc_op"], "t")) if self.changes.num_rows else None
-        if rows is None or rows.num_rows == 0:
-            return None
-        return bool(pc.any(rows["_cdc_flattened"]).as_py())
+    def errors(self) -> pa.Table:
+        """The messages that could not be decoded, with their raw bytes and reason."""
+        return self.meta.filter(pc.equal(self.meta["_cdc_kind"], "error"))
 
-    def key_columns(self) -> tuple[str, ...] | None:
-        """The primary key the batch's changes declare (the first one seen), if any."""
-        rows = self.changes.filter(pc.is_valid(self.changes["_cdc_key_columns"])) if self.changes.num_rows else None
-        if rows is None or rows.num_rows == 0:
+    @property
+    def unreadable_tombstones(self) -> pa.Table:
+        """Kafka tombstones whose key could not be read (with the reason)."""
+        return self.meta.filter(pc.and_(pc.equal(self.meta["_cdc_kind"], "tombstone"),
+                                        pc.is_valid(self.meta["_cdc_reason"])))
+
+    def tombstone_key(self) -> tuple[str, ...] | None:
+        """The primary key the batch's first tombstone names, if any."""
+        if self.tombstones.num_rows == 0:
             return None
-        return tuple(json.loads(rows["_cdc_key_columns"][0].as_py()))
+        return tuple(json.loads(self.tombstones["_cdc_key_columns"][0].as_py()))
 
     @classmethod
     def from_parts(cls, parts: Sequence[pa.RecordBatch], state: TableState, *, table: str = "",
-                   select: ColumnSelection | None = None, key_columns: Sequence[str] = ()) -> MicroBatch:
+                   select: ColumnSelection | None = None, key_columns: Sequence[str] = ()) -> MicroBatch[pa.Table]:
         """Unify the decode step's parts; drop what ``state`` says the table already applied.
 
         ``select`` keeps only the table's chosen columns (and ``key_columns``, the state's and each
@@ -220,3 +242,80 @@ def concat_frames(tables: list[pa.Table]) -> pa.Table:
     if not tables:
         return FRAME.empty_table()
     return pa.concat_tables(tables, promote_options="permissive")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFacts:
+    """What the journey must know of a batch's changes before it holds anything back.
+
+    Attributes:
+        flattened: whether its changes are ``ExtractNewRecordState`` rows (``None``: it has none).
+        declared: the primary keys its changes declare (JSON lists); on the driver in the order
+            first seen.
+        rows: its changes that are not truncates.
+    """
+
+    flattened: bool | None
+    declared: list[str]
+    rows: int
+
+
+def facts_of(changes: pa.Table) -> BatchFacts:
+    """:class:`BatchFacts` of changes on the driver."""
+    rows = changes.filter(pc.not_equal(changes["_cdc_op"], "t")) if changes.num_rows else changes
+    if rows.num_rows == 0:
+        return BatchFacts(None, [], 0)
+    declared = [k for k in pc.unique(rows["_cdc_key_columns"]).to_pylist() if k]
+    return BatchFacts(bool(pc.any(rows["_cdc_flattened"]).as_py()), declared, rows.num_rows)
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What the journey did with one table's batch."""
+
+    record: AuditRecord | None
+    already_applied: int = 0
+    controls: Counter[str] = field(default_factory=Counter)
+    quality: QualityReport | None = None
+    #: the messages held back (quarantined, or -- for a replay -- still failing)
+    held: list[QuarantineRecord] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Held:
+    """Messages held back so far: ``(row of a table, stage, reason, expectations, key)`` gathered by step."""
+
+    pending: list[tuple[dict[str, Any], Stage, str, str, str | None]] = field(default_factory=list)
+
+    def add_rows(self, rows: pa.Table, stage: Stage, reasons: Sequence[str] | None = None,
+                 expectations: Sequence[str] | None = None, row_keys: Sequence[str | None] | None = None) -> None:
+        for i, row in enumerate(rows.select(["_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_timestamp",
+                                             "_cdc_reason", "_cdc_raw_key", "_cdc_raw_value"]).to_pylist()):
+            reason = reasons[i] if reasons is not None else row["_cdc_reason"]
+            self.pending.append((row, stage, reason, expectations[i] if expectations else "",
+                                 row_keys[i] if row_keys else None))
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def resolve(self, table: str, fetch: RawFetch | None, *, batch_id: int, run_id: str) -> list[QuarantineRecord]:
+        """Quarantine rows, with raw bytes fetched for the held changes that no longer carry them."""
+        missing = [(r["_cdc_topic"], r["_cdc_partition"], r["_cdc_offset"]) for r, stage, *_ in self.pending
+                   if stage != "decode" and r["_cdc_raw_value"] is None and r["_cdc_raw_key"] is None]
+        raw = fetch(missing) if missing and fetch is not None else {}
+        now = datetime.now(UTC)
+        out = []
+        for row, stage, reason, expectations, row_key in self.pending:
+            coords = (row["_cdc_topic"], row["_cdc_partition"], row["_cdc_offset"])
+            key, value, _ts = raw.get(coords, (row["_cdc_raw_key"], row["_cdc_raw_value"], None))
+            out.append(QuarantineRecord(
+                table=table, topic=coords[0], partition=coords[1], offset=coords[2],
+                kafka_timestamp=row["_cdc_timestamp"], raw_key=key, raw_value=value, stage=stage, reason=reason,
+                batch_id=batch_id, run_id=run_id, quarantined_at=now, expectations=expectations, row_key=row_key))
+        return out
+
+
+def foreign_key_reasons(rows: pa.Table, key_columns: Sequence[str]) -> list[str]:
+    """Why each change of ``rows`` is held: the primary key it declares is not the table's."""
+    return [f"primary key columns {json.loads(k)} differ from the table's {list(key_columns)}"
+            for k in rows["_cdc_key_columns"].to_pylist()]

@@ -1,8 +1,9 @@
 """What a target table stores for a batch's keys: position, coordinates, soft-delete flag, unknown columns.
 
-Every read of stored rows by key goes through a :class:`KeyLookup`: :func:`rows_of_keys` reads them
-on the driver; the delta-spark engine gives one that reads a large table on Spark's executors
-(:meth:`ingest.commit.delta_spark.DeltaSparkWriter.lookup`).
+Every read of stored rows by key on the driver goes through a :class:`KeyLookup`: :func:`rows_of_keys`
+reads them with delta-rs; the delta-spark writer gives one that reads a large table on Spark's
+executors (:meth:`ingest.commit.delta_spark.DeltaSparkWriter.lookup`). The rows come in the shape
+the merge plan reads (:data:`~ingest.apply.rules.plan.STORED_SCHEMA`).
 """
 
 from __future__ import annotations
@@ -12,13 +13,9 @@ from typing import Protocol
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from ingest.apply.rules.plan import STORED_SCHEMA, UNKNOWN_COLUMNS
 from ingest.apply.rules.sql import connect, ident, query
 from ingest.lake.delta import key_range, read_all, table_schema
-
-#: Framework column naming the columns whose value is unknown (an unresolved TOAST placeholder).
-UNKNOWN_COLUMNS = "_cdc_unknown_columns"
-STORED_SCHEMA = [("s_pos", pa.string()), ("s_part", pa.int32()), ("s_off", pa.int64()), ("s_deleted", pa.bool_()),
-                 ("s_unknown", pa.list_(pa.string()))]
 
 
 class KeyLookup(Protocol):

@@ -28,6 +28,7 @@ def _short(value: Any, limit: int = 70) -> str:
 @quality_app.command("check")
 def quality_check(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
     """Load every table's suite with GX and check it against the table (what `run` does at start-up)."""
+    from ingest.commit.state import load_state
     from ingest.quality import QualityGate
 
     cfg = load(config, workdir)
@@ -35,7 +36,7 @@ def quality_check(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None
     for col in ("table", "expectation (name)", "kind", "policy"):
         out.add_column(col)
     for spec in cfg.tables:
-        gate = QualityGate.for_table(cfg, spec)
+        gate = QualityGate.for_table(cfg, spec, table_columns=load_state(cfg.table_path(spec.name)).columns)
         if gate is None:
             out.add_row(spec.name, "(no suite)", "", "")
             continue
@@ -134,7 +135,7 @@ def quarantine_list(
     limit: Annotated[int, typer.Option(help="rows to print")] = 50,
 ) -> None:
     """Quarantined messages (pending ones unless --all)."""
-    from ingest.lake.tables import TablePaths
+    from ingest.lake.layout import TablePaths
     from ingest.records import quarantine
 
     cfg = load(config, workdir)
@@ -160,7 +161,7 @@ def quarantine_show(
     table: Annotated[str | None, typer.Option("--table", "-t", help="table (if the topic feeds several)")] = None,
 ) -> None:
     """Everything about one quarantined message, with its raw bytes and the change it decodes to."""
-    from ingest.lake.tables import TablePaths
+    from ingest.lake.layout import TablePaths
     from ingest.records import quarantine
 
     cfg = load(config, workdir)

@@ -31,6 +31,7 @@ from ingest.apply.stored import KeyLookup, rows_of_keys
 from ingest.commit.merge_sql import Dialect, MergeStatement, current_merge, history_merge
 from ingest.commit.state import STATE_KEY, TableState, app_id
 from ingest.commit.writer import (
+    ArrowRows,
     CommitOutcome,
     CommitRequest,
     as_json,
@@ -92,6 +93,9 @@ class DeltaRsWriter:
         """
         started = time.perf_counter()
         outcome = CommitOutcome()
+        if not isinstance(request.source, ArrowRows):
+            raise TableError(request.table, "delta-rs writes a plan made on the driver; this one is on Spark's "
+                                            "executors (plan_on: executors needs writer: delta-spark)")
         if state.deletion_vectors:
             raise TableError(request.table, DELETION_VECTORS_REFUSED)
         columns = request.schema.columns
@@ -119,15 +123,8 @@ class DeltaRsWriter:
         before = table.version()
         try:
             # A table without user columns (created by a truncate) holds no rows: nothing to merge.
-            if request.history is not None and (request.history.source.num_rows
-                                                or (request.history.truncate and state.columns)):
-                metrics = _merge_history(table, request, props)
-                outcome.metrics = metrics
-                updated = metrics.get("num_target_rows_updated", 0)
-                outcome.rows_truncated = max(0, updated - request.history.updates)
-                table.update_incremental()
-            elif request.history is None and (request.plan.source.num_rows or (request.truncate and state.columns)):
-                metrics = _merge(table, request, columns, props)
+            if request.source.count or (request.truncate and state.columns):
+                metrics = _merge(table, request, props)
                 outcome.metrics = metrics
                 outcome.rows_truncated = _truncated_rows(request, metrics)
                 table.update_incremental()
@@ -160,13 +157,15 @@ def _framework_schema() -> list[pa.Field]:
 
 
 def _truncated_rows(request: CommitRequest, metrics: dict[str, Any]) -> int:
-    """Rows the batch's truncate removed (hard) or flagged deleted (soft).
+    """Rows the batch's truncate removed (hard) or flagged deleted (soft, scd2: ended).
 
     The MERGE's counts include what the source's own rows matched; the rest is the truncate's.
     """
+    if request.history:
+        return max(0, metrics.get("num_target_rows_updated", 0) - request.updates)
     if request.delete_mode == "hard":
-        return max(0, metrics.get("num_target_rows_deleted", 0) - request.plan.matched_deletes)
-    return max(0, metrics.get("num_target_rows_updated", 0) - request.plan.matched_updates)
+        return max(0, metrics.get("num_target_rows_deleted", 0) - request.matched_deletes)
+    return max(0, metrics.get("num_target_rows_updated", 0) - request.matched_updates)
 
 
 def table_schema_of(columns: list[ColumnSpec], history_mode: str = "scd1") -> pa.Schema:
@@ -205,10 +204,12 @@ def _create_with_rows(request: CommitRequest, props: CommitProperties, propertie
 
 def initial_rows(request: CommitRequest) -> pa.Table:
     """The rows a new table starts with: those the MERGE would insert into an empty table -- every
-    row of the plan's source, less hard deletes (a key the table never held) -- laid out by key."""
-    source = request.plan.source
-    if request.history is not None:
-        source = request.history.source.filter(pc.invert(request.history.source[DROP]))
+    row of the plan's source, less hard deletes (a key the table never held) and, scd2, the versions
+    to drop -- laid out by key."""
+    assert isinstance(request.source, ArrowRows)
+    source = request.source.table
+    if request.history:
+        source = source.filter(pc.invert(source[DROP]))
     elif request.delete_mode == "hard" and source.num_rows:
         source = source.filter(pc.invert(source["_cdc_deleted"]))
     if request.key_columns:
@@ -237,22 +238,20 @@ def _widen(table: DeltaTable, columns: list[ColumnSpec], describe: str) -> Delta
     return table
 
 
-def _merge(table: DeltaTable, request: CommitRequest, columns: list[ColumnSpec], props: CommitProperties
-           ) -> dict[str, Any]:
-    source = request.plan.source
+def _merge(table: DeltaTable, request: CommitRequest, props: CommitProperties) -> dict[str, Any]:
+    """The batch's MERGE (:mod:`ingest.commit.merge_sql`): current rows by key, or scd2 versions by key
+    and position."""
+    assert isinstance(request.source, ArrowRows)
+    source = request.source.table
     if request.key_columns:
         source = source.sort_by([(k, "ascending") for k in request.key_columns])
-    statement = current_merge(source, DIALECT, key_columns=request.key_columns, columns=columns,
-                              delete_mode=request.delete_mode, truncate=request.truncate)
+    if request.history:
+        statement = history_merge(source, DIALECT, key_columns=request.key_columns, columns=request.schema.columns,
+                                  truncate=request.truncate, truncate_ts=request.truncate_ts)
+    else:
+        statement = current_merge(source, DIALECT, key_columns=request.key_columns, columns=request.schema.columns,
+                                  delete_mode=request.delete_mode, truncate=request.truncate)
     return run_merge(table, source, statement, props)
-
-
-def _merge_history(table: DeltaTable, request: CommitRequest, props: CommitProperties) -> dict[str, Any]:
-    """The scd2 MERGE (:mod:`ingest.apply.rules.history`): versions matched by key and position."""
-    plan = request.history
-    assert plan is not None
-    statement = history_merge(plan, DIALECT, key_columns=request.key_columns, columns=request.schema.columns)
-    return run_merge(table, plan.source.sort_by([(k, "ascending") for k in request.key_columns]), statement, props)
 
 
 def _timestamp(value: datetime | None) -> str:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -52,17 +52,23 @@ from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
 
 from ingest import crashpoints
 from ingest.apply.rules.history import DROP
+from ingest.apply.rules.ordering import later_than_stored_sql
 from ingest.apply.stored import KeyLookup, rows_of_keys
 from ingest.commit.delta_rs import initial_rows, table_schema_of
 from ingest.commit.merge_sql import Clause, Dialect, FrameSource, MergeStatement, current_merge, history_merge
+from ingest.commit.remembered import RememberedDeletes
 from ingest.commit.state import STATE_KEY, TableState, table_app_id
 from ingest.commit.writer import (
+    ArrowRows,
     CommitOutcome,
     CommitRequest,
+    Rows,
+    SparkRows,
     commit_info,
     creates_with_rows,
     may_append,
     remember_deletes,
+    remembers_deletes,
     state_metadata,
     switches_feed_on,
 )
@@ -71,15 +77,14 @@ from ingest.errors import CommitConflictError
 from ingest.lake.delta import (
     CHANGE_DATA_FEED,
     arrow_type,
-    key_range,
-    normalize,
     open_table,
     rows_in_range,
-    table_schema,
 )
 from ingest.lake.location import LakePath
 from ingest.model import ColumnSpec
-from ingest.spark.session import arrow_frame, snapshot_tasks, spark_location, use_s3a
+from ingest.spark.reads import spark_rows_of_keys
+from ingest.spark.session import arrow_frame, snapshot_tasks, spark_location, spark_type, use_s3a
+from ingest.spark.sql import ident, string
 
 #: ``target.driver_lookup_rows``' default: a batch's stored rows are read on the driver when the files
 #: its key range reaches hold at most this many rows, and by Spark's executors beyond that
@@ -101,14 +106,6 @@ _METRICS = ("numSourceRows", "numTargetRowsInserted", "numTargetRowsUpdated", "n
 _APPEND_METRICS = {"numOutputRows": "numTargetRowsInserted", "numFiles": "numTargetFilesAdded"}
 
 
-def ident(name: str) -> str:
-    """Quote an identifier for Spark SQL."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def string(value: str) -> str:
-    """A Spark SQL string literal (Spark escapes with backslashes; two quotes would be two literals)."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 @dataclass
@@ -172,10 +169,7 @@ class DeltaSparkWriter:
                 crashpoints.point("before-widen")
                 _widen(spark, path, columns, request.schema.describe())
                 crashpoints.point("after-widen")
-            if request.frame is not None:
-                _remember_frame(spark, request)
-            else:
-                remember_deletes(request)
+            _remember(spark, request)
             existing = open_table(request.path)
             before = existing.version() if existing is not None else -1
             txn = 1 + ((existing.transaction_version(app) or 0) if existing is not None else 0)
@@ -184,19 +178,11 @@ class DeltaSparkWriter:
             with _markers(spark, app, txn, metadata):
                 if born:
                     self._write_new(_writer(spark, request, app, txn, metadata), request)
-                elif request.history is not None:
-                    if request.history.source_rows() or (request.history.truncate and state.columns):
-                        _merge_history(spark, request,
-                                       dialect_for(existing, request.history.source, request.key_columns))
-                    else:
-                        spark.read.format("delta").load(path).limit(0).write.format("delta").mode("append").save(path)
-                elif request.source_rows() and may_append(request, state, before):
+                elif request.source.count and may_append(request, state, before):
                     # Only new keys: the rows the MERGE would insert, without its join.
                     _writer(spark, request, app, txn, metadata).mode("append").save(path)
-                elif request.source_rows() or (request.truncate and state.columns):
-                    dialect = (replace(DIALECT, key_list_limit=0) if request.frame is not None
-                               else dialect_for(existing, request.plan.source, request.key_columns))
-                    _merge(spark, request, columns, dialect)
+                elif request.source.count or (request.truncate and state.columns):
+                    _merge(spark, request, dialect_for(existing, request.source, request.key_columns))
                 else:
                     # Nothing to change: an empty append records the progress markers.
                     spark.read.format("delta").load(path).limit(0).write.format("delta").mode("append").save(path)
@@ -222,7 +208,7 @@ class DeltaSparkWriter:
             metrics = {k: int(v) for k, v in reported if k in _METRICS}
         outcome.metrics = metrics
         removed = ("numTargetRowsNotMatchedBySourceDeleted" if request.delete_mode == "hard"
-                   and request.history_mode == "scd1" else "numTargetRowsNotMatchedBySourceUpdated")
+                   and not request.history else "numTargetRowsNotMatchedBySourceUpdated")
         outcome.rows_truncated = metrics.get(removed, 0)
         outcome.committed = True
         outcome.delta_version = int(last["version"])
@@ -309,35 +295,34 @@ def _widen(spark: SparkSession, path: str, columns: list[ColumnSpec], describe: 
      .option("userMetadata", json.dumps({"cdc.schema_change": describe})).save(path))
 
 
-def _merge(spark: SparkSession, request: CommitRequest, columns: list[ColumnSpec], dialect: Dialect) -> None:
-    if request.frame is not None:  # the source is on the executors: its columns and key bounds are known
-        shape = FrameSource(request.frame.source.columns, request.frame.bounds)
-        statement = current_merge(shape, dialect, key_columns=request.key_columns, columns=columns,
+def _merge(spark: SparkSession, request: CommitRequest, dialect: Dialect) -> None:
+    """The batch's MERGE (:mod:`ingest.commit.merge_sql`), the statement delta-rs runs too: current rows
+    by key, or scd2 versions by key and position."""
+    source = request.source
+    shape = source.table if isinstance(source, ArrowRows) else FrameSource(source.columns, source.bounds)
+    if request.history:
+        statement = history_merge(shape, dialect, key_columns=request.key_columns, columns=request.schema.columns,
+                                  truncate=request.truncate, truncate_ts=request.truncate_ts)
+    else:
+        statement = current_merge(shape, dialect, key_columns=request.key_columns, columns=request.schema.columns,
                                   delete_mode=request.delete_mode, truncate=request.truncate)
-        run_merge(spark, request, request.frame.source, statement)
-        return
-    source = request.plan.source
-    statement = current_merge(source, dialect, key_columns=request.key_columns, columns=columns,
-                              delete_mode=request.delete_mode, truncate=request.truncate)
-    run_merge(spark, request, source, statement)
+    run_merge(spark, request, source.table if isinstance(source, ArrowRows) else source.frame, statement)
 
 
 def _initial(spark: SparkSession, request: CommitRequest) -> DataFrame:
     """The rows a new table starts with, or a batch of new keys appends
     (:func:`~ingest.commit.delta_rs.initial_rows`), as a DataFrame: from the driver's plan, or
     shaped on the executors from a plan that is there."""
-    history = request.history.frame if request.history is not None else None
-    if request.frame is None and history is None:
+    if isinstance(request.source, ArrowRows):
         return arrow_frame(spark, initial_rows(request))
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_type
 
-    if history is not None:
-        source = history.source.where(~F.col(DROP))
-    else:
-        source = request.frame.source
-        if request.delete_mode == "hard":
-            source = source.where(~F.col("_cdc_deleted"))
+    source = request.source.frame
+    if request.history:
+        source = source.where(~F.col(DROP))
+    elif request.delete_mode == "hard":
+        source = source.where(~F.col("_cdc_deleted"))
     schema = table_schema_of(request.schema.columns, request.history_mode)
     shaped = source.select(*(F.col(ident(f.name)).cast(from_arrow_type(f.type, prefer_timestamp_ntz=True)).alias(f.name)
                              for f in schema))
@@ -347,75 +332,59 @@ def _initial(spark: SparkSession, request: CommitRequest) -> DataFrame:
 def _writer(spark: SparkSession, request: CommitRequest, app: str, txn: int, metadata: str) -> DataFrameWriter:
     """A Delta writer of :func:`_initial`'s rows. A plan on the executors has its rows in the
     session they were read in, whose settings the write follows: the commit's markers then go as
-    the writer's options (those of the engine's session would not reach it)."""
+    the writer's options (those of the writer's session would not reach it)."""
     writer = _initial(spark, request).write.format("delta")
-    if request.frame is not None or (request.history is not None and request.history.frame is not None):
+    if isinstance(request.source, SparkRows):
         writer = writer.option("userMetadata", metadata).option("txnAppId", app).option("txnVersion", str(txn))
     return writer
 
 
-def _remember_frame(spark: SparkSession, request: CommitRequest) -> None:
-    """:func:`~ingest.commit.writer.remember_deletes` of a plan on the executors, written by delta-spark."""
-    from ingest.apply.spark_batch import remember_on_executors
-
-    if request.delete_mode != "hard" or request.history is not None:
+def _remember(spark: SparkSession, request: CommitRequest) -> None:
+    """:func:`~ingest.commit.writer.remember_deletes`; of a plan on the executors, written by delta-spark."""
+    if not isinstance(request.deletes, SparkRows):
+        remember_deletes(request)
+        return
+    if not remembers_deletes(request):
         return
     key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
-    remember_on_executors(spark, request.tombstones, request.key_columns, key_types, request.frame.deletes)
+    remember_on_executors(spark, request.tombstones, request.key_columns, key_types, request.deletes.frame)
     crashpoints.point("after-tombstones")
 
 
-def _merge_history(spark: SparkSession, request: CommitRequest, dialect: Dialect) -> None:
-    """The scd2 MERGE (:mod:`ingest.apply.rules.history`), the statement delta-rs runs too."""
-    plan = request.history
-    assert plan is not None
-    if plan.frame is not None:  # the source is on the executors: its columns and key bounds are known
-        shape = FrameSource(plan.frame.source.columns, plan.frame.bounds)
-        statement = history_merge(plan, replace(dialect, key_list_limit=0), key_columns=request.key_columns,
-                                  columns=request.schema.columns, source=shape)
-        run_merge(spark, request, plan.frame.source, statement)
+def remember_on_executors(spark: SparkSession, remembered: RememberedDeletes, key_columns: tuple[str, ...],
+                          key_types: Mapping[str, str], deletes: DataFrame) -> None:
+    """:meth:`RememberedDeletes.record <ingest.commit.remembered.RememberedDeletes.record>` of
+    ``deletes`` (the key columns, ``_cdc_position`` and ``_cdc_source_ts`` of each delete) by
+    delta-spark: the same columns, the same position guard."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    now = datetime.now(UTC)
+    source = deletes.select(
+        *(F.col(ident(k)).cast(spark_type(key_types[k])).alias(k) for k in key_columns),
+        F.col("_cdc_position"), F.col("_cdc_source_ts").cast("timestamp").alias("_cdc_deleted_at"),
+        F.lit(now).cast("timestamp").alias("_cdc_recorded_at"))
+    location = spark_location(spark, LakePath.of(remembered.path))
+    if remembered.open(key_types) is None:
+        source.write.format("delta").mode("append").save(location)
         return
-    statement = history_merge(plan, dialect, key_columns=request.key_columns, columns=request.schema.columns)
-    run_merge(spark, request, plan.source, statement)
+    on = " AND ".join(f"t.{ident(k)} = s.{ident(k)}" for k in key_columns)
+    (DeltaTable.forPath(spark, location).alias("t").merge(source.alias("s"), on)
+     .whenMatchedUpdateAll(later_than_stored_sql("s._cdc_position", "t._cdc_position"))
+     .whenNotMatchedInsertAll()
+     .execute())
 
 
-def spark_rows_of_keys(spark: SparkSession, path: LakePath, table: DeltaTable, key_columns: tuple[str, ...],
-                       keys: pa.Table, columns: list[str] | None = None) -> pa.Table:
-    """:func:`~ingest.apply.stored.rows_of_keys` as a Spark job: the same rows, in the same types.
-
-    The executors read the version of the table ``table`` is at (deletion vectors applied), bounded
-    by the keys' range like the driver's read, and keep the rows whose key is among ``keys``' (a
-    semi-join with the keys broadcast). The driver receives only the rows found -- for a current-row
-    table at most one per key -- where its own read would hold every row of the range in memory.
-    """
-    from pyspark.sql.functions import broadcast
-
-    schema = normalize(table_schema(table).empty_table()).schema
-    names = columns or schema.names
-    wanted = broadcast(arrow_frame(spark, keys.select(list(key_columns))))
-    found = frame_of_keys(spark, path, table.version(), key_columns, wanted, names,
-                          where=key_range(keys, key_columns[0], ident=ident, string=string))
-    return normalize(found.toArrow()).cast(pa.schema([schema.field(n) for n in names]))
-
-
-def frame_of_keys(spark: SparkSession, path: LakePath, version: int, key_columns: tuple[str, ...], keys: DataFrame,
-                  columns: list[str], *, where: str | None = None) -> DataFrame:
-    """``columns`` of the rows of the table at ``path`` (at ``version``, deletion vectors applied)
-    whose key is among ``keys``' -- a semi-join, narrowed first by ``where`` -- as a DataFrame: the
-    one Spark read behind every look-up of stored rows and remembered deletes by key."""
-    frame = spark.read.format("delta").option("versionAsOf", version).load(spark_location(spark, path))
-    if where is not None:
-        frame = frame.where(where)
-    return frame.select(*(ident(n) for n in columns)).join(
-        keys.select(*(ident(k) for k in key_columns)), on=list(key_columns), how="left_semi")
-
-
-def dialect_for(table: DeltaTable | None, source: pa.Table, key_columns: tuple[str, ...]) -> Dialect:
+def dialect_for(table: DeltaTable | None, rows: Rows, key_columns: tuple[str, ...]) -> Dialect:
     """:data:`DIALECT`, listing the batch's keys in the MERGE's condition only where that pays: the
     files their range reaches hold at least :data:`ROWS_PER_LISTED_KEY` rows per key (the rows the
     list keeps out of the join). How many keys a list may hold, :func:`~ingest.commit.merge_sql.key_list`
-    decides with the dialect's ``key_list_limit``."""
+    decides with the dialect's ``key_list_limit``. Rows on the executors list nothing: the driver
+    does not hold their keys."""
     unlisted = replace(DIALECT, key_list_limit=0)
+    if not isinstance(rows, ArrowRows):
+        return unlisted
+    source = rows.table
     if table is None or not key_columns or key_columns[0] not in source.column_names:
         return unlisted
     keys = pc.count_distinct(source[key_columns[0]]).as_py()

@@ -19,7 +19,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.apply.rules.history import DROP, HistoryPlan, history_schema
+from ingest.apply.rules.history import DROP, history_schema
 from ingest.apply.rules.ordering import later_than_stored_sql, replaces_stored_sql
 from ingest.apply.rules.plan import TOAST_FLAG
 from ingest.lake.delta import FRAMEWORK_COLUMNS, key_range
@@ -117,23 +117,23 @@ def current_merge(source: pa.Table | FrameSource, d: Dialect, *, key_columns: tu
     return MergeStatement(on or "false", tuple(clauses))
 
 
-def history_merge(plan: HistoryPlan, d: Dialect, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
-                  source: FrameSource | None = None) -> MergeStatement:
-    """The scd2 MERGE (:mod:`ingest.apply.rules.history`) of ``plan.source`` (or of ``source``, the
-    shape of a source on Spark's executors): versions matched by key and position.
+def history_merge(source: pa.Table | FrameSource, d: Dialect, *, key_columns: tuple[str, ...],
+                  columns: list[ColumnSpec], truncate: str | None, truncate_ts: datetime | None) -> MergeStatement:
+    """The scd2 MERGE (:mod:`ingest.apply.rules.history`) of ``source`` (the planned versions, or the
+    shape of such a source on Spark's executors): versions matched by key and position.
 
     A planned version replaces its stored twin or is inserted, one marked ``DROP`` removes it; a
-    truncate ends every current version older than its position.
+    truncate (at ``truncate_ts``) ends every current version older than its position.
     """
     sets = {d.ident(f.name): f"s.{d.ident(f.name)}" for f in history_schema(columns)}
-    on = _on(key_columns, source if source is not None else plan.source, d, bounded=not plan.truncate)
+    on = _on(key_columns, source, d, bounded=not truncate)
     clauses = [Clause("matched_delete", f"s.{DROP}"),
                Clause("matched_update", f"NOT s.{DROP}", sets),
                Clause("not_matched_insert", f"NOT s.{DROP}", sets)]
-    if plan.truncate:
-        ended = {"_cdc_is_current": "false", "_cdc_deleted": "true", "_cdc_valid_to": d.timestamp(plan.truncate_ts),
-                 "_cdc_end_position": d.string(plan.truncate), "_cdc_end_op": "'t'"}
-        older = later_than_stored_sql(d.string(plan.truncate), "t._cdc_position")
+    if truncate:
+        ended = {"_cdc_is_current": "false", "_cdc_deleted": "true", "_cdc_valid_to": d.timestamp(truncate_ts),
+                 "_cdc_end_position": d.string(truncate), "_cdc_end_op": "'t'"}
+        older = later_than_stored_sql(d.string(truncate), "t._cdc_position")
         clauses.append(Clause("not_matched_by_source_update", f"t._cdc_is_current AND {older}", ended))
     same_version = "t._cdc_position = s._cdc_position"
     return MergeStatement(f"{on} AND {same_version}" if on else same_version, tuple(clauses))

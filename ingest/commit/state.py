@@ -24,7 +24,7 @@ from ingest.lake.location import Location
 from ingest.model import ColumnSpec
 
 if TYPE_CHECKING:
-    from ingest.lake.tables import TablePaths
+    from ingest.lake.layout import TablePaths
 
 STATE_KEY = "cdc.state"
 BATCH_KEY = "cdc.batch"

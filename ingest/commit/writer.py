@@ -1,9 +1,11 @@
-"""The apply engines' contract: one planned batch in, one atomic Delta commit out (DESIGN 3.4, 3.5).
+"""The writers' contract: one planned batch in, one atomic Delta commit out (docs/architecture.md: *Commit*).
 
-Two engines implement :class:`Writer`: :class:`~ingest.commit.delta_rs.DeltaRsWriter` (delta-rs
+Two writers implement :class:`Writer`: :class:`~ingest.commit.delta_rs.DeltaRsWriter` (delta-rs
 on the driver, copy-on-write files) and :class:`~ingest.commit.delta_spark.DeltaSparkWriter`
-(delta-spark's MERGE as Spark jobs, deletion vectors). Whatever the engine, a CDC commit carries in
-its commit info:
+(delta-spark's MERGE as Spark jobs, deletion vectors). The rows a request carries are where the
+placement planned them (:data:`Rows`): an Arrow table on the driver, which both write, or a
+DataFrame on Spark's executors, which only delta-spark writes (the configuration refuses the other
+pairing when it loads). Whatever the writer, a CDC commit carries in its commit info:
 
 * ``cdc.batch``: the batch's audit record (:mod:`ingest.records.audit` restores lost audit rows from it);
 * ``cdc.state``: primary key, latest truncate position, position format, flattened-ness;
@@ -14,7 +16,7 @@ delta-rs also records each partition's offset as its own Delta app transaction
 (``cdc:<topic>:<partition>``). delta-spark's MERGE records one app transaction per commit, so it
 records ``cdc:table:<table>`` with a version one above the last, and the offsets travel in
 ``cdc.offsets`` of the same commit. :class:`~ingest.commit.state.TableState` reads both, so either
-engine continues a table the other wrote.
+writer continues a table the other wrote.
 """
 
 from __future__ import annotations
@@ -23,22 +25,59 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import pyarrow as pa
 
 from ingest import crashpoints
-from ingest.apply.rules.history import HistoryPlan
-from ingest.apply.rules.plan import MergePlan
 from ingest.apply.rules.schema import SchemaPlan
 from ingest.apply.stored import KeyLookup
-from ingest.commit import remembered as tombstones
+from ingest.commit import remembered
 from ingest.commit.state import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_KEY, TableState
 from ingest.lake.delta import records_change_feed
 from ingest.lake.location import LakePath
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+@dataclass(frozen=True, slots=True)
+class ArrowRows:
+    """Rows on the driver, as an Arrow table (the driver placement's plan)."""
+
+    table: pa.Table
+
+    @property
+    def count(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.table.column_names)
+
+
+@dataclass(frozen=True, slots=True)
+class SparkRows:
+    """Rows on Spark's executors, as a DataFrame (the executors placement's plan), with what the
+    driver knows of them: how many there are and their first key column's least and greatest value
+    (``bounds``, a table of those two rows). Only delta-spark writes from here."""
+
+    frame: DataFrame
+    count: int
+    bounds: pa.Table
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.frame.columns)
+
+
+#: The rows a commit writes, wherever the placement left them.
+Rows = ArrowRows | SparkRows
+
 
 @dataclass(slots=True)
 class CommitRequest:
-    """Everything an engine needs to commit one planned batch.
+    """Everything a writer needs to commit one planned batch.
 
     Attributes:
         table: table name.
@@ -47,46 +86,57 @@ class CommitRequest:
         delete_mode: ``hard`` (live rows only) or ``soft`` (deleted rows flagged).
         key_columns: primary-key columns.
         schema: the table's user columns after this batch.
-        plan: the merge plan.
+        source: the MERGE's source. scd1: one row per change, with the framework columns and the
+            TOAST flags (:func:`ingest.apply.rules.plan.merge_source`); scd2: the versions to write
+            and, flagged :data:`~ingest.apply.rules.history.DROP`, those to drop.
         truncate: the batch's truncate position if it applies, else ``None``.
         watermark: the latest truncate position the table will have seen after this commit.
         offsets: last offset of the batch per ``(topic, partition)`` (progress markers).
         flattened: whether the table's stream is known to be ``ExtractNewRecordState`` rows.
         describe: builds the audit record stored in the commit info (``cdc.batch``) from the
             outcome, just before the commit.
-        history: ``history_mode: scd2``: the versions to write (:mod:`ingest.apply.rules.history`); the
-            table is created with the history columns even when this batch has no versions.
+        history_mode: ``scd2``: the table keeps every version (:mod:`ingest.apply.rules.history`);
+            it is created with the history columns even when this batch has no versions.
+        deletes: scd1, hard mode: the deletes to remember (key columns, ``_cdc_position``,
+            ``_cdc_source_ts``), recorded before the MERGE.
+        matched_deletes, matched_updates: scd1: the source's rows that delete (hard) or update
+            (soft) a stored row; the MERGE's other deletions or updates are the truncate's.
+        truncate_ts: scd2: the source time of ``truncate``, which ends the current version of
+            every key the batch does not touch.
         truncate_log: scd2: every truncate the table has seen, ``(position, source time)``: a late
             change before one of them is ended by it.
+        updates: scd2: source rows that update a stored version (the MERGE's other updates are
+            the truncate's).
         new_keys_only: the table, at the version the plan read (``state``), stores none of the
             source's keys, and the batch has no truncate: every source row can only take the MERGE's
-            insert clause, so the engine may append them instead (:func:`may_append`).
-        frame: the plan's rows on Spark's executors (:class:`~ingest.apply.spark_plan.SparkPlan`,
-            delta-spark only): the MERGE's source and the deletes to remember are read from there,
-            and ``plan`` holds only the matched counts (:mod:`ingest.apply.spark_batch`).
+            insert clause, so the writer may append them instead (:func:`may_append`).
     """
 
     table: str
     path: LakePath
-    tombstones: tombstones.RememberedDeletes
+    tombstones: remembered.RememberedDeletes
     delete_mode: Literal["hard", "soft"]
     key_columns: tuple[str, ...]
     schema: SchemaPlan
-    plan: MergePlan
+    source: Rows
     truncate: str | None
     watermark: str | None
     offsets: dict[tuple[str, int], int]
     flattened: bool | None
     describe: Callable[[CommitOutcome], dict[str, Any]]
     history_mode: Literal["scd1", "scd2"] = "scd1"
-    history: HistoryPlan | None = None
+    deletes: Rows | None = None
+    matched_deletes: int = 0
+    matched_updates: int = 0
+    truncate_ts: datetime | None = None
     truncate_log: list[tuple[str, datetime | None]] | None = None
+    updates: int = 0
     new_keys_only: bool = False
-    frame: Any = None
 
-    def source_rows(self) -> int:
-        """Rows in the MERGE's source, wherever it is."""
-        return int(self.frame.source_rows) if self.frame is not None else self.plan.source.num_rows
+    @property
+    def history(self) -> bool:
+        """Whether the table keeps every version (``history_mode: scd2``)."""
+        return self.history_mode == "scd2"
 
 
 @dataclass(slots=True)
@@ -143,7 +193,7 @@ def may_append(request: CommitRequest, state: TableState, latest_version: int) -
     built by other code than the pipeline's, with the flag set wrongly, then merges, which is always
     correct, instead of appending, which would not be.
     """
-    return (request.new_keys_only and request.history is None and not request.truncate
+    return (request.new_keys_only and not request.history and not request.truncate
             and state.table is not None and latest_version == state.version)
 
 
@@ -157,16 +207,23 @@ def switches_feed_on(state: TableState, enabled: bool) -> bool:
     return enabled and state.table is not None and not records_change_feed(state.table)
 
 
-def remember_deletes(request: CommitRequest) -> None:
-    """Record the batch's deletes as tombstones before the commit (hard-delete mode, scd1).
+def remembers_deletes(request: CommitRequest) -> bool:
+    """Whether the batch's deletes are remembered before its commit (hard-delete mode, scd1; scd2
+    keeps its deletes in the versions they end)."""
+    return request.delete_mode == "hard" and not request.history and request.deletes is not None
 
-    Written first, so a crash between the two leaves tombstones the replay rewrites, never a
-    delete without its tombstone.
+
+def remember_deletes(request: CommitRequest) -> None:
+    """Record the batch's deletes, planned on the driver, as remembered deletes before the commit.
+
+    Written first, so a crash between the two leaves remembered deletes the replay rewrites, never a
+    delete without its record.
     """
-    if request.delete_mode != "hard" or request.history is not None:
-        return  # scd2 keeps its deletes in the versions they end (ingest.apply.rules.history)
+    if not remembers_deletes(request):
+        return
+    assert isinstance(request.deletes, ArrowRows)
     key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
-    request.tombstones.record(request.key_columns, key_types, request.plan.deletes)
+    request.tombstones.record(request.key_columns, key_types, request.deletes.table)
     crashpoints.point("after-tombstones")
 
 

@@ -27,13 +27,12 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from ingest.apply.batch import MicroBatch
-from ingest.apply.pipeline import process_batch
-from ingest.commit.state import TableState, load_state
+from ingest.apply.journey import apply_parts
+from ingest.commit.state import load_state
 from ingest.commit.writers import Writers
 from ingest.config import IngestConfig
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.quality import QualityGate, QualityReport
 from ingest.records import quarantine
 from ingest.records.audit import AuditRecord
@@ -102,16 +101,14 @@ def replay_quarantine(config: IngestConfig, table: str, *, stage: str | None = N
         "key": pa.array([r["raw_key"] for r in picked], pa.binary()),
         "value": pa.array([r["raw_value"] for r in picked], pa.binary()),
     })
-    state = load_state(paths.table)
-    # The held messages sit below the table's stream offsets: none of them may count as applied.
-    unapplied = TableState(None, None, None, None)
-    batch = MicroBatch.from_parts(BatchDecoder(DecoderSpec.for_table(config, spec)).decode(kafka), unapplied,
-                                  table=spec.name, select=spec.columns,
-                                  key_columns=state.key_columns or spec.primary_key or ())
-    gate = QualityGate.for_table(config, spec) if recheck and spec.expectations else None
+    parts = BatchDecoder(DecoderSpec.for_table(config, spec)).decode(kafka)
+    gate = QualityGate.for_table(config, spec, table_columns=load_state(paths.table).columns) \
+        if recheck and spec.expectations else None
     replay_spec = spec if gate is not None else spec.model_copy(update={"expectations": None})
-    result = process_batch(replay_spec, paths, batch, batch_id=REPLAY_BATCH, run_id=run_id, state=state, gate=gate,
-                           engine=Writers(config).for_table(spec), replay=True)
+    # The stream's own journey, on the driver: the held messages sit below the table's offsets, so a
+    # replay assembles them as if nothing were applied, and records no offsets.
+    result = apply_parts(replay_spec, paths, parts, writer=Writers(config).for_table(spec), batch_id=REPLAY_BATCH,
+                         run_id=run_id, gate=gate, replay=True)
     report.quality = result.quality or QualityReport()
     report.record = result.record
     stage_of = {(r["topic"], r["partition"], r["offset"]): r["stage"] for r in picked}

@@ -14,8 +14,8 @@ from ingest.commit.state import load_state
 from ingest.config import IngestConfig
 from ingest.errors import SourceUnavailableError
 from ingest.lake.delta import open_table, query
+from ingest.lake.layout import TablePaths
 from ingest.lake.location import Location
-from ingest.lake.tables import TablePaths
 from ingest.records import audit
 from ingest.source import Source, source_for
 

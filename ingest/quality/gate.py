@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.commit.state import load_state
 from ingest.config import IngestConfig, QualityPolicy, TableSpec
 from ingest.errors import QualityGateError, TableError
 from ingest.lake.delta import arrow_type, delta_type_name, normalize
@@ -157,17 +156,19 @@ class QualityGate:
             self._batch_definition = _batch_definition(spec.name, spark=spark is not None)
 
     @classmethod
-    def for_table(cls, config: IngestConfig, spec: TableSpec, *, spark: Any = None) -> QualityGate | None:
+    def for_table(cls, config: IngestConfig, spec: TableSpec, *, spark: Any = None,
+                  table_columns: Sequence[ColumnSpec] | None = None) -> QualityGate | None:
         """Load the table's suite and check it fits the table (start-up; ``None`` without a suite).
 
         ``spark``: the session to validate in; the caller decides which tables get it (the engine
         by :meth:`IngestConfig.validates_on_spark`). Without it, the gate validates on the driver,
-        as ``ingest quality`` and ``ingest replay`` do.
+        as ``ingest quality`` and ``ingest replay`` do. ``table_columns``: the existing Delta
+        table's columns, which the suite must find (``None``: a table not created yet, checked on
+        its first batch instead, still before any commit).
 
         Raises:
             SuiteError: the suite cannot be loaded, an override names an unknown expectation, or
-                the suite reads a column the existing Delta table lacks. A table not created yet
-                is checked on its first batch instead, still before any commit.
+                the suite reads a column the existing Delta table lacks.
         """
         if not spec.expectations:
             return None
@@ -175,9 +176,8 @@ class QualityGate:
         gate = cls(spec, suite, results=ResultStore(config.quality_results_dir / spec.name,
                                                     config.quality.keep_results),
                    spark=spark)
-        state = load_state(config.table_path(spec.name))
-        if state.columns is not None:
-            check_columns(spec, suite, [c.name for c in state.columns], where="table")
+        if table_columns is not None:
+            check_columns(spec, suite, [c.name for c in table_columns], where="table")
         return gate
 
     def check(self, winners: pa.Table, table_columns: Sequence[ColumnSpec] | None, *,

@@ -39,8 +39,8 @@ def frame_of_winners(live: DataFrame, columns: dict[str, str]) -> DataFrame:
     """:func:`build_spark_frame` of winners that are a DataFrame already (``live``: without deletes)."""
     from pyspark.sql import functions as F
 
-    from ingest.commit.delta_spark import ident
     from ingest.spark.session import spark_type
+    from ingest.spark.sql import ident
 
     present = set(live.columns)
     return live.select(*(F.col(ident(name)) if name in present else F.lit(None).cast(spark_type(type_name)).alias(name)
@@ -52,7 +52,7 @@ def rows_named(live: DataFrame, key_columns: tuple[str, ...], result: Any) -> pa
     collected: few, and bound for quarantine)."""
     from pyspark.sql import functions as F
 
-    from ingest.commit.delta_spark import ident
+    from ingest.spark.sql import ident
 
     named = {tuple(entry.get(k) for k in key_columns)
              for r in result.results if not r.success

@@ -31,7 +31,8 @@ from pyspark.sql import DataFrame
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ingest import secrets
-from ingest.apply.pipeline import BatchResult, apply_parts
+from ingest.apply.batch import BatchResult
+from ingest.apply.journey import apply_batch, placement_for
 from ingest.commit.state import OpenTables, load_state
 from ingest.commit.writers import Writers
 from ingest.config import IngestConfig, TableSpec
@@ -39,7 +40,7 @@ from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.decode.parts import PARTS_DDL, part_kind, read_parts
 from ingest.decode.registry import ConfluentSchemaRegistry
 from ingest.errors import RegistryUnavailableError, is_transient
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.quality import QualityGate
 from ingest.records import audit
 from ingest.records.audit import AuditRecord
@@ -98,7 +99,7 @@ class ForEachBatch:
         self.registry = _driver_registry(config)
         #: the source, when it decodes as it reads (the stream's rows are then parts)
         self.source = cast(DecodingSource, source_for(config)) if decodes_at_read(config) else None
-        self.engines = Writers(config)
+        self.writers = Writers(config)
         #: each table's Delta handles, kept open from one batch to the next
         self.opened = {s.name: OpenTables(TablePaths.of(config, s.name), s.name) for s in specs}
         self.stopped: dict[str, BaseException] = {}
@@ -303,18 +304,14 @@ class ForEachBatch:
                     parts = self._redecoded(spec, frame, parts)
                 fetch: Any = (self.source.fetch if self.source is not None
                               else lambda coords: fetch_raw(frame, coords))  # type: ignore[arg-type]
-                if spec.name in self.on_executors and self._parts_frame is not None:
-                    from ingest.apply.spark_batch import apply_decoded
-
-                    result = apply_decoded(spec, paths, self._parts_frame, opened=self.opened[spec.name],
-                                           batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
-                                           engine=self.engines.for_table(spec), defer_audit=True, fetch_raw=fetch,
-                                           gate=self.gates.get(spec.name))
-                else:
-                    result = apply_parts(spec, paths, parts, opened=self.opened[spec.name],
-                                         batch_id=batch_id, run_id=self.run_id, decode_ms=decode_ms,
-                                         gate=self.gates.get(spec.name), engine=self.engines.for_table(spec),
-                                         defer_audit=True, fetch_raw=fetch)
+                writer = self.writers.for_table(spec)
+                on_executors = spec.name in self.on_executors and self._parts_frame is not None
+                result = apply_batch(spec, paths, self._parts_frame if on_executors else parts,
+                                     placement=placement_for("executors" if on_executors else "driver", writer,
+                                                             paths.table),
+                                     writer=writer, opened=self.opened[spec.name], batch_id=batch_id,
+                                     run_id=self.run_id, decode_ms=decode_ms, gate=self.gates.get(spec.name),
+                                     defer_audit=True, fetch_raw=fetch)
         run = self.report.tables[spec.name]
         run.already_applied += result.already_applied
         if result.record is not None:

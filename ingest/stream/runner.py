@@ -35,8 +35,8 @@ from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.lake import locks
+from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
-from ingest.lake.tables import TablePaths
 from ingest.quality import QualityGate
 from ingest.records import audit
 from ingest.source import Offsets, read_topics, source_for
@@ -163,7 +163,8 @@ class Runner:
         gates = {}
         for spec in specs:
             spark = self.spark if self.config.validates_on_spark(spec) else None
-            gate = QualityGate.for_table(self.config, spec, spark=spark)
+            gate = QualityGate.for_table(self.config, spec, spark=spark,
+                                         table_columns=load_state(self.config.table_path(spec.name)).columns)
             if gate is not None:
                 gates[spec.name] = gate
         return gates

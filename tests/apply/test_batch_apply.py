@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.commit.state import (
     BATCH_KEY,
     OFFSETS_KEY,
@@ -20,11 +20,11 @@ from ingest.commit.state import (
 from ingest.config import TableSpec
 from ingest.errors import SchemaIncompatibleError
 from ingest.lake.delta import open_table, read_all
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.model import UNAVAILABLE, ColumnSpec, ControlRecord
 from ingest.records import audit, quarantine
 from tests.factories import COLUMNS, change, decoded_rows
-from tests.harness import current_engine
+from tests.harness import current_writer
 
 pytestmark = pytest.mark.usefixtures("apply_engine")
 
@@ -42,7 +42,7 @@ def live(paths: TablePaths) -> dict[int, dict]:
 
 def apply(spec, paths, items, *, first_offset=0, batch_id=0, partition=0):
     return apply_parts(spec, paths, decoded_rows(items, first_offset=first_offset, partition=partition),
-                       batch_id=batch_id, run_id="test", engine=current_engine())
+                       batch_id=batch_id, run_id="test", writer=current_writer())
 
 
 HARD = TableSpec(name="customers", topic="t")
@@ -97,7 +97,7 @@ def test_kept_handles_follow_commits_made_elsewhere(tmp_path):
 
     def kept(items, *, first_offset, batch_id):
         return apply_parts(HARD, paths, decoded_rows(items, first_offset=first_offset), opened=opened,
-                           batch_id=batch_id, run_id="test", engine=current_engine()).record
+                           batch_id=batch_id, run_id="test", writer=current_writer()).record
 
     kept([change("c", 1, 10), change("c", 2, 10), change("c", 4, 10)], first_offset=0, batch_id=0)
     kept([change("d", 2, 11)], first_offset=3, batch_id=1)  # creates the tombstone table
@@ -249,7 +249,7 @@ def test_toast_not_filled_from_a_redelivered_older_image(tmp_path):
 
 def test_commit_refuses_to_move_progress_backwards(tmp_path):
     from ingest.apply.batch import MicroBatch
-    from ingest.apply.pipeline import process_batch
+    from ingest.apply.journey import refuse_to_move_backwards
     from ingest.commit.state import TableState, load_state
     from ingest.errors import OffsetsConflictError
 
@@ -259,4 +259,4 @@ def test_commit_refuses_to_move_progress_backwards(tmp_path):
     stale_view = TableState(None, None, None, None)
     batch = MicroBatch.from_parts(decoded_rows([change("u", 1, 20)], first_offset=3), stale_view)
     with pytest.raises(OffsetsConflictError, match=r"t\[0\] is already applied up to offset 5"):
-        process_batch(HARD, paths, batch, batch_id=1, run_id="test", state=load_state(paths.table))
+        refuse_to_move_backwards(HARD.name, batch, load_state(paths.table))

@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import pytest
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.delta_spark import DeltaSparkWriter
 from ingest.commit.state import load_state
@@ -29,7 +29,7 @@ SPEC = TableSpec(name="customers", topic="t")
 
 def _apply(engine, paths, items, *, first_offset, batch_id):
     return apply_parts(SPEC, paths, decoded_rows(items, first_offset=first_offset), batch_id=batch_id,
-                       run_id="test", engine=engine).record
+                       run_id="test", writer=engine).record
 
 
 def _live(paths) -> dict[int, str]:

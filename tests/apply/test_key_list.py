@@ -13,11 +13,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.commit import delta_spark
 from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.delta_spark import DeltaSparkWriter, dialect_for
 from ingest.commit.merge_sql import key_list
+from ingest.commit.writer import ArrowRows
 from ingest.config import TableSpec
 from ingest.lake.delta import open_table, read_all, write_table
 from ingest.model import ChangeEvent, ColumnSpec
@@ -56,7 +57,7 @@ def test_a_merge_with_listed_keys_of_each_type_writes_what_delta_rs_writes(tmp_p
         paths = paths_in(tmp_path / name)
         for i, items in enumerate(batches):
             record = apply_parts(SPEC, paths, decoded_rows(items, first_offset=10 * i), batch_id=i, run_id="test",
-                                 engine=engine).record
+                                 writer=engine).record
             assert record is not None and record.balanced
         tables[name] = paths
     merge = open_table(tables["ds"].table).history(1)[0]
@@ -74,19 +75,20 @@ def test_the_keys_are_listed_only_where_the_rows_they_keep_out_of_the_join_repay
     table = open_table(path)
 
     def listed(keys: list[int]) -> bool:
-        return dialect_for(table, pa.table({"k": pa.array(keys, pa.int64())}), ("k",)).key_list_limit > 0
+        return dialect_for(table, ArrowRows(pa.table({"k": pa.array(keys, pa.int64())})), ("k",)).key_list_limit > 0
 
     assert listed(list(range(0, 40_000, 1_000)))  # 40 keys spread over all 40,000 rows: 1,000 rows a key
     assert not listed(list(range(0, 40_000, 50)))  # 800 keys over 40,000 rows: 50 rows a key
     assert listed(list(range(30_000, 30_100)))  # 100 keys in one file of 10,000 rows: 100 a key, the bar
     assert not listed(list(range(30_000, 30_101)))  # one key more: below it
-    assert not dialect_for(None, pa.table({"k": [1]}), ("k",)).key_list_limit  # no table yet: nothing to keep out
+    # no table yet: nothing to keep out
+    assert not dialect_for(None, ArrowRows(pa.table({"k": [1]})), ("k",)).key_list_limit
 
     # However many rows each key would keep out, a batch of more keys than the limit lists none.
     monkeypatch.setattr(delta_spark, "ROWS_PER_LISTED_KEY", 0)
     for keys, lists in ((delta_spark.KEY_LIST_LIMIT, True), (delta_spark.KEY_LIST_LIMIT + 1, False)):
         batch = pa.table({"k": pa.array(range(keys), pa.int64())})
-        assert (key_list(batch, "k", dialect_for(table, batch, ("k",))) is not None) is lists
+        assert (key_list(batch, "k", dialect_for(table, ArrowRows(batch), ("k",))) is not None) is lists
 
 
 def test_an_scd2_merge_with_listed_keys_keeps_the_versions_delta_rs_keeps(tmp_path, spark, monkeypatch):
@@ -99,7 +101,7 @@ def test_an_scd2_merge_with_listed_keys_keeps_the_versions_delta_rs_keeps(tmp_pa
         paths = paths_in(tmp_path / name)
         for i, items in enumerate(batches):
             apply_parts(spec, paths, decoded_rows(items, first_offset=10 * i), batch_id=i, run_id="test",
-                        engine=engine)
+                        writer=engine)
         rows = read_all(open_table(paths.table)).select(["k", "name", "_cdc_position", "_cdc_is_current",
                                                          "_cdc_deleted"]).to_pylist()
         versions[name] = sorted(rows, key=lambda r: (r["k"], r["_cdc_position"]))

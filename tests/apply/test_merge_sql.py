@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from ingest.apply.rules.history import DROP, HistoryPlan
+from ingest.apply.rules.history import DROP
 from ingest.apply.rules.plan import TOAST_FLAG
 from ingest.commit.delta_rs import DIALECT as RS
 from ingest.commit.delta_spark import DIALECT as SPARK
@@ -57,8 +57,8 @@ def test_delta_spark_lists_the_batchs_keys_in_the_join_and_delta_rs_does_not() -
     assert _current(SPARK).on == "t.`id` >= 3 AND t.`id` <= 12 AND t.`id` IN (7L, 3L, 12L) AND t.`id` = s.`id`"
     assert " IN " not in _current(RS).on
     assert _current(SPARK, truncate="0001").on == "t.`id` = s.`id`"  # a truncate sees every row
-    statement = history_merge(HistoryPlan(source=SOURCE.drop_columns([TOAST_FLAG + "notes"])), SPARK,
-                              key_columns=("id",), columns=COLUMNS)
+    statement = history_merge(SOURCE.drop_columns([TOAST_FLAG + "notes"]), SPARK, key_columns=("id",),
+                              columns=COLUMNS, truncate=None, truncate_ts=None)
     assert "t.`id` IN (7L, 3L, 12L) AND " in statement.on
 
 
@@ -118,15 +118,15 @@ def test_an_unchanged_toast_value_keeps_the_stored_one_on_update_only() -> None:
 def test_history_matches_versions_by_key_and_position_and_a_truncate_ends_current_ones(
         ended_at: datetime | None) -> None:
     source = SOURCE.drop_columns([TOAST_FLAG + "notes"]).append_column(DROP, pa.array([False, True, False]))
-    plan = HistoryPlan(source=source, truncate="0002", truncate_ts=ended_at)
-    rs = history_merge(plan, RS, key_columns=("id",), columns=COLUMNS)
-    spark = history_merge(plan, SPARK, key_columns=("id",), columns=COLUMNS)
+    ends = {"truncate": "0002", "truncate_ts": ended_at}
+    rs = history_merge(source, RS, key_columns=("id",), columns=COLUMNS, **ends)
+    spark = history_merge(source, SPARK, key_columns=("id",), columns=COLUMNS, **ends)
     assert _plain(rs) == _plain(spark)
     assert rs.on == 't."id" = s."id" AND t._cdc_position = s._cdc_position'  # a truncate: no bounds
     assert [c.kind for c in rs.clauses][-1] == "not_matched_by_source_update"
     valid_to = (spark.clauses[-1].sets or {})["_cdc_valid_to"]
     assert valid_to == ("CAST(NULL AS TIMESTAMP)" if ended_at is None
                         else "CAST('2024-06-03T08:00:01.250000+00:00' AS TIMESTAMP)")
-    untruncated = history_merge(HistoryPlan(source=source), RS, key_columns=("id",), columns=COLUMNS)
+    untruncated = history_merge(source, RS, key_columns=("id",), columns=COLUMNS, truncate=None, truncate_ts=None)
     assert untruncated.on.startswith('t."id" >= 3 AND t."id" <= 12 AND ')
     assert len(untruncated.clauses) == 3

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.delta_spark import DeltaSparkWriter
 from ingest.commit.state import load_state
@@ -34,7 +34,7 @@ EMAIL = (*COLUMNS, ColumnSpec("email", "string", True))
 
 def _run(engine: Any, paths: Any, spec: TableSpec, batches: list[tuple[int, list[Any]]]) -> list[Any]:
     return [apply_parts(spec, paths, decoded_rows(items, first_offset=first), batch_id=i, run_id="test",
-                        engine=engine).record for i, (first, items) in enumerate(batches)]
+                        writer=engine).record for i, (first, items) in enumerate(batches)]
 
 
 def _operations(paths: Any) -> list[str]:
@@ -74,7 +74,7 @@ def test_a_batch_of_new_keys_is_appended_with_what_the_merge_would_write(tmp_pat
     assert load_state(ds.table).applied_offset("t", 0) == 6
     # a replay of the appended batch is recognised as applied: nothing more is written
     again = apply_parts(spec, ds, decoded_rows(batches[1][1], first_offset=3), batch_id=2, run_id="test",
-                        engine=DeltaSparkWriter(spark))
+                        writer=DeltaSparkWriter(spark))
     assert again.record is None and again.already_applied == 4
     assert _table(ds) == _table(rs)
 
@@ -118,10 +118,10 @@ def test_a_writer_racing_an_append_gets_a_conflict_and_the_key_is_written_once(t
     # the other writer appends the same offsets while this one is about to
     race_at(monkeypatch, "before-commit", lambda: apply_parts(
         HARD, paths, decoded_rows([change("c", 7, 20, name="winner")], first_offset=3),
-        batch_id=1, run_id="b", engine=engine))
+        batch_id=1, run_id="b", writer=engine))
     with pytest.raises(CommitConflictError, match="another writer"):
         apply_parts(HARD, paths, decoded_rows([change("c", 7, 21, name="loser")], first_offset=3),
-                    batch_id=1, run_id="c", engine=engine)
+                    batch_id=1, run_id="c", writer=engine)
     assert _operations(paths)[-1] == "WRITE"  # the winner appended
     live = [(r["id"], r["name"]) for r in _table(paths)]
     assert live == [(0, "x"), (1, "x"), (2, "x"), (7, "winner")]
@@ -136,9 +136,9 @@ def test_a_commit_between_the_plan_and_the_append_turns_it_into_a_merge(tmp_path
     _run(engine, paths, HARD, [(0, [change("c", k, 10 + k) for k in range(3)])])
     race = race_at(monkeypatch, "after-tombstones", lambda: apply_parts(
         HARD, paths, decoded_rows([change("c", 7, 20, name="other")], first_offset=3),
-        batch_id=1, run_id="b", engine=engine))
+        batch_id=1, run_id="b", writer=engine))
     apply_parts(HARD, paths, decoded_rows([change("c", 7, 21, name="newer")], first_offset=3, partition=1),
-                batch_id=1, run_id="c", engine=engine)
+                batch_id=1, run_id="c", writer=engine)
     assert race.ran and _operations(paths)[-2:] == ["WRITE", "MERGE"]
     assert [(r["id"], r["name"]) for r in _table(paths)] == [(0, "x"), (1, "x"), (2, "x"), (7, "newer")]
 

@@ -1,16 +1,16 @@
-"""A batch applied with its rows on the executors leaves the table the driver's journey leaves.
+"""The executors placement leaves the table the driver placement leaves, through the one journey.
 
-Two tables take the same three random batches: one through the driver's journey (``apply_parts``,
-committed by delta-rs: :data:`REFERENCE`), one with delta-spark through ``apply_on_executors``
-(reduce, stored rows, remembered deletes,
-plan, MERGE source and the deletes to remember, all on Spark). The first batch creates the table,
-the second meets its rows (and redelivers the first batch's changes, so remembered deletes bury
-some), the third brings only new keys (appended, not merged). After each batch both tables, their
-remembered deletes, their audit counts and their recorded offsets must be the same.
+Two tables take the same three random batches: one placed on the driver (``apply_parts``,
+committed by delta-rs: :data:`REFERENCE`), one placed on the executors and written by delta-spark
+(reduce, stored rows, remembered deletes, plan, MERGE source and the deletes to remember, all on
+Spark). The first batch creates the table, the second meets its rows (and redelivers the first
+batch's changes, so remembered deletes bury some), the third brings only new keys (appended, not
+merged). After each batch both tables, their remembered deletes, their audit counts and their
+recorded offsets must be the same.
 
 A flattened stream's Kafka tombstones (the deletes of their keys) go the same two ways, from the
-decoded messages: :func:`apply_decoded` keeps such batches on the executors and must leave the
-table, counts and quarantine that the driver's journey leaves. So must a table with an expectations
+decoded messages: the executors placement keeps such batches there and must leave the table,
+counts and quarantine that the driver placement leaves. So must a table with an expectations
 suite: its winners are validated on the executors, and the rows held, with the earlier changes of
 their keys, must be the driver gate's. And so must a ``history_mode: scd2`` table: every version,
 the truncate log, the counts and the rows held.
@@ -26,10 +26,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ingest.apply import spark_batch
-from ingest.apply.batch import MicroBatch
-from ingest.apply.pipeline import apply_parts
-from ingest.apply.spark_batch import apply_decoded, apply_on_executors
+from ingest.apply import journey
+from ingest.apply.journey import apply_batch, apply_parts, placement_for
 from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.delta_spark import DeltaSparkWriter
 from ingest.commit.state import OpenTables, load_state
@@ -37,7 +35,7 @@ from ingest.config import TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.decode.parts import write_parts
 from ingest.lake.delta import open_table, read_all
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.quality import QualityGate, load_suite
 from ingest.records import quarantine
 from ingest.records.audit import AuditRecord
@@ -51,6 +49,13 @@ pytestmark = pytest.mark.spark
 #: (tests/apply/test_engines_interchange.py), an independent writer, and a second a batch cheaper.
 REFERENCE = DeltaRsWriter()
 COUNTS = ("inserted", "updated", "deleted", "stale", "superseded", "truncates", "toast_unknown")
+
+
+def on_the_executors(spec: TableSpec, paths: TablePaths, decoded: Any, opened: OpenTables, writer: Any,
+                     **kwargs: Any) -> Any:
+    """The one journey with the executors placement (three key shares, so every rule meets several)."""
+    return apply_batch(spec, paths, decoded, placement=placement_for("executors", writer, paths.table, shares=3),
+                       writer=writer, opened=opened, run_id="test", **kwargs)
 
 
 def _table(path: Any, drop: tuple[str, ...] = ("_cdc_ingested_at",)) -> list[dict[str, Any]]:
@@ -71,17 +76,13 @@ def test_the_executors_leave_the_table_the_driver_leaves(tmp_path: Any, spark: A
                random_parts(8, keys=20, first_key=12, first_offset=10_000)
                + random_parts(7, keys=24, truncates=False, offsets_from=20_000),
                random_parts(9, keys=10, first_key=100, first_offset=30_000, truncates=False)]
+    opened = OpenTables(on_executors, "t")
     for i, parts in enumerate(batches):
-        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=REFERENCE).record
+        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", writer=REFERENCE).record
         assert expected is not None and expected.balanced
-        state = load_state(on_executors.table)
-        batch = MicroBatch.from_parts(parts, state)
-        record = AuditRecord(table="t", run_id="test", batch_id=i, received=batch.received)
-        outcome = apply_on_executors(spec, on_executors, arrow_frame(spark, batch.changes), batch.columns,
-                                     state=state, engine=engine, record=record, flattened=batch.flattened,
-                                     offsets={tp: span[1] for tp, span in batch.offsets.items()},
-                                     declared=batch.key_columns(), shares=3)
-        assert outcome.committed
+        blobs = pa.Table.from_batches([write_parts(parts)])
+        record = on_the_executors(spec, on_executors, arrow_frame(spark, blobs), opened, engine, batch_id=i).record
+        assert record is not None and record.status == "committed"
         assert {c: getattr(record, c) for c in COUNTS} == {c: getattr(expected, c) for c in COUNTS}, f"batch {i}"
         assert _table(on_executors.table) == _table(on_driver.table), f"batch {i}"
         assert load_state(on_executors.table).offsets == load_state(on_driver.table).offsets
@@ -127,7 +128,7 @@ def test_tombstones_of_a_flattened_stream_delete_on_the_executors(tmp_path: Any,
     engine = DeltaSparkWriter(spark)
     on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
     opened = OpenTables(on_executors, "t")
-    monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
+    monkeypatch.setattr(journey, "_collected", None)  # every batch must stay on the executors
     topic, cuts = _flattened_stream()
     decoder = BatchDecoder(DecoderSpec("json", keep_before=False))
     raw = {("t", m.partition, m.offset): (m.key, m.value, None) for m in topic.messages}
@@ -136,11 +137,10 @@ def test_tombstones_of_a_flattened_stream_delete_on_the_executors(tmp_path: Any,
     totals: Counter[str] = Counter()
     for i, (start, end) in enumerate(zip([0, *cuts], [*cuts, len(topic.messages)], strict=True)):
         rows = kafka_rows("t", topic.messages[start:end])
-        expected = apply_parts(spec, on_driver, decoder.decode(rows), batch_id=i, run_id="test", engine=REFERENCE,
+        expected = apply_parts(spec, on_driver, decoder.decode(rows), batch_id=i, run_id="test", writer=REFERENCE,
                                fetch_raw=fetch).record
         decoded = arrow_frame(spark, pa.Table.from_batches([decoder.parts(rows)])).repartition(2)
-        got = apply_decoded(spec, on_executors, decoded, opened=opened, batch_id=i, run_id="test", engine=engine,
-                            fetch_raw=fetch, shares=3).record
+        got = on_the_executors(spec, on_executors, decoded, opened, engine, batch_id=i, fetch_raw=fetch).record
         assert expected is not None and got is not None and expected.balanced and got.balanced
         counts = (*COUNTS, "skipped", "quarantined", "received")
         assert {c: getattr(got, c) for c in counts} == {c: getattr(expected, c) for c in counts}, f"batch {i}"
@@ -179,13 +179,13 @@ def _gated_journeys(tmp_path: Any, spark: Any, monkeypatch: Any, spec: TableSpec
     engine = DeltaSparkWriter(spark)
     on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
     opened = OpenTables(on_executors, "t")
-    monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
+    monkeypatch.setattr(journey, "_collected", None)  # every batch must stay on the executors
     for i, parts in enumerate(batches):
-        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", engine=REFERENCE,
+        expected = apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", writer=REFERENCE,
                                gate=on_pandas).record
         blobs = pa.Table.from_batches([write_parts(parts)])
-        got = apply_decoded(spec, on_executors, arrow_frame(spark, blobs).repartition(2), opened=opened, batch_id=i,
-                            run_id="test", engine=engine, gate=on_spark, shares=3).record
+        got = on_the_executors(spec, on_executors, arrow_frame(spark, blobs).repartition(2), opened, engine,
+                               batch_id=i, gate=on_spark).record
         assert expected is not None and got is not None and expected.balanced and got.balanced
         counts = (*COUNTS, *QUALITY, "quarantined", "received")
         assert {c: getattr(got, c) for c in counts} == {c: getattr(expected, c) for c in counts}, f"batch {i}"
@@ -211,7 +211,7 @@ def test_a_column_null_in_every_schemaless_message_takes_the_tables_type(tmp_pat
     engine = DeltaSparkWriter(spark)
     on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
     opened = OpenTables(on_executors, "t")
-    monkeypatch.setattr(spark_batch, "_on_driver", None)
+    monkeypatch.setattr(journey, "_collected", None)
     topic = Topic()
     for k in range(1, 4):
         topic.send(key(k), flat({"id": k, "v": f"a{k}", "n": k * 10}, lsn=100 + k))
@@ -222,9 +222,9 @@ def test_a_column_null_in_every_schemaless_message_takes_the_tables_type(tmp_pat
     for i, (start, end) in enumerate([(0, first), (first, len(topic.messages))]):
         rows = kafka_rows("t", topic.messages[start:end])
         expected = apply_parts(spec, on_driver, decoder.decode(rows), batch_id=i, run_id="test",
-                               engine=REFERENCE).record
+                               writer=REFERENCE).record
         decoded = arrow_frame(spark, pa.Table.from_batches([decoder.parts(rows)]))
-        got = apply_decoded(spec, on_executors, decoded, opened=opened, batch_id=i, run_id="test", engine=engine).record
+        got = on_the_executors(spec, on_executors, decoded, opened, engine, batch_id=i).record
         assert expected is not None and got is not None and got.balanced
         assert {c: getattr(got, c) for c in COUNTS} == {c: getattr(expected, c) for c in COUNTS}, f"batch {i}"
         assert _table(on_executors.table) == _table(on_driver.table), f"batch {i}"

@@ -12,15 +12,17 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from ingest.apply.pipeline import apply_parts
-from ingest.apply.stored import STORED_SCHEMA, UNKNOWN_COLUMNS, rows_of_keys, stored_rows
+from ingest.apply.journey import apply_parts
+from ingest.apply.rules.plan import STORED_SCHEMA, UNKNOWN_COLUMNS
+from ingest.apply.stored import rows_of_keys, stored_rows
 from ingest.commit import delta_spark
-from ingest.commit.delta_spark import DeltaSparkWriter, spark_rows_of_keys
+from ingest.commit.delta_spark import DeltaSparkWriter
 from ingest.commit.remembered import RememberedDeletes
 from ingest.config import TableSpec
 from ingest.lake.delta import has_deletion_vectors, open_table
 from ingest.lake.location import LakePath
 from ingest.model import ChangeEvent, ColumnSpec
+from ingest.spark.reads import spark_rows_of_keys
 from tests.factories import decoded_rows, pos
 from tests.harness import paths_in
 
@@ -46,7 +48,7 @@ def _table(tmp_path: Any, spark: Any) -> tuple[Any, Any]:
                + [_change("d", "us", k, 2000 + k) for k in range(0, 20, 4)]]
     for i, items in enumerate(batches):
         record = apply_parts(spec, paths, decoded_rows(items, first_offset=100 * i), batch_id=i, run_id="test",
-                             engine=engine).record
+                             writer=engine).record
         assert record is not None and record.balanced
     table = open_table(paths.table)
     assert table is not None and has_deletion_vectors(table)
@@ -102,7 +104,7 @@ def test_the_remembered_deletes_of_a_batch_are_read_alike_on_the_executors(tmp_p
     batches = [[_change("c", "eu", k, k) for k in range(10)],
                [_change("d", "eu", k, 100 + k) for k in range(0, 10, 2)]]
     for i, items in enumerate(batches):
-        apply_parts(spec, paths, decoded_rows(items, first_offset=100 * i), batch_id=i, run_id="test", engine=engine)
+        apply_parts(spec, paths, decoded_rows(items, first_offset=100 * i), batch_id=i, run_id="test", writer=engine)
     remembered = RememberedDeletes(paths.tombstones, "t")
     key_columns, key_types = ("region", "id"), {"region": "string", "id": "long"}
     keys = pa.table({"region": ["eu", "eu", "eu", "us"], "id": pa.array([2, 3, 4, 2], pa.int64())})

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from ingest.apply.batch import MicroBatch
-from ingest.apply.pipeline import apply_parts
-from ingest.apply.spark_microbatch import assemble_on_executors
+from ingest.apply.journey import apply_parts
+from ingest.apply.placement.executors.assembly import assemble_on_executors
 from ingest.commit.state import load_state
 from ingest.config import TableSpec
 from ingest.decode.parts import write_parts

@@ -15,12 +15,12 @@ import pyarrow as pa
 import pytest
 
 from ingest.apply.batch import MicroBatch
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
+from ingest.apply.placement.executors.merge_plan import SparkPlan, plan_on_executors, stored_on_executors
+from ingest.apply.placement.executors.reduction import reduce_on_executors
 from ingest.apply.rules.ordering import later_than_stored
 from ingest.apply.rules.plan import MergePlan, plan_merge
 from ingest.apply.rules.reduce import reduce_changes
-from ingest.apply.spark_plan import SparkPlan, plan_on_executors, stored_on_executors
-from ingest.apply.spark_reduce import reduce_on_executors
 from ingest.apply.stored import stored_rows
 from ingest.commit.remembered import RememberedDeletes
 from ingest.commit.state import load_state

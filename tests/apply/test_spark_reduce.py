@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from ingest.apply.batch import MicroBatch
+from ingest.apply.placement.executors.reduction import SparkReduction, reduce_on_executors
 from ingest.apply.rules.reduce import Reduction, nulls_as_unchanged, reduce_changes
-from ingest.apply.spark_reduce import SparkReduction, reduce_on_executors
 from ingest.commit.state import TableState
 from ingest.lake.delta import normalize
 from ingest.model import UNAVAILABLE, ChangeEvent
@@ -105,6 +105,14 @@ def test_executors_reduce_as_the_driver_does(spark: Any, seed: int, soft: bool) 
         reduced.release()
 
 
+def nulls_on_executors(spark: Any, batch: MicroBatch[pa.Table]) -> Any:
+    """The batch's changes as a DataFrame, ``ignore_null_updates`` applied as the executors placement applies it."""
+    from ingest.apply.placement.executors import ExecutorsPlacement
+
+    return ExecutorsPlacement(spark, None).nulls_as_unchanged(  # type: ignore[arg-type]
+        arrow_frame(spark, batch.changes), ("id",), batch.columns)
+
+
 @pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
 @pytest.mark.parametrize("seed", [11, 12])
 def test_executors_take_null_updates_as_unchanged_as_the_driver_does(spark: Any, seed: int, soft: bool) -> None:
@@ -114,8 +122,7 @@ def test_executors_take_null_updates_as_unchanged_as_the_driver_does(spark: Any,
     plain = reduce_changes(batch.changes, ("id",), batch.columns, soft=soft)
     like = driver.winners.schema
     assert _rows(plain.winners, like) != _rows(driver.winners, like)  # the rule changes this batch's winners
-    reduced = reduce_on_executors(arrow_frame(spark, batch.changes), ("id",), batch.columns, soft=soft,
-                                  nulls_unchanged=True, shares=3)
+    reduced = reduce_on_executors(nulls_on_executors(spark, batch), ("id",), batch.columns, soft=soft, shares=3)
     try:
         _same(driver, driver_reduction(reduced))
     finally:
@@ -159,8 +166,7 @@ def test_null_updates_fill_in_every_share_like_the_batch(spark: Any) -> None:
     others = [change("u", k, 30 + k, notes="set") for k in range(2, 12)]  # no null in the other shares
     batch = MicroBatch.from_parts(decoded_rows([first, second, *others]), NOTHING_APPLIED)
     driver = reduce_changes(nulls_as_unchanged(batch.changes, ("id",), batch.columns), ("id",), batch.columns)
-    reduced = reduce_on_executors(arrow_frame(spark, batch.changes), ("id",), batch.columns, nulls_unchanged=True,
-                                  shares=4)
+    reduced = reduce_on_executors(nulls_on_executors(spark, batch), ("id",), batch.columns, shares=4)
     try:
         got = driver_reduction(reduced)
         _same(driver, got)

@@ -13,7 +13,7 @@ from assets.jobs import MAINTENANCE_JOB
 from assets.resources import SparkIngestPipeline
 from ingest.commit.state import load_state
 from ingest.lake.delta import open_table, read_all
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.stream.runner import Runner
 from tests.dagster.conftest import produce, write_config
 

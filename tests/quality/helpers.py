@@ -16,15 +16,15 @@ import yaml
 from harness.simulator.encode import DEBEZIUM_VERSION, Envelope, JsonChangeEncoder
 from harness.simulator.model import Column, TableDef
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.config import IngestConfig, load_config
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.lake.delta import open_table, read_all
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.quality import QualityGate
 from ingest.records import quarantine
 from ingest.records.audit import AuditRecord
-from tests.harness import current_engine
+from tests.harness import current_writer
 
 ACCOUNTS = TableDef(
     "accounts",
@@ -62,7 +62,7 @@ def make_config(workdir: Path, *, tables: list[dict[str, Any]], value_format: st
     workdir.mkdir(parents=True, exist_ok=True)
     raw: dict[str, Any] = {"workdir": ".", "source": {"value_format": value_format},
                            "quality": {"expectations_dir": "expectations"}, "tables": tables}
-    engine = current_engine()
+    engine = current_writer()
     if engine is not None:  # the apply_engine fixture's engine commits the config's tables (replays too)
         raw["target"] = {"engine": engine.name}
     path = workdir / "config.yaml"
@@ -127,7 +127,7 @@ def ingest(config: IngestConfig, messages: list[dict[str, Any]], batch_id: int) 
     spec = config.table("accounts")
     return apply_parts(spec, accounts_paths(config), decoded(messages), batch_id=batch_id, run_id="stream",
                        gate=QualityGate.for_table(config, spec), fetch_raw=raw_of(messages),
-                       engine=current_engine()).record
+                       writer=current_writer()).record
 
 
 def live(config: IngestConfig) -> dict[int, dict[str, Any]]:

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.commit.state import load_state
 from ingest.config import TableSpec
 from ingest.errors import QualityGateError, SuiteMismatchError, TableError
 from ingest.lake.delta import open_table, read_all
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.model import ColumnSpec
 from ingest.quality import QualityGate, ResultStore, load_suite
 from ingest.records import audit, quarantine
 from tests.factories import COLUMNS, change, decoded_rows, source_bytes
-from tests.harness import current_engine
+from tests.harness import current_writer
 from tests.quality.helpers import write_suite
 
 # Policies decide what reaches the commit: they must hold whichever engine commits.
@@ -46,7 +46,7 @@ def gate_for(tmp_path: Path, spec: TableSpec, expectations: list[dict] = PEOPLE)
     write_suite(tmp_path / "suites", spec.expectations or "people", expectations)
     return QualityGate(spec, load_suite(tmp_path / "suites", spec.expectations or "people"),
                        results=ResultStore(tmp_path / "quality" / spec.name),
-                       spark=getattr(current_engine(), "spark", None))
+                       spark=getattr(current_writer(), "spark", None))
 
 
 def spec_with(policy: str, **extra) -> TableSpec:
@@ -55,7 +55,7 @@ def spec_with(policy: str, **extra) -> TableSpec:
 
 def run(spec, paths, gate, items, *, first_offset=0, batch_id=0):
     return apply_parts(spec, paths, decoded_rows(items, first_offset=first_offset), batch_id=batch_id,
-                       run_id="test", gate=gate, fetch_raw=source_bytes, engine=current_engine())
+                       run_id="test", gate=gate, fetch_raw=source_bytes, writer=current_writer())
 
 
 def live(paths: TablePaths) -> dict[int, dict]:

@@ -8,10 +8,10 @@ from pathlib import Path
 import great_expectations as gx
 import pytest
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.config import TableSpec
 from ingest.errors import ConfigError, SuiteError
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.quality import QualityGate
 from ingest.quality.suites import effective_policies, load_suite
 from ingest.stream.runner import Runner

@@ -19,8 +19,8 @@ from pathlib import Path
 from ingest.config import IngestConfig
 from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.lake.delta import open_table
+from ingest.lake.layout import TablePaths
 from ingest.lake.location import Location
-from ingest.lake.tables import TablePaths
 from ingest.records import quarantine
 from ingest.source.topiclog import TopicLog
 from ingest.stream.runner import ProgressFn, Runner, RunReport

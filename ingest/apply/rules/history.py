@@ -33,18 +33,17 @@ the key are known. Positions compare in their encoded text order (as in the batc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from ingest.apply.rules.ordering import later_than_stored
 from ingest.apply.rules.sql import connect, ident, key_list, literal, query
-from ingest.apply.stored import KeyLookup, rows_of_keys
-from ingest.lake.delta import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, arrow_type, table_schema
+from ingest.lake.delta import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, arrow_type
 from ingest.model import ColumnSpec
 
 #: MERGE source column: the row identifies a stored version to drop.
@@ -66,8 +65,6 @@ class HistoryPlan:
         truncate_log: every truncate the table has seen after the batch: ``(position, source time)``.
         updates: source rows that update a stored version.
         toast_unknown: versions of ``source`` (not dropped) that still list unknown columns.
-        frame: the same plan with its source on Spark's executors
-            (:class:`~ingest.apply.spark_history.SparkHistory`; ``source`` is then empty).
     """
 
     source: pa.Table
@@ -83,34 +80,21 @@ class HistoryPlan:
     truncate_log: list[tuple[str, datetime | None]] = field(default_factory=list)
     updates: int = 0
     toast_unknown: int = 0
-    frame: Any = None
-
-    def source_rows(self) -> int:
-        """Rows in the MERGE's source, wherever it is."""
-        return int(self.frame.source_rows) if self.frame is not None else self.source.num_rows
 
 
-@dataclass(slots=True)
-class HistoryInput:
-    """What the pipeline hands the history planner, and what it needs to keep the audit balance true.
+class HistoryCounts(Protocol):
+    """A scd2 plan's audit terms, wherever its rows were planned."""
 
-    Attributes:
-        changes: the batch's changes and truncates, less every change of a key the quality gate held.
-        received: changes and truncates of the batch before that.
-        held: changes the quality gate quarantined (a held key's changes before the batch's truncate
-            stay superseded by it, as in scd1).
-    """
-
-    changes: pa.Table
-    received: int
-    held: int
-
-    def count(self, record: Any, plan: HistoryPlan) -> None:
-        """The batch's audit terms (:class:`~ingest.records.audit.AuditRecord`)."""
-        count_history(record, plan, withdrawn=self.received - self.changes.num_rows, held=self.held)
+    inserted: int
+    updated: int
+    deleted: int
+    stale: int
+    superseded: int
+    truncates: int
+    toast_unknown: int
 
 
-def count_history(record: Any, plan: HistoryPlan, *, withdrawn: int, held: int) -> None:
+def count_history(record: Any, plan: HistoryCounts, *, withdrawn: int, held: int) -> None:
     """A scd2 batch's audit terms (:class:`~ingest.records.audit.AuditRecord`): ``plan``'s, and of the
     ``withdrawn`` changes of the keys the quality gate held, those it did not quarantine itself
     (``held``) count as superseded."""
@@ -118,22 +102,6 @@ def count_history(record: Any, plan: HistoryPlan, *, withdrawn: int, held: int) 
     record.truncates, record.stale = plan.truncates, plan.stale
     record.superseded = plan.superseded + withdrawn - held
     record.toast_unknown = plan.toast_unknown
-
-
-def history_changes(changes: pa.Table, candidates: pa.Table, winners: pa.Table, key_columns: Any) -> pa.Table:
-    """``changes`` less the keys among ``candidates`` (the reduced winners) that ``winners`` no longer holds."""
-    if candidates.num_rows == winners.num_rows:
-        return changes
-    keys = key_list(key_columns)
-    con = connect(c=changes, before=candidates.select(list(key_columns)), after=winners.select(list(key_columns)))
-    try:
-        return query(con, f"""
-            WITH held AS (SELECT {keys} FROM before EXCEPT SELECT {keys} FROM after)
-            SELECT c.* FROM c WHERE c._cdc_op = 't' OR NOT EXISTS (
-                SELECT 1 FROM held h WHERE {' AND '.join(f'h.{ident(k)} = c.{ident(k)}' for k in key_columns)})"""
-                     ).cast(changes.schema)
-    finally:
-        con.close()
 
 
 def check_history_mode(table: str, mode: str, state: Any) -> None:
@@ -159,19 +127,17 @@ def history_schema(columns: list[ColumnSpec]) -> pa.Schema:
 
 
 def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
-                 tracked: list[str] | None, table: DeltaTable | None, watermark: str | None,
-                 truncate_log: list[tuple[str, datetime | None]], lookup: KeyLookup = rows_of_keys,
-                 stored: pa.Table | None = None) -> HistoryPlan:
+                 tracked: list[str] | None, watermark: str | None, truncate_log: list[tuple[str, datetime | None]],
+                 stored_of: Callable[[pa.Table], pa.Table | None]) -> HistoryPlan:
     """Derive the touched keys' versions and the MERGE that writes them (see module docstring).
 
     Args:
         changes: the batch's row changes and truncates (not reduced), quarantined keys removed.
         tracked: the columns whose change opens a version (``None``: every non-key column).
-        table: the target table (``None``: not created yet).
         watermark: the table's latest truncate; truncate_log: every truncate it has seen.
-        lookup: reads the keys' stored versions (default :func:`~ingest.apply.stored.rows_of_keys`).
-        stored: the stored versions of the changes' keys, read already (``table`` and ``lookup`` are
-            then not read): every column the table has.
+        stored_of: the stored versions of some keys (given as a table of their key columns), every
+            column the table has; ``None``: the table stores none (not created yet, or created by a
+            truncate without key columns).
     """
     is_t = pc.equal(changes["_cdc_op"], "t")
     marks = changes.filter(is_t).sort_by([("_cdc_position", "ascending")])
@@ -188,8 +154,9 @@ def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: li
     if rows.num_rows == 0:
         return plan
     keys = rows.select(list(key_columns)).group_by(list(key_columns), use_threads=False).aggregate([])
+    stored = stored_of(keys)
     if stored is None:
-        stored = _stored_versions(table, key_columns, keys, lookup)
+        stored = no_versions(key_columns, keys.schema)
     old = len(truncate_log)
     truncs = pa.table({
         "t_pos": pa.array([p for p, _ in truncate_log] + [m["_cdc_position"] for m in applying], pa.string()),
@@ -218,21 +185,17 @@ def plan_history(changes: pa.Table, *, key_columns: tuple[str, ...], columns: li
     _count(plan, ranked, versions)
     changed = diff.filter(pc.not_equal(diff["h_action"], "same"))
     plan.updates = int(pc.sum(pc.equal(changed["h_action"], "update")).as_py() or 0)
-    plan.source = _source(changed, drops, columns)
+    plan.source = versions_source(changed, drops, columns)
     kept = plan.source.filter(pc.invert(plan.source[DROP]))
     plan.toast_unknown = int(pc.sum(pc.is_valid(kept["_cdc_unknown_columns"])).as_py() or 0)
     return plan
 
 
-def _stored_versions(table: DeltaTable | None, key_columns: tuple[str, ...], keys: pa.Table,
-                     lookup: KeyLookup) -> pa.Table:
-    """Every stored version of ``keys`` (all columns)."""
-    names = {f.name for f in table_schema(table)} if table is not None else set()
-    if table is None or any(k not in names for k in key_columns):
-        schema = pa.schema([keys.schema.field(k) for k in key_columns]
-                           + [pa.field(n, t) for n, t in FRAMEWORK_COLUMNS + HISTORY_COLUMNS])
-        return schema.empty_table()
-    return lookup(table, key_columns, keys)
+def no_versions(key_columns: tuple[str, ...], keys: pa.Schema) -> pa.Table:
+    """The stored versions of a table that stores none: no rows, the key columns in ``keys``' types."""
+    schema = pa.schema([keys.field(k) for k in key_columns]
+                       + [pa.field(n, t) for n, t in FRAMEWORK_COLUMNS + HISTORY_COLUMNS])
+    return schema.empty_table()
 
 
 def _fill_candidates(rows: pa.Table, stored: pa.Table, user: list[str], key_columns: tuple[str, ...]) -> list[str]:
@@ -362,7 +325,7 @@ def _count(plan: HistoryPlan, ranked: pa.Table, versions: pa.Table) -> None:
     plan.updated = mine.num_rows - plan.inserted
 
 
-def _source(changed: pa.Table, drops: pa.Table, columns: list[ColumnSpec]) -> pa.Table:
+def versions_source(changed: pa.Table, drops: pa.Table, columns: list[ColumnSpec]) -> pa.Table:
     """The MERGE source in the table's types: changed versions, then the stored versions to drop."""
     schema = history_schema(columns)
     now = pa.array([datetime.now(UTC)] * changed.num_rows, _TS)

@@ -22,15 +22,14 @@ counted as skipped.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from ingest.apply.rules.ordering import after_sql
 from ingest.apply.rules.sql import connect, ident, key_list, query
-from ingest.apply.stored import KeyLookup, rows_of_keys, stored_rows
 
 
 def are_deletes(setting: str, batch_flattened: bool | None, table_flattened: bool | None) -> bool:
@@ -57,9 +56,18 @@ class Resolution:
     skipped: int
 
 
-def resolve(tombstones: pa.Table, changes: pa.Table, key_columns: tuple[str, ...], table: DeltaTable | None, *,
-            lookup: KeyLookup = rows_of_keys) -> Resolution:
-    """Turn tombstones into positioned deletes (see module docstring); ``lookup`` reads the stored rows."""
+def resolve(tombstones: pa.Table, changes: pa.Table, key_columns: tuple[str, ...], *,
+            stored_of: Callable[[pa.Table], pa.Table]) -> Resolution:
+    """Turn tombstones into positioned deletes (see module docstring).
+
+    Args:
+        tombstones: the batch's tombstones whose key decoded.
+        changes: the batch's changes (at least their key columns, ``_cdc_partition``, ``_cdc_offset``,
+            ``_cdc_position`` and ``_cdc_op``), in the layout the derived deletes take.
+        stored_of: what the table stores for some keys (a table of their key columns), in the shape
+            of :func:`ingest.apply.stored.stored_rows`: called for the tombstones that follow no
+            change of their key in the batch.
+    """
     wanted = json.dumps(list(key_columns))
     same_key = pc.equal(tombstones["_cdc_key_columns"], wanted)
     unusable = tombstones.filter(pc.invert(same_key))
@@ -85,7 +93,7 @@ def resolve(tombstones: pa.Table, changes: pa.Table, key_columns: tuple[str, ...
                  AND t._cdc_partition = c._cdc_partition AND t._cdc_offset > c._cdc_offset""")
         con.register("based", based)
         pending = query(con, "SELECT * FROM based WHERE base_op IS NULL")
-        con.register("stored", stored_rows(table, key_columns, pending, lookup=lookup))
+        con.register("stored", stored_of(pending))
         match = " AND ".join(f"b.{ident(k)} = s.{ident(k)}" for k in key_columns)
         resolved = query(con, f"""
             SELECT b.* EXCLUDE (base_pos, base_op),

@@ -20,13 +20,18 @@ import pyarrow.compute as pc
 from ingest.apply.rules.ordering import later_than_stored_sql, replaces_sql
 from ingest.apply.rules.reduce import Reduction
 from ingest.apply.rules.sql import connect, ident, literal, query
-from ingest.apply.stored import UNKNOWN_COLUMNS
 from ingest.lake.delta import FRAMEWORK_COLUMNS, arrow_type
 from ingest.model import ColumnSpec
 
 Action = Literal["insert", "update", "delete", "stale", "truncated", "dropped"]
 #: Prefix of the MERGE source's per-column "keep the stored value" flags (unchanged TOAST).
 TOAST_FLAG = "__cdc_toast__"
+#: Framework column naming the columns whose value is unknown (an unresolved TOAST placeholder).
+UNKNOWN_COLUMNS = "_cdc_unknown_columns"
+#: What the plan reads of the stored row of a key, beside its key columns: position, Kafka
+#: coordinates, soft-delete flag, unknown columns (:func:`ingest.apply.stored.stored_rows`).
+STORED_SCHEMA = [("s_pos", pa.string()), ("s_part", pa.int32()), ("s_off", pa.int64()), ("s_deleted", pa.bool_()),
+                 ("s_unknown", pa.list_(pa.string()))]
 
 
 @dataclass(slots=True)
@@ -80,7 +85,7 @@ def plan_merge(reduction: Reduction, *, key_columns: tuple[str, ...], columns: l
     live = live_rows(rows, hard=hard)
     deletes = rows.filter(pc.equal(actions, "delete")).select([*key_columns, "_cdc_position", "_cdc_source_ts"])
     plan = MergePlan(
-        rows=rows, source=_source(live, columns, reduction.toast_columns, new_truncate),
+        rows=rows, source=merge_source(live, columns, reduction.toast_columns, new_truncate),
         inserted=counts.get("insert", 0), updated=counts.get("update", 0), deleted=counts.get("delete", 0),
         stale=counts.get("stale", 0), deletes=deletes,
         toast_unknown=int(pc.sum(pc.is_valid(live[UNKNOWN_COLUMNS])).as_py() or 0) if live.num_rows else 0,
@@ -94,7 +99,7 @@ def plan_merge(reduction: Reduction, *, key_columns: tuple[str, ...], columns: l
 
 
 def live_rows(rows: pa.Table, *, hard: bool) -> pa.Table:
-    """The plan's rows the MERGE writes (its source's rows, before :func:`_source` shapes them)."""
+    """The plan's rows the MERGE writes (its source's rows, before :func:`merge_source` shapes them)."""
     live = rows.filter(pc.is_in(rows["_cdc_action"], pa.array(["insert", "update", "delete", "truncated"])))
     if hard:  # a hard delete of a key the table does not hold changes nothing in it
         live = live.filter(pc.invert(pc.and_(pc.equal(live["_cdc_op"], "d"), pc.invert(live["_cdc_stored"]))))
@@ -151,7 +156,7 @@ def _plan_sql(key_columns: tuple[str, ...], toast: list[str], old_truncate: str 
         FROM j"""
 
 
-def _source(live: pa.Table, columns: list[ColumnSpec], toast: list[str], truncate: str | None, *,
+def merge_source(live: pa.Table, columns: list[ColumnSpec], toast: list[str], truncate: str | None, *,
             flagged: list[str] | None = None, now: datetime | None = None) -> pa.Table:
     """The MERGE source: user columns, framework columns and TOAST flags, one row per change.
 
@@ -160,7 +165,7 @@ def _source(live: pa.Table, columns: list[ColumnSpec], toast: list[str], truncat
 
     ``flagged``: the TOAST columns that get a "keep the stored value" flag, default those with a flag
     set in ``live``; ``now``: the rows' ``_cdc_ingested_at`` (default: the current time). A share of a
-    larger batch (:mod:`ingest.apply.spark_plan`) passes the whole batch's, so every share's source
+    larger batch (:mod:`ingest.apply.placement.executors.merge_plan`) passes the whole batch's, so every share's source
     has the same columns and time.
     """
     n = live.num_rows

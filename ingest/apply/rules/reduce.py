@@ -67,13 +67,16 @@ class Reduction:
     superseded: int = 0
     truncated: pa.Table | None = None
 
+    def winners_count(self) -> int:
+        return self.winners.num_rows
+
 
 def reduce_changes(changes: pa.Table, key_columns: tuple[str, ...], columns: list[ColumnSpec], *,
                    soft: bool = False, fills: list[str] | None = None) -> Reduction:
     """Keep the latest change per key (see module docstring).
 
     ``fills``: the columns to fill from earlier images, default those holding an unchanged-TOAST
-    placeholder in ``changes``. A share of a larger batch (:mod:`ingest.apply.spark_reduce`) passes the
+    placeholder in ``changes``. A share of a larger batch (:mod:`ingest.apply.placement.executors.reduction`) passes the
     whole batch's, so every share's winners have the same columns.
     """
     columns = [c for c in columns if c.name in changes.column_names]

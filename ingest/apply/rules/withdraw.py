@@ -9,7 +9,9 @@ than the batch's truncate stay superseded by the truncate, which still applies.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,22 +19,38 @@ import pyarrow.compute as pc
 from ingest.apply.rules.reduce import Reduction
 from ingest.apply.rules.sql import connect, ident, literal, query
 
-if TYPE_CHECKING:
-    from ingest.apply.pipeline import Held
-    from ingest.quality.gate import QualityReport
+
+class Hold(Protocol):
+    """Why the gate holds one winner (:class:`ingest.quality.gate.Hold`)."""
+
+    expectations: list[str]
+
+    @property
+    def reason(self) -> str: ...
 
 
-def withdraw(reduction: Reduction, changes: pa.Table, report: QualityReport, held: Held) -> None:
-    """Move the held winners and their keys' earlier changes from ``reduction`` into ``held``."""
+@dataclass(frozen=True, slots=True)
+class Withdrawal:
+    """What :func:`withdraw` takes out: the changes bound for quarantine, one reason and the
+    expectations (a JSON list) each, and the key each belongs to (JSON)."""
+
+    rows: pa.Table
+    reasons: Sequence[str]
+    expectations: Sequence[str]
+    row_keys: Sequence[str]
+
+
+def withdraw(reduction: Reduction, changes: pa.Table, held: Mapping[int, Hold]) -> Withdrawal:
+    """Take the winners ``held`` names (by index) and their keys' earlier changes out of ``reduction``."""
     winners = reduction.winners
     key_columns = json.loads(winners["_cdc_key_columns"][0].as_py())
-    indices = sorted(report.held)
+    indices = sorted(held)
     chosen = winners.take(pa.array(indices, pa.int64()))
     info = pa.table({
         **{k: chosen[k] for k in key_columns},
         "w_partition": chosen["_cdc_partition"], "w_offset": chosen["_cdc_offset"], "w_topic": chosen["_cdc_topic"],
-        "w_reason": pa.array([report.held[i].reason for i in indices], pa.string()),
-        "w_expectations": pa.array([json.dumps(list(dict.fromkeys(report.held[i].expectations))) for i in indices],
+        "w_reason": pa.array([held[i].reason for i in indices], pa.string()),
+        "w_expectations": pa.array([json.dumps(list(dict.fromkeys(held[i].expectations))) for i in indices],
                                    pa.string()),
     })
     rows = changes.filter(pc.not_equal(changes["_cdc_op"], "t"))
@@ -54,10 +72,11 @@ def withdraw(reduction: Reduction, changes: pa.Table, report: QualityReport, hel
     finally:
         con.close()
     row_keys = [json.dumps(_key(row, key_columns), default=str) for row in out.select(key_columns).to_pylist()]
-    held.add_rows(out, "quality", out["w_reason"].to_pylist(), out["w_expectations"].to_pylist(), row_keys)
     keep = pc.invert(pc.is_in(pa.array(range(winners.num_rows), pa.int64()), pa.array(indices, pa.int64())))
     reduction.winners = winners.filter(keep)
     reduction.superseded -= out.num_rows - len(indices)
+    return Withdrawal(out, out["w_reason"].to_pylist(), out["w_expectations"].to_pylist(), row_keys)
+
 
 
 def _key(row: dict[str, Any], key_columns: list[str]) -> dict[str, Any]:

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from ingest import crashpoints
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.config import TableSpec
 from ingest.lake.delta import open_table, read_all
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.model import ColumnSpec, ControlRecord
 from ingest.records import audit, quarantine
 from tests.factories import COLUMNS, change, decoded_rows
-from tests.harness import current_engine
+from tests.harness import current_writer
 
 WIDE = (COLUMNS[0], COLUMNS[1], ColumnSpec("balance", "decimal(14,2)"), COLUMNS[3])
 FIRST = [change("c", k, 10 + k, name=f"n{k}") for k in range(1, 7)]
@@ -50,7 +50,7 @@ def _paths(root: Path) -> TablePaths:
 
 def _apply(spec: TableSpec, paths: TablePaths, items: list[Any], first: int, batch: int) -> None:
     apply_parts(spec, paths, decoded_rows(items, first_offset=first), batch_id=batch, run_id=f"r{batch}",
-                engine=current_engine())
+                writer=current_writer())
 
 
 def _state(paths: TablePaths) -> dict[str, Any]:
@@ -133,14 +133,15 @@ def _apply_on_executors(spark: Any, engine: Any, paths: TablePaths, items: list[
     handles opened afresh (a restarted process)."""
     import pyarrow as pa
 
-    from ingest.apply import spark_batch
+    from ingest.apply.journey import apply_batch, placement_for
     from ingest.commit.state import OpenTables
     from ingest.decode.parts import write_parts
     from ingest.spark.session import arrow_frame
 
     blobs = pa.Table.from_batches([write_parts(decoded_rows(items, first_offset=first))])
-    spark_batch.apply_decoded(spec or TableSpec(name="t", topic="t"), paths, arrow_frame(spark, blobs),
-                              opened=OpenTables(paths, "t"), batch_id=batch, run_id=f"r{batch}", engine=engine)
+    apply_batch(spec or TableSpec(name="t", topic="t"), paths, arrow_frame(spark, blobs),
+                placement=placement_for("executors", engine, paths.table), writer=engine,
+                opened=OpenTables(paths, "t"), batch_id=batch, run_id=f"r{batch}")
 
 
 @pytest.mark.spark
@@ -150,11 +151,11 @@ def test_a_crash_on_the_executor_path_then_replay_equals_a_clean_run(
         spark: Any, point: str) -> None:
     """The same windows with the batch planned on the executors (``target.plan_on: executors``),
     where quarantine follows validation and the remembered deletes are a delta-spark MERGE."""
-    from ingest.apply import spark_batch
+    from ingest.apply import journey
     from ingest.commit.delta_spark import DeltaSparkWriter
 
     engine = DeltaSparkWriter(spark)
-    monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
+    monkeypatch.setattr(journey, "_collected", None)  # every batch must stay on the executors
     if ("executors", "hard") not in clean_runs:
         paths = _paths(tmp_path / "clean")
         _apply_on_executors(spark, engine, paths, FIRST, 0, 0)
@@ -175,12 +176,12 @@ def test_a_crash_while_history_is_kept_on_the_executor_path_then_replay_equals_a
     """A ``history_mode: scd2`` table on that path, stopped with the table widened but not yet
     holding the batch's versions: the replay derives and writes the same versions from the
     executors (every version compared, not only the live rows)."""
-    from ingest.apply import spark_batch
+    from ingest.apply import journey
     from ingest.commit.delta_spark import DeltaSparkWriter
 
     engine = DeltaSparkWriter(spark)
     spec = TableSpec(name="t", topic="t", history_mode="scd2")
-    monkeypatch.setattr(spark_batch, "_on_driver", None)  # every batch must stay on the executors
+    monkeypatch.setattr(journey, "_collected", None)  # every batch must stay on the executors
 
     def apply(paths: TablePaths) -> Callable[[list[Any], int, int], None]:
         return lambda items, first, batch: _apply_on_executors(spark, engine, paths, items, first, batch, spec)

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest.apply.pipeline import apply_parts
+from ingest.apply.journey import apply_parts
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec, load_config
 from ingest.errors import CommitConflictError, TableLockedError
 from ingest.lake import locks
 from ingest.lake.delta import open_table, read_all
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.stream.runner import Runner
 from tests.factories import change, decoded_rows
 from tests.harness import race_at
@@ -109,14 +109,14 @@ def test_a_writer_racing_past_the_lock_gets_a_conflict_and_the_table_stays_consi
     spec = TableSpec(name="t", topic="t")
     paths = _paths(tmp_path)
     apply_parts(spec, paths, decoded_rows([change("c", k, 10 + k) for k in range(5)]), batch_id=0, run_id="a",
-                engine=apply_engine)
+                writer=apply_engine)
     # the other writer commits the same offsets while this one is about to
     race_at(monkeypatch, "before-commit", lambda: apply_parts(
         spec, paths, decoded_rows([change("u", 1, 50, name="winner")], first_offset=5),
-        batch_id=1, run_id="b", engine=apply_engine))
+        batch_id=1, run_id="b", writer=apply_engine))
     with pytest.raises(CommitConflictError, match="another writer"):
         apply_parts(spec, paths, decoded_rows([change("u", 1, 40, name="loser"), change("c", 9, 41)],
-                                              first_offset=5), batch_id=1, run_id="c", engine=apply_engine)
+                                              first_offset=5), batch_id=1, run_id="c", writer=apply_engine)
     table = open_table(paths.table)
     rows = {r["id"]: r["name"] for r in read_all(table).to_pylist() if not r["_cdc_deleted"]}
     assert rows == {0: "x", 1: "winner", 2: "x", 3: "x", 4: "x"}

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from harness.postgres.schema import TABLES
 from harness.torture.consistency import ConsistencyReport, account_table
 from ingest.config import IngestConfig
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.records import quarantine
 from ingest.source import source_for
 from ingest.verify.compare import TableVerification

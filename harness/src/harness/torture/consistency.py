@@ -19,7 +19,7 @@ from typing import Any
 from ingest.commit.state import cdc_commits
 from ingest.config import IngestConfig
 from ingest.lake.delta import open_table, read_all
-from ingest.lake.tables import TablePaths
+from ingest.lake.layout import TablePaths
 from ingest.records import audit, quarantine
 from ingest.source.topiclog import TopicLog
 from ingest.verify.compare import TableVerification

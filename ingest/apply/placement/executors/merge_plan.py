@@ -3,7 +3,7 @@
 :func:`~ingest.apply.rules.plan.plan_merge` classifies each winner against what the table stores for its
 key (and, in hard-delete mode, the key's remembered delete), undoes TOAST fills older than the
 stored row and shapes the MERGE's source. All of it is per key, given the batch's truncate
-positions and TOAST columns. So, as for the reduce (:mod:`ingest.apply.spark_reduce`), the
+positions and TOAST columns. So, as for the reduce (:mod:`ingest.apply.placement.executors.reduction`), the
 winners and the stored rows are split by the same hash of the key and each share planned by the
 same function in a Python worker (``cogroup(...).applyInArrow``); the stored rows are read by
 Spark (:func:`stored_on_executors`), never by the driver.
@@ -15,7 +15,7 @@ those flags and the batch's one ``_cdc_ingested_at``, as the driver's would.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -25,13 +25,16 @@ from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ingest.apply.rules.plan import _source, live_rows, plan_merge
+from ingest.apply.placement.executors.reduction import SparkReduction
+from ingest.apply.placement.executors.shares import SIDE, bound_aggregates, bounds_of, share_of
+from ingest.apply.rules.plan import STORED_SCHEMA, UNKNOWN_COLUMNS, live_rows, merge_source, plan_merge
 from ingest.apply.rules.reduce import Reduction
-from ingest.apply.spark_reduce import SIDE, SparkReduction, bound_aggregates, bounds_of, share_of
-from ingest.apply.stored import STORED_SCHEMA, UNKNOWN_COLUMNS
+from ingest.commit.remembered import RememberedDeletes
 from ingest.lake.delta import normalize, table_schema
 from ingest.lake.location import LakePath
 from ingest.model import ColumnSpec
+from ingest.spark.reads import frame_of_keys
+from ingest.spark.sql import ident
 
 #: The remembered delete's position, beside the stored row's columns in a share's right side.
 _TOMB = "_cdc_tomb_position"
@@ -67,8 +70,6 @@ class SparkPlan:
 def stored_on_executors(spark: SparkSession, path: LakePath, table: DeltaTable | None, key_columns: tuple[str, ...],
                         keys: DataFrame) -> DataFrame:
     """:func:`~ingest.apply.stored.stored_rows` of the keys in ``keys``, read and matched by Spark."""
-    from ingest.commit.delta_spark import frame_of_keys, ident
-
     names = {f.name for f in table_schema(table)} if table is not None else set()
     key_types = {f.name: f.dataType.simpleString() for f in keys.schema.fields if f.name in key_columns}
     if table is None or not key_columns or any(k not in names for k in key_columns):
@@ -83,6 +84,18 @@ def stored_on_executors(spark: SparkSession, path: LakePath, table: DeltaTable |
     if not unknown:
         found = found.withColumn(UNKNOWN_COLUMNS, F.lit(None).cast("array<string>"))
     return found.toDF(*key_columns, *(name for name, _ in STORED_SCHEMA))
+
+
+def remembered_on_executors(spark: SparkSession, remembered: RememberedDeletes, key_columns: tuple[str, ...],
+                            key_types: Mapping[str, str], keys: DataFrame) -> DataFrame | None:
+    """:meth:`RememberedDeletes.read <ingest.commit.remembered.RememberedDeletes.read>` of the keys in
+    ``keys``, read and matched by Spark (``None``: nothing remembered yet)."""
+    delta = remembered.open(key_types)
+    if delta is None:
+        return None
+    return frame_of_keys(spark, LakePath.of(remembered.path), delta.version(), key_columns,
+                         keys.select(*(F.col(ident(k)) for k in key_columns)).distinct(),
+                         [*key_columns, "_cdc_position"])
 
 
 def plan_on_executors(reduction: SparkReduction, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
@@ -140,9 +153,9 @@ def plan_on_executors(reduction: SparkReduction, *, key_columns: tuple[str, ...]
     def source_of(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             live = live_rows(normalize(pa.Table.from_batches([batch])), hard=hard)
-            yield from _source(live, columns, toast, new_truncate, flagged=flagged, now=now).to_batches()
+            yield from merge_source(live, columns, toast, new_truncate, flagged=flagged, now=now).to_batches()
 
-    source_shape = _source(live_rows(shape.empty_table(), hard=hard), columns, toast, new_truncate,
+    source_shape = merge_source(live_rows(shape.empty_table(), hard=hard), columns, toast, new_truncate,
                            flagged=flagged, now=now).schema
     source = rows.mapInArrow(source_of, from_arrow_schema(source_shape, prefer_timestamp_ntz=True))
     deletes = rows.where(F.col("_cdc_action") == F.lit("delete")).select(*key_columns, "_cdc_position",

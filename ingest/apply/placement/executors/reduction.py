@@ -14,8 +14,8 @@ reduced by the same function in a Python worker (``groupBy(...).applyInArrow``),
   once, not once per share.
 
 ``ignore_null_updates`` (:func:`~ingest.apply.rules.reduce.nulls_as_unchanged`) is a rule about one
-change, so every share applies it to its own changes before the reduce; the batch's list of TOAST
-columns then also names every column an update of the batch leaves null.
+change, applied to every change before the reduce (the journey asks the placement for it): the
+batch's list of TOAST columns then also names every column an update of the batch leaves null.
 
 A change's rank in the batch order (``_cdc_ord``) is then its rank in its share: the order of
 any two changes of one key, and of a change and a truncate, is the same, and nothing after the
@@ -29,40 +29,17 @@ driver's reduce.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ingest.apply.rules.reduce import Reduction, TruncateMark, nulls_as_unchanged, reduce_changes
-from ingest.commit.delta_spark import ident
+from ingest.apply.placement.executors.shares import SIDE, share_of
+from ingest.apply.rules.reduce import Reduction, TruncateMark, reduce_changes
 from ingest.lake.delta import normalize
 from ingest.model import ColumnSpec
-
-#: The column that tells a share's winners from its truncated rows (soft mode) in the one frame
-#: a share returns.
-SIDE: Final = "_cdc_side"
-
-
-def share_of(key_columns: tuple[str, ...], shares: int) -> Column:
-    """The share a row falls in by its key: every change, stored row and remembered delete of a
-    key lands in the same one, its key columns being of the same types (the hash depends on them)."""
-    return F.pmod(F.hash(*(F.col(ident(k)) for k in key_columns)), F.lit(shares))
-
-
-def bound_aggregates(column: str, where: Column) -> list[Column]:
-    """The least and greatest value of ``column`` among the rows ``where`` holds, as two aggregates
-    (``_lo``, ``_hi``) to add to a count's, read back by :func:`bounds_of`."""
-    return [F.min(F.when(where, F.col(ident(column)))).alias("_lo"),
-            F.max(F.when(where, F.col(ident(column)))).alias("_hi")]
-
-
-def bounds_of(found: pa.Table, column: str) -> pa.Table:
-    """The two rows of a MERGE source's first-key bounds (:class:`~ingest.commit.merge_sql.FrameSource`)
-    from an aggregate with :func:`bound_aggregates`."""
-    return pa.table({column: pa.concat_arrays([found["_lo"].combine_chunks(), found["_hi"].combine_chunks()])})
+from ingest.spark.sql import ident
 
 
 @dataclass(slots=True)
@@ -98,18 +75,19 @@ class SparkReduction:
         if self.truncated is not None:
             self.truncated = kept.where(F.col(SIDE) == F.lit("truncated")).drop(SIDE)
 
+    def winners_count(self) -> int:
+        return self.winners.count()
+
     def release(self) -> None:
         if self.cached is not None:
             self.cached.unpersist()
 
 
 def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], columns: list[ColumnSpec], *,
-                        soft: bool = False, nulls_unchanged: bool = False,
-                        shares: int | None = None) -> SparkReduction:
+                        soft: bool = False, shares: int | None = None) -> SparkReduction:
     """:func:`~ingest.apply.rules.reduce.reduce_changes` of ``changes`` (the columns of
     :attr:`~ingest.apply.batch.MicroBatch.changes`), in ``shares`` shares by key hash (default:
-    one per core of the session's context), on the executors (see module docstring).
-    ``nulls_unchanged``: the table's ``ignore_null_updates``, applied to every change first."""
+    one per core of the session's context), on the executors (see module docstring)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     spark = changes.sparkSession
@@ -117,11 +95,6 @@ def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], column
     is_truncate = F.col("_cdc_op") == F.lit("t")
     marks = normalize(changes.where(is_truncate).toArrow())
     placeholders = F.coalesce("_cdc_toast", F.array().cast("array<string>"))
-    if nulls_unchanged:  # the columns nulls_as_unchanged lists, row by row
-        nullable = [c.name for c in columns if c.name not in key_columns and c.name in changes.columns]
-        left_null = F.array(*(F.when((F.col("_cdc_op") == F.lit("u")) & F.col(ident(n)).isNull(), F.lit(n))
-                              for n in nullable)).cast("array<string>")
-        placeholders = F.concat(placeholders, F.filter(left_null, lambda name: name.isNotNull()))
     summary = changes.agg(
         F.count(F.when(~is_truncate, True)).alias("changed"),
         F.array_distinct(F.flatten(F.collect_list(placeholders))).alias("toast")).first()
@@ -135,8 +108,6 @@ def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], column
 
     def reduce_share(rows: pa.Table) -> pa.Table:
         rows = normalize(rows)
-        if nulls_unchanged:
-            rows = nulls_as_unchanged(rows, key_columns, columns)
         if marks.num_rows:
             rows = pa.concat_tables([rows, marks.cast(rows.schema)])
         return _tagged(reduce_changes(rows, key_columns, columns, soft=soft, fills=fills), soft).cast(shape.schema)

@@ -1,5 +1,5 @@
 """One table's micro-batch assembled on Spark's executors: :class:`~ingest.apply.batch.MicroBatch`
-without collecting its change rows.
+with its change rows left in Spark.
 
 The decode step leaves a DataFrame of parts (one Arrow IPC stream per row, :data:`~ingest.decode.parts.PARTS_DDL`).
 The driver's :meth:`MicroBatch.from_parts <ingest.apply.batch.MicroBatch.from_parts>` reads them all.
@@ -19,7 +19,6 @@ Here:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +26,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ingest.apply.batch import (
+    MicroBatch,
     add_spans,
     combine_columns,
     concat_frames,
@@ -39,30 +39,10 @@ from ingest.apply.batch import (
 from ingest.commit.state import TableState
 from ingest.config import ColumnSelection
 from ingest.decode.parts import FRAME, part_kind, read_parts
-from ingest.model import ColumnSpec
 
 #: Marks a change row the table has already applied (dropped before the reduce, counted).
 _DONE = "_cdc_done"
 _SUMMARY = "topic string, kind string, schema binary, partitions array<int>, keys array<string>"
-
-
-@dataclass(slots=True)
-class ExecutorBatch:
-    """:class:`~ingest.apply.batch.MicroBatch` with ``changes`` a DataFrame on the executors
-    (persisted: call :meth:`release` when done); the other attributes as there."""
-
-    changes: DataFrame
-    tombstones: pa.Table
-    meta: pa.Table
-    columns: list[ColumnSpec]
-    received: int = 0
-    already_applied: int = 0
-    offsets: dict[tuple[str, int], list[int]] = field(default_factory=dict)
-    _rows: DataFrame | None = None
-
-    def release(self) -> None:
-        if self._rows is not None:
-            self._rows.unpersist()
 
 
 def _parts_of(blobs: pa.Array) -> Iterator[pa.RecordBatch]:
@@ -71,7 +51,8 @@ def _parts_of(blobs: pa.Array) -> Iterator[pa.RecordBatch]:
 
 
 def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, table: str = "",
-                          select: ColumnSelection | None = None, key_columns: tuple[str, ...] = ()) -> ExecutorBatch:
+                          select: ColumnSelection | None = None,
+                          key_columns: tuple[str, ...] = ()) -> MicroBatch[DataFrame]:
     """The ``topic``'s share of ``decoded`` as :meth:`MicroBatch.from_parts
     <ingest.apply.batch.MicroBatch.from_parts>` would assemble it (see module docstring).
 
@@ -161,7 +142,7 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
         else:
             meta.append(kept.select(list(FRAME.names)))
     refuse_unavailable(meta)
-    return ExecutorBatch(changes=rows.where(~F.col(_DONE)).drop(_DONE), tombstones=concat_frames(tombstones),
-                         meta=pa.concat_tables(meta) if meta else FRAME.empty_table(), columns=columns,
-                         received=received, already_applied=already, offsets=offsets, _rows=rows)
+    return MicroBatch(changes=rows.where(~F.col(_DONE)).drop(_DONE), tombstones=concat_frames(tombstones),
+                      meta=pa.concat_tables(meta) if meta else FRAME.empty_table(), columns=columns,
+                      received=received, already_applied=already, offsets=offsets, release=rows.unpersist)
 

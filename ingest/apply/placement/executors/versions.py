@@ -2,9 +2,10 @@
 
 :func:`~ingest.apply.rules.history.plan_history` derives the versions of every key a batch touches from
 that key's story: its stored versions, the batch's changes of it and the table's truncates. All of
-it is per key, given the truncates. So, as for the current-row plan (:mod:`ingest.apply.spark_plan`),
-the batch's changes and the stored versions of their keys (read by Spark) are split by the same hash
-of the key, and each share is planned by the same function in a Python worker
+it is per key, given the truncates. So, as for the current-row plan
+(:mod:`ingest.apply.placement.executors.merge_plan`), the batch's changes and the stored versions of
+their keys (read by Spark) are split by the same hash of the key, and each share is planned by the
+same function in a Python worker
 (``cogroup(...).applyInArrow``), with the batch's truncates added to every share.
 
 What comes to the driver: the batch's truncates (few), and one row of counts per share, summed in
@@ -25,12 +26,13 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from ingest.apply.placement.executors.shares import bound_aggregates, bounds_of, share_of
 from ingest.apply.rules.history import HistoryPlan, plan_history
-from ingest.apply.rules.reduce import nulls_as_unchanged
-from ingest.apply.spark_reduce import bound_aggregates, bounds_of, share_of
 from ingest.lake.delta import normalize, table_schema
 from ingest.lake.location import LakePath
 from ingest.model import ColumnSpec
+from ingest.spark.reads import frame_of_keys
+from ingest.spark.sql import ident
 
 #: The share's counts, as columns of its one counts row (null in its source rows).
 COUNTS: Final = ("inserted", "updated", "deleted", "stale", "superseded", "updates", "toast_unknown")
@@ -57,25 +59,21 @@ class SparkHistory:
 def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                          tracked: list[str] | None, path: LakePath, table: DeltaTable | None,
                          watermark: str | None, truncate_log: list[tuple[str, datetime | None]],
-                         nulls_unchanged: bool = False, shares: int | None = None,
-                         marks: pa.Table | None = None) -> HistoryPlan:
+                         shares: int | None = None, marks: pa.Table | None = None) -> tuple[HistoryPlan, SparkHistory]:
     """:func:`~ingest.apply.rules.history.plan_history` of ``changes`` (the columns of
-    :attr:`~ingest.apply.batch.MicroBatch.changes`), in shares by key hash on the executors.
-    ``nulls_unchanged``: the table's ``ignore_null_updates``, applied to every change first (as the
-    driver's journey does before it plans). The plan's :attr:`~ingest.apply.rules.history.HistoryPlan.frame`
-    holds the source; its ``source`` is empty. ``marks``: the batch's truncates, when collected
-    already (:attr:`~ingest.apply.spark_reduce.SparkReduction.marks`)."""
+    :attr:`~ingest.apply.batch.MicroBatch.changes`), in shares by key hash on the executors: the
+    plan's counts and truncate fields (its ``source`` is empty), and the source where it is.
+    ``marks``: the batch's truncates, when collected already
+    (:attr:`~ingest.apply.placement.executors.reduction.SparkReduction.marks`)."""
     from pyspark.sql.pandas.types import from_arrow_schema
-
-    from ingest.commit.delta_spark import frame_of_keys, ident
 
     spark = changes.sparkSession
     shares = shares or spark.sparkContext.defaultParallelism
     is_truncate = F.col("_cdc_op") == F.lit("t")
     if marks is None:
         marks = normalize(changes.where(is_truncate).toArrow())
-    plan = plan_history(marks, key_columns=key_columns, columns=columns, tracked=tracked, table=None,
-                        watermark=watermark, truncate_log=truncate_log)
+    plan = plan_history(marks, key_columns=key_columns, columns=columns, tracked=tracked, watermark=watermark,
+                        truncate_log=truncate_log, stored_of=lambda keys: None)
     unused = plan.stale  # the truncates that change nothing: every share counts them again
     rows = changes.where(~is_truncate)
     key_types = {f.name: f.dataType for f in rows.schema.fields if f.name in key_columns}
@@ -95,13 +93,11 @@ def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], co
 
     def planned(batch: pa.Table, versions: pa.Table) -> pa.Table:
         batch = normalize(batch)
-        if nulls_unchanged:
-            batch = nulls_as_unchanged(batch, key_columns, columns)
         truncates = marks.select(batch.column_names).cast(batch.schema)  # the shares' columns may be reordered
-        share = plan_history(pa.concat_tables([batch, truncates]), key_columns=key_columns,
-                             columns=columns, tracked=tracked, table=None, watermark=watermark,
-                             truncate_log=truncate_log,
-                             stored=normalize(versions).cast(stored_schema) if has_stored else None)
+        stored = normalize(versions).cast(stored_schema) if has_stored else None
+        share = plan_history(pa.concat_tables([batch, truncates]), key_columns=key_columns, columns=columns,
+                             tracked=tracked, watermark=watermark, truncate_log=truncate_log,
+                             stored_of=lambda keys: stored)
         counts = {n: getattr(share, n) for n in COUNTS}
         counts["stale"] -= unused
         source = share.source.append_column(_COUNTED, pa.array([False] * share.source.num_rows, pa.bool_()))
@@ -136,5 +132,4 @@ def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], co
     now = F.lit(datetime.now(UTC)).cast("timestamp")
     source = planned_rows.where(in_source).select(
         *(now.alias(n) if n == "_cdc_ingested_at" else F.col(ident(n)) for n in plan.source.column_names))
-    plan.frame = SparkHistory(rows=planned_rows, source=source, bounds=bounds, source_rows=counted["source_rows"])
-    return plan
+    return plan, SparkHistory(rows=planned_rows, source=source, bounds=bounds, source_rows=counted["source_rows"])
