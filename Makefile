@@ -47,6 +47,7 @@ test: java install class-archive
 lint: install
 	$(BIN)/ruff check ingest harness assets dagster_project tests scripts benchmarks
 	$(BIN)/mypy ingest
+	$(BIN)/lint-imports
 
 bench: java install class-archive
 	$(BIN)/python benchmarks/bench_ingest.py

@@ -14,8 +14,9 @@ import pyarrow.compute as pc
 
 from assets.constants import ANALYTICS_GROUP, ANALYTICS_KEY_PREFIX, table_key
 from assets.resources import IngestPipeline
+from ingest.columns import normalize
 from ingest.config import IngestConfig
-from ingest.lake.delta import normalize, open_table, query_tables, write_table
+from ingest.lake.delta import open_table, query_tables, write_table
 
 DAILY_REVENUE: Final = "daily_revenue_by_segment"
 #: The tables the analytic asset reads; it exists only when both are configured.

@@ -1,7 +1,7 @@
 """Per-table health checks that read the audit trail and the offsets, runnable at any time.
 
 * ``audit_balance``: every audit row of the table satisfies ``received = applied + superseded +
-  stale + quarantined + skipped`` (DESIGN 3.7); ERROR severity.
+  stale + quarantined + skipped`` (docs/architecture.md#nothing-is-lost-silently); ERROR severity.
 * ``lag``: remaining lag and freshness. A table is healthy when at most ``max_lag_records``
   records are pending, or when it has committed a batch within ``max_staleness`` (it is catching
   up). Otherwise it is stale: WARN severity, since new data arriving is not a fault by itself.

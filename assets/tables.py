@@ -15,8 +15,9 @@ import dagster as dg
 
 from assets.constants import CDC_TABLES_GROUP, QUALITY_CHECK, table_key, table_pool
 from assets.resources import IngestPipeline
+from ingest.columns import FRAMEWORK_NAMES
 from ingest.config import TableSpec
-from ingest.lake.delta import FRAMEWORK_NAMES, open_table, table_schema
+from ingest.lake.delta import open_table, table_schema
 from ingest.ops.status import TableStatus
 from ingest.secrets import redact
 from ingest.stream.runner import TableRun

@@ -70,11 +70,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest.apply.journey import apply_parts
+from ingest.columns import FRAMEWORK_COLUMNS, HISTORY_COLUMNS
 from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.writer import Writer
 from ingest.config import TableSpec, TargetSpec
 from ingest.decode.parts import PartsBuilder
-from ingest.lake.delta import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, open_table
+from ingest.lake.delta import open_table
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath, delta_storage_options
 from ingest.model import ChangeEvent, ColumnSpec, SourcePosition

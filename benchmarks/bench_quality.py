@@ -37,13 +37,13 @@ from rich.table import Table
 
 from ingest.apply.batch import MicroBatch
 from ingest.apply.journey import apply_parts
-from ingest.apply.rules.reduce import reduce_changes
 from ingest.commit.state import TableState
 from ingest.config import TableSpec
 from ingest.decode.parts import PartsBuilder
 from ingest.lake.layout import TablePaths
 from ingest.model import ChangeEvent, ColumnSpec, SourcePosition
 from ingest.quality import QualityGate, ResultStore, load_suite
+from ingest.rules.reduce import reduce_changes
 
 console = Console()
 SUITES = Path(__file__).resolve().parent.parent / "expectations"

@@ -1,7 +1,7 @@
 """Where a batch's reduce costs less: on the driver (Arrow) or on Spark's executors (not a test).
 
 Issue 11 asks that with delta-spark nothing row-level goes through the driver; today the driver
-collects a table's decoded batch and reduces it with :func:`ingest.apply.rules.reduce.reduce_changes`.
+collects a table's decoded batch and reduces it with :func:`ingest.rules.reduce.reduce_changes`.
 This script measures what moving that reduce to the executors would cost, with the same function,
 on the same rows, side by side in one Spark session:
 
@@ -35,9 +35,9 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from ingest.apply.rules.reduce import reduce_changes
 from ingest.decode.parts import FRAME
 from ingest.model import ColumnSpec
+from ingest.rules.reduce import reduce_changes
 from ingest.spark.session import arrow_frame, get_spark
 
 COLUMNS = [ColumnSpec("id", "long"), ColumnSpec("name", "string"), ColumnSpec("amount", "double")]

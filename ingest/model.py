@@ -52,7 +52,7 @@ class _Unavailable:
 
 UNAVAILABLE: Final = _Unavailable()
 #: The type of a schemaless JSON column that is null in a message: no type is known yet, and any
-#: type holds it (:func:`ingest.apply.rules.schema.holds`); a table never stores it.
+#: type holds it (:func:`ingest.rules.schema.holds`); a table never stores it.
 UNTYPED: Final = "void"
 
 
@@ -117,7 +117,7 @@ class SourcePosition(NamedTuple):
     :data:`AFTER` for a delete carried only by a Kafka tombstone.
 
     Without any of those (``fallback``), the position is the Kafka ``(partition, offset)``. Offsets
-    of different partitions are not comparable; :mod:`ingest.apply.rules.ordering` never compares them as one
+    of different partitions are not comparable; :mod:`ingest.rules.ordering` never compares them as one
     sequence.
 
     The encoded form (``s...``/``k...``) is text whose order is the position order, so Delta and SQL
@@ -229,7 +229,7 @@ class ControlRecord:
 
     A Kafka tombstone (``kind="tombstone"``) also carries its decoded ``key`` (or why the key could
     not be read, ``key_error``): after a full envelope's ``d`` it only serves log compaction, but in
-    a flattened stream it is the delete of that key (see :mod:`ingest.apply.rules.kafka_tombstones`).
+    a flattened stream it is the delete of that key (see :mod:`ingest.rules.kafka_tombstones`).
     """
 
     kind: ControlKind

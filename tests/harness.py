@@ -22,10 +22,11 @@ import yaml
 
 from ingest.apply.batch import BatchResult
 from ingest.apply.journey import apply_parts
+from ingest.columns import FRAMEWORK_NAMES
 from ingest.commit.writer import Writer
 from ingest.config import IngestConfig, TableSpec, load_config
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
-from ingest.lake.delta import FRAMEWORK_NAMES, open_table, read_all
+from ingest.lake.delta import open_table, read_all
 from ingest.lake.layout import TablePaths
 from ingest.read.changes import CHANGE_COLUMNS
 

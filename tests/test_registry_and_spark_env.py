@@ -2,7 +2,7 @@ import pytest
 
 from ingest.decode.registry import EmbeddedSchemaRegistry, frame, unframe
 from ingest.errors import DecodeError, EnvironmentProblem, SchemaRegistryError
-from ingest.spark.session import check_java
+from ingest.spark.java import check_java
 
 SCHEMA = {"type": "record", "name": "K", "fields": [{"name": "id", "type": "int"}]}
 

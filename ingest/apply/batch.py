@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.apply.rules.schema import combine
+from ingest.columns import arrow_type, delta_type_name
 from ingest.commit.state import TableState
 from ingest.config import ColumnSelection
 from ingest.decode.parts import FRAME, INFERRED, columns_of, part_kind
 from ingest.errors import RegistryUnavailableError, TableError
-from ingest.lake.delta import arrow_type, delta_type_name
 from ingest.model import ColumnSpec
 from ingest.records.quarantine import QuarantineRecord, Stage
+from ingest.rules.schema import combine
 
 if TYPE_CHECKING:
     from ingest.quality.gate import QualityReport
@@ -153,7 +153,7 @@ def part_key_columns(table: pa.Table) -> list[str]:
 
 
 def combine_columns(versions: Sequence[Sequence[ColumnSpec]]) -> list[ColumnSpec]:
-    """The union of the schema versions' columns, widened where they differ (:func:`ingest.apply.rules.schema.combine`).
+    """The union of the schema versions' columns, widened where they differ (:func:`ingest.rules.schema.combine`).
 
     Raises:
         SchemaIncompatibleError: two versions disagree on a column in a way no widening covers.

@@ -1,20 +1,20 @@
 """THE sequence of a table's batch: from the decode step's output to an audited Delta commit.
 
-Every table, every configuration, takes these steps in this order (docs/architecture.md: *The journey*):
+Every table, every configuration, takes these steps in this order (docs/architecture.md#the-journey):
 
 1. assemble the table's share of the micro-batch, less what its Delta log says it applied;
 2. hold back what cannot be applied: undecodable messages, changes whose key is not the table's,
    Kafka tombstones that are not the table's deletes; a flattened stream's tombstones become the
-   deletes of their keys (:mod:`~ingest.apply.rules.kafka_tombstones`); the schema change is
+   deletes of their keys (:mod:`~ingest.rules.kafka_tombstones`); the schema change is
    planned (an incompatible one stops the table here, before anything is written);
-3. reduce to the latest change per key (:mod:`~ingest.apply.rules.reduce`);
+3. reduce to the latest change per key (:mod:`~ingest.rules.reduce`);
 4. validate those after-images with the table's expectations suite (:mod:`ingest.quality`); a
    ``fail`` raises here, so the table's offsets do not move;
 5. quarantine first: if we crash after it, the replay finds the rows already there;
 6. the guards: progress never moves backwards, this run holds the table, the table's positions and
    history mode are this version's;
-7. plan against the stored rows -- current rows (:mod:`~ingest.apply.rules.plan`) or, for a
-   ``history_mode: scd2`` table, every version of the touched keys (:mod:`~ingest.apply.rules.history`);
+7. plan against the stored rows -- current rows (:mod:`~ingest.rules.plan`) or, for a
+   ``history_mode: scd2`` table, every version of the touched keys (:mod:`~ingest.rules.history`);
 8. commit with the table's writer: rows, progress and audit record in one Delta commit;
 9. append the audit row.
 
@@ -42,11 +42,8 @@ from ingest import crashpoints
 from ingest.apply.batch import BatchResult, Held, MicroBatch, RawFetch, foreign_key_reasons, unify_parts
 from ingest.apply.placement import CurrentPlan, Placement, VersionsPlan, Withdrawn
 from ingest.apply.placement.driver import DriverPlacement
-from ingest.apply.rules.history import check_history_mode, count_history
-from ingest.apply.rules.kafka_tombstones import are_deletes, resolve
-from ingest.apply.rules.ordering import later_than_stored
-from ingest.apply.rules.schema import SchemaPlan, check_column_names, plan_schema
 from ingest.apply.stored import stored_rows
+from ingest.columns import arrow_type, normalize
 from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.remembered import RememberedDeletes
 from ingest.commit.state import POSITION_FORMAT, OpenTables, TableState
@@ -54,12 +51,15 @@ from ingest.commit.writer import CommitOutcome, CommitRequest, Writer
 from ingest.config import PlacementName, TableSpec
 from ingest.errors import OffsetsConflictError, TableError
 from ingest.lake import locks
-from ingest.lake.delta import arrow_type, normalize
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
 from ingest.quality.gate import QualityGate, QualityReport
 from ingest.records import audit, quarantine
 from ingest.records.audit import AuditRecord
+from ingest.rules.history import check_history_mode, count_history
+from ingest.rules.kafka_tombstones import are_deletes, resolve
+from ingest.rules.ordering import later_than_stored
+from ingest.rules.schema import SchemaPlan, check_column_names, plan_schema
 
 #: The state a replay assembles against: the messages it re-applies sit below the table's offsets.
 _NOTHING_APPLIED = TableState(None, None, None, None)
@@ -271,7 +271,7 @@ def _tombstone_deletes(spec: TableSpec, batch: MicroBatch[Any], changes: Any, ke
                        placement: Placement[Any], held: Held, controls: Counter[str]) -> Any:
     """``changes`` with the deletes the batch's Kafka tombstones stand for, where they are deletes.
 
-    Only what :func:`~ingest.apply.rules.kafka_tombstones.resolve` reads of the changes comes to the
+    Only what :func:`~ingest.rules.kafka_tombstones.resolve` reads of the changes comes to the
     driver: the key, coordinates, position and operation of the changes of the keys the tombstones
     name. Tombstones whose key could not be read, or is not the table's, are held for quarantine
     (stage ``key``); those that delete nothing are counted as skipped.

@@ -1,45 +1,17 @@
 """What a target table stores for a batch's keys: position, coordinates, soft-delete flag, unknown columns.
 
-Every read of stored rows by key on the driver goes through a :class:`KeyLookup`: :func:`rows_of_keys`
-reads them with delta-rs; the delta-spark writer gives one that reads a large table on Spark's
-executors (:meth:`ingest.commit.delta_spark.DeltaSparkWriter.lookup`). The rows come in the shape
-the merge plan reads (:data:`~ingest.apply.rules.plan.STORED_SCHEMA`).
+Read through a :class:`~ingest.lake.lookup.KeyLookup` (the writer's), in the shape the merge plan
+reads (:data:`~ingest.rules.plan.STORED_SCHEMA`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from ingest.apply.rules.plan import STORED_SCHEMA, UNKNOWN_COLUMNS
-from ingest.apply.rules.sql import connect, ident, query
-from ingest.lake.delta import key_range, read_all, table_schema
-
-
-class KeyLookup(Protocol):
-    """Reads the stored rows whose key is among ``keys``' (``columns`` of them, default all), as
-    :func:`rows_of_keys` does."""
-
-    def __call__(self, table: DeltaTable, key_columns: tuple[str, ...], keys: pa.Table,
-                 columns: list[str] | None = None) -> pa.Table: ...
-
-
-def rows_of_keys(table: DeltaTable, key_columns: tuple[str, ...], keys: pa.Table,
-                 columns: list[str] | None = None) -> pa.Table:
-    """The stored rows whose key is among ``keys``' (``columns`` of them, default all).
-
-    The read is bounded by the range of the first key column (Delta skips the files outside it),
-    then narrowed to the keys themselves.
-    """
-    found = read_all(table, columns=columns, where=key_range(keys, key_columns[0]))
-    con = connect(found=found, wanted=keys.select(list(key_columns)))
-    try:
-        match = " AND ".join(f"f.{ident(k)} = w.{ident(k)}" for k in key_columns)
-        return query(con, f"SELECT f.* FROM found f WHERE EXISTS (SELECT 1 FROM wanted w WHERE {match})")
-    finally:
-        con.close()
+from ingest.lake.delta import table_schema
+from ingest.lake.lookup import KeyLookup, rows_of_keys
+from ingest.rules.plan import STORED_SCHEMA, UNKNOWN_COLUMNS
 
 
 def stored_rows(table: DeltaTable | None, key_columns: tuple[str, ...], keys: pa.Table, *,

@@ -21,7 +21,10 @@ from ingest.cli import plugins
 from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console, err, load, progress_printer
 from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, history, query
+from ingest.cli.verify import verify_source
 from ingest.errors import IngestError
+from ingest.secrets import install_log_redaction, redact
+from ingest.source.topiclog import ProducerRecord, TopicLog, partition_for_key
 
 app = typer.Typer(help="CDC lakehouse ingestion: Debezium topics -> Delta Lake tables.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -39,6 +42,7 @@ def run(
     from_beginning: Annotated[bool, typer.Option(help="re-read topics from offset 0 (replay)")] = False,
 ) -> None:
     """Ingest the configured tables until caught up (or continuously)."""
+    # the streaming runner brings Spark and the decoders: loaded when a run starts
     from ingest.stream.runner import Runner
 
     cfg = load(config, workdir)
@@ -60,6 +64,7 @@ def run(
 @app.command()
 def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
     """Per table: applied offsets, lag, Delta version, last batch."""
+    # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.ops.status import table_status
 
     cfg = load(config, workdir)
@@ -96,7 +101,6 @@ def verify(
 ) -> None:
     """Compare every table with its source (the simulator's truth, or --source-db); exit 1 on any mismatch."""
     if source_db is not None:
-        from ingest.cli.verify import verify_source
 
         if not verify_source(load(config, workdir), source_db, wait=wait, tables=table):
             raise typer.Exit(1)
@@ -129,7 +133,6 @@ def produce(
     One record per line: {"partition": 0 (optional; default by key hash), "key": base64|null,
     "value": base64|null, "timestamp": epoch millis (optional), "headers": [{"key": "k", "value": base64|null}]}.
     """
-    from ingest.source.topiclog import ProducerRecord, TopicLog, partition_for_key
 
     cfg = load(config, workdir)
     log = TopicLog(cfg.log_dir)
@@ -165,7 +168,6 @@ plugins.register_commands(app)
 
 
 def main() -> None:
-    from ingest.secrets import install_log_redaction, redact
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     install_log_redaction()  # no credential reaches a log line, whoever logs it

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import pyarrow as pa
+import pyarrow.csv as pacsv
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -47,8 +49,6 @@ def print_table(rows: Any, title: str, limit: int) -> None:
 
 def write_csv(table: Any) -> None:
     """``table`` as CSV on stdout; lists and structs (CSV has no such type) as JSON text."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
 
     nested = [i for i, f in enumerate(table.schema) if pa.types.is_nested(f.type)]
     for i in nested:

@@ -11,7 +11,10 @@ from rich.table import Table
 
 from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console, load
 from ingest.config import IngestConfig
-from ingest.errors import IngestError
+from ingest.errors import DecodeError, IngestError
+from ingest.lake.layout import TablePaths
+from ingest.model import ChangeEvent, KafkaCoordinates
+from ingest.records import quarantine
 
 quality_app = typer.Typer(help="Great Expectations suites and per-batch validation results.", no_args_is_help=True)
 quarantine_app = typer.Typer(help="Messages held back: list, inspect, re-apply after a fix.", no_args_is_help=True)
@@ -28,6 +31,7 @@ def _short(value: Any, limit: int = 70) -> str:
 @quality_app.command("check")
 def quality_check(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
     """Load every table's suite with GX and check it against the table (what `run` does at start-up)."""
+    # the gate brings Great Expectations: loaded when the command runs
     from ingest.commit.state import load_state
     from ingest.quality import QualityGate
 
@@ -49,6 +53,7 @@ def quality_check(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None
 @quality_app.command("list")
 def quality_list(table: TableOpt, config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
     """The table's stored validation results, newest last."""
+    # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.quality import ResultStore
 
     cfg = load(config, workdir)
@@ -74,6 +79,7 @@ def quality_show(
     as_json: Annotated[bool, typer.Option("--json", help="print the full GX validation result JSON")] = False,
 ) -> None:
     """One batch's validation result: a summary, or GX's full result JSON (e.g. for Data Docs)."""
+    # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.quality import ResultStore
 
     cfg = load(config, workdir)
@@ -135,8 +141,6 @@ def quarantine_list(
     limit: Annotated[int, typer.Option(help="rows to print")] = 50,
 ) -> None:
     """Quarantined messages (pending ones unless --all)."""
-    from ingest.lake.layout import TablePaths
-    from ingest.records import quarantine
 
     cfg = load(config, workdir)
     path = TablePaths.of(cfg, cfg.tables[0].name).quarantine
@@ -161,8 +165,6 @@ def quarantine_show(
     table: Annotated[str | None, typer.Option("--table", "-t", help="table (if the topic feeds several)")] = None,
 ) -> None:
     """Everything about one quarantined message, with its raw bytes and the change it decodes to."""
-    from ingest.lake.layout import TablePaths
-    from ingest.records import quarantine
 
     cfg = load(config, workdir)
     topic, partition, offset = _parse_id(message)
@@ -183,9 +185,8 @@ def quarantine_show(
 
 
 def _decoded(cfg: IngestConfig, row: dict[str, Any]) -> str:
+    # the decoders (fastavro, orjson): loaded when a message is shown
     from ingest.decode.columnar import DecoderSpec
-    from ingest.errors import DecodeError
-    from ingest.model import ChangeEvent, KafkaCoordinates
 
     decoder = DecoderSpec.for_table(cfg, cfg.table(row["table"]), keep_before=True)()
     try:
@@ -210,6 +211,7 @@ def quarantine_replay(
     recheck: Annotated[bool, typer.Option(help="validate again with the table's current suite")] = True,
 ) -> None:
     """Re-apply pending quarantined messages after a fix (idempotent; stale ones never win)."""
+    # the journey brings Delta and the decoders: loaded when a replay runs
     from ingest.ops.replay import replay_quarantine
 
     cfg = load(config, workdir)

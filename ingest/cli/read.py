@@ -4,6 +4,7 @@ over the live rows, now or as of a version or time (``query``)."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
@@ -25,8 +26,8 @@ def changes(
     limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
 ) -> None:
     """Print or export a table's change data feed: inserts, update pre/post images and deletes, by version."""
-    from datetime import UTC, datetime
 
+    # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.read.changes import ChangeRange, as_json_lines
     from ingest.read.changes import changes as read_changes
 
@@ -61,6 +62,7 @@ def history(
     output: Annotated[str, typer.Option("--format", help="table or json")] = "table",
 ) -> None:
     """List a table's commits: version, time, batch, offsets, counts and quality status."""
+    # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.read.query import history as table_history
     from ingest.read.query import history_json, offsets_text
 
@@ -96,6 +98,7 @@ def query(
         "table), or TABLE@VERSION / TABLE@TIMESTAMP; repeatable")] = None,
 ) -> None:
     """Run SQL (DuckDB) over the live rows of the Delta tables, now or as they were (--as-of)."""
+    # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.read.query import AsOf, run_sql
 
     try:

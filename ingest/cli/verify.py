@@ -8,16 +8,17 @@ from contextlib import contextmanager
 from rich.markup import escape
 from rich.table import Table
 
+from ingest import secrets
 from ingest.cli.common import console, say
 from ingest.config import IngestConfig
+from ingest.errors import SourceUnavailableError
 
 
 def describe_dsn(dsn: str) -> str:
     """``host:port/dbname`` of a libpq connection string (never its password); registers the password
     with :mod:`ingest.secrets` so no error message can echo it."""
+    # psycopg: loaded for a source database only
     from psycopg.conninfo import conninfo_to_dict
-
-    from ingest import secrets
 
     try:
         info = conninfo_to_dict(dsn)
@@ -30,10 +31,8 @@ def describe_dsn(dsn: str) -> str:
 @contextmanager
 def source_db_errors(where: str) -> Iterator[None]:
     """Turn a connection failure into one redacted line (exit code 2) instead of a traceback."""
+    # psycopg: loaded for a source database only
     import psycopg
-
-    from ingest import secrets
-    from ingest.errors import SourceUnavailableError
 
     try:
         yield
@@ -44,6 +43,7 @@ def source_db_errors(where: str) -> Iterator[None]:
 
 def verify_source(config: IngestConfig, dsn: str, *, wait: float, tables: list[str] | None = None) -> bool:
     """Run ``verify --source-db`` and print its report; returns whether everything is equal."""
+    # psycopg and the decoders: loaded when the command runs
     from ingest.verify.source_db import verify_source_db
 
     where = describe_dsn(dsn)

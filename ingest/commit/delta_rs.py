@@ -1,8 +1,10 @@
-"""The delta-rs apply engine: one planned batch, one Delta commit (DESIGN 3.4, 3.5).
+"""The delta-rs writer: one planned batch, one Delta commit, on the driver.
+
+See docs/architecture.md#atomicity and docs/architecture.md#progress-lives-in-the-table.
 
 1. create the table if needed, and rewrite it first when a column widens (data unchanged);
 2. remember the batch's deletes in the tombstone table (hard mode) -- a separate commit, made before
-   the MERGE so that a crash between the two is repaired by the replay (see :mod:`ingest.apply.rules.plan`);
+   the MERGE so that a crash between the two is repaired by the replay (see :mod:`ingest.rules.plan`);
 3. one MERGE -- inserts, updates, deletes and the truncate together -- guarded again by position in
    its predicates, with one Delta app transaction per topic-partition (the batch's offsets) and the
    table state and audit record in the commit info; a batch with nothing to change still commits
@@ -24,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.schema import Schema
 
 from ingest import crashpoints
-from ingest.apply.rules.history import DROP, history_schema
-from ingest.apply.stored import KeyLookup, rows_of_keys
+from ingest.columns import FRAMEWORK_COLUMNS, arrow_type
 from ingest.commit.merge_sql import Dialect, MergeStatement, current_merge, history_merge
 from ingest.commit.state import STATE_KEY, TableState, app_id
 from ingest.commit.writer import (
@@ -42,25 +44,19 @@ from ingest.commit.writer import (
     switches_feed_on,
 )
 from ingest.errors import CommitConflictError, TableError
-from ingest.lake.delta import (
-    CHANGE_DATA_FEED,
-    FRAMEWORK_COLUMNS,
-    arrow_type,
-    quote,
-    read_all,
-    sql_string,
-    write_table,
-)
+from ingest.lake.delta import CHANGE_DATA_FEED, quote, read_all, sql_string, write_table
 from ingest.lake.location import LakePath
+from ingest.lake.lookup import KeyLookup, rows_of_keys
 from ingest.model import ColumnSpec
+from ingest.rules.history import DROP, history_schema
 
 #: Why delta-rs stops at a table delta-spark wrote with deletion vectors, and the ways out.
 DELETION_VECTORS_REFUSED = (
-    "the table has deletion vectors (written by the delta-spark engine), which delta-rs can neither write nor "
-    "read; keep it on delta-spark (engine: delta-spark for this table), or remove them with Spark SQL first: "
+    "the table has deletion vectors (written by the delta-spark writer), which delta-rs can neither write nor "
+    "read; keep it on delta-spark (writer: delta-spark for this table), or remove them with Spark SQL first: "
     "ALTER TABLE delta.`<path>` SET TBLPROPERTIES ('delta.enableDeletionVectors' = false), "
     "REORG TABLE delta.`<path>` APPLY (PURGE), ALTER TABLE delta.`<path>` DROP FEATURE deletionVectors "
-    "(README: choosing an apply engine)")
+    "(docs: choosing a writer)")
 
 
 @dataclass(slots=True)
@@ -69,12 +65,12 @@ class DeltaRsWriter:
 
     #: bytes of the Parquet files a new table's writes aim at (its ``delta.targetFileSize``)
     target_file_size: int = 64 * 1024 * 1024
-    #: tables this engine creates record the change data feed
+    #: tables this writer creates record the change data feed
     change_data_feed: bool = True
     name: str = "delta-rs"
 
     def _properties(self) -> dict[str, str]:
-        """The table properties of the tables this engine creates."""
+        """The table properties of the tables this writer creates."""
         out = {"delta.targetFileSize": str(self.target_file_size)}
         if self.change_data_feed:
             out[CHANGE_DATA_FEED] = "true"
@@ -143,7 +139,6 @@ class DeltaRsWriter:
 def _add_key_columns(table: DeltaTable, request: CommitRequest, state: TableState) -> None:
     """A table a truncate created has no user columns: its first MERGE needs the key columns its
     join names (the MERGE's schema merge adds the other new columns itself)."""
-    from deltalake.schema import Schema
 
     have = {c.name for c in state.columns or []}
     missing = [c for c in request.schema.columns if c.name in request.key_columns and c.name not in have]

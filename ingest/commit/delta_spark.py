@@ -1,4 +1,6 @@
-"""The delta-spark apply engine: the planned batch MERGEd by delta-spark, as Spark jobs (DESIGN 3.4, 3.5).
+"""The delta-spark writer: the planned batch MERGEd by delta-spark, as Spark jobs.
+
+See docs/architecture.md#atomicity and docs/architecture.md#progress-lives-in-the-table.
 
 The same steps and predicates as :mod:`ingest.commit.delta_rs`, run by Delta's own MERGE:
 
@@ -16,7 +18,7 @@ The same steps and predicates as :mod:`ingest.commit.delta_rs`, run by Delta's o
 delta-spark records one app transaction per commit (``spark.databricks.delta.write.txnAppId`` /
 ``txnVersion``), which is why the offsets travel in the commit's metadata (see
 :mod:`ingest.commit.writer`). Two writers that planned the same version: Delta skips the second
-commit, and the engine reports it as a conflict. Those settings are per Spark session, so every
+commit, and the writer reports it as a conflict. Those settings are per Spark session, so every
 thread that commits has its own session (``SparkSession.newSession``: same context and jars).
 
 With deletion vectors a MERGE that deletes or updates rows marks them in a small vector file instead
@@ -47,13 +49,16 @@ from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from delta.exceptions import DeltaConcurrentModificationException
+from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import DeltaTable
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
 from ingest import crashpoints
-from ingest.apply.rules.history import DROP
-from ingest.apply.rules.ordering import later_than_stored_sql
-from ingest.apply.stored import KeyLookup, rows_of_keys
+from ingest.columns import arrow_type
 from ingest.commit.delta_rs import initial_rows, table_schema_of
 from ingest.commit.merge_sql import Clause, Dialect, FrameSource, MergeStatement, current_merge, history_merge
 from ingest.commit.remembered import RememberedDeletes
@@ -74,14 +79,12 @@ from ingest.commit.writer import (
 )
 from ingest.config import TargetSpec
 from ingest.errors import CommitConflictError
-from ingest.lake.delta import (
-    CHANGE_DATA_FEED,
-    arrow_type,
-    open_table,
-    rows_in_range,
-)
+from ingest.lake.delta import CHANGE_DATA_FEED, open_table, rows_in_range
 from ingest.lake.location import LakePath
+from ingest.lake.lookup import KeyLookup, rows_of_keys
 from ingest.model import ColumnSpec
+from ingest.rules.history import DROP
+from ingest.rules.ordering import later_than_stored_sql
 from ingest.spark.reads import spark_rows_of_keys
 from ingest.spark.session import arrow_frame, snapshot_tasks, spark_location, spark_type, use_s3a
 from ingest.spark.sql import ident, string
@@ -113,9 +116,9 @@ class DeltaSparkWriter:
     """Commits planned batches with delta-spark's MERGE, on the Spark session's executors."""
 
     spark: SparkSession
-    #: tables this engine creates write deletion vectors
+    #: tables this writer creates write deletion vectors
     deletion_vectors: bool = True
-    #: tables this engine creates record the change data feed
+    #: tables this writer creates record the change data feed
     change_data_feed: bool = True
     #: a batch's stored rows are read on the driver while their key range reaches at most this many
     #: rows, else on the executors (:meth:`lookup`)
@@ -146,7 +149,6 @@ class DeltaSparkWriter:
         Raises:
             CommitConflictError: another writer committed to the table at the same time.
         """
-        from delta.exceptions import DeltaConcurrentModificationException
 
         started = time.perf_counter()
         outcome = CommitOutcome()
@@ -216,7 +218,7 @@ class DeltaSparkWriter:
         return outcome
 
     def _properties(self) -> dict[str, str]:
-        """The table properties of the tables this engine creates."""
+        """The table properties of the tables this writer creates."""
         out = {}
         if self.deletion_vectors:
             out["delta.enableDeletionVectors"] = "true"
@@ -226,7 +228,6 @@ class DeltaSparkWriter:
 
     def _write_new(self, writer: DataFrameWriter, request: CommitRequest) -> None:
         """Create the table holding the batch's rows (:func:`~ingest.commit.delta_rs.initial_rows`)."""
-        from pyspark.errors import AnalysisException
 
         writer = writer.mode("error")
         for key, value in self._properties().items():
@@ -240,10 +241,8 @@ class DeltaSparkWriter:
                                       ) from exc
 
     def _create(self, spark: SparkSession, request: CommitRequest) -> None:
-        from delta.tables import DeltaTable
-        from pyspark.sql.pandas.types import from_arrow_schema
 
-        builder = (DeltaTable.createIfNotExists(spark).location(request.path.spark_uri)
+        builder = (SparkDeltaTable.createIfNotExists(spark).location(request.path.spark_uri)
                    .addColumns(from_arrow_schema(table_schema_of(request.schema.columns, request.history_mode)))
                    .comment(f"CDC target table {request.table} (primary key {', '.join(request.key_columns)})"))
         for key, value in self._properties().items():
@@ -255,7 +254,6 @@ class DeltaSparkWriter:
     @staticmethod
     def _add_columns(spark: SparkSession, path: str, columns: list[ColumnSpec], stored: list[ColumnSpec]) -> None:
         """New source columns become table columns before the MERGE writes them (a metadata commit)."""
-        from pyspark.sql.pandas.types import from_arrow_type
 
         have = {c.name for c in stored}
         new = [c for c in columns if c.name not in have]
@@ -285,7 +283,6 @@ def _markers(spark: SparkSession, app: str | None, version: int | None, metadata
 
 def _widen(spark: SparkSession, path: str, columns: list[ColumnSpec], describe: str) -> None:
     """Rewrite the table with widened column types (data unchanged) before the batch's commit."""
-    from pyspark.sql.pandas.types import from_arrow_type
 
     current = spark.read.format("delta").load(path)
     types = {c.name: from_arrow_type(_arrow(c)) for c in columns}
@@ -315,8 +312,6 @@ def _initial(spark: SparkSession, request: CommitRequest) -> DataFrame:
     shaped on the executors from a plan that is there."""
     if isinstance(request.source, ArrowRows):
         return arrow_frame(spark, initial_rows(request))
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_type
 
     source = request.source.frame
     if request.history:
@@ -356,8 +351,6 @@ def remember_on_executors(spark: SparkSession, remembered: RememberedDeletes, ke
     """:meth:`RememberedDeletes.record <ingest.commit.remembered.RememberedDeletes.record>` of
     ``deletes`` (the key columns, ``_cdc_position`` and ``_cdc_source_ts`` of each delete) by
     delta-spark: the same columns, the same position guard."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
 
     now = datetime.now(UTC)
     source = deletes.select(
@@ -369,7 +362,7 @@ def remember_on_executors(spark: SparkSession, remembered: RememberedDeletes, ke
         source.write.format("delta").mode("append").save(location)
         return
     on = " AND ".join(f"t.{ident(k)} = s.{ident(k)}" for k in key_columns)
-    (DeltaTable.forPath(spark, location).alias("t").merge(source.alias("s"), on)
+    (SparkDeltaTable.forPath(spark, location).alias("t").merge(source.alias("s"), on)
      .whenMatchedUpdateAll(later_than_stored_sql("s._cdc_position", "t._cdc_position"))
      .whenNotMatchedInsertAll()
      .execute())
@@ -426,13 +419,12 @@ DIALECT: Final = Dialect(ident=ident, string=string, timestamp=_timestamp, key_l
 def run_merge(spark: SparkSession, request: CommitRequest, source: pa.Table | DataFrame,
               statement: MergeStatement) -> None:
     """Run ``statement`` with delta-spark's merge builder, ``source`` as a DataFrame."""
-    from delta.tables import DeltaTable
 
     def sets(clause: Clause) -> dict[str, str | Column]:
         assert clause.sets is not None
         return dict(clause.sets)
 
-    merger = DeltaTable.forPath(spark, request.path.spark_uri).alias("t").merge(
+    merger = SparkDeltaTable.forPath(spark, request.path.spark_uri).alias("t").merge(
         (source if isinstance(source, DataFrame) else arrow_frame(spark, source)).alias("s"), statement.on)
     for clause in statement.clauses:
         if clause.kind == "matched_delete":

@@ -1,11 +1,11 @@
-"""The batch's MERGE as SQL text, written once for both apply engines (DESIGN 3.4, 3.5).
+"""The batch's MERGE as SQL text, written once for both writers (docs/architecture.md#atomicity).
 
 A :class:`MergeStatement` is the join condition and the ordered ``WHEN`` clauses of one MERGE --
 inserts, updates, deletes, TOAST fill, the position guard and the truncate -- with every predicate
 and value as SQL. delta-rs (DataFusion SQL) and delta-spark (Spark SQL) run the same statement
 through their own builders (:func:`ingest.commit.delta_rs.run_merge`,
 :func:`ingest.commit.delta_spark.run_merge`); only a :class:`Dialect` tells them apart: how an
-identifier is quoted, how a string and a timestamp are written. So the two engines cannot drift
+identifier is quoted, how a string and a timestamp are written. So the two writers cannot drift
 apart in what a batch does to a table.
 """
 
@@ -19,11 +19,12 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.apply.rules.history import DROP, history_schema
-from ingest.apply.rules.ordering import later_than_stored_sql, replaces_stored_sql
-from ingest.apply.rules.plan import TOAST_FLAG
-from ingest.lake.delta import FRAMEWORK_COLUMNS, key_range
+from ingest.columns import FRAMEWORK_COLUMNS
+from ingest.lake.delta import key_range
 from ingest.model import ColumnSpec
+from ingest.rules.history import DROP, history_schema
+from ingest.rules.ordering import later_than_stored_sql, replaces_stored_sql
+from ingest.rules.plan import TOAST_FLAG
 
 ClauseKind = Literal["matched_delete", "matched_update", "not_matched_insert", "not_matched_by_source_delete",
                      "not_matched_by_source_update"]
@@ -31,7 +32,7 @@ ClauseKind = Literal["matched_delete", "matched_update", "not_matched_insert", "
 
 @dataclass(frozen=True, slots=True)
 class Dialect:
-    """How one engine's SQL writes what the statement needs."""
+    """How one writer's SQL writes what the statement needs."""
 
     ident: Callable[[str], str]
     string: Callable[[str], str]
@@ -40,7 +41,7 @@ class Dialect:
     #: a batch with at most this many distinct first-key values lists them in the join condition
     #: (``t.k IN (...)``, see :func:`_on`); 0: never
     key_list_limit: int = 0
-    #: an integer literal of an Arrow integer type, typed as the engine reads it (a typed literal
+    #: an integer literal of an Arrow integer type, typed as the writer's SQL reads it (a typed literal
     #: needs no cast per value in a long list of them)
     integer: Callable[[int, pa.DataType], str] = lambda value, _type: str(value)
 
@@ -75,7 +76,7 @@ class FrameSource:
 def current_merge(source: pa.Table | FrameSource, d: Dialect, *, key_columns: tuple[str, ...],
                   columns: list[ColumnSpec], delete_mode: Literal["hard", "soft"], truncate: str | None
                   ) -> MergeStatement:
-    """The MERGE of a planned batch (:attr:`MergePlan.source <ingest.apply.rules.plan.MergePlan.source>`)
+    """The MERGE of a planned batch (:attr:`MergePlan.source <ingest.rules.plan.MergePlan.source>`)
     into a table holding the current rows; ``columns`` are the table's user columns, ``truncate``
     the batch's truncate position if it applies.
 
@@ -119,7 +120,7 @@ def current_merge(source: pa.Table | FrameSource, d: Dialect, *, key_columns: tu
 
 def history_merge(source: pa.Table | FrameSource, d: Dialect, *, key_columns: tuple[str, ...],
                   columns: list[ColumnSpec], truncate: str | None, truncate_ts: datetime | None) -> MergeStatement:
-    """The scd2 MERGE (:mod:`ingest.apply.rules.history`) of ``source`` (the planned versions, or the
+    """The scd2 MERGE (:mod:`ingest.rules.history`) of ``source`` (the planned versions, or the
     shape of such a source on Spark's executors): versions matched by key and position.
 
     A planned version replaces its stored twin or is inserted, one marked ``DROP`` removes it; a

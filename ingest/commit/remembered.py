@@ -1,4 +1,4 @@
-"""RememberedDeletes deletes: a side Delta table per target table, keyed by its primary key (DESIGN 3.2).
+"""Remembered deletes: a side Delta table per target table, keyed by its primary key (docs/architecture.md#deletes).
 
 In hard-delete mode a deleted row leaves the target table, so its key and the delete's position are
 kept here: an older or replayed event of that key is then recognised as stale instead of bringing
@@ -16,21 +16,13 @@ from typing import Any
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from ingest.apply.rules.ordering import later_than_stored_sql
-from ingest.apply.rules.schema import holds
-from ingest.apply.stored import KeyLookup, rows_of_keys
+from ingest.columns import arrow_type, delta_type_name
 from ingest.errors import TableError
-from ingest.lake.delta import (
-    arrow_type,
-    delta_type_name,
-    latest_table,
-    open_table,
-    quote,
-    read_all,
-    table_schema,
-    write_table,
-)
+from ingest.lake.delta import latest_table, open_table, quote, read_all, table_schema, write_table
 from ingest.lake.location import Location
+from ingest.lake.lookup import KeyLookup, rows_of_keys
+from ingest.rules.ordering import later_than_stored_sql
+from ingest.rules.schema import holds
 
 Key = tuple[Any, ...]
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -71,7 +63,7 @@ class RememberedDeletes:
         Args:
             keys: only the deletes of these keys (default: all).
             lookup: what reads the deletes of ``keys`` (default :func:`~ingest.apply.stored.rows_of_keys`,
-                on the driver; the engine's reads a large table on Spark's executors).
+                on the driver; delta-spark's reads a large table on Spark's executors).
         """
         delta = self.open(key_types)
         if delta is None:

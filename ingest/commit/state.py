@@ -1,8 +1,9 @@
 """What a target table's Delta log says: user columns, primary key, applied offsets, truncate mark.
 
-Progress lives in the table (DESIGN 3.5). Every CDC commit carries, in its commit info, ``cdc.state``
-(primary key and latest truncate position, carried forward), ``cdc.offsets`` (the last applied offset
-of every topic-partition, carried forward) and ``cdc.batch`` (the audit record). delta-rs commits put
+Progress lives in the table (docs/architecture.md#progress-lives-in-the-table). Every CDC commit
+carries, in its commit info, ``cdc.state`` (primary key and latest truncate position, carried
+forward), ``cdc.offsets`` (the last applied offset of every topic-partition, carried forward) and
+``cdc.batch`` (the audit record). delta-rs commits put
 them at the top of the commit info and also record one Delta app transaction per topic-partition
 (``cdc:<topic>:<partition>``); delta-spark commits hold them as one JSON object in the commit's
 ``userMetadata`` and record one app transaction per table (``cdc:table:<table>``). Tables written
@@ -18,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
 
+from ingest.columns import FRAMEWORK_NAMES, delta_type_name
 from ingest.commit.remembered import RememberedDeletes
-from ingest.lake.delta import FRAMEWORK_NAMES, delta_type_name, has_deletion_vectors, latest_table, table_schema
+from ingest.lake.delta import has_deletion_vectors, latest_table, table_schema
 from ingest.lake.location import Location
 from ingest.model import ColumnSpec
 

@@ -1,4 +1,4 @@
-"""The writers' contract: one planned batch in, one atomic Delta commit out (docs/architecture.md: *Commit*).
+"""The writers' contract: one planned batch in, one atomic Delta commit out (docs/architecture.md#writers).
 
 Two writers implement :class:`Writer`: :class:`~ingest.commit.delta_rs.DeltaRsWriter` (delta-rs
 on the driver, copy-on-write files) and :class:`~ingest.commit.delta_spark.DeltaSparkWriter`
@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import pyarrow as pa
 
 from ingest import crashpoints
-from ingest.apply.rules.schema import SchemaPlan
-from ingest.apply.stored import KeyLookup
 from ingest.commit import remembered
 from ingest.commit.state import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_KEY, TableState
 from ingest.lake.delta import records_change_feed
 from ingest.lake.location import LakePath
+from ingest.lake.lookup import KeyLookup
+from ingest.rules.schema import SchemaPlan
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -87,15 +87,15 @@ class CommitRequest:
         key_columns: primary-key columns.
         schema: the table's user columns after this batch.
         source: the MERGE's source. scd1: one row per change, with the framework columns and the
-            TOAST flags (:func:`ingest.apply.rules.plan.merge_source`); scd2: the versions to write
-            and, flagged :data:`~ingest.apply.rules.history.DROP`, those to drop.
+            TOAST flags (:func:`ingest.rules.plan.merge_source`); scd2: the versions to write
+            and, flagged :data:`~ingest.rules.history.DROP`, those to drop.
         truncate: the batch's truncate position if it applies, else ``None``.
         watermark: the latest truncate position the table will have seen after this commit.
         offsets: last offset of the batch per ``(topic, partition)`` (progress markers).
         flattened: whether the table's stream is known to be ``ExtractNewRecordState`` rows.
         describe: builds the audit record stored in the commit info (``cdc.batch``) from the
             outcome, just before the commit.
-        history_mode: ``scd2``: the table keeps every version (:mod:`ingest.apply.rules.history`);
+        history_mode: ``scd2``: the table keeps every version (:mod:`ingest.rules.history`);
             it is created with the history columns even when this batch has no versions.
         deletes: scd1, hard mode: the deletes to remember (key columns, ``_cdc_position``,
             ``_cdc_source_ts``), recorded before the MERGE.
@@ -164,7 +164,7 @@ class Writer(Protocol):
 
         Raises:
             CommitConflictError: another writer committed to the table at the same time.
-            TableError: the table cannot take the batch (a key column, a protocol the engine cannot write).
+            TableError: the table cannot take the batch (a key column, a protocol the writer cannot write).
         """
         ...
 

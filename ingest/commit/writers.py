@@ -10,7 +10,7 @@ from ingest.config import IngestConfig, TableSpec, WriterName
 
 
 class Writers:
-    """The engines of one configuration, each built when a table first needs it (delta-spark needs Spark)."""
+    """The writers of one configuration, each built when a table first needs it (delta-spark needs Spark)."""
 
     def __init__(self, config: IngestConfig) -> None:
         self.config = config
@@ -26,10 +26,11 @@ class Writers:
 
 
 def build(name: WriterName, config: IngestConfig) -> Writer:
-    """A new engine of kind ``name`` with the configuration's target settings."""
+    """A new writer of kind ``name`` with the configuration's target settings."""
     size = config.target.target_file_size_mb * 1024 * 1024
     if name == "delta-rs":
         return DeltaRsWriter(target_file_size=size, change_data_feed=config.target.change_data_feed)
+    # Spark: started only when a table is written by delta-spark
     from ingest.commit.delta_spark import DeltaSparkWriter
     from ingest.spark.session import session_for
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from ingest import secrets
 from ingest.config.base import Duration, Model, PlacementName, QualityPolicy, WriterName
 from ingest.config.source import KafkaSpec, RegistrySpec, SourceSpec
 from ingest.config.tables import ColumnSelection, DiscoverySpec, TableSpec
@@ -264,7 +265,6 @@ def load_config(path: str | os.PathLike[str], *, workdir: str | os.PathLike[str]
     if not config.lake_is_local or not config.checkpoint_location.is_local:
         # delta-rs, polars and boto3 read an object store's keys from the environment: those kept in
         # the secrets file are exported there (the environment wins), for every command, not only runs.
-        from ingest import secrets
 
         secrets.prepare((), config.secrets_path)
     return config

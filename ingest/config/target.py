@@ -1,5 +1,5 @@
 """``target:``: where the Delta tables, audit, quarantine and checkpoints live (a directory or S3), how
-the object store is reached, and the apply engine."""
+the object store is reached, and who writes the commits."""
 
 from __future__ import annotations
 

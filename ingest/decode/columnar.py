@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ingest.config import IngestConfig, TableSpec
 
 from ingest.decode.parts import ROW_OPS, TS, Message, PartsBuilder, arrow_type_of, assemble, write_parts
+from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, PrefetchedSchemaRegistry
 
 
 class _NeedsSlowPath(Exception):
@@ -307,7 +308,6 @@ class DecoderSpec:
         )
 
     def __call__(self) -> MessageDecoder:
-        from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, PrefetchedSchemaRegistry
 
         registry: Any = None
         if self.registry_url:

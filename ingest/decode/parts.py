@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 
+from ingest.columns import arrow_type
 from ingest.decode import MessageDecoder
 from ingest.errors import DecodeError, RegistryUnavailableError
 from ingest.model import UNAVAILABLE, ChangeEvent, ColumnSpec, ControlRecord, KafkaCoordinates
@@ -62,7 +63,6 @@ Message = tuple[KafkaCoordinates, int, Any, Any]  # coordinates, row in the inpu
 
 
 def arrow_type_of(type_name: str) -> pa.DataType:
-    from ingest.lake.delta import arrow_type
 
     return arrow_type(type_name)
 

@@ -1,5 +1,5 @@
 """Where a change stands in its database's log: a comparable :class:`SourcePosition` from Debezium's
-``source`` block, per connector (the order :mod:`ingest.apply.rules.ordering` applies changes in)."""
+``source`` block, per connector (the order :mod:`ingest.rules.ordering` applies changes in)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def source_position(source: Mapping[str, Any], phase: int, coords: KafkaCoordina
       no ``commit_scn`` and orders by its ``scn``.
     * MongoDB: ``(ts_ms, ord, 0)`` -- the oplog's cluster time and its ordinal.
     * Anything else: the Kafka ``(partition, offset)`` as a fallback position (see
-      :mod:`ingest.apply.rules.ordering` for how those compare).
+      :mod:`ingest.rules.ordering` for how those compare).
 
     Args:
         source: the ``source`` block (or the fields a flattened row kept from it).

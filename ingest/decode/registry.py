@@ -143,6 +143,7 @@ class ConfluentSchemaRegistry:
     """
 
     def __init__(self, client_config: dict[str, Any]) -> None:
+        # the registry client (about 1 s to import): only for a Confluent-compatible registry
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         _register_url_credentials(str(client_config.get("url", "")))
@@ -166,6 +167,7 @@ class ConfluentSchemaRegistry:
         return cls(config)
 
     def get_schema(self, schema_id: int) -> dict[str, Any]:
+        # the registry client (about 1 s to import): only for a Confluent-compatible registry
         from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 
         if schema_id not in self._cache:
@@ -189,6 +191,7 @@ class ConfluentSchemaRegistry:
         return self._cache[schema_id]
 
     def register(self, subject: str, schema: dict[str, Any]) -> int:
+        # the registry client (about 1 s to import): only for a Confluent-compatible registry
         from confluent_kafka.schema_registry import Schema
 
         return int(self._client.register_schema(subject, Schema(json.dumps(schema), "AVRO")))
@@ -201,6 +204,7 @@ class ConfluentSchemaRegistry:
         Raises:
             RegistryUnavailableError: the registry did not answer, or refused (401/403, 5xx).
         """
+        # the registry client (about 1 s to import): only for a Confluent-compatible registry
         from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 
         found: dict[int, str] = {}

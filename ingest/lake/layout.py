@@ -1,12 +1,15 @@
-"""Where one table's Delta tables live: the target, its tombstones, the shared audit and quarantine."""
+"""Where one table's Delta tables live: the target, its remembered deletes, the shared audit and quarantine."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ingest.config import IngestConfig
 from ingest.lake.location import LakePath
+
+if TYPE_CHECKING:  # the configuration knows where the lake is; the lake does not read configurations
+    from ingest.config import IngestConfig
 
 
 @dataclass(slots=True)

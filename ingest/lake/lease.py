@@ -93,6 +93,7 @@ class Lease:
         Raises:
             TableLockedError: another run holds a lease that has not expired; names the holder.
         """
+        # botocore: only for a lake on S3
         from botocore.exceptions import ClientError
 
         try:
@@ -107,6 +108,7 @@ class Lease:
         return self
 
     def _take_over_expired(self) -> None:
+        # botocore: only for a lake on S3
         from botocore.exceptions import ClientError
 
         try:
@@ -151,6 +153,7 @@ class Lease:
 
     # -- keeping it ---------------------------------------------------------------------------
     def _renew_loop(self) -> None:
+        # botocore: only for a lake on S3
         from botocore.exceptions import BotoCoreError, ClientError
 
         while not self._stop.wait(self.ttl / 3):
@@ -170,6 +173,7 @@ class Lease:
 
     def _still_ours(self) -> bool:
         """Whether the lease object is (still) this run's own, taking its current ETag if so."""
+        # botocore: only for a lake on S3
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -195,6 +199,7 @@ class Lease:
 
     # -- giving it back -------------------------------------------------------------------------
     def release(self) -> None:
+        # botocore: only for a lake on S3
         from botocore.exceptions import BotoCoreError, ClientError
 
         self._stop.set()

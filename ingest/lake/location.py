@@ -168,6 +168,7 @@ def s3_client(where: LakePath) -> Any:
 @lru_cache(maxsize=16)
 def _client(endpoint: str | None, region: str | None, virtual: bool, key: str | None, secret: str | None,
             token: str | None, attempts: int) -> Any:
+    # boto3 (about 1 s to import): only for a lake on S3
     import boto3
     from botocore.config import Config
 

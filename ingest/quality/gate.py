@@ -48,9 +48,9 @@ from typing import TYPE_CHECKING, Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.columns import arrow_type, delta_type_name, normalize
 from ingest.config import IngestConfig, QualityPolicy, TableSpec
 from ingest.errors import QualityGateError, TableError
-from ingest.lake.delta import arrow_type, delta_type_name, normalize
 from ingest.model import ColumnSpec
 from ingest.quality.gx_shim import memoized_configurations
 from ingest.quality.results import ResultStore
@@ -220,6 +220,7 @@ class QualityGate:
             TableError: the gate has no Spark session.
             SuiteMismatchError, QualityGateError: as :meth:`check`.
         """
+        # pyspark: only for winners left on Spark's executors
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -288,6 +289,7 @@ class QualityGate:
         GX's own ``Batch.validate`` would load (copy and fingerprint) the frame twice: once for the
         ``Batch`` and once inside the validator it makes; this one loads it once for both passes.
         """
+        # Great Expectations (seconds to import): only when a suite validates
         from great_expectations.validator.v1_validator import Validator
 
         return Validator(self._batch_definition, result_format=dict(FIRST_PASS),

@@ -35,6 +35,7 @@ CHECKED_VERSION: Final = "1.24.1"
 
 def active() -> bool:
     """The installed GX is the version the shim was checked against."""
+    # Great Expectations (seconds to import): only when a suite validates
     import great_expectations
 
     return great_expectations.__version__ == CHECKED_VERSION
@@ -46,6 +47,7 @@ def memoized_configurations() -> Iterator[None]:
     if not active():
         yield
         return
+    # Great Expectations (seconds to import): only when a suite validates
     from great_expectations.expectations.expectation import Expectation
 
     original = Expectation.__dict__["configuration"]
@@ -59,6 +61,7 @@ def memoized_configurations() -> Iterator[None]:
         return hit[1]
 
     Expectation.configuration = property(configuration)  # type: ignore[method-assign,assignment]
+    # Great Expectations (seconds to import): only when a suite validates
     from great_expectations.core.id_dict import IDDict
 
     original_to_id = IDDict.__dict__["to_id"]

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ingest.lake.delta import arrow_type, normalize
+from ingest.columns import arrow_type, normalize
+from ingest.spark.sql import ident
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 def build_spark_frame(spark: Any, rows: pa.Table, columns: dict[str, str]) -> Any:
     """The Spark DataFrame GX validates: one row per winner, the columns in their Delta types (a
     column the batch lacks is all null), timestamps without time zone kept as such."""
+    # pyspark: only for a gate that validates on Spark
     from ingest.spark.session import arrow_frame
 
     arrays = {name: rows[name] if name in rows.column_names else pa.nulls(rows.num_rows, arrow_type(type_name))
@@ -37,10 +39,10 @@ def build_spark_frame(spark: Any, rows: pa.Table, columns: dict[str, str]) -> An
 
 def frame_of_winners(live: DataFrame, columns: dict[str, str]) -> DataFrame:
     """:func:`build_spark_frame` of winners that are a DataFrame already (``live``: without deletes)."""
+    # pyspark: only for a gate that validates on Spark
     from pyspark.sql import functions as F
 
     from ingest.spark.session import spark_type
-    from ingest.spark.sql import ident
 
     present = set(live.columns)
     return live.select(*(F.col(ident(name)) if name in present else F.lit(None).cast(spark_type(type_name)).alias(name)
@@ -50,9 +52,8 @@ def frame_of_winners(live: DataFrame, columns: dict[str, str]) -> DataFrame:
 def rows_named(live: DataFrame, key_columns: tuple[str, ...], result: Any) -> pa.Table:
     """The rows of ``live`` whose key a failing expectation of GX's ``result`` names (every column,
     collected: few, and bound for quarantine)."""
+    # pyspark: only for a gate that validates on Spark
     from pyspark.sql import functions as F
-
-    from ingest.spark.sql import ident
 
     named = {tuple(entry.get(k) for k in key_columns)
              for r in result.results if not r.success

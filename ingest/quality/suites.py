@@ -148,6 +148,7 @@ def _load(path: Path, name: str) -> LoadedSuite:
         raise SuiteError(f"{path}: the file holds suite {doc.get('name')!r}, not {name!r}")
 
     gx_context()  # imports GX once; the classes below come from it
+    # Great Expectations (seconds to import): only when a suite is loaded
     import great_expectations as gx
     from great_expectations.expectations.expectation import (
         ColumnMapExpectation,

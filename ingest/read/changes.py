@@ -24,17 +24,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from ingest.columns import normalize
 from ingest.commit.state import STATE_KEY, newest_cdc_commit
 from ingest.config import IngestConfig
 from ingest.errors import IngestError
-from ingest.lake.delta import has_deletion_vectors, normalize, open_table, records_change_feed
+from ingest.lake.delta import has_deletion_vectors, open_table, records_change_feed
 from ingest.lake.location import LakePath
 from ingest.read.query import commit_times
 
 #: The change types of Delta's change data feed, in the order a commit's changes are listed.
 CHANGE_TYPES = ("delete", "update_preimage", "update_postimage", "insert")
 CHANGE_COLUMNS = ("_commit_version", "_change_type", "_commit_timestamp")
-#: What a schema widening's commit carries (both engines), see :mod:`ingest.apply.rules.schema`.
+#: What a schema widening's commit carries (both engines), see :mod:`ingest.rules.schema`.
 SCHEMA_CHANGE_KEY = "cdc.schema_change"
 
 
@@ -154,6 +155,7 @@ def _uniform(rows: pa.Table, times: dict[int, datetime]) -> pa.Table:
 
 
 def _read_with_spark(where: LakePath, start: int, end: int, spark: Any) -> pa.Table:
+    # Spark: only for a change feed read with Spark
     from ingest.spark.session import spark_location
 
     frame = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", start)

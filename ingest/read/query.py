@@ -18,10 +18,11 @@ import duckdb
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from ingest.columns import normalize
 from ingest.commit.state import BATCH_KEY, OFFSETS_KEY, decoded_commit
 from ingest.config import IngestConfig
 from ingest.errors import IngestError
-from ingest.lake.delta import has_deletion_vectors, normalize, open_table, scan
+from ingest.lake.delta import has_deletion_vectors, open_table, scan
 
 
 class TimeTravelError(IngestError):

@@ -1,4 +1,4 @@
-"""The audit trail: one row per table per micro-batch (DESIGN 3.7).
+"""The audit trail: one row per table per micro-batch (docs/architecture.md#nothing-is-lost-silently).
 
 Balance that must hold in every row::
 

@@ -1,8 +1,9 @@
 """The quarantine: messages that could not be applied, with their raw bytes and the reason.
 
-Nothing is dropped silently (DESIGN 3.7). A quarantined message keeps its Kafka coordinates, raw
-key and value, the batch it came in and why it was held back (``stage``: decode, key, quality;
-for quality, the failed expectations by name and the observed values). Writes are idempotent on
+Nothing is dropped silently (docs/architecture.md#nothing-is-lost-silently). A quarantined message
+keeps its Kafka coordinates, raw key and value, the batch it came in and why it was held back
+(``stage``: decode, key, quality; for quality, the failed expectations by name and the observed
+values). Writes are idempotent on
 ``(table, topic, partition, offset, stage)`` so a replayed batch does not quarantine twice.
 ``ingest quarantine replay`` re-applies held messages after a fix and stamps them
 (``replayed_at``, ``replay_version``) so a second replay skips them.

@@ -12,6 +12,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from ingest.source.reader import fetch_messages, open_stream, read_ranges
+from ingest.source.topiclog import TopicLog
 
 
 class EmbeddedSource:
@@ -24,12 +25,10 @@ class EmbeddedSource:
         return f"embedded topic log {self.log_dir}"
 
     def topics(self) -> list[str]:
-        from ingest.source.topiclog import TopicLog
 
         return TopicLog(self.log_dir).topics()
 
     def end_offsets(self, topic: str) -> dict[int, int]:
-        from ingest.source.topiclog import TopicLog
 
         log = TopicLog(self.log_dir)
         return log.end_offsets(topic) if log.exists(topic) else {}
@@ -39,7 +38,6 @@ class EmbeddedSource:
 
     def read_arrow(self, topic: str, start: dict[int, int], end: dict[int, int]) -> Any:
         """:meth:`read_range` as an Arrow table, without Spark."""
-        from ingest.source.topiclog import TopicLog
 
         return read_ranges(TopicLog(self.log_dir), topic, start, end)
 
@@ -53,6 +51,5 @@ class EmbeddedSource:
 
     def fetch(self, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
         """Raw key, value and timestamp of some messages, read again from the log by their coordinates."""
-        from ingest.source.topiclog import TopicLog
 
         return fetch_messages(TopicLog(self.log_dir), coords)

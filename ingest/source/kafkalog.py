@@ -23,7 +23,7 @@ import pyarrow as pa
 from ingest import secrets
 from ingest.config import KafkaSpec
 from ingest.errors import SourceUnavailableError, TopicLogError
-from ingest.source.kafka import KafkaSource, admin_config
+from ingest.source.kafka_admin import KafkaAdmin, admin_config
 from ingest.source.topiclog import KAFKA_ROW_SCHEMA
 
 #: Seconds a read may go without receiving anything before the broker counts as unavailable.
@@ -49,7 +49,7 @@ class KafkaLog:
 
     def __init__(self, spec: KafkaSpec, secrets_file: str | None = None, *, timeout: float = READ_TIMEOUT) -> None:
         self.timeout = timeout
-        self.source = KafkaSource(spec, secrets_file=secrets_file)  # holds the connection settings
+        self.source = KafkaAdmin(spec, secrets_file=secrets_file)  # holds the connection settings
         self._seen: set[str] = set()
 
     def exists(self, topic: str) -> bool:
@@ -100,6 +100,7 @@ class KafkaLog:
         """
         if start >= end:
             return
+        # librdkafka: only for a Kafka source (the CLI starts without it)
         from confluent_kafka import Consumer, TopicPartition
 
         # librdkafka fetches ahead until its queue holds queued.min.messages (100,000 by default) or
@@ -129,6 +130,7 @@ class KafkaLog:
 
         ``span`` is the read's start, the position the messages follow, and the read's end.
         """
+        # librdkafka: only for a Kafka source (the CLI starts without it)
         from confluent_kafka import KafkaError
 
         start, position, end = span
@@ -166,6 +168,7 @@ class KafkaLog:
 
     def _check_held(self, consumer: Any, topic: str, partition: int, first: int) -> None:
         """The first record came after ``first``: that is a gap, unless retention took the records."""
+        # librdkafka: only for a Kafka source (the CLI starts without it)
         from confluent_kafka import TopicPartition
 
         low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=self.timeout, cached=False)

@@ -25,11 +25,15 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
+from ingest.config import KafkaSpec
 from ingest.errors import TopicLogError
+from ingest.source.kafkalog import KafkaLog
+from ingest.source.topiclog import KAFKA_ROW_SCHEMA, TopicLog
 
 KAFKA_SCHEMA_DDL = (
     "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
@@ -62,11 +66,8 @@ class Log(Protocol):
 def open_log(options: Mapping[str, str]) -> Log:
     """The log the reader's options name: ``path`` (embedded) or ``kafka`` (a KafkaSpec as JSON)."""
     if "kafka" in options:
-        from ingest.config import KafkaSpec
-        from ingest.source.kafkalog import KafkaLog
 
         return KafkaLog(KafkaSpec.model_validate_json(options["kafka"]), options.get("secretsFile") or None)
-    from ingest.source.topiclog import TopicLog
 
     return TopicLog(options["path"])
 
@@ -219,7 +220,6 @@ def _share(lag: dict[tuple[str, str], int], budget: int) -> dict[tuple[str, str]
 
 def read_ranges(log: Log, topic: str, start: dict[int, int], end: dict[int, int]) -> pa.Table:
     """The records ``start[p] <= offset < end[p]`` of ``topic``'s partitions, without Spark."""
-    from ingest.source.topiclog import KAFKA_ROW_SCHEMA
 
     pieces = [log.read(topic, p, start[p], end[p]) for p in sorted(start) if end[p] > start[p]]
     return pa.concat_tables(pieces) if pieces else KAFKA_ROW_SCHEMA.empty_table()
@@ -227,7 +227,6 @@ def read_ranges(log: Log, topic: str, start: dict[int, int], end: dict[int, int]
 
 def fetch_messages(log: Log, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
     """Raw key, value and timestamp of some messages, read again from ``log`` by their coordinates."""
-    import pyarrow.compute as pc
 
     wanted: dict[tuple[str, int], set[int]] = {}
     for topic, partition, offset in coords:

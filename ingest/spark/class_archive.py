@@ -18,14 +18,15 @@ its logging about it is kept off stdout. ``benchmarks/bench_start.py`` measures 
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from ingest.spark.java import java_binary
 
 #: Where the archives live: inside the environment, so removing the venv removes them.
 ARCHIVE_DIR = Path(sys.prefix) / "share" / "cdc-ingest"
@@ -40,9 +41,7 @@ def archive_path() -> Path | None:
 
     Its name digests what the archive depends on: the Java binary, pyspark's version and jars.
     """
-    import pyspark
-
-    from ingest.spark.session import java_binary
+    import pyspark  # only when a session is about to start: pyspark's import is the costly part of it
 
     found = java_binary()
     if found is None:
@@ -64,28 +63,6 @@ def java_option() -> str:
     return f"-XX:SharedArchiveFile={path} {QUIET}" if path is not None and path.is_file() else ""
 
 
-def _dump(target: Path) -> None:
-    """In the child: a session whose JVM writes ``target`` when it exits."""
-    from ingest.spark.session import get_spark
-
-    options = f"-XX:ArchiveClassesAtExit={target} {QUIET}"
-    spark = get_spark("local[2]", 2, (("spark.driver.extraJavaOptions", options),))
-    gateway = spark.sparkContext._gateway
-    assert gateway is not None
-    jvm = gateway.proc  # the driver JVM, started by pyspark with a pipe as stdin
-    work = Path(tempfile.mkdtemp(prefix="class-archive-"))
-    try:  # what every run does early: Arrow in and out, a Parquet write and read, a shuffle
-        frame = spark.createDataFrame([(i, f"v{i}") for i in range(100)], "id long, v string")
-        frame.write.parquet(str(work / "t"))
-        spark.read.parquet(str(work / "t")).groupBy("v").count().toArrow()
-    finally:
-        spark.stop()
-        shutil.rmtree(work, ignore_errors=True)
-    # The JVM exits when its stdin closes and writes the archive as it exits: wait for that.
-    jvm.stdin.close()
-    jvm.wait(timeout=600)
-
-
 def build(*, force: bool = False) -> Path | None:
     """Write the archive if this environment lacks it; its path (``None``: no Java to build it with)."""
     path = archive_path()
@@ -100,7 +77,7 @@ def build(*, force: bool = False) -> Path | None:
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     print(f"class archive: writing {path} (once per Java and pyspark; about a minute)", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "ingest.spark.class_archive", "--dump", str(partial)],
+    done = subprocess.run([sys.executable, "-m", "ingest.spark.archive_dump", str(partial)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0 or not partial.is_file():
         partial.unlink(missing_ok=True)
@@ -113,15 +90,10 @@ def build(*, force: bool = False) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
 
     parser = argparse.ArgumentParser(prog="python -m ingest.spark.class_archive", description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="write it again even if present")
-    parser.add_argument("--dump", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.dump is not None:
-        _dump(args.dump)
-        return 0
     try:
         build(force=args.force)
     except RuntimeError as exc:  # a speed-up only: say so, and let make go on

@@ -9,8 +9,10 @@ from __future__ import annotations
 import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.functions import broadcast
 
-from ingest.lake.delta import key_range, normalize, table_schema
+from ingest.columns import normalize
+from ingest.lake.delta import key_range, table_schema
 from ingest.lake.location import LakePath
 from ingest.spark.session import arrow_frame, spark_location
 from ingest.spark.sql import ident, string
@@ -25,7 +27,6 @@ def spark_rows_of_keys(spark: SparkSession, path: LakePath, table: DeltaTable, k
     semi-join with the keys broadcast). The driver receives only the rows found -- for a current-row
     table at most one per key -- where its own read would hold every row of the range in memory.
     """
-    from pyspark.sql.functions import broadcast
 
     schema = normalize(table_schema(table).empty_table()).schema
     names = columns or schema.names

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from functools import cache
@@ -12,12 +10,17 @@ from pathlib import Path
 from typing import Final
 
 import pyarrow as pa
+from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
+from ingest.columns import arrow_type
 from ingest.config import IngestConfig, SparkSpec, local_cores
-from ingest.errors import EnvironmentProblem
 from ingest.lake.location import LakePath
+from ingest.source import TopicLogDataSource, decodes_at_read
+from ingest.spark.class_archive import java_option
 from ingest.spark.jars import Connector, classpath_conf
+from ingest.spark.java import check_java
 
 #: The driver JVM's options (``spark.driver.extraJavaOptions``).
 DRIVER_JAVA_OPTIONS: Final = "spark.driver.extraJavaOptions"
@@ -27,35 +30,10 @@ DRIVER_JAVA_OPTIONS: Final = "spark.driver.extraJavaOptions"
 #: method-handle calls fail): the usual 240 MB is kept.
 QUICK_JIT: Final = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
-JAVA_HINT = (
-    "Java 17 is required for Spark: install a JDK/JRE 17 "
-    "(e.g. `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
-)
-
-
-def java_binary() -> str | None:
-    """The ``java`` Spark starts: ``$JAVA_HOME/bin/java``, else the one on ``PATH`` (``None``: neither)."""
-    java_home = os.environ.get("JAVA_HOME")
-    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
-    return java if java and os.path.exists(java) else None
-
-
-def check_java() -> None:
-    """Fail with one clear line when Java is missing, instead of a py4j stack trace."""
-    java = java_binary()
-    if java is None:
-        raise EnvironmentProblem(JAVA_HINT)
-    try:
-        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise EnvironmentProblem(f"{JAVA_HINT} ({java} -version failed: {exc})") from exc
-
-
 def driver_java_options(extra: tuple[tuple[str, str], ...]) -> str:
     """The driver JVM's options: the engine's logging configuration and the class archive
     (:mod:`ingest.spark.class_archive`, when built), then those in ``extra`` (the JVM takes a flag's last
     occurrence, so the user's win)."""
-    from ingest.spark.class_archive import java_option
 
     log_config = Path(__file__).with_name("log4j2.properties")
     own = [f"-Dlog4j2.configurationFile=file:{log_config}"]
@@ -120,7 +98,6 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     snapshot_tasks(spark)
-    from ingest.source import TopicLogDataSource
 
     spark.dataSource.register(TopicLogDataSource)
     warm_up(spark)
@@ -150,7 +127,6 @@ def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     The schema is explicit: left to itself, pyspark reads a timestamp without time zone as Spark's
     ``timestamp`` (``spark.sql.timestampType``), and a ``timestamp_ntz`` column would change type.
     """
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     # pyspark cannot convert a column of no chunks (a truncate-only batch has no rows): give it one
     rows = table if table.num_rows else table.schema.empty_table()
@@ -159,9 +135,6 @@ def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
 
 def spark_type(delta_type: str) -> str:
     """The Spark SQL type of a Delta type name, as :func:`arrow_frame` gives it."""
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    from ingest.lake.delta import arrow_type
 
     return str(from_arrow_type(arrow_type(delta_type), prefer_timestamp_ntz=True).simpleString())
 
@@ -174,7 +147,6 @@ def warm_up(spark: SparkSession) -> None:
     tables' queries start together), and the first micro-batch of every table with it. Workers are
     reused from then on (``spark.python.worker.reuse``).
     """
-    from pyspark.java_gateway import ensure_callback_server_started
 
     cores = spark.sparkContext.defaultParallelism
     spark.range(0, cores, numPartitions=cores).mapInArrow(_import_decode, "id long").toArrow()
@@ -207,7 +179,6 @@ def session_conf(connectors: list[Connector], user_conf: dict[str, str]) -> dict
 
 def quick_jit(config: IngestConfig, connectors: list[Connector]) -> bool:
     """Whether the driver JVM compiles with C1 only (``spark.jit``; see :func:`session_for`)."""
-    from ingest.source import decodes_at_read
 
     if config.spark.jit != "auto":
         return config.spark.jit == "quick"

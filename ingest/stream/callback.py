@@ -26,8 +26,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ingest import secrets
@@ -358,7 +360,6 @@ class ForEachBatch:
 
 def _without_topics(topics: set[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """A ``mapInArrow`` function that drops the parts of ``topics``."""
-    import pyarrow as pa
 
     def keep(batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
@@ -410,7 +411,6 @@ def _chunks(start: dict[int, int], end: dict[int, int], limit: int) -> Iterator[
 
 def fetch_raw(frame: DataFrame, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
     """Raw key, value and timestamp of some messages of a micro-batch, read again from the source."""
-    from pyspark.sql import functions as F
 
     by_topic_partition: dict[tuple[str, int], list[int]] = {}
     for topic, partition, offset in coords:

@@ -1,4 +1,4 @@
-"""Is a table's Spark checkpoint still safe to resume from? (DESIGN 3.5)
+"""Is a table's Spark checkpoint still safe to resume from? (docs/architecture.md#progress-lives-in-the-table)
 
 Progress lives in the Delta log; the Spark checkpoint is a disposable cache of it. A checkpoint
 that is lost is harmless (the query starts from the offsets its table's Delta log records). One
@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ingest.lake.location import LakePath, Location
+from ingest.lake.location import LakePath, Location, s3_client
 from ingest.records import audit
 
 _CRC_MAGIC: Final = b"crc\x00"
@@ -108,7 +108,6 @@ def discard(directory: Location) -> None:
     if where.is_local:
         shutil.rmtree(where.local, ignore_errors=True)
         return
-    from ingest.lake.location import s3_client
 
     keys = [f"{where.key}/{name}" for name in _Files(where).names]
     for start in range(0, len(keys), 1000):  # the most one DeleteObjects request takes
@@ -127,7 +126,6 @@ class _Files:
             self.names = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} \
                 if root.is_dir() else set()
         else:
-            from ingest.lake.location import s3_client
 
             prefix = f"{directory.key}/"
             pages = s3_client(directory).get_paginator("list_objects_v2").paginate(
@@ -142,7 +140,6 @@ class _Files:
     def read(self, name: str) -> bytes:
         if self.directory.is_local:
             return (self.directory.local / name).read_bytes()
-        from ingest.lake.location import s3_client
 
         answer = s3_client(self.directory).get_object(Bucket=self.directory.bucket, Key=f"{self.directory.key}/{name}")
         return bytes(answer["Body"].read())
@@ -150,6 +147,7 @@ class _Files:
 
 def _verified_text(files: _Files, name: str) -> str:
     """File content, checked against its Hadoop ``.crc`` (CRC32 per 512-byte chunk) when present."""
+    # botocore: only for checkpoints on S3
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:

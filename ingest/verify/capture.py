@@ -200,6 +200,7 @@ def delete_topics(bootstrap_servers: str, topics: Iterable[str], *, timeout: flo
     Returns:
         The topics that were deleted.
     """
+    # librdkafka: only when the source's topics are on Kafka
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(admin_config or {})})

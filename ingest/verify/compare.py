@@ -16,6 +16,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.lake.delta import open_table, read_all
 from ingest.lake.location import Location
 
 CDC_PREFIX: Final = "_cdc_"
@@ -144,7 +145,6 @@ def verify_table(
 
 def _read_live(path: Location) -> pa.Table | None:
     """The rows a reader sees, without framework columns; ``None`` if there is no Delta table."""
-    from ingest.lake.delta import open_table, read_all
 
     delta = open_table(path)
     if delta is None:

@@ -29,6 +29,7 @@ from psycopg import sql
 
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError
+from ingest.lake.delta import open_table, read_all
 from ingest.verify.capture import CaptureResult, wait_for_capture
 from ingest.verify.compare import TableVerification, verify_table
 from ingest.verify.source_values import NotRepresentable, SourceColumn, column_plan
@@ -192,6 +193,7 @@ def verify_source_db(config: IngestConfig, dsn: str, *, wait: float = 120.0, say
 
 def wait_for_tables(config: IngestConfig, specs: list[TableSpec], *, wait: float, say: Say) -> CatchUp:
     """Wait until every table's applied offsets reach its topic's end offsets (lag 0)."""
+    # the sources bring Spark's data source API: only when waiting for tables
     from ingest.ops.status import table_status
     from ingest.source import source_for
 
@@ -243,7 +245,6 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: psycopg.Connection)
 
 def _unknown_values(path: Any, key: tuple[str, ...]) -> tuple[int, str | None]:
     """Live rows whose ``_cdc_unknown_columns`` is not empty (an unchanged-TOAST value never seen)."""
-    from ingest.lake.delta import open_table, read_all
 
     delta = open_table(path)
     if delta is None:

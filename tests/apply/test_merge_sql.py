@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from ingest.apply.rules.history import DROP
-from ingest.apply.rules.plan import TOAST_FLAG
 from ingest.commit.delta_rs import DIALECT as RS
 from ingest.commit.delta_spark import DIALECT as SPARK
 from ingest.commit.merge_sql import Dialect, MergeStatement, current_merge, history_merge
 from ingest.model import ColumnSpec
+from ingest.rules.history import DROP
+from ingest.rules.plan import TOAST_FLAG
 
 COLUMNS = [ColumnSpec("id", "long", False), ColumnSpec("notes", "string", True)]
 SOURCE = pa.table({"id": pa.array([7, 3, 12], pa.int64()), "notes": ["a", None, "c"],

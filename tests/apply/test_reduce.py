@@ -6,9 +6,9 @@ import pyarrow as pa
 import pytest
 
 from ingest.apply.batch import MicroBatch
-from ingest.apply.rules.reduce import Reduction, reduce_changes
 from ingest.commit.state import TableState
 from ingest.model import UNAVAILABLE, ChangeEvent
+from ingest.rules.reduce import Reduction, reduce_changes
 from tests.factories import change, decoded_rows
 
 NOTHING_APPLIED = TableState(None, None, None, None)

@@ -1,8 +1,8 @@
 import pytest
 
-from ingest.apply.rules.schema import combine, holds, plan_schema
 from ingest.errors import SchemaIncompatibleError
 from ingest.model import ColumnSpec
+from ingest.rules.schema import combine, holds, plan_schema
 
 
 @pytest.mark.parametrize(

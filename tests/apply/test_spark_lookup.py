@@ -13,15 +13,16 @@ import pyarrow as pa
 import pytest
 
 from ingest.apply.journey import apply_parts
-from ingest.apply.rules.plan import STORED_SCHEMA, UNKNOWN_COLUMNS
-from ingest.apply.stored import rows_of_keys, stored_rows
+from ingest.apply.stored import stored_rows
 from ingest.commit import delta_spark
 from ingest.commit.delta_spark import DeltaSparkWriter
 from ingest.commit.remembered import RememberedDeletes
 from ingest.config import TableSpec
 from ingest.lake.delta import has_deletion_vectors, open_table
 from ingest.lake.location import LakePath
+from ingest.lake.lookup import rows_of_keys
 from ingest.model import ChangeEvent, ColumnSpec
+from ingest.rules.plan import STORED_SCHEMA, UNKNOWN_COLUMNS
 from ingest.spark.reads import spark_rows_of_keys
 from tests.factories import decoded_rows, pos
 from tests.harness import paths_in

@@ -18,15 +18,16 @@ from ingest.apply.batch import MicroBatch
 from ingest.apply.journey import apply_parts
 from ingest.apply.placement.executors.merge_plan import SparkPlan, plan_on_executors, stored_on_executors
 from ingest.apply.placement.executors.reduction import reduce_on_executors
-from ingest.apply.rules.ordering import later_than_stored
-from ingest.apply.rules.plan import MergePlan, plan_merge
-from ingest.apply.rules.reduce import reduce_changes
 from ingest.apply.stored import stored_rows
+from ingest.columns import normalize
 from ingest.commit.remembered import RememberedDeletes
 from ingest.commit.state import load_state
 from ingest.config import TableSpec
-from ingest.lake.delta import normalize, open_table
+from ingest.lake.delta import open_table
 from ingest.lake.location import LakePath
+from ingest.rules.ordering import later_than_stored
+from ingest.rules.plan import MergePlan, plan_merge
+from ingest.rules.reduce import reduce_changes
 from ingest.spark.session import arrow_frame
 from tests.apply.test_spark_reduce import random_parts
 from tests.harness import paths_in

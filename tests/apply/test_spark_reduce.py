@@ -16,10 +16,10 @@ import pytest
 
 from ingest.apply.batch import MicroBatch
 from ingest.apply.placement.executors.reduction import SparkReduction, reduce_on_executors
-from ingest.apply.rules.reduce import Reduction, nulls_as_unchanged, reduce_changes
+from ingest.columns import normalize
 from ingest.commit.state import TableState
-from ingest.lake.delta import normalize
 from ingest.model import UNAVAILABLE, ChangeEvent
+from ingest.rules.reduce import Reduction, nulls_as_unchanged, reduce_changes
 from ingest.spark.session import arrow_frame
 from tests.factories import change, decoded_rows
 

@@ -152,7 +152,7 @@ def test_an_unreachable_broker_is_reported_never_lag_zero(tmp_path):
 
 def test_the_admin_client_gets_the_sasl_credentials_of_the_jaas_config():
     from ingest.config import KafkaSpec
-    from ingest.source.kafka import admin_config
+    from ingest.source.kafka_admin import admin_config
 
     spec = KafkaSpec(bootstrap_servers="b:9095", reader="spark",
                      options={"kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "SCRAM-SHA-512",

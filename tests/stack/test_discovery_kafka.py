@@ -20,7 +20,7 @@ from ingest.config import DiscoverySpec
 from ingest.errors import ConfigError
 from ingest.source import KafkaSource, source_for
 from ingest.source.discovery import with_discovered
-from ingest.source.kafka import admin_config
+from ingest.source.kafka_admin import admin_config
 from tests.stack.helpers import stack_config
 
 pytestmark = pytest.mark.stack

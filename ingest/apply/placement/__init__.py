@@ -4,7 +4,7 @@ The journey (:mod:`ingest.apply.journey`) runs the same steps in the same order 
 a :class:`Placement` does the steps that touch the batch's change rows, wherever those rows are:
 
 * :class:`~ingest.apply.placement.driver.DriverPlacement`: the rows are an Arrow table in this
-  process, and each per-key rule (:mod:`ingest.apply.rules`) runs once over the whole batch;
+  process, and each per-key rule (:mod:`ingest.rules`) runs once over the whole batch;
 * :class:`~ingest.apply.placement.executors.ExecutorsPlacement`: the rows stay a Spark DataFrame,
   split by a hash of the key into shares, and each rule runs on every share in a Python worker
   (``applyInArrow``); the driver receives counts, schemas and the few rows it must quarantine.
@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 import pyarrow as pa
 
 from ingest.apply.batch import BatchFacts, Held, MicroBatch
-from ingest.apply.rules.reduce import TruncateMark
 from ingest.commit.remembered import RememberedDeletes
 from ingest.commit.state import TableState
 from ingest.commit.writer import Rows
 from ingest.config import PlacementName, TableSpec
 from ingest.model import ColumnSpec
+from ingest.rules.reduce import TruncateMark
 
 if TYPE_CHECKING:
     from ingest.quality.gate import QualityGate, QualityReport
@@ -40,7 +40,7 @@ R = TypeVar("R")
 
 
 class Reduced(Protocol):
-    """A batch reduced to one change per key (:func:`ingest.apply.rules.reduce.reduce_changes`)."""
+    """A batch reduced to one change per key (:func:`ingest.rules.reduce.reduce_changes`)."""
 
     truncate: TruncateMark | None
     superseded: int
@@ -70,7 +70,7 @@ class CurrentPlan:
     """A current-row (scd1) batch's plan: the audit's counts and the MERGE's source.
 
     Attributes:
-        source: one row per change to write (:func:`ingest.apply.rules.plan.merge_source`).
+        source: one row per change to write (:func:`ingest.rules.plan.merge_source`).
         deletes: the deletes to remember (hard mode).
         stored_keys: winners whose key the table stores (none: the rows may be appended).
     """
@@ -89,7 +89,7 @@ class CurrentPlan:
 
 @dataclass(slots=True)
 class VersionsPlan:
-    """A ``history_mode: scd2`` batch's plan (:func:`ingest.apply.rules.history.plan_history`): the
+    """A ``history_mode: scd2`` batch's plan (:func:`ingest.rules.history.plan_history`): the
     audit's counts, the truncate fields and the MERGE's source (versions to write and to drop)."""
 
     source: Rows
@@ -152,12 +152,12 @@ class Placement(Protocol[R]):
         ...
 
     def nulls_as_unchanged(self, changes: R, key_columns: tuple[str, ...], columns: list[ColumnSpec]) -> R:
-        """:func:`ingest.apply.rules.reduce.nulls_as_unchanged` of every change (``ignore_null_updates``)."""
+        """:func:`ingest.rules.reduce.nulls_as_unchanged` of every change (``ignore_null_updates``)."""
         ...
 
     def reduce(self, changes: R, key_columns: tuple[str, ...], columns: list[ColumnSpec], *,
                soft: bool) -> Reduced:
-        """Each key's latest change (:func:`ingest.apply.rules.reduce.reduce_changes`)."""
+        """Each key's latest change (:func:`ingest.rules.reduce.reduce_changes`)."""
         ...
 
     def validate(self, gate: QualityGate, reduced: Reduced, changes: R, state: TableState,
@@ -173,12 +173,12 @@ class Placement(Protocol[R]):
     def plan_current(self, reduced: Reduced, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                      state: TableState, remembered: RememberedDeletes, hard: bool,
                      new_truncate: str | None) -> CurrentPlan:
-        """Classify the winners against the stored rows (:func:`ingest.apply.rules.plan.plan_merge`)."""
+        """Classify the winners against the stored rows (:func:`ingest.rules.plan.plan_merge`)."""
         ...
 
     def plan_versions(self, changes: R, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                       tracked: list[str] | None, state: TableState) -> VersionsPlan:
-        """Derive the touched keys' versions (:func:`ingest.apply.rules.history.plan_history`)."""
+        """Derive the touched keys' versions (:func:`ingest.rules.history.plan_history`)."""
         ...
 
     def release(self) -> None:

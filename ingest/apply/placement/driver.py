@@ -3,7 +3,7 @@
 The stored rows of the batch's keys (and their remembered deletes) are read through the writer's
 :class:`~ingest.apply.stored.KeyLookup`: delta-rs on the driver, or -- delta-spark, a large table --
 a Spark job that sends back only the rows found. Everything else is Arrow compute and DuckDB over
-the batch's tables (:mod:`ingest.apply.rules`).
+the batch's tables (:mod:`ingest.rules`).
 """
 
 from __future__ import annotations
@@ -18,19 +18,21 @@ from deltalake import DeltaTable
 
 from ingest.apply.batch import BatchFacts, Held, MicroBatch, facts_of
 from ingest.apply.placement import CurrentPlan, Reduced, VersionsPlan, Withdrawn
-from ingest.apply.rules.history import plan_history
-from ingest.apply.rules.plan import merge_source, plan_merge
-from ingest.apply.rules.reduce import Reduction, TruncateMark, nulls_as_unchanged, reduce_changes
-from ingest.apply.rules.sql import connect, ident, query
-from ingest.apply.rules.withdraw import withdraw
-from ingest.apply.stored import KeyLookup, rows_of_keys, stored_rows
+from ingest.apply.stored import stored_rows
+from ingest.columns import arrow_type
 from ingest.commit.remembered import RememberedDeletes
 from ingest.commit.state import TableState
 from ingest.commit.writer import ArrowRows, Writer
 from ingest.config import TableSpec
-from ingest.lake.delta import arrow_type, table_schema
+from ingest.lake.delta import table_schema
 from ingest.lake.location import LakePath
+from ingest.lake.lookup import KeyLookup, rows_of_keys
 from ingest.model import ColumnSpec
+from ingest.rules.history import plan_history
+from ingest.rules.plan import merge_source, plan_merge
+from ingest.rules.reduce import Reduction, TruncateMark, nulls_as_unchanged, reduce_changes
+from ingest.rules.sql import connect, ident, query
+from ingest.rules.withdraw import withdraw
 
 if TYPE_CHECKING:
     from ingest.quality.gate import QualityGate, QualityReport
@@ -177,7 +179,7 @@ def stored_versions(table: DeltaTable | None, key_columns: tuple[str, ...], keys
 
 
 def versions_plan(plan: Any, source: ArrowRows | Any) -> VersionsPlan:
-    """A :class:`~ingest.apply.rules.history.HistoryPlan`'s counts and truncate fields, its source as ``source``."""
+    """A :class:`~ingest.rules.history.HistoryPlan`'s counts and truncate fields, its source as ``source``."""
     return VersionsPlan(
         source=source, inserted=plan.inserted, updated=plan.updated, deleted=plan.deleted, stale=plan.stale,
         superseded=plan.superseded, truncates=plan.truncates, toast_unknown=plan.toast_unknown,

@@ -1,6 +1,6 @@
 """Where the local stack lives, which ports it uses, and its test credentials.
 
-Everything comes from the environment (``STACK_*`` variables) with the defaults of DESIGN.md 5c.
+Everything comes from the environment (``STACK_*`` variables) with the defaults docs/stack.md lists.
 Credentials that are not given in the environment are generated once and kept in
 ``$STACK_DIR/credentials.env`` (mode 0600), so every restart of a component, and every other process
 that builds a :class:`StackSettings`, sees the same ones. The engine receives them through

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_type
+from pyspark.sql.types import NullType
 
 from ingest.apply.batch import BatchFacts, Held, MicroBatch, unify_parts
 from ingest.apply.placement import CurrentPlan, Reduced, VersionsPlan, Withdrawn
@@ -29,14 +31,14 @@ from ingest.apply.placement.executors.assembly import assemble_on_executors
 from ingest.apply.placement.executors.merge_plan import plan_on_executors, remembered_on_executors, stored_on_executors
 from ingest.apply.placement.executors.reduction import SparkReduction, reduce_on_executors
 from ingest.apply.placement.executors.versions import history_on_executors
-from ingest.apply.rules.reduce import Reduction, nulls_as_unchanged
-from ingest.apply.rules.withdraw import withdraw
+from ingest.columns import normalize
 from ingest.commit.remembered import RememberedDeletes
 from ingest.commit.state import TableState
 from ingest.commit.writer import SparkRows
 from ingest.config import TableSpec
-from ingest.lake.delta import normalize
 from ingest.model import ColumnSpec
+from ingest.rules.reduce import Reduction, nulls_as_unchanged
+from ingest.rules.withdraw import withdraw
 from ingest.spark.session import arrow_frame, spark_type
 from ingest.spark.sql import ident
 
@@ -107,7 +109,6 @@ class ExecutorsPlacement:
 
     def with_key_columns(self, changes: DataFrame, key_columns: tuple[str, ...],
                          types: dict[str, pa.DataType]) -> DataFrame:
-        from pyspark.sql.pandas.types import from_arrow_type
 
         for k in key_columns:
             if k not in changes.columns:
@@ -117,7 +118,6 @@ class ExecutorsPlacement:
         return changes
 
     def typed_nulls(self, changes: DataFrame, columns: list[ColumnSpec]) -> DataFrame:
-        from pyspark.sql.types import NullType
 
         final = {c.name: c.type for c in columns}
         for f in changes.schema.fields:

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from ingest.apply.batch import (
     MicroBatch,
@@ -59,7 +60,6 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
     Raises:
         TableError, RegistryUnavailableError, SchemaIncompatibleError: as ``from_parts`` does.
     """
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     def summarize(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         out: dict[str, list[object]] = {"topic": [], "kind": [], "schema": [], "partitions": [], "keys": []}

@@ -1,6 +1,6 @@
 """The merge plan on Spark's executors: the driver's plan, run on shares of the batch split by key.
 
-:func:`~ingest.apply.rules.plan.plan_merge` classifies each winner against what the table stores for its
+:func:`~ingest.rules.plan.plan_merge` classifies each winner against what the table stores for its
 key (and, in hard-delete mode, the key's remembered delete), undoes TOAST fills older than the
 stored row and shapes the MERGE's source. All of it is per key, given the batch's truncate
 positions and TOAST columns. So, as for the reduce (:mod:`ingest.apply.placement.executors.reduction`), the
@@ -24,15 +24,17 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from ingest.apply.placement.executors.reduction import SparkReduction
 from ingest.apply.placement.executors.shares import SIDE, bound_aggregates, bounds_of, share_of
-from ingest.apply.rules.plan import STORED_SCHEMA, UNKNOWN_COLUMNS, live_rows, merge_source, plan_merge
-from ingest.apply.rules.reduce import Reduction
+from ingest.columns import normalize
 from ingest.commit.remembered import RememberedDeletes
-from ingest.lake.delta import normalize, table_schema
+from ingest.lake.delta import table_schema
 from ingest.lake.location import LakePath
 from ingest.model import ColumnSpec
+from ingest.rules.plan import STORED_SCHEMA, UNKNOWN_COLUMNS, live_rows, merge_source, plan_merge
+from ingest.rules.reduce import Reduction
 from ingest.spark.reads import frame_of_keys
 from ingest.spark.sql import ident
 
@@ -42,7 +44,7 @@ _TOMB = "_cdc_tomb_position"
 
 @dataclass(slots=True)
 class SparkPlan:
-    """:class:`~ingest.apply.rules.plan.MergePlan`, its row sets as Spark DataFrames (``rows`` persisted:
+    """:class:`~ingest.rules.plan.MergePlan`, its row sets as Spark DataFrames (``rows`` persisted:
     call :meth:`release` when done)."""
 
     rows: DataFrame
@@ -101,10 +103,9 @@ def remembered_on_executors(spark: SparkSession, remembered: RememberedDeletes, 
 def plan_on_executors(reduction: SparkReduction, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                       stored: DataFrame, tombstones: DataFrame | None, old_truncate: str | None,
                       new_truncate: str | None, hard: bool, shares: int | None = None) -> SparkPlan:
-    """:func:`~ingest.apply.rules.plan.plan_merge` of ``reduction`` against ``stored`` (as
+    """:func:`~ingest.rules.plan.plan_merge` of ``reduction`` against ``stored`` (as
     :func:`stored_on_executors` reads it) and, in hard mode, ``tombstones`` (the key columns and
     ``_cdc_position`` of the remembered deletes), in shares by key hash on the executors."""
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     spark = reduction.tagged.sparkSession
     shares = shares or spark.sparkContext.defaultParallelism
@@ -164,7 +165,7 @@ def plan_on_executors(reduction: SparkReduction, *, key_columns: tuple[str, ...]
 
 
 def _counted(rows: DataFrame, toast: list[str], hard: bool, first_key: str) -> tuple[dict[str, int], pa.Table]:
-    """The plan's counts as :func:`~ingest.apply.rules.plan.plan_merge` takes them, whether each TOAST
+    """The plan's counts as :func:`~ingest.rules.plan.plan_merge` takes them, whether each TOAST
     column's flag is set in some live row (``flag_<n>``), and the live rows' first-key bounds, in
     one aggregate."""
     action = F.col("_cdc_action")

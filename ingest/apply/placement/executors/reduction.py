@@ -1,6 +1,6 @@
 """Reduce on Spark's executors: the driver's reduce, run on shares of the batch split by key.
 
-:func:`~ingest.apply.rules.reduce.reduce_changes` keeps each key's latest change. Every rule it applies
+:func:`~ingest.rules.reduce.reduce_changes` keeps each key's latest change. Every rule it applies
 is a rule about one key's changes (their order, their lives between deletes, the TOAST fills from
 earlier images of the same life) plus the batch's latest truncate. So the batch can be split by
 a hash of the key into shares -- every change of a key lands in the same share -- and each share
@@ -13,7 +13,7 @@ reduced by the same function in a Python worker (``groupBy(...).applyInArrow``),
 * the counts the driver's reduce gives made whole again: the superseded truncates are counted
   once, not once per share.
 
-``ignore_null_updates`` (:func:`~ingest.apply.rules.reduce.nulls_as_unchanged`) is a rule about one
+``ignore_null_updates`` (:func:`~ingest.rules.reduce.nulls_as_unchanged`) is a rule about one
 change, applied to every change before the reduce (the journey asks the placement for it): the
 batch's list of TOAST columns then also names every column an update of the batch leaves null.
 
@@ -34,17 +34,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from ingest.apply.placement.executors.shares import SIDE, share_of
-from ingest.apply.rules.reduce import Reduction, TruncateMark, reduce_changes
-from ingest.lake.delta import normalize
+from ingest.columns import normalize
 from ingest.model import ColumnSpec
+from ingest.rules.reduce import Reduction, TruncateMark, reduce_changes
 from ingest.spark.sql import ident
 
 
 @dataclass(slots=True)
 class SparkReduction:
-    """:class:`~ingest.apply.rules.reduce.Reduction`, its row sets as Spark DataFrames (persisted: call
+    """:class:`~ingest.rules.reduce.Reduction`, its row sets as Spark DataFrames (persisted: call
     :meth:`release` when done)."""
 
     winners: DataFrame
@@ -85,10 +86,9 @@ class SparkReduction:
 
 def reduce_on_executors(changes: DataFrame, key_columns: tuple[str, ...], columns: list[ColumnSpec], *,
                         soft: bool = False, shares: int | None = None) -> SparkReduction:
-    """:func:`~ingest.apply.rules.reduce.reduce_changes` of ``changes`` (the columns of
+    """:func:`~ingest.rules.reduce.reduce_changes` of ``changes`` (the columns of
     :attr:`~ingest.apply.batch.MicroBatch.changes`), in ``shares`` shares by key hash (default:
     one per core of the session's context), on the executors (see module docstring)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     spark = changes.sparkSession
     shares = shares or spark.sparkContext.defaultParallelism
@@ -135,7 +135,7 @@ def _tagged(reduction: Reduction, soft: bool) -> pa.Table:
 
 
 def _latest(marks: pa.Table) -> TruncateMark | None:
-    """The batch's latest truncate, as :func:`~ingest.apply.rules.reduce.reduce_changes` picks it."""
+    """The batch's latest truncate, as :func:`~ingest.rules.reduce.reduce_changes` picks it."""
     if not marks.num_rows:
         return None
     order = pc.sort_indices(marks, sort_keys=[("_cdc_position", "descending"), ("_cdc_partition", "ascending"),

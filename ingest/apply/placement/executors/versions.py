@@ -1,6 +1,6 @@
 """SCD type 2 on Spark's executors: the driver's history plan, run on shares of the batch split by key.
 
-:func:`~ingest.apply.rules.history.plan_history` derives the versions of every key a batch touches from
+:func:`~ingest.rules.history.plan_history` derives the versions of every key a batch touches from
 that key's story: its stored versions, the batch's changes of it and the table's truncates. All of
 it is per key, given the truncates. So, as for the current-row plan
 (:mod:`ingest.apply.placement.executors.merge_plan`), the batch's changes and the stored versions of
@@ -11,7 +11,7 @@ same function in a Python worker
 What comes to the driver: the batch's truncates (few), and one row of counts per share, summed in
 one aggregate with the MERGE source's size and first-key bounds. The truncate fields of the plan --
 which truncate ends the untouched keys' versions, the table's truncate log after the batch -- are
-the driver's own :func:`~ingest.apply.rules.history.plan_history` of the truncates alone. Each share
+the driver's own :func:`~ingest.rules.history.plan_history` of the truncates alone. Each share
 counts the truncates that change nothing once; they are counted once for the batch.
 """
 
@@ -25,12 +25,14 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from ingest.apply.placement.executors.shares import bound_aggregates, bounds_of, share_of
-from ingest.apply.rules.history import HistoryPlan, plan_history
-from ingest.lake.delta import normalize, table_schema
+from ingest.columns import normalize
+from ingest.lake.delta import table_schema
 from ingest.lake.location import LakePath
 from ingest.model import ColumnSpec
+from ingest.rules.history import HistoryPlan, plan_history
 from ingest.spark.reads import frame_of_keys
 from ingest.spark.sql import ident
 
@@ -42,11 +44,11 @@ _COUNTED: Final = "_cdc_counted"
 
 @dataclass(slots=True)
 class SparkHistory:
-    """A :class:`~ingest.apply.rules.history.HistoryPlan`'s MERGE source on the executors (``rows``
+    """A :class:`~ingest.rules.history.HistoryPlan`'s MERGE source on the executors (``rows``
     persisted: call :meth:`release` when done)."""
 
     rows: DataFrame
-    #: the versions to write and, flagged :data:`~ingest.apply.rules.history.DROP`, the ones to drop
+    #: the versions to write and, flagged :data:`~ingest.rules.history.DROP`, the ones to drop
     source: DataFrame
     #: the source's first key column's least and greatest value (two rows: the MERGE's bounds)
     bounds: pa.Table
@@ -60,12 +62,11 @@ def history_on_executors(changes: DataFrame, *, key_columns: tuple[str, ...], co
                          tracked: list[str] | None, path: LakePath, table: DeltaTable | None,
                          watermark: str | None, truncate_log: list[tuple[str, datetime | None]],
                          shares: int | None = None, marks: pa.Table | None = None) -> tuple[HistoryPlan, SparkHistory]:
-    """:func:`~ingest.apply.rules.history.plan_history` of ``changes`` (the columns of
+    """:func:`~ingest.rules.history.plan_history` of ``changes`` (the columns of
     :attr:`~ingest.apply.batch.MicroBatch.changes`), in shares by key hash on the executors: the
     plan's counts and truncate fields (its ``source`` is empty), and the source where it is.
     ``marks``: the batch's truncates, when collected already
     (:attr:`~ingest.apply.placement.executors.reduction.SparkReduction.marks`)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     spark = changes.sparkSession
     shares = shares or spark.sparkContext.defaultParallelism

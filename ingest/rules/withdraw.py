@@ -16,8 +16,8 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.apply.rules.reduce import Reduction
-from ingest.apply.rules.sql import connect, ident, literal, query
+from ingest.rules.reduce import Reduction
+from ingest.rules.sql import connect, ident, literal, query
 
 
 class Hold(Protocol):

@@ -1,4 +1,6 @@
-"""Which of two changes of a key wins: the one ordering rule, in Python and in SQL (DESIGN 3.1, 3.6).
+"""Which of two changes of a key wins: the one ordering rule, in Python and in SQL.
+
+See docs/architecture.md#ordering and docs/architecture.md#idempotent-replay.
 
 Positions are compared in their encoded form (:meth:`ingest.model.SourcePosition.encode`), whose
 text order is the source order. Two refinements make the rule total and batching-independent:

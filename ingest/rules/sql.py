@@ -17,7 +17,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from ingest.lake.delta import normalize
+from ingest.columns import normalize
 
 _DATABASE: Any = None
 _OWNER = 0  # the process that opened it (a forked child opens its own)

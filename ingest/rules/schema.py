@@ -1,4 +1,4 @@
-"""Schema evolution between a batch and its target table (DESIGN 3.8).
+"""Schema evolution between a batch and its target table (docs/architecture.md#schema-evolution).
 
 New columns are added (existing rows read null). Safe widenings are applied: integers to wider
 integers, ``float`` to ``double``, integers to ``double`` (schemaless JSON reads ``1`` as a long

@@ -1,8 +1,10 @@
-"""Reduce a micro-batch to at most one change per key, by source position (DESIGN 3.1, 3.3, 3.6, 3.9).
+"""Reduce a micro-batch to at most one change per key, by source position.
 
-SQL over the batch's Arrow ``changes`` (:mod:`ingest.apply.rules.sql`); when nothing is to be filled (no
+See docs/architecture.md#ordering, #truncate, #idempotent-replay and #toast-and-debezium-types.
+
+SQL over the batch's Arrow ``changes`` (:mod:`ingest.rules.sql`); when nothing is to be filled (no
 TOAST placeholder in the batch, hard-delete mode), Arrow's hash aggregation picks the same winners.
-The batch order is :func:`ingest.apply.rules.ordering.batch_order`: by position, and among copies of one
+The batch order is :func:`ingest.rules.ordering.batch_order`: by position, and among copies of one
 position the lowest Kafka coordinates last, so the last change of a key in that order -- its
 *winner* -- is the latest one and, of several copies, the first delivered. Everything the winner
 replaces is *superseded in batch*. The latest truncate supersedes every change before it; earlier
@@ -32,9 +34,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.apply.rules.sql import connect, ident, key_list, literal, query
-from ingest.lake.delta import normalize
+from ingest.columns import normalize
 from ingest.model import ColumnSpec
+from ingest.rules.sql import connect, ident, key_list, literal, query
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,13 @@
-"""The merge plan: what a reduced batch will do to its table, decided before the MERGE (DESIGN 3.1-3.3, 3.9).
+"""The merge plan: what a reduced batch will do to its table, decided before the MERGE.
+
+See docs/architecture.md#ordering, #deletes, #truncate and #toast-and-debezium-types.
 
 The batch's winners are joined with what the table stores for their keys (and, in hard-delete mode,
 with the remembered deletes) and each is classified -- insert, update, delete or stale -- by the
-same rule the MERGE's predicates apply (:mod:`ingest.apply.rules.ordering`), so the audit counts what the
+same rule the MERGE's predicates apply (:mod:`ingest.rules.ordering`), so the audit counts what the
 commit does. The plan also undoes TOAST fills from images older than the stored row, decides which
 columns stay unknown (``_cdc_unknown_columns``), and builds the MERGE's source table. SQL over Arrow
-(:mod:`ingest.apply.rules.sql`): no row becomes a Python object.
+(:mod:`ingest.rules.sql`): no row becomes a Python object.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.apply.rules.ordering import later_than_stored_sql, replaces_sql
-from ingest.apply.rules.reduce import Reduction
-from ingest.apply.rules.sql import connect, ident, literal, query
-from ingest.lake.delta import FRAMEWORK_COLUMNS, arrow_type
+from ingest.columns import FRAMEWORK_COLUMNS, arrow_type
 from ingest.model import ColumnSpec
+from ingest.rules.ordering import later_than_stored_sql, replaces_sql
+from ingest.rules.reduce import Reduction
+from ingest.rules.sql import connect, ident, literal, query
 
 Action = Literal["insert", "update", "delete", "stale", "truncated", "dropped"]
 #: Prefix of the MERGE source's per-column "keep the stored value" flags (unchanged TOAST).

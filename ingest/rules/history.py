@@ -41,10 +41,11 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.apply.rules.ordering import later_than_stored
-from ingest.apply.rules.sql import connect, ident, key_list, literal, query
-from ingest.lake.delta import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, arrow_type
+from ingest.columns import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, arrow_type
+from ingest.errors import TableError
 from ingest.model import ColumnSpec
+from ingest.rules.ordering import later_than_stored
+from ingest.rules.sql import connect, ident, key_list, literal, query
 
 #: MERGE source column: the row identifies a stored version to drop.
 DROP = "__cdc_drop"
@@ -110,7 +111,6 @@ def check_history_mode(table: str, mode: str, state: Any) -> None:
     Raises:
         TableError: the table was written in the other mode.
     """
-    from ingest.errors import TableError
 
     if state.table is None or state.history == (mode == "scd2"):
         return

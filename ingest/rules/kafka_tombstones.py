@@ -1,4 +1,4 @@
-"""Kafka tombstones that are deletes: flattened streams (DESIGN 3.2, 5b).
+"""Kafka tombstones that are deletes: flattened streams (docs/architecture.md#deletes).
 
 With ``ExtractNewRecordState`` Debezium's default delete handling sends a delete as a tombstone
 only (2.5+: ``delete.tombstone.handling.mode=tombstone``; 1.x: ``delete.handling.mode=drop``).
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.apply.rules.ordering import after_sql
-from ingest.apply.rules.sql import connect, ident, key_list, query
+from ingest.rules.ordering import after_sql
+from ingest.rules.sql import connect, ident, key_list, query
 
 
 def are_deletes(setting: str, batch_flattened: bool | None, table_flattened: bool | None) -> bool:

@@ -1,0 +1,172 @@
+"""A Kafka cluster's admin API: its topics and their offsets, read with librdkafka (confluent-kafka).
+
+Every client of the cluster -- the source's own, the engine's reader (:mod:`ingest.source.kafkalog`),
+Spark's Kafka source -- gets the same connection settings: ``source.kafka.bootstrap_servers``, the
+``kafka.*`` options of the configuration (librdkafka takes those it shares with the Java client), and
+the SASL JAAS config from the environment (``source.kafka.credentials_env``) or the secrets file.
+librdkafka has no JAAS: the username and password are read out of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any, Final
+
+from ingest import secrets
+from ingest.config import KafkaSpec
+from ingest.config.source import SHARED_KAFKA_OPTIONS
+from ingest.errors import SourceUnavailableError
+
+log = logging.getLogger(__name__)
+_JAAS_FIELD: Final = re.compile(r'\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
+#: Seconds the admin client waits for the cluster before the source counts as unavailable.
+ADMIN_TIMEOUT: Final = 15.0
+
+
+def admin_config(spec: KafkaSpec, jaas: str | None) -> dict[str, Any]:
+    """librdkafka settings equivalent to what Spark's Kafka source gets."""
+    conf: dict[str, Any] = {"bootstrap.servers": spec.bootstrap_servers, "logger": log}
+    for key, value in spec.options.items():
+        name = key.removeprefix("kafka.")
+        if name in SHARED_KAFKA_OPTIONS:
+            conf[name] = value
+    if jaas:
+        fields = {name: re.sub(r"\\(.)", r"\1", value) for name, value in _JAAS_FIELD.findall(jaas)}
+        if "username" in fields:
+            conf["sasl.username"] = fields["username"]
+        if "password" in fields:
+            conf["sasl.password"] = fields["password"]
+    return conf
+
+
+class KafkaAdmin:
+    """A Kafka cluster's topics and offsets, through its admin API."""
+
+    def __init__(self, spec: KafkaSpec, *, secrets_file: str | None = None, timeout: float = ADMIN_TIMEOUT) -> None:
+        self.spec = spec
+        self.secrets_file = secrets_file
+        self.timeout = timeout
+        self._admin: Any = None
+        self._client_error: str | None = None  # what librdkafka last reported (an auth failure says so only here)
+
+    def describe(self) -> str:
+        return f"Kafka at {self.spec.bootstrap_servers}"
+
+    def _jaas(self) -> str | None:
+        return secrets.lookup(self.spec.credentials_env, self.secrets_file)
+
+    def _client(self) -> Any:
+        if self._admin is None:
+            from confluent_kafka.admin import AdminClient
+
+            conf: dict[str, Any] = {**admin_config(self.spec, self._jaas()), "error_cb": self._on_error}
+            self._admin = AdminClient(conf)
+        return self._admin
+
+    def _on_error(self, error: Any) -> None:
+        # A refused SASL login surfaces in requests only as a transport failure; its cause comes here.
+        # Served by poll(); a refused login is the most telling error, so a later generic one keeps it.
+        if self._client_error is None or not self._client_error.startswith("_AUTHENTICATION"):
+            self._client_error = secrets.redact(f"{error.name()}: {error.str()}")
+
+    def _why(self, exc: Exception) -> str:
+        if self._admin is not None:
+            self._admin.poll(0)  # runs error_cb for what the client saw while the request failed
+        reason = _reason(exc)
+        if self._client_error and self._client_error not in reason:
+            reason += f" ({self._client_error})"
+        return reason
+
+    def topics(self) -> list[str]:
+        """Every topic of the cluster, sorted, without the internal ones (``__consumer_offsets`` ...).
+
+        Raises:
+            SourceUnavailableError: the cluster did not answer, or refused the credentials.
+        """
+        # librdkafka: only for a Kafka source (the CLI starts without it)
+        from confluent_kafka import KafkaException
+
+        try:
+            metadata = self._metadata()
+        except KafkaException as exc:
+            raise SourceUnavailableError(secrets.redact(
+                f"{self.describe()} did not list its topics: {self._why(exc)}")) from None
+        return sorted(t for t in metadata.topics if not t.startswith("__"))
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """Next offset of every partition of ``topic`` (``{}`` if the topic does not exist yet).
+
+        Raises:
+            SourceUnavailableError: the cluster did not answer, or refused the credentials.
+        """
+        # librdkafka: only for a Kafka source (the CLI starts without it)
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._offsets(topic, OffsetSpec.latest())
+
+    def start_offsets(self, topic: str) -> dict[int, int]:
+        """First offset the cluster still holds of every partition of ``topic`` (``{}`` if it does not exist).
+
+        Raises:
+            SourceUnavailableError: the cluster did not answer, or refused the credentials.
+        """
+        # librdkafka: only for a Kafka source (the CLI starts without it)
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._offsets(topic, OffsetSpec.earliest())
+
+    def _metadata(self, topic: str | None = None) -> Any:
+        """The cluster's metadata; a refused login fails at once rather than after the whole timeout.
+
+        librdkafka reports a refused SASL login to ``error_cb`` only, while the request itself waits
+        out its timeout: ask in one-second steps and stop as soon as the login was refused.
+        """
+        # librdkafka: only for a Kafka source (the CLI starts without it)
+        from confluent_kafka import KafkaException
+
+        admin, deadline = self._client(), time.monotonic() + self.timeout
+        while True:
+            step = max(0.1, min(1.0, deadline - time.monotonic()))
+            try:
+                return admin.list_topics(topic, timeout=step)
+            except KafkaException:
+                admin.poll(0)
+                refused = (self._client_error or "").startswith("_AUTHENTICATION")
+                if refused or time.monotonic() >= deadline:
+                    raise
+
+    def _offsets(self, topic: str, which: Any) -> dict[int, int]:
+        # librdkafka: only for a Kafka source (the CLI starts without it)
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        admin = self._client()
+        try:
+            metadata = self._metadata(topic)
+            info = metadata.topics.get(topic)
+            if info is None or (info.error is not None and info.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                return {}
+            if info.error is not None:
+                raise KafkaException(info.error)
+            wanted = {TopicPartition(topic, p): which for p in info.partitions}
+            futures = admin.list_offsets(wanted, request_timeout=self.timeout, isolation_level=self._isolation())
+            return {tp.partition: future.result().offset for tp, future in futures.items()}
+        except KafkaException as exc:
+            raise SourceUnavailableError(secrets.redact(
+                f"{self.describe()} did not answer for topic {topic!r}: {self._why(exc)}")) from None
+
+    def _isolation(self) -> Any:
+        """The consumers' isolation level: a read_committed stream ends at the last stable offset."""
+        # librdkafka: only for a Kafka source (the CLI starts without it)
+        from confluent_kafka import IsolationLevel
+
+        committed = self.spec.options.get("kafka.isolation.level") == "read_committed"
+        return IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+
+
+def _reason(exc: Exception) -> str:
+    error: Any = exc.args[0] if exc.args else None
+    if hasattr(error, "str") and hasattr(error, "name"):
+        return f"{error.name()}: {error.str()}"
+    return str(exc)
