@@ -132,11 +132,11 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
         record.skipped = sum(controls.values())
 
         # 3. Reduce (scd2 plans every change: its reduce is only for the gate); 4. validate the winners.
-        history = spec.history_mode == "scd2"
+        keeps_history = spec.history_mode == "scd2"
         if key_columns and spec.ignore_null_updates:
             changes = placement.nulls_as_unchanged(changes, key_columns, schema.columns)
         reduced = placement.reduce(changes, key_columns, schema.columns, soft=spec.delete_mode == "soft") \
-            if not history or spec.expectations else None
+            if not keeps_history or spec.expectations else None
         report, withdrawn = QualityReport(), None
         if spec.expectations and reduced is not None and key_columns:
             assert gate is not None
@@ -234,15 +234,16 @@ def _plan(spec: TableSpec, paths: TablePaths, placement: Placement[Any], changes
         tracked = [c.name for c in schema.columns if spec.track_history is None or spec.track_history.keeps(c.name)]
         versions: VersionsPlan = placement.plan_versions(changes, key_columns=key_columns, columns=schema.columns,
                                                          tracked=tracked, state=state)
-        if unborn and not versions.truncates:
+        history = versions.plan
+        if unborn and not history.truncates:
             return None
-        count_history(record, versions, withdrawn=withdrawn.changes if withdrawn else 0,
+        count_history(record, history, withdrawn=withdrawn.changes if withdrawn else 0,
                       held=withdrawn.held if withdrawn else 0)
-        if replay and versions.source.count == 0 and versions.truncate is None:
+        if replay and versions.source.count == 0 and history.truncate is None:
             return None
-        return request(source=versions.source, history_mode="scd2", truncate=versions.truncate,
-                       truncate_ts=versions.truncate_ts, watermark=versions.watermark,
-                       truncate_log=versions.truncate_log, updates=versions.updates)
+        return request(source=versions.source, history_mode="scd2", truncate=history.truncate,
+                       truncate_ts=history.truncate_ts, watermark=history.watermark,
+                       truncate_log=history.truncate_log, updates=history.updates)
     assert reduced is not None
     if unborn and reduced.truncate is None:
         return None
@@ -255,14 +256,15 @@ def _plan(spec: TableSpec, paths: TablePaths, placement: Placement[Any], changes
                                                new_truncate=truncate)
     record.superseded = reduced.superseded
     record.truncates = 1 if truncate else 0
-    record.inserted, record.updated, record.deleted = plan.inserted, plan.updated, plan.deleted
-    record.stale = plan.stale + (1 if reduced.truncate is not None and not truncate else 0)
-    record.toast_unknown = plan.toast_unknown
+    counts = plan.counts
+    record.inserted, record.updated, record.deleted = counts.inserted, counts.updated, counts.deleted
+    record.stale = counts.stale + (1 if reduced.truncate is not None and not truncate else 0)
+    record.toast_unknown = counts.toast_unknown
     if replay and reduced.winners_count() == 0 and reduced.truncate is None:
         return None
     return request(source=plan.source, deletes=plan.deletes, truncate=truncate,
-                   watermark=truncate or state.truncate_position, matched_deletes=plan.matched_deletes,
-                   matched_updates=plan.matched_updates, history_mode=spec.history_mode,
+                   watermark=truncate or state.truncate_position, matched_deletes=counts.matched_deletes,
+                   matched_updates=counts.matched_updates, history_mode=spec.history_mode,
                    new_keys_only=state.table is not None and plan.stored_keys == 0 and truncate is None)
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -83,19 +83,7 @@ class HistoryPlan:
     toast_unknown: int = 0
 
 
-class HistoryCounts(Protocol):
-    """A scd2 plan's audit terms, wherever its rows were planned."""
-
-    inserted: int
-    updated: int
-    deleted: int
-    stale: int
-    superseded: int
-    truncates: int
-    toast_unknown: int
-
-
-def count_history(record: Any, plan: HistoryCounts, *, withdrawn: int, held: int) -> None:
+def count_history(record: Any, plan: HistoryPlan, *, withdrawn: int, held: int) -> None:
     """A scd2 batch's audit terms (:class:`~ingest.records.audit.AuditRecord`): ``plan``'s, and of the
     ``withdrawn`` changes of the keys the quality gate held, those it did not quarantine itself
     (``held``) count as superseded."""

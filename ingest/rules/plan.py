@@ -37,24 +37,18 @@ STORED_SCHEMA = [("s_pos", pa.string()), ("s_part", pa.int32()), ("s_off", pa.in
 
 
 @dataclass(slots=True)
-class MergePlan:
-    """One batch's plan for one table.
+class PlanCounts:
+    """What a current-row plan does, counted.
 
     Attributes:
-        rows: every winner (and kept truncated row) with its ``_cdc_action`` and final columns.
-        source: the MERGE source: user columns, framework columns, TOAST flags.
         inserted, updated, deleted, stale: the audit's apply counts.
         toast_unknown: rows written with a column whose value is unknown.
         matched_deletes: hard deletes that remove a stored row (the MERGE's other deletions are the
             truncate's).
         matched_updates: soft mode: source rows that update a stored row (the MERGE's other updates
             are the truncate's, which flags the rows it covers as deleted).
-        deletes: the deletes to remember (hard mode): key columns, ``_cdc_position``,
-            ``_cdc_source_ts``.
     """
 
-    rows: pa.Table
-    source: pa.Table
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
@@ -62,6 +56,23 @@ class MergePlan:
     toast_unknown: int = 0
     matched_deletes: int = 0
     matched_updates: int = 0
+
+
+@dataclass(slots=True)
+class MergePlan:
+    """One batch's plan for one table.
+
+    Attributes:
+        rows: every winner (and kept truncated row) with its ``_cdc_action`` and final columns.
+        source: the MERGE source: user columns, framework columns, TOAST flags.
+        counts: what it does.
+        deletes: the deletes to remember (hard mode): key columns, ``_cdc_position``,
+            ``_cdc_source_ts``.
+    """
+
+    rows: pa.Table
+    source: pa.Table
+    counts: PlanCounts = field(default_factory=PlanCounts)
     deletes: pa.Table = field(default_factory=lambda: pa.table({}))
 
 
@@ -86,18 +97,17 @@ def plan_merge(reduction: Reduction, *, key_columns: tuple[str, ...], columns: l
     counts = {v["values"]: v["counts"] for v in pc.value_counts(actions).to_pylist()} if rows.num_rows else {}
     live = live_rows(rows, hard=hard)
     deletes = rows.filter(pc.equal(actions, "delete")).select([*key_columns, "_cdc_position", "_cdc_source_ts"])
-    plan = MergePlan(
-        rows=rows, source=merge_source(live, columns, reduction.toast_columns, new_truncate),
+    done = PlanCounts(
         inserted=counts.get("insert", 0), updated=counts.get("update", 0), deleted=counts.get("delete", 0),
-        stale=counts.get("stale", 0), deletes=deletes,
-        toast_unknown=int(pc.sum(pc.is_valid(live[UNKNOWN_COLUMNS])).as_py() or 0) if live.num_rows else 0,
-    )
+        stale=counts.get("stale", 0),
+        toast_unknown=int(pc.sum(pc.is_valid(live[UNKNOWN_COLUMNS])).as_py() or 0) if live.num_rows else 0)
     if hard:
         matched = pc.and_(pc.equal(actions, "delete"), rows["_cdc_stored"]) if rows.num_rows else pa.array([])
-        plan.matched_deletes = int(pc.sum(matched).as_py() or 0)
+        done.matched_deletes = int(pc.sum(matched).as_py() or 0)
     else:
-        plan.matched_updates = int(pc.sum(live["_cdc_stored"]).as_py() or 0) if live.num_rows else 0
-    return plan
+        done.matched_updates = int(pc.sum(live["_cdc_stored"]).as_py() or 0) if live.num_rows else 0
+    return MergePlan(rows=rows, source=merge_source(live, columns, reduction.toast_columns, new_truncate),
+                     counts=done, deletes=deletes)
 
 
 def live_rows(rows: pa.Table, *, hard: bool) -> pa.Table:

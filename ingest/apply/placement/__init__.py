@@ -19,8 +19,7 @@ refused there when its writer cannot write what it plans. What the placement han
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
@@ -31,6 +30,8 @@ from ingest.commit.state import TableState
 from ingest.commit.writer import Rows
 from ingest.config import PlacementName, TableSpec
 from ingest.model import ColumnSpec
+from ingest.rules.history import HistoryPlan
+from ingest.rules.plan import PlanCounts
 from ingest.rules.reduce import TruncateMark
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class Withdrawn(Generic[R]):
 
 @dataclass(slots=True)
 class CurrentPlan:
-    """A current-row (scd1) batch's plan: the audit's counts and the MERGE's source.
+    """A current-row (scd1) batch's plan: what it does, counted, and the MERGE's source.
 
     Attributes:
         source: one row per change to write (:func:`ingest.rules.plan.merge_source`).
@@ -75,36 +76,19 @@ class CurrentPlan:
         stored_keys: winners whose key the table stores (none: the rows may be appended).
     """
 
+    counts: PlanCounts
     source: Rows
     deletes: Rows | None = None
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    stale: int = 0
-    toast_unknown: int = 0
-    matched_deletes: int = 0
-    matched_updates: int = 0
     stored_keys: int = 0
 
 
 @dataclass(slots=True)
 class VersionsPlan:
-    """A ``history_mode: scd2`` batch's plan (:func:`ingest.rules.history.plan_history`): the
-    audit's counts, the truncate fields and the MERGE's source (versions to write and to drop)."""
+    """A ``history_mode: scd2`` batch's plan (:func:`ingest.rules.history.plan_history`): its counts
+    and truncate fields, and the MERGE's source (versions to write and to drop) wherever it is."""
 
+    plan: HistoryPlan
     source: Rows
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    stale: int = 0
-    superseded: int = 0
-    truncates: int = 0
-    toast_unknown: int = 0
-    updates: int = 0
-    truncate: str | None = None
-    truncate_ts: datetime | None = None
-    watermark: str | None = None
-    truncate_log: list[tuple[str, datetime | None]] = field(default_factory=list)
 
 
 class Placement(Protocol[R]):

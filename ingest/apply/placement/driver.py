@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,7 +29,7 @@ from ingest.lake.location import LakePath
 from ingest.lake.lookup import KeyLookup, rows_of_keys
 from ingest.model import ColumnSpec
 from ingest.rules.history import plan_history
-from ingest.rules.plan import merge_source, plan_merge
+from ingest.rules.plan import PlanCounts, merge_source, plan_merge
 from ingest.rules.reduce import Reduction, TruncateMark, nulls_as_unchanged, reduce_changes
 from ingest.rules.sql import connect, ident, query
 from ingest.rules.withdraw import withdraw
@@ -144,7 +144,7 @@ class DriverPlacement:
                      new_truncate: str | None) -> CurrentPlan:
         assert isinstance(reduced, Reduction)
         if not key_columns:
-            return CurrentPlan(source=ArrowRows(empty_source(columns)))
+            return CurrentPlan(PlanCounts(), ArrowRows(empty_source(columns)))
         keys = pa.concat_tables([t.select(list(key_columns)) for t in (reduced.winners, reduced.truncated)
                                  if t is not None])
         stored = stored_rows(state.table, key_columns, keys, lookup=self.lookup)
@@ -153,17 +153,14 @@ class DriverPlacement:
             if hard and keys.num_rows else None
         plan = plan_merge(reduced, key_columns=key_columns, columns=columns, stored=stored, tombstones=tombs,
                           old_truncate=state.truncate_position, new_truncate=new_truncate, hard=hard)
-        return CurrentPlan(
-            source=ArrowRows(plan.source), deletes=ArrowRows(plan.deletes), inserted=plan.inserted,
-            updated=plan.updated, deleted=plan.deleted, stale=plan.stale, toast_unknown=plan.toast_unknown,
-            matched_deletes=plan.matched_deletes, matched_updates=plan.matched_updates, stored_keys=stored.num_rows)
+        return CurrentPlan(plan.counts, ArrowRows(plan.source), ArrowRows(plan.deletes), stored.num_rows)
 
     def plan_versions(self, changes: pa.Table, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                       tracked: list[str] | None, state: TableState) -> VersionsPlan:
         plan = plan_history(changes, key_columns=key_columns, columns=columns, tracked=tracked,
                             watermark=state.truncate_position, truncate_log=state.truncate_log,
                             stored_of=lambda keys: stored_versions(state.table, key_columns, keys, self.lookup))
-        return versions_plan(plan, ArrowRows(plan.source))
+        return VersionsPlan(plan, ArrowRows(plan.source))
 
     def release(self) -> None:
         """Nothing is kept on the driver beyond the batch's own tables."""
@@ -176,15 +173,6 @@ def stored_versions(table: DeltaTable | None, key_columns: tuple[str, ...], keys
     if table is None or any(k not in names for k in key_columns):
         return None
     return lookup(table, key_columns, keys)
-
-
-def versions_plan(plan: Any, source: ArrowRows | Any) -> VersionsPlan:
-    """A :class:`~ingest.rules.history.HistoryPlan`'s counts and truncate fields, its source as ``source``."""
-    return VersionsPlan(
-        source=source, inserted=plan.inserted, updated=plan.updated, deleted=plan.deleted, stale=plan.stale,
-        superseded=plan.superseded, truncates=plan.truncates, toast_unknown=plan.toast_unknown,
-        updates=plan.updates, truncate=plan.truncate, truncate_ts=plan.truncate_ts, watermark=plan.watermark,
-        truncate_log=plan.truncate_log)
 
 
 def _truncates_only(changes: pa.Table) -> Reduction:

@@ -26,7 +26,6 @@ from pyspark.sql.types import NullType
 
 from ingest.apply.batch import BatchFacts, Held, MicroBatch, unify_parts
 from ingest.apply.placement import CurrentPlan, Reduced, VersionsPlan, Withdrawn
-from ingest.apply.placement.driver import versions_plan
 from ingest.apply.placement.executors.assembly import assemble_on_executors
 from ingest.apply.placement.executors.merge_plan import plan_on_executors, remembered_on_executors, stored_on_executors
 from ingest.apply.placement.executors.reduction import SparkReduction, reduce_on_executors
@@ -184,12 +183,8 @@ class ExecutorsPlacement:
                                  old_truncate=state.truncate_position, new_truncate=new_truncate, hard=hard,
                                  shares=self.shares)
         self._kept.append(plan)
-        return CurrentPlan(
-            source=SparkRows(plan.source, plan.source_rows, plan.bounds),
-            deletes=SparkRows(plan.deletes, plan.deleted, plan.bounds.slice(0, 0)),
-            inserted=plan.inserted, updated=plan.updated, deleted=plan.deleted, stale=plan.stale,
-            toast_unknown=plan.toast_unknown, matched_deletes=plan.matched_deletes,
-            matched_updates=plan.matched_updates, stored_keys=plan.stored_keys)
+        return CurrentPlan(plan.counts, SparkRows(plan.source, plan.source_rows, plan.bounds),
+                           SparkRows(plan.deletes, plan.counts.deleted, plan.bounds.slice(0, 0)), plan.stored_keys)
 
     def plan_versions(self, changes: DataFrame, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                       tracked: list[str] | None, state: TableState) -> VersionsPlan:
@@ -198,7 +193,7 @@ class ExecutorsPlacement:
                                            watermark=state.truncate_position, truncate_log=state.truncate_log,
                                            shares=self.shares, marks=self._marks)
         self._kept.append(where)
-        return versions_plan(plan, SparkRows(where.source, where.source_rows, where.bounds))
+        return VersionsPlan(plan, SparkRows(where.source, where.source_rows, where.bounds))
 
     def release(self) -> None:
         for kept in reversed(self._kept):

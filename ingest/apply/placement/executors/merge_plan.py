@@ -16,7 +16,7 @@ those flags and the batch's one ``_cdc_ingested_at``, as the driver's would.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -33,7 +33,7 @@ from ingest.commit.remembered import RememberedDeletes
 from ingest.lake.delta import table_schema
 from ingest.lake.location import LakePath
 from ingest.model import ColumnSpec
-from ingest.rules.plan import STORED_SCHEMA, UNKNOWN_COLUMNS, live_rows, merge_source, plan_merge
+from ingest.rules.plan import STORED_SCHEMA, UNKNOWN_COLUMNS, PlanCounts, live_rows, merge_source, plan_merge
 from ingest.rules.reduce import Reduction
 from ingest.spark.reads import frame_of_keys
 from ingest.spark.sql import ident
@@ -57,13 +57,7 @@ class SparkPlan:
     source_rows: int = 0
     #: winners whose key the table stores
     stored_keys: int = 0
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    stale: int = 0
-    toast_unknown: int = 0
-    matched_deletes: int = 0
-    matched_updates: int = 0
+    counts: PlanCounts = field(default_factory=PlanCounts)
 
     def release(self) -> None:
         self.rows.unpersist()
@@ -161,7 +155,8 @@ def plan_on_executors(reduction: SparkReduction, *, key_columns: tuple[str, ...]
     source = rows.mapInArrow(source_of, from_arrow_schema(source_shape, prefer_timestamp_ntz=True))
     deletes = rows.where(F.col("_cdc_action") == F.lit("delete")).select(*key_columns, "_cdc_position",
                                                                          "_cdc_source_ts")
-    return SparkPlan(rows=rows, source=source, deletes=deletes, bounds=bounds, **plan)
+    sizes = {name: plan.pop(name) for name in ("source_rows", "stored_keys")}
+    return SparkPlan(rows=rows, source=source, deletes=deletes, bounds=bounds, counts=PlanCounts(**plan), **sizes)
 
 
 def _counted(rows: DataFrame, toast: list[str], hard: bool, first_key: str) -> tuple[dict[str, int], pa.Table]:
