@@ -56,7 +56,7 @@ DELETION_VECTORS_REFUSED = (
     "read; keep it on delta-spark (writer: delta-spark for this table), or remove them with Spark SQL first: "
     "ALTER TABLE delta.`<path>` SET TBLPROPERTIES ('delta.enableDeletionVectors' = false), "
     "REORG TABLE delta.`<path>` APPLY (PURGE), ALTER TABLE delta.`<path>` DROP FEATURE deletionVectors "
-    "(docs: choosing a writer)")
+    "(README: choosing a writer)")
 
 
 @dataclass(slots=True)

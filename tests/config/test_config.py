@@ -90,3 +90,32 @@ def test_the_s3_demo_configuration_is_the_demo_on_the_stacks_minio():
     demo, s3 = load_config("configs/demo.yaml"), load_config("configs/demo-s3.yaml")
     assert s3.tables == demo.tables and s3.quality == demo.quality
     assert s3.tables_root.uri == "s3://lake/demo" and s3.target.storage.endpoint_url == "http://127.0.0.1:9310"
+
+
+@pytest.mark.parametrize("key", ["writer", "engine"])
+def test_the_writer_is_named_writer_or_by_its_old_name_engine(tmp_path, key):
+    config = load_config(write(tmp_path, f"target: {{{key}: delta-spark}}\n"
+                                         f"tables: [{{name: a, topic: t}}, {{name: b, topic: u, {key}: delta-rs}}]\n"))
+    assert config.writer_of(config.table("a")) == "delta-spark"
+    assert config.writer_of(config.table("b")) == "delta-rs"
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("target: {plan_on: executors}\ntables: [{name: a, topic: t}]", "table 'a'"),
+    ("target: {plan_on: executors, writer: delta-spark}\ntables: [{name: a, topic: t, writer: delta-rs}]", "table 'a'"),
+    ("tables: [{name: a, topic: t, plan_on: executors}]", "table 'a'"),
+    ("target: {writer: delta-spark, plan_on: executors}\ndiscover: {topic_pattern: 'x.*', defaults: {writer: delta-rs}}",
+     "discover.defaults"),
+])
+def test_a_placement_its_writer_cannot_write_is_refused_when_the_configuration_loads(tmp_path, text, where):
+    with pytest.raises(ConfigError, match=rf"{where} is planned on the executors .* written by delta-rs.*"
+                                          r"choose writer: delta-spark for it, or plan_on: driver"):
+        load_config(write(tmp_path, text))
+
+
+def test_each_table_gets_the_placement_it_asks_for(tmp_path):
+    config = load_config(write(tmp_path, "target: {writer: delta-spark, plan_on: executors}\n"
+                                         "quality: {validate_on: driver}\n"
+                                         "tables: [{name: a, topic: t}, {name: b, topic: u, plan_on: driver},\n"
+                                         "         {name: c, topic: v, expectations: s}]\n"))
+    assert [config.placement_of(config.table(n)) for n in "abc"] == ["executors", "driver", "driver"]

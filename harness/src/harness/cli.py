@@ -147,7 +147,8 @@ def torture(
     workdir: Annotated[Path | None, typer.Option(help="fresh directory (default: a new one under /tmp)")] = None,
     damage: Annotated[float, typer.Option(help="chance of damaging a Spark checkpoint before a restart")] = 0.2,
     value_format: Annotated[str, typer.Option("--format", help="avro or json")] = "avro",
-    engine: Annotated[str, typer.Option(help="apply engine of the killed runs: delta-rs or delta-spark")] = "delta-rs",
+    writer: Annotated[str, typer.Option("--writer", "--engine",
+                                        help="writer of the killed runs: delta-rs or delta-spark")] = "delta-rs",
     plan_on: Annotated[str, typer.Option(
         help="delta-spark: where batches are planned (target.plan_on): driver or executors")] = "driver",
     lake: Annotated[str, typer.Option(
@@ -183,11 +184,11 @@ def torture(
     where = workdir or Path(tempfile.mkdtemp(prefix="cdc-torture-"))
     spec = TortureSpec(workdir=where, seed=seed, kills=kills, events=events, batch=batch,
                        value_format=value_format, damage_probability=damage,  # type: ignore[arg-type]
-                       extra_tables=tables - 3, engine=engine, plan_on=plan_on)  # type: ignore[arg-type]
+                       extra_tables=tables - 3, writer=writer, plan_on=plan_on)  # type: ignore[arg-type]
     if lake == "s3":
         spec.lake_root, spec.storage, spec.restart_store = stack_lake(f"torture-seed{seed}-{int(time.time())}")
         spec.store_restarts = store_restarts
-    console.rule(f"torture: seed {seed}, {kills} kills, engine {engine} (planned on the {plan_on}), "
+    console.rule(f"torture: seed {seed}, {kills} kills, writer {writer} (planned on the {plan_on}), "
                  f"lake {spec.lake_root or 'local'}")
     result = Torture(spec, say=lambda line: console.print(line, markup=False, highlight=False)).run()
     c = result.consistency

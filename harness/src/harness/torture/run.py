@@ -71,7 +71,7 @@ class TortureSpec:
         tables: which of the simulated tables to ingest (``orders`` carries the widenings).
         extra_tables: extra tables ``ledger_001`` ... in the workload, not listed in the config but
             found by ``discover.topic_pattern`` as the run sees their topics: a whole-database run.
-        engine: the apply engine (``target.engine``) the killed runs commit with.
+        writer: who writes the killed runs' commits (``target.writer``).
         plan_on: where a delta-spark batch is assembled, reduced and planned (``target.plan_on``).
         lake_root: ``target.root`` when the tables live on an object store (``s3://bucket/prefix``);
             ``None``: on the local disk under the workdir. The store's keys come from the environment.
@@ -94,7 +94,7 @@ class TortureSpec:
     run_timeout: float = 900.0
     tables: tuple[str, ...] = ("customers", "products", "orders")
     extra_tables: int = 0
-    engine: WriterName = "delta-rs"
+    writer: WriterName = "delta-rs"
     plan_on: Literal["driver", "executors"] = "driver"
     lake_root: str | None = None
     storage: dict[str, object] | None = None
@@ -334,7 +334,7 @@ def _config(spec: TortureSpec) -> dict[str, object]:
         "workdir": ".",
         "source": {"kind": "embedded", "value_format": spec.value_format, "max_records_per_batch": spec.batch},
         "spark": {"master": "local[2]", "shuffle_partitions": 2},
-        "target": {"engine": spec.engine, "plan_on": spec.plan_on,
+        "target": {"writer": spec.writer, "plan_on": spec.plan_on,
                    **({"root": spec.lake_root, "storage": spec.storage or {}} if spec.lake_root else {})},
         "tables": [t for t in (
             {"name": "customers", "topic": f"{prefix}.customers", "delete_mode": "hard"},
