@@ -104,8 +104,8 @@ def test_the_writer_is_named_writer_or_by_its_old_name_engine(tmp_path, key):
     ("target: {plan_on: executors}\ntables: [{name: a, topic: t}]", "table 'a'"),
     ("target: {plan_on: executors, writer: delta-spark}\ntables: [{name: a, topic: t, writer: delta-rs}]", "table 'a'"),
     ("tables: [{name: a, topic: t, plan_on: executors}]", "table 'a'"),
-    ("target: {writer: delta-spark, plan_on: executors}\ndiscover: {topic_pattern: 'x.*', defaults: {writer: delta-rs}}",
-     "discover.defaults"),
+    ("target: {writer: delta-spark, plan_on: executors}\n"
+     "discover: {topic_pattern: 'x.*', defaults: {writer: delta-rs}}", "discover.defaults"),
 ])
 def test_a_placement_its_writer_cannot_write_is_refused_when_the_configuration_loads(tmp_path, text, where):
     with pytest.raises(ConfigError, match=rf"{where} is planned on the executors .* written by delta-rs.*"
