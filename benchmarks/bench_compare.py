@@ -108,7 +108,7 @@ def workload(root: Path, value_format: str, events: int, batch: int,
     raw["source"]["max_records_per_batch"] = batch * len(raw["tables"])
     raw["source"]["max_records_per_table"] = batch
     raw["source"]["queries"] = queries
-    raw["target"]["engine"] = engine
+    raw["target"]["writer"] = engine
     raw["spark"]["jit"] = jit
     if spark_conf:
         raw["spark"]["conf"] = {**(raw["spark"].get("conf") or {}), **spark_conf}

@@ -53,7 +53,7 @@ def main() -> None:
     try:
         raw = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
         raw["workdir"] = str(work)
-        raw["target"] = {**raw.get("target", {}), "engine": args.engine}
+        raw["target"] = {**raw.get("target", {}), "writer": args.engine}
         raw["quality"]["expectations_dir"] = str(ROOT / "expectations")
         for table in raw["tables"]:
             for key in ("expectations", "expectation_policies", "quality_policy"):  # GX's import is not measured here

@@ -313,7 +313,7 @@ def make_config(workdir: Path, *, batch: int = 400, extra_tables: list[dict] | N
         if not suites:
             for key in ("expectations", "expectation_policies", "quality_policy"):
                 table.pop(key, None)
-    raw["target"]["engine"] = engine
+    raw["target"]["writer"] = engine
     raw["target"]["plan_on"] = plan_on
     # The config is written elsewhere: keep its suites where demo.yaml points.
     raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())

@@ -224,6 +224,7 @@ def _read_raw(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    _rename_old_keys(raw, path)
     base = raw.pop("extends", None)
     if base is None:
         return raw
@@ -231,6 +232,29 @@ def _read_raw(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:
     if parent in seen or parent == path.resolve():
         raise ConfigError(f"{path}: extends {base} again (a cycle)")
     return _merged(_read_raw(parent, seen=(*seen, path.resolve())), raw)
+
+
+#: Keys renamed since they were first documented: old name -> new name (the old one still loads).
+RENAMED_KEYS = {"engine": "writer"}
+
+
+def _rename_old_keys(raw: dict[str, Any], path: Path) -> None:
+    """A file's old key names, in the mappings that have them, as today's: so that a variant
+    (``extends:``) overrides its base whichever name each of them uses."""
+    target = raw.get("target")
+    tables = raw.get("tables")
+    discover = raw.get("discover")
+    mappings = [("target", target)] if isinstance(target, dict) else []
+    mappings += [(f"tables[{n}]", t) for n, t in enumerate(tables or []) if isinstance(t, dict)] \
+        if isinstance(tables, list) else []
+    if isinstance(discover, dict) and isinstance(discover.get("defaults"), dict):
+        mappings.append(("discover.defaults", discover["defaults"]))
+    for where, mapping in mappings:
+        for old, new in RENAMED_KEYS.items():
+            if old in mapping:
+                if new in mapping:
+                    raise ConfigError(f"{path}: {where}: {old} and {new} name the same setting; keep {new}")
+                mapping[new] = mapping.pop(old)
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -119,3 +119,11 @@ def test_each_table_gets_the_placement_it_asks_for(tmp_path):
                                          "tables: [{name: a, topic: t}, {name: b, topic: u, plan_on: driver},\n"
                                          "         {name: c, topic: v, expectations: s}]\n"))
     assert [config.placement_of(config.table(n)) for n in "abc"] == ["executors", "driver", "driver"]
+
+
+def test_a_variant_overrides_its_base_whichever_name_each_uses(tmp_path):
+    (tmp_path / "base.yaml").write_text("target: {writer: delta-spark}\ntables: [{name: a, topic: t}]\n")
+    config = load_config(write(tmp_path, "extends: base.yaml\ntarget: {engine: delta-rs}\n"))
+    assert config.target.writer == "delta-rs"
+    with pytest.raises(ConfigError, match=r"target: engine and writer name the same setting; keep writer"):
+        load_config(write(tmp_path, "target: {engine: delta-rs, writer: delta-spark}\ntables: [{name: a, topic: t}]\n"))

@@ -26,7 +26,7 @@ def write_config(workdir: Path, *, batch: int = 300, value_format: str = "avro",
         raw["quality"]["expectations_dir"] = str((DEMO_CONFIG.parent / raw["quality"]["expectations_dir"]).resolve())
     raw["source"]["max_records_per_batch"] = batch
     raw["source"]["value_format"] = value_format
-    raw["target"]["engine"] = engine
+    raw["target"]["writer"] = engine
     raw["target"].update(target or {})
     if tables is not None:
         raw["tables"] = tables
