@@ -54,8 +54,10 @@ def variant_slug(variant: Mapping[str, Any]) -> str:
     """The variant as part of a file name: ``default``, or ``format-avro_batch-200000`` and so on."""
     if not variant:
         return "default"
-    text = "_".join(f"{key}-{value}" for key, value in sorted(variant.items()))
-    return re.sub(r"[^A-Za-z0-9.=-]+", "_", text.replace("_", "-"))[:150].strip("_")
+    def word(value: Any) -> str:
+        return re.sub(r"[^A-Za-z0-9.=]+", "-", str(value).replace("_", "-")).strip("-")
+
+    return "_".join(f"{word(key)}-{word(value)}" for key, value in sorted(variant.items()))[:150]
 
 
 def _git(*argv: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -112,10 +113,10 @@ def main() -> None:
     page = render()
     if args.check:
         if not PAGE.exists() or PAGE.read_text() != page:
-            raise SystemExit(f"{PAGE.relative_to(ROOT)} is stale: run benchmarks/render_results.py")
+            raise SystemExit(f"{os.path.relpath(PAGE, ROOT)} is stale: run benchmarks/render_results.py")
         return
     PAGE.write_text(page)
-    print(f"wrote {PAGE.relative_to(ROOT)}")
+    print(f"wrote {os.path.relpath(PAGE, ROOT)}")
 
 
 if __name__ == "__main__":

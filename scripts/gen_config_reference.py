@@ -13,6 +13,7 @@ script's output.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import types
 from dataclasses import dataclass
@@ -279,11 +280,11 @@ def main() -> None:
     page = render()
     if args.check:
         if not PAGE.exists() or PAGE.read_text() != page:
-            raise SystemExit(f"{PAGE.relative_to(ROOT)} is stale: run scripts/gen_config_reference.py")
+            raise SystemExit(f"{os.path.relpath(PAGE, ROOT)} is stale: run scripts/gen_config_reference.py")
         return
     PAGE.parent.mkdir(parents=True, exist_ok=True)
     PAGE.write_text(page)
-    print(f"wrote {PAGE.relative_to(ROOT)}")
+    print(f"wrote {os.path.relpath(PAGE, ROOT)}")
 
 
 if __name__ == "__main__":
