@@ -41,7 +41,9 @@ def live_rows_polars(path: str) -> pl.DataFrame:
 def live_rows_duckdb(path: str, sql: str = "SELECT count(*) AS n FROM t") -> pa.Table:
     """DuckDB over the Arrow data polars reads (so deletion vectors are applied)."""
     t = pl.scan_delta(path).filter(~pl.col("_cdc_deleted").fill_null(False)).collect().to_arrow()  # noqa: F841
-    return duckdb.sql(sql).to_arrow_table()  # DuckDB finds the local Arrow table `t` by its name
+    relation = duckdb.sql(sql)  # DuckDB finds the local Arrow table `t` by its name
+    assert relation is not None  # a query gives rows (a statement would give None)
+    return relation.to_arrow_table()
 # --8<-- [end:duckdb]
 
 

@@ -13,6 +13,7 @@ import importlib.util
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -22,7 +23,7 @@ from ingest.cli.commands import app
 try:  # typer carries its own copy of click; its commands raise that copy's errors
     from typer._click.exceptions import UsageError
 except ImportError:  # a typer that uses the installed click
-    from click.exceptions import UsageError
+    from click.exceptions import UsageError  # type: ignore[assignment]
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -57,7 +58,7 @@ COMMANDS = [(page, words) for page, words in documented_commands()
 
 def _parse(words: list[str]) -> None:
     """Let click parse an ``ingest`` command line without running it; raise on any mistake."""
-    command = typer.main.get_command(app)
+    command: Any = typer.main.get_command(app)  # a group of commands, or one command
     name = "ingest"
     args = list(words)
     while hasattr(command, "list_commands"):  # a group: the next word names its command
