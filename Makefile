@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml harness/pyproject.toml requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
 
 .PHONY: demo test install class-archive lint bench lock clean java dagster ui-screenshot jars stack stack-down stack-status demo-stack \
-	torture-stack bench-latency
+	torture-stack bench-latency docs docs-serve
 
 java:
 	@command -v java >/dev/null 2>&1 || [ -x "$$JAVA_HOME/bin/java" ] || { \
@@ -97,9 +97,20 @@ torture-stack: java install
 bench-latency: java install
 	$(BIN)/python benchmarks/bench_latency.py
 
+# The documentation site (mkdocs.yml): regenerate the generated pages (the configuration reference from
+# ingest/config/, the benchmarks page from benchmarks/results/), then build into site/ (git-ignored) in
+# strict mode, so a broken link or anchor fails. `docs-serve` serves it on http://127.0.0.1:8000.
+docs: install
+	$(BIN)/python scripts/gen_config_reference.py
+	$(BIN)/python benchmarks/render_results.py
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: install
+	$(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8000
+
 # Re-resolve the pinned set after changing pyproject.toml.
 lock:
 	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 -o requirements.lock
 
 clean:
-	rm -rf $(VENV) demo-work demo-work-s3
+	rm -rf $(VENV) demo-work demo-work-s3 site

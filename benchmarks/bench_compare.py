@@ -80,6 +80,7 @@ from cpu_meter import KINDS, CpuMeter
 from harness.demo import prepare_workload, truth_dir, verify_all
 from harness.simulator import Truth
 from kafka_copy import KafkaLog, kafka_config
+from record import Figure, changed_options, write_result
 
 from ingest.config import IngestConfig, load_config
 from ingest.source.topiclog import TopicLog
@@ -282,6 +283,7 @@ def main() -> None:
     if args.source == "kafka" and args.quality:
         parser.error("--quality reads the embedded log: run it without --source kafka")
 
+    variant = changed_options(parser, args, ignore=("workdir",))  # names its result file
     t0 = time.perf_counter()
     settings = dict(args.spark_conf)
     event_log = None
@@ -326,7 +328,7 @@ def main() -> None:
                           f"equal to source: {base.ok}")
         if args.bare_spark:
             base.spark_seconds = bare_spark(args.batch, config, truth)
-        compare(args, config, config_checked, records, base, meter, event_log)
+        compare(args, config, config_checked, records, base, meter, event_log, variant)
     finally:
         if isinstance(bare_log, KafkaLog):
             bare_log.close()
@@ -360,7 +362,7 @@ def bare_spark(batch: int, config: IngestConfig, truth: Truth) -> float:
 
 
 def compare(args: argparse.Namespace, config: IngestConfig, config_checked: IngestConfig, records: int,
-            base: Baselines, meter: CpuMeter, event_log: Path | None) -> None:
+            base: Baselines, meter: CpuMeter, event_log: Path | None, variant: dict[str, Any]) -> None:
     """Run the engine (and with ``--quality`` its checked runs), then print the table and the ratio."""
     engine = Runner(config)
     t0 = time.perf_counter()
@@ -448,7 +450,56 @@ def compare(args: argparse.Namespace, config: IngestConfig, config_checked: Inge
             console.print(f"ratio bare with delta-spark MERGE / bare: {bare_s / base.spark_seconds:.2f}")
         console.print(f"ratio engine / bare with delta-spark MERGE: {base.spark_seconds / run.engine_s:.2f}")
     ok = run.ok and base.ok is not False and all(r.ok for r in (plain_again, *by_side.values()) if r is not None)
+    figures = result_figures(records, base, run, meter, jvm, start_s, plain_again, by_side, ok)
+    console.print(f"result: {write_result('bench_compare', variant, figures)}")
     raise SystemExit(0 if ok else 1)
+
+
+def result_figures(records: int, base: Baselines, run: EngineRun, meter: CpuMeter, jvm: float | None,
+                   start_s: float, plain_again: EngineRun | None, by_side: dict[str, EngineRun],
+                   ok: bool) -> list[Figure]:
+    """The printed table's main figures, for the result file (``benchmarks/record.py``)."""
+    bare_s = base.seconds
+    figures = [
+        Figure("records", records),
+        Figure("bare script: wall time", round(bare_s, 2) if bare_s else None, "s"),
+        Figure("engine: wall time (batches)", round(run.engine_s, 2), "s"),
+        Figure("bare script: batches", len(base.batches) if base.batches else None),
+        Figure("engine: batches", len(run.batches)),
+        Figure("engine: batch p50", round(statistics.median(run.batches), 2) if run.batches else None, "s"),
+        Figure("engine: batch p95", round(percentile(run.batches, .95), 2) if run.batches else None, "s"),
+        Figure("engine: first batch / median batch (per table, worst)",
+               round(max(run.firsts) / statistics.median(run.batches), 2) if run.batches else None, "x"),
+        Figure("engine: failed queries", run.failed),
+    ]
+    if meter.samples:
+        engine_cpu = meter.between(*run.span)
+        figures.append(Figure("engine: CPU in all", round(sum(engine_cpu[k] for k in KINDS), 1), "s"))
+        if base.span:
+            bare_cpu = meter.between(*base.span)
+            figures.append(Figure("bare script: CPU in all", round(sum(bare_cpu[k] for k in KINDS), 1), "s"))
+    figures += [
+        Figure("Python driver peak RSS", round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "MB"),
+        Figure("Spark JVM peak RSS", round(jvm) if jvm else None, "MB"),
+        Figure("Spark session start (excluded)", round(start_s, 1), "s"),
+        Figure("streaming query start (excluded)", round(run.query_start_s, 1), "s"),
+    ]
+    if bare_s:
+        figures += [Figure("ratio engine/bare", round((records / run.engine_s) / (records / bare_s), 2)),
+                    Figure("ratio counting the query start too", round((records / run.run_s) / (records / bare_s), 2))]
+    if base.spark_seconds:
+        figures += [Figure("bare script with delta-spark's MERGE: wall time", round(base.spark_seconds, 2), "s"),
+                    Figure("ratio engine / bare with delta-spark MERGE", round(base.spark_seconds / run.engine_s, 2))]
+    if plain_again and plain_again.batches:
+        plain_median = statistics.median(plain_again.batches)
+        figures.append(Figure("warm run without suites: wall time", round(plain_again.engine_s, 2), "s"))
+        for side, done in by_side.items():
+            figures += [Figure(f"suites validated on {side}: add to the total",
+                               round(100 * (done.engine_s / plain_again.engine_s - 1), 1), "%"),
+                        Figure(f"suites validated on {side}: add to the median batch",
+                               round(100 * (statistics.median(done.batches) / plain_median - 1), 1), "%")]
+    figures.append(Figure("tables equal to the source", ok))
+    return figures
 
 
 if __name__ == "__main__":

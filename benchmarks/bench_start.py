@@ -26,7 +26,9 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.demo import prepare_workload
+from record import Figure, changed_options, write_result
 
 from ingest.config import load_config
 from ingest.spark.class_archive import SWITCH, build
@@ -81,6 +83,13 @@ def main() -> None:
     console.print(out)
     ratio = statistics.median(times[True]) / statistics.median(times[False])
     console.print(f"ratio with / without (medians): {ratio:.2f}")
+    figures = []
+    for archive in (False, True):
+        runs, side = times[archive], "with the class archive" if archive else "without"
+        figures += [Figure(f"{side}: median", round(statistics.median(runs), 1), "s"),
+                    Figure(f"{side}: min", round(min(runs), 1), "s"), Figure(f"{side}: max", round(max(runs), 1), "s")]
+    figures.append(Figure("ratio with / without (medians)", round(ratio, 2)))
+    console.print(f"result: {write_result('bench_start', changed_options(parser, args), figures)}")
 
 
 if __name__ == "__main__":
