@@ -132,6 +132,23 @@ class SourceUnavailableError(IngestError):
     transient: ClassVar[bool] = True
 
 
+class LakeUnavailableError(IngestError):
+    """The lake (a directory or an object store) cannot be read or written: missing credentials, an
+    endpoint that does not answer, a bucket that does not exist. The message names the location and
+    the cause, never a credential; transient, as a store that answers again serves the next try."""
+
+    transient: ClassVar[bool] = True
+
+
+class QueryError(IngestError):
+    """An analyst's query cannot run: bad SQL, an unknown table, a version or time the table lacks."""
+
+
+def is_unavailability(exc: BaseException) -> bool:
+    """Whether ``exc`` says that something outside answered not, or refused (source, registry, lake)."""
+    return isinstance(exc, SourceUnavailableError | RegistryUnavailableError | LakeUnavailableError | TopicLogError)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether retrying the same work later may succeed (see :class:`IngestError`)."""
     if isinstance(exc, IngestError):

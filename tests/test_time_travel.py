@@ -139,4 +139,4 @@ def test_the_cli_prints_history_and_reads_as_of(tmp_path: Path) -> None:
     assert old.exit_code == 0, old.output
     assert [(r["id"], r["v"]) for r in map(json.loads, old.stdout.splitlines())] == seen[0][1]
     bad = runner.invoke(app, ["query", LIVE, "-c", str(path), "--as-of", "99"])
-    assert bad.exit_code == 1 and "no version 99" in bad.output
+    assert bad.exit_code == 2 and "no version 99" in bad.output

@@ -10,33 +10,89 @@ import json
 import logging
 import sys
 import time
+from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from ingest.cli import plugins
-from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console, err, load, progress_printer
+from ingest.cli.common import (
+    DEFAULT_CONFIG,
+    ConfigOpt,
+    FormatOpt,
+    TableOrJson,
+    TablesOpt,
+    WorkdirOpt,
+    console,
+    err,
+    load,
+    print_json,
+    progress_printer,
+)
+from ingest.cli.outcome import EXIT_CODES_HELP, Exit, classify
 from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, history, query
 from ingest.cli.verify import verify_source
-from ingest.errors import IngestError
-from ingest.secrets import install_log_redaction, redact
-from ingest.source.topiclog import ProducerRecord, TopicLog, partition_for_key
+from ingest.secrets import install_log_redaction
+from ingest.source.producer import Outgoing
+from ingest.source.producer import produce as produce_records
 
-app = typer.Typer(help="CDC lakehouse ingestion: Debezium topics -> Delta Lake tables.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
-app.add_typer(quality_app, name="quality")
-app.add_typer(quarantine_app, name="quarantine")
+#: The ``ingest --help`` panels: operating the pipeline, reading its tables, its quality stage.
+OPERATE, READ, QUALITY = "Operate the pipeline", "Read the tables", "Quality and quarantine"
 
 
-@app.command()
+
+class _Commands(TyperGroup):
+    """The command group: a command that fails ends in one line and its exit code (:mod:`ingest.cli.outcome`),
+    however it is invoked (the console script, ``python -m ingest.cli``, a test's runner)."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):  # an exit, or a usage error Typer reports itself
+            raise
+        except Exception as exc:
+            if _debug:
+                raise
+            code, line = classify(exc)
+            err.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code) from None
+
+
+app = typer.Typer(help=f"CDC lakehouse ingestion: Debezium topics -> Delta Lake tables.\n\n{EXIT_CODES_HELP}",
+                  no_args_is_help=True, pretty_exceptions_enable=False, cls=_Commands)
+app.add_typer(quality_app, name="quality", rich_help_panel=QUALITY)
+app.add_typer(quarantine_app, name="quarantine", rich_help_panel=QUALITY)
+#: ``--debug``: show the traceback of an error instead of its one line
+_debug = False
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        console.print(f"ingest {package_version('cdc-lakehouse-ingest')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error, not only its line")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """Options of every command."""
+    global _debug
+    _debug = debug
+
+
+@app.command(rich_help_panel=OPERATE)
 def run(
     config: ConfigOpt = DEFAULT_CONFIG,
     workdir: WorkdirOpt = None,
-    table: Annotated[list[str] | None, typer.Option("--table", "-t", help="only these tables")] = None,
+    table: TablesOpt = None,
     continuous: Annotated[bool, typer.Option(help="keep running and poll for new changes")] = False,
     reset_checkpoints: Annotated[bool, typer.Option(help="delete Spark checkpoints; resume from Delta")] = False,
     from_beginning: Annotated[bool, typer.Option(help="re-read topics from offset 0 (replay)")] = False,
@@ -58,20 +114,31 @@ def run(
                     str(t.already_applied), t.error or (f"recovered from: {t.recovered[-1]}" if t.recovered else ""))
     console.print(out)
     if report.failed:
-        raise typer.Exit(1)
+        unavailable = all(report.tables[name].unavailable for name in report.failed)
+        raise typer.Exit(Exit.UNAVAILABLE if unavailable else Exit.TABLE_FAILED)
 
 
-@app.command()
-def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
-    """Per table: applied offsets, lag, Delta version, last batch."""
+@app.command(rich_help_panel=OPERATE)
+def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
+           output: FormatOpt = TableOrJson.table) -> None:
+    """Per table: applied offsets, lag, Delta version, last batch (exit 3: the source did not answer)."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.ops.status import table_status
 
     cfg = load(config, workdir)
+    statuses = table_status(cfg)
+    unreachable = {s.source_error for s in statuses if s.source_error}
+    if output == TableOrJson.json:
+        for s in statuses:
+            print_json({"table": s.table, "topic": s.topic, "applied": s.applied, "end": s.end, "lag": s.lag,
+                        "delta_version": s.delta_version, "rows": s.rows, "last_batch": s.last_batch,
+                        "source_error": s.source_error})
+        if unreachable:
+            raise typer.Exit(Exit.UNAVAILABLE)
+        return
     out = Table(title="Table status")
     for col in ("table", "topic", "applied offsets", "lag", "Delta version", "live rows", "last batch"):
         out.add_column(col)
-    statuses = table_status(cfg)
     for s in statuses:
         applied = ", ".join(f"p{p}:{'-' if o is None else o}/{s.end[p] - 1}" for p, o in sorted(s.applied.items()))
         last = "-"
@@ -81,14 +148,13 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> No
         lag = str(s.lag) if s.lag is not None else "[red]unknown[/]"
         out.add_row(s.table, s.topic, applied or "-", lag, str(s.delta_version), str(s.rows), last)
     console.print(out)
-    unreachable = {s.source_error for s in statuses if s.source_error}
     for problem in sorted(unreachable):
-        err.print(f"[red]source unavailable:[/] {escape(problem)}")
+        err.print(f"[red]source unavailable:[/] {escape(problem)}", soft_wrap=True)
     if unreachable:
-        raise typer.Exit(3)
+        raise typer.Exit(Exit.UNAVAILABLE)
 
 
-@app.command()
+@app.command(rich_help_panel=OPERATE)
 def verify(
     config: ConfigOpt = DEFAULT_CONFIG,
     workdir: WorkdirOpt = None,
@@ -97,13 +163,12 @@ def verify(
         "compare each table with a SELECT of its source table (default: the simulator's truth)")] = None,
     wait: Annotated[float, typer.Option(
         help="--source-db: seconds to wait for Debezium's slots, and again for the tables to catch up")] = 120.0,
-    table: Annotated[list[str] | None, typer.Option("--table", "-t", help="--source-db: only these tables")] = None,
+    table: TablesOpt = None,
 ) -> None:
     """Compare every table with its source (the simulator's truth, or --source-db); exit 1 on any mismatch."""
     if source_db is not None:
-
         if not verify_source(load(config, workdir), source_db, wait=wait, tables=table):
-            raise typer.Exit(1)
+            raise typer.Exit(Exit.MISMATCH)
         return
     truth = plugins.truth_verifier()
     if truth is None:
@@ -111,16 +176,16 @@ def verify(
                                  "comes with the demo harness (harness/), which is not installed",
                                  param_hint="--source-db")
     if not truth(load(config, workdir)):
-        raise typer.Exit(1)
+        raise typer.Exit(Exit.MISMATCH)
 
 
 # The analysts' commands, listed after the operators' (the order of `ingest --help`).
-app.command()(changes)
-app.command()(history)
-app.command()(query)
+app.command(rich_help_panel=READ)(changes)
+app.command(rich_help_panel=READ)(history)
+app.command(rich_help_panel=READ)(query)
 
 
-@app.command()
+@app.command(rich_help_panel=OPERATE)
 def produce(
     topic: Annotated[str, typer.Argument(help="topic to append to (created if missing)")],
     config: ConfigOpt = DEFAULT_CONFIG,
@@ -128,17 +193,13 @@ def produce(
     file: Annotated[Path | None, typer.Option("--file", "-f", help="JSON lines file; default: stdin")] = None,
     partitions: Annotated[int, typer.Option(help="partitions when the topic is created")] = 3,
 ) -> None:
-    """Append records to the embedded topic log from JSON lines.
+    """Write records from JSON lines to a topic of the configuration's source: the embedded topic log, or Kafka.
 
-    One record per line: {"partition": 0 (optional; default by key hash), "key": base64|null,
-    "value": base64|null, "timestamp": epoch millis (optional), "headers": [{"key": "k", "value": base64|null}]}.
+    One record per line: {"partition": 0 (optional; default by key hash, as Kafka's Java clients hash),
+    "key": base64|null, "value": base64|null, "timestamp": epoch millis (optional),
+    "headers": [{"key": "k", "value": base64|null}]}.
     """
-
     cfg = load(config, workdir)
-    log = TopicLog(cfg.log_dir)
-    if not log.exists(topic):
-        log.create_topic(topic, partitions)
-    count = log.partitions(topic)
     stream = file.open() if file else sys.stdin
     records = []
     for lineno, line in enumerate(stream, 1):
@@ -149,15 +210,14 @@ def produce(
             key = base64.b64decode(obj["key"], validate=True) if obj.get("key") is not None else None
             value = base64.b64decode(obj["value"], validate=True) if obj.get("value") is not None else None
             partition = obj.get("partition")
-            if partition is None:
-                partition = partition_for_key(key, count) if key is not None else lineno % count
             headers = tuple((h["key"], base64.b64decode(h["value"]) if h.get("value") is not None else None)
                             for h in obj.get("headers", []))
-            records.append(ProducerRecord(int(partition), key, value, int(obj.get("timestamp", time.time() * 1000)),
-                                          headers))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise IngestError(f"line {lineno}: not a valid record ({type(exc).__name__}: {exc})") from exc
-    written = log.append(topic, records)
+            records.append(Outgoing(None if partition is None else int(partition), key, value,
+                                    int(obj.get("timestamp", time.time() * 1000)), headers))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise typer.BadParameter(f"line {lineno}: not a valid record ({type(exc).__name__}: {exc})",
+                                     param_hint="--file") from None
+    written = produce_records(cfg, topic, records, partitions=partitions)
     for partition, (first, nxt) in sorted(written.items()):
         console.print(f"{topic}[{partition}]: offsets {first}..{nxt - 1}")
 
@@ -168,13 +228,9 @@ plugins.register_commands(app)
 
 
 def main() -> None:
-
+    """The ``ingest`` command: every error ends in one line and a documented exit code (:mod:`ingest.cli.outcome`)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     install_log_redaction()  # no credential reaches a log line, whoever logs it
-    try:
-        app()
-    except IngestError as exc:
-        err.print(f"[red]error:[/] {escape(redact(exc))}", highlight=False)
-        sys.exit(2)
+    app()
 
 

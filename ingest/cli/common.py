@@ -1,10 +1,12 @@
-"""What every ``ingest`` command module shares: the consoles, the configuration options and the output
-helpers (console tables, CSV, the per-batch progress line)."""
+"""What every ``ingest`` command module shares: the consoles, the options every command spells the
+same way (the configuration, the table, the output format) and the output helpers (console tables,
+JSON, CSV, the per-batch progress line)."""
 
 from __future__ import annotations
 
 import json
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,8 +30,56 @@ def say(line: str) -> None:
 
 
 DEFAULT_CONFIG = Path("configs/demo.yaml")
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="configuration file (YAML)")]
+#: The environment variable every command (and the Dagster project) reads the configuration's path from.
+CONFIG_ENV = "CDC_INGEST_CONFIG"
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", envvar=CONFIG_ENV, show_envvar=True,
+                                         help="configuration file (YAML)")]
 WorkdirOpt = Annotated[Path | None, typer.Option(help="override the config's workdir")]
+#: One table, named with -t/--table by every command (``history`` and ``changes`` also take it as
+#: their argument, as they did first).
+TableOpt = Annotated[str, typer.Option("--table", "-t", help="a configured table")]
+OptionalTableOpt = Annotated[str | None, typer.Option("--table", "-t", help="a configured table")]
+TablesOpt = Annotated[list[str] | None, typer.Option("--table", "-t", help="only these tables (repeatable)")]
+
+
+class TableOrJson(StrEnum):
+    """``--format`` of a command that prints a table or JSON."""
+
+    table = "table"
+    json = "json"
+
+
+class TableJsonOrCsv(StrEnum):
+    """``--format`` of a command that prints a table, JSON or CSV."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+FormatOpt = Annotated[TableOrJson, typer.Option("--format", help="output format")]
+RowsFormatOpt = Annotated[TableJsonOrCsv, typer.Option("--format", help="output format")]
+
+
+def one_table(argument: str | None, option: str | None) -> str:
+    """The table a command names, as its argument or with ``--table`` (not both, and not neither)."""
+    if argument is not None and option is not None and argument != option:
+        raise typer.BadParameter(f"two tables named: {argument!r} and {option!r}", param_hint="--table")
+    name = option or argument
+    if name is None:
+        raise typer.BadParameter("name the table", param_hint="--table")
+    return name
+
+
+def print_json(value: Any) -> None:
+    """One JSON document on stdout (times and decimals as text)."""
+    print(json.dumps(value, default=str, indent=None))
+
+
+def print_json_rows(rows: Any) -> None:
+    """An Arrow table as JSON lines on stdout, one object per row."""
+    for row in rows.to_pylist():
+        print(json.dumps(row, default=str))
 
 
 def load(path: Path, workdir: Path | None = None) -> IngestConfig:

@@ -9,7 +9,17 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console, load
+from ingest.cli.common import (
+    DEFAULT_CONFIG,
+    ConfigOpt,
+    FormatOpt,
+    TableOpt,
+    TableOrJson,
+    WorkdirOpt,
+    console,
+    load,
+    print_json,
+)
 from ingest.config import IngestConfig
 from ingest.errors import DecodeError, IngestError
 from ingest.lake.layout import TablePaths
@@ -18,8 +28,6 @@ from ingest.records import quarantine
 
 quality_app = typer.Typer(help="Great Expectations suites and per-batch validation results.", no_args_is_help=True)
 quarantine_app = typer.Typer(help="Messages held back: list, inspect, re-apply after a fix.", no_args_is_help=True)
-
-TableOpt = Annotated[str, typer.Option("--table", "-t", help="table name")]
 
 
 def _short(value: Any, limit: int = 70) -> str:
@@ -51,13 +59,20 @@ def quality_check(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None
 
 
 @quality_app.command("list")
-def quality_list(table: TableOpt, config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
+def quality_list(table: TableOpt, config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
+                 output: FormatOpt = TableOrJson.table) -> None:
     """The table's stored validation results, newest last."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.quality import ResultStore
 
     cfg = load(config, workdir)
     store = ResultStore(cfg.quality_results_dir / cfg.table(table).name)
+    if output == TableOrJson.json:
+        for stored in store.list():
+            doc = stored.load()
+            print_json({"at": stored.at, "run_id": stored.run_id, "batch_id": stored.batch_id,
+                        **{k: doc.get(k) for k in ("status", "rows_validated", "rows_held", "failures")}})
+        return
     out = Table(title=f"Validation results of {table} (newest last)")
     for col in ("at (UTC)", "run", "batch", "status", "rows", "held", "failures"):
         out.add_column(col)
@@ -138,14 +153,19 @@ def quarantine_list(
     table: Annotated[str | None, typer.Option("--table", "-t", help="only this table")] = None,
     stage: Annotated[str | None, typer.Option(help="only this stage: decode, key, quality")] = None,
     all_: Annotated[bool, typer.Option("--all", help="include rows already replayed")] = False,
-    limit: Annotated[int, typer.Option(help="rows to print")] = 50,
+    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
+    output: FormatOpt = TableOrJson.table,
 ) -> None:
     """Quarantined messages (pending ones unless --all)."""
-
     cfg = load(config, workdir)
     path = TablePaths.of(cfg, cfg.tables[0].name).quarantine
     rows = quarantine.read(path, table=table, stage=stage, pending=not all_).to_pylist()
     rows.sort(key=lambda r: (r["table"], r["topic"], r["partition"], r["offset"]))
+    if output == TableOrJson.json:
+        for r in rows:
+            raw = {k: base64.b64encode(r[k]).decode() if r[k] is not None else None for k in ("raw_key", "raw_value")}
+            print_json({**r, **raw, "id": _message_id(r)})
+        return
     out = Table(title=f"{len(rows)} quarantined messages" + ("" if all_ else " pending replay"))
     for col in ("table", "id (topic:partition:offset)", "stage", "batch", "key", "why", "replayed"):
         out.add_column(col)
@@ -165,7 +185,6 @@ def quarantine_show(
     table: Annotated[str | None, typer.Option("--table", "-t", help="table (if the topic feeds several)")] = None,
 ) -> None:
     """Everything about one quarantined message, with its raw bytes and the change it decodes to."""
-
     cfg = load(config, workdir)
     topic, partition, offset = _parse_id(message)
     path = TablePaths.of(cfg, cfg.tables[0].name).quarantine

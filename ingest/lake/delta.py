@@ -11,8 +11,9 @@ are not returned). Both read the same snapshot version.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,6 +21,7 @@ from deltalake import DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from ingest.columns import normalize
+from ingest.errors import LakeUnavailableError
 from ingest.lake.location import LakePath, Location, reader_options
 
 
@@ -79,12 +81,41 @@ def rows_in_range(table: DeltaTable, keys: pa.Table, column: str) -> int:
 
 
 def open_table(path: Location) -> DeltaTable | None:
-    """The Delta table at ``path`` (a directory or an object-store location), or ``None`` if there is none yet."""
+    """The Delta table at ``path`` (a directory or an object-store location), or ``None`` if there is none yet.
+
+    Raises:
+        LakeUnavailableError: the object store refused or did not answer (the cause in one line).
+    """
     where = LakePath.of(path)
     try:
         return DeltaTable(where.uri, storage_options=where.storage_options)
     except TableNotFoundError:
         return None
+    except OSError as exc:  # delta-rs's object store: credentials, endpoint, bucket
+        raise LakeUnavailableError(unavailable(where, exc)) from None
+
+
+_ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
+#: What delta-rs's object store says, and what to do about it.
+_STORE_CAUSES: Final = (
+    (("169.254.169.254", "imds", "credential", "no valid credential", "invalidaccesskeyid"),
+     "no usable S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (environment or secrets_file)"),
+    (("signaturedoesnotmatch", "accessdenied", "403"), "the store refused the credentials (access denied)"),
+    (("nosuchbucket",), "the bucket does not exist"),
+    (("connection refused", "error sending request", "dns error", "timed out", "tcp connect"),
+     "the store's endpoint does not answer (target.storage.endpoint_url)"),
+)
+
+
+def unavailable(where: LakePath, exc: BaseException) -> str:
+    """One line naming ``where`` and why the store failed (delta-rs's message is several lines)."""
+    text = _ANSI.sub("", str(exc))
+    lowered = text.lower()
+    for needles, cause in _STORE_CAUSES:
+        if any(n in lowered for n in needles):
+            return f"lake {where.uri}: {cause}"
+    first = next((line.strip(" ↳") for line in text.splitlines() if line.strip(" ↳")), type(exc).__name__)
+    return f"lake {where.uri}: {first}"
 
 
 def latest_table(path: Location, table: DeltaTable | None = None) -> DeltaTable | None:

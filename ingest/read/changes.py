@@ -27,7 +27,7 @@ from deltalake import DeltaTable
 from ingest.columns import normalize
 from ingest.commit.state import STATE_KEY, newest_cdc_commit
 from ingest.config import IngestConfig
-from ingest.errors import IngestError
+from ingest.errors import QueryError
 from ingest.lake.delta import has_deletion_vectors, open_table, records_change_feed
 from ingest.lake.location import LakePath
 from ingest.read.query import commit_times
@@ -39,7 +39,7 @@ CHANGE_COLUMNS = ("_commit_version", "_change_type", "_commit_timestamp")
 SCHEMA_CHANGE_KEY = "cdc.schema_change"
 
 
-class ChangeFeedError(IngestError):
+class ChangeFeedError(QueryError):
     """The change feed cannot be read as asked (no table, feed not enabled, versions out of range)."""
 
 

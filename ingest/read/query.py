@@ -21,11 +21,11 @@ from deltalake import DeltaTable
 from ingest.columns import normalize
 from ingest.commit.state import BATCH_KEY, OFFSETS_KEY, decoded_commit
 from ingest.config import IngestConfig
-from ingest.errors import IngestError
+from ingest.errors import QueryError
 from ingest.lake.delta import has_deletion_vectors, open_table, scan
 
 
-class TimeTravelError(IngestError):
+class TimeTravelError(QueryError):
     """An ``--as-of`` that names no readable version of a table."""
 
 
@@ -203,6 +203,10 @@ def run_sql(config: IngestConfig, sql: str, as_of: list[AsOf] | None = None) -> 
             raise TimeTravelError(f"{', '.join(sorted(named))}: no commit yet at the time asked for")
     try:
         return normalize(con.sql(sql).to_arrow_table())
+    except duckdb.Error as exc:  # the analyst's SQL: its first line says what and where
+        known = ", ".join(queryable(config))
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise QueryError(f"the query failed: {first} (tables: {known})") from None
     finally:
         con.close()
         del keep

@@ -58,11 +58,24 @@ class KafkaAdmin:
         return secrets.lookup(self.spec.credentials_env, self.secrets_file)
 
     def _client(self) -> Any:
+        """The admin client, made on first use.
+
+        Raises:
+            SourceUnavailableError: librdkafka refused the settings (for example SASL without credentials).
+        """
         if self._admin is None:
+            # librdkafka: only for a Kafka source (the CLI starts without it)
+            from confluent_kafka import KafkaException
             from confluent_kafka.admin import AdminClient
 
             conf: dict[str, Any] = {**admin_config(self.spec, self._jaas()), "error_cb": self._on_error}
-            self._admin = AdminClient(conf)
+            try:
+                self._admin = AdminClient(conf)
+            except KafkaException as exc:
+                hint = (f": set the SASL credentials in {self.spec.credentials_env} (a JAAS config) or the secrets file"
+                        if "sasl" in str(exc).lower() else "")
+                raise SourceUnavailableError(secrets.redact(
+                    f"{self.describe()}: the client cannot start ({_reason(exc)}){hint}")) from None
         return self._admin
 
     def _on_error(self, error: Any) -> None:

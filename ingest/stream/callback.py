@@ -41,7 +41,7 @@ from ingest.config import IngestConfig, TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.decode.parts import PARTS_DDL, part_kind, read_parts
 from ingest.decode.registry import ConfluentSchemaRegistry
-from ingest.errors import RegistryUnavailableError, is_transient
+from ingest.errors import RegistryUnavailableError, is_transient, is_unavailability
 from ingest.lake.layout import TablePaths
 from ingest.quality import QualityGate
 from ingest.records import audit
@@ -61,6 +61,8 @@ class TableRun:
     batches: list[AuditRecord] = field(default_factory=list)
     already_applied: int = 0
     error: str | None = None
+    #: the table stopped because something outside did not answer or refused (source, registry, lake)
+    unavailable: bool = False
     #: errors this table stopped on and recovered from during the run (continuous runs)
     recovered: list[str] = field(default_factory=list)
 
@@ -280,7 +282,7 @@ class ForEachBatch:
         self.retry_at.pop(spec.name, None)
         self._stops.pop(spec.name, None)  # a later outage waits from the first step again
         run.recovered.append(run.error or "")
-        run.error = None
+        run.error, run.unavailable = None, False
         log.warning("table %s: caught up and running again", spec.name)
         return True
 
@@ -347,6 +349,7 @@ class ForEachBatch:
         """The table stops; its offsets stay where its Delta log has them, and the next run resumes there."""
         self.stopped[spec.name] = exc
         self.report.tables[spec.name].error = secrets.redact(f"{type(exc).__name__}: {exc}")
+        self.report.tables[spec.name].unavailable = is_unavailability(exc)
         if self.retry_stopped and is_transient(exc):
             self._stops[spec.name] += 1
             wait = min(RETRY_MAX_SECONDS, self.config.source.retry_stopped_seconds * 2 ** (self._stops[spec.name] - 1))

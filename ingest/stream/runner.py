@@ -34,6 +34,7 @@ from pyspark.sql import SparkSession
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
+from ingest.errors import is_unavailability
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
@@ -199,6 +200,7 @@ class Runner:
             except Exception as exc:
                 for spec in group:
                     report.tables[spec.name].error = secrets.redact(f"could not start: {exc}")
+                    report.tables[spec.name].unavailable = is_unavailability(exc)
                 return None
 
         def pick_up() -> list[_Query]:
@@ -350,6 +352,7 @@ class Runner:
             for spec in q.specs:
                 if not report.tables[spec.name].error:
                     report.tables[spec.name].error = secrets.redact(text)
+                    report.tables[spec.name].unavailable = is_unavailability(real or failure)
 
 
 def _short(exc: BaseException | str) -> str:

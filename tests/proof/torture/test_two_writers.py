@@ -64,13 +64,13 @@ def test_a_second_run_on_a_locked_table_fails_at_once_naming_table_and_holder(tm
         holder.wait()
 
 
-def test_the_cli_reports_the_locked_table_and_exits_2(tmp_path: Path) -> None:
+def test_the_cli_reports_the_locked_table_and_exits_4(tmp_path: Path) -> None:
     config = _config(tmp_path)
     holder = _hold_lock_in_another_process(config.tables_root, "customers")
     try:
         result = subprocess.run([sys.executable, "-m", "ingest.cli", "run", "-c", str(tmp_path / "config.yaml")],
                                 capture_output=True, text=True, timeout=120)
-        assert result.returncode == 2
+        assert result.returncode == 4  # a table failed: another writer holds it
         assert "table 'customers'" in result.stderr and f"pid {holder.pid}" in result.stderr
     finally:
         holder.kill()

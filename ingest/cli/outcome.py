@@ -1,0 +1,87 @@
+"""How an ``ingest`` command ends: its exit code, and one line for what went wrong.
+
+Every command exits with one of :class:`Exit`'s codes, documented in ``ingest --help``, so a deploy
+script or a scheduler can tell a data mismatch from an outage. An operational error -- missing or
+refused credentials, an endpoint that does not answer, bad SQL, a missing or locked table -- ends in
+one line naming the cause and the endpoint or object it concerns, redacted; ``--debug`` shows the
+traceback instead. What no rule here recognises is an internal error: one line too, and the
+traceback with ``--debug``.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from ingest import secrets
+from ingest.errors import (
+    ConfigError,
+    EnvironmentProblem,
+    IngestError,
+    LakeUnavailableError,
+    QueryError,
+    RegistryUnavailableError,
+    SourceUnavailableError,
+    TableError,
+    TopicLogError,
+)
+
+
+class Exit(IntEnum):
+    """The exit codes of every ``ingest`` command."""
+
+    OK = 0
+    #: the lake differs from its source (``verify``, ``demo``, ``torture``)
+    MISMATCH = 1
+    #: the command line or the configuration is wrong (a usage error, an invalid file, bad SQL)
+    USAGE = 2
+    #: something the command needs does not answer or refuses it: the source, the registry, the
+    #: lake, Java
+    UNAVAILABLE = 3
+    #: a table could not be processed (it stopped on an error, or another writer holds it)
+    TABLE_FAILED = 4
+    #: an error no rule recognises (a bug: run again with --debug and report it)
+    INTERNAL = 5
+
+
+#: The codes, as ``ingest --help`` lists them.
+EXIT_CODES_HELP = ("Exit codes: 0 success; 1 the lake differs from its source; 2 usage or configuration error; "
+                   "3 source, registry, lake or Java unavailable; 4 a table failed; 5 internal error "
+                   "(--debug shows the traceback).")
+
+
+def classify(exc: BaseException) -> tuple[Exit, str]:
+    """The exit code and the one line for ``exc`` (redacted)."""
+    return _code(exc), secrets.redact(_line(exc))
+
+
+def _code(exc: BaseException) -> Exit:
+    if isinstance(exc, ConfigError | QueryError):
+        return Exit.USAGE
+    if isinstance(exc, SourceUnavailableError | RegistryUnavailableError | LakeUnavailableError | TopicLogError
+                  | EnvironmentProblem):
+        return Exit.UNAVAILABLE
+    if isinstance(exc, TableError):
+        return Exit.TABLE_FAILED
+    if isinstance(exc, IngestError):
+        return Exit.USAGE
+    if _third_party_unavailable(exc):
+        return Exit.UNAVAILABLE
+    return Exit.INTERNAL
+
+
+def _third_party_unavailable(exc: BaseException) -> bool:
+    """An outage a library reported in its own type, outside the stages that wrap theirs."""
+    module = type(exc).__module__ or ""
+    if module.startswith(("confluent_kafka", "cimpl", "botocore", "psycopg", "requests", "urllib3")):
+        return True
+    return isinstance(exc, ConnectionError | TimeoutError)
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if isinstance(exc, IngestError):
+        return first or type(exc).__name__
+    if _code(exc) == Exit.UNAVAILABLE:
+        return f"unavailable: {type(exc).__name__}: {first}"
+    return f"internal error: {type(exc).__name__}: {first} (run again with --debug for the traceback)"

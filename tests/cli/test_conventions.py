@@ -1,0 +1,156 @@
+"""One CLI convention: the configuration from -c or CDC_INGEST_CONFIG, --format checked and JSON on every
+read command, one way to name a table, and distinct exit codes with one line for an operational error.
+
+The table is written by the journey on the driver (no Spark): the commands read it as an analyst would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ingest.apply.journey import apply_parts
+from ingest.cli import app
+from ingest.cli.outcome import Exit, classify
+from ingest.config import load_config
+from ingest.errors import (
+    ConfigError,
+    LakeUnavailableError,
+    QueryError,
+    RegistryUnavailableError,
+    SchemaIncompatibleError,
+    SourceUnavailableError,
+    TableLockedError,
+)
+from ingest.lake.layout import TablePaths
+from tests.factories import change, decoded_rows, source_bytes
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A configuration whose table ``t`` holds two commits (one quarantined message)."""
+    root = tmp_path_factory.mktemp("cli")
+    path = root / "ingest.yaml"
+    path.write_text("tables: [{name: t, topic: t}]\n")
+    config = load_config(path)
+    paths = TablePaths.of(config, "t")
+    apply_parts(config.table("t"), paths, decoded_rows([change("c", 1, 10), change("c", 2, 11)]), batch_id=0,
+                run_id="cli")
+    apply_parts(config.table("t"), paths, decoded_rows([change("u", 1, 12, name="y"), "not json"], first_offset=2),
+                batch_id=1, run_id="cli", fetch_raw=source_bytes)
+    return path
+
+
+def _invoke(*args: str, env: dict[str, str] | None = None) -> Any:
+    return runner.invoke(app, list(args), env=env)
+
+
+def test_the_configuration_comes_from_the_environment_when_not_given(lake: Path) -> None:
+    by_option = _invoke("history", "-t", "t", "-c", str(lake), "--format", "json")
+    by_env = _invoke("history", "-t", "t", "--format", "json", env={"CDC_INGEST_CONFIG": str(lake)})
+    assert by_option.exit_code == 0 and by_env.exit_code == 0, by_option.output + by_env.output
+    assert by_env.stdout == by_option.stdout and by_env.stdout
+
+
+@pytest.mark.parametrize("command", [["status"], ["history", "-t", "t"], ["changes", "-t", "t", "--from-version", "0"],
+                                     ["quarantine", "list"], ["quality", "list", "-t", "t"], ["query", "select 1"]])
+def test_an_unknown_format_is_a_usage_error(lake: Path, command: list[str]) -> None:
+    result = _invoke(*command, "-c", str(lake), "--format", "xml")
+    assert result.exit_code == Exit.USAGE and "xml" in result.output
+
+
+@pytest.mark.parametrize(("command", "check"), [
+    (["status"], lambda rows: rows[0]["table"] == "t" and rows[0]["delta_version"] == 1),
+    (["history", "-t", "t"], lambda commits: [c["version"] for c in commits] == [1, 0]),
+    (["changes", "-t", "t", "--from-version", "0"], lambda rows: {r["id"] for r in rows} == {1, 2}),
+    (["quarantine", "list"], lambda rows: [r["reason"] for r in rows] == ["not json"] and rows[0]["raw_value"]),
+    (["query", "select id, name from t order by id"], lambda rows: rows == [{"id": 1, "name": "y"},
+                                                                            {"id": 2, "name": "x"}]),
+])
+def test_every_read_command_prints_json(lake: Path, command: list[str], check: Any) -> None:
+    result = _invoke(*command, "-c", str(lake), "--format", "json")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert check([json.loads(line) for line in lines]), result.stdout
+
+
+def test_a_table_is_named_with_table_or_as_the_argument_of_history_and_changes(lake: Path) -> None:
+    as_argument = _invoke("history", "t", "-c", str(lake), "--format", "json")
+    as_option = _invoke("history", "--table", "t", "-c", str(lake), "--format", "json")
+    assert as_argument.exit_code == 0 and as_argument.stdout == as_option.stdout
+    both = _invoke("history", "t", "-t", "u", "-c", str(lake))
+    neither = _invoke("changes", "-c", str(lake), "--from-version", "0")
+    assert both.exit_code == neither.exit_code == Exit.USAGE
+    assert "two tables named" in both.output and "name the table" in neither.output
+
+
+@pytest.mark.parametrize(("error", "code"), [
+    (ConfigError("x.yaml: tables[0].name: bad"), Exit.USAGE),
+    (QueryError("the query failed: Parser Error"), Exit.USAGE),
+    (SourceUnavailableError("Kafka at b:9092 did not answer"), Exit.UNAVAILABLE),
+    (RegistryUnavailableError("schema registry refused: HTTP 401"), Exit.UNAVAILABLE),
+    (LakeUnavailableError("lake s3://b/x: the bucket does not exist"), Exit.UNAVAILABLE),
+    (SchemaIncompatibleError("t", "c", "integer", "string"), Exit.TABLE_FAILED),
+    (TableLockedError("t", "held by pid 7", "pid 7"), Exit.TABLE_FAILED),
+    (ConnectionRefusedError("refused"), Exit.UNAVAILABLE),
+    (KeyError("boom"), Exit.INTERNAL),
+])
+def test_each_kind_of_error_has_its_exit_code_and_one_line(error: Exception, code: Exit) -> None:
+    got, line = classify(error)
+    assert got == code and "\n" not in line and line
+    if code == Exit.INTERNAL:
+        assert "--debug" in line
+
+
+def _cli(*args: str, cwd: Path, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    return subprocess.run([sys.executable, "-m", "ingest.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+
+
+def test_kafka_without_its_sasl_credentials_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    (tmp_path / "k.yaml").write_text(
+        "source: {kind: kafka, kafka: {bootstrap_servers: '127.0.0.1:9', credentials_env: NO_SUCH_JAAS,\n"
+        "  options: {kafka.security.protocol: SASL_PLAINTEXT, kafka.sasl.mechanism: PLAIN}}}\n"
+        "tables: [{name: t, topic: t}]\n")
+    done = _cli("status", "-c", "k.yaml", cwd=tmp_path)
+    assert done.returncode == Exit.UNAVAILABLE, done.stdout + done.stderr
+    problems = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(problems) == 1 and "Kafka at 127.0.0.1:9" in problems[0] and "NO_SUCH_JAAS" in problems[0], problems
+    assert "Traceback" not in done.stderr
+
+
+def test_an_s3_lake_without_credentials_is_one_line_naming_the_location(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text("target: {root: 's3://nobucket/lake', storage: {endpoint_url: "
+                                     "'http://127.0.0.1:9', region: us-east-1}}\ntables: [{name: t, topic: t}]\n")
+    done = _cli("history", "-t", "t", "-c", "s.yaml", cwd=tmp_path,
+                unset=("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"))
+    assert done.returncode == Exit.UNAVAILABLE, done.stdout + done.stderr
+    problems = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(problems) == 1 and "lake s3://nobucket/lake/t" in problems[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_bad_sql_is_one_line_and_exit_2_and_debug_shows_the_traceback(lake: Path) -> None:
+    done = _cli("query", "SELEC 1", "-c", str(lake), cwd=lake.parent)
+    assert done.returncode == Exit.USAGE
+    assert done.stderr.strip().splitlines() == ['error: the query failed: Parser Error: syntax error at or near '
+                                                '"SELEC" (tables: t, _cdc_audit, _cdc_quarantine)']
+    debug = _cli("--debug", "query", "SELEC 1", "-c", str(lake), cwd=lake.parent)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "QueryError" in debug.stderr
+
+
+def test_the_version_is_the_installed_distributions() -> None:
+    from importlib.metadata import version
+
+    result = _invoke("--version")
+    assert result.exit_code == 0 and result.stdout.strip() == f"ingest {version('cdc-lakehouse-ingest')}"
