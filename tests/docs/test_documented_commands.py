@@ -103,7 +103,7 @@ def test_a_wrong_option_is_caught() -> None:
     with pytest.raises(UsageError):
         _parse(["quarantine", "replay", "--no-recheck"])  # its --table is required
     with pytest.raises(UsageError):
-        _parse(["history"])  # its table argument is required
+        _parse(["history", "t", "--format", "xml"])  # not one of its formats
     with pytest.raises(AssertionError):
         _parse(["no-such-command"])
     _parse(["query", "-c", "configs/demo.yaml", "--as-of", "orders@3", "SELECT 1"])
