@@ -7,7 +7,12 @@ shared pieces (:mod:`ingest.cli.common`) without loading the app, which loads th
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+# delta-rs's object store logs its retries and credential look-ups as WARN lines of its own on stderr
+# (read when its library loads); the CLI reports what failed itself, in one line.
+os.environ.setdefault("RUST_LOG", "error")
 
 
 def __getattr__(name: str) -> Any:

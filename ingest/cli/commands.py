@@ -36,6 +36,7 @@ from ingest.cli.common import (
 from ingest.cli.outcome import EXIT_CODES_HELP, Exit, classify
 from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, history, query
+from ingest.cli.setup import check, init
 from ingest.cli.verify import verify_source
 from ingest.secrets import install_log_redaction
 from ingest.source.producer import Outgoing
@@ -177,6 +178,10 @@ def verify(
                                  param_hint="--source-db")
     if not truth(load(config, workdir)):
         raise typer.Exit(Exit.MISMATCH)
+
+
+app.command(rich_help_panel=OPERATE)(init)
+app.command(rich_help_panel=OPERATE)(check)
 
 
 # The analysts' commands, listed after the operators' (the order of `ingest --help`).

@@ -198,15 +198,22 @@ def session_for(config: IngestConfig) -> SparkSession:
     its JVM's options; a later one with other settings shares that JVM.
     """
     spec = config.spark
+    connectors = connectors_of(config)
+    conf = session_conf(connectors, spec.conf)
+    if quick_jit(config, connectors):
+        conf[DRIVER_JAVA_OPTIONS] = f"{QUICK_JIT} {conf.get(DRIVER_JAVA_OPTIONS, '')}".strip()
+    return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))
+
+
+def connectors_of(config: IngestConfig) -> list[Connector]:
+    """The JVM connectors a run of ``config`` puts on Spark's classpath: Spark's Kafka source for a
+    Kafka source, delta-spark for its tables, Hadoop's S3A for delta-spark on S3 or checkpoints on S3."""
     connectors: list[Connector] = ["spark-kafka"] if config.source.kind == "kafka" else []
     if "delta-spark" in config.writers():
         connectors.append("delta-spark")
     if ("delta-spark" in config.writers() and not config.lake_is_local) or not config.checkpoint_location.is_local:
         connectors.append("hadoop-aws")
-    conf = session_conf(connectors, spec.conf)
-    if quick_jit(config, connectors):
-        conf[DRIVER_JAVA_OPTIONS] = f"{QUICK_JIT} {conf.get(DRIVER_JAVA_OPTIONS, '')}".strip()
-    return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))
+    return connectors
 
 
 def use_s3a(spark: SparkSession, where: LakePath) -> None:

@@ -1,0 +1,194 @@
+"""A deployment's pre-flight (``ingest check``): can a run start, reach everything and write where it must?
+
+Each check asks the real thing -- the broker for its topics with the configured credentials, the
+registry for the topics' subjects, the object store for a put and a delete, Java for its version,
+Maven Central (or the configured classpath) for the JVM artifacts -- and says, in one line, what it
+found or why it failed and what to do. Nothing a check writes is left behind; nothing is ingested.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ingest import secrets
+from ingest.commit.state import load_state
+from ingest.config import IngestConfig
+from ingest.errors import IngestError
+from ingest.lake.location import LakePath, s3_client
+from ingest.source.kafka_admin import KafkaAdmin
+from ingest.source.topiclog import TopicLog
+from ingest.spark.jars import classpath_conf
+from ingest.spark.java import check_java, java_binary
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One check's verdict: what was checked, whether it holds, what was found (or why not), and the fix."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda name: True) -> Iterator[Check]:
+    """Every check of ``config``'s deployment, in the order a run needs them (see module docstring)."""
+    steps: list[tuple[str, Callable[[IngestConfig], Check | list[Check]]]] = [
+        ("java", _java), ("jvm artifacts", _artifacts), ("source", _source), ("topics", _topics),
+        ("registry", _registry), ("lake", _lake), ("checkpoints", _checkpoints), ("tables", _tables)]
+    failed: set[str] = set()
+    for name, step in steps:
+        if not only(name):
+            continue
+        if name == "topics" and "source" in failed:
+            yield Check(name, False, "not checked: the source did not answer", _fix("source"))
+            continue
+        try:
+            found = step(config)
+        except IngestError as exc:
+            found = Check(name, False, secrets.redact(str(exc)), _fix(name))
+        except Exception as exc:  # a check must report, never stop the others
+            found = Check(name, False, secrets.redact(f"{type(exc).__name__}: {exc}".splitlines()[0]), _fix(name))
+        results = found if isinstance(found, list) else [found]
+        failed.update(c.name for c in results if not c.ok)
+        yield from results
+
+
+def _fix(name: str) -> str:
+    return {
+        "java": "install a JDK/JRE 17 or set JAVA_HOME",
+        "jvm artifacts": "let the machine reach Maven Central once, or name local jars in spark.conf spark.jars",
+        "source": "check source.kafka.bootstrap_servers, the network, and the SASL credentials "
+                  "(source.kafka.credentials_env)",
+        "topics": "check the topic names (tables[].topic, discover.topic_pattern) and that Debezium has written",
+        "registry": "check source.registry.url and its credentials (source.registry.credentials_env)",
+        "lake": "check target.root, target.storage and the store's credentials (AWS_ACCESS_KEY_ID, ...)",
+        "checkpoints": "check target.checkpoint_dir, target.storage and the store's credentials",
+        "tables": "see the cause: a table's Delta log must be readable with the lake's credentials",
+    }.get(name, "")
+
+
+def _java(config: IngestConfig) -> Check:
+    check_java()
+    java = java_binary()
+    shown = subprocess.run([str(java), "-version"], capture_output=True, text=True, timeout=30, check=False)
+    version = re.search(r'version "([^"]+)"', shown.stderr)
+    return Check("java", True, f"{version.group(1) if version else 'found'} at {java}")
+
+
+def _artifacts(config: IngestConfig) -> Check:
+    from ingest.spark.session import connectors_of  # the session module brings pyspark: only when checked
+
+    connectors = connectors_of(config)
+    if not connectors:
+        return Check("jvm artifacts", True, "none needed (delta-rs, local checkpoints, the engine's own reader)")
+    conf = classpath_conf(connectors, config.spark.conf)
+    if not conf:
+        return Check("jvm artifacts", True, f"{', '.join(connectors)}: the configuration's spark.conf sets the "
+                                            "classpath")
+    jars = [j for value in conf.values() for j in value.split(",") if j]
+    return Check("jvm artifacts", True, f"{', '.join(connectors)}: {len(jars)} artifacts ready")
+
+
+def _source(config: IngestConfig) -> Check:
+    if config.source.kind != "kafka":
+        log = TopicLog(config.log_dir)
+        return Check("source", True, f"embedded topic log at {config.log_dir}: {len(log.topics())} topics")
+    spec = config.source.kafka
+    assert spec is not None
+    admin = KafkaAdmin(spec, secrets_file=str(config.secrets_path) if config.secrets_path else None)
+    topics = admin.topics()
+    how = spec.options.get("kafka.security.protocol", "PLAINTEXT")
+    return Check("source", True, f"{admin.describe()} answered over {how}: {len(topics)} topics")
+
+
+def _topic_names(config: IngestConfig) -> list[str]:
+    if config.source.kind != "kafka":
+        return TopicLog(config.log_dir).topics()
+    spec = config.source.kafka
+    assert spec is not None
+    return KafkaAdmin(spec, secrets_file=str(config.secrets_path) if config.secrets_path else None).topics()
+
+
+def _topics(config: IngestConfig) -> list[Check]:
+    present = set(_topic_names(config))
+    out = []
+    for spec in config.tables:
+        found = spec.topic in present
+        out.append(Check("topics", found, f"{spec.name}: topic {spec.topic}" + ("" if found else " is missing"),
+                         "" if found else _fix("topics")))
+    if config.discover is not None:
+        pattern = re.compile(config.discover.topic_pattern)
+        matched = sorted(t for t in present if pattern.fullmatch(t))
+        out.append(Check("topics", bool(matched), f"discover.topic_pattern matches {len(matched)} topics"
+                         + (f" ({', '.join(matched[:3])}{', ...' if len(matched) > 3 else ''})" if matched else ""),
+                         "" if matched else _fix("topics")))
+    return out
+
+
+def _registry(config: IngestConfig) -> Check:
+    registry = config.source.registry
+    if registry.kind != "confluent" or not registry.url:
+        return Check("registry", True, f"{registry.kind} registry: nothing to reach")
+    from ingest.decode.registry import ConfluentSchemaRegistry  # the registry client: only when one is configured
+
+    client = ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
+                                                   secrets_file=config.secrets_path)
+    subjects = [f"{spec.topic}-value" for spec in config.tables]
+    found = client.subject_schemas(subjects) if subjects else {}
+    where = secrets.redact(registry.url)
+    if config.source.value_format == "avro" and subjects and not found:
+        return Check("registry", False, f"{where} answered, but none of {len(subjects)} subjects "
+                                        f"({subjects[0]}, ...) has a schema", "check that Debezium's Avro "
+                                        "converter writes to this registry and has sent a record")
+    return Check("registry", True, f"{where} answered: {len(found)} schemas for {len(subjects)} subjects")
+
+
+def _writable(name: str, where: LakePath) -> Check:
+    """A real write and delete under ``where``, as a run's first commit would make."""
+    probe = f"_cdc_check/{uuid.uuid4().hex}"
+    if where.is_local:
+        target = where.local / probe
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(b"ingest check")
+        target.unlink()
+        target.parent.rmdir()
+        return Check(name, True, f"{where.uri}: writable")
+    bucket, _, prefix = where.uri.removeprefix("s3://").removeprefix("s3a://").partition("/")
+    key = f"{prefix.rstrip('/')}/{probe}" if prefix else probe
+    client = s3_client(where)
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=b"ingest check")
+        client.delete_object(Bucket=bucket, Key=key)
+    except Exception as exc:
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "") if hasattr(exc, "response") else ""
+        cause = {"NoSuchBucket": "the bucket does not exist", "AccessDenied": "the store refused the write",
+                 "InvalidAccessKeyId": "the store does not know the access key",
+                 "SignatureDoesNotMatch": "the secret key is wrong"}.get(code, "")
+        text = cause or secrets.redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return Check(name, False, f"{where.uri}: cannot write ({text})", _fix(name))
+    return Check(name, True, f"{where.uri}: writable (put and delete of one object)")
+
+
+def _lake(config: IngestConfig) -> Check:
+    return _writable("lake", config.tables_root)
+
+
+def _checkpoints(config: IngestConfig) -> Check:
+    return _writable("checkpoints", config.checkpoint_location)
+
+
+def _tables(config: IngestConfig) -> list[Check]:
+    out = []
+    for spec in config.tables:
+        state = load_state(config.table_path(spec.name))
+        if state.table is None:
+            out.append(Check("tables", True, f"{spec.name}: not created yet (its first run creates it)"))
+            continue
+        out.append(Check("tables", True, f"{spec.name}: Delta version {state.version}, "
+                                         f"{len(state.offsets)} partitions applied"))
+    return out

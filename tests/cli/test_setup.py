@@ -1,0 +1,105 @@
+"""``ingest init`` writes a configuration for one's own stack that loads as written, and ``ingest check``
+says per check what holds and what to do, with an exit code a deploy script can use.
+
+The checks against a real broker and registry (a wrong password, a stopped registry) are in
+``tests/stack/test_check.py``; here: the files, a lake whose bucket does not exist (an S3 server on
+loopback), a machine without Java, and the embedded default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ingest.cli.outcome import Exit
+from ingest.config import load_config
+from ingest.ops.check import run_checks
+
+
+def _ingest(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ingest.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env if env is not None else dict(os.environ), timeout=180, check=False)
+
+
+def test_init_writes_a_configuration_for_ones_own_stack_that_loads_as_written(tmp_path: Path) -> None:
+    done = _ingest("init", "pipeline.yaml", "--bootstrap-servers", "kafka-1.corp:9093", "--registry-url",
+                   "https://registry.corp", "--lake", "s3://corp-lake/cdc", "--topic-pattern",
+                   r"erp\.sales\.[^.]+", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = load_config(tmp_path / "pipeline.yaml")
+    kafka = config.source.kafka
+    assert kafka is not None and kafka.bootstrap_servers == "kafka-1.corp:9093"
+    assert kafka.options["kafka.security.protocol"] == "SASL_SSL" and kafka.credentials_env == "KAFKA_SASL_JAAS_CONFIG"
+    assert config.source.registry.url == "https://registry.corp" and config.source.value_format == "avro"
+    assert config.tables_root.uri == "s3://corp-lake/cdc/tables"
+    assert config.checkpoint_location.uri == "s3://corp-lake/cdc/checkpoints"
+    assert config.discover is not None and config.discover.topic_pattern == r"erp\.sales\.[^.]+"
+    [override] = config.tables
+    assert (override.name, override.topic, override.delete_mode) == ("sales_customers", "erp.sales.customers", "soft")
+    suite = json.loads((tmp_path / "expectations" / "sales_customers.json").read_text())
+    assert suite["expectations"][0]["kwargs"] == {"column": "id"}
+    text = (tmp_path / "pipeline.yaml").read_text()
+    raw = yaml.safe_load(text)
+    assert "password" not in json.dumps(raw).lower() and text.count("#") > 20  # commented, no secret in it
+
+
+def test_init_replaces_nothing_unless_asked(tmp_path: Path) -> None:
+    assert _ingest("init", cwd=tmp_path).returncode == 0
+    again = _ingest("init", cwd=tmp_path)
+    assert again.returncode == Exit.USAGE and "exists" in again.stderr and "--force" in again.stderr
+    assert _ingest("init", "--force", "--value-format", "json", cwd=tmp_path).returncode == 0
+    assert load_config(tmp_path / "ingest.yaml").source.value_format == "json"
+
+
+def test_init_writes_a_dagster_code_location_over_the_configuration(tmp_path: Path) -> None:
+    done = _ingest("init", "--dagster", "location", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    listed = subprocess.run([str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w",
+                             "workspace.yaml"], cwd=tmp_path / "location", capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
+    assert "All code locations passed validation" in listed.stdout + listed.stderr
+
+
+def _embedded(tmp_path: Path, **target: Any) -> Path:
+    path = tmp_path / "ingest.yaml"
+    path.write_text(yaml.safe_dump({"tables": [{"name": "t", "topic": "t"}], **({"target": target} if target else {})}))
+    return path
+
+
+def test_check_on_the_embedded_default_says_what_is_missing_line_by_line(tmp_path: Path) -> None:
+    path = _embedded(tmp_path)
+    done = _ingest("check", "-c", str(path), cwd=tmp_path)
+    lines = done.stdout.splitlines()
+    assert done.returncode == Exit.UNAVAILABLE  # no topic yet
+    assert [line.split(":")[0] for line in lines] == ["ok   java", "ok   jvm artifacts", "ok   source",
+                                                      "FAIL topics", "ok   registry", "ok   lake",
+                                                      "ok   checkpoints", "ok   tables"]
+    assert "topic t is missing" in lines[3] and "->" in lines[3]
+    subprocess.run([sys.executable, "-m", "ingest.cli", "produce", "t", "-c", str(path)], input='{"key": null}\n',
+                   text=True, check=True, capture_output=True, cwd=tmp_path)
+    ready = _ingest("check", "-c", str(path), "--format", "json", cwd=tmp_path)
+    assert ready.returncode == Exit.OK, ready.stdout
+    assert all(json.loads(line)["ok"] for line in ready.stdout.splitlines())
+
+
+def test_check_finds_a_lake_whose_bucket_does_not_exist(tmp_path: Path, s3: Any) -> None:
+    path = _embedded(tmp_path, root="s3://no-such-bucket/lake", storage=s3.storage())
+    found = {c.name: c for c in run_checks(load_config(path), only=lambda name: name in ("lake", "tables"))}
+    assert not found["lake"].ok and "the bucket does not exist" in found["lake"].detail
+    assert "s3://no-such-bucket/lake" in found["lake"].detail
+
+
+def test_check_finds_a_machine_without_java(tmp_path: Path) -> None:
+    path = _embedded(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(tmp_path / "no-java-here")
+    done = _ingest("check", "-c", str(path), cwd=tmp_path, env=env)
+    java = done.stdout.splitlines()[0]
+    assert done.returncode == Exit.UNAVAILABLE and java.startswith("FAIL java") and "Java 17 is required" in java
