@@ -47,23 +47,36 @@ def test_a_broken_contract_is_reported(tmp_path: Path) -> None:
 
 
 def unexplained_function_imports(path: Path) -> list[int]:
-    """Lines of import statements inside functions that no comment explains: the first import of a
-    run of imports needs a comment on its line or on the line before it."""
+    """Lines of import statements inside functions (in any block of theirs: ``if``, ``try``, ``with``)
+    that no comment explains: the first import of a run of imports needs a comment on its line or on
+    the line before it."""
     lines = path.read_text().splitlines()
     tree = ast.parse("\n".join(lines))
-    found = []
-    for func in ast.walk(tree):
-        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
+    found: list[int] = []
+
+    def blocks(node: ast.AST) -> list[list[ast.stmt]]:
+        names = ("body", "orelse", "finalbody")
+        out = [getattr(node, name) for name in names if isinstance(getattr(node, name, None), list)]
+        out += [handler.body for handler in getattr(node, "handlers", [])]
+        return out
+
+    def visit(body: list[ast.stmt]) -> None:
         previous: ast.stmt | None = None
-        for node in func.body:
+        for node in body:
             if isinstance(node, ast.Import | ast.ImportFrom):
                 starts_run = not isinstance(previous, ast.Import | ast.ImportFrom)
                 explained = "#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#")
                 if starts_run and not explained:
                     found.append(node.lineno)
+            elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                for block in blocks(node):
+                    visit(block)
             previous = node
-    return found
+
+    for func in ast.walk(tree):
+        if isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            visit(func.body)
+    return sorted(found)
 
 
 @pytest.mark.parametrize("path", sorted(RUNTIME.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
@@ -74,8 +87,9 @@ def test_an_import_inside_a_function_says_why(path: Path) -> None:
 def test_the_check_finds_an_unexplained_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    import json\n    return json\n\n\ndef g():\n    # costly: only when g runs\n"
-                      "    import csv\n    import io\n    return csv, io\n")
-    assert unexplained_function_imports(module) == [2]
+                      "    import csv\n    import io\n    return csv, io\n\n\ndef h(x):\n    if x:\n"
+                      "        import os\n        return os\n")
+    assert unexplained_function_imports(module) == [2, 15]
 
 
 def _anchors() -> set[str]:

@@ -176,6 +176,7 @@ def query_tables(tables: Mapping[str, DeltaTable], sql: str) -> pa.Table:
     delta-spark table), all are read with polars, which applies them.
     """
     if any(has_deletion_vectors(table) for table in tables.values()):
+        # polars (about 1 s to import): only for tables with deletion vectors
         import polars as pl
 
         context = pl.SQLContext({name: scan(table) for name, table in tables.items()})

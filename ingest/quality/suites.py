@@ -53,6 +53,7 @@ def gx_context() -> Any:
     global _context
     with _LOCK:
         if _context is None:
+            # Great Expectations (seconds to import): only when a suite is loaded
             import great_expectations as gx
             from great_expectations.data_context.types.base import ProgressBarsConfig
 

@@ -275,6 +275,7 @@ class TopicLogDataSource(DataSource):
 
     def schema(self) -> str:
         if self.options.get("decode"):
+            # the decoders (fastavro, orjson): only in a stream that decodes as it reads
             from ingest.decode.parts import PARTS_DDL
 
             return PARTS_DDL
