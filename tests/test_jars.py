@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from ingest.errors import EnvironmentProblem
 from ingest.spark import jars
@@ -137,3 +138,21 @@ def test_an_unreachable_repository_is_one_line_saying_what_to_do(cache: Path, mo
                    "spark-sql-kafka-0-10_2.13:4.2.0"):
         assert needed in message
     assert not (cache / "spark-kafka.classpath").exists()
+
+
+def test_the_jars_command_refuses_an_unknown_connector() -> None:
+    from ingest.cli import app
+
+    result = CliRunner().invoke(app, ["jars", "--connector", "kafka-streams"])
+    assert result.exit_code == 2
+    assert "spark-kafka, delta-spark, hadoop-aws" in result.output
+
+
+def test_version_is_the_installed_distribution() -> None:
+    from importlib.metadata import version
+
+    from ingest.cli import app
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"cdc-lakehouse-ingest {version('cdc-lakehouse-ingest')}"
