@@ -107,13 +107,27 @@ def test_a_stale_or_broken_record_is_resolved_again(cache: Path, monkeypatch: py
 
 def test_a_user_who_manages_the_classpath_gets_nothing_added(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     resolved = refuse_to_resolve(monkeypatch)
-    assert jars.classpath_conf(["delta-spark"], {"spark.jars": "/opt/jars/*.jar"}) == {}
+    assert jars.classpath_conf(["delta-spark"], {"spark.jars": "/opt/none/*.jar"}) == {"spark.jars": "/opt/none/*.jar"}
     assert jars.classpath_conf(["spark-kafka"], {"spark.jars.packages": "org.example:x:1"}) == {}
     assert jars.classpath_conf([], {}) == {}
     assert resolved == []
     conf = jars.classpath_conf(["spark-kafka", "delta-spark"], {})
     assert conf == {"spark.jars": ",".join(str(cache / "ivy" / "jars" / f"{c}-resolved.jar")
                                            for c in ("spark-kafka", "delta-spark"))}
+
+
+def test_a_pattern_in_the_users_spark_jars_becomes_the_files_it_matches(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # pyspark would hand the SparkContext the pattern itself, which it cannot add for the executors
+    refuse_to_resolve(monkeypatch)
+    for name in ("b.jar", "a.jar", "notes.txt"):
+        (tmp_path / name).write_text("")
+    value = f"{tmp_path}/*.jar, file:{tmp_path}/a.jar,hdfs://nn/jars/*.jar,{tmp_path}/none-*.jar"
+    expanded = f"{tmp_path}/a.jar,{tmp_path}/b.jar,file:{tmp_path}/a.jar,hdfs://nn/jars/*.jar,{tmp_path}/none-*.jar"
+    assert jars.expand_jars(value) == expanded
+    assert jars.expand_jars(f"file:{tmp_path}/b*.jar") == f"{tmp_path}/b.jar"
+    assert jars.classpath_conf(["delta-spark"], {"spark.jars": f"{tmp_path}/*.jar"}) == {
+        "spark.jars": f"{tmp_path}/a.jar,{tmp_path}/b.jar"}
 
 
 def test_copy_jars_gathers_them_in_one_directory(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

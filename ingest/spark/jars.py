@@ -24,6 +24,7 @@ The cache directory is ``$INGEST_JARS_CACHE``, else ``$XDG_CACHE_HOME/cdc-lakeho
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -239,12 +240,33 @@ def _ivy_problem(log: Path) -> str:
 
 
 def classpath_conf(connectors: Iterable[Connector], user_conf: Mapping[str, str]) -> dict[str, str]:
-    """``spark.jars`` for ``connectors``, unless the user's configuration already manages the classpath."""
+    """``spark.jars`` for ``connectors``, unless the user's configuration already manages the classpath
+    (then only the user's own ``spark.jars`` with its patterns expanded, see :func:`expand_jars`)."""
     connectors = list(connectors)
+    if "spark.jars" in user_conf:
+        return {"spark.jars": expand_jars(user_conf["spark.jars"])}
     if not connectors or any(key in user_conf for key in _USER_CLASSPATH):
         return {}
     jars = [str(jar) for connector in connectors for jar in connector_jars(connector)]
     return {"spark.jars": ",".join(dict.fromkeys(jars))}
+
+
+def expand_jars(value: str) -> str:
+    """``spark.jars`` with each local pattern (``/opt/jars/*.jar``) replaced by the files it matches.
+
+    spark-submit expands such patterns for the driver's classpath, but pyspark then hands the session
+    the pattern itself, which the SparkContext cannot add for its executors ("Jar ... not found").
+    A pattern that matches nothing, and every URI but ``file:``, is left as it is.
+    """
+    entries = []
+    for entry in (e.strip() for e in value.split(",")):
+        path = entry.removeprefix("file:") if entry.startswith("file:/") else entry
+        if any(c in path for c in "*?[") and "://" not in path:
+            matched = sorted(glob.glob(os.path.expanduser(path)))
+            entries.extend(matched or [entry])
+        elif entry:
+            entries.append(entry)
+    return ",".join(entries)
 
 
 def copy_jars(connectors: Iterable[Connector], into: Path) -> list[Path]:
