@@ -42,8 +42,8 @@ def spark():
     # Spark's Kafka source, delta-spark and S3A must be on the classpath when the one session starts:
     # tests/stack read the real Kafka through it, the delta-spark engine's tests MERGE with it, and
     # tests/lake write to an S3 server through S3A.
-    # The jars are resolved once by Maven into .stack/jars (`make jars`). If that is impossible here,
-    # the other tests still run; the tests that need them then fail naming the jar.
+    # The jars are resolved once by Spark's Ivy into the jars cache (ingest/spark/jars.py; `ingest jars`).
+    # If that is impossible here, the other tests still run; the tests that need them then fail naming the jar.
     try:
         extra = tuple(sorted(session_conf(["spark-kafka", "delta-spark", "hadoop-aws"], {}).items()))
     except EnvironmentProblem as exc:

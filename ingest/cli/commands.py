@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import time
+from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,7 +37,7 @@ from ingest.cli.common import (
 from ingest.cli.outcome import EXIT_CODES_HELP, Exit, classify
 from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, history, query
-from ingest.cli.setup import check, init
+from ingest.cli.setup import check, init, jars
 from ingest.cli.verify import verify_source
 from ingest.secrets import install_log_redaction
 from ingest.source.producer import Outgoing
@@ -72,9 +73,17 @@ app.add_typer(quarantine_app, name="quarantine", rich_help_panel=QUALITY)
 _debug = False
 
 
+#: The distribution ``ingest`` comes from (pyproject.toml).
+DISTRIBUTION = "cdc-lakehouse-ingest"
+
+
 def _version(shown: bool) -> None:
     if shown:
-        console.print(f"ingest {package_version('cdc-lakehouse-ingest')}", highlight=False)
+        try:
+            found = package_version(DISTRIBUTION)
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            found = "unknown (not installed)"
+        console.print(f"{DISTRIBUTION} {found}", markup=False, highlight=False)
         raise typer.Exit()
 
 
@@ -182,6 +191,7 @@ def verify(
 
 app.command(rich_help_panel=OPERATE)(init)
 app.command(rich_help_panel=OPERATE)(check)
+app.command(rich_help_panel=OPERATE)(jars)
 
 
 # The analysts' commands, listed after the operators' (the order of `ingest --help`).
@@ -225,7 +235,6 @@ def produce(
     written = produce_records(cfg, topic, records, partitions=partitions)
     for partition, (first, nxt) in sorted(written.items()):
         console.print(f"{topic}[{partition}]: offsets {first}..{nxt - 1}")
-
 
 
 

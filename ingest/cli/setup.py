@@ -66,3 +66,35 @@ def check(
         console.print(line, highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(Exit.UNAVAILABLE)
+
+
+def jars(
+    connector: Annotated[list[str] | None, typer.Option(
+        "--connector", "-k", help="spark-kafka, delta-spark or hadoop-aws (repeat it); default: all three")] = None,
+    copy_to: Annotated[Path | None, typer.Option(
+        help="also copy the jars into this directory, for spark.jars on a machine that cannot resolve them")] = None,
+) -> None:
+    """Resolve the JVM connectors Spark needs (Kafka source, delta-spark, S3A) into the jars cache now.
+
+    The cache ($INGEST_JARS_CACHE, default ~/.cache/cdc-lakehouse-ingest/jars) can be copied to a
+    machine without network access; or --copy-to gathers the jars in one directory to name in
+    spark.conf (spark.jars: <dir>/*.jar).
+    """
+    # Spark's Ivy, in a JVM of its own: loaded when the command runs
+    from ingest.spark.jars import CONNECTORS, Connector, cache_dir, connector_jars, copy_jars
+
+    unknown = sorted(set(connector or ()) - set(CONNECTORS))
+    if unknown:
+        raise typer.BadParameter(f"unknown connector(s) {', '.join(unknown)}; the connectors are "
+                                 f"{', '.join(CONNECTORS)}", param_hint="--connector")
+    chosen: list[Connector] = [c for c in CONNECTORS if not connector or c in connector]
+    for name in chosen:
+        found = connector_jars(name)
+        console.print(f"{name}: {len(found)} jars, {sum(j.stat().st_size for j in found) / 1e6:.1f} MB",
+                      markup=False, highlight=False)
+    console.print(f"cache: {cache_dir()}", markup=False, highlight=False)
+    if copy_to is not None:
+        copies = copy_jars(chosen, copy_to)
+        where = copy_to.resolve()
+        console.print(f"copied {len(copies)} jars into {where}; name them in the configuration with\n"
+                      f"  spark:\n    conf:\n      spark.jars: {where}/*.jar", markup=False, highlight=False)

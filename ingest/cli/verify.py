@@ -11,14 +11,18 @@ from rich.table import Table
 from ingest import secrets
 from ingest.cli.common import console, say
 from ingest.config import IngestConfig
-from ingest.errors import SourceUnavailableError
+from ingest.errors import EnvironmentProblem, SourceUnavailableError
 
 
 def describe_dsn(dsn: str) -> str:
     """``host:port/dbname`` of a libpq connection string (never its password); registers the password
     with :mod:`ingest.secrets` so no error message can echo it."""
-    # psycopg: loaded for a source database only
-    from psycopg.conninfo import conninfo_to_dict
+    # psycopg (an extra of the distribution): loaded for a source database only
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        raise EnvironmentProblem("comparing with a source database needs psycopg, which is not installed: "
+                                 "pip install 'cdc-lakehouse-ingest[postgres]'") from None
 
     try:
         info = conninfo_to_dict(dsn)

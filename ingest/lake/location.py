@@ -22,6 +22,8 @@ from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 from urllib.parse import urlsplit
 
+from ingest.errors import EnvironmentProblem
+
 #: URI schemes of the object stores the lake can live on (``s3a`` is Hadoop's name for ``s3``).
 OBJECT_STORE_SCHEMES: Final = frozenset({"s3", "s3a"})
 
@@ -151,6 +153,20 @@ def reader_options(options: Mapping[str, str] | None) -> dict[str, str] | None:
     return None if options is None else {k: v for k, v in options.items() if k not in RETRY_OPTIONS}
 
 
+#: Why a lake or checkpoints on S3 cannot be used here, and what to install.
+S3_EXTRA: Final = ("a lake or checkpoints on S3 need boto3, which is not installed: "
+                   "pip install 'cdc-lakehouse-ingest[s3]'")
+
+
+def s3_errors() -> tuple[type[Exception], ...]:
+    """botocore's errors (a request to S3 that failed); none without boto3, which no local path needs."""
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        return ()
+    return (ClientError, BotoCoreError)
+
+
 def s3_client(where: LakePath) -> Any:
     """A boto3 S3 client for the endpoint of ``where`` (credentials: the environment's, as delta-rs's).
 
@@ -168,9 +184,12 @@ def s3_client(where: LakePath) -> Any:
 @lru_cache(maxsize=16)
 def _client(endpoint: str | None, region: str | None, virtual: bool, key: str | None, secret: str | None,
             token: str | None, attempts: int) -> Any:
-    # boto3 (about 1 s to import): only for a lake on S3
-    import boto3
-    from botocore.config import Config
+    # boto3 (about 1 s to import, and an extra of the distribution): only for a lake on S3
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise EnvironmentProblem(S3_EXTRA) from None
 
     # botocore's standard retries pause up to 20 s between attempts: about 10 s of outage per attempt
     # beyond the first few, so that the lease and the checkpoint reads ride out what delta-rs does.

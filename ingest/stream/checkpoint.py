@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ingest.lake.location import LakePath, Location, s3_client
+from ingest.lake.location import LakePath, Location, s3_client, s3_errors
 from ingest.records import audit
 
 _CRC_MAGIC: Final = b"crc\x00"
@@ -147,14 +147,11 @@ class _Files:
 
 def _verified_text(files: _Files, name: str) -> str:
     """File content, checked against its Hadoop ``.crc`` (CRC32 per 512-byte chunk) when present."""
-    # botocore: only for checkpoints on S3
-    from botocore.exceptions import BotoCoreError, ClientError
-
     try:
         data = files.read(name)
     except OSError as exc:
         raise _Damaged(f"{name}: unreadable ({exc.strerror})") from None
-    except (ClientError, BotoCoreError) as exc:
+    except s3_errors() as exc:  # checkpoints on S3
         raise _Damaged(f"{name}: unreadable ({exc})") from None
     folder, _, base = name.rpartition("/")
     crc = f"{folder}/.{base}.crc" if folder else f".{base}.crc"

@@ -147,10 +147,3 @@ def test_bad_sql_is_one_line_and_exit_2_and_debug_shows_the_traceback(lake: Path
                                                 '"SELEC" (tables: t, _cdc_audit, _cdc_quarantine)']
     debug = _cli("--debug", "query", "SELEC 1", "-c", str(lake), cwd=lake.parent)
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "QueryError" in debug.stderr
-
-
-def test_the_version_is_the_installed_distributions() -> None:
-    from importlib.metadata import version
-
-    result = _invoke("--version")
-    assert result.exit_code == 0 and result.stdout.strip() == f"ingest {version('cdc-lakehouse-ingest')}"

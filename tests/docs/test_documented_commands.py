@@ -62,7 +62,7 @@ def _parse(words: list[str]) -> None:
     name = "ingest"
     args = list(words)
     while hasattr(command, "list_commands"):  # a group: the next word names its command
-        if args == ["--help"]:
+        if args == ["--help"] or (args == ["--version"] and name == "ingest"):
             return
         assert args and not args[0].startswith("-"), f"no subcommand of {name} in {words}"
         sub = command.get_command(command.context_class(command), args[0])

@@ -17,14 +17,16 @@ from pathlib import Path
 from harness.stack.errors import StackError
 from harness.stack.process import Progress, tail
 from harness.stack.settings import StackSettings
-from ingest.spark.jars import COORDINATES, mark_resolved
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 NGINX_BIN = Path("/usr/sbin/nginx")
 _POLICY_RC = Path("/usr/sbin/policy-rc.d")
 _PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
 #: Jar components resolved by infra/jvm/pom.xml (sub-directories of the jars directory).
-JAR_DIRS = ("kafka", "connect-plugins", "registry", "spark-kafka", "delta-spark", "hadoop-aws")
+JAR_DIRS = ("kafka", "connect-plugins", "registry")
+#: What the stack's Maven once resolved for the engine's Spark connectors, which the engine now resolves
+#: itself (ingest/spark/jars.py): removed with the rest when the jars are resolved again.
+RETIRED_JAR_DIRS = ("spark-kafka", "delta-spark", "hadoop-aws")
 
 
 def render(template: Path, values: dict[str, object]) -> str:
@@ -227,7 +229,7 @@ def _resolve_jars(settings: StackSettings, progress: Progress) -> None:
         raise StackError("Maven is missing: install it (apt-get install maven) to resolve the stack's jars")
     jars = settings.jars_dir
     jars.mkdir(parents=True, exist_ok=True)
-    for sub in JAR_DIRS:
+    for sub in (*JAR_DIRS, *RETIRED_JAR_DIRS):
         shutil.rmtree(jars / sub, ignore_errors=True)
     log = jars / "maven.log"
     progress(f"resolving jars with Maven into {jars} (first time: a few minutes, ~300 MB; log {log})")
@@ -249,6 +251,4 @@ def _resolve_jars(settings: StackSettings, progress: Progress) -> None:
     if result.returncode != 0:
         raise StackError(f"connect-plugin-path sync-manifests failed (exit {result.returncode}, log {log})\n"
                          f"{tail(log)}")
-    for connector in COORDINATES:  # the engine's own check of the Spark connectors it reads from here
-        mark_resolved(jars / connector, connector)
     (jars / ".resolved").write_text(_poms_digest(settings) + "\n")
