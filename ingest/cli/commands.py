@@ -19,6 +19,7 @@ from rich.table import Table
 
 from ingest.cli import plugins
 from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console, err, load, progress_printer
+from ingest.cli.maintain import maintain
 from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, history, query
 from ingest.cli.verify import verify_source
@@ -114,6 +115,7 @@ def verify(
         raise typer.Exit(1)
 
 
+app.command()(maintain)
 # The analysts' commands, listed after the operators' (the order of `ingest --help`).
 app.command()(changes)
 app.command()(history)
