@@ -12,9 +12,9 @@ import dagster as dg
 from pydantic import Field
 
 from assets.constants import MAINTENANCE_TAG, SHARED_TABLES_POOL, table_key, table_pool
-from assets.maintenance import MaintenanceOptions, TableMaintenance, maintain_cdc_table, maintain_shared_table
 from assets.resources import IngestPipeline
 from ingest.config import TableSpec
+from ingest.ops.maintain import MaintenanceOptions, TableMaintenance, maintain_cdc_table, maintain_shared_table
 
 MAINTENANCE_JOB = "cdc_table_maintenance"
 MAINTENANCE_SCHEDULE = "cdc_table_maintenance_daily"

@@ -34,6 +34,7 @@ from ingest.cli.common import (
     print_json,
     progress_printer,
 )
+from ingest.cli.maintain import maintain
 from ingest.cli.outcome import EXIT_CODES_HELP, Exit, classify
 from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, history, query
@@ -194,6 +195,7 @@ app.command(rich_help_panel=OPERATE)(check)
 app.command(rich_help_panel=OPERATE)(jars)
 
 
+app.command(rich_help_panel=OPERATE)(maintain)
 # The analysts' commands, listed after the operators' (the order of `ingest --help`).
 app.command(rich_help_panel=READ)(changes)
 app.command(rich_help_panel=READ)(history)

@@ -18,7 +18,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from ingest.columns import arrow_type, delta_type_name
 from ingest.errors import TableError
-from ingest.lake.delta import latest_table, open_table, quote, read_all, table_schema, write_table
+from ingest.lake.delta import latest_table, open_table, query, quote, read_all, table_schema, write_table
 from ingest.lake.location import Location
 from ingest.lake.lookup import KeyLookup, rows_of_keys
 from ingest.rules.ordering import later_than_stored_sql
@@ -118,14 +118,28 @@ def purge(path: Location, older_than: datetime) -> int:
     delta = open_table(path)
     if delta is None:
         return 0
+    result = delta.delete(_recorded_before(delta, older_than))
+    return int(result.get("num_deleted_rows", 0))
+
+
+def purgeable(path: Location, older_than: datetime) -> int:
+    """How many deletes :func:`purge` would forget now (nothing is changed)."""
+    delta = open_table(path)
+    if delta is None:
+        return 0
+    counted = query(delta, f"SELECT count(*) AS n FROM t WHERE {_recorded_before(delta, older_than)}")
+    return int(counted["n"][0].as_py() or 0)
+
+
+def _recorded_before(delta: DeltaTable, older_than: datetime) -> str:
+    """The SQL predicate (delta-rs's dialect) of the tombstones recorded before ``older_than``."""
     stamp = older_than.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
     # The columns are UTC-aware: compare with a UTC literal (a naive `::timestamp` fails in delta-rs's delete).
     cutoff = f"arrow_cast('{stamp}Z', 'Timestamp(Microsecond, Some(\"UTC\"))')"
     names = {f.name for f in table_schema(delta)}
     # Tombstones written before _cdc_recorded_at existed only know the source time.
     written = "coalesce(_cdc_recorded_at, _cdc_deleted_at)" if "_cdc_recorded_at" in names else "_cdc_deleted_at"
-    result = delta.delete(f"{written} < {cutoff}")
-    return int(result.get("num_deleted_rows", 0))
+    return f"{written} < {cutoff}"
 
 
 def millis_to_timestamp(values: Sequence[int | None]) -> pa.Array:
