@@ -49,7 +49,7 @@ def test_a_broken_contract_is_reported(tmp_path: Path) -> None:
 def unexplained_function_imports(path: Path) -> list[int]:
     """Lines of import statements inside functions (in any block of theirs: ``if``, ``try``, ``with``)
     that no comment explains: the first import of a run of imports needs a comment on its line or on
-    the line before it."""
+    the line before it, or, first in a block, on the line before the block's statement (``try:``)."""
     lines = path.read_text().splitlines()
     tree = ast.parse("\n".join(lines))
     found: list[int] = []
@@ -60,17 +60,20 @@ def unexplained_function_imports(path: Path) -> list[int]:
         out += [handler.body for handler in getattr(node, "handlers", [])]
         return out
 
-    def visit(body: list[ast.stmt]) -> None:
+    def commented(lineno: int) -> bool:
+        return "#" in lines[lineno - 1] or lines[lineno - 2].strip().startswith("#")
+
+    def visit(body: list[ast.stmt], explained_above: bool = False) -> None:
         previous: ast.stmt | None = None
         for node in body:
             if isinstance(node, ast.Import | ast.ImportFrom):
                 starts_run = not isinstance(previous, ast.Import | ast.ImportFrom)
-                explained = "#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#")
+                explained = commented(node.lineno) or (previous is None and explained_above)
                 if starts_run and not explained:
                     found.append(node.lineno)
             elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 for block in blocks(node):
-                    visit(block)
+                    visit(block, commented(node.lineno))
             previous = node
 
     for func in ast.walk(tree):

@@ -160,6 +160,7 @@ S3_EXTRA: Final = ("a lake or checkpoints on S3 need boto3, which is not install
 
 def s3_errors() -> tuple[type[Exception], ...]:
     """botocore's errors (a request to S3 that failed); none without boto3, which no local path needs."""
+    # botocore (an extra of the distribution): only where it is installed
     try:
         from botocore.exceptions import BotoCoreError, ClientError
     except ImportError:
