@@ -53,7 +53,7 @@ class _Commands(TyperGroup):
     """The command group: a command that fails ends in one line and its exit code (:mod:`ingest.cli.outcome`),
     however it is invoked (the console script, ``python -m ingest.cli``, a test's runner)."""
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:  # typer's vendored click.Context, which typer does not export
         try:
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, typer.TyperException):  # an exit, or a usage error Typer reports itself
