@@ -23,7 +23,8 @@ from ingest.lake.layout import TablePaths
 from ingest.ops.status import TableStatus, table_status
 from ingest.records.audit import AuditRecord
 from ingest.source.discovery import with_discovered
-from ingest.stream.runner import Runner, TableRun
+from ingest.stream.report import TableRun
+from ingest.stream.runner import Runner
 
 
 class IngestPipeline(dg.ConfigurableResource):

@@ -20,7 +20,7 @@ from ingest.config import TableSpec
 from ingest.lake.delta import open_table, table_schema
 from ingest.ops.status import TableStatus
 from ingest.secrets import redact
-from ingest.stream.runner import TableRun
+from ingest.stream.report import TableRun
 
 #: Counts summed over a run's batches and reported as metadata.
 COUNTS = ("received", "inserted", "updated", "deleted", "truncates", "superseded", "stale", "quarantined", "skipped")

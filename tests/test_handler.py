@@ -22,7 +22,8 @@ from ingest.config import IngestConfig
 from ingest.decode import columnar
 from ingest.errors import RegistryUnavailableError
 from ingest.lake.layout import TablePaths
-from ingest.stream.callback import AllTablesStopped, ForEachBatch, RunReport, TableRun
+from ingest.stream.callback import AllTablesStopped, ForEachBatch
+from ingest.stream.report import RunReport, TableRun
 from tests.harness import make_config
 
 TABLE = "customers"

@@ -107,16 +107,21 @@ def run(
     continuous: Annotated[bool, typer.Option(help="keep running and poll for new changes")] = False,
     reset_checkpoints: Annotated[bool, typer.Option(help="delete Spark checkpoints; resume from Delta")] = False,
     from_beginning: Annotated[bool, typer.Option(help="re-read topics from offset 0 (replay)")] = False,
+    full_start: Annotated[bool, typer.Option(
+        hidden=True, help="start Spark even when every table is caught up (benchmarks/bench_start.py)")] = False,
 ) -> None:
-    """Ingest the configured tables until caught up (or continuously)."""
+    """Ingest the configured tables until caught up (or continuously).
+
+    A run whose tables already hold every record of their topics says so and ends without starting Spark."""
     # the streaming runner brings Spark and the decoders: loaded when a run starts
     from ingest.stream.runner import Runner
 
     cfg = load(config, workdir)
-    report = Runner(cfg).run(tables=table, mode="continuous" if continuous else "available_now",
-                             reset_checkpoints=reset_checkpoints, from_beginning=from_beginning,
-                             progress=progress_printer())
-    out = Table(title=f"run {report.run_id} ({report.seconds:.1f} s)")
+    runner = Runner(cfg, full_start=full_start)
+    report = runner.run(tables=table, mode="continuous" if continuous else "available_now",
+                        reset_checkpoints=reset_checkpoints, from_beginning=from_beginning, progress=progress_printer())
+    caught_up = "; every table was caught up, Spark was not started" if report.caught_up else ""
+    out = Table(title=f"run {report.run_id} ({report.seconds:.1f} s{caught_up})")
     for col in ("table", "batches", "received", "inserted", "updated", "deleted", "quarantined", "replayed", "error"):
         out.add_column(col)
     for name, t in report.tables.items():

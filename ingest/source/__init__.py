@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from pyspark.sql import DataFrame, SparkSession
 
 from ingest.config import IngestConfig
+from ingest.source.catalog import Catalog
 from ingest.source.embedded import EmbeddedSource
 from ingest.source.kafka import KafkaSource
 from ingest.source.reader import EARLIEST, FORMAT_NAME, KAFKA_SCHEMA_DDL, LATEST, TopicLogDataSource
@@ -27,36 +28,9 @@ __all__ = ["EARLIEST", "FORMAT_NAME", "KAFKA_SCHEMA_DDL", "LATEST", "DecodingSou
 Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON
 
 
-class Source(Protocol):
-    """What the engine needs from a source of topics."""
-
-    def describe(self) -> str:
-        """Where it is, for messages (no credentials)."""
-        ...
-
-    def topics(self) -> list[str]:
-        """Every topic there is now, sorted (Kafka's internal ``__`` topics left out).
-
-        Raises:
-            SourceUnavailableError: the source cannot answer.
-        """
-        ...
-
-    def end_offsets(self, topic: str) -> dict[int, int]:
-        """Next offset per partition of ``topic``; ``{}`` when the topic does not exist yet.
-
-        Raises:
-            SourceUnavailableError: the source cannot answer.
-        """
-        ...
-
-    def start_offsets(self, topic: str) -> dict[int, int]:
-        """First offset still held per partition of ``topic`` (after retention); ``{}`` when it does not exist.
-
-        Raises:
-            SourceUnavailableError: the source cannot answer.
-        """
-        ...
+class Source(Catalog, Protocol):
+    """What the engine needs from a source of topics: its catalogue (:mod:`ingest.source.catalog`), and
+    its records as Spark reads them."""
 
     def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int,
                decoder: Any = None, *, max_per_topic: int | None = None) -> DataFrame:

@@ -30,7 +30,7 @@ from typing import Final
 
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError, SourceUnavailableError
-from ingest.source import Source, source_for
+from ingest.source.catalog import Catalog, catalog_for
 
 log = logging.getLogger(__name__)
 _NOT_IN_NAME: Final = re.compile(r"[^A-Za-z0-9_]")
@@ -81,7 +81,7 @@ def discovered(config: IngestConfig, topics: list[str]) -> list[TableSpec]:
     return found
 
 
-def with_discovered(config: IngestConfig, source: Source | None = None, *, strict: bool = True) -> IngestConfig:
+def with_discovered(config: IngestConfig, source: Catalog | None = None, *, strict: bool = True) -> IngestConfig:
     """``config`` with the tables its pattern finds now added after the listed ones (unchanged without ``discover``).
 
     Args:
@@ -95,7 +95,7 @@ def with_discovered(config: IngestConfig, source: Source | None = None, *, stric
     if config.discover is None:
         return config
     try:
-        topics = (source or source_for(config)).topics()
+        topics = (source or catalog_for(config)).topics()
     except SourceUnavailableError as exc:
         if strict:
             raise

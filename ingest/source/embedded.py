@@ -6,35 +6,17 @@ decodes as it reads.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from ingest.source.catalog import EmbeddedCatalog
 from ingest.source.reader import fetch_messages, open_stream, read_ranges
 from ingest.source.topiclog import TopicLog
 
 
-class EmbeddedSource:
-    """The embedded topic log under ``log_dir``."""
-
-    def __init__(self, log_dir: str | Path) -> None:
-        self.log_dir = Path(log_dir)
-
-    def describe(self) -> str:
-        return f"embedded topic log {self.log_dir}"
-
-    def topics(self) -> list[str]:
-
-        return TopicLog(self.log_dir).topics()
-
-    def end_offsets(self, topic: str) -> dict[int, int]:
-
-        log = TopicLog(self.log_dir)
-        return log.end_offsets(topic) if log.exists(topic) else {}
-
-    def start_offsets(self, topic: str) -> dict[int, int]:
-        return dict.fromkeys(self.end_offsets(topic), 0)  # the embedded log keeps every record
+class EmbeddedSource(EmbeddedCatalog):
+    """The embedded topic log under ``log_dir``: its catalogue, and its records read by Spark or as Arrow."""
 
     def read_arrow(self, topic: str, start: dict[int, int], end: dict[int, int]) -> Any:
         """:meth:`read_range` as an Arrow table, without Spark."""

@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, cast
 
 import pyarrow as pa
@@ -47,41 +47,11 @@ from ingest.quality import QualityGate
 from ingest.records import audit
 from ingest.records.audit import AuditRecord
 from ingest.source import DecodingSource, decodes_at_read, source_for
+from ingest.stream.report import RunReport
 
 log = logging.getLogger(__name__)
 _RETRIES = 3  # attempts at a table's batch when its error is transient
 RETRY_MAX_SECONDS = 600.0  # longest wait before a stopped table is tried again (continuous runs)
-
-
-@dataclass(slots=True)
-class TableRun:
-    """What one table did during a run."""
-
-    table: str
-    batches: list[AuditRecord] = field(default_factory=list)
-    already_applied: int = 0
-    error: str | None = None
-    #: the table stopped because something outside did not answer or refused (source, registry, lake)
-    unavailable: bool = False
-    #: errors this table stopped on and recovered from during the run (continuous runs)
-    recovered: list[str] = field(default_factory=list)
-
-    def total(self, attr: str) -> int:
-        return sum(getattr(b, attr) for b in self.batches)
-
-
-@dataclass(slots=True)
-class RunReport:
-    run_id: str
-    tables: dict[str, TableRun]
-    seconds: float = 0.0
-    #: when the run began (``time.perf_counter``), and how long until its first micro-batch began
-    started: float = field(default_factory=time.perf_counter)
-    startup_seconds: float | None = None
-
-    @property
-    def failed(self) -> list[str]:
-        return [name for name, t in self.tables.items() if t.error]
 
 
 ProgressFn = Callable[[str, AuditRecord | None, BatchResult], None]

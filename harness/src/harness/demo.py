@@ -23,7 +23,9 @@ from ingest.lake.layout import TablePaths
 from ingest.lake.location import Location
 from ingest.records import quarantine
 from ingest.source.topiclog import TopicLog
-from ingest.stream.runner import ProgressFn, Runner, RunReport
+from ingest.stream.callback import ProgressFn
+from ingest.stream.report import RunReport
+from ingest.stream.runner import Runner
 from ingest.verify.compare import TableVerification, verify_table
 
 

@@ -22,7 +22,8 @@ from ingest.lake.delta import open_table, read_all
 from ingest.model import KafkaCoordinates
 from ingest.records import audit, quarantine
 from ingest.source.topiclog import TopicLog
-from ingest.stream.runner import Runner, RunReport
+from ingest.stream.report import RunReport
+from ingest.stream.runner import Runner
 from tests.proof.torture.corpus import AVRO_STOPPERS, HOSTILE_COLUMNS, JSON_STOPPERS, Topic, avro_corpus, json_corpus
 
 Run = tuple[IngestConfig, RunReport, dict[str, Topic]]

@@ -1,0 +1,41 @@
+"""What a run did, per table: the report ``ingest run`` prints and the Dagster assets record."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ingest.records.audit import AuditRecord
+
+
+@dataclass(slots=True)
+class TableRun:
+    """What one table did during a run."""
+
+    table: str
+    batches: list[AuditRecord] = field(default_factory=list)
+    already_applied: int = 0
+    error: str | None = None
+    #: the table stopped because something outside did not answer or refused (source, registry, lake)
+    unavailable: bool = False
+    #: errors this table stopped on and recovered from during the run (continuous runs)
+    recovered: list[str] = field(default_factory=list)
+
+    def total(self, attr: str) -> int:
+        return sum(getattr(b, attr) for b in self.batches)
+
+
+@dataclass(slots=True)
+class RunReport:
+    run_id: str
+    tables: dict[str, TableRun]
+    seconds: float = 0.0
+    #: when the run began (``time.perf_counter``), and how long until its first micro-batch began
+    started: float = field(default_factory=time.perf_counter)
+    startup_seconds: float | None = None
+    #: every table's Delta log already held every offset the source has: Spark was not started
+    caught_up: bool = False
+
+    @property
+    def failed(self) -> list[str]:
+        return [name for name, t in self.tables.items() if t.error]
