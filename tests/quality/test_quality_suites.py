@@ -15,6 +15,7 @@ from ingest.lake.layout import TablePaths
 from ingest.quality import QualityGate
 from ingest.quality.suites import effective_policies, load_suite
 from ingest.stream.runner import Runner
+from tests.dagster.conftest import produce
 from tests.factories import change, decoded_rows
 from tests.quality.helpers import make_config, write_suite
 
@@ -84,12 +85,14 @@ def test_policy_precedence_config_then_meta_then_table(tmp_path):
 
 
 def test_engine_start_up_refuses_a_suite_naming_a_missing_column(tmp_path):
-    """Checked against the existing Delta table before any query (or Spark) starts."""
+    """Checked against the existing Delta table before any query starts, in a run that has work (a
+    caught-up run loads no suite: it ends before Great Expectations is imported)."""
     config = make_config(tmp_path, tables=[{"name": "customers", "topic": "t", "expectations": "s"}])
     write_suite(config.expectations_dir, "s", [
         {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "no_such_column"}}])
     apply_parts(TableSpec(name="customers", topic="t"), TablePaths.of(config, "customers"),
                   decoded_rows([change("c", 1, 10)]), batch_id=0, run_id="r")  # the table exists now
+    produce(config, "t", [("c", {"id": 2}, 20), ("c", {"id": 4}, 21)])  # offset 1 is one the table has not read
     with pytest.raises(SuiteError, match=r"no_such_column"):
         Runner(config).run()
 
@@ -97,6 +100,7 @@ def test_engine_start_up_refuses_a_suite_naming_a_missing_column(tmp_path):
 def test_engine_start_up_refuses_an_unknown_expectation(tmp_path):
     config = make_config(tmp_path, tables=[{"name": "customers", "topic": "t", "expectations": "s"}])
     write_suite(config.expectations_dir, "s", [{"type": "expect_the_unexpected", "kwargs": {}}])
+    produce(config, "t", [("c", {"id": 1}, 10)])
     with pytest.raises(SuiteError, match="expect_the_unexpected"):
         Runner(config).run()
     assert QualityGate.for_table(config, TableSpec(name="x", topic="x")) is None
