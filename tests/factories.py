@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -60,3 +64,18 @@ def decoded_rows(items: list[ChangeEvent | ControlRecord | str], *, topic: str =
         else:
             out.change(item, row)
     return out.parts()
+
+
+def hold_lock_in_another_process(root: Path, table: str) -> subprocess.Popen[bytes]:
+    """A process of its own that holds ``table``'s writer lock under ``root`` until it is killed."""
+    code = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from ingest.lake.locks import TableLock
+        lock = TableLock(Path({str(root)!r}), {table!r}).acquire()  # kept: the lock lives with the object
+        print("locked", flush=True)
+        time.sleep(120)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline().strip() == b"locked"
+    return child

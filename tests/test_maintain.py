@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from ingest.errors import SourceUnavailableError
 from ingest.lake.delta import open_table, read_all
 from ingest.lake.layout import TablePaths
 from ingest.ops.maintain import MaintenanceOptions, maintain_tables
+from tests.factories import hold_lock_in_another_process
 from tests.harness import Topic, ingest_in_batches, key, pg, user_columns
 
 
@@ -109,20 +109,6 @@ def test_a_dry_run_says_what_maintenance_then_does_and_changes_nothing(tmp_path:
     assert again["notes"]["plan"]["tombstones_to_purge"] == 0
 
 
-def _hold_lock(root: Path, table: str) -> subprocess.Popen[bytes]:
-    code = textwrap.dedent(f"""
-        import time
-        from pathlib import Path
-        from ingest.lake.locks import TableLock
-        lock = TableLock(Path({str(root)!r}), {table!r}).acquire()  # kept: the lock lives with the object
-        print("locked", flush=True)
-        time.sleep(120)
-    """)
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    assert child.stdout is not None and child.stdout.readline().strip() == b"locked"
-    return child
-
-
 def test_a_table_a_run_holds_is_skipped_after_the_wait_and_maintained_once_it_is_free(tmp_path: Path) -> None:
     path, config = _config(tmp_path, [{"name": "notes", "topic": "app.notes"},
                                       {"name": "other", "topic": "app.other"}])
@@ -130,7 +116,7 @@ def test_a_table_a_run_holds_is_skipped_after_the_wait_and_maintained_once_it_is
     _ingest(config, "other")
     table = config.table_path("notes").local
     disk, version = _on_disk(table), open_table(table).version()
-    holder = _hold_lock(config.tables_root.local, "notes")
+    holder = hold_lock_in_another_process(config.tables_root.local, "notes")
     try:
         started = time.monotonic()
         code, held = _maintain(path, "--wait", "1")

@@ -22,7 +22,7 @@ from ingest.lake import locks
 from ingest.lake.delta import open_table, read_all
 from ingest.lake.layout import TablePaths
 from ingest.stream.runner import Runner
-from tests.factories import change, decoded_rows
+from tests.factories import change, decoded_rows, hold_lock_in_another_process
 from tests.harness import race_at
 
 
@@ -33,23 +33,9 @@ def _config(tmp_path: Path) -> IngestConfig:
     return load_config(path)
 
 
-def _hold_lock_in_another_process(root: Path, table: str) -> subprocess.Popen[bytes]:
-    code = textwrap.dedent(f"""
-        import sys, time
-        from pathlib import Path
-        from ingest.lake.locks import TableLock
-        lock = TableLock(Path({str(root)!r}), {table!r}).acquire()  # kept: the lock lives with the object
-        print("locked", flush=True)
-        time.sleep(120)
-    """)
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    assert child.stdout is not None and child.stdout.readline().strip() == b"locked"
-    return child
-
-
 def test_a_second_run_on_a_locked_table_fails_at_once_naming_table_and_holder(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    holder = _hold_lock_in_another_process(config.tables_root, "orders")
+    holder = hold_lock_in_another_process(config.tables_root, "orders")
     try:
         started = time.monotonic()
         with pytest.raises(TableLockedError) as caught:
@@ -66,7 +52,7 @@ def test_a_second_run_on_a_locked_table_fails_at_once_naming_table_and_holder(tm
 
 def test_the_cli_reports_the_locked_table_and_exits_4(tmp_path: Path) -> None:
     config = _config(tmp_path)
-    holder = _hold_lock_in_another_process(config.tables_root, "customers")
+    holder = hold_lock_in_another_process(config.tables_root, "customers")
     try:
         result = subprocess.run([sys.executable, "-m", "ingest.cli", "run", "-c", str(tmp_path / "config.yaml")],
                                 capture_output=True, text=True, timeout=120)
@@ -78,7 +64,7 @@ def test_the_cli_reports_the_locked_table_and_exits_4(tmp_path: Path) -> None:
 
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
-    holder = _hold_lock_in_another_process(tmp_path, "orders")
+    holder = hold_lock_in_another_process(tmp_path, "orders")
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait()
     locks.TableLock(tmp_path, "orders").acquire().release()  # the kernel released it
