@@ -28,7 +28,7 @@ from ingest.apply.journey import apply_parts
 from ingest.commit.state import OpenTables
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.lake.layout import TablePaths
-from ingest.source import source_for
+from ingest.source.sources import source_for
 
 WAYS = ("kept", "fresh")
 

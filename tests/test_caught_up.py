@@ -44,17 +44,18 @@ def _changes(first: int, count: int) -> list[tuple[str, dict[str, Any], int]]:
     return [("c", {"id": i, "body": f"note {i}"}, 100 + i) for i in range(first, first + count)]
 
 
-#: Runs ``ingest run`` in-process and reports what it started: whether Spark's session exists and
-#: whether Great Expectations was imported.
+#: Runs ``ingest run`` in-process and reports what it started: whether Spark's session exists, whether
+#: Great Expectations was imported, and which heavy libraries the run loaded.
 _PROBE = """
 import json, sys
 from typer.testing import CliRunner
 from ingest.cli import app
 result = CliRunner().invoke(app, sys.argv[1:])
+loaded = sorted(m for m in ("pyspark", "great_expectations", "pandas", "duckdb") if m in sys.modules)
 import pyspark.sql
 print(json.dumps({"code": result.exit_code, "output": result.output,
                   "spark": pyspark.sql.SparkSession.getActiveSession() is not None,
-                  "gx": "great_expectations" in sys.modules}))
+                  "gx": "great_expectations" in sys.modules, "loaded": loaded}))
 """
 
 
@@ -75,6 +76,8 @@ def test_a_caught_up_run_starts_neither_spark_nor_great_expectations(config: tup
 
     again = _run(path)
     assert again["code"] == 0 and not again["spark"] and not again["gx"], again["output"]
+    assert first["loaded"] == ["duckdb", "great_expectations", "pandas", "pyspark"]
+    assert again["loaded"] == []  # not even imported: the streaming part loads when a table has work
     assert "Spark was not started" in again["output"]
     assert "│ notes │ 0 " in again["output"]  # the same table as any run, with nothing done
 

@@ -13,8 +13,8 @@ import yaml
 from ingest.config import KafkaSpec, load_config
 from ingest.errors import ConfigError, SourceUnavailableError
 from ingest.lake.delta import has_deletion_vectors, open_table, read_all
-from ingest.source import EmbeddedSource, KafkaSource
 from ingest.source.discovery import discovered, table_name, with_discovered
+from ingest.source.sources import EmbeddedSource, KafkaSource
 from ingest.source.topiclog import ProducerRecord, TopicLog
 from ingest.stream.runner import Runner
 from tests.harness import TS, key, pg

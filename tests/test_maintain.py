@@ -189,7 +189,7 @@ def test_discovered_tables_are_maintained_and_a_source_that_cannot_list_them_exi
     def unreachable(*args: Any, **kwargs: Any) -> Any:
         raise SourceUnavailableError("the topic log does not answer (test)")
 
-    monkeypatch.setattr("ingest.cli.maintain.with_discovered", unreachable)
+    monkeypatch.setattr("ingest.source.discovery.with_discovered", unreachable)
     result = CliRunner().invoke(app, ["maintain", "-c", str(path), "--format", "json"])
     assert result.exit_code == 3
     document = json.loads(result.stdout)

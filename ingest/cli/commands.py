@@ -41,8 +41,6 @@ from ingest.cli.read import changes, history, query
 from ingest.cli.setup import check, init, jars
 from ingest.cli.verify import verify_source
 from ingest.secrets import install_log_redaction
-from ingest.source.producer import Outgoing
-from ingest.source.producer import produce as produce_records
 
 #: The ``ingest --help`` panels: operating the pipeline, reading its tables, its quality stage.
 OPERATE, READ, QUALITY = "Operate the pipeline", "Read the tables", "Quality and quarantine"
@@ -113,8 +111,7 @@ def run(
     """Ingest the configured tables until caught up (or continuously).
 
     A run whose tables already hold every record of their topics says so and ends without starting Spark."""
-    # the streaming runner brings Spark and the decoders: loaded when a run starts
-    from ingest.stream.runner import Runner
+    from ingest.stream.runner import Runner  # Delta reads and the locks: loaded when a run starts
 
     cfg = load(config, workdir)
     runner = Runner(cfg, full_start=full_start)
@@ -221,6 +218,9 @@ def produce(
     "key": base64|null, "value": base64|null, "timestamp": epoch millis (optional),
     "headers": [{"key": "k", "value": base64|null}]}.
     """
+    from ingest.source.producer import Outgoing  # loads Arrow: not before the command runs
+    from ingest.source.producer import produce as produce_records
+
     cfg = load(config, workdir)
     stream = file.open() if file else sys.stdin
     records = []

@@ -10,14 +10,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-import pyarrow as pa
-import pyarrow.csv as pacsv
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from ingest.config import IngestConfig, load_config
-from ingest.source.discovery import with_discovered
 
 # Piped output (CI logs, files) gets a width that fits the summary tables instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -84,6 +81,8 @@ def print_json_rows(rows: Any) -> None:
 
 def load(path: Path, workdir: Path | None = None) -> IngestConfig:
     """The configuration, with the tables ``discover`` finds now (``run`` looks again itself)."""
+    from ingest.source.discovery import with_discovered  # loads Arrow: not before a command runs
+
     return with_discovered(load_config(path, workdir=workdir), strict=False)
 
 
@@ -99,6 +98,8 @@ def print_table(rows: Any, title: str, limit: int) -> None:
 
 def write_csv(table: Any) -> None:
     """``table`` as CSV on stdout; lists and structs (CSV has no such type) as JSON text."""
+    import pyarrow as pa  # loaded when a command writes CSV: keeps the CLI's start light
+    import pyarrow.csv as pacsv
 
     nested = [i for i, f in enumerate(table.schema) if pa.types.is_nested(f.type)]
     for i in nested:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterator
@@ -14,11 +13,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, FormatOpt, TableOrJson, WorkdirOpt, console, err
+from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, FormatOpt, TableOrJson, WorkdirOpt, console, err, print_json
 from ingest.cli.outcome import Exit
 from ingest.config import load_config
 from ingest.errors import SourceUnavailableError
-from ingest.source.discovery import with_discovered
 
 if TYPE_CHECKING:
     from ingest.ops.maintain import TableOutcome
@@ -67,6 +65,8 @@ def maintain(
     cfg = load_config(config, workdir=workdir)
     left_out = None
     try:
+        from ingest.source.discovery import with_discovered  # loads Arrow: not before a command runs
+
         cfg = with_discovered(cfg, strict=True)
     except SourceUnavailableError as exc:
         left_out = str(exc)
@@ -80,8 +80,8 @@ def maintain(
     else:
         outcomes = maintain_tables(cfg, options, tables=table, dry_run=dry_run, wait=wait)
     if output is TableOrJson.json:
-        print(json.dumps({"dry_run": dry_run, "discovered_tables_left_out": left_out,
-                          "tables": [o.as_dict() for o in outcomes]}, indent=2, default=str))
+        print_json({"dry_run": dry_run, "discovered_tables_left_out": left_out,
+                    "tables": [o.as_dict() for o in outcomes]})
     else:
         console.print(_dry_run_table(outcomes) if dry_run else _done_table(outcomes))
     if left_out is not None:

@@ -24,7 +24,6 @@ from ingest.config import IngestConfig
 from ingest.errors import DecodeError, IngestError
 from ingest.lake.layout import TablePaths
 from ingest.model import ChangeEvent, KafkaCoordinates
-from ingest.records import quarantine
 
 quality_app = typer.Typer(help="Great Expectations suites and per-batch validation results.", no_args_is_help=True)
 quarantine_app = typer.Typer(help="Messages held back: list, inspect, re-apply after a fix.", no_args_is_help=True)
@@ -159,7 +158,7 @@ def quarantine_list(
     """Quarantined messages (pending ones unless --all)."""
     cfg = load(config, workdir)
     path = TablePaths.of(cfg, cfg.tables[0].name).quarantine
-    rows = quarantine.read(path, table=table, stage=stage, pending=not all_).to_pylist()
+    rows = _quarantined(path, table=table, stage=stage, pending=not all_)
     rows.sort(key=lambda r: (r["table"], r["topic"], r["partition"], r["offset"]))
     if output == TableOrJson.json:
         for r in rows:
@@ -177,6 +176,12 @@ def quarantine_list(
     console.print(out)
 
 
+def _quarantined(path: Any, **filters: Any) -> list[dict[str, Any]]:
+    from ingest.records import quarantine  # loads delta-rs: only when a command reads the quarantine
+
+    return quarantine.read(path, **filters).to_pylist()
+
+
 @quarantine_app.command("show")
 def quarantine_show(
     message: Annotated[str, typer.Argument(help="message id <topic>:<partition>:<offset> (from `list`)")],
@@ -188,7 +193,7 @@ def quarantine_show(
     cfg = load(config, workdir)
     topic, partition, offset = _parse_id(message)
     path = TablePaths.of(cfg, cfg.tables[0].name).quarantine
-    rows = [r for r in quarantine.read(path, table=table).to_pylist()
+    rows = [r for r in _quarantined(path, table=table)
             if (r["topic"], r["partition"], r["offset"]) == (topic, partition, offset)]
     if not rows:
         raise IngestError(f"no quarantined message {message}")

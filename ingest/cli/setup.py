@@ -10,7 +10,6 @@ from rich.markup import escape
 
 from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, FormatOpt, TableOrJson, WorkdirOpt, console, load, print_json
 from ingest.cli.outcome import Exit
-from ingest.ops.check import run_checks
 from ingest.ops.init import Stack, write_pipeline
 
 _DEFAULT = Stack()
@@ -52,6 +51,8 @@ def check(
     """Check a deployment before its first run: Java and the JVM artifacts, the broker (and its credentials),
     the topics, the registry, the lake and checkpoint locations (a real write), each table's state.
     Exit 0: ready; 3: something is missing or refused (each line says what to do)."""
+    from ingest.ops.check import run_checks  # loads delta-rs: not before a command runs
+
     cfg = load(config, workdir)
     failed = False
     for found in run_checks(cfg):

@@ -185,8 +185,8 @@ def query_tables(tables: Mapping[str, DeltaTable], sql: str) -> pa.Table:
     builder = QueryBuilder()
     for name, table in tables.items():
         builder = builder.register(name, table)
-    result = builder.execute(sql).read_all()
-    return pa.table(result) if not isinstance(result, pa.Table) else result
+    # through the stream interface: pa.table() would import pandas (a second) to rule out a DataFrame
+    return pa.RecordBatchReader.from_stream(builder.execute(sql)).read_all()
 
 
 def read_all(table: DeltaTable, *, columns: list[str] | None = None, where: str | None = None) -> pa.Table:

@@ -17,7 +17,7 @@ from ingest.lake.delta import open_table, query
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import Location
 from ingest.records import audit
-from ingest.source import Source, source_for
+from ingest.source.sources import Source, source_for
 
 
 @dataclass(slots=True)

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 
 from ingest.columns import normalize
@@ -41,6 +40,8 @@ def connect(**tables: pa.Table) -> Any:
     global _DATABASE, _OWNER
     with _LOCK:
         if _DATABASE is None or os.getpid() != _OWNER:
+            import duckdb  # 0.2 s to load, paid by the first batch: a run with nothing to do never loads it
+
             _DATABASE, _OWNER = duckdb.connect(), os.getpid()
             atexit.register(_close)
             _DATABASE.execute("SET threads = 2")

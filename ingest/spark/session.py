@@ -17,7 +17,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 from ingest.columns import arrow_type
 from ingest.config import IngestConfig, SparkSpec, local_cores
 from ingest.lake.location import LakePath
-from ingest.source import TopicLogDataSource, decodes_at_read
+from ingest.source.sources import TopicLogDataSource, decodes_at_read
 from ingest.spark.class_archive import java_option
 from ingest.spark.jars import Connector, classpath_conf
 from ingest.spark.java import check_java

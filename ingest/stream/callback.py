@@ -46,7 +46,7 @@ from ingest.lake.layout import TablePaths
 from ingest.quality import QualityGate
 from ingest.records import audit
 from ingest.records.audit import AuditRecord
-from ingest.source import DecodingSource, decodes_at_read, source_for
+from ingest.source.sources import DecodingSource, decodes_at_read, source_for
 from ingest.stream.report import RunReport
 
 log = logging.getLogger(__name__)

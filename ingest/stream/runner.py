@@ -1,86 +1,39 @@
-"""The streaming loop: a few Spark Structured Streaming queries for many tables, one commit per table and batch.
+"""Running the configured tables: a run's start, and the answer when there is nothing to do.
 
-The tables share a bounded number of queries (``source.queries``, one by default): a query reads all
-its tables' topics, its executors decode every micro-batch once (:mod:`ingest.decode.columnar`), and
-the driver applies it table by table (:mod:`ingest.apply`), each table with its own MERGE commit and
-its own offsets (:mod:`ingest.stream.callback`, the ``foreachBatch`` callback). Cost follows the data, not
-the number of tables.
-
-What one query per table used to give stays:
-
-* **A failing table stops alone.** A table whose batch fails is retried when the error is
-  transient (:func:`ingest.errors.is_transient`: a registry or broker that does not answer, a
-  concurrent commit) and otherwise stops; the others go on committing.
-* **Every table resumes from its own Delta log.** A query starts from the offsets its tables'
-  Delta logs record (``startingOffsets``), so a lost Spark checkpoint means neither duplicates nor
-  gaps nor a full re-read. A checkpoint that claims more than some table applied -- a table that
-  stopped while the shared query moved on -- is discarded, and the query resumes from the Delta
-  logs; what the other tables already have is recognised by their app transactions and skipped.
+A run takes its tables' locks, then asks the Delta logs and the source whether any table has a
+record to read (:mod:`ingest.stream.caught_up`). When none has, it ends there, having started
+neither Spark nor Great Expectations; otherwise its streaming part starts
+(:mod:`ingest.stream.queries`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Literal
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import is_unavailability
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
-from ingest.lake.location import LakePath
-from ingest.quality import QualityGate
-from ingest.quality.suites import gx_context
 from ingest.records import audit
-from ingest.source import Offsets, read_topics
 from ingest.source.catalog import catalog_for
 from ingest.source.discovery import with_discovered
-from ingest.spark.session import session_for, spark_location
-from ingest.stream import checkpoint as checkpoints
-from ingest.stream.callback import AllTablesStopped, ForEachBatch, ProgressFn
 from ingest.stream.caught_up import pending
 from ingest.stream.report import RunReport, TableRun
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from ingest.quality import QualityGate
+    from ingest.source.sources import Offsets
+    from ingest.stream.callback import ProgressFn
+    from ingest.stream.queries import Mode
+
 log = logging.getLogger(__name__)
-_START_ATTEMPTS = 3  # restarts of a query that dies before its first batch (see Runner._restart_failed)
-_SOURCE_INIT_WAIT = 30.0  # seconds to let one query's source start before starting the next
-Mode = Literal["available_now", "continuous"]
-
-
-
-def query_name(specs: list[TableSpec]) -> str:
-    """A query's name and checkpoint directory: its tables' names (a digest of them when they are many)."""
-    names = "+".join(sorted(s.name for s in specs))
-    if len(names) <= 100:
-        return names
-    return f"tables-{len(specs)}-{hashlib.sha1(names.encode(), usedforsecurity=False).hexdigest()[:10]}"
-
-
-def query_groups(specs: list[TableSpec], queries: int) -> list[list[TableSpec]]:
-    """The tables dealt to ``queries`` queries in turn (never more queries than tables)."""
-    count = max(1, min(queries, len(specs)))
-    return [g for g in (specs[i::count] for i in range(count)) if g]
-
-
-@dataclass(slots=True)
-class _Query:
-    name: str
-    specs: list[TableSpec]
-    directory: LakePath
-    handler: ForEachBatch
-    starting: Offsets | None
-    query: Any = None
-    restarts: int = 0
 
 
 class Runner:
@@ -100,6 +53,8 @@ class Runner:
     @property
     def spark(self) -> SparkSession:
         if self._spark is None:
+            from ingest.spark.session import session_for  # Spark loads when a run needs it, not before
+
             self._spark = session_for(self.config)
         return self._spark
 
@@ -163,10 +118,14 @@ class Runner:
                 started = time.perf_counter()
                 if not any(pending(self.config, specs).values()):
                     return self._caught_up(specs, started)
-            gates = self._quality_gates_beside_spark(specs)
-            return self._run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
-                             from_beginning=from_beginning, progress=progress, stop_after=stop_after,
-                             discover=discovering)
+            # Spark, Great Expectations and the journey load only when some table has work.
+            from ingest.stream.queries import StreamingRun
+
+            streaming = StreamingRun(self)
+            gates = streaming.quality_gates_beside_spark(specs)
+            return streaming.run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
+                                 from_beginning=from_beginning, progress=progress, stop_after=stop_after,
+                                 discover=discovering)
         finally:
             locks.release_all(held)
 
@@ -185,208 +144,8 @@ class Runner:
         if restored:
             log.warning("table %s: restored %d audit rows from the Delta commit info", spec.name, restored)
 
-    def _quality_gates_beside_spark(self, specs: list[TableSpec]) -> dict[str, QualityGate]:
-        """The tables' quality gates, with Great Expectations' import and context (seconds) made in a
-        thread while Spark's JVM starts (seconds): the two starts overlap instead of adding up."""
-        if any(spec.expectations for spec in specs):
-            with ThreadPoolExecutor(1, thread_name_prefix="gx-start") as pool:
-                ready = pool.submit(gx_context)
-                _ = self.spark
-                ready.result()
-        return self.quality_gates(specs)
-
     def quality_gates(self, specs: list[TableSpec]) -> dict[str, QualityGate]:
         """Load and check every table's suite now (start-up), before any query runs."""
-        gates = {}
-        for spec in specs:
-            spark = self.spark if self.config.validates_on_spark(spec) else None
-            gate = QualityGate.for_table(self.config, spec, spark=spark,
-                                         table_columns=load_state(self.config.table_path(spec.name)).columns)
-            if gate is not None:
-                gates[spec.name] = gate
-        return gates
+        from ingest.stream.queries import StreamingRun  # Great Expectations: loaded when asked for
 
-    def _run(self, specs: list[TableSpec], gates: dict[str, QualityGate], held: list[locks.WriterLock], *,
-             mode: Mode, reset_checkpoints: bool, from_beginning: bool, progress: ProgressFn | None,
-             stop_after: float | None, discover: bool) -> RunReport:
-        run_id = uuid.uuid4().hex[:12]
-        report = RunReport(run_id, {s.name: TableRun(s.name) for s in specs})
-        started = time.perf_counter()
-        _ = self.spark  # start Spark before the per-query set-up
-
-        def launch(group: list[TableSpec], *, fresh: bool = False) -> _Query | None:
-            name = query_name(group)
-            directory = self.config.checkpoint_location / name
-            try:  # the store may fail here too (an outage longer than storage.retry_seconds)
-                for spec in group:
-                    self._restore_audit(spec)
-                if reset_checkpoints or from_beginning or fresh:
-                    checkpoints.discard(directory)
-                self._check_checkpoint(group, directory)
-                handler = ForEachBatch(self.config, group, report, run_id, progress, gates,
-                                       retry_stopped=mode == "continuous")
-                q = _Query(name, group, directory, handler, None)
-                q.starting = None if from_beginning else self.starting_offsets(group)
-                q.query = self._start(q, mode, run_id)
-                return q
-            except Exception as exc:
-                for spec in group:
-                    report.tables[spec.name].error = secrets.redact(f"could not start: {exc}")
-                    report.tables[spec.name].unavailable = is_unavailability(exc)
-                return None
-
-        def pick_up() -> list[_Query]:
-            """The tables of topics that appeared since the run started, in a query of their own."""
-            try:
-                before = {t.name for t in self.config.tables}
-                self.config = with_discovered(self.config)
-                new = [t for t in self.config.tables if t.name not in before]
-                if not new:
-                    return []
-                gates.update(self.quality_gates(new))
-                held.extend(locks.acquire_all(self.config.tables_root, [t.name for t in new],
-                                              lease_seconds=self.config.target.storage.lease_seconds))
-            except Exception as exc:  # the running tables go on; the next look tries again
-                log.warning("looking for new topics failed: %s", secrets.describe(exc))
-                return []
-            log.info("new topics: starting tables %s", ", ".join(t.name for t in new))
-            for spec in new:
-                report.tables[spec.name] = TableRun(spec.name)
-            # Its own checkpoint is from an earlier run with other tables, if any: the Delta logs know better.
-            q = launch(new, fresh=True)
-            return [q] if q is not None else []
-
-        queries = [q for group in query_groups(specs, self.config.source.queries) if (q := launch(group))]
-        refresh = self.config.discover.refresh_seconds if discover and self.config.discover else None
-        self._await(queries, report, mode, stop_after, run_id,
-                    pick_up=pick_up if refresh is not None and mode == "continuous" else None, refresh=refresh)
-        report.seconds = time.perf_counter() - started
-        return report
-
-    def _start(self, q: _Query, mode: Mode, run_id: str) -> Any:
-        """Start a query; a checkpoint Spark cannot start from is discarded and the start retried."""
-        try:
-            return self._start_query(q, mode, run_id)
-        except Exception as exc:
-            if not checkpoints.exists(q.directory):
-                raise
-            log.warning("query %s: Spark cannot start from checkpoint %s (%s); discarding it and resuming "
-                        "from the offsets in the tables' Delta logs", q.name, q.directory, secrets.describe(exc))
-            checkpoints.discard(q.directory)
-            return self._start_query(q, mode, run_id)
-
-    def _start_query(self, q: _Query, mode: Mode, run_id: str) -> Any:
-        decoder = None
-        if q.handler.source is not None:  # the reader decodes: its decoder starts with the schemas known now
-            q.handler.prefetch_schemas(q.specs)
-            decoder = q.handler.decoder
-        stream = read_topics(self.spark, self.config, [s.topic for s in q.specs], starting_offsets=q.starting,
-                             decoder=decoder)
-        writer = (stream.writeStream.foreachBatch(q.handler)
-                  .option("checkpointLocation", spark_location(self.spark, q.directory))
-                  .queryName(f"cdc_{q.name}_{run_id}"[:200]))
-        writer = (writer.trigger(availableNow=True) if mode == "available_now"
-                  else writer.trigger(processingTime="2 seconds"))
-        query = writer.start()
-        # Start the queries one after another: each spawns a Python source runner that must connect
-        # back to the JVM within 10 s, which several at once on a busy machine can miss.
-        deadline = time.monotonic() + _SOURCE_INIT_WAIT
-        while query.isActive and query.status["message"] == "Initializing sources" and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return query
-
-    def _check_checkpoint(self, specs: list[TableSpec], directory: LakePath) -> None:
-        """Discard a checkpoint that is damaged or claims more progress than a table has (ingest.stream.checkpoint)."""
-        topics = {}
-        audit_path = None
-        for spec in specs:
-            paths = TablePaths.of(self.config, spec.name)
-            state = load_state(paths.table)
-            topics[spec.topic] = ((lambda p, state=state, topic=spec.topic: state.applied_offset(topic, p)),
-                                  spec.name)
-            audit_path = paths.audit
-        verdict = checkpoints.inspect(directory, topics=topics, audit_path=audit_path)
-        if not verdict.ok:
-            log.warning("query %s (tables %s): Spark checkpoint %s cannot be trusted (%s); discarding it and "
-                        "resuming from the offsets in the tables' Delta logs", directory.name,
-                        ", ".join(s.name for s in specs), directory, verdict.problem)
-            checkpoints.discard(directory)
-
-    def _restart_failed(self, q: _Query, mode: Mode, run_id: str) -> bool:
-        """Start the query again if it died before its first batch for a reason outside our code.
-
-        Such a death is an unusable checkpoint or a transient start failure (Spark gives a Python
-        source runner 10 s to connect back, which a loaded machine can miss). Nothing was committed,
-        so starting again from the Delta logs' offsets is always safe; it is tried a few times.
-        """
-        if q.handler.error is not None or q.handler.batches:
-            return False
-        q.restarts += 1
-        if q.restarts > _START_ATTEMPTS:
-            return False
-        log.warning("query %s: it failed before its first batch (%s); restarting it from the offsets in the "
-                    "Delta logs, without its Spark checkpoint (attempt %d of %d)", q.name,
-                    _short(q.query.exception() or "unknown error"), q.restarts, _START_ATTEMPTS)
-        time.sleep(2 * q.restarts)
-        try:
-            checkpoints.discard(q.directory)
-            q.query = self._start_query(q, mode, run_id)
-            return True
-        except Exception as exc:  # the original failure stays the tables' error
-            log.warning("query %s: the restart failed too: %s", q.name, secrets.describe(exc))
-            return False
-
-    def _await(self, queries: list[_Query], report: RunReport, mode: Mode, stop_after: float | None,
-               run_id: str, *, pick_up: Callable[[], list[_Query]] | None = None,
-               refresh: float | None = None) -> None:
-        if mode == "continuous":
-            deadline = time.monotonic() + stop_after if stop_after else None
-            next_look = time.monotonic() + (refresh or 0)
-            try:
-                # With discovery the run goes on without a table, waiting for topics to appear.
-                while pick_up is not None or any(q.query.isActive for q in queries):
-                    for q in queries:
-                        if not q.query.isActive and q.query.exception() is not None:
-                            self._restart_failed(q, mode, run_id)
-                    if self._stop.is_set() or (deadline and time.monotonic() > deadline):
-                        break
-                    if pick_up is not None and refresh and time.monotonic() >= next_look:
-                        queries.extend(pick_up())
-                        next_look = time.monotonic() + refresh
-                    time.sleep(0.5)
-            except KeyboardInterrupt:
-                log.warning("interrupted: stopping queries after their current batch")
-            for q in queries:
-                if q.query.isActive:
-                    q.query.stop()
-        for q in queries:
-            failure: Exception | None = None
-            while True:
-                try:
-                    q.query.awaitTermination()
-                except Exception as exc:
-                    if mode == "available_now" and self._restart_failed(q, mode, run_id):
-                        continue
-                    failure = exc
-                break
-            try:
-                q.handler.settle()  # the last micro-batch may still be being applied
-            except Exception as exc:
-                failure = failure or exc
-            finally:
-                q.handler.close()
-            if failure is None:
-                continue
-            real = q.handler.error
-            if isinstance(real, AllTablesStopped):
-                continue  # every table has its own error already
-            text = f"{type(real).__name__}: {real}" if real else _short(failure)
-            for spec in q.specs:
-                if not report.tables[spec.name].error:
-                    report.tables[spec.name].error = secrets.redact(text)
-                    report.tables[spec.name].unavailable = is_unavailability(real or failure)
-
-
-def _short(exc: BaseException | str) -> str:
-    text = str(exc).strip().splitlines()
-    return secrets.redact(text[0][:500]) if text else type(exc).__name__
+        return StreamingRun(self).quality_gates(specs)

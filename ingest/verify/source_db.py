@@ -195,7 +195,7 @@ def wait_for_tables(config: IngestConfig, specs: list[TableSpec], *, wait: float
     """Wait until every table's applied offsets reach its topic's end offsets (lag 0)."""
     # the sources bring Spark's data source API: only when waiting for tables
     from ingest.ops.status import table_status
-    from ingest.source import source_for
+    from ingest.source.sources import source_for
 
     names = {s.name for s in specs}
     started = time.monotonic()

@@ -70,7 +70,7 @@ def _keys(where) -> set[str]:
 
 def test_spark_checkpoints_on_s3_are_resumed_and_a_damaged_one_is_discarded(on_s3, spark):
     from ingest.stream import checkpoint
-    from ingest.stream.runner import query_name
+    from ingest.stream.queries import query_name
 
     config, _, _ = on_s3
     assert not (config.workdir / "checkpoints").exists()

@@ -3,8 +3,8 @@ import json
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from ingest.source import KAFKA_SCHEMA_DDL
 from ingest.source.reader import TopicLogStreamReader
+from ingest.source.sources import KAFKA_SCHEMA_DDL
 from ingest.source.topiclog import ProducerRecord, TopicLog
 
 
@@ -169,7 +169,7 @@ def test_the_admin_client_gets_the_sasl_credentials_of_the_jaas_config():
 def test_a_range_read_is_exactly_the_asked_offsets_in_the_stream_shape(spark, log):
     from pyspark.sql.types import _parse_datatype_string
 
-    from ingest.source import EmbeddedSource
+    from ingest.source.sources import EmbeddedSource
 
     source = EmbeddedSource(log.root)
     assert source.start_offsets("t") == {0: 0, 1: 0, 2: 0} and source.start_offsets("absent") == {}

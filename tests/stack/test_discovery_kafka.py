@@ -18,9 +18,9 @@ from psycopg import sql
 from ingest import secrets
 from ingest.config import DiscoverySpec
 from ingest.errors import ConfigError
-from ingest.source import KafkaSource, source_for
 from ingest.source.discovery import with_discovered
 from ingest.source.kafka_admin import admin_config
+from ingest.source.sources import KafkaSource, source_for
 from tests.stack.helpers import stack_config
 
 pytestmark = pytest.mark.stack

@@ -140,7 +140,7 @@ def test_damaged_checkpoint_resumes_from_delta_without_loss_or_duplicates(
     assert what
     log = TopicLog(ingested.log_dir)
     _produce(log, [("u", 1, "changed", 300), ("d", 2, None, 301), ("c", 40, "new", 302), ("c", 41, "new", 303)])
-    with caplog.at_level(logging.WARNING, logger="ingest.stream.runner"):
+    with caplog.at_level(logging.WARNING, logger="ingest.stream"):
         report = Runner(ingested, spark=spark).run()
     assert not report.failed, report.tables["notes"].error
     expected = {i: f"v{i}" for i in range(16) if i != 2} | {1: "changed", 40: "new", 41: "new"}
@@ -158,7 +158,7 @@ def test_checkpoint_spark_cannot_read_falls_back_at_runtime(ingested: IngestConf
     last.write_text("v99" + last.read_text()[2:])
     (offsets / f".{last.name}.crc").unlink()
     _produce(TopicLog(ingested.log_dir), [("c", 50, "after", 400)])
-    with caplog.at_level(logging.WARNING, logger="ingest.stream.runner"):
+    with caplog.at_level(logging.WARNING, logger="ingest.stream"):
         report = Runner(ingested, spark=spark).run()
     assert not report.failed, report.tables["notes"].error
     assert _rows(ingested)[50] == "after"

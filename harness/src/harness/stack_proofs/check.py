@@ -26,7 +26,7 @@ from harness.torture.consistency import ConsistencyReport, account_table
 from ingest.config import IngestConfig
 from ingest.lake.layout import TablePaths
 from ingest.records import quarantine
-from ingest.source import source_for
+from ingest.source.sources import source_for
 from ingest.verify.compare import TableVerification
 from ingest.verify.source_db import SourceVerification, source_table_of, verify_source_db
 

@@ -120,7 +120,7 @@ class IngestWatch:
             if ": batch " in line and " received " in line:
                 self.seen.batches += 1
                 self._last_batch = now
-            elif "stopped:" in line and line.startswith("ERROR ingest.stream.runner"):
+            elif "stopped:" in line and line.startswith("ERROR ingest.stream."):
                 self.seen.table_stops.append(f"{line[:300]} (last fault: {self.last_fault})")
             elif "failed (" in line and "retrying" in line:
                 self.seen.retries += 1
