@@ -7,11 +7,16 @@ two ways, taking turns which goes first:
   topic and ends without Spark or Great Expectations, :mod:`ingest.stream.caught_up`) against the
   same run forced through the whole start (``ingest run --full-start``: GX's import and the suites,
   the Spark session, the streaming query). The demo's quality suites are kept, as a user has them.
+* ``--against DIR``: this checkout's forced whole start against the same run of another checkout
+  (``DIR``, e.g. a worktree of an earlier commit: ``git worktree add /tmp/before <commit>``), with the
+  demo's suites, as a user has them: what a change to the start gained or cost. A checkout older
+  than ``--full-start`` has no shortcut and takes the whole start anyway.
 * otherwise, the forced whole start with the driver's class archive (:mod:`ingest.spark.class_archive`)
   and without it (``INGEST_CLASS_ARCHIVE=off``), the suites left out (Python imports, the driver JVM
   and its context, the Python workers' warm-up and the query's start).
 
     .venv/bin/python benchmarks/bench_start.py --shortcut [--rounds 3] [--engine delta-rs|delta-spark]
+    .venv/bin/python benchmarks/bench_start.py --against /tmp/before [--rounds 5]
     .venv/bin/python benchmarks/bench_start.py [--rounds 3] [--engine delta-rs|delta-spark]
 """
 
@@ -25,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -43,12 +49,39 @@ console = Console(width=120)
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(config: Path, archive: bool, full_start: bool) -> float:
-    env = {**os.environ, SWITCH: "on" if archive else "off"}
+@dataclass(frozen=True)
+class Side:
+    """One way of running the caught-up command."""
+
+    label: str
+    archive: bool = True
+    full_start: bool = True
+    checkout: Path | None = None  # another checkout's code (its runtime and harness) instead of this one's
+
+
+def _run(config: Path, side: Side) -> float:
+    env = {**os.environ, SWITCH: "on" if side.archive else "off"}
+    if side.checkout is not None:
+        env["PYTHONPATH"] = f"{side.checkout}{os.pathsep}{side.checkout / 'harness' / 'src'}"
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "ingest.cli", "run", "-c", str(config), *(["--full-start"] * full_start)],
-                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    flags = ["--full-start"] if side.full_start else []
+    subprocess.run([sys.executable, "-m", "ingest.cli", "run", "-c", str(config), *flags], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=side.checkout or ROOT)
     return time.perf_counter() - started
+
+
+def _against(args: argparse.Namespace) -> dict[str, str]:
+    """The other checkout, by its commit, for the result file's name."""
+    if not args.against:
+        return {}
+    commit = subprocess.run(["git", "-C", str(args.against), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    return {"against": commit}
+
+
+def _knows_full_start(checkout: Path) -> bool:
+    """Whether a checkout's ``ingest run`` has ``--full-start`` (older ones always take the whole start)."""
+    return "full_start" in (checkout / "ingest" / "cli" / "commands.py").read_text()
 
 
 def main() -> None:
@@ -57,10 +90,19 @@ def main() -> None:
     parser.add_argument("--engine", choices=("delta-rs", "delta-spark"), default="delta-rs")
     parser.add_argument("--shortcut", action="store_true",
                         help="the caught-up run as it runs against the same run forced through the whole start")
+    parser.add_argument("--against", type=Path, metavar="DIR",
+                        help="this checkout's whole start against another checkout's (suites kept)")
     args = parser.parse_args()
-    # (label, class archive, --full-start): the side measured, then the side it is measured against
-    sides = ([("as it runs", True, False), ("forced whole start", True, True)] if args.shortcut
-             else [("with the class archive", True, True), ("without", False, True)])
+    # the side measured, then the side it is measured against
+    if args.against:
+        other = args.against.resolve()
+        sides = [Side("this checkout"), Side(f"checkout {other.name}", full_start=_knows_full_start(other),
+                                             checkout=other)]
+    elif args.shortcut:
+        sides = [Side("as it runs", full_start=False), Side("forced whole start")]
+    else:
+        sides = [Side("with the class archive"), Side("without", archive=False)]
+    keep_suites = bool(args.shortcut or args.against)
     build()
     work = Path(tempfile.mkdtemp(prefix="bench-start-"))
     try:
@@ -68,19 +110,19 @@ def main() -> None:
         raw["workdir"] = str(work)
         raw["target"] = {**raw.get("target", {}), "writer": args.engine}
         raw["quality"]["expectations_dir"] = str(ROOT / "expectations")
-        for table in raw["tables"] if not args.shortcut else []:
+        for table in raw["tables"] if not keep_suites else []:
             for key in ("expectations", "expectation_policies", "quality_policy"):  # GX's import is not measured here
                 table.pop(key, None)
         config = work / "config.yaml"
         config.write_text(yaml.safe_dump(raw))
         prepare_workload(load_config(config), events=500, seed=1, malformed_fraction=0.0)
         console.print(f"catching up first ({args.engine}), not timed")
-        _run(config, archive=True, full_start=False)
-        times: dict[str, list[float]] = {label: [] for label, _, _ in sides}
+        _run(config, Side("catch-up", full_start=False))
+        times: dict[str, list[float]] = {side.label: [] for side in sides}
         for n in range(args.rounds):
-            for label, archive, full_start in (sides if n % 2 == 0 else sides[::-1]):
-                times[label].append(_run(config, archive, full_start))
-                console.print(f"round {n + 1}: {label} {times[label][-1]:.1f} s")
+            for side in sides if n % 2 == 0 else sides[::-1]:
+                times[side.label].append(_run(config, side))
+                console.print(f"round {n + 1}: {side.label} {times[side.label][-1]:.1f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out = Table(title=f"a caught-up `ingest run` ({args.engine}), {args.rounds} rounds, wall seconds")
@@ -89,15 +131,17 @@ def main() -> None:
     for label, runs in reversed(times.items()):
         out.add_row(label, f"{statistics.median(runs):.1f}", f"{min(runs):.1f}", f"{max(runs):.1f}")
     console.print(out)
-    (measured, _, _), (against, _, _) = sides
+    measured, against = (side.label for side in sides)
     ratio = statistics.median(times[measured]) / statistics.median(times[against])
     console.print(f"ratio {measured} / {against} (medians): {ratio:.2f}")
     figures = []
-    for side, runs in reversed(times.items()):
-        figures += [Figure(f"{side}: median", round(statistics.median(runs), 1), "s"),
-                    Figure(f"{side}: min", round(min(runs), 1), "s"), Figure(f"{side}: max", round(max(runs), 1), "s")]
+    for label, runs in reversed(times.items()):
+        figures += [Figure(f"{label}: median", round(statistics.median(runs), 1), "s"),
+                    Figure(f"{label}: min", round(min(runs), 1), "s"),
+                    Figure(f"{label}: max", round(max(runs), 1), "s")]
     figures.append(Figure(f"ratio {measured} / {against} (medians)", round(ratio, 2)))
-    console.print(f"result: {write_result('bench_start', changed_options(parser, args), figures)}")
+    variant = changed_options(parser, args, ignore=["against"]) | _against(args)
+    console.print(f"result: {write_result('bench_start', variant, figures)}")
 
 
 if __name__ == "__main__":
