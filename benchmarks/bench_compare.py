@@ -18,6 +18,7 @@ counts. The last line is
     .venv/bin/python benchmarks/bench_compare.py --jit full   # the driver JVM's C2 compiler on (spark.jit)
     .venv/bin/python benchmarks/bench_compare.py --engine delta-spark --jobs   # Spark's jobs by kind
     .venv/bin/python benchmarks/bench_compare.py --engine delta-spark --bare-spark   # bare, delta-spark MERGE
+    .venv/bin/python benchmarks/bench_compare.py --engine delta-spark --plan-on executors --skip-bare
     .venv/bin/python benchmarks/bench_compare.py --spark-conf spark.sql.adaptive.enabled=false   # a setting
 
 ``--source kafka`` starts the project's Kafka broker and registry (``harness.stack``; stopped again
@@ -97,7 +98,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def workload(root: Path, value_format: str, events: int, batch: int,
              engine: str = "delta-rs", queries: int = 1, jit: str = "auto",
-             spark_conf: dict[str, str] | None = None) -> tuple[IngestConfig, IngestConfig]:
+             spark_conf: dict[str, str] | None = None, plan_on: str = "driver") -> tuple[IngestConfig, IngestConfig]:
     """The workload's config (no expectations suites), generated once per format and size, and the
     same with the demo's suites writing to tables, checkpoints and results of their own."""
     workdir = (root / f"{value_format}-{events}").resolve()
@@ -110,6 +111,7 @@ def workload(root: Path, value_format: str, events: int, batch: int,
     raw["source"]["max_records_per_table"] = batch
     raw["source"]["queries"] = queries
     raw["target"]["writer"] = engine
+    raw["target"]["plan_on"] = plan_on
     raw["spark"]["jit"] = jit
     if spark_conf:
         raw["spark"]["conf"] = {**(raw["spark"].get("conf") or {}), **spark_conf}
@@ -256,6 +258,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("bench-work"))
     parser.add_argument("--engine", choices=["delta-rs", "delta-spark"], default="delta-rs",
                         help="the apply engine of every table (target.engine)")
+    parser.add_argument("--plan-on", choices=["driver", "executors"], default="driver",
+                        help="where every table's batches are worked on (target.plan_on; executors needs delta-spark)")
     parser.add_argument("--queries", type=int, default=1,
                         help="streaming queries the tables share (source.queries); as many as tables: one each")
     parser.add_argument("--source", choices=["embedded", "kafka"], default="embedded",
@@ -292,7 +296,7 @@ def main() -> None:
         event_log.mkdir(parents=True)
         settings |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log.as_uri()}
     config, config_checked = workload(args.workdir, args.format, args.events, args.batch, args.engine,
-                                      args.queries, args.jit, settings)
+                                      args.queries, args.jit, settings, args.plan_on)
     log = TopicLog(config.log_dir)
     records = sum(sum(log.end_offsets(t.topic).values()) for t in config.tables)
     console.print(f"workload: {records:,} records ({args.format}) ready in {time.perf_counter() - t0:.0f} s")
