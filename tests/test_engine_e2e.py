@@ -22,11 +22,13 @@ pytestmark = pytest.mark.spark
 BATCH = 700
 
 
-@pytest.fixture(scope="module", params=["delta-rs", "delta-spark", "delta-spark-executors"])
+@pytest.fixture(scope="module", params=["delta-rs", "delta-spark-executors"])
 def ingested(request, tmp_path_factory, spark):
     """A small workload with duplicates, reorders, a truncate, an added column, TOAST and malformed input,
-    applied by each engine (``delta-spark-executors``: its batches assembled, reduced and planned on
-    the executors, ``target.plan_on``, the demo's suites validating them there)."""
+    applied on each placement: on the driver, written by delta-rs, and on the executors, written by
+    delta-spark (``target.plan_on``, the demo's suites validating the batches there). delta-spark's
+    commits of a driver's plan run the same workload in ``tests/lake/test_s3_lake.py`` and the
+    Dagster tests, and every semantic edge in ``tests/test_semantics_edges.py``."""
     engine = request.param.removesuffix("-executors")
     config = make_config(tmp_path_factory.mktemp("e2e"), engine=engine, batch=BATCH,
                          plan_on="executors" if request.param.endswith("-executors") else "driver")
@@ -45,30 +47,15 @@ def ingested(request, tmp_path_factory, spark):
     return config, report
 
 
-@pytest.fixture(scope="module", params=["delta-rs", "delta-spark-executors"])
-def ingested_history(request, tmp_path_factory, spark):
-    """The same workload with every table keeping every version (``history_mode: scd2``), by each
-    engine (delta-spark's batches planned on the executors; ``tests/apply/test_spark_batch.py``
-    compares that with delta-spark's batches planned on the driver, a suite included). That run
-    leaves the suites out: GX's Spark jobs would double its time, and ``ingested`` runs them on the
-    executors already."""
-    on_executors = request.param.endswith("-executors")
-    config = make_config(tmp_path_factory.mktemp("e2e-scd2"), history_mode="scd2", batch=BATCH,
-                         engine=request.param.removesuffix("-executors"), suites=not on_executors,
-                         plan_on="executors" if on_executors else "driver")
+@pytest.fixture(scope="module")
+def ingested_history(tmp_path_factory, spark):
+    """The same workload with every table keeping every version (``history_mode: scd2``), on the
+    driver. ``tests/apply/test_spark_batch.py`` compares the versions the executors derive with the
+    driver's, batch by batch, and ``tests/proof/torture/test_crash_windows.py`` crashes and replays
+    them there."""
+    config = make_config(tmp_path_factory.mktemp("e2e-scd2"), history_mode="scd2", batch=BATCH)
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
-    from ingest.apply.placement.executors import ExecutorsPlacement
-
-    planned: list[int] = []
-    with pytest.MonkeyPatch.context() as patch:
-        real = ExecutorsPlacement.plan_versions
-        patch.setattr(ExecutorsPlacement, "plan_versions", lambda self, *a, **k: planned.append(1) or real(
-            self, *a, **k))
-        report = Runner(config, spark=spark).run()
-    batches = sum(len(t.batches) for t in report.tables.values())
-    # the executors derived most batches' versions (a batch of only truncates goes to the driver), or none
-    assert len(planned) >= batches - 3 if on_executors else not planned
-    return config, report
+    return config, Runner(config, spark=spark).run()
 
 
 def test_history_tables_hold_the_source_as_current_rows_and_well_formed_versions(ingested_history, spark):

@@ -33,6 +33,7 @@ def audit_rows(paths):
 
 # -- 1. a truncate seen before its table exists ------------------------------------------------------
 @MODES
+@pytest.mark.hard_mode_on_delta_spark
 def test_truncate_before_its_table_exists_is_remembered(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
     insert = topic.send(key(1), pg("c", {"id": 1, "v": "a"}, lsn=3), partition=0)
@@ -47,6 +48,7 @@ def test_truncate_before_its_table_exists_is_remembered(tmp_path, spec):
 
 
 @MODES
+@pytest.mark.hard_mode_on_delta_spark
 def test_a_change_after_a_truncate_that_created_the_table_applies(tmp_path, spec):
     """The table a truncate created has no columns yet; the first later change adds them and applies."""
     paths, topic = paths_in(tmp_path), Topic()
@@ -75,6 +77,7 @@ def test_tombstone_deletes_its_key_in_a_flattened_stream(tmp_path, spec, with_ls
 
 
 @MODES
+@pytest.mark.hard_mode_on_delta_spark
 def test_tombstone_in_a_later_batch_deletes_the_stored_row_and_keeps_order(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
     topic.send(key(1), flat({"id": 1, "v": "a"}, lsn=100))
@@ -120,6 +123,7 @@ def test_tombstones_can_be_forced_or_ignored_per_table(tmp_path):
 
 # -- 3. PostgreSQL re-snapshot -------------------------------------------------------------------------
 @MODES
+@pytest.mark.hard_mode_on_delta_spark
 def test_resnapshot_read_orders_by_its_lsn(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
     topic.send(key(1), pg("r", {"id": 1, "v": "snap-1"}, lsn=1000, committed=None, snapshot="true"))
@@ -258,6 +262,7 @@ def test_other_connectors_order_by_their_source_position(tmp_path, earlier, late
 
 
 @MODES
+@pytest.mark.hard_mode_on_delta_spark
 def test_fallback_truncate_removes_what_was_stored_before_it_from_every_partition(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
     source = {"connector": "spanner"}  # a source with no comparable position: Kafka (partition, offset)
@@ -311,6 +316,7 @@ def _table(paths):
 
 
 @MODES
+@pytest.mark.hard_mode_on_delta_spark
 def test_two_fresh_runs_give_identical_tables(tmp_path, spec, apply_engine):
     topic = _history()
     n = len(topic.messages)

@@ -1,7 +1,7 @@
 """``ingest maintain`` beside a live ``ingest run --continuous``: delta-rs on S3, delta-spark on a local lake.
 
 The run (a subprocess) ingests ``notes`` while records keep arriving; ``ingest maintain`` runs
-twice meanwhile, as cron would start it. It must leave the run's table alone (the run holds
+meanwhile (twice beside the delta-rs run, as cron would start it). It must leave the run's table alone (the run holds
 its writer lock: the table is reported as skipped, naming the run), maintain the table no run
 holds, and maintain the audit table the run keeps appending to (under the shared lock both take).
 Once the run is stopped, ``notes`` equals what a run of the same records without maintenance
@@ -129,7 +129,7 @@ def test_maintenance_beside_a_continuous_run_leaves_its_table_as_a_run_alone_mak
     try:
         _wait_for(lambda: open_table(config.table_path("notes")) is not None and _applied(config) == _end(config),
                   run, log, "first records applied")
-        for attempt in range(2):
+        for attempt in range(2 if writer == "delta-rs" else 1):  # delta-spark's maintain starts a JVM each time
             changes.round()
             code, report = _maintain(path)
             assert code == 4, report  # a table was skipped: the run holds it
@@ -155,7 +155,7 @@ def test_maintenance_beside_a_continuous_run_leaves_its_table_as_a_run_alone_mak
     _, alone = _write_config(tmp_path / "alone", writer)
     shutil.copytree(config.log_dir, alone.log_dir)
     assert not Runner(alone, spark=spark).run(tables=["notes"]).failed
-    assert _rows(config) == _rows(alone) and len(_rows(config)) > 30
+    assert _rows(config) == _rows(alone) and len(_rows(config)) >= 24  # three rounds or more
     assert _applied(config) == _applied(alone) == _end(config)
 
     commits = history(config, "notes")

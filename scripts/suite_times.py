@@ -1,0 +1,78 @@
+"""Where the test suite's time goes, from the JUnit XML pytest writes (not a test).
+
+Prints the worker seconds of the whole run (setup, call and teardown of every test, summed over the
+xdist workers), the costliest modules, and the lines of ``MODULE_SECONDS`` in ``tests/conftest.py``
+that would schedule them. Given a second file (an earlier run, say of an earlier commit), it also
+compares the tests both runs have -- what got slower or faster on the same tests -- apart from the
+tests only one of them has.
+
+    CI=true .venv/bin/python -m pytest -n 2 --junitxml=/tmp/after.xml
+    .venv/bin/python scripts/suite_times.py /tmp/after.xml [--against /tmp/before.xml] [--top 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(width=140)
+
+
+def test_seconds(junit: Path) -> dict[str, float]:
+    """Seconds per test id (``path::name[case]``) of one run."""
+    out = {}
+    for case in ET.parse(junit).iter("testcase"):
+        module = case.get("classname", "").replace(".", "/") + ".py"
+        out[f"{module}::{case.get('name')}"] = float(case.get("time", 0))
+    return out
+
+
+def by_module(seconds: dict[str, float]) -> Counter[str]:
+    totals: Counter[str] = Counter()
+    for test, spent in seconds.items():
+        totals[test.split("::", 1)[0]] += spent
+    return totals
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("junit", type=Path)
+    parser.add_argument("--against", type=Path, help="the JUnit XML of another run, to compare with")
+    parser.add_argument("--top", type=int, default=20)
+    args = parser.parse_args()
+    after = test_seconds(args.junit)
+    modules = by_module(after)
+    console.print(f"{len(after)} tests, {sum(after.values()):,.0f} worker seconds")
+    out = Table(title=f"the {args.top} costliest modules")
+    out.add_column("module")
+    out.add_column("seconds", justify="right")
+    out.add_column("tests", justify="right")
+    counts = Counter(test.split("::", 1)[0] for test in after)
+    for module, spent in modules.most_common(args.top):
+        out.add_row(module, f"{spent:,.0f}", str(counts[module]))
+    console.print(out)
+    console.print("MODULE_SECONDS (tests/conftest.py, modules outside tests/stack/):")
+    console.print(", ".join(f'"{m}": {round(s, -1):.0f}' for m, s in modules.most_common(args.top)
+                            if not m.startswith("tests/stack/")), highlight=False, soft_wrap=True)
+    if args.against is None:
+        return
+    before = test_seconds(args.against)
+    common = after.keys() & before.keys()
+    compare = Table(title=f"against {args.against.name}")
+    for col in ("tests", "count", "seconds before", "seconds after"):
+        compare.add_column(col, justify="left" if col == "tests" else "right")
+    compare.add_row("in both runs", str(len(common)), f"{sum(before[t] for t in common):,.0f}",
+                    f"{sum(after[t] for t in common):,.0f}")
+    only_before, only_after = before.keys() - common, after.keys() - common
+    compare.add_row("only before", str(len(only_before)), f"{sum(before[t] for t in only_before):,.0f}", "")
+    compare.add_row("only after", str(len(only_after)), "", f"{sum(after[t] for t in only_after):,.0f}")
+    console.print(compare)
+
+
+if __name__ == "__main__":
+    main()
