@@ -17,7 +17,7 @@ from ingest.lake.delta import open_table, query
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import Location
 from ingest.records import audit
-from ingest.source.sources import Source, source_for
+from ingest.source.catalog import Catalog, catalog_for
 
 
 @dataclass(slots=True)
@@ -40,9 +40,9 @@ class TableStatus:
         return sum(end - ((self.applied.get(p) or -1) + 1) for p, end in self.end.items())
 
 
-def table_status(config: IngestConfig, *, source: Source | None = None) -> list[TableStatus]:
+def table_status(config: IngestConfig, *, source: Catalog | None = None) -> list[TableStatus]:
     """The status of every configured table (one source connection for all of them)."""
-    source = source or source_for(config)
+    source = source or catalog_for(config)
     out, unavailable = [], None
     for spec in config.tables:
         paths = TablePaths.of(config, spec.name)

@@ -167,7 +167,7 @@ def append(audit_path: Location, records: list[AuditRecord]) -> None:
 def read(audit_path: Location, *, table: str | None = None) -> pa.Table:
     delta = open_table(audit_path)
     if delta is None:
-        return AUDIT_SCHEMA.empty_table()
+        return pa.Table.from_batches([], schema=AUDIT_SCHEMA)  # empty_table() would import pandas
     where = f'"table" = {sql_string(table)}' if table else None
     return read_all(delta, where=where)
 

@@ -115,7 +115,7 @@ def read(path: Location, *, table: str | None = None, stage: str | None = None, 
     """Quarantined rows, optionally of one table and stage; ``pending``: not replayed yet."""
     delta = open_table(path)
     if delta is None:
-        return QUARANTINE_SCHEMA.empty_table()
+        return pa.Table.from_batches([], schema=QUARANTINE_SCHEMA)  # empty_table() would import pandas
     names = {f.name for f in delta.schema().fields}
     where = [f'"table" = {sql_string(table)}'] if table else []
     if stage:

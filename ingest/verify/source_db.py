@@ -193,14 +193,13 @@ def verify_source_db(config: IngestConfig, dsn: str, *, wait: float = 120.0, say
 
 def wait_for_tables(config: IngestConfig, specs: list[TableSpec], *, wait: float, say: Say) -> CatchUp:
     """Wait until every table's applied offsets reach its topic's end offsets (lag 0)."""
-    # the sources bring Spark's data source API: only when waiting for tables
-    from ingest.ops.status import table_status
-    from ingest.source.sources import source_for
+    from ingest.ops.status import table_status  # delta-rs: only when waiting for tables
+    from ingest.source.catalog import catalog_for
 
     names = {s.name for s in specs}
     started = time.monotonic()
     last_said = started
-    source = source_for(config)
+    source = catalog_for(config)
     while True:
         statuses = [s for s in table_status(config, source=source) if s.table in names]
         lag = {s.table: s.lag for s in statuses}
