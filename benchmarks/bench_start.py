@@ -10,7 +10,8 @@ two ways, taking turns which goes first:
 * ``--against DIR``: this checkout's forced whole start against the same run of another checkout
   (``DIR``, e.g. a worktree of an earlier commit: ``git worktree add /tmp/before <commit>``), with the
   demo's suites, as a user has them: what a change to the start gained or cost. A checkout older
-  than ``--full-start`` has no shortcut and takes the whole start anyway.
+  than ``--full-start`` has no shortcut and takes the whole start anyway. With ``--shortcut``, both
+  checkouts' caught-up runs as they run.
 * otherwise, the forced whole start with the driver's class archive (:mod:`ingest.spark.class_archive`)
   and without it (``INGEST_CLASS_ARCHIVE=off``), the suites left out (Python imports, the driver JVM
   and its context, the Python workers' warm-up and the query's start).
@@ -94,10 +95,10 @@ def main() -> None:
                         help="this checkout's whole start against another checkout's (suites kept)")
     args = parser.parse_args()
     # the side measured, then the side it is measured against
-    if args.against:
-        other = args.against.resolve()
-        sides = [Side("this checkout"), Side(f"checkout {other.name}", full_start=_knows_full_start(other),
-                                             checkout=other)]
+    if args.against:  # with --shortcut, both as they run (caught up); else both through the whole start
+        other, whole = args.against.resolve(), not args.shortcut
+        sides = [Side("this checkout", full_start=whole),
+                 Side(f"checkout {other.name}", full_start=whole and _knows_full_start(other), checkout=other)]
     elif args.shortcut:
         sides = [Side("as it runs", full_start=False), Side("forced whole start")]
     else:
