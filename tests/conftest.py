@@ -146,15 +146,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return StackTogether(config, log)
 
 
-#: Seconds the costliest modules took in a run of the suite here (2 cores, -n 2), for the schedule.
+#: Seconds the costliest modules took in a run of the suite here (2 cores, -n 2), for the schedule
+#: (``scripts/suite_times.py`` prints these lines from a run's JUnit XML).
 MODULE_SECONDS: Final = {
-    "tests/test_engine_e2e.py": 300, "tests/lake/test_s3_lake.py": 400, "tests/test_semantics_edges.py": 390,
-    "tests/apply/test_batch_apply.py": 250, "tests/lake/test_s3_torture.py": 220,
-    "tests/apply/test_engines_interchange.py": 210, "tests/apply/test_history.py": 190,
-    "tests/dagster/test_materialize.py": 170, "tests/proof/torture/test_torture_fast.py": 165,
-    "tests/test_change_feed.py": 150, "tests/dagster/test_maintenance.py": 140,
-    "tests/proof/torture/test_secrets.py": 100, "tests/proof/torture/test_crash_windows.py": 100,
-    "tests/apply/test_new_keys_append.py": 75, "tests/quality/test_gate_on_spark.py": 50,
+    "tests/test_engine_e2e.py": 280, "tests/proof/torture/test_maintain_beside_a_run.py": 240,
+    "tests/proof/torture/test_crash_windows.py": 240, "tests/test_semantics_edges.py": 200,
+    "tests/packaging/test_wheel.py": 200, "tests/lake/test_s3_lake.py": 180, "tests/lake/test_s3_torture.py": 150,
+    "tests/apply/test_spark_batch.py": 150, "tests/apply/test_batch_apply.py": 120,
+    "tests/proof/torture/test_torture_fast.py": 110, "tests/test_change_feed.py": 90, "tests/test_time_travel.py": 80,
+    "tests/apply/test_history.py": 80,
 }
 
 
