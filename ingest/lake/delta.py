@@ -80,6 +80,11 @@ def rows_in_range(table: DeltaTable, keys: pa.Table, column: str) -> int:
     return int(pc.sum(files["num_records"].filter(kept)).as_py() or 0)
 
 
+def empty(schema: pa.Schema) -> pa.Table:
+    """An empty table of ``schema``, built without pandas (``Schema.empty_table()`` imports it: a second)."""
+    return pa.Table.from_batches([], schema=schema)
+
+
 def open_table(path: Location) -> DeltaTable | None:
     """The Delta table at ``path`` (a directory or an object-store location), or ``None`` if there is none yet.
 

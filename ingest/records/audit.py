@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from ingest.commit.state import BATCH_KEY, cdc_commits
 from ingest.lake import locks
-from ingest.lake.delta import open_table, read_all, sql_string, write_table
+from ingest.lake.delta import empty, open_table, read_all, sql_string, write_table
 from ingest.lake.location import Location
 from ingest.secrets import redact
 
@@ -167,7 +167,7 @@ def append(audit_path: Location, records: list[AuditRecord]) -> None:
 def read(audit_path: Location, *, table: str | None = None) -> pa.Table:
     delta = open_table(audit_path)
     if delta is None:
-        return pa.Table.from_batches([], schema=AUDIT_SCHEMA)  # empty_table() would import pandas
+        return empty(AUDIT_SCHEMA)
     where = f'"table" = {sql_string(table)}' if table else None
     return read_all(delta, where=where)
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.lake import locks
-from ingest.lake.delta import open_table, read_all, sql_string, write_table
+from ingest.lake.delta import empty, open_table, read_all, sql_string, write_table
 from ingest.lake.location import Location
 from ingest.secrets import redact
 
@@ -115,7 +115,7 @@ def read(path: Location, *, table: str | None = None, stage: str | None = None, 
     """Quarantined rows, optionally of one table and stage; ``pending``: not replayed yet."""
     delta = open_table(path)
     if delta is None:
-        return pa.Table.from_batches([], schema=QUARANTINE_SCHEMA)  # empty_table() would import pandas
+        return empty(QUARANTINE_SCHEMA)
     names = {f.name for f in delta.schema().fields}
     where = [f'"table" = {sql_string(table)}'] if table else []
     if stage:

@@ -120,7 +120,7 @@ class StreamingRun:
             directory = self.runner.config.checkpoint_location / name
             try:  # the store may fail here too (an outage longer than storage.retry_seconds)
                 for spec in group:
-                    self.runner._restore_audit(spec)
+                    self.runner.restore_audit(spec)
                 if reset_checkpoints or from_beginning or fresh:
                     checkpoints.discard(directory)
                 self._check_checkpoint(group, directory)

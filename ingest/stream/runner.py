@@ -133,12 +133,13 @@ class Runner:
         """The report of a run whose tables hold every record of their topics: nothing started, nothing
         read; only audit rows a crash left unwritten are restored, as any run's start does."""
         for spec in specs:
-            self._restore_audit(spec)
+            self.restore_audit(spec)
         report = RunReport(uuid.uuid4().hex[:12], {s.name: TableRun(s.name) for s in specs}, caught_up=True)
         report.seconds = time.perf_counter() - started
         return report
 
-    def _restore_audit(self, spec: TableSpec) -> None:
+    def restore_audit(self, spec: TableSpec) -> None:
+        """Write the audit rows a crash left unwritten, from the table's commit info (every run's start)."""
         paths = TablePaths.of(self.config, spec.name)
         restored = audit.reconcile(paths.audit, spec.name, paths.table)
         if restored:
