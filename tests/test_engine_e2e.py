@@ -27,8 +27,8 @@ def ingested(request, tmp_path_factory, spark):
     """A small workload with duplicates, reorders, a truncate, an added column, TOAST and malformed input,
     applied on each placement: on the driver, written by delta-rs, and on the executors, written by
     delta-spark (``target.plan_on``, the demo's suites validating the batches there). delta-spark's
-    commits of a driver's plan run the same workload in ``tests/lake/test_s3_lake.py`` and the
-    Dagster tests, and every semantic edge in ``tests/test_semantics_edges.py``."""
+    commits of a driver's plan take a smaller run of the same simulator in ``tests/lake/test_s3_lake.py``
+    and ``tests/dagster/test_materialize.py``, and every semantic edge in ``tests/test_semantics_edges.py``."""
     engine = request.param.removesuffix("-executors")
     config = make_config(tmp_path_factory.mktemp("e2e"), engine=engine, batch=BATCH,
                          plan_on="executors" if request.param.endswith("-executors") else "driver")
