@@ -198,6 +198,9 @@ class ChangeEvent:
         schema_ref: identifies the value schema (e.g. ``avro:42``), for schema-evolution checks.
         flattened: the record was a row flattened by ``ExtractNewRecordState`` (``__op``, ``__lsn``
             ...), not a full envelope; in such a stream a Kafka tombstone is the delete of its key.
+        transaction: the envelope's ``transaction`` block (connector option
+            ``provide.transaction.metadata``): the source transaction's id and this change's
+            ``data_collection_order``, its place among the transaction's changes of this table.
     """
 
     op: Op
@@ -212,6 +215,7 @@ class ChangeEvent:
     unavailable: frozenset[str] = field(default_factory=frozenset)
     schema_ref: str | None = None
     flattened: bool = False
+    transaction: tuple[str, int] | None = None
 
     @property
     def is_delete(self) -> bool:
@@ -220,7 +224,7 @@ class ChangeEvent:
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
         return (ChangeEvent, (self.op, self.key, self.after, self.before, self.position, self.columns,
                               self.key_columns, self.source_ts_ms, self.snapshot, self.unavailable, self.schema_ref,
-                              self.flattened))
+                              self.flattened, self.transaction))
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,3 +241,51 @@ class ControlRecord:
     key: dict[str, Any] | None = None
     key_columns: tuple[str, ...] = ()
     key_error: str | None = None
+
+
+#: ``source.snapshot`` marks that close a table's initial snapshot (its last read, or the snapshot's).
+SNAPSHOT_CLOSERS: Final = frozenset({"last_in_data_collection", "last"})
+
+
+@dataclass(frozen=True, slots=True)
+class SourceMark:
+    """How far into the source's transactions a table's changes reach (docs/architecture.md#cuts-across-tables).
+
+    A table's commits carry the mark of everything it has received, carried forward; a batch's own
+    mark (:meth:`merged` into the table's) says what that batch received.
+
+    Attributes:
+        txn: the transaction of the latest transactional change received (by source position).
+        txn_order: that change's place among its transaction's changes of this table.
+        txn_position: that change's encoded source position.
+        snapshot: ``none`` (no initial-snapshot read), ``open`` (reads, not yet the table's last), or
+            ``closed`` (the table's last read, or a streamed transactional change, came).
+        untracked: streamed changes received without a transaction block (then no cut can be proven).
+    """
+
+    txn: str | None = None
+    txn_order: int | None = None
+    txn_position: str | None = None
+    snapshot: Literal["none", "open", "closed"] = "none"
+    untracked: int = 0
+
+    def merged(self, batch: SourceMark) -> SourceMark:
+        """This (carried-forward) mark moved on by a batch's."""
+        newer = batch.txn_position is not None and (self.txn_position is None
+                                                    or batch.txn_position > self.txn_position)
+        txn = batch if newer else self
+        snapshot = "closed" if "closed" in (self.snapshot, batch.snapshot) else (
+            "open" if "open" in (self.snapshot, batch.snapshot) else "none")
+        return SourceMark(txn.txn, txn.txn_order, txn.txn_position, snapshot,  # type: ignore[arg-type]
+                          self.untracked + batch.untracked)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"txn": self.txn, "txn_order": self.txn_order, "txn_position": self.txn_position,
+                "snapshot": self.snapshot, "untracked": self.untracked}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any] | None) -> SourceMark:
+        if not raw:
+            return cls()
+        return cls(raw.get("txn"), raw.get("txn_order"), raw.get("txn_position"), raw.get("snapshot") or "none",
+                   int(raw.get("untracked") or 0))

@@ -43,6 +43,7 @@ from ingest.config import (  # noqa: E402 -- after the path above
     StorageSpec,
     TableSpec,
     TargetSpec,
+    TransactionsSpec,
 )
 
 PAGE = ROOT / "docs" / "reference" / "configuration.md"
@@ -75,6 +76,10 @@ kafka:
 registry:
   kind: confluent
   url: https://registry.example.internal
+"""),
+    Section("source.transactions", TransactionsSpec, """\
+topic: shop.transaction
+tables: [orders, order_items, customers]
 """),
     Section("source.kafka", KafkaSpec, """\
 bootstrap_servers: broker-1:9092,broker-2:9092

@@ -84,7 +84,7 @@ def test_an_as_of_outside_the_history_is_a_clear_error(tmp_path: Path) -> None:
     before = min(c.time for c in history(config, "t")) - timedelta(hours=1)
     with pytest.raises(TimeTravelError, match="t: the table did not exist yet at"):
         _rows(config, LIVE, f"t@{before.isoformat()}")
-    with pytest.raises(TimeTravelError, match="t: no commit yet at the time asked for"):
+    with pytest.raises(TimeTravelError, match="t: no commit yet at the point asked for"):
         _rows(config, LIVE, before.isoformat())  # a time for every table
     with pytest.raises(TimeTravelError, match="no table 'nope'"):
         _rows(config, LIVE, "nope@1")

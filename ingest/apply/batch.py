@@ -29,7 +29,7 @@ from ingest.commit.state import TableState
 from ingest.config import ColumnSelection
 from ingest.decode.parts import FRAME, INFERRED, columns_of, part_kind
 from ingest.errors import RegistryUnavailableError, TableError
-from ingest.model import ColumnSpec
+from ingest.model import SNAPSHOT_CLOSERS, ColumnSpec, SourceMark
 from ingest.records.quarantine import QuarantineRecord, Stage
 from ingest.rules.schema import combine
 
@@ -253,20 +253,41 @@ class BatchFacts:
         declared: the primary keys its changes declare (JSON lists); on the driver in the order
             first seen.
         rows: its changes that are not truncates.
+        mark: how far into the source's transactions its changes reach (:class:`~ingest.model.SourceMark`).
     """
 
     flattened: bool | None
     declared: list[str]
     rows: int
+    mark: SourceMark = field(default_factory=SourceMark)
 
 
 def facts_of(changes: pa.Table) -> BatchFacts:
     """:class:`BatchFacts` of changes on the driver."""
     rows = changes.filter(pc.not_equal(changes["_cdc_op"], "t")) if changes.num_rows else changes
+    mark = source_mark_of(changes)
     if rows.num_rows == 0:
-        return BatchFacts(None, [], 0)
+        return BatchFacts(None, [], 0, mark)
     declared = [k for k in pc.unique(rows["_cdc_key_columns"]).to_pylist() if k]
-    return BatchFacts(bool(pc.any(rows["_cdc_flattened"]).as_py()), declared, rows.num_rows)
+    return BatchFacts(bool(pc.any(rows["_cdc_flattened"]).as_py()), declared, rows.num_rows, mark)
+
+
+def source_mark_of(changes: pa.Table) -> SourceMark:
+    """The :class:`~ingest.model.SourceMark` of a batch's changes (truncates included), on the driver."""
+    if not changes.num_rows:
+        return SourceMark()
+    tracked = pc.is_valid(changes["_cdc_txn"])
+    reads = pc.equal(changes["_cdc_op"], "r")
+    marks = changes["_cdc_snapshot"]
+    txn = order = position = None
+    if pc.any(tracked).as_py():
+        rows = changes.filter(tracked)
+        last = pc.index(rows["_cdc_position"], pc.max(rows["_cdc_position"])).as_py()
+        txn, order, position = (rows[c][last].as_py() for c in ("_cdc_txn", "_cdc_txn_order", "_cdc_position"))
+    closed = txn is not None or pc.any(pc.is_in(marks, pa.array(sorted(SNAPSHOT_CLOSERS)))).as_py()
+    opened = pc.any(pc.and_(reads, pc.fill_null(pc.not_equal(marks, "incremental"), True))).as_py()
+    untracked = pc.sum(pc.and_(pc.invert(reads), pc.invert(tracked))).as_py() or 0
+    return SourceMark(txn, order, position, "closed" if closed else "open" if opened else "none", untracked)
 
 
 @dataclass(slots=True)

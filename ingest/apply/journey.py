@@ -53,6 +53,7 @@ from ingest.errors import OffsetsConflictError, TableError
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
+from ingest.model import SourceMark
 from ingest.quality.gate import QualityGate, QualityReport
 from ingest.records import audit, quarantine
 from ingest.records.audit import AuditRecord
@@ -159,8 +160,9 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
         check_position_format(spec.name, state)
         check_history_mode(spec.name, spec.history_mode, state)
         record.engine = writer.name  # before the commit: the commit info carries the record
+        mark = state.mark if replay else state.mark.merged(facts.mark)
         request = _plan(spec, paths, placement, changes, reduced, withdrawn, schema, key_columns, state, record,
-                        batch, facts.flattened, opened.tombstones, replay=replay)
+                        batch, facts.flattened, opened.tombstones, mark, replay=replay)
         outcome = writer.commit(request, state) if request is not None else CommitOutcome()
         crashpoints.point("after-delta-commit")
 
@@ -211,8 +213,8 @@ def placement_for(name: PlacementName, writer: Writer, path: LakePath, *, shares
 
 def _plan(spec: TableSpec, paths: TablePaths, placement: Placement[Any], changes: Any, reduced: Any,
           withdrawn: Withdrawn[Any] | None, schema: SchemaPlan, key_columns: tuple[str, ...], state: TableState,
-          record: AuditRecord, batch: MicroBatch[Any], flattened: bool | None, remembered: RememberedDeletes, *,
-          replay: bool) -> CommitRequest | None:
+          record: AuditRecord, batch: MicroBatch[Any], flattened: bool | None, remembered: RememberedDeletes,
+          mark: SourceMark, *, replay: bool) -> CommitRequest | None:
     """Steps 7 and 8's request: the plan, its counts in ``record``; ``None`` when nothing is to commit.
 
     A batch of control records only, for a table not created yet, has nothing to create it from
@@ -226,7 +228,7 @@ def _plan(spec: TableSpec, paths: TablePaths, placement: Placement[Any], changes
         return CommitRequest(table=spec.name, path=paths.table, tombstones=remembered, delete_mode=spec.delete_mode,
                              key_columns=key_columns, schema=schema, offsets=offsets,
                              flattened=flattened if flattened is not None else state.flattened,
-                             describe=lambda outcome: record.to_metadata(), **planned)
+                             describe=lambda outcome: record.to_metadata(), mark=mark, **planned)
 
     if spec.history_mode == "scd2":
         if withdrawn is not None:

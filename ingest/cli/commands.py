@@ -37,7 +37,7 @@ from ingest.cli.common import (
 from ingest.cli.maintain import maintain
 from ingest.cli.outcome import EXIT_CODES_HELP, Exit, classify
 from ingest.cli.quality import quality_app, quarantine_app
-from ingest.cli.read import changes, history, query
+from ingest.cli.read import changes, cuts, history, query
 from ingest.cli.setup import check, init, jars
 from ingest.cli.verify import verify_source
 from ingest.secrets import install_log_redaction
@@ -126,6 +126,8 @@ def run(
                     str(t.total("updated")), str(t.total("deleted")), str(t.total("quarantined")),
                     str(t.already_applied), t.error or (f"recovered from: {t.recovered[-1]}" if t.recovered else ""))
     console.print(out)
+    if report.cuts is not None:
+        console.print(escape(report.cuts.describe()), highlight=False)
     if report.failed:
         unavailable = all(report.tables[name].unavailable for name in report.failed)
         raise typer.Exit(Exit.UNAVAILABLE if unavailable else Exit.TABLE_FAILED)
@@ -136,16 +138,23 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
            output: FormatOpt = TableOrJson.table) -> None:
     """Per table: applied offsets, lag, Delta version, last batch (exit 3: the source did not answer)."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
-    from ingest.ops.status import table_status
+    from ingest.ops.status import cut_status, table_status
 
     cfg = load(config, workdir)
     statuses = table_status(cfg)
+    cut = cut_status(cfg)
     unreachable = {s.source_error for s in statuses if s.source_error}
     if output == TableOrJson.json:
         for s in statuses:
             print_json({"table": s.table, "topic": s.topic, "applied": s.applied, "end": s.end, "lag": s.lag,
                         "delta_version": s.delta_version, "rows": s.rows, "last_batch": s.last_batch,
                         "source_error": s.source_error})
+        if cut is not None:
+            latest = cut.latest
+            print_json({"cut": latest.cut if latest else None, "txn": latest.txn if latest else None,
+                        "commit_ts": latest.commit_ts if latest else None,
+                        "versions": latest.versions if latest else None, "lag_seconds": cut.lag_seconds,
+                        "waiting": cut.waiting, "error": cut.error})
         if unreachable:
             raise typer.Exit(Exit.UNAVAILABLE)
         return
@@ -161,6 +170,8 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
         lag = str(s.lag) if s.lag is not None else "[red]unknown[/]"
         out.add_row(s.table, s.topic, applied or "-", lag, str(s.delta_version), str(s.rows), last)
     console.print(out)
+    if cut is not None:
+        console.print(escape(cut.describe()), highlight=False)
     for problem in sorted(unreachable):
         err.print(f"[red]source unavailable:[/] {escape(problem)}", soft_wrap=True)
     if unreachable:
@@ -202,6 +213,7 @@ app.command(rich_help_panel=OPERATE)(maintain)
 app.command(rich_help_panel=READ)(changes)
 app.command(rich_help_panel=READ)(history)
 app.command(rich_help_panel=READ)(query)
+app.command(rich_help_panel=READ)(cuts)
 
 
 @app.command(rich_help_panel=OPERATE)

@@ -23,10 +23,41 @@ from ingest.cli.common import (
     err,
     load,
     one_table,
+    print_json,
     print_json_rows,
     print_table,
     write_csv,
 )
+
+
+def cuts(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+    output: FormatOpt = TableOrJson.table,
+    limit: Annotated[int, typer.Option(help="newest cuts to list")] = 20,
+) -> None:
+    """List the published cuts: source transactions at which every table of the group is read at one version."""
+    # the Delta reads: loaded when the command runs, not when the CLI starts
+    from ingest.read.consistent import ConsistencyError
+    from ingest.read.consistent import cuts as published
+
+    cfg = load(config, workdir)
+    found = published(cfg)[-limit:]
+    if output == TableOrJson.json:
+        for c in found:
+            print_json({"cut": c.cut, "txn": c.txn, "commit_ts": c.commit_ts, "position": c.position,
+                        "versions": c.versions, "quarantined": c.quarantined, "published_at": c.published_at})
+        return
+    if not found:
+        raise ConsistencyError("no cut published yet ('ingest status' says what holds it back)")
+    out = Table(title=f"cuts of {cfg.source.transactions.topic if cfg.source.transactions else '-'}")
+    for col in ("cut", "transaction", "committed", "position", "versions", "quarantined since the previous"):
+        out.add_column(col)
+    for c in reversed(found):
+        out.add_row(f"#{c.cut}", c.txn, f"{c.commit_ts:%Y-%m-%d %H:%M:%S}" if c.commit_ts else "-", c.position or "-",
+                    ", ".join(f"{t}@{'-' if v is None else v}" for t, v in sorted(c.versions.items())),
+                    ", ".join(f"{t}: {n}" for t, n in sorted(c.quarantined.items()) if n) or "-")
+    console.print(out)
 
 
 def changes(
@@ -105,12 +136,29 @@ def query(
     as_of: Annotated[list[str] | None, typer.Option(
         "--as-of", help="read as of a VERSION (of the one table the query reads), a TIMESTAMP (every "
         "table), or TABLE@VERSION / TABLE@TIMESTAMP; repeatable")] = None,
+    consistent: Annotated[bool, typer.Option(
+        "--consistent", help="read the transaction group's tables at the latest cut: each holds the same "
+        "source transactions (source.transactions)")] = False,
+    consistent_as_of: Annotated[str | None, typer.Option(
+        "--consistent-as-of", help="as --consistent, at the latest cut at or before a cut number (#12), a "
+        "transaction id, a cut's position or a TIMESTAMP ('ingest cuts' lists them)")] = None,
 ) -> None:
-    """Run SQL (DuckDB) over the live rows of the Delta tables, now or as they were (--as-of)."""
+    """Run SQL (DuckDB) over the live rows of the Delta tables, now, as they were (--as-of), or at one
+    source transaction across tables (--consistent)."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.read.query import AsOf, run_sql
 
-    result = run_sql(load(config, workdir), sql, [AsOf.parse(p) for p in as_of or []])
+    cfg = load(config, workdir)
+    if consistent or consistent_as_of is not None:
+        if as_of:
+            raise typer.BadParameter("give --as-of or --consistent, not both", param_hint="--consistent")
+        from ingest.read.consistent import run_consistent  # only for a consistent read
+
+        result, cut = run_consistent(cfg, sql, consistent_as_of)
+        err.print(f"at cut #{cut.cut}: transaction {escape(cut.txn)}"
+                  f"{f' committed {cut.commit_ts:%Y-%m-%d %H:%M:%S}' if cut.commit_ts else ''}", highlight=False)
+    else:
+        result = run_sql(cfg, sql, [AsOf.parse(p) for p in as_of or []])
     if output == TableJsonOrCsv.json:
         print_json_rows(result)
     elif output == TableJsonOrCsv.csv:

@@ -1,9 +1,9 @@
 """What a target table's Delta log says: user columns, primary key, applied offsets, truncate mark.
 
 Progress lives in the table (docs/architecture.md#progress-lives-in-the-table). Every CDC commit
-carries, in its commit info, ``cdc.state`` (primary key and latest truncate position, carried
-forward), ``cdc.offsets`` (the last applied offset of every topic-partition, carried forward) and
-``cdc.batch`` (the audit record). delta-rs commits put
+carries, in its commit info, ``cdc.state`` (primary key, latest truncate position and the table's
+:class:`~ingest.model.SourceMark`, carried forward), ``cdc.offsets`` (the last applied offset of every
+topic-partition, carried forward) and ``cdc.batch`` (the audit record). delta-rs commits put
 them at the top of the commit info and also record one Delta app transaction per topic-partition
 (``cdc:<topic>:<partition>``); delta-spark commits hold them as one JSON object in the commit's
 ``userMetadata`` and record one app transaction per table (``cdc:table:<table>``). Tables written
@@ -23,7 +23,7 @@ from ingest.columns import FRAMEWORK_NAMES, delta_type_name
 from ingest.commit.remembered import RememberedDeletes
 from ingest.lake.delta import has_deletion_vectors, latest_table, table_schema
 from ingest.lake.location import Location
-from ingest.model import ColumnSpec
+from ingest.model import ColumnSpec, SourceMark
 
 if TYPE_CHECKING:
     from ingest.lake.layout import TablePaths
@@ -65,6 +65,8 @@ class TableState:
     truncate_log: list[tuple[str, datetime | None]] = field(default_factory=list)
     #: whether the table keeps every version (``history_mode: scd2``: it has ``_cdc_is_current``)
     history: bool = False
+    #: how far into the source's transactions the table's changes reach (``cdc.state``'s ``source``)
+    mark: SourceMark = field(default_factory=SourceMark)
 
     @property
     def version(self) -> int | None:
@@ -103,7 +105,8 @@ def load_state(path: Location, table: DeltaTable | None = None) -> TableState:
     offsets = {str(k): int(v) for k, v in (latest.get(OFFSETS_KEY) or {}).items()} if latest else {}
     log = [(p, datetime.fromisoformat(t) if t else None) for p, t in state.get("truncates") or []]
     return TableState(table, columns, key, state.get("truncate_position"), state.get("position_format"),
-                      state.get("flattened"), offsets, log, any(f.name == "_cdc_is_current" for f in schema))
+                      state.get("flattened"), offsets, log, any(f.name == "_cdc_is_current" for f in schema),
+                      SourceMark.from_json(state.get("source")))
 
 
 class OpenTables:

@@ -35,6 +35,7 @@ from ingest.commit.state import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_K
 from ingest.lake.delta import records_change_feed
 from ingest.lake.location import LakePath
 from ingest.lake.lookup import KeyLookup
+from ingest.model import SourceMark
 from ingest.rules.schema import SchemaPlan
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ class CommitRequest:
             change before one of them is ended by it.
         updates: scd2: source rows that update a stored version (the MERGE's other updates are
             the truncate's).
+        mark: how far into the source's transactions the table's changes reach after this commit.
         new_keys_only: the table, at the version the plan read (``state``), stores none of the
             source's keys, and the batch has no truncate: every source row can only take the MERGE's
             insert clause, so the writer may append them instead (:func:`may_append`).
@@ -132,6 +134,7 @@ class CommitRequest:
     truncate_log: list[tuple[str, datetime | None]] | None = None
     updates: int = 0
     new_keys_only: bool = False
+    mark: SourceMark | None = None
 
     @property
     def history(self) -> bool:
@@ -228,12 +231,15 @@ def remember_deletes(request: CommitRequest) -> None:
 
 
 def state_metadata(key_columns: tuple[str, ...], watermark: str | None, flattened: bool | None,
-                   truncate_log: list[tuple[str, datetime | None]] | None = None) -> dict[str, Any]:
+                   truncate_log: list[tuple[str, datetime | None]] | None = None,
+                   mark: SourceMark | None = None) -> dict[str, Any]:
     """The ``cdc.state`` a commit carries (read back by :func:`ingest.commit.state.load_state`)."""
     out: dict[str, Any] = {"primary_key": list(key_columns), "truncate_position": watermark,
                            "position_format": POSITION_FORMAT, "flattened": flattened}
     if truncate_log is not None:
         out["truncates"] = [[position, ts.isoformat() if ts else None] for position, ts in truncate_log]
+    if mark is not None:
+        out["source"] = mark.to_json()
     return out
 
 
@@ -248,7 +254,8 @@ def commit_info(request: CommitRequest, state: TableState, outcome: CommitOutcom
     """The CDC entries of a commit's info (``cdc.batch``, ``cdc.state``, ``cdc.offsets``)."""
     return {
         BATCH_KEY: request.describe(outcome),
-        STATE_KEY: state_metadata(request.key_columns, request.watermark, request.flattened, request.truncate_log),
+        STATE_KEY: state_metadata(request.key_columns, request.watermark, request.flattened, request.truncate_log,
+                                  request.mark if request.mark is not None else state.mark),
         OFFSETS_KEY: offsets_metadata(state, request.offsets),
     }
 

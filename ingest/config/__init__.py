@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from ingest import secrets
 from ingest.config.base import Duration, Model, PlacementName, QualityPolicy, WriterName
-from ingest.config.source import KafkaSpec, RegistrySpec, SourceSpec
+from ingest.config.source import KafkaSpec, RegistrySpec, SourceSpec, TransactionsSpec
 from ingest.config.tables import ColumnSelection, DiscoverySpec, TableSpec
 from ingest.config.target import StorageSpec, TargetSpec
 from ingest.errors import ConfigError
@@ -26,7 +26,8 @@ from ingest.lake.location import LakePath, is_uri
 
 __all__ = [
     "ColumnSelection", "DiscoverySpec", "Duration", "IngestConfig", "KafkaSpec", "PlacementName", "QualityPolicy",
-    "QualitySpec", "RegistrySpec", "SourceSpec", "SparkSpec", "StorageSpec", "TableSpec", "TargetSpec", "WriterName",
+    "QualitySpec", "RegistrySpec", "SourceSpec", "SparkSpec", "StorageSpec", "TableSpec", "TargetSpec",
+    "TransactionsSpec", "WriterName",
     "load_config",
 ]
 
@@ -130,6 +131,35 @@ class IngestConfig(Model):
                     f"{where} is planned on the executors (plan_on: executors) but written by delta-rs, which "
                     "merges Arrow tables on the driver and cannot read rows that stay in Spark: choose "
                     "writer: delta-spark for it, or plan_on: driver")
+        return self
+
+    def consistent_tables(self) -> list[TableSpec]:
+        """The tables kept consistent with each other (``source.transactions``); none without it."""
+        group = self.source.transactions
+        if group is None:
+            return []
+        return [self.table(name) for name in group.tables] if group.tables else list(self.tables)
+
+    @model_validator(mode="after")
+    def _one_connector(self) -> IngestConfig:
+        """The tables of a transaction group come from the connector that writes its transaction topic."""
+        group = self.source.transactions
+        if group is None:
+            return self
+        known = {t.name for t in self.tables}
+        unknown = [name for name in group.tables or () if name not in known]
+        if unknown:
+            raise ValueError(f"source.transactions.tables names {', '.join(map(repr, unknown))}, which "
+                             f"{'is' if len(unknown) == 1 else 'are'} not a configured table")
+        for spec in self.consistent_tables():
+            if self.placement_of(spec) == "executors":
+                raise ValueError(f"table {spec.name!r} is in the transaction group but planned on the executors "
+                                 "(plan_on: executors): a group's tables are planned on the driver, where each "
+                                 "batch is ended at a transaction boundary; use plan_on: driver for it")
+            if not spec.topic.startswith(group.prefix + "."):
+                raise ValueError(f"table {spec.name!r} reads topic {spec.topic!r}, which is not from the connector "
+                                 f"that writes {group.topic!r} (its topics are {group.prefix}.<schema>.<table>): "
+                                 "a cut can hold only tables of one connector")
         return self
 
     @model_validator(mode="after")

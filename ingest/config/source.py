@@ -96,6 +96,33 @@ class KafkaSpec(Model):
         return self
 
 
+class TransactionsSpec(Model):
+    """Cuts across tables: readers can ask for every table at one source transaction boundary.
+
+    Needs the connector's transaction metadata (Debezium ``provide.transaction.metadata: true``),
+    which writes BEGIN and END records to ``<topic.prefix>.transaction`` and a ``transaction`` block
+    into every change (docs/consistency.md).
+    """
+
+    topic: str = Field(description="the connector's transaction topic, <topic.prefix>.transaction "
+                       "(e.g. shop.transaction)")
+    tables: tuple[str, ...] | None = Field(
+        None, description="the tables whose reads are kept consistent with each other (their topics must "
+        "come from this connector: <topic.prefix>.<schema>.<table>); unset: every configured table")
+
+    @property
+    def prefix(self) -> str:
+        """The connector's topic prefix: the transaction topic without ``.transaction``."""
+        return self.topic.removesuffix(".transaction")
+
+    @field_validator("topic")
+    @classmethod
+    def _is_transaction_topic(cls, value: str) -> str:
+        if not value.endswith(".transaction") or value == ".transaction":
+            raise ValueError(f"{value!r} is not a transaction topic: Debezium names it <topic.prefix>.transaction")
+        return value
+
+
 class SourceSpec(Model):
     """Where change events come from."""
 
@@ -125,6 +152,9 @@ class SourceSpec(Model):
         "time up to 10 minutes, at the next micro-batch; it first catches up from the offsets its Delta log "
         "records. A table stopped by any other error stays stopped until the run is restarted"
     )
+    transactions: TransactionsSpec | None = Field(
+        None, description="publish cuts: points at which every table of the group holds exactly the same "
+        "source transactions, for readers that ask for consistency across tables (query --consistent)")
 
     @model_validator(mode="after")
     def _kafka_needs_connection(self) -> SourceSpec:

@@ -82,6 +82,8 @@ class TargetSpec(Model):
                                  "addressing, lease")
     audit_table: str = Field("_cdc_audit", description="name of the audit Delta table under root")
     quarantine_table: str = Field("_cdc_quarantine", description="name of the quarantine Delta table under root")
+    cuts_table: str = Field("_cdc_cuts", description="name of the Delta table of published cuts under root "
+                            "(source.transactions)")
     checkpoint_dir: str = Field(
         "checkpoints", description="Spark checkpoints, one per query: a directory (relative to workdir) or "
         "s3://bucket/prefix, reached with target.storage (where the driver's disk does not outlive a run). They "

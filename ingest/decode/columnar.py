@@ -25,7 +25,7 @@ import gc
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 
 from ingest.decode import MessageDecoder
 from ingest.decode.columns import twin_of
+from ingest.decode.envelope import snapshot_mark, transaction_of
 from ingest.decode.position import optional_int, source_position
 from ingest.decode.values import ConvertError
 from ingest.errors import DecodeError, RegistryUnavailableError
@@ -61,13 +62,19 @@ class _Group:
         self.positions: list[str] = []
         self.source_ts: list[int | None] = []
         self.images: list[dict[str, Any]] = []
+        self.txns: list[str | None] = []
+        self.txn_orders: list[int | None] = []
+        self.snapshots: list[str | None] = []
 
-    def add(self, message: Message, op: str, position: str, source_ts_ms: int | None, image: dict[str, Any]) -> None:
+    def add(self, message: Message, change: _FastChange) -> None:
         self.messages.append(message)
-        self.ops.append(op)
-        self.positions.append(position)
-        self.source_ts.append(source_ts_ms)
-        self.images.append(image)
+        self.ops.append(change.op)
+        self.positions.append(change.position)
+        self.source_ts.append(change.source_ts_ms)
+        self.images.append(change.image)
+        self.txns.append(change.transaction[0] if change.transaction else None)
+        self.txn_orders.append(change.transaction[1] if change.transaction else None)
+        self.snapshots.append(change.snapshot)
 
     def finish(self, decoder: MessageDecoder, out: PartsBuilder) -> None:
         try:
@@ -116,6 +123,9 @@ class _Group:
             "_cdc_toast": pa.array(toast, pa.list_(pa.string())),
             "_cdc_key_columns": pa.array([key_columns] * n, pa.string()),
             "_cdc_schema": pa.array([self.plan.schema_ref] * n, pa.string()),
+            "_cdc_txn": pa.array(self.txns, pa.string()),
+            "_cdc_txn_order": pa.array(self.txn_orders, pa.int64()),
+            "_cdc_snapshot": pa.array(self.snapshots, pa.string()),
         }
         return assemble("changes", self.plan.columns, [m[1] for m in self.messages], given, user, source)
 
@@ -134,9 +144,22 @@ class _Group:
             return [[image.get(name) for image in self.images] for name in names]
 
 
+@dataclass(frozen=True, slots=True)
+class _FastChange:
+    """What the fast path reads of an ordinary envelope; its image is converted with its group's."""
+
+    names: tuple[str, ...]
+    op: str
+    position: str
+    source_ts_ms: int | None
+    image: dict[str, Any]
+    transaction: tuple[str, int] | None
+    snapshot: str | None
+
+
 def _fast_change(decoder: MessageDecoder, record: Any, plan: Any, key: bytes | None, coords: KafkaCoordinates
-                 ) -> tuple[tuple[str, ...], str, str, int | None, dict[str, Any]] | None:
-    """``(key names, op, encoded position, source ts, raw image)`` of an ordinary envelope, else ``None``."""
+                 ) -> _FastChange | None:
+    """What the fast path takes of an ordinary envelope (:class:`_FastChange`), else ``None``."""
     if plan is None or plan.kind != "envelope" or type(record) is not dict:
         return None
     op = record.get("op")
@@ -156,7 +179,9 @@ def _fast_change(decoder: MessageDecoder, record: Any, plan: Any, key: bytes | N
     ts_ms = optional_int(source.get("ts_ms"))
     if ts_ms is None:
         ts_ms = optional_int(record.get("ts_ms"))
-    return names, op, position.encode(), ts_ms, image
+    block = record.get("transaction")
+    return _FastChange(names, op, position.encode(), ts_ms, image, None if block is None else transaction_of(block),
+                       snapshot_mark(source.get("snapshot")) if op == "r" else None)
 
 
 @contextmanager
@@ -264,11 +289,10 @@ class BatchDecoder:
             if fast is None:
                 out.slow(decoder, message, record=record, plan=plan)
                 continue
-            names, op, position, source_ts_ms, image = fast
-            group = groups.get((id(plan), names))
+            group = groups.get((id(plan), fast.names))
             if group is None:
-                group = groups[(id(plan), names)] = _Group(plan, names)
-            group.add(message, op, position, source_ts_ms, image)
+                group = groups[(id(plan), fast.names)] = _Group(plan, fast.names)
+            group.add(message, fast)
         for group in groups.values():
             group.finish(decoder, out)
         return out.parts()
@@ -296,15 +320,18 @@ class DecoderSpec:
     @classmethod
     def for_table(cls, config: IngestConfig, spec: TableSpec, *, keep_before: bool = False) -> DecoderSpec:
         """The decoder of one configured table (source format, registry, key override)."""
+        return replace(cls.for_source(config), key_columns=spec.primary_key, keep_before=keep_before)
+
+    @classmethod
+    def for_source(cls, config: IngestConfig) -> DecoderSpec:
+        """The decoder of the source's other topics (a transaction topic): no key, no table."""
         source = config.source
         return cls(
             value_format=source.value_format,
             registry_dir=str(config.registry_dir) if source.registry.kind == "embedded" else None,
             registry_url=source.registry.url if source.registry.kind == "confluent" else None,
-            key_columns=spec.primary_key,
             registry_credentials_env=source.registry.credentials_env,
             secrets_file=str(config.secrets_path) if config.secrets_path else None,
-            keep_before=keep_before,
         )
 
     def __call__(self) -> MessageDecoder:

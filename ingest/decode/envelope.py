@@ -156,12 +156,13 @@ def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None,
     source_ts_ms = optional_int(source.get("ts_ms"))
     if source_ts_ms is None:
         source_ts_ms = optional_int(record.get("ts_ms"))
-    snapshot = _snapshot(source.get("snapshot"))
+    snapshot = snapshot_mark(source.get("snapshot"))
     schema_ref = plan.schema_ref if plan is not None else None
+    transaction = transaction_of(record.get("transaction"))
     if op == "t":
         columns = plan.columns if plan is not None else ()
         return ChangeEvent("t", {}, None, None, position, columns, (), source_ts_ms, snapshot,
-                           _NO_UNAVAILABLE, schema_ref)
+                           _NO_UNAVAILABLE, schema_ref, transaction=transaction)
     plan, kafka_key = _keyed(plan, key_columns, key, read_key)
     raw_before = record.get("before") if keep_before or op == "d" else None
     before, before_columns, before_unavailable = _image(raw_before, plan, "before")
@@ -174,7 +175,17 @@ def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None,
         image, columns, unavailable = after, after_columns, after_unavailable
     key_values, key_names = resolve_key(image, key_columns, key, read_key, kafka_key)
     return ChangeEvent(op, key_values, after, before, position, columns, key_names, source_ts_ms, snapshot,
-                       unavailable, schema_ref)
+                       unavailable, schema_ref, transaction=transaction)
+
+
+def transaction_of(block: Any) -> tuple[str, int] | None:
+    """``(id, data_collection_order)`` of an envelope's ``transaction`` block; ``None`` without one."""
+    if type(block) is not dict:
+        return None
+    txn, order = block.get("id"), optional_int(block.get("data_collection_order"))
+    if txn is None or order is None:
+        return None
+    return str(txn), order
 
 
 def _keyed(plan: ValuePlan | None, key_columns: tuple[str, ...] | None, key: bytes | None,
@@ -226,7 +237,7 @@ def _flattened(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None
     source = _flattened_source(meta)
     position = source_position(source, SNAPSHOT if op == "r" else STREAMED, coords, trust_connector=False)
     source_ts_ms = optional_int(source.get("ts_ms"))
-    snapshot = _snapshot(source.get("snapshot"))
+    snapshot = snapshot_mark(source.get("snapshot"))
     schema_ref = plan.schema_ref if plan is not None else None
     if op == "t":
         columns = plan.columns if plan is not None else ()
@@ -299,7 +310,8 @@ def resolve_key(image: Mapping[str, Any] | None, key_columns: tuple[str, ...] | 
     return kafka_key, tuple(kafka_key)
 
 
-def _snapshot(value: Any) -> str | None:
+def snapshot_mark(value: Any) -> str | None:
+    """A `source.snapshot` value as text (older connectors send a boolean)."""
     if value is None:
         return None
     if isinstance(value, bool):  # older connectors send a boolean

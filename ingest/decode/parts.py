@@ -53,6 +53,11 @@ FRAME: Final = pa.schema([
     ("_cdc_reason", pa.string()),
     ("_cdc_raw_key", pa.binary()),
     ("_cdc_raw_value", pa.binary()),
+    # The source transaction of a change and its place among that transaction's changes of the
+    # table (docs/architecture.md#cuts-across-tables); the ``source.snapshot`` mark of a snapshot read.
+    ("_cdc_txn", pa.string()),
+    ("_cdc_txn_order", pa.int64()),
+    ("_cdc_snapshot", pa.string()),
 ])
 _FRAME_NAMES: Final = tuple(FRAME.names)
 #: Framework columns taken from the input batch by row number.
@@ -152,7 +157,8 @@ class _Rows:
             source_ts_ms: int | None = None, flattened: bool = False, toast: list[str] | None = None,
             key_columns: tuple[str, ...] = (), schema: str | None = None, reason: str | None = None,
             raw_key: bytes | None = None, raw_value: bytes | None = None,
-            image: dict[str, Any] | None = None) -> None:
+            image: dict[str, Any] | None = None, transaction: tuple[str, int] | None = None,
+            snapshot: str | None = None) -> None:
         f = self.frame
         self.rows.append(row)
         f["_cdc_kind"].append(kind)
@@ -166,6 +172,9 @@ class _Rows:
         f["_cdc_reason"].append(reason)
         f["_cdc_raw_key"].append(raw_key)
         f["_cdc_raw_value"].append(raw_value)
+        f["_cdc_txn"].append(transaction[0] if transaction else None)
+        f["_cdc_txn_order"].append(transaction[1] if transaction else None)
+        f["_cdc_snapshot"].append(snapshot)
         get = image.get if image is not None else (lambda _name: None)
         for name, column in self.values.items():
             column.append(get(name))
@@ -250,4 +259,5 @@ class PartsBuilder:
             image = {k: (None if v is UNAVAILABLE else v) for k, v in (image or {}).items()}
         entry[1].add("change", row, op=event.op, position=event.position.encode(), source_ts_ms=event.source_ts_ms,
                      flattened=event.flattened, toast=toast, key_columns=event.key_columns,
-                     schema=event.schema_ref, image=image)
+                     schema=event.schema_ref, image=image, transaction=event.transaction,
+                     snapshot=event.snapshot if event.op == "r" else None)

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig
+from ingest.cuts.publish import Outcome, Publisher
 from ingest.errors import SourceUnavailableError
 from ingest.lake.delta import open_table, query
 from ingest.lake.layout import TablePaths
@@ -70,3 +71,11 @@ def live_row_count(path: Location) -> int:
         return 0
     result = query(table, "SELECT count(*) AS n FROM t WHERE NOT coalesce(_cdc_deleted, false)")
     return int(pc.sum(result["n"]).as_py() or 0)
+
+
+def cut_status(config: IngestConfig) -> Outcome | None:
+    """The latest cut of the configuration's transaction group and what holds a newer one back
+    (``None`` without a group); nothing is published."""
+    if config.source.transactions is None:
+        return None
+    return Publisher(config).attempt(write=False)

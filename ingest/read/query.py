@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -150,10 +151,12 @@ def version_at(table: DeltaTable, name: str, moment: datetime) -> int:
     return max(at_or_before)
 
 
-def connect(config: IngestConfig, as_of: dict[str, AsOf] | None = None) -> tuple[duckdb.DuckDBPyConnection, list[Any]]:
+def connect(config: IngestConfig, as_of: dict[str, AsOf] | None = None, absent: Collection[str] = ()
+            ) -> tuple[duckdb.DuckDBPyConnection, list[Any]]:
     """A DuckDB connection with one view per table; keep the returned datasets alive while querying.
 
-    ``as_of`` reads those tables at a past version or time (:func:`resolve_as_of`).
+    ``as_of`` reads those tables at a past version or time (:func:`resolve_as_of`); ``absent``
+    tables get no view (they had no commit at the point read).
     """
     con = duckdb.connect()
     keep: list[Any] = []
@@ -161,6 +164,8 @@ def connect(config: IngestConfig, as_of: dict[str, AsOf] | None = None) -> tuple
     names = [(t.name, True) for t in config.tables]
     names += [(config.target.audit_table, False), (config.target.quarantine_table, False)]
     for name, is_target in names:
+        if name in absent:
+            continue
         point = (as_of or {}).get(name)
         try:
             delta = load_at(root / name, name, point)
@@ -188,11 +193,13 @@ def queryable(config: IngestConfig) -> list[str]:
     return [t.name for t in config.tables] + [config.target.audit_table, config.target.quarantine_table]
 
 
-def run_sql(config: IngestConfig, sql: str, as_of: list[AsOf] | None = None) -> pa.Table:
-    """Run one SQL statement and return its result as Arrow; ``as_of`` reads tables as they were."""
+def run_sql(config: IngestConfig, sql: str, as_of: list[AsOf] | None = None, *, absent: Collection[str] = ()
+            ) -> pa.Table:
+    """Run one SQL statement and return its result as Arrow; ``as_of`` reads tables as they were
+    (``absent``: tables that had no commit then)."""
     points = resolve_as_of(as_of, sql, queryable(config)) if as_of else None
-    con, keep = connect(config, points)
-    if points:
+    con, keep = connect(config, points, absent)
+    if points or absent:
         absent = set(queryable(config)) - {row[0] for row in con.sql("SELECT view_name FROM duckdb_views()").fetchall()}
         try:
             named = con.get_table_names(sql) & absent
@@ -200,7 +207,7 @@ def run_sql(config: IngestConfig, sql: str, as_of: list[AsOf] | None = None) -> 
             named = set()
         if named:
             con.close()
-            raise TimeTravelError(f"{', '.join(sorted(named))}: no commit yet at the time asked for")
+            raise TimeTravelError(f"{', '.join(sorted(named))}: no commit yet at the point asked for")
     try:
         return normalize(con.sql(sql).to_arrow_table())
     except duckdb.Error as exc:  # the analyst's SQL: its first line says what and where

@@ -38,11 +38,14 @@ from ingest.apply.journey import apply_batch, placement_for
 from ingest.commit.state import OpenTables, load_state
 from ingest.commit.writers import Writers
 from ingest.config import IngestConfig, TableSpec
+from ingest.cuts.align import Reach, boundary, newest_mark, tail_starts, trim
+from ingest.cuts.publish import Publisher
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
-from ingest.decode.parts import PARTS_DDL, part_kind, read_parts
+from ingest.decode.parts import FRAME, PARTS_DDL, part_kind, read_parts
 from ingest.decode.registry import ConfluentSchemaRegistry
 from ingest.errors import RegistryUnavailableError, is_transient, is_unavailability
 from ingest.lake.layout import TablePaths
+from ingest.model import SourceMark
 from ingest.quality import QualityGate
 from ingest.records import audit
 from ingest.records.audit import AuditRecord
@@ -65,12 +68,28 @@ class ForEachBatch:
     """``foreachBatch`` callback of one query: decode in the executors, apply each table on the driver."""
 
     def __init__(self, config: IngestConfig, specs: list[TableSpec], report: RunReport, run_id: str,
-                 progress: ProgressFn | None, gates: dict[str, QualityGate], *, retry_stopped: bool = False) -> None:
+                 progress: ProgressFn | None, gates: dict[str, QualityGate], *, retry_stopped: bool = False,
+                 cuts: Publisher | None = None) -> None:
         self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
         self.progress, self.gates = progress, gates
+        #: publishes the cuts of the tables' transaction group after each micro-batch (shared by the run's queries)
+        self.cuts = cuts
+        #: available_now runs: where each topic ended when the run began (its last batch leaves no tail)
+        self.final_ends: dict[str, dict[int, int]] | None = None
+        #: per group topic and partition, the end of the tail the last batch left out
+        self._tails: dict[str, dict[int, int]] = {}
+        self._warned: set[str] = set()
         self.specs_by_topic = {s.topic: DecoderSpec.for_table(config, s) for s in specs}
         self.decoder = BatchDecoder(self.specs_by_topic)
         self.registry = _driver_registry(config)
+        #: topics the query reads for no table: the transaction topic, whose END records trigger the
+        #: micro-batch that applies a tail left out to wait for them
+        self.extra_topics: list[str] = []
+        if cuts is not None and config.source.transactions is not None and \
+                {s.name for s in cuts.group} & {s.name for s in specs}:
+            self.extra_topics = [config.source.transactions.topic]
+            self.specs_by_topic[config.source.transactions.topic] = DecoderSpec.for_source(config)
+            self.decoder = BatchDecoder(self.specs_by_topic)
         #: the source, when it decodes as it reads (the stream's rows are then parts)
         self.source = cast(DecodingSource, source_for(config)) if decodes_at_read(config) else None
         self.writers = Writers(config)
@@ -125,6 +144,8 @@ class ForEachBatch:
             try:
                 parts = early if early is not None else self._decoded(
                     frame, exclude={s.topic for s in active if s.name in self.on_executors})
+                if self.cuts is not None:
+                    parts = self._aligned(active, frame, parts)
                 decode_ms = int((time.perf_counter() - t0) * 1000)
                 self.batches += 1
                 if self.overlap:
@@ -139,6 +160,82 @@ class ForEachBatch:
         except BaseException as exc:
             self.error = exc
             raise
+
+    def _aligned(self, active: list[TableSpec], frame: DataFrame, parts: list[Any]) -> list[Any]:
+        """The micro-batch's parts with each group table ending at one transaction boundary
+        (:mod:`ingest.cuts.align`): the tail the last batch left out read again, this batch's tail left out."""
+        assert self.cuts is not None
+        names = {s.name for s in active}
+        group = [s for s in self.cuts.group if s.name in names and s.name not in self.on_executors]
+        if not group:
+            return parts
+        try:
+            transactions = self.cuts.transactions()
+        except Exception as exc:  # no order to align to: the tables apply what they read (the publisher says why)
+            self._warn("align", f"tables not aligned to transactions: {secrets.describe(exc)}")
+            return parts
+        topics = {s.topic for s in group}
+        by_topic: dict[str, list[Any]] = {t: [] for t in topics}
+        others: list[Any] = []
+        for part in parts:
+            topic = part.column("_cdc_topic")[0].as_py() if part.num_rows else None
+            (by_topic[topic] if topic in topics else others).append(part)
+        reaches: dict[str, Reach] = {}
+        rows: dict[str, pa.Table] = {}
+        stored: dict[str, SourceMark] = {}
+        for spec in group:
+            state = self.opened[spec.name].state()
+            by_topic[spec.topic] = self._tail_again(spec, state, frame, by_topic[spec.topic]) + by_topic[spec.topic]
+            stored[spec.name] = state.mark
+            rows[spec.name] = _frame_rows(by_topic[spec.topic])
+            reaches[spec.name] = Reach(self.cuts.collection(spec), state.mark,
+                                       newest_mark(rows[spec.name], state.mark))
+        reach = boundary(transactions, reaches)
+        # A tail grows while another table of the group lags (each is read up to its own bound): up to a
+        # micro-batch of it is read again, beyond that the table goes on without waiting.
+        bound = self.config.source.max_records_per_batch
+        for spec in group:
+            starts = tail_starts(rows[spec.name], stored[spec.name], transactions, reach)
+            final = (self.final_ends or {}).get(spec.topic)
+            if final is not None:  # an available_now run's last batch of a partition: nothing reads it again
+                ends = _ends(rows[spec.name])
+                starts = {p: o for p, o in starts.items() if ends.get(p, 0) < final.get(p, 0)}
+            kept, left_out = trim(by_topic[spec.topic], starts)
+            if left_out > bound:
+                self._warn(spec.name, f"table {spec.name}: a transaction larger than a micro-batch ({left_out} "
+                                      f"records) is applied in parts; the next cut waits for its last part")
+                continue
+            by_topic[spec.topic] = kept
+            if starts:
+                self._tails[spec.topic] = _ends(rows[spec.name])
+            else:
+                self._tails.pop(spec.topic, None)
+        return others + [p for t in sorted(topics) for p in by_topic[t]]
+
+    def _tail_again(self, spec: TableSpec, state: Any, frame: DataFrame, mine: list[Any]) -> list[Any]:
+        """The records between the table's Delta offsets and this batch's first: the tail the last batch
+        left out (or one a restart forgot), read from the source again and decoded."""
+        first: dict[int, int] = {}
+        for part in mine:
+            if part.num_rows:
+                grouped = pa.table({"p": part["_cdc_partition"], "o": part["_cdc_offset"]}).group_by(
+                    "p", use_threads=False).aggregate([("o", "min")])
+                for p, o in zip(grouped["p"].to_pylist(), grouped["o_min"].to_pylist(), strict=True):
+                    first[p] = min(first.get(p, o), o)
+        upto = {**self._tails.get(spec.topic, {}), **first}
+        start = {p: _after(state.applied_offset(spec.topic, p)) for p in upto}
+        gap_end = {p: o for p, o in upto.items() if o > start[p]}
+        if not gap_end:
+            return []
+        lo = {p: start[p] for p in gap_end}
+        if self.source is not None:
+            return list(self.decoder.decode(self.source.read_arrow(spec.topic, lo, gap_end)))
+        return self._decoded(source_for(self.config).read_range(frame.sparkSession, spec.topic, lo, gap_end))
+
+    def _warn(self, key: str, text: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("%s", text)
 
     def settle(self) -> None:
         """Wait for the micro-batch still being applied, if any (see ``overlap``).
@@ -182,6 +279,8 @@ class ForEachBatch:
         # shared table, one at a time). Each table's commit holds its row already (reconcile).
         if records:
             audit.append(TablePaths.of(self.config, records[0].table).audit, records)
+        if self.cuts is not None:
+            self.report.cuts = self.cuts.attempt({n: secrets.describe(e) for n, e in self.stopped.items()})
         if len(self.stopped) == len(self.specs) and not self.retry_at:
             raise AllTablesStopped
 
@@ -366,6 +465,22 @@ def _failure(state: Any) -> str:
     """What a tenacity attempt failed with, for the retry's log line."""
     exc = state.outcome.exception() if state.outcome is not None else None
     return secrets.describe(exc) if exc is not None else "no exception"
+
+
+def _frame_rows(parts: list[Any]) -> pa.Table:
+    """The framework columns the alignment reads, of every row of ``parts``."""
+    names = ["_cdc_partition", "_cdc_offset", "_cdc_position", "_cdc_txn", "_cdc_txn_order"]
+    tables = [pa.Table.from_batches([part]).select(names) for part in parts if part.num_rows]
+    return pa.concat_tables(tables) if tables else pa.table({n: pa.array([], FRAME.field(n).type) for n in names})
+
+
+def _ends(rows: pa.Table) -> dict[int, int]:
+    """Per partition, the offset after the last of ``rows``."""
+    if not rows.num_rows:
+        return {}
+    grouped = pa.table({"p": rows["_cdc_partition"], "o": rows["_cdc_offset"]}).group_by(
+        "p", use_threads=False).aggregate([("o", "max")])
+    return {p: o + 1 for p, o in zip(grouped["p"].to_pylist(), grouped["o_max"].to_pylist(), strict=True)}
 
 
 def _after(applied: int | None) -> int:

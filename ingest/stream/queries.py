@@ -38,8 +38,9 @@ from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
 from ingest.quality import QualityGate
 from ingest.quality.suites import gx_context
+from ingest.source.catalog import catalog_for
 from ingest.source.discovery import with_discovered
-from ingest.source.sources import Offsets, read_topics
+from ingest.source.sources import LATEST, Offsets, read_topics
 from ingest.spark.session import spark_location
 from ingest.stream import checkpoint as checkpoints
 from ingest.stream.callback import AllTablesStopped, ForEachBatch, ProgressFn
@@ -114,6 +115,7 @@ class StreamingRun:
         report = RunReport(run_id, {s.name: TableRun(s.name) for s in specs})
         started = time.perf_counter()
         _ = self.runner.spark  # start Spark before the per-query set-up
+        cuts = self.runner.cuts_publisher(specs, run_id)  # one for the run: its queries share the group
 
         def launch(group: list[TableSpec], *, fresh: bool = False) -> _Query | None:
             name = query_name(group)
@@ -125,7 +127,11 @@ class StreamingRun:
                     checkpoints.discard(directory)
                 self._check_checkpoint(group, directory)
                 handler = ForEachBatch(self.runner.config, group, report, run_id, progress, gates,
-                                       retry_stopped=mode == "continuous")
+                                       retry_stopped=mode == "continuous", cuts=cuts)
+                if cuts is not None and mode == "available_now":
+                    catalog = catalog_for(self.runner.config)
+                    handler.final_ends = {s.topic: catalog.end_offsets(s.topic) for s in group
+                                          if s.name in {g.name for g in cuts.group}}
                 q = _Query(name, group, directory, handler, None)
                 q.starting = None if from_beginning else self.runner.starting_offsets(group)
                 q.query = self._start(q, mode, run_id)
@@ -161,6 +167,8 @@ class StreamingRun:
         refresh = self.runner.config.discover.refresh_seconds if discover and self.runner.config.discover else None
         self._await(queries, report, mode, stop_after, run_id,
                     pick_up=pick_up if refresh is not None and mode == "continuous" else None, refresh=refresh)
+        if cuts is not None:  # an END record may have come after the last batch
+            report.cuts = cuts.attempt({n: t.error for n, t in report.tables.items() if t.error})
         report.seconds = time.perf_counter() - started
         return report
 
@@ -181,8 +189,11 @@ class StreamingRun:
         if q.handler.source is not None:  # the reader decodes: its decoder starts with the schemas known now
             q.handler.prefetch_schemas(q.specs)
             decoder = q.handler.decoder
-        stream = read_topics(self.runner.spark, self.runner.config, [s.topic for s in q.specs],
-                             starting_offsets=q.starting, decoder=decoder)
+        starting = q.starting
+        if starting is not None and q.handler.extra_topics:  # read from now on: they only wake the query
+            starting = {**starting, **{t: {"0": LATEST} for t in q.handler.extra_topics}}
+        stream = read_topics(self.runner.spark, self.runner.config, [s.topic for s in q.specs] + q.handler.extra_topics,
+                             starting_offsets=starting, decoder=decoder)
         writer = (stream.writeStream.foreachBatch(q.handler)
                   .option("checkpointLocation", spark_location(self.runner.spark, q.directory))
                   .queryName(f"cdc_{q.name}_{run_id}"[:200]))

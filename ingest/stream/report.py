@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ingest.records.audit import AuditRecord
+
+if TYPE_CHECKING:
+    from ingest.cuts.publish import Outcome
 
 
 @dataclass(slots=True)
@@ -35,6 +39,8 @@ class RunReport:
     startup_seconds: float | None = None
     #: every table's Delta log already held every offset the source has: Spark was not started
     caught_up: bool = False
+    #: cuts across tables (``source.transactions``): the latest, and what holds newer ones back
+    cuts: Outcome | None = None
 
     @property
     def failed(self) -> list[str]:

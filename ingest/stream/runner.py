@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
+from ingest.cuts.publish import Publisher
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.records import audit
@@ -131,12 +132,24 @@ class Runner:
 
     def _caught_up(self, specs: list[TableSpec], started: float) -> RunReport:
         """The report of a run whose tables hold every record of their topics: nothing started, nothing
-        read; only audit rows a crash left unwritten are restored, as any run's start does."""
+        read; only audit rows a crash left unwritten are restored, as any run's start does, and a cut
+        that an END record read since allows is published."""
         for spec in specs:
             self.restore_audit(spec)
         report = RunReport(uuid.uuid4().hex[:12], {s.name: TableRun(s.name) for s in specs}, caught_up=True)
+        cuts = self.cuts_publisher(specs, report.run_id)
+        if cuts is not None:
+            report.cuts = cuts.attempt()
         report.seconds = time.perf_counter() - started
         return report
+
+    def cuts_publisher(self, specs: list[TableSpec], run_id: str) -> Publisher | None:
+        """The publisher of the configuration's cuts, if it has a transaction group and this run holds
+        every table of it (a run of some of them leaves cuts to a run of all)."""
+        group = {s.name for s in self.config.consistent_tables()}
+        if not group or not group <= {s.name for s in specs}:
+            return None
+        return Publisher(self.config, run_id)
 
     def restore_audit(self, spec: TableSpec) -> None:
         """Write the audit rows a crash left unwritten, from the table's commit info (every run's start)."""

@@ -35,7 +35,7 @@ from ingest.commit.remembered import RememberedDeletes
 from ingest.commit.state import TableState
 from ingest.commit.writer import SparkRows
 from ingest.config import TableSpec
-from ingest.model import ColumnSpec
+from ingest.model import SNAPSHOT_CLOSERS, ColumnSpec, SourceMark
 from ingest.rules.reduce import Reduction, nulls_as_unchanged
 from ingest.rules.withdraw import withdraw
 from ingest.spark.session import arrow_frame, spark_type
@@ -73,12 +73,24 @@ class ExecutorsPlacement:
 
     def facts(self, changes: DataFrame) -> BatchFacts:
         changed = F.col("_cdc_op") != F.lit("t")
+        tracked, reads = F.col("_cdc_txn").isNotNull(), F.col("_cdc_op") == F.lit("r")
         found = changes.agg(
             F.max(F.when(changed, F.col("_cdc_flattened"))).alias("flattened"),
             F.collect_set(F.when(changed, F.col("_cdc_key_columns"))).alias("keys"),
-            F.count(F.when(changed, True)).alias("rows")).first()
+            F.count(F.when(changed, True)).alias("rows"),
+            # the source mark (ingest.apply.batch.source_mark_of, on the driver)
+            F.max_by(F.when(tracked, F.struct("_cdc_txn", "_cdc_txn_order", "_cdc_position")),
+                     F.when(tracked, F.col("_cdc_position"))).alias("last"),
+            F.count(F.when(F.col("_cdc_snapshot").isin(*sorted(SNAPSHOT_CLOSERS)), True)).alias("closers"),
+            F.count(F.when(reads & F.coalesce(F.col("_cdc_snapshot") != F.lit("incremental"), F.lit(True)),
+                           True)).alias("reads"),
+            F.count(F.when(~reads & ~tracked, True)).alias("untracked")).first()
         assert found is not None
-        return BatchFacts(found["flattened"], sorted(k for k in found["keys"] if k), int(found["rows"]))
+        last = found["last"]
+        snapshot = "closed" if last is not None or found["closers"] else "open" if found["reads"] else "none"
+        txn, order, position = last if last is not None else (None, None, None)
+        mark = SourceMark(txn, order, position, snapshot, int(found["untracked"]))  # type: ignore[arg-type]
+        return BatchFacts(found["flattened"], sorted(k for k in found["keys"] if k), int(found["rows"]), mark)
 
     def take_foreign_keys(self, changes: DataFrame, key_columns: tuple[str, ...]) -> tuple[DataFrame, pa.Table]:
         # as on the driver, a change that declares no key is not foreign
