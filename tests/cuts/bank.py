@@ -143,5 +143,6 @@ def violations(accounts: list[dict[str, Any]], ledger: list[dict[str, Any]], ope
         booked[r["account"]] = booked.get(r["account"], 0) + r["amount"]
     for r in accounts:
         if r["balance"] != OPENING + booked.get(r["id"], 0):
-            out.append(f"account {r['id']}: balance {r['balance']}, opening + ledger {OPENING + booked.get(r['id'], 0)}")
+            expected = OPENING + booked.get(r["id"], 0)
+            out.append(f"account {r['id']}: balance {r['balance']}, opening + ledger {expected}")
     return out
