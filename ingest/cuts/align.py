@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.cuts.calculus import Transaction
+from ingest.cuts.calculus import Transaction, transaction_keys
 from ingest.model import SourceMark
 
 
@@ -48,7 +48,7 @@ class Reach:
 def boundary(transactions: Sequence[Transaction], tables: Mapping[str, Reach]) -> int:
     """The newest boundary (0: the last cut; ``i``: the end of ``transactions[i - 1]``) up to which every
     table has every change, with what it holds and this batch's records."""
-    index = {t.id: i for i, t in enumerate(transactions, start=1)}
+    index = transaction_keys(transactions)
     n = len(transactions)
     reach = n
     for table in tables.values():
@@ -90,8 +90,9 @@ def tail_starts(rows: pa.Table, stored: SourceMark, transactions: Sequence[Trans
     fresh = _fresh(rows, stored)
     if fresh is None:
         return {}
-    later = pa.array([t.id for t in transactions[reach:]], pa.string())
-    known = pa.array([t.id for t in transactions], pa.string())
+    keys = transaction_keys(transactions)
+    later = pa.array([k for k, i in keys.items() if i > reach], pa.string())
+    known = pa.array(list(keys), pa.string())
     beyond = pc.and_(fresh, pc.or_(pc.is_in(rows["_cdc_txn"], later), pc.invert(pc.is_in(rows["_cdc_txn"], known))))
     found = rows.filter(beyond)
     if not found.num_rows:

@@ -88,6 +88,18 @@ class Choice:
     waiting: dict[str, str] = field(default_factory=dict)
 
 
+def transaction_keys(transactions: Sequence[Transaction]) -> dict[str, int]:
+    """Each transaction's place (1, 2, ...) by the ids its changes may carry: its END record's id, and
+    for PostgreSQL's ``<txId>:<LSN>`` the ``txId`` (its changes carry their own LSN after it)."""
+    out: dict[str, int] = {}
+    for i, t in enumerate(transactions, start=1):
+        out[t.id] = i
+        head, colon, tail = t.id.partition(":")
+        if colon and head.isdigit() and tail.isdigit():
+            out[head] = i
+    return out
+
+
 class Unprovable(Exception):
     """A table's changes cannot be placed among the source's transactions (no transaction block)."""
 
@@ -101,7 +113,7 @@ def choose(transactions: Sequence[Transaction], tables: Mapping[str, TableHistor
     Raises:
         Unprovable: a table received streamed changes without a transaction block.
     """
-    index = {t.id: i for i, t in enumerate(transactions, start=1)}
+    index = transaction_keys(transactions)
     n = len(transactions)
     ranges: dict[str, list[tuple[int, int, Version | None]]] = {}
     waiting: dict[str, str] = {}

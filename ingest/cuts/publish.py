@@ -23,7 +23,7 @@ from ingest import secrets
 from ingest.commit.state import BATCH_KEY, STATE_KEY, decoded_commit
 from ingest.config import IngestConfig, TableSpec
 from ingest.cuts import store
-from ingest.cuts.calculus import Choice, TableHistory, Transaction, Unprovable, Version, choose
+from ingest.cuts.calculus import Choice, TableHistory, Transaction, Unprovable, Version, choose, transaction_keys
 from ingest.cuts.store import Cut
 from ingest.cuts.transactions import TransactionTopic
 from ingest.lake.delta import latest_table
@@ -121,8 +121,10 @@ class Publisher:
                 return Choice(None, waiting=held)
             histories = {s.name: self._history(s) for s in self.group}
             applied = {h.versions[-1].mark.txn for h in histories.values() if h.versions}
-            self._newest_ts = max((t.commit_ts for t in self._pending if t.id in applied and t.commit_ts),
-                                  default=None)
+            keys = transaction_keys(self._pending)
+            places = [keys[txn] for txn in applied if txn in keys]
+            newest = self._pending[max(places) - 1] if places else None
+            self._newest_ts = newest.commit_ts if newest is not None else None
             choice = choose(self._pending, histories)
             if choice.transaction is not None and write:
                 self._append(choice)

@@ -180,7 +180,8 @@ def _fast_change(decoder: MessageDecoder, record: Any, plan: Any, key: bytes | N
     if ts_ms is None:
         ts_ms = optional_int(record.get("ts_ms"))
     block = record.get("transaction")
-    return _FastChange(names, op, position.encode(), ts_ms, image, None if block is None else transaction_of(block),
+    return _FastChange(names, op, position.encode(), ts_ms, image,
+                       None if block is None else transaction_of(block, source.get("connector")),
                        snapshot_mark(source.get("snapshot")) if op == "r" else None)
 
 

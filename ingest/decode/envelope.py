@@ -158,7 +158,7 @@ def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None,
         source_ts_ms = optional_int(record.get("ts_ms"))
     snapshot = snapshot_mark(source.get("snapshot"))
     schema_ref = plan.schema_ref if plan is not None else None
-    transaction = transaction_of(record.get("transaction"))
+    transaction = transaction_of(record.get("transaction"), source.get("connector"))
     if op == "t":
         columns = plan.columns if plan is not None else ()
         return ChangeEvent("t", {}, None, None, position, columns, (), source_ts_ms, snapshot,
@@ -178,14 +178,22 @@ def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None,
                        unavailable, schema_ref, transaction=transaction)
 
 
-def transaction_of(block: Any) -> tuple[str, int] | None:
-    """``(id, data_collection_order)`` of an envelope's ``transaction`` block; ``None`` without one."""
+def transaction_of(block: Any, connector: Any = None) -> tuple[str, int] | None:
+    """``(id, data_collection_order)`` of an envelope's ``transaction`` block; ``None`` without one.
+
+    PostgreSQL's connector writes ``<txId>:<LSN>`` with the LSN of each change (its END record: of
+    the commit), so a PostgreSQL transaction is known by its ``txId`` alone
+    (:func:`ingest.cuts.calculus.transaction_keys`).
+    """
     if type(block) is not dict:
         return None
     txn, order = block.get("id"), optional_int(block.get("data_collection_order"))
     if txn is None or order is None:
         return None
-    return str(txn), order
+    text = str(txn)
+    if connector == "postgresql":
+        text = text.split(":", 1)[0]
+    return text, order
 
 
 def _keyed(plan: ValuePlan | None, key_columns: tuple[str, ...] | None, key: bytes | None,

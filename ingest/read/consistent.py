@@ -59,7 +59,7 @@ def _at_or_before(cuts: list[Cut], point: str) -> Cut | None:
     if point.startswith("#") and point[1:].isdigit():
         wanted = int(point[1:])
         return next((c for c in cuts if c.cut == wanted), None)
-    exact = [c for c in cuts if c.txn == point]
+    exact = [c for c in cuts if point in (c.txn, c.txn.split(":", 1)[0])]
     if exact:
         return exact[-1]
     try:

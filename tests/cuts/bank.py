@@ -89,16 +89,21 @@ class Bank:
         return self._transaction([(ACCOUNTS, {"id": account, "balance": self.balances[account]})])
 
     def _transaction(self, changes: list[tuple[str, dict[str, Any]]]) -> str:
+        """One source transaction; ids as PostgreSQL's connector writes them: ``<txId>:<LSN>``, with each
+        change's own LSN, and the commit's in the END record."""
         self.lsn += 10
-        txn = f"{len(self.txns) + 600}:{self.lsn}"
-        self._send(TRANSACTIONS, None, {"status": "BEGIN", "id": txn, "event_count": None,
+        xid = len(self.txns) + 600
+        self._send(TRANSACTIONS, None, {"status": "BEGIN", "id": f"{xid}:{self.lsn}", "event_count": None,
                                         "data_collections": None, "ts_ms": self._ts()})
         per_table: dict[str, int] = {}
         for total, (topic, row) in enumerate(changes, start=1):
             per_table[topic] = per_table.get(topic, 0) + 1
             self.lsn += 1
             op = "c" if topic == LEDGER else "u"
-            self._change(topic, op, row, {"id": txn, "total_order": total, "data_collection_order": per_table[topic]})
+            self._change(topic, op, row, {"id": f"{xid}:{self.lsn}", "total_order": total,
+                                          "data_collection_order": per_table[topic]})
+        self.lsn += 1
+        txn = f"{xid}:{self.lsn}"
         self._send(TRANSACTIONS, None, {
             "status": "END", "id": txn, "event_count": len(changes), "ts_ms": self._ts(),
             "data_collections": [{"data_collection": t.removeprefix(PREFIX + "."), "event_count": n}
