@@ -3,7 +3,8 @@
 ``analytics/daily_revenue_by_segment``: revenue, orders and units per order day and customer
 segment, from the live rows of ``orders`` and ``customers`` (cancelled orders excluded). It is read
 with delta-rs's DataFusion engine (polars where a table has deletion vectors) and written back as a
-Delta table under the tables root.
+Delta table under the tables root. When its tables are in a transaction group
+(``source.transactions``), it reads them at the latest cut: one source transaction in all of them.
 """
 
 from typing import Final
@@ -11,12 +12,14 @@ from typing import Final
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from assets.constants import ANALYTICS_GROUP, ANALYTICS_KEY_PREFIX, table_key
 from assets.resources import IngestPipeline
 from ingest.columns import normalize
 from ingest.config import IngestConfig
 from ingest.lake.delta import open_table, query_tables, write_table
+from ingest.read.consistent import ConsistencyError, pinned
 
 DAILY_REVENUE: Final = "daily_revenue_by_segment"
 #: The tables the analytic asset reads; it exists only when both are configured.
@@ -62,9 +65,21 @@ def daily_revenue(config: IngestConfig) -> pa.Table:
     ``total`` and an ``order_items`` table with ``quantity`` (a normalised schema) take units from
     their live lines.
     """
-    tables = {}
-    for name in (*_SOURCES, "order_items"):
-        table = open_table(config.table_path(name)) if name in {t.name for t in config.tables} else None
+    tables: dict[str, DeltaTable] = {}
+    configured = {t.name for t in config.tables}
+    names: list[str] = [n for n in (*_SOURCES, "order_items") if n in configured]
+    try:
+        cut = pinned(config, names)  # a transaction group: every table at one source transaction
+    except ConsistencyError as exc:
+        raise dg.Failure(str(exc)) from None
+    for name in names:
+        table = open_table(config.table_path(name))
+        if table is not None and cut is not None:
+            version = cut.versions.get(name)
+            if version is None:
+                table = None  # created after the cut
+            else:
+                table.load_as_version(version)
         if table is None and name in _SOURCES:
             raise dg.Failure(f"table {name} has no Delta table yet: materialize {table_key(name).to_user_string()}")
         if table is not None:

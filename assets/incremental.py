@@ -1,5 +1,8 @@
 """An analytic asset kept up to date from a table's change data feed, not recomputed.
 
+When ``orders`` is in a transaction group (``source.transactions``), the aggregate is brought up to
+the latest cut's version of ``orders``, not beyond it.
+
 ``analytics/orders_by_status``: live orders and their amount per status (the ``amount`` column, or
 ``total`` where orders have that instead; without either, the amount is null). Each materialization
 reads only the changes of ``orders`` committed since the version it last consumed (its cursor) and
@@ -28,6 +31,7 @@ from assets.resources import IngestPipeline
 from ingest.config import IngestConfig
 from ingest.lake.delta import open_table, read_all, write_table
 from ingest.read.changes import ChangeFeedError, ChangeRange, changes
+from ingest.read.consistent import ConsistencyError, pinned
 
 ORDERS_BY_STATUS: Final = "orders_by_status"
 CURSOR_KEY: Final = "cdc.feed_cursor"
@@ -107,6 +111,15 @@ def refresh(config: IngestConfig, log: Any = None) -> dict[str, Any]:
     if "status" not in pa.schema(source.schema().to_arrow()).names:
         raise dg.Failure(f"{_SOURCE} has no status column to group by")
     latest = source.version()
+    try:
+        cut = pinned(config, [_SOURCE])  # in a transaction group: up to the latest cut's version only
+    except ConsistencyError as exc:
+        raise dg.Failure(str(exc)) from None
+    if cut is not None:
+        at_cut = cut.versions.get(_SOURCE)
+        if at_cut is None:
+            raise dg.Failure(f"{_SOURCE} has no commit at cut #{cut.cut} yet")
+        latest = at_cut
     path = config.tables_root / ANALYTICS_KEY_PREFIX / ORDERS_BY_STATUS
     aggregate, cursor = stored(path)
     mode, consumed = "incremental", 0

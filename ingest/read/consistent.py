@@ -9,6 +9,7 @@ outside the group are read at their latest version, as without ``--consistent``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -78,6 +79,19 @@ def _at_or_before(cuts: list[Cut], point: str) -> Cut | None:
 
 def _number(cut: Cut) -> int:
     return cut.cut
+
+
+def pinned(config: IngestConfig, names: Collection[str]) -> Cut | None:
+    """The cut that readers of ``names`` read at: the latest, when every one of them is in the transaction
+    group; ``None`` (read the latest versions) otherwise.
+
+    Raises:
+        ConsistencyError: they are in the group but no cut is published yet.
+    """
+    group = {t.name for t in config.consistent_tables()}
+    if not group or not set(names) <= group:
+        return None
+    return cut_for(config)
 
 
 def cuts(config: IngestConfig) -> list[Cut]:

@@ -78,3 +78,11 @@ def test_the_last_cuts_version_is_exact_until_the_table_is_touched_again():
 def test_changes_without_a_transaction_block_cannot_be_placed():
     with pytest.raises(Unprovable, match="3 of its streamed changes carry no transaction block"):
         choose(T[:1], {"a": table(A, (0, SourceMark(untracked=3)))})
+
+
+def test_a_cut_names_what_its_tables_quarantined_since_the_last():
+    at_cut = Version(3, mark(0, 1))
+    a = TableHistory(A, at_cut, [Version(4, mark(1, 1), quarantined=2), Version(5, mark(2, 1), quarantined=1)])
+    choice = choose(T[:1], {"a": a, "b": table(B, (7, mark(1, 2)))})
+    assert choice.versions == {"a": 4, "b": 7}
+    assert choice.quarantined == {"a": 2, "b": 0}  # version 5 is after the cut: its count waits for the next

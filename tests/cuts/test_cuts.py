@@ -162,3 +162,19 @@ def test_a_group_table_must_come_from_the_connector(tmp_path: Path):
         load_config(path)
 
 
+
+
+def test_a_stopped_table_stops_new_cuts_and_says_why(tmp_path: Path):
+    config = bank.config(tmp_path / "bank", writer=current_writer().name)
+    source = bank.Bank()
+    source.snapshot()
+    source.transfer()
+    source.produce(TopicLog(config.log_dir))
+    applier = Applier(config)
+    applier.step("accounts", 99)
+    applier.step("ledger", 99)
+    stopped = Publisher(config).attempt({"ledger": "QualityGateError: amount out of range"})
+    assert stopped.latest is None and stopped.published == 0
+    assert stopped.waiting == {"ledger": "stopped: QualityGateError: amount out of range"}
+    assert "waiting for ledger: stopped: QualityGateError" in stopped.describe()
+    assert Publisher(config).attempt().published == 1  # running again, it publishes
