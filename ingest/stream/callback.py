@@ -230,7 +230,8 @@ class ForEachBatch:
         lo = {p: start[p] for p in gap_end}
         if self.source is not None:
             return list(self.decoder.decode(self.source.read_arrow(spec.topic, lo, gap_end)))
-        return self._decoded(source_for(self.config).read_range(frame.sparkSession, spec.topic, lo, gap_end))
+        gap = source_for(self.config).read_range(frame.sparkSession, spec.topic, lo, gap_end)
+        return read_parts(gap.mapInArrow(self.decoder, PARTS_DDL).toArrow().column("part").to_pylist())
 
     def _warn(self, key: str, text: str) -> None:
         if key not in self._warned:
