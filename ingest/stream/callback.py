@@ -183,9 +183,18 @@ class ForEachBatch:
         reaches: dict[str, Reach] = {}
         rows: dict[str, pa.Table] = {}
         stored: dict[str, SourceMark] = {}
-        for spec in group:
+        for spec in list(group):
             state = self.opened[spec.name].state()
-            by_topic[spec.topic] = self._tail_again(spec, state, frame, by_topic[spec.topic]) + by_topic[spec.topic]
+            try:
+                again = self._tail_again(spec, state, frame, by_topic[spec.topic])
+            except Exception as exc:
+                # Without its tail, the table's records would leave a hole in its offsets: it stops
+                # (a transient error is tried again, catching up from its Delta log), the others go on.
+                self._stop(spec, exc)
+                by_topic[spec.topic] = []
+                group.remove(spec)
+                continue
+            by_topic[spec.topic] = again + by_topic[spec.topic]
             stored[spec.name] = state.mark
             rows[spec.name] = _frame_rows(by_topic[spec.topic])
             reaches[spec.name] = Reach(self.cuts.collection(spec), state.mark,
@@ -227,7 +236,8 @@ class ForEachBatch:
         gap_end = {p: o for p, o in upto.items() if o > start[p]}
         if not gap_end:
             return []
-        lo = {p: start[p] for p in gap_end}
+        floor = source_for(self.config).start_offsets(spec.topic)  # what retention has kept
+        lo = {p: max(start[p], floor.get(p, 0)) for p in gap_end}
         if self.source is not None:
             return list(self.decoder.decode(self.source.read_arrow(spec.topic, lo, gap_end)))
         gap = source_for(self.config).read_range(frame.sparkSession, spec.topic, lo, gap_end)

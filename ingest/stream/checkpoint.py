@@ -22,7 +22,7 @@ import json
 import shutil
 import struct
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -51,7 +51,7 @@ class _Damaged(Exception):
 
 def inspect(directory: Location, *, topic: str | None = None, applied: AppliedFn | None = None,
             audit_path: Location | None = None, table: str | None = None,
-            topics: Mapping[str, tuple[AppliedFn, str]] | None = None) -> Verdict:
+            topics: Mapping[str, tuple[AppliedFn, str]] | None = None, others: Collection[str] = ()) -> Verdict:
     """Check a query's checkpoint (see module docstring).
 
     Args:
@@ -63,6 +63,7 @@ def inspect(directory: Location, *, topic: str | None = None, applied: AppliedFn
         table: table name, for the audit lookup.
         topics: for a query of several tables: ``topic -> (applied, table)``. The checkpoint must
             be for these topics, and no table may be behind what it claims.
+        others: topics the query reads for no table (a transaction topic): allowed, not checked.
 
     Returns:
         The verdict; its ``problem`` says what is wrong, for the warning.
@@ -85,11 +86,13 @@ def inspect(directory: Location, *, topic: str | None = None, applied: AppliedFn
         last_commit = max(commits, default=None)
         if last_commit is not None and not (ids[-1] - 1 <= last_commit <= ids[-1]):
             raise _Damaged(f"commit log ends at batch {last_commit} but the offsets log at {ids[-1]}")
-        parsed = {batch: _read_offsets(files, name, set(topics)) for batch, name in offsets.items()}
+        parsed = {batch: _read_offsets(files, name, set(topics) | set(others)) for batch, name in offsets.items()}
         for batch, name in commits.items():
             _read_commit(files, name, batch)
         if last_commit is not None:
             for name, ends in parsed[last_commit].items():
+                if name not in topics:
+                    continue  # read for no table
                 fn, owner = topics[name]
                 _not_ahead(ends, last_commit, fn, audit_path, owner or None, name)
     except _Damaged as exc:

@@ -217,7 +217,9 @@ class StreamingRun:
             topics[spec.topic] = ((lambda p, state=state, topic=spec.topic: state.applied_offset(topic, p)),
                                   spec.name)
             audit_path = paths.audit
-        verdict = checkpoints.inspect(directory, topics=topics, audit_path=audit_path)
+        group = self.runner.config.source.transactions
+        others = [group.topic] if group is not None else []  # read to wake the query (ForEachBatch.extra_topics)
+        verdict = checkpoints.inspect(directory, topics=topics, audit_path=audit_path, others=others)
         if not verdict.ok:
             log.warning("query %s (tables %s): Spark checkpoint %s cannot be trusted (%s); discarding it and "
                         "resuming from the offsets in the tables' Delta logs", directory.name,

@@ -6,7 +6,8 @@ by a cascading foreign key -- runs through a Debezium connector of its own with
 ``provide.transaction.metadata``, while ``ingest run --continuous`` ingests it and a reader checks
 the cross-table invariants in a loop, twice per read: at the latest cut (``--consistent``) and at
 the tables' latest versions. Meanwhile the run is SIGKILLed and restarted, the broker restarted and
-Kafka Connect restarted. At the end the lake is compared with PostgreSQL, and the cut lag of every
+Kafka Connect restarted (a run that ends on its own meanwhile is started again, as a service manager
+would). At the end the lake is compared with PostgreSQL, and the cut lag of every
 transaction (its commit until the first cut that holds it) is measured.
 
 Prints a table and writes ``result.json`` in the workdir; exits non-zero if a consistent read broke
@@ -34,6 +35,7 @@ import psycopg
 import requests
 import yaml
 
+from harness.stack_proofs.faults import IngestWatch
 from harness.torture.process import IngestProcess, run_once
 from ingest.config import IngestConfig, load_config
 from ingest.cuts import store
@@ -89,6 +91,8 @@ class Result:
     consistent: Reads = field(default_factory=Reads)
     latest: Reads = field(default_factory=Reads)
     faults: list[str] = field(default_factory=list)
+    #: times the continuous run ended on its own during a fault and was started again
+    restarts_on_their_own: int = 0
     cuts: int = 0
     lag_p50: float | None = None
     lag_p95: float | None = None
@@ -234,6 +238,8 @@ def run(workdir: Path, *, writer: str, seconds: float, rate: float, seed: int, s
     result = Result(writer, seconds, rate)
     process = IngestProcess(engine / "config.yaml", workdir / "logs", stack.engine_env())
     process.start()
+    # Like a service manager: a run that ends on its own (a broker away too long) is started again.
+    watch = IngestWatch(process, lambda line: say(line), warmup=30.0).start()
     load = Load(dsn, rate, seed)
     load.start()
     say(f"connector {name}, ingest run --continuous ({writer}) and {rate:.0f} transactions/s for {seconds:.0f} s")
@@ -247,8 +253,9 @@ def run(workdir: Path, *, writer: str, seconds: float, rate: float, seed: int, s
                 t0 = time.monotonic()
                 fault_times.append(datetime.now(UTC))
                 if kind == "ingest-kill":
-                    process.kill()
-                    process.start()
+                    with watch.lock:
+                        process.kill()
+                        process.start()
                 else:
                     stack.restart(kind)
                     connect.restart_failed(name)
@@ -265,6 +272,8 @@ def run(workdir: Path, *, writer: str, seconds: float, rate: float, seed: int, s
     for _ in range(20):  # the continuous run catches up; the reader goes on reading
         read_once(config, result)
         time.sleep(0.5)
+    seen = watch.stop()
+    result.restarts_on_their_own = len(seen.unexpected_exits)
     process.stop(timeout=60)
     code, log = run_once(engine / "config.yaml", workdir / "logs", dict(process.env), timeout=900)
     if code != 0:
@@ -302,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(workdir, writer=args.writer, seconds=args.seconds, rate=args.rate, seed=args.seed)
     lines = [
         f"writer {result.writer}: {result.transactions} transactions at {result.rate:.0f}/s over "
-        f"{result.seconds:.0f} s; faults: {', '.join(result.faults)}",
+        f"{result.seconds:.0f} s; faults: {', '.join(result.faults)}; the run ended on its own and was started "
+        f"again {result.restarts_on_their_own} time(s)",
         f"reads at the latest cut:    {result.consistent.made} made, {result.consistent.broken} broken, "
         f"{result.consistent.no_cut_yet} before the first cut",
         f"reads at latest versions:   {result.latest.made} made, {result.latest.broken} broken"
