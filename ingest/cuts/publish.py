@@ -57,10 +57,12 @@ class Outcome:
     def describe(self) -> str:
         """One line: the latest cut, and what holds a newer one back."""
         cut = self.latest
-        text = (f"cut #{cut.cut} at transaction {cut.txn}"
-                f"{f' (committed {cut.commit_ts:%Y-%m-%d %H:%M:%S} UTC' if cut.commit_ts else ' ('}"
-                f"{f', {self.lag_seconds:.1f} s behind the newest applied' if self.lag_seconds else ''})"
-                if cut is not None else "no cut yet")
+        text = "no cut yet"
+        if cut is not None:
+            about = [f"committed {cut.commit_ts:%Y-%m-%d %H:%M:%S} UTC"] if cut.commit_ts else []
+            if self.lag_seconds:
+                about.append(f"{self.lag_seconds:.1f} s behind the newest applied")
+            text = f"cut #{cut.cut} at transaction {cut.txn}" + (f" ({', '.join(about)})" if about else "")
         if self.published:
             text += f"; {self.published} published by this run"
         if self.error:

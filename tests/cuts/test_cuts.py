@@ -66,14 +66,23 @@ class Applier:
         return {t: load_state(TablePaths.of(self.config, t).table).version for t in self.done}
 
 
-def test_every_cut_holds_whole_transactions_while_the_latest_versions_do_not(tmp_path: Path):
+def given_bank(tmp_path: Path, transfers: int, *, touch: bool = False) -> tuple[IngestConfig, bank.Bank]:
+    """The bank's pipeline on this test's writer, and its snapshot and ``transfers`` in the topics (then a
+    transaction of one table, with ``touch``)."""
     config = bank.config(tmp_path / "bank", writer=current_writer().name)
     source = bank.Bank()
     source.snapshot()
-    for _ in range(12):
+    for _ in range(transfers):
         source.transfer()
-    source.touch()  # a transaction of one table: the other's version stays exact
+    if touch:
+        source.touch()
     source.produce(TopicLog(config.log_dir))
+    return config, source
+
+
+def test_every_cut_holds_whole_transactions_while_the_latest_versions_do_not(tmp_path: Path):
+    # the last transaction touches one table: the other's version stays exact for it
+    config, source = given_bank(tmp_path, 12, touch=True)
     applier, publisher = Applier(config), Publisher(config, "test")
     broken_latest = 0
     # Each table in steps that end inside transactions, or at the same boundary (accounts: 5 snapshot
@@ -103,12 +112,7 @@ def test_every_cut_holds_whole_transactions_while_the_latest_versions_do_not(tmp
 
 
 def test_publishing_again_or_replaying_changes_no_cut(tmp_path: Path):
-    config = bank.config(tmp_path / "bank", writer=current_writer().name)
-    source = bank.Bank()
-    source.snapshot()
-    for _ in range(4):
-        source.transfer()
-    source.produce(TopicLog(config.log_dir))
+    config, source = given_bank(tmp_path, 4)
     applier = Applier(config)
     applier.step("accounts", 99)
     applier.step("ledger", 99)
@@ -165,11 +169,7 @@ def test_a_group_table_must_come_from_the_connector(tmp_path: Path):
 
 
 def test_a_stopped_table_stops_new_cuts_and_says_why(tmp_path: Path):
-    config = bank.config(tmp_path / "bank", writer=current_writer().name)
-    source = bank.Bank()
-    source.snapshot()
-    source.transfer()
-    source.produce(TopicLog(config.log_dir))
+    config, _source = given_bank(tmp_path, 1)
     applier = Applier(config)
     applier.step("accounts", 99)
     applier.step("ledger", 99)
