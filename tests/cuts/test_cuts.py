@@ -1,8 +1,7 @@
 """Cuts across tables through the journey and the lake: a reader at a cut never sees half a transaction.
 
 The bank (tests/cuts/bank.py) moves money between accounts in transactions that touch both of its
-tables. Its tables are applied here in batches that end in the middle of transactions, on both
-writers; after each batch the publisher looks for a newer cut. Every cut must satisfy the bank's
+tables. Its tables are applied here in batches that end in the middle of transactions; after each batch the publisher looks for a newer cut. Every cut must satisfy the bank's
 invariants, and the tables' latest versions must be seen to break them in the same run (so the
 check can fail).
 """
@@ -28,7 +27,10 @@ from ingest.source.topiclog import TopicLog
 from tests.cuts import bank
 from tests.harness import current_writer
 
-pytestmark = pytest.mark.usefixtures("apply_engine")
+# delta-rs only: the mark travels in the commit info both writers build alike (ingest.commit.writer), and
+# tests/cuts/test_run.py runs the whole path on delta-spark too.
+pytestmark = [pytest.mark.usefixtures("apply_engine"),
+              pytest.mark.parametrize("apply_engine", ["delta-rs"], indirect=True)]
 
 
 def read_at(config: IngestConfig, versions: dict[str, int | None]) -> list[str]:
