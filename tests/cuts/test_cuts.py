@@ -1,9 +1,9 @@
 """Cuts across tables through the journey and the lake: a reader at a cut never sees half a transaction.
 
 The bank (tests/cuts/bank.py) moves money between accounts in transactions that touch both of its
-tables. Its tables are applied here in batches that end in the middle of transactions; after each batch the publisher looks for a newer cut. Every cut must satisfy the bank's
-invariants, and the tables' latest versions must be seen to break them in the same run (so the
-check can fail).
+tables. Its tables are applied here in batches that end in the middle of transactions; after each
+batch the publisher looks for a newer cut. Every cut must satisfy the bank's invariants, and the
+tables' latest versions must be seen to break them in the same run (so the check can fail).
 """
 
 from __future__ import annotations
