@@ -32,7 +32,9 @@ def admin_config(spec: KafkaSpec, jaas: str | None) -> dict[str, Any]:
         name = key.removeprefix("kafka.")
         if name in SHARED_KAFKA_OPTIONS:
             conf[name] = value
-    if jaas:
+    # Credentials go only to a SASL connection: on a plaintext one librdkafka warns about every
+    # sasl.* setting (a shell that exports them for another cluster is common).
+    if jaas and str(conf.get("security.protocol", "")).upper().startswith("SASL"):
         fields = {name: re.sub(r"\\(.)", r"\1", value) for name, value in _JAAS_FIELD.findall(jaas)}
         if "username" in fields:
             conf["sasl.username"] = fields["username"]

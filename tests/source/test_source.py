@@ -164,6 +164,9 @@ def test_the_admin_client_gets_the_sasl_credentials_of_the_jaas_config():
         "sasl.username": "cdc"}
     assert conf["sasl.password"] == 'p"w'
     assert "ssl.truststore.location" not in conf  # a Java-only option librdkafka would refuse
+    # a plaintext connection gets no credentials (librdkafka would warn about each)
+    plain = admin_config(KafkaSpec(bootstrap_servers="b:9092"), jaas)
+    assert not {k for k in plain if k.startswith("sasl.")}
 
 
 def test_a_range_read_is_exactly_the_asked_offsets_in_the_stream_shape(spark, log):
