@@ -76,6 +76,7 @@ def race_at(monkeypatch: Any, point: str, other_writer: Callable[[], object]) ->
 KAFKA_SCHEMA = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
     ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32()),
+    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
 ])
 TS = 1_700_000_000_000
 
@@ -87,6 +88,7 @@ class Message:
     partition: int
     offset: int
     timestamp_ms: int = TS
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class Topic:
@@ -97,8 +99,9 @@ class Topic:
         self.messages: list[Message] = []
         self._next: dict[int, int] = defaultdict(int)
 
-    def send(self, key: bytes | None, value: bytes | None, *, partition: int = 0, ts_ms: int = TS) -> Message:
-        message = Message(key, value, partition, self._next[partition], ts_ms)
+    def send(self, key: bytes | None, value: bytes | None, *, partition: int = 0, ts_ms: int = TS,
+             headers: tuple[tuple[str, bytes], ...] = ()) -> Message:
+        message = Message(key, value, partition, self._next[partition], ts_ms, headers)
         self._next[partition] += 1
         self.messages.append(message)
         return message
@@ -112,7 +115,8 @@ def paths_in(tmp_path: Path, name: str = "t") -> TablePaths:
 def kafka_rows(topic: str, messages: list[Message]) -> pa.Table:
     return pa.Table.from_pylist([
         {"key": m.key, "value": m.value, "topic": topic, "partition": m.partition, "offset": m.offset,
-         "timestamp": datetime.fromtimestamp(m.timestamp_ms / 1000, UTC), "timestampType": 0}
+         "timestamp": datetime.fromtimestamp(m.timestamp_ms / 1000, UTC), "timestampType": 0,
+         "headers": [{"key": k, "value": v} for k, v in m.headers]}
         for m in messages], schema=KAFKA_SCHEMA)
 
 

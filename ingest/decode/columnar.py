@@ -263,7 +263,8 @@ class BatchDecoder:
             return out.parts()
 
     def _decode_topic(self, decoder: MessageDecoder, batch: pa.RecordBatch | pa.Table) -> list[pa.RecordBatch]:
-        source = pa.table({name: batch.column(name) for name in ("topic", "partition", "offset", "timestamp")})
+        source = pa.table({name: batch.column(name) for name in ("topic", "partition", "offset", "timestamp",
+                                                                 "headers") if name in batch.schema.names})
         # Only what decoding needs becomes Python objects; the rest is taken from the input by row.
         millis = pc.divide(pc.cast(pc.cast(batch.column("timestamp"), pa.timestamp("us")), pa.int64()), 1000)
         out = PartsBuilder(source)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.columns import arrow_type
 from ingest.decode import MessageDecoder
@@ -58,11 +59,18 @@ FRAME: Final = pa.schema([
     ("_cdc_txn", pa.string()),
     ("_cdc_txn_order", pa.int64()),
     ("_cdc_snapshot", pa.string()),
+    # A primary-key update's keys: the new row's old key (Debezium's ``__debezium.oldkey`` Kafka
+    # header) and the old row's new key (``__debezium.newkey``), JSON text taken from the input's
+    # headers by row (docs/architecture.md#primary-key-moves).
+    ("_cdc_old_key", pa.string()),
+    ("_cdc_new_key", pa.string()),
 ])
 _FRAME_NAMES: Final = tuple(FRAME.names)
 #: Framework columns taken from the input batch by row number.
 _FROM_INPUT: Final = {"_cdc_topic": "topic", "_cdc_partition": "partition", "_cdc_offset": "offset",
                       "_cdc_timestamp": "timestamp"}
+#: Framework columns taken from the input's Kafka headers: Debezium's on a primary-key update's records.
+_FROM_HEADERS: Final = {"_cdc_old_key": "__debezium.oldkey", "_cdc_new_key": "__debezium.newkey"}
 ROW_OPS: Final = frozenset({"c", "u", "r", "d"})
 Message = tuple[KafkaCoordinates, int, Any, Any]  # coordinates, row in the input batch, key, value
 
@@ -123,6 +131,8 @@ def assemble(kind: str, columns: tuple[ColumnSpec, ...], rows: list[int], given:
     for name in _FRAME_NAMES:
         if name in given:
             arrays.append(given[name])
+        elif name in _FROM_HEADERS and "headers" in taken.column_names:
+            arrays.append(header_values(taken.column("headers").combine_chunks(), _FROM_HEADERS[name]))
         elif name in _FROM_INPUT:
             arrays.append(taken.column(_FROM_INPUT[name]).combine_chunks().cast(FRAME.field(name).type))
         else:
@@ -131,6 +141,25 @@ def assemble(kind: str, columns: tuple[ColumnSpec, ...], rows: list[int], given:
     # like a framework column (the driver refuses that, naming it); their names are in the metadata.
     fields = [*FRAME, *(pa.field(user_field(i), a.type) for i, a in enumerate(user))]
     return pa.RecordBatch.from_arrays(arrays + user, schema=pa.schema(fields, metadata=_metadata(kind, columns)))
+
+
+def header_values(headers: pa.Array, name: str) -> pa.Array:
+    """Each record's value of Kafka header ``name`` as text (null where it has none; the last one wins)."""
+    n = len(headers)
+    out = pa.nulls(n, pa.string())
+    if n == 0 or headers.null_count == n:
+        return out
+    flat = pc.list_flatten(headers)
+    if len(flat) == 0:
+        return out
+    rows = pc.list_parent_indices(headers)
+    hit = pc.fill_null(pc.equal(flat.field("key"), name), False)
+    if not pc.any(hit).as_py():
+        return out
+    values = dict(zip(pc.filter(rows, hit).to_pylist(),
+                      pc.filter(flat.field("value"), hit).to_pylist(), strict=True))
+    return pa.array([None if (v := values.get(i)) is None else v.decode("utf-8", "replace") for i in range(n)],
+                    pa.string())
 
 
 def _typed(col: ColumnSpec, values: list[Any]) -> pa.Array:
@@ -150,7 +179,7 @@ class _Rows:
     values: dict[str, list[Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.frame = {n: [] for n in _FRAME_NAMES if n not in _FROM_INPUT}
+        self.frame = {n: [] for n in _FRAME_NAMES if n not in _FROM_INPUT and n not in _FROM_HEADERS}
         self.values = {c.name: [] for c in self.columns}
 
     def add(self, kind: str, row: int, *, op: str | None = None, position: str | None = None,

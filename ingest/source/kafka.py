@@ -30,8 +30,9 @@ class KafkaSource(KafkaAdmin):
     """A Kafka cluster as a source: its admin API, and its topics read as a stream or by range."""
 
     def _options(self, reader: Any) -> Any:
+        # includeHeaders: a primary-key update's new row names its old key in a header.
         reader = (reader.format("kafka").option("kafka.bootstrap.servers", self.spec.bootstrap_servers)
-                  .option("failOnDataLoss", "true"))
+                  .option("failOnDataLoss", "true").option("includeHeaders", "true"))
         for key, value in {**SPARK_DEFAULTS, **self.spec.options}.items():
             reader = reader.option(key, value)
         jaas = self._jaas()
