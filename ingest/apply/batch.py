@@ -254,12 +254,15 @@ class BatchFacts:
             first seen.
         rows: its changes that are not truncates.
         mark: how far into the source's transactions its changes reach (:class:`~ingest.model.SourceMark`).
+        moved: its changes that name an old key: the new rows of primary-key updates
+            (:mod:`~ingest.rules.moved`).
     """
 
     flattened: bool | None
     declared: list[str]
     rows: int
     mark: SourceMark = field(default_factory=SourceMark)
+    moved: int = 0
 
 
 def facts_of(changes: pa.Table) -> BatchFacts:
@@ -269,7 +272,8 @@ def facts_of(changes: pa.Table) -> BatchFacts:
     if rows.num_rows == 0:
         return BatchFacts(None, [], 0, mark)
     declared = [k for k in pc.unique(rows["_cdc_key_columns"]).to_pylist() if k]
-    return BatchFacts(bool(pc.any(rows["_cdc_flattened"]).as_py()), declared, rows.num_rows, mark)
+    return BatchFacts(bool(pc.any(rows["_cdc_flattened"]).as_py()), declared, rows.num_rows, mark,
+                      int(pc.sum(pc.or_(pc.is_valid(rows["_cdc_old_key"]), pc.is_valid(rows["_cdc_new_key"]))).as_py()))
 
 
 def source_mark_of(changes: pa.Table) -> SourceMark:

@@ -7,7 +7,8 @@ Every table, every configuration, takes these steps in this order (docs/architec
    Kafka tombstones that are not the table's deletes; a flattened stream's tombstones become the
    deletes of their keys (:mod:`~ingest.rules.kafka_tombstones`); the schema change is
    planned (an incompatible one stops the table here, before anything is written);
-3. reduce to the latest change per key (:mod:`~ingest.rules.reduce`);
+3. fill the unchanged values of rows whose primary key moved from the old key's row
+   (:mod:`~ingest.rules.moved`), then reduce to the latest change per key (:mod:`~ingest.rules.reduce`);
 4. validate those after-images with the table's expectations suite (:mod:`ingest.quality`); a
    ``fail`` raises here, so the table's offsets do not move;
 5. quarantine first: if we crash after it, the replay finds the rows already there;
@@ -40,6 +41,7 @@ import pyarrow.compute as pc
 
 from ingest import crashpoints
 from ingest.apply.batch import BatchResult, Held, MicroBatch, RawFetch, foreign_key_reasons, unify_parts
+from ingest.apply.moves import fill_moves
 from ingest.apply.placement import CurrentPlan, Placement, VersionsPlan, Withdrawn
 from ingest.apply.placement.driver import DriverPlacement
 from ingest.apply.stored import stored_rows
@@ -136,6 +138,9 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
         keeps_history = spec.history_mode == "scd2"
         if key_columns and spec.ignore_null_updates:
             changes = placement.nulls_as_unchanged(changes, key_columns, schema.columns)
+        if key_columns and facts.moved:  # primary-key moves: unchanged values from the old key's row
+            changes, _filled = fill_moves(spec, placement, changes, key_columns, schema.columns, state, writer,
+                                          paths.table, paths.moves)
         reduced = placement.reduce(changes, key_columns, schema.columns, soft=spec.delete_mode == "soft") \
             if not keeps_history or spec.expectations else None
         report, withdrawn = QualityReport(), None

@@ -27,6 +27,12 @@ class TablePaths:
         for name in ("table", "tombstones", "audit", "quarantine"):
             setattr(self, name, LakePath.of(getattr(self, name)))
 
+    @property
+    def moves(self) -> LakePath:
+        """The rows that hard deletes of primary-key moves removed (:mod:`ingest.apply.moves`):
+        beside the remembered deletes, in ``_cdc_moves``."""
+        return self.tombstones.parent.parent / "_cdc_moves" / self.tombstones.name
+
     @classmethod
     def of(cls, config: IngestConfig, name: str) -> TablePaths:
         root = config.tables_root

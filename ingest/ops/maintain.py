@@ -63,6 +63,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 
 from ingest import secrets
+from ingest.apply.moves import purge_moves
 from ingest.commit.remembered import purge as purge_tombstones
 from ingest.commit.remembered import purgeable
 from ingest.commit.state import latest_cdc_commit, load_state
@@ -332,8 +333,11 @@ def maintain_cdc_table(config: IngestConfig, spec: TableSpec, options: Maintenan
         guard()
         report.tombstones_purged = purge_tombstones(paths.tombstones, now - spec.tombstone_retention)
         stones = maintain(paths.tombstones, options, key_columns=state.key_columns, now=now, guard=guard)
+        moves = purge_moves(paths.moves, now - spec.tombstone_retention)
     finally:
         locks.release_all(held)
+    if moves:
+        report.notes.append(f"moves: {moves} rows of primary-key moves older than the tombstone retention forgotten")
     if stones.exists:
         report.notes.append(f"tombstones: {stones.files_removed} files compacted, {stones.vacuumed_files} vacuumed")
     return report

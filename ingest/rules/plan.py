@@ -139,8 +139,10 @@ def _plan_sql(key_columns: tuple[str, ...], toast: list[str], old_truncate: str 
     replace = [f"CASE WHEN {r} THEN NULL ELSE w.{ident(name)} END AS {ident(name)}"
                for r, name in zip(reverts, toast, strict=True)]
     back = ", ".join(f"CASE WHEN {r} THEN {literal(name)} END" for r, name in zip(reverts, toast, strict=True))
-    flags = "".join(f"\n               coalesce(list_contains(_cdc_toast, {literal(name)}), FALSE) AS _cdc_flag_{n},"
-                    for n, name in enumerate(toast))
+    # A winner reborn in the batch (its key deleted before it) keeps nothing the table stores.
+    reborn = "coalesce(_cdc_reborn, FALSE)" if toast else "FALSE"
+    flags = "".join(f"\n               coalesce(list_contains(_cdc_toast, {literal(name)}), FALSE) AND NOT {reborn} "
+                    f"AS _cdc_flag_{n}," for n, name in enumerate(toast))
     toast_list = (f"list_filter(list_concat(coalesce(w._cdc_toast, []), [{back}]), lambda x: x IS NOT NULL)"
                   if toast else "coalesce(w._cdc_toast, [])")
     replace.append(f"CASE WHEN len({toast_list}) > 0 THEN {toast_list} END AS _cdc_toast")
@@ -161,7 +163,7 @@ def _plan_sql(key_columns: tuple[str, ...], toast: list[str], old_truncate: str 
         SELECT * EXCLUDE (s_pos, s_deleted, s_unknown, _cdc_present),
                s_pos IS NOT NULL AS _cdc_stored,{flags}
                CASE WHEN _cdc_op = 'd' OR _cdc_toast IS NULL THEN NULL
-                    WHEN s_pos IS NULL OR s_deleted THEN _cdc_toast
+                    WHEN s_pos IS NULL OR s_deleted OR {reborn} THEN _cdc_toast
                     WHEN len(list_filter(_cdc_toast, lambda x: list_contains(coalesce(s_unknown, []), x))) > 0
                     THEN list_filter(_cdc_toast, lambda x: list_contains(coalesce(s_unknown, []), x))
                END AS {UNKNOWN_COLUMNS}

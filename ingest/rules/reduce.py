@@ -116,7 +116,8 @@ def reduce_changes(changes: pa.Table, key_columns: tuple[str, ...], columns: lis
 
 
 def nulls_as_unchanged(changes: pa.Table, key_columns: tuple[str, ...], columns: list[ColumnSpec]) -> pa.Table:
-    """``ignore_null_updates``: every null non-key column of an update is listed in ``_cdc_toast``.
+    """``ignore_null_updates``: every null non-key column of an update (or of a primary-key update's
+    new row) is listed in ``_cdc_toast``.
 
     The column then goes the way of an unchanged-TOAST placeholder: filled from the key's earlier
     image in the batch or from the stored row, and listed in ``_cdc_unknown_columns`` when neither
@@ -125,7 +126,10 @@ def nulls_as_unchanged(changes: pa.Table, key_columns: tuple[str, ...], columns:
     names = [c.name for c in columns if c.name not in key_columns and c.name in changes.column_names]
     if not names or not changes.num_rows:
         return changes
-    nulls = ", ".join(f"CASE WHEN _cdc_op = 'u' AND {ident(n)} IS NULL THEN {literal(n)} END" for n in names)
+    # The new row of a primary-key update (it names its old key) is an update of the old row.
+    update = "(_cdc_op = 'u' OR (_cdc_op = 'c' AND _cdc_old_key IS NOT NULL))" \
+        if "_cdc_old_key" in changes.column_names else "_cdc_op = 'u'"
+    nulls = ", ".join(f"CASE WHEN {update} AND {ident(n)} IS NULL THEN {literal(n)} END" for n in names)
     con = connect(c=changes)
     try:
         out = query(con, f"""
@@ -197,9 +201,12 @@ def _winners_sql(key_columns: tuple[str, ...], columns: list[ColumnSpec], toast:
             known = f"NOT list_contains(coalesce(_cdc_toast, []), {literal(c.name)})"
             extra.append(f"max_by({col}, _cdc_ord) FILTER (WHERE _cdc_op <> 'd' AND {known}) OVER {window} "
                          f"AS _cdc_dv_{n}")
+    index = {c.name: n for n, c in enumerate(columns)}
     for n, name in enumerate(toast):
         col, placeholder = ident(name), f"list_contains(coalesce(_cdc_toast, []), {literal(name)})"
-        replace.append(f"CASE WHEN _cdc_op <> 'd' AND {placeholder} AND _cdc_fill_{n} IS NOT NULL "
+        # a soft delete keeps a TOAST column's value too
+        deleted = f"WHEN _cdc_op = 'd' THEN coalesce({col}, _cdc_dv_{index[name]}) " if fill_deletes else ""
+        replace.append(f"CASE {deleted}WHEN _cdc_op <> 'd' AND {placeholder} AND _cdc_fill_{n} IS NOT NULL "
                        f"THEN _cdc_fv_{n} ELSE {col} END AS {col}")
     if fill_deletes:
         for n, c in enumerate(columns):
@@ -213,6 +220,8 @@ def _winners_sql(key_columns: tuple[str, ...], columns: list[ColumnSpec], toast:
     replace.append(f"CASE WHEN len({toast_left}) > 0 THEN {toast_left} END AS _cdc_toast")
     fills = [f"CASE WHEN _cdc_op <> 'd' AND list_contains(coalesce(_cdc_toast, []), {literal(name)}) "
              f"THEN _cdc_fill_{n} END AS _cdc_fill_{n}" for n, name in enumerate(toast)]
+    if toast:  # a placeholder after a delete of the key cannot keep what the table stores (another life)
+        fills.append("_cdc_life > 0 AS _cdc_reborn")
     internal = [f"_cdc_fv_{n}" for n in range(len(toast))] + [f"_cdc_fill_{n}" for n in range(len(toast))]
     internal += [f"_cdc_dv_{n}" for n, c in enumerate(columns) if fill_deletes and c.name not in key_columns]
     return f"""

@@ -40,6 +40,9 @@ from ingest.quality import QualityGate, load_suite
 from ingest.records import quarantine
 from ingest.records.audit import AuditRecord
 from ingest.spark.session import arrow_frame
+from tests.apply.test_moves import SPECS as MOVE_SPECS
+from tests.apply.test_moves import story as moves_story
+from tests.apply.test_moves import table_rows as moved_rows
 from tests.apply.test_spark_reduce import random_parts
 from tests.harness import Topic, flat, kafka_rows, key, paths_in
 from tests.quality.helpers import write_suite
@@ -256,3 +259,20 @@ def test_history_is_derived_on_the_executors_as_on_the_driver(tmp_path: Any, spa
     rows = _versions(on_driver.table)
     assert len(rows) > len({r["id"] for r in rows})  # keys with past versions
     assert any(r["_cdc_end_op"] == "t" for r in rows) and truncates[2] == 0  # a truncate ended versions
+
+
+@pytest.mark.parametrize("mode", ["hard", "scd2"])
+def test_the_executors_fill_primary_key_moves_as_the_driver_does(tmp_path: Any, spark: Any, mode: str) -> None:
+    """tests/apply/test_moves.py's story on the executors, cut where the old key's delete and the
+    new key's create fall in different batches."""
+    spec, (topic, expected) = MOVE_SPECS[mode], moves_story()
+    paths = paths_in(tmp_path)
+    writer, opened = DeltaSparkWriter(spark), OpenTables(paths, "t")
+    decoder = BatchDecoder(DecoderSpec("json", key_columns=("id",), keep_before=False))
+    for batch_id, (start, end) in enumerate([(0, 6), (6, len(topic.messages))]):
+        parts = decoder.decode(kafka_rows("t", topic.messages[start:end]))
+        frame = arrow_frame(spark, pa.Table.from_batches([write_parts(parts)]))
+        on_the_executors(spec, paths, frame, opened, writer, batch_id=batch_id)
+    rows = moved_rows(paths, spec)
+    assert {k: (r["v"], r["note"]) for k, r in rows.items()} == expected
+    assert not any(r["_cdc_unknown_columns"] for r in rows.values())

@@ -127,6 +127,14 @@ class Placement(Protocol[R]):
         """``changes`` and ``rows`` (in the changes' layout) together."""
         ...
 
+    def moved(self, changes: R) -> pa.Table:
+        """A move's changes (:func:`ingest.rules.moved.moved_mask`), collected."""
+        ...
+
+    def replaced(self, changes: R, rows: pa.Table) -> R:
+        """``changes`` with the changes at ``rows``' Kafka coordinates replaced by ``rows`` (in the changes' layout)."""
+        ...
+
     def with_key_columns(self, changes: R, key_columns: tuple[str, ...], types: dict[str, pa.DataType]) -> R:
         """The changes with every key column present (a batch of tombstones only has none), null where added."""
         ...

@@ -29,6 +29,7 @@ from ingest.lake.location import LakePath
 from ingest.lake.lookup import KeyLookup, rows_of_keys
 from ingest.model import ColumnSpec
 from ingest.rules.history import plan_history
+from ingest.rules.moved import COORDINATES, moved_mask
 from ingest.rules.plan import PlanCounts, merge_source, plan_merge
 from ingest.rules.reduce import Reduction, TruncateMark, nulls_as_unchanged, reduce_changes
 from ingest.rules.sql import connect, ident, query
@@ -89,6 +90,16 @@ class DriverPlacement:
 
     def with_rows(self, changes: pa.Table, rows: pa.Table) -> pa.Table:
         return pa.concat_tables([changes, rows.cast(changes.schema)]) if rows.num_rows else changes
+
+    def moved(self, changes: pa.Table) -> pa.Table:
+        return changes.filter(moved_mask(changes))
+
+    def replaced(self, changes: pa.Table, rows: pa.Table) -> pa.Table:
+        if not rows.num_rows:
+            return changes
+        theirs = set(zip(*(rows[c].to_pylist() for c in COORDINATES), strict=True))
+        keep = pa.array([c not in theirs for c in zip(*(changes[c].to_pylist() for c in COORDINATES), strict=True)])
+        return pa.concat_tables([changes.filter(keep), rows.cast(changes.schema)])
 
     def with_key_columns(self, changes: pa.Table, key_columns: tuple[str, ...],
                          types: dict[str, pa.DataType]) -> pa.Table:

@@ -36,6 +36,7 @@ from ingest.commit.state import TableState
 from ingest.commit.writer import SparkRows
 from ingest.config import TableSpec
 from ingest.model import SNAPSHOT_CLOSERS, ColumnSpec, SourceMark
+from ingest.rules.moved import COORDINATES
 from ingest.rules.reduce import Reduction, nulls_as_unchanged
 from ingest.rules.withdraw import withdraw
 from ingest.spark.session import arrow_frame, spark_type
@@ -84,13 +85,16 @@ class ExecutorsPlacement:
             F.count(F.when(F.col("_cdc_snapshot").isin(*sorted(SNAPSHOT_CLOSERS)), True)).alias("closers"),
             F.count(F.when(reads & F.coalesce(F.col("_cdc_snapshot") != F.lit("incremental"), F.lit(True)),
                            True)).alias("reads"),
-            F.count(F.when(~reads & ~tracked, True)).alias("untracked")).first()
+            F.count(F.when(~reads & ~tracked, True)).alias("untracked"),
+            F.count(F.when(changed & (F.col("_cdc_old_key").isNotNull() | F.col("_cdc_new_key").isNotNull()),
+                           True)).alias("moved")).first()
         assert found is not None
         last = found["last"]
         snapshot = "closed" if last is not None or found["closers"] else "open" if found["reads"] else "none"
         txn, order, position = last if last is not None else (None, None, None)
         mark = SourceMark(txn, order, position, snapshot, int(found["untracked"]))  # type: ignore[arg-type]
-        return BatchFacts(found["flattened"], sorted(k for k in found["keys"] if k), int(found["rows"]), mark)
+        return BatchFacts(found["flattened"], sorted(k for k in found["keys"] if k), int(found["rows"]), mark,
+                          int(found["moved"]))
 
     def take_foreign_keys(self, changes: DataFrame, key_columns: tuple[str, ...]) -> tuple[DataFrame, pa.Table]:
         # as on the driver, a change that declares no key is not foreign
@@ -117,6 +121,18 @@ class ExecutorsPlacement:
         extra = arrow_frame(changes.sparkSession, rows).select(
             *(F.col(ident(f.name)).cast(f.dataType).alias(f.name) for f in changes.schema.fields))
         return changes.unionByName(extra)
+
+    def moved(self, changes: DataFrame) -> pa.Table:
+        created = (~F.col("_cdc_op").isin("d", "t") & F.col("_cdc_old_key").isNotNull()
+                   & (F.coalesce(F.size(F.col("_cdc_toast")), F.lit(0)) > 0))
+        found = changes.where(created | ((F.col("_cdc_op") == F.lit("d")) & F.col("_cdc_new_key").isNotNull()))
+        return normalize(found.select(*(F.col(ident(c)) for c in changes.columns)).toArrow())
+
+    def replaced(self, changes: DataFrame, rows: pa.Table) -> DataFrame:
+        if not rows.num_rows:
+            return changes
+        at = arrow_frame(changes.sparkSession, rows.select(list(COORDINATES)))
+        return self.with_rows(changes.join(F.broadcast(at), list(COORDINATES), "left_anti"), rows)
 
     def with_key_columns(self, changes: DataFrame, key_columns: tuple[str, ...],
                          types: dict[str, pa.DataType]) -> DataFrame:
