@@ -291,8 +291,9 @@ class _Workload:
         self.ddl("ALTER TABLE {s}.orders ALTER COLUMN total TYPE numeric(14,2)")
         self.widened = True
         self.transactions("orders after the widening", n(60), lambda _i: self.new_order(huge=True))
-        movable = sorted(self.small_notes)[: n(5)]
-        self.transactions("primary-key updates", len(movable), lambda i: self._move_customer(movable[i]))
+        toasted = [c for c in sorted(self.customers) if c not in self.small_notes]
+        movable = sorted(self.small_notes)[: n(3)] + toasted[: n(5)]
+        self.transactions("primary-key updates", len(movable), lambda i: self._move_customer(movable[i], i))
         with self.conn.transaction():
             self.execute(sql.SQL("TRUNCATE {}").format(self.table("order_items")))
         self.report.transactions += 1
@@ -343,15 +344,26 @@ class _Workload:
         self.advance_status()
         self.touch_customer()
 
-    def _move_customer(self, cid: int) -> None:
+    def _move_customer(self, cid: int, i: int) -> None:
         """A primary-key update; ``ON UPDATE CASCADE`` rewrites the customer's orders.
 
-        Only customers whose ``notes`` are not TOASTed move: Debezium sends the new key's row with
-        the unchanged-TOAST placeholder (the old tuple carries only the key under REPLICA IDENTITY
-        DEFAULT), so no consumer can know a TOASTed value of a moved row (docs/types.md).
+        Most moved customers have TOASTed ``notes``, which the update leaves unchanged: Debezium
+        sends the new key's row with the unchanged-TOAST placeholder, and the engine takes the value
+        from the old key's row (docs/architecture.md#primary-key-moves). Every other move also
+        changes ``credit_limit``, every third is followed in the same transaction by an update that
+        leaves ``notes`` unchanged again, and every fourth moves the customer a second time.
         """
-        self.update("customers", {"id": cid}, {"id": cid + PK_SHIFT})
-        self.customers[self.customers.index(cid)] = cid + PK_SHIFT
+        changes: dict[str, Any] = {"id": cid + PK_SHIFT}
+        if i % 2:
+            changes["credit_limit"] = v.money(self.rng, negative=0.05)
+        self.update("customers", {"id": cid}, changes)
+        moved = cid + PK_SHIFT
+        if i % 3 == 0:
+            self.update("customers", {"id": moved}, {"tags": v.tag_list(self.rng)})
+        if i % 4 == 0:
+            self.update("customers", {"id": moved}, {"id": moved + PK_SHIFT})
+            moved += PK_SHIFT
+        self.customers[self.customers.index(cid)] = moved
         self.small_notes.discard(cid)
 
     def _refill(self, oid: int) -> None:
