@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import sys
 import time
+from enum import StrEnum
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
+from ingest import logs
 from ingest.cli import plugins
 from ingest.cli.common import (
     DEFAULT_CONFIG,
@@ -40,7 +41,6 @@ from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, cuts, history, query
 from ingest.cli.setup import check, init, jars
 from ingest.cli.verify import verify_source
-from ingest.secrets import install_log_redaction
 
 #: The ``ingest --help`` panels: operating the pipeline, reading its tables, its quality stage.
 OPERATE, READ, QUALITY = "Operate the pipeline", "Read the tables", "Quality and quarantine"
@@ -76,6 +76,18 @@ _debug = False
 DISTRIBUTION = "cdc-lakehouse-ingest"
 
 
+class LogFormatChoice(StrEnum):
+    text = "text"
+    json = "json"
+
+
+class LogLevelChoice(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
 def _version(shown: bool) -> None:
     if shown:
         try:
@@ -91,10 +103,20 @@ def options(
     debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error, not only its line")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="print the version and exit")] = False,
+    log_format: Annotated[LogFormatChoice, typer.Option(
+        "--log-format", envvar="CDC_INGEST_LOG_FORMAT",
+        help="log lines on stderr as text, or one JSON object per line (time, level, logger, message; "
+             "event, table, batch and figures for the engine's events)")] = LogFormatChoice.text,
+    log_level: Annotated[LogLevelChoice, typer.Option(
+        "--log-level", envvar="CDC_INGEST_LOG_LEVEL",
+        help="the least severe log lines shown (info: one line per table batch and per run)")] = LogLevelChoice.warning,
 ) -> None:
     """Options of every command."""
     global _debug
     _debug = debug
+    if log_format is LogFormatChoice.json:
+        logs.json_stderr()
+    logs.configure(log_format.value, log_level.value)
 
 
 @app.command(rich_help_panel=OPERATE)
@@ -262,8 +284,7 @@ plugins.register_commands(app)
 
 def main() -> None:
     """The ``ingest`` command: every error ends in one line and a documented exit code (:mod:`ingest.cli.outcome`)."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    install_log_redaction()  # no credential reaches a log line, whoever logs it
+    logs.configure()  # redacted text at warning until the options say otherwise: no credential reaches a log line
     app()
 
 

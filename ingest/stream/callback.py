@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from ingest import secrets
+from ingest import logs, secrets
 from ingest.apply.batch import BatchResult
 from ingest.apply.journey import apply_batch, placement_for
 from ingest.commit.state import OpenTables, load_state
@@ -400,6 +400,13 @@ class ForEachBatch:
         run.already_applied += result.already_applied
         if result.record is not None:
             run.batches.append(result.record)
+            r = result.record
+            logs.event(log, "batch", f"table {spec.name}: batch {batch_id} {r.status}, {r.received} received, "
+                       f"{r.inserted} inserted, {r.updated} updated, {r.deleted} deleted", table=spec.name,
+                       batch=batch_id, status=r.status, received=r.received, inserted=r.inserted, updated=r.updated,
+                       deleted=r.deleted, stale=r.stale, superseded=r.superseded, quarantined=r.quarantined,
+                       skipped=r.skipped, toast_unknown=r.toast_unknown, delta_version=r.delta_version,
+                       total_ms=r.total_ms, apply_ms=r.apply_ms)
         if self.progress is not None:
             self.progress(spec.name, result.record, result)
         return result.record
@@ -434,10 +441,12 @@ class ForEachBatch:
             self._stops[spec.name] += 1
             wait = min(RETRY_MAX_SECONDS, self.config.source.retry_stopped_seconds * 2 ** (self._stops[spec.name] - 1))
             self.retry_at[spec.name] = time.monotonic() + wait
-            log.error("table %s stopped: %s; trying again in %.0f s", spec.name, secrets.describe(exc), wait)
+            logs.event(log, "table-stopped", f"table {spec.name} stopped: {secrets.describe(exc)}; trying again in "
+                       f"{wait:.0f} s", table=spec.name, level=logging.ERROR, retry_seconds=wait)
         else:
             self.retry_at.pop(spec.name, None)
-            log.error("table %s stopped: %s", spec.name, secrets.describe(exc))
+            logs.event(log, "table-stopped", f"table {spec.name} stopped: {secrets.describe(exc)}", table=spec.name,
+                       level=logging.ERROR)
 
 
 

@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from ingest import secrets
+from ingest import logs, secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.cuts.publish import Publisher
@@ -114,21 +114,32 @@ class Runner:
         # One writer per table: a second run on any of these tables fails here, before Spark starts.
         held = locks.acquire_all(self.config.tables_root, [s.name for s in specs],
                                  lease_seconds=self.config.target.storage.lease_seconds)
+        logs.event(log, "run-started", f"run ({mode}) of tables {', '.join(s.name for s in specs)}", mode=mode,
+                   tables=[s.name for s in specs])
         try:
+            report = None
             if mode == "available_now" and not (reset_checkpoints or from_beginning or self._full_start):
                 started = time.perf_counter()
                 if not any(pending(self.config, specs).values()):
-                    return self._caught_up(specs, started)
-            # Spark, Great Expectations and the journey load only when some table has work.
-            from ingest.stream.queries import StreamingRun
+                    report = self._caught_up(specs, started)
+            if report is None:
+                # Spark, Great Expectations and the journey load only when some table has work.
+                from ingest.stream.queries import StreamingRun
 
-            streaming = StreamingRun(self)
-            gates = streaming.quality_gates_beside_spark(specs)
-            return streaming.run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
-                                 from_beginning=from_beginning, progress=progress, stop_after=stop_after,
-                                 discover=discovering)
+                streaming = StreamingRun(self)
+                gates = streaming.quality_gates_beside_spark(specs)
+                report = streaming.run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
+                                       from_beginning=from_beginning, progress=progress, stop_after=stop_after,
+                                       discover=discovering)
         finally:
             locks.release_all(held)
+        received = sum(t.total("received") for t in report.tables.values())
+        logs.event(log, "run-finished", f"run {report.run_id} finished in {report.seconds:.1f} s: {received} records "
+                   f"received, {len(report.failed)} table(s) failed", level=logging.WARNING if report.failed
+                   else logging.INFO, run=report.run_id, seconds=round(report.seconds, 3), received=received,
+                   batches=sum(len(t.batches) for t in report.tables.values()), caught_up=report.caught_up,
+                   failed=sorted(report.failed))
+        return report
 
     def _caught_up(self, specs: list[TableSpec], started: float) -> RunReport:
         """The report of a run whose tables hold every record of their topics: nothing started, nothing

@@ -64,6 +64,10 @@ def _parse(words: list[str]) -> None:
     while hasattr(command, "list_commands"):  # a group: the next word names its command
         if args == ["--help"] or (args == ["--version"] and name == "ingest"):
             return
+        while args and args[0].startswith("-"):  # the group's own options (ingest --log-format json run)
+            option = next((p for p in command.params if args[0] in p.opts), None)
+            assert option is not None, f"{name} has no option {args[0]!r}"
+            args = args[1 if option.is_flag else 2:]
         assert args and not args[0].startswith("-"), f"no subcommand of {name} in {words}"
         sub = command.get_command(command.context_class(command), args[0])
         assert sub is not None, f"{name} has no command {args[0]!r}"

@@ -1,0 +1,115 @@
+"""The engine's log lines: plain text for a terminal, or one JSON object per line for a log pipeline.
+
+``ingest --log-format json`` (or ``CDC_INGEST_LOG_FORMAT=json``) writes each record as one JSON
+object with ``time``, ``level``, ``logger`` and ``message``, and, for the engine's events, ``event``
+with its ``table``, ``batch`` and ``figures`` (:func:`event`). ``--log-level`` sets how much. Every
+line, in either format, is redacted as a whole after it is rendered (:func:`ingest.secrets.redact`),
+so no credential the process knows reaches a log, whichever field carried it.
+
+What others write to the process's stderr -- Spark's JVM prints a few lines of its own at start,
+a library may print a warning -- is wrapped as well in JSON mode (:func:`json_stderr`): every line
+of stderr is then one JSON object.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import sys
+import threading
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+from pythonjsonlogger.json import JsonFormatter
+
+from ingest import secrets
+
+LogFormat = Literal["text", "json"]
+LEVELS: Final = ("debug", "info", "warning", "error")
+TEXT: Final = "%(levelname)s %(name)s: %(message)s"
+
+
+class _RedactedText(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return secrets.redact(super().format(record))
+
+
+class _RedactedJson(JsonFormatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return secrets.redact(super().format(record))
+
+
+def configure(fmt: LogFormat = "text", level: str = "warning") -> None:
+    """Send the root logger's records to stderr in ``fmt`` at ``level`` and above (replacing its handlers)."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_RedactedJson(
+            "%(asctime)s %(levelname)s %(name)s %(message)s", timestamp=False,
+            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+            datefmt="%Y-%m-%dT%H:%M:%S%z"))
+    else:
+        handler.setFormatter(_RedactedText(TEXT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    # py4j logs every call between the JVM and Python at info: shown only when debugging
+    logging.getLogger("py4j").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+    secrets.install_log_redaction(root)
+
+
+def event(log: logging.Logger, name: str, message: str, *, table: str | None = None, batch: int | None = None,
+          level: int = logging.INFO, **figures: Any) -> None:
+    """Log one of the engine's events: ``message`` for a reader, ``event``/``table``/``batch``/``figures``
+    for a log pipeline (fields of the JSON line; the text format shows only the message)."""
+    extra: dict[str, Any] = {"event": name}
+    if table is not None:
+        extra["table"] = table
+    if batch is not None:
+        extra["batch"] = batch
+    if figures:
+        extra["figures"] = figures
+    log.log(level, message, extra=extra)
+
+
+_WRAPPED: list[threading.Thread] = []
+
+
+def json_stderr() -> None:
+    """Make every line written to file descriptor 2 -- by this process or a child it starts later,
+    such as Spark's JVM -- one JSON object: lines that are one already pass, others become
+    ``{"time", "level", "logger": "stderr", "message"}`` (redacted). For ``--log-format json``."""
+    if _WRAPPED:
+        return
+    sys.stderr.flush()
+    original = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8")
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+
+    def pump() -> None:
+        with os.fdopen(read, "r", encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                text = line.rstrip("\n")
+                if not text.strip():
+                    continue
+                if not (text.startswith("{") and text.endswith("}")):
+                    level = "WARNING" if "WARN" in text[:40] else "ERROR" if "ERROR" in text[:40] else "INFO"
+                    text = json.dumps({"time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S%z"), "level": level,
+                                       "logger": "stderr", "message": secrets.redact(text)})
+                original.write(text + "\n")
+
+    pumping = threading.Thread(target=pump, name="json-stderr", daemon=True)
+    pumping.start()
+    _WRAPPED.append(pumping)
+
+    def drain() -> None:  # the lines written last reach the real stderr before the process ends
+        sys.stderr.flush()
+        pumping.join(timeout=0.5)
+        original.flush()
+
+    atexit.register(drain)

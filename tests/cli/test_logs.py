@@ -1,0 +1,89 @@
+"""``--log-format json`` and ``--log-level`` (issue 46, point 2).
+
+A real ``ingest run`` in a subprocess: every stderr line is one JSON object, each table batch is an
+event whose figures are the audit's, and a credential the process knows never appears in a line,
+whichever field would carry it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ingest import logs, secrets
+from ingest.config import load_config
+from ingest.records import audit
+from tests.dagster.conftest import produce
+
+TOPIC = "app.public.notes"
+
+
+def _config(tmp_path: Path) -> Path:
+    raw = {"workdir": str(tmp_path / "work"), "source": {"value_format": "json", "max_records_per_batch": 7},
+           "tables": [{"name": "notes", "topic": TOPIC}, {"name": "tags", "topic": "app.public.tags"}]}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _ingest(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ingest.cli", *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+@pytest.mark.spark
+def test_a_run_logs_one_json_object_per_line_with_each_batch_and_its_figures(tmp_path: Path) -> None:
+    path = _config(tmp_path)
+    config = load_config(path)
+    produce(config, TOPIC, [("c", {"id": i, "body": f"note {i}"}, 100 + i) for i in range(20)])
+    produce(config, "app.public.tags", [("c", {"id": i, "body": "t"}, 200 + i) for i in range(3)])
+    done = _ingest("--log-format", "json", "--log-level", "info", "run", "-c", str(path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    records = [json.loads(ln) for ln in lines]  # every line is one JSON object
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    batches = [r for r in records if r.get("event") == "batch"]
+    rows = audit.read(config.tables_root / config.target.audit_table).to_pylist()
+    assert len(batches) == len(rows) >= 4
+    by_batch = {(r["table"], r["batch_id"]): r for r in rows}
+    for event in batches:
+        row = by_batch[(event["table"], event["batch"])]
+        assert {k: event["figures"][k] for k in ("received", "inserted", "updated", "deleted", "delta_version")} \
+            == {k: row[k] for k in ("received", "inserted", "updated", "deleted", "delta_version")}
+    finished = [r for r in records if r.get("event") == "run-finished"]
+    assert len(finished) == 1 and finished[0]["figures"]["received"] == 23 and finished[0]["figures"]["failed"] == []
+    assert next(r["event"] for r in records if "event" in r) == "run-started"
+
+    # the environment sets it too, and the default level keeps a run's info lines out
+    again = _ingest("run", "-c", str(path), env={"CDC_INGEST_LOG_FORMAT": "json"})
+    assert again.returncode == 0 and not [ln for ln in again.stderr.splitlines() if '"event"' in ln]
+
+
+def test_no_credential_reaches_a_json_or_text_line(capsys: Any) -> None:
+    secret = "pa55-w0rd-in-a-log"
+    secrets.register(secret)
+    log = logging.getLogger("ingest.test")
+    try:
+        for fmt in ("json", "text"):
+            logs.configure(fmt, "info")  # type: ignore[arg-type]
+            logs.event(log, "table-stopped", f"refused with {secret}", table="t", level=logging.ERROR,
+                       error=f"sasl password={secret}")
+            try:
+                raise RuntimeError(f"connect with {secret}")
+            except RuntimeError:
+                log.exception("failed: %s", secret)
+        err = capsys.readouterr().err
+    finally:
+        logs.configure()
+    assert err.count("refused with") == 2 and "connect with" in err
+    assert secret not in err
+    first = json.loads(err.splitlines()[0])
+    assert first["event"] == "table-stopped" and first["table"] == "t" and first["level"] == "ERROR"
