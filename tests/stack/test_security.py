@@ -118,8 +118,12 @@ def secrets_of(stack: Any) -> dict[str, str]:
 
 def test_a_sasl_and_basic_auth_run_ingests_every_table_equal(stack: Any, written: Written, pg_dsn: str) -> None:
     config_path = _config(stack, written, "good")
-    done = _ingest(written, "run", _env(stack), "run", "-c", str(config_path))
+    # JSON logs at info: the secret scan at the end reads them too
+    done = _ingest(written, "run", _env(stack), "--log-format", "json", "--log-level", "info", "run", "-c",
+                   str(config_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert sum(1 for e in events if e.get("event") == "batch") >= 4
     # Port 9095 is the broker's SASL_PLAINTEXT listener only: the run logged in with SCRAM to read anything.
     assert config_path.read_text().count(stack.bootstrap_servers(sasl=True)) == 1
     result = verify_source_db(load_config(config_path), pg_dsn, wait=120, on_stall=stack.unstick_capture)
