@@ -56,6 +56,10 @@ class KafkaSpec(Model):
     credentials_env: str = Field(
         "KAFKA_SASL_JAAS_CONFIG", description="environment variable holding the SASL JAAS config, if any"
     )
+    commit_group: str | None = Field(
+        None, description="a Kafka consumer group to which each table's applied offsets are committed after its "
+        "Delta commit, so consumer-group lag tools (kafka-consumer-groups --describe, Burrow, Grafana) see the "
+        "pipeline; never read back: the Delta logs stay where runs resume from", examples=["cdc-lakehouse"])
     reader: Literal["spark", "python"] = Field(
         "python", description="spark: Spark's Kafka source (Java client), decoded by mapInArrow; python: the "
         "engine's own reader, which consumes with librdkafka in the Python workers and decodes as it reads "

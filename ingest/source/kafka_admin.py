@@ -94,6 +94,18 @@ class KafkaAdmin:
             reason += f" ({self._client_error})"
         return reason
 
+    def set_group_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> list[Any]:
+        """Set consumer group ``group``'s next offsets of ``topic`` (partition -> offset) without waiting:
+        the futures of Kafka's answers. The group must have no member (one that only the engine writes).
+
+        Raises:
+            SourceUnavailableError: librdkafka refused the settings.
+        """
+        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())])
+        return list(self._client().alter_consumer_group_offsets([request], request_timeout=30).values())
+
     def topics(self) -> list[str]:
         """Every topic of the cluster, sorted, without the internal ones (``__consumer_offsets`` ...).
 

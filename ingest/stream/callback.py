@@ -18,6 +18,7 @@ incompatible schema, a bad configuration) stops the table until the run is resta
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter
@@ -49,6 +50,7 @@ from ingest.model import SourceMark
 from ingest.quality import QualityGate
 from ingest.records import audit
 from ingest.records.audit import AuditRecord
+from ingest.source.consumer_group import GroupCommitter
 from ingest.source.sources import DecodingSource, decodes_at_read, source_for
 from ingest.stream.report import RunReport
 
@@ -93,6 +95,10 @@ class ForEachBatch:
         #: the source, when it decodes as it reads (the stream's rows are then parts)
         self.source = cast(DecodingSource, source_for(config)) if decodes_at_read(config) else None
         self.writers = Writers(config)
+        kafka = config.source.kafka if config.source.kind == "kafka" else None
+        #: the consumer group the applied offsets are committed to (``source.kafka.commit_group``)
+        self.group = GroupCommitter(kafka, kafka.commit_group, secrets_file=config.secrets_path) \
+            if kafka is not None and kafka.commit_group else None
         #: each table's Delta handles, kept open from one batch to the next
         self.opened = {s.name: OpenTables(TablePaths.of(config, s.name), s.name) for s in specs}
         self.stopped: dict[str, BaseException] = {}
@@ -264,8 +270,10 @@ class ForEachBatch:
                 raise
 
     def close(self) -> None:
-        """Let the background applier go (after :meth:`settle`)."""
+        """Let the background applier go (after :meth:`settle`), and the consumer group's committer."""
         self._background.shutdown(wait=True)
+        if self.group is not None:
+            self.group.close()
 
     def _apply_all(self, active: list[TableSpec], frame: DataFrame, parts: list[Any], batch_id: int,
                    decode_ms: int) -> None:
@@ -401,6 +409,10 @@ class ForEachBatch:
         if result.record is not None:
             run.batches.append(result.record)
             r = result.record
+            if self.group is not None and r.status == "committed":
+                spans = json.loads(r.offsets)
+                self.group.commit(spec.name, spec.topic, {int(tp.rsplit(":", 1)[1]): span[1] for tp, span in
+                                                          spans.items() if tp.rsplit(":", 1)[0] == spec.topic})
             logs.event(log, "batch", f"table {spec.name}: batch {batch_id} {r.status}, {r.received} received, "
                        f"{r.inserted} inserted, {r.updated} updated, {r.deleted} deleted", table=spec.name,
                        batch=batch_id, status=r.status, received=r.received, inserted=r.inserted, updated=r.updated,
