@@ -101,6 +101,7 @@ class KafkaAdmin:
         Raises:
             SourceUnavailableError: librdkafka refused the settings.
         """
+        # librdkafka: only for a Kafka source (the CLI starts without it)
         from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
         request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())])
