@@ -52,7 +52,7 @@ class GroupCommitter:
                 self._in_flight += self.admin.set_group_offsets(self.group, topic,
                                                                 {p: o + 1 for p, o in applied.items()})
             except (KafkaException, SourceUnavailableError) as exc:
-                self._refused(exc)
+                self._refused(exc, table)
 
     def _answered(self) -> None:
         """Log the refusals among the commits Kafka has answered; keep the others."""
@@ -64,9 +64,11 @@ class GroupCommitter:
                 self._refused(future.exception())
         self._in_flight = waiting
 
-    def _refused(self, error: Any) -> None:
-        logs.event(log, "group-commit-failed", f"offsets not committed to consumer group {self.group!r} "
-                   f"({secrets.redact(str(error))}); the next batch commits again", level=logging.WARNING)
+    def _refused(self, error: Any, table: str | None = None) -> None:
+        of = f"table {table}: " if table else ""
+        logs.event(log, "group-commit-failed", f"{of}offsets not committed to consumer group {self.group!r} "
+                   f"({secrets.redact(str(error))}); the next batch commits again", table=table,
+                   level=logging.WARNING)
 
     def close(self, wait: float = 5.0) -> None:
         """Wait up to ``wait`` seconds for Kafka to answer the commits in flight, logging refusals."""
