@@ -27,7 +27,7 @@ from pythonjsonlogger.json import JsonFormatter
 from ingest import secrets
 
 LogFormat = Literal["text", "json"]
-LEVELS: Final = ("debug", "info", "warning", "error")
+LogLevel = Literal["debug", "info", "warning", "error"]
 TEXT: Final = "%(levelname)s %(name)s: %(message)s"
 
 
@@ -41,7 +41,7 @@ class _RedactedJson(JsonFormatter):
         return secrets.redact(super().format(record))
 
 
-def configure(fmt: LogFormat = "text", level: str = "warning") -> None:
+def configure(fmt: LogFormat = "text", level: LogLevel = "warning") -> None:
     """Send the root logger's records to stderr in ``fmt`` at ``level`` and above (replacing its handlers)."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":

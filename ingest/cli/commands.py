@@ -9,7 +9,6 @@ import base64
 import json
 import sys
 import time
-from enum import StrEnum
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -76,18 +75,6 @@ _debug = False
 DISTRIBUTION = "cdc-lakehouse-ingest"
 
 
-class LogFormatChoice(StrEnum):
-    text = "text"
-    json = "json"
-
-
-class LogLevelChoice(StrEnum):
-    debug = "debug"
-    info = "info"
-    warning = "warning"
-    error = "error"
-
-
 def _version(shown: bool) -> None:
     if shown:
         try:
@@ -103,20 +90,20 @@ def options(
     debug: Annotated[bool, typer.Option("--debug", help="show the traceback of an error, not only its line")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="print the version and exit")] = False,
-    log_format: Annotated[LogFormatChoice, typer.Option(
+    log_format: Annotated[logs.LogFormat, typer.Option(
         "--log-format", envvar="CDC_INGEST_LOG_FORMAT",
         help="log lines on stderr as text, or one JSON object per line (time, level, logger, message; "
-             "event, table, batch and figures for the engine's events)")] = LogFormatChoice.text,
-    log_level: Annotated[LogLevelChoice, typer.Option(
+             "event, table, batch and figures for the engine's events)")] = "text",
+    log_level: Annotated[logs.LogLevel, typer.Option(
         "--log-level", envvar="CDC_INGEST_LOG_LEVEL",
-        help="the least severe log lines shown (info: one line per table batch and per run)")] = LogLevelChoice.warning,
+        help="the least severe log lines shown (info: one line per table batch and per run)")] = "warning",
 ) -> None:
     """Options of every command."""
     global _debug
     _debug = debug
-    if log_format is LogFormatChoice.json:
+    if log_format == "json":
         logs.json_stderr()
-    logs.configure(log_format.value, log_level.value)
+    logs.configure(log_format, log_level)
 
 
 @app.command(rich_help_panel=OPERATE)
