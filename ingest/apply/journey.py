@@ -139,8 +139,8 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
         if key_columns and spec.ignore_null_updates:
             changes = placement.nulls_as_unchanged(changes, key_columns, schema.columns)
         if key_columns and facts.moved:  # primary-key moves: unchanged values from the old key's row
-            changes, _filled = fill_moves(spec, placement, changes, key_columns, schema.columns, state, writer,
-                                          paths.table, paths.moves)
+            changes = fill_moves(spec, placement, changes, key_columns, schema.columns, state, writer, paths.table,
+                                 paths.moves)
         reduced = placement.reduce(changes, key_columns, schema.columns, soft=spec.delete_mode == "soft") \
             if not keeps_history or spec.expectations else None
         report, withdrawn = QualityReport(), None

@@ -24,7 +24,8 @@ from ingest.apply.placement import Placement
 from ingest.commit.state import TableState
 from ingest.commit.writer import Writer
 from ingest.config import TableSpec
-from ingest.lake.delta import open_table, quote, table_schema, write_table
+from ingest.decode.parts import read_parts, write_parts
+from ingest.lake.delta import open_table, quote, table_schema, utc_literal, write_table
 from ingest.lake.location import LakePath
 from ingest.lake.lookup import rows_of_keys
 from ingest.model import ColumnSpec
@@ -48,12 +49,12 @@ MOVES_SCHEMA = pa.schema([("old_key", pa.string()), ("position", pa.string()), (
 
 def fill_moves(spec: TableSpec, placement: Placement[Any], changes: Any, key_columns: tuple[str, ...],
                columns: list[ColumnSpec], state: TableState, writer: Writer, table_path: LakePath,
-               moves_path: LakePath) -> tuple[Any, int]:
-    """``changes`` with moved rows' unchanged values filled from their old keys' rows, and how many
-    values were filled; in hard-delete mode the rows the batch's move deletes remove are recorded."""
+               moves_path: LakePath) -> Any:
+    """``changes`` with moved rows' unchanged values filled from their old keys' rows; in hard-delete
+    mode the rows the batch's move deletes remove are recorded."""
     found = placement.moved(changes)
     if not found.num_rows:
-        return changes, 0
+        return changes
     key_types = {k: found.schema.field(k).type for k in key_columns}
     deleting = pc.equal(found["_cdc_op"], "d")
     creates = found.filter(pc.invert(deleting))
@@ -63,7 +64,7 @@ def fill_moves(spec: TableSpec, placement: Placement[Any], changes: Any, key_col
     keys = {key for key in named if key is not None}
     keys |= {tuple(r[k] for k in key_columns) for r in deletes.select(list(key_columns)).to_pylist()}
     if not keys:
-        return changes, 0
+        return changes
     olds = pa.table({k: pa.array([key[i] for key in keys], key_types[k]) for i, k in enumerate(key_columns)})
     layout = set(placement.layout(changes).names)
     values = [c.name for c in columns if c.name not in key_columns and c.name in layout]
@@ -78,7 +79,7 @@ def fill_moves(spec: TableSpec, placement: Placement[Any], changes: Any, key_col
     filled, count = fill_moved(creates, history, key_columns, key_types)
     if deletes.num_rows:
         _record(moves_path, deletes, history, key_columns)
-    return (placement.replaced(changes, filled) if count else changes), count
+    return placement.replaced(changes, filled) if count else changes
 
 
 def _stored(spec: TableSpec, state: TableState, writer: Writer, table_path: LakePath, key_columns: tuple[str, ...],
@@ -105,8 +106,7 @@ def _recorded(path: LakePath, olds: pa.Table, key_columns: tuple[str, ...]) -> H
                         ["old_key", "position", "image"])
     out: Histories = {}
     for r in rows.to_pylist():
-        with pa.ipc.open_stream(pa.py_buffer(r["image"])) as reader:
-            image = reader.read_all().to_pylist()[0]
+        image = pa.Table.from_batches(read_parts([r["image"]])).to_pylist()[0]
         events = out.setdefault(texts[r["old_key"]], [])
         events += [Event(r["position"], 0, False, image), Event(r["position"], 1, True, {})]
     return out
@@ -120,12 +120,10 @@ def _record(path: LakePath, deletes: pa.Table, history: Histories, key_columns: 
         values = before_move(history.get(key, []), row["_cdc_position"])
         if not values:
             continue
-        image = pa.Table.from_pylist([values], schema=pa.schema(
+        image = pa.RecordBatch.from_pylist([values], schema=pa.schema(
             [deletes.schema.field(c) for c in values if c in deletes.schema.names]))
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, image.schema) as writer:
-            writer.write_table(image)
-        out.append({"old_key": key_text(key), "position": row["_cdc_position"], "image": sink.getvalue().to_pybytes(),
+        out.append({"old_key": key_text(key), "position": row["_cdc_position"],
+                    "image": write_parts([image]).column(0)[0].as_py(),
                     "recorded_at": datetime.now(UTC)})
     if not out:
         return
@@ -144,8 +142,7 @@ def purge_moves(path: LakePath, older_than: datetime) -> int:
     table = open_table(path)
     if table is None:
         return 0
-    stamp = older_than.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    result = table.delete(f"recorded_at < arrow_cast('{stamp}Z', 'Timestamp(Microsecond, Some(\"UTC\"))')")
+    result = table.delete(f"recorded_at < {utc_literal(older_than.replace(microsecond=0))}")
     return int(result.get("num_deleted_rows", 0))
 
 
