@@ -128,11 +128,13 @@ def assemble(kind: str, columns: tuple[ColumnSpec, ...], rows: list[int], given:
     n = len(rows)
     taken = source.take(pa.array(rows, pa.int64())) if n else source.slice(0, 0)
     arrays = []
+    headers = header_values(taken.column("headers").combine_chunks(), tuple(_FROM_HEADERS.values())) \
+        if "headers" in taken.column_names else {}
     for name in _FRAME_NAMES:
         if name in given:
             arrays.append(given[name])
-        elif name in _FROM_HEADERS and "headers" in taken.column_names:
-            arrays.append(header_values(taken.column("headers").combine_chunks(), _FROM_HEADERS[name]))
+        elif name in _FROM_HEADERS and headers:
+            arrays.append(headers[_FROM_HEADERS[name]])
         elif name in _FROM_INPUT:
             arrays.append(taken.column(_FROM_INPUT[name]).combine_chunks().cast(FRAME.field(name).type))
         else:
@@ -143,23 +145,27 @@ def assemble(kind: str, columns: tuple[ColumnSpec, ...], rows: list[int], given:
     return pa.RecordBatch.from_arrays(arrays + user, schema=pa.schema(fields, metadata=_metadata(kind, columns)))
 
 
-def header_values(headers: pa.Array, name: str) -> pa.Array:
-    """Each record's value of Kafka header ``name`` as text (null where it has none; the last one wins)."""
+def header_values(headers: pa.Array, names: tuple[str, ...]) -> dict[str, pa.Array]:
+    """Each record's value of each Kafka header of ``names``, as text (null where it has none; the
+    last one wins). One pass over the headers for all the names: it runs for every decoded part."""
     n = len(headers)
-    out = pa.nulls(n, pa.string())
+    out = {name: pa.nulls(n, pa.string()) for name in names}
     if n == 0 or headers.null_count == n:
         return out
     flat = pc.list_flatten(headers)
     if len(flat) == 0:
         return out
-    rows = pc.list_parent_indices(headers)
-    hit = pc.fill_null(pc.equal(flat.field("key"), name), False)
-    if not pc.any(hit).as_py():
+    keys = flat.field("key")
+    hits = {name: hit for name in names if pc.any(hit := pc.fill_null(pc.equal(keys, name), False)).as_py()}
+    if not hits:
         return out
-    values = dict(zip(pc.filter(rows, hit).to_pylist(),
-                      pc.filter(flat.field("value"), hit).to_pylist(), strict=True))
-    return pa.array([None if (v := values.get(i)) is None else v.decode("utf-8", "replace") for i in range(n)],
-                    pa.string())
+    rows = pc.list_parent_indices(headers)
+    for name, hit in hits.items():
+        values = dict(zip(pc.filter(rows, hit).to_pylist(), pc.filter(flat.field("value"), hit).to_pylist(),
+                          strict=True))
+        out[name] = pa.array([None if (v := values.get(i)) is None else v.decode("utf-8", "replace")
+                              for i in range(n)], pa.string())
+    return out
 
 
 def _typed(col: ColumnSpec, values: list[Any]) -> pa.Array:
