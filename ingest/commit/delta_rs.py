@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 import pyarrow as pa
@@ -44,7 +44,7 @@ from ingest.commit.writer import (
     switches_feed_on,
 )
 from ingest.errors import CommitConflictError, TableError
-from ingest.lake.delta import CHANGE_DATA_FEED, quote, read_all, sql_string, write_table
+from ingest.lake.delta import CHANGE_DATA_FEED, quote, read_all, sql_string, utc_literal, write_table
 from ingest.lake.location import LakePath
 from ingest.lake.lookup import KeyLookup, rows_of_keys
 from ingest.model import ColumnSpec
@@ -252,8 +252,7 @@ def _merge(table: DeltaTable, request: CommitRequest, props: CommitProperties) -
 def _timestamp(value: datetime | None) -> str:
     if value is None:
         return "NULL"
-    stamp = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
-    return f"arrow_cast('{stamp}Z', 'Timestamp(Microsecond, Some(\"UTC\"))')"
+    return utc_literal(value)
 
 
 #: DataFusion's SQL, as delta-rs's MERGE reads it.

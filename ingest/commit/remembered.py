@@ -18,7 +18,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from ingest.columns import arrow_type, delta_type_name
 from ingest.errors import TableError
-from ingest.lake.delta import latest_table, open_table, query, quote, read_all, table_schema, write_table
+from ingest.lake.delta import latest_table, open_table, query, quote, read_all, table_schema, utc_literal, write_table
 from ingest.lake.location import Location
 from ingest.lake.lookup import KeyLookup, rows_of_keys
 from ingest.rules.ordering import later_than_stored_sql
@@ -133,9 +133,7 @@ def purgeable(path: Location, older_than: datetime) -> int:
 
 def _recorded_before(delta: DeltaTable, older_than: datetime) -> str:
     """The SQL predicate (delta-rs's dialect) of the tombstones recorded before ``older_than``."""
-    stamp = older_than.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    # The columns are UTC-aware: compare with a UTC literal (a naive `::timestamp` fails in delta-rs's delete).
-    cutoff = f"arrow_cast('{stamp}Z', 'Timestamp(Microsecond, Some(\"UTC\"))')"
+    cutoff = utc_literal(older_than.replace(microsecond=0))
     names = {f.name for f in table_schema(delta)}
     # Tombstones written before _cdc_recorded_at existed only know the source time.
     written = "coalesce(_cdc_recorded_at, _cdc_deleted_at)" if "_cdc_recorded_at" in names else "_cdc_deleted_at"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import pyarrow as pa
@@ -23,6 +24,13 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from ingest.columns import normalize
 from ingest.errors import LakeUnavailableError
 from ingest.lake.location import LakePath, Location, reader_options
+
+
+def utc_literal(value: datetime) -> str:
+    """A UTC timestamp literal in delta-rs's SQL, for the UTC-aware timestamp columns the engine writes
+    (a naive ``::timestamp`` fails in delta-rs's delete)."""
+    stamp = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return f"arrow_cast('{stamp}Z', 'Timestamp(Microsecond, Some(\"UTC\"))')"
 
 
 def quote(name: str) -> str:
