@@ -256,6 +256,8 @@ class BatchFacts:
         mark: how far into the source's transactions its changes reach (:class:`~ingest.model.SourceMark`).
         moved: its changes that name an old key: the new rows of primary-key updates
             (:mod:`~ingest.rules.moved`).
+        newest: when the newest of its changes was committed in the source (``_cdc_source_ts``),
+            if any says.
     """
 
     flattened: bool | None
@@ -263,17 +265,20 @@ class BatchFacts:
     rows: int
     mark: SourceMark = field(default_factory=SourceMark)
     moved: int = 0
+    newest: datetime | None = None
 
 
 def facts_of(changes: pa.Table) -> BatchFacts:
     """:class:`BatchFacts` of changes on the driver."""
     rows = changes.filter(pc.not_equal(changes["_cdc_op"], "t")) if changes.num_rows else changes
     mark = source_mark_of(changes)
+    newest = pc.max(changes["_cdc_source_ts"]).as_py() if changes.num_rows else None
     if rows.num_rows == 0:
-        return BatchFacts(None, [], 0, mark)
+        return BatchFacts(None, [], 0, mark, newest=newest)
     declared = [k for k in pc.unique(rows["_cdc_key_columns"]).to_pylist() if k]
     return BatchFacts(bool(pc.any(rows["_cdc_flattened"]).as_py()), declared, rows.num_rows, mark,
-                      int(pc.sum(pc.or_(pc.is_valid(rows["_cdc_old_key"]), pc.is_valid(rows["_cdc_new_key"]))).as_py()))
+                      int(pc.sum(pc.or_(pc.is_valid(rows["_cdc_old_key"]), pc.is_valid(rows["_cdc_new_key"]))).as_py()),
+                      newest)
 
 
 def source_mark_of(changes: pa.Table) -> SourceMark:

@@ -86,6 +86,9 @@ class AuditRecord:
     merge_metrics: str = "{}"
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    #: when the newest change the batch received was committed in the source (Debezium's
+    #: ``source.ts_ms``); ``finished_at`` minus this is how far the table trailed its source
+    source_committed_at: datetime | None = None
 
     @property
     def applied(self) -> int:
@@ -97,7 +100,7 @@ class AuditRecord:
 
     def to_metadata(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in ("started_at", "finished_at"):
+        for key in ("started_at", "finished_at", "source_committed_at"):
             out[key] = out[key].isoformat() if out[key] else None
         return out
 
@@ -105,7 +108,7 @@ class AuditRecord:
     def from_metadata(cls, data: dict[str, Any]) -> AuditRecord:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        for key in ("started_at", "finished_at"):
+        for key in ("started_at", "finished_at", "source_committed_at"):
             if isinstance(values.get(key), str):
                 values[key] = datetime.fromisoformat(values[key])
         return cls(**values)
@@ -144,6 +147,7 @@ AUDIT_SCHEMA = pa.schema(
         ("started_at", pa.timestamp("us", tz="UTC")),
         ("finished_at", pa.timestamp("us", tz="UTC")),
         ("balanced", pa.bool_()),
+        ("source_committed_at", pa.timestamp("us", tz="UTC")),  # added later: last, as merged tables have it
     ]
 )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -87,14 +88,16 @@ class ExecutorsPlacement:
                            True)).alias("reads"),
             F.count(F.when(~reads & ~tracked, True)).alias("untracked"),
             F.count(F.when(changed & (F.col("_cdc_old_key").isNotNull() | F.col("_cdc_new_key").isNotNull()),
-                           True)).alias("moved")).first()
+                           True)).alias("moved"),
+            F.max(F.unix_micros("_cdc_source_ts")).alias("newest")).first()
         assert found is not None
         last = found["last"]
         snapshot = "closed" if last is not None or found["closers"] else "open" if found["reads"] else "none"
         txn, order, position = last if last is not None else (None, None, None)
         mark = SourceMark(txn, order, position, snapshot, int(found["untracked"]))  # type: ignore[arg-type]
+        newest = None if found["newest"] is None else datetime.fromtimestamp(found["newest"] / 1e6, UTC)
         return BatchFacts(found["flattened"], sorted(k for k in found["keys"] if k), int(found["rows"]), mark,
-                          int(found["moved"]))
+                          int(found["moved"]), newest)
 
     def take_foreign_keys(self, changes: DataFrame, key_columns: tuple[str, ...]) -> tuple[DataFrame, pa.Table]:
         # as on the driver, a change that declares no key is not foreign
