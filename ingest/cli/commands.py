@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import sys
 import time
 from importlib.metadata import PackageNotFoundError
@@ -43,7 +44,7 @@ from ingest.cli.verify import verify_source
 
 #: The ``ingest --help`` panels: operating the pipeline, reading its tables, its quality stage.
 OPERATE, READ, QUALITY = "Operate the pipeline", "Read the tables", "Quality and quarantine"
-
+log = logging.getLogger(__name__)
 
 
 class _Commands(TyperGroup):
@@ -116,6 +117,12 @@ def run(
     from_beginning: Annotated[bool, typer.Option(help="re-read topics from offset 0 (replay)")] = False,
     full_start: Annotated[bool, typer.Option(
         hidden=True, help="start Spark even when every table is caught up (benchmarks/bench_start.py)")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        envvar="CDC_INGEST_METRICS_PORT", min=0, max=65535,
+        help="serve Prometheus metrics on this port (/metrics) while the run lasts")] = None,
+    metrics_address: Annotated[str, typer.Option(
+        envvar="CDC_INGEST_METRICS_ADDRESS", help="the address the metrics are served on (0.0.0.0: every interface)",
+    )] = "127.0.0.1",
 ) -> None:
     """Ingest the configured tables until caught up (or continuously).
 
@@ -123,9 +130,22 @@ def run(
     from ingest.stream.runner import Runner  # Delta reads and the locks: loaded when a run starts
 
     cfg = load(config, workdir)
-    runner = Runner(cfg, full_start=full_start)
-    report = runner.run(tables=table, mode="continuous" if continuous else "available_now",
-                        reset_checkpoints=reset_checkpoints, from_beginning=from_beginning, progress=progress_printer())
+    metrics = None
+    if metrics_port is not None:
+        from ingest.metrics import RunMetrics  # the Prometheus client: only for a run that serves it
+        from ingest.source.catalog import catalog_for
+
+        metrics = RunMetrics(catalog_for(cfg))
+        port = metrics.serve(metrics_port, metrics_address)
+        logs.event(log, "metrics-serving", f"metrics at http://{metrics_address}:{port}/metrics", port=port)
+    runner = Runner(cfg, full_start=full_start, metrics=metrics)
+    try:
+        report = runner.run(tables=table, mode="continuous" if continuous else "available_now",
+                            reset_checkpoints=reset_checkpoints, from_beginning=from_beginning,
+                            progress=progress_printer())
+    finally:
+        if metrics is not None:
+            metrics.close()
     caught_up = "; every table was caught up, Spark was not started" if report.caught_up else ""
     out = Table(title=f"run {report.run_id} ({report.seconds:.1f} s{caught_up})")
     for col in ("table", "batches", "received", "inserted", "updated", "deleted", "quarantined", "replayed", "error"):

@@ -46,6 +46,7 @@ from ingest.decode.parts import FRAME, PARTS_DDL, part_kind, read_parts
 from ingest.decode.registry import ConfluentSchemaRegistry
 from ingest.errors import RegistryUnavailableError, is_transient, is_unavailability
 from ingest.lake.layout import TablePaths
+from ingest.metrics import RunMetrics
 from ingest.model import SourceMark
 from ingest.quality import QualityGate
 from ingest.records import audit
@@ -71,8 +72,9 @@ class ForEachBatch:
 
     def __init__(self, config: IngestConfig, specs: list[TableSpec], report: RunReport, run_id: str,
                  progress: ProgressFn | None, gates: dict[str, QualityGate], *, retry_stopped: bool = False,
-                 cuts: Publisher | None = None) -> None:
+                 cuts: Publisher | None = None, metrics: RunMetrics | None = None) -> None:
         self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
+        self.metrics = metrics
         self.progress, self.gates = progress, gates
         #: publishes the cuts of the tables' transaction group after each micro-batch (shared by the run's queries)
         self.cuts = cuts
@@ -371,6 +373,8 @@ class ForEachBatch:
         self._stops.pop(spec.name, None)  # a later outage waits from the first step again
         run.recovered.append(run.error or "")
         run.error, run.unavailable = None, False
+        if self.metrics is not None:
+            self.metrics.running(spec.name)
         log.warning("table %s: caught up and running again", spec.name)
         return True
 
@@ -413,6 +417,8 @@ class ForEachBatch:
                 spans = json.loads(r.offsets)
                 self.group.commit(spec.name, spec.topic, {int(tp.rsplit(":", 1)[1]): span[1] for tp, span in
                                                           spans.items() if tp.rsplit(":", 1)[0] == spec.topic})
+            if self.metrics is not None:
+                self.metrics.batch(r)
             logs.event(log, "batch", f"table {spec.name}: batch {batch_id} {r.status}, {r.received} received, "
                        f"{r.inserted} inserted, {r.updated} updated, {r.deleted} deleted", table=spec.name,
                        batch=batch_id, status=r.status, received=r.received, inserted=r.inserted, updated=r.updated,
@@ -447,6 +453,8 @@ class ForEachBatch:
     def _stop(self, spec: TableSpec, exc: BaseException) -> None:
         """The table stops; its offsets stay where its Delta log has them, and the next run resumes there."""
         self.stopped[spec.name] = exc
+        if self.metrics is not None:
+            self.metrics.stopped(spec.name, exc)
         self.report.tables[spec.name].error = secrets.redact(f"{type(exc).__name__}: {exc}")
         self.report.tables[spec.name].unavailable = is_unavailability(exc)
         if self.retry_stopped and is_transient(exc):

@@ -29,6 +29,7 @@ from ingest.stream.report import RunReport, TableRun
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from ingest.metrics import RunMetrics
     from ingest.quality import QualityGate
     from ingest.source.sources import Offsets
     from ingest.stream.callback import ProgressFn
@@ -40,9 +41,12 @@ log = logging.getLogger(__name__)
 class Runner:
     """Ingest the configured tables with Spark."""
 
-    def __init__(self, config: IngestConfig, *, spark: SparkSession | None = None, full_start: bool = False) -> None:
-        """``full_start``: start Spark and the queries even when every table is caught up (benchmarks)."""
+    def __init__(self, config: IngestConfig, *, spark: SparkSession | None = None, full_start: bool = False,
+                 metrics: RunMetrics | None = None) -> None:
+        """``full_start``: start Spark and the queries even when every table is caught up (benchmarks).
+        ``metrics``: where the run reports its tables' figures (:mod:`ingest.metrics`)."""
         self.config = config
+        self.metrics = metrics
         self._spark = spark
         self._full_start = full_start
         self._stop = threading.Event()
@@ -114,6 +118,9 @@ class Runner:
         # One writer per table: a second run on any of these tables fails here, before Spark starts.
         held = locks.acquire_all(self.config.tables_root, [s.name for s in specs],
                                  lease_seconds=self.config.target.storage.lease_seconds)
+        if self.metrics is not None:
+            for spec in specs:
+                self.metrics.track(spec.name, spec.topic, load_state(TablePaths.of(self.config, spec.name).table))
         logs.event(log, "run-started", f"run ({mode}) of tables {', '.join(s.name for s in specs)}", mode=mode,
                    tables=[s.name for s in specs])
         try:
