@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml harness/pyproject.toml requirements.lock 2>/dev/null | sha1sum | cut -c1-12)
 
-.PHONY: demo test install class-archive lint bench lock clean java dagster ui-screenshot jars stack stack-down stack-status demo-stack stack-cuts \
+.PHONY: demo test install class-archive lint bench lock clean java dagster ui-screenshot metrics-screenshot jars stack stack-down stack-status demo-stack stack-cuts \
 	torture-stack bench-latency docs docs-serve
 
 java:
@@ -62,6 +62,12 @@ dagster: java install class-archive
 # (docs/img/dagster-asset-graph.png). Needs Chromium (apt-get install chromium); not part of `make test`.
 ui-screenshot: java install
 	$(BIN)/python scripts/ui_screenshot.py
+
+# A real run's metrics in Prometheus' graph page (docs/img/metrics-prometheus.png), with the queries of
+# infra/monitoring/grafana-dashboard.json. Needs Prometheus and Chromium (apt-get install prometheus
+# chromium); not part of `make test`.
+metrics-screenshot: java install
+	$(BIN)/python scripts/metrics_screenshot.py
 
 # The real stack on loopback, without Docker (docs/stack.md): PostgreSQL 15, Kafka 4.3 (KRaft),
 # Kafka Connect + Debezium 3.6, Apicurio Registry 3.3 (+ nginx basic auth). Data, logs and jars go
