@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from harness.stack import tls
 from harness.stack.component import Component, Launch
 from harness.stack.errors import StackError
 from harness.stack.process import port_in_use
@@ -54,7 +55,8 @@ def jvm_options(heap: str) -> list[str]:
 
 
 class Kafka(Component):
-    """Kafka broker + KRaft controller: PLAINTEXT, SASL_PLAINTEXT (SCRAM-SHA-512) and controller ports."""
+    """Kafka broker + KRaft controller: PLAINTEXT, SASL_PLAINTEXT and SASL_SSL (SCRAM-SHA-512) and controller
+    ports."""
 
     name = "kafka"
     start_timeout = 120.0
@@ -62,7 +64,8 @@ class Kafka(Component):
 
     def ports(self) -> dict[str, int]:
         s = self.settings
-        return {"plaintext": s.kafka_port, "sasl": s.kafka_sasl_port, "controller": s.kafka_controller_port}
+        return {"plaintext": s.kafka_port, "sasl": s.kafka_sasl_port, "ssl": s.kafka_ssl_port,
+                "controller": s.kafka_controller_port}
 
     def needs_jars(self) -> bool:
         return True
@@ -88,9 +91,10 @@ class Kafka(Component):
     def prepare(self) -> None:
         s = self.settings
         self.dir.mkdir(parents=True, exist_ok=True)
+        tls.ensure(s.tls_dir, s.kafka_sasl_user)
         self.properties.write_text(render(s.infra_dir / "server.properties", {
-            "plaintext_port": s.kafka_port, "sasl_port": s.kafka_sasl_port,
-            "controller_port": s.kafka_controller_port, "data_dir": self.data}))
+            "plaintext_port": s.kafka_port, "sasl_port": s.kafka_sasl_port, "ssl_port": s.kafka_ssl_port,
+            "controller_port": s.kafka_controller_port, "data_dir": self.data, "tls_dir": s.tls_dir}))
         if (self.data / "meta.properties").exists():
             return
         cluster_file = self.dir / "cluster.id"

@@ -22,6 +22,7 @@ import secrets
 
 import requests
 
+from harness.stack import tls
 from harness.stack.component import Component, Launch
 from harness.stack.tools import ensure_nginx, registry_java, render
 
@@ -68,14 +69,15 @@ def _ssha(password: str) -> str:
 
 
 class RegistryAuth(Component):
-    """nginx on ``127.0.0.1:STACK_REGISTRY_AUTH_PORT``: the registry behind HTTP basic auth."""
+    """nginx on ``127.0.0.1:STACK_REGISTRY_AUTH_PORT``: the registry behind HTTP basic auth; the same over
+    HTTPS on ``STACK_REGISTRY_TLS_PORT``, with the stack CA's certificate."""
 
     name = "registry-auth"
     requires = ("registry",)
     start_timeout = 30.0
 
     def ports(self) -> dict[str, int]:
-        return {"http": self.settings.registry_auth_port}
+        return {"http": self.settings.registry_auth_port, "https": self.settings.registry_tls_port}
 
     def prepare(self) -> None:
         s = self.settings
@@ -93,7 +95,8 @@ class RegistryAuth(Component):
         (self.dir / "nginx.conf").write_text(render(s.infra_dir / "nginx.conf", {
             "user_directive": user_directive, "run_dir": self.dir / "run", "log_dir": self.dir / "logs",
             "tmp_dir": self.dir / "tmp", "port": s.registry_auth_port, "htpasswd": htpasswd,
-            "upstream_port": s.registry_port}))
+            "upstream_port": s.registry_port, "tls_port": s.registry_tls_port,
+            "tls_cert": tls.ensure(s.tls_dir, s.kafka_sasl_user).server_cert, "tls_key": s.tls_dir / "server-key.pem"}))
 
     def launch(self) -> Launch:
         cmd = [str(ensure_nginx(self.progress)), "-p", f"{self.dir}/", "-e", str(self.dir / "logs" / "error.log"),
@@ -105,4 +108,7 @@ class RegistryAuth(Component):
         url = f"{s.registry_url(authenticated=True)}{CCOMPAT}/subjects"
         anonymous = requests.get(url, timeout=3)
         authed = requests.get(url, auth=(s.registry_auth_user, s.credentials.registry_auth_password), timeout=3)
-        return anonymous.status_code == 401 and authed.status_code == 200
+        over_tls = requests.get(f"{s.registry_url(authenticated=True, tls=True)}{CCOMPAT}/subjects", timeout=3,
+                                auth=(s.registry_auth_user, s.credentials.registry_auth_password),
+                                verify=str(s.tls_dir / "ca.pem"))
+        return anonymous.status_code == 401 and authed.status_code == 200 and over_tls.status_code == 200

@@ -24,10 +24,12 @@ PORT_DEFAULTS: dict[str, int] = {
     "STACK_PG_PORT": 5432,
     "STACK_KAFKA_PORT": 9092,
     "STACK_KAFKA_SASL_PORT": 9095,
+    "STACK_KAFKA_SSL_PORT": 9096,
     "STACK_KAFKA_CONTROLLER_PORT": 9093,
     "STACK_CONNECT_PORT": 8083,
     "STACK_REGISTRY_PORT": 8081,
     "STACK_REGISTRY_AUTH_PORT": 8082,
+    "STACK_REGISTRY_TLS_PORT": 8443,
     "STACK_REGISTRY_MGMT_PORT": 8091,
     "STACK_S3_PORT": 9310,
     "STACK_S3_CONSOLE_PORT": 9311,
@@ -136,11 +138,13 @@ class StackSettings:
     publication: str
     kafka_port: int
     kafka_sasl_port: int
+    kafka_ssl_port: int
     kafka_controller_port: int
     kafka_sasl_user: str
     connect_port: int
     registry_port: int
     registry_auth_port: int
+    registry_tls_port: int
     registry_mgmt_port: int
     registry_auth_user: str
     s3_port: int
@@ -184,11 +188,13 @@ class StackSettings:
             publication=env.get("STACK_PG_PUBLICATION") or "cdc_pub",
             kafka_port=_port(env, "STACK_KAFKA_PORT"),
             kafka_sasl_port=_port(env, "STACK_KAFKA_SASL_PORT"),
+            kafka_ssl_port=_port(env, "STACK_KAFKA_SSL_PORT"),
             kafka_controller_port=_port(env, "STACK_KAFKA_CONTROLLER_PORT"),
             kafka_sasl_user=env.get("STACK_KAFKA_SASL_USER") or "cdc",
             connect_port=_port(env, "STACK_CONNECT_PORT"),
             registry_port=_port(env, "STACK_REGISTRY_PORT"),
             registry_auth_port=_port(env, "STACK_REGISTRY_AUTH_PORT"),
+            registry_tls_port=_port(env, "STACK_REGISTRY_TLS_PORT"),
             registry_mgmt_port=_port(env, "STACK_REGISTRY_MGMT_PORT"),
             registry_auth_user=env.get("STACK_REGISTRY_AUTH_USER") or "registry",
             s3_port=_port(env, "STACK_S3_PORT"),
@@ -217,9 +223,16 @@ class StackSettings:
         return (f"postgresql://{quote(self.pg_user, safe='')}:{quote(self.credentials.pg_password, safe='')}"
                 f"@127.0.0.1:{self.pg_port}/{quote(dbname or self.pg_db, safe='')}")
 
-    def bootstrap_servers(self, *, sasl: bool = False) -> str:
-        """``host:port`` of the PLAINTEXT listener, or of the SASL_PLAINTEXT (SCRAM-SHA-512) one."""
-        return f"127.0.0.1:{self.kafka_sasl_port if sasl else self.kafka_port}"
+    def bootstrap_servers(self, *, sasl: bool = False, tls: bool = False) -> str:
+        """``host:port`` of the PLAINTEXT listener, of the SASL_PLAINTEXT (SCRAM-SHA-512) one, or of the
+        SASL_SSL one (SCRAM-SHA-512 over TLS, a client certificate required)."""
+        port = self.kafka_ssl_port if tls else self.kafka_sasl_port if sasl else self.kafka_port
+        return f"127.0.0.1:{port}"
+
+    @property
+    def tls_dir(self) -> Path:
+        """The stack's CA and certificates (:mod:`harness.stack.tls`)."""
+        return self.stack_dir / "tls"
 
     def kafka_sasl_config(self) -> dict[str, str]:
         """librdkafka (confluent_kafka) settings that log in on the SASL port with SCRAM-SHA-512."""
@@ -231,8 +244,10 @@ class StackSettings:
             "sasl.password": self.credentials.kafka_sasl_password,
         }
 
-    def registry_url(self, *, authenticated: bool = False) -> str:
-        """Base URL of the registry: the open port, or nginx's basic-auth port."""
+    def registry_url(self, *, authenticated: bool = False, tls: bool = False) -> str:
+        """Base URL of the registry: the open port, nginx's basic-auth port, or that over HTTPS."""
+        if tls:
+            return f"https://127.0.0.1:{self.registry_tls_port}"
         return f"http://127.0.0.1:{self.registry_auth_port if authenticated else self.registry_port}"
 
     def connect_url(self) -> str:

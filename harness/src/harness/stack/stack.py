@@ -21,6 +21,7 @@ from harness.stack.process import Progress, alive, port_in_use, spawn, stop, wai
 from harness.stack.registry import Registry, RegistryAuth
 from harness.stack.s3 import Minio
 from harness.stack.settings import StackSettings
+from harness.stack.tls import TlsFiles
 from harness.stack.tools import ensure_jars
 from ingest.lake.locks import exclusive
 
@@ -242,17 +243,21 @@ class Stack:
         """libpq URL of the workload role on the stack's database."""
         return self.settings.pg_dsn(dbname)
 
-    def bootstrap_servers(self, *, sasl: bool = False) -> str:
-        """Kafka ``host:port``: PLAINTEXT, or SASL_PLAINTEXT with ``sasl=True``."""
-        return self.settings.bootstrap_servers(sasl=sasl)
+    def bootstrap_servers(self, *, sasl: bool = False, tls: bool = False) -> str:
+        """Kafka ``host:port``: PLAINTEXT, SASL_PLAINTEXT with ``sasl=True``, SASL_SSL with ``tls=True``."""
+        return self.settings.bootstrap_servers(sasl=sasl, tls=tls)
+
+    def tls_files(self) -> TlsFiles:
+        """The stack CA's certificate and those its servers and its client present."""
+        return TlsFiles(self.settings.tls_dir)
 
     def kafka_sasl_config(self) -> dict[str, str]:
         """confluent_kafka settings for a SCRAM-SHA-512 login on the SASL port."""
         return self.settings.kafka_sasl_config()
 
-    def registry_url(self, *, authenticated: bool = False) -> str:
-        """Registry base URL (append ``/apis/ccompat/v7`` for the Confluent API)."""
-        return self.settings.registry_url(authenticated=authenticated)
+    def registry_url(self, *, authenticated: bool = False, tls: bool = False) -> str:
+        """Registry base URL (append ``/apis/ccompat/v7`` for the Confluent API); HTTPS with ``tls=True``."""
+        return self.settings.registry_url(authenticated=authenticated, tls=tls)
 
     def registry_auth(self) -> tuple[str, str]:
         """``(user, password)`` of the registry's basic-auth endpoint."""

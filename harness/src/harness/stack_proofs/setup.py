@@ -36,7 +36,8 @@ SHOP_TABLES: Final = tuple(t.name for t in pg_schema.TABLES)
 
 
 def stack_config(stack: Any, workdir: Path, *, value_format: Format = "avro", schema: str = "shop",
-                 sasl: bool = False, tables: Iterable[str] = SHOP_TABLES, max_records_per_batch: int | None = None,
+                 sasl: bool = False, tls: bool = False, tables: Iterable[str] = SHOP_TABLES,
+                 max_records_per_batch: int | None = None,
                  spark_conf: dict[str, str] | None = None, path: Path | None = None,
                  table_options: dict[str, dict[str, Any]] | None = None) -> Path:
     """Write a configuration for ``schema``'s tables on the running stack; returns the file.
@@ -47,6 +48,8 @@ def stack_config(stack: Any, workdir: Path, *, value_format: Format = "avro", sc
         value_format: ``avro`` (connector ``pgavro``, registry through nginx basic auth) or ``json``.
         schema: the PostgreSQL schema; topics are ``<prefix>.<schema>.<table>``.
         sasl: read Kafka through the SASL_PLAINTEXT / SCRAM-SHA-512 listener.
+        tls: read Kafka through the SASL_SSL listener (SCRAM-SHA-512 over TLS, the stack's client
+            certificate) and the registry over HTTPS, trusting the stack's CA.
         tables: table names of the schema to ingest.
         max_records_per_batch: the source's ``max_records_per_batch`` (default: the engine's).
         spark_conf: extra Spark settings (``spark.conf``).
@@ -54,15 +57,21 @@ def stack_config(stack: Any, workdir: Path, *, value_format: Format = "avro", sc
         table_options: more settings per table name (e.g. ``{"customers": {"history_mode": "scd2"}}``).
     """
     pg_schema.check_schema_name(schema)
-    kafka: dict[str, Any] = {"bootstrap_servers": stack.bootstrap_servers(sasl=sasl)}
-    if sasl:
-        kafka["options"] = {"kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "SCRAM-SHA-512"}
+    kafka: dict[str, Any] = {"bootstrap_servers": stack.bootstrap_servers(sasl=sasl, tls=tls)}
+    if sasl or tls:
+        kafka["options"] = {"kafka.security.protocol": "SASL_SSL" if tls else "SASL_PLAINTEXT",
+                            "kafka.sasl.mechanism": "SCRAM-SHA-512"}
         kafka["credentials_env"] = "KAFKA_SASL_JAAS_CONFIG"
+    if tls:
+        files = stack.tls_files()
+        kafka["tls"] = {"ca_file": str(files.ca), "cert_file": str(files.client)}
     source: dict[str, Any] = {"kind": "kafka", "kafka": kafka, "value_format": value_format}
     if value_format == "avro":
         source["registry"] = {"kind": "confluent",
-                              "url": f"{stack.registry_url(authenticated=True)}/apis/ccompat/v7",
+                              "url": f"{stack.registry_url(authenticated=True, tls=tls)}/apis/ccompat/v7",
                               "credentials_env": "SCHEMA_REGISTRY_USER_INFO"}
+        if tls:
+            source["registry"]["tls"] = {"ca_file": str(stack.tls_files().ca)}
     if max_records_per_batch is not None:
         source["max_records_per_batch"] = max_records_per_batch
     data: dict[str, Any] = {
