@@ -29,6 +29,8 @@ from ingest import secrets
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 TEXT: Final = "%(levelname)s %(name)s: %(message)s"
+#: the logger librdkafka's own lines go to (shown with ``--log-level debug``)
+LIBRDKAFKA: Final = "ingest.librdkafka"
 
 
 class _RedactedText(logging.Formatter):
@@ -58,6 +60,8 @@ def configure(fmt: LogFormat = "text", level: LogLevel = "warning") -> None:
     root.setLevel(level.upper())
     # py4j logs every call between the JVM and Python at info: shown only when debugging
     logging.getLogger("py4j").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+    # librdkafka repeats every failed connection attempt; the engine's own error says why, once
+    logging.getLogger(LIBRDKAFKA).setLevel(logging.DEBUG if level == "debug" else logging.CRITICAL)
     secrets.install_log_redaction(root)
 
 

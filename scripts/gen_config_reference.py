@@ -43,6 +43,7 @@ from ingest.config import (  # noqa: E402 -- after the path above
     StorageSpec,
     TableSpec,
     TargetSpec,
+    TlsSpec,
     TransactionsSpec,
 )
 
@@ -87,12 +88,19 @@ options:
   kafka.security.protocol: SASL_SSL
   kafka.sasl.mechanism: SCRAM-SHA-512
 credentials_env: KAFKA_SASL_JAAS_CONFIG
+tls: {ca_file: certs/ca.pem}
 reader: python
+"""),
+    Section("source.kafka.tls", TlsSpec, """\
+ca_file: certs/ca.pem             # also source.registry.tls
+cert_file: certs/client.pem
+key_password_env: CDC_INGEST_TLS_KEY_PASSWORD
 """),
     Section("source.registry", RegistrySpec, """\
 kind: confluent
 url: https://registry.example.internal
 credentials_env: SCHEMA_REGISTRY_USER_INFO
+tls: {ca_file: certs/ca.pem}
 """),
     Section("target", TargetSpec, """\
 root: s3://lake/cdc

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from ingest import secrets
 from ingest.config.base import Duration, Model, PlacementName, QualityPolicy, WriterName
-from ingest.config.source import KafkaSpec, RegistrySpec, SourceSpec, TransactionsSpec
+from ingest.config.source import KafkaSpec, RegistrySpec, SourceSpec, TlsSpec, TransactionsSpec
 from ingest.config.tables import ColumnSelection, DiscoverySpec, TableSpec
 from ingest.config.target import StorageSpec, TargetSpec
 from ingest.errors import ConfigError
@@ -26,7 +26,7 @@ from ingest.lake.location import LakePath, is_uri
 
 __all__ = [
     "ColumnSelection", "DiscoverySpec", "Duration", "IngestConfig", "KafkaSpec", "PlacementName", "QualityPolicy",
-    "QualitySpec", "RegistrySpec", "SourceSpec", "SparkSpec", "StorageSpec", "TableSpec", "TargetSpec",
+    "QualitySpec", "RegistrySpec", "SourceSpec", "SparkSpec", "StorageSpec", "TableSpec", "TargetSpec", "TlsSpec",
     "TransactionsSpec", "WriterName",
     "load_config",
 ]
@@ -294,6 +294,20 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _tls_resolved(source: SourceSpec, path: Path) -> SourceSpec:
+    """``source`` with its TLS files resolved against the configuration file's directory (they belong
+    with it, as the suites do; a file that is missing is reported by the client that reads it)."""
+    def resolved(tls: TlsSpec | None) -> TlsSpec | None:
+        if tls is None:
+            return None
+        return tls.model_copy(update={name: (path.parent / file).resolve() for name, file in tls.files().items()})
+
+    update: dict[str, Any] = {"registry": source.registry.model_copy(update={"tls": resolved(source.registry.tls)})}
+    if source.kafka is not None:
+        update["kafka"] = source.kafka.model_copy(update={"tls": resolved(source.kafka.tls)})
+    return source.model_copy(update=update)
+
+
 def load_config(path: str | os.PathLike[str], *, workdir: str | os.PathLike[str] | None = None) -> IngestConfig:
     """Read, validate and resolve a configuration file.
 
@@ -315,7 +329,8 @@ def load_config(path: str | os.PathLike[str], *, workdir: str | os.PathLike[str]
     # Suites belong with the configuration (versioned beside it), not with the data in workdir.
     suites = config.quality.expectations_dir
     quality = config.quality.model_copy(update={"expectations_dir": (path.parent / suites).resolve()})
-    config = config.model_copy(update={"workdir": base.resolve(), "quality": quality})
+    config = config.model_copy(update={"workdir": base.resolve(), "quality": quality,
+                                       "source": _tls_resolved(config.source, path)})
     if not config.lake_is_local or not config.checkpoint_location.is_local:
         # delta-rs, polars and boto3 read an object store's keys from the environment: those kept in
         # the secrets file are exported there (the environment wins), for every command, not only runs.

@@ -21,6 +21,56 @@ READER_KAFKA_OPTIONS: Final = SHARED_KAFKA_OPTIONS | {"fetch.max.wait.ms", "isol
 ISOLATION_LEVELS: Final = ("read_uncommitted", "read_committed")
 
 
+class TlsSpec(Model):
+    """TLS to a Kafka cluster or a schema registry: which CA to trust, and the client's own certificate
+    for a server that asks for one. Paths are relative to the configuration file; on a cluster they
+    must exist on every worker too. The key's password, if it has one, comes from the environment or
+    the secrets file only."""
+
+    ca_file: Path | None = Field(
+        None, description="PEM file of the CA certificate(s) that signed the server's certificate; unset: the "
+        "system's trust store", examples=["certs/ca.pem"])
+    cert_file: Path | None = Field(
+        None, description="the client's certificate chain (PEM), for a server that requires one; it may hold the "
+        "private key too (Spark's Kafka source reads both from one file)", examples=["certs/client.pem"])
+    key_file: Path | None = Field(
+        None, description="the client certificate's private key (PEM); unset: read from cert_file")
+    key_password_env: str = Field(
+        "CDC_INGEST_TLS_KEY_PASSWORD", description="environment variable (or secrets-file key) holding the private "
+        "key's password, if the key is encrypted (never the secret itself)")
+
+    @model_validator(mode="after")
+    def _key_needs_certificate(self) -> TlsSpec:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file needs cert_file (the certificate the key belongs to)")
+        return self
+
+    def files(self) -> dict[str, Path]:
+        """The files it names, by setting."""
+        return {name: path for name, path in (("ca_file", self.ca_file), ("cert_file", self.cert_file),
+                                              ("key_file", self.key_file)) if path is not None}
+
+    def client_settings(self, key_password: str | None) -> dict[str, str]:
+        """The ``ssl.*`` settings librdkafka and the schema registry client both take."""
+        out = {"ssl.ca.location": str(self.ca_file)} if self.ca_file else {}
+        if self.cert_file is not None:
+            out["ssl.certificate.location"] = str(self.cert_file)
+            out["ssl.key.location"] = str(self.key_file or self.cert_file)
+            if key_password:
+                out["ssl.key.password"] = key_password
+        return out
+
+    def java_options(self, key_password: str | None) -> dict[str, str]:
+        """The same for the Java Kafka client (Spark's Kafka source): PEM trust and key stores."""
+        out = {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": str(self.ca_file)} \
+            if self.ca_file else {}
+        if self.cert_file is not None:
+            out.update({"kafka.ssl.keystore.type": "PEM", "kafka.ssl.keystore.location": str(self.cert_file)})
+            if key_password:
+                out["kafka.ssl.key.password"] = key_password
+        return out
+
+
 class RegistrySpec(Model):
     """Where Avro schemas are looked up by id."""
 
@@ -33,6 +83,7 @@ class RegistrySpec(Model):
         "SCHEMA_REGISTRY_USER_INFO",
         description="confluent: name of the environment variable holding 'user:password' (never the secret itself)",
     )
+    tls: TlsSpec | None = Field(None, description="confluent, over https: the CA to trust and the client certificate")
 
     @field_validator("url")
     @classmethod
@@ -56,6 +107,9 @@ class KafkaSpec(Model):
     credentials_env: str = Field(
         "KAFKA_SASL_JAAS_CONFIG", description="environment variable holding the SASL JAAS config, if any"
     )
+    tls: TlsSpec | None = Field(
+        None, description="with kafka.security.protocol SSL or SASL_SSL: the CA to trust and the client certificate, "
+        "given to every Kafka client the engine starts (librdkafka's ssl.* and the Java client's PEM stores)")
     commit_group: str | None = Field(
         None, description="a Kafka consumer group to which each table's applied offsets are committed after its "
         "Delta commit, so consumer-group lag tools (kafka-consumer-groups --describe, Burrow, Grafana) see the "
@@ -89,6 +143,15 @@ class KafkaSpec(Model):
         if level is not None and level not in ISOLATION_LEVELS:
             raise ValueError(f"kafka.isolation.level must be one of {', '.join(ISOLATION_LEVELS)}, not {level!r}")
         return value
+
+    @model_validator(mode="after")
+    def _one_file_for_java(self) -> KafkaSpec:
+        tls = self.tls
+        if (self.reader == "spark" and tls is not None and tls.key_file is not None
+                and tls.key_file != tls.cert_file):
+            raise ValueError("reader 'spark': Spark's Kafka source (the Java client) reads the client's certificate "
+                             "and key from one PEM file: put both in tls.cert_file and leave tls.key_file unset")
+        return self
 
     @model_validator(mode="after")
     def _reader_understands_options(self) -> KafkaSpec:

@@ -41,7 +41,7 @@ from ingest.errors import DecodeError, RegistryUnavailableError
 from ingest.model import SNAPSHOT, STREAMED, KafkaCoordinates
 
 if TYPE_CHECKING:
-    from ingest.config import IngestConfig, TableSpec
+    from ingest.config import IngestConfig, TableSpec, TlsSpec
 
 from ingest.decode.parts import ROW_OPS, TS, Message, PartsBuilder, arrow_type_of, assemble, write_parts
 from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, PrefetchedSchemaRegistry
@@ -315,6 +315,7 @@ class DecoderSpec:
     registry_url: str | None = None
     key_columns: tuple[str, ...] | None = None
     registry_credentials_env: str | None = None
+    registry_tls: TlsSpec | None = None
     secrets_file: str | None = None
     keep_before: bool = True
     schemas: tuple[tuple[int, str], ...] = ()  # (id, schema JSON) the driver fetched for this topic
@@ -333,6 +334,7 @@ class DecoderSpec:
             registry_dir=str(config.registry_dir) if source.registry.kind == "embedded" else None,
             registry_url=source.registry.url if source.registry.kind == "confluent" else None,
             registry_credentials_env=source.registry.credentials_env,
+            registry_tls=source.registry.tls,
             secrets_file=str(config.secrets_path) if config.secrets_path else None,
         )
 
@@ -340,9 +342,9 @@ class DecoderSpec:
 
         registry: Any = None
         if self.registry_url:
-            url, env, file = self.registry_url, self.registry_credentials_env, self.secrets_file
+            url, env, file, tls = self.registry_url, self.registry_credentials_env, self.secrets_file, self.registry_tls
             registry = PrefetchedSchemaRegistry(self.schemas, lambda: ConfluentSchemaRegistry.from_settings(
-                url, credentials_env=env, secrets_file=file))
+                url, credentials_env=env, secrets_file=file, tls=tls))
         elif self.registry_dir:
             registry = EmbeddedSchemaRegistry(self.registry_dir)
         return MessageDecoder(value_format=self.value_format,  # type: ignore[arg-type]

@@ -15,14 +15,17 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 import fastavro
 
-from ingest import secrets
+from ingest import secrets, tls
 from ingest.errors import DecodeError, RegistryUnavailableError, SchemaRegistryError
 from ingest.lake.locks import exclusive
+
+if TYPE_CHECKING:
+    from ingest.config.source import TlsSpec
 
 MAGIC_BYTE = 0
 _HEADER = struct.Struct(">bI")
@@ -147,6 +150,7 @@ class ConfluentSchemaRegistry:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         _register_url_credentials(str(client_config.get("url", "")))
+        self._where = urlsplit(str(client_config.get("url", ""))).netloc.rpartition("@")[2] or "(no url)"
         secrets.register(client_config.get("basic.auth.user.info"))
         try:
             self._client = SchemaRegistryClient(client_config)
@@ -158,13 +162,24 @@ class ConfluentSchemaRegistry:
 
     @classmethod
     def from_settings(cls, url: str, *, credentials_env: str | None,
-                      secrets_file: str | os.PathLike[str] | None = None) -> ConfluentSchemaRegistry:
-        """A client for ``url`` with ``user:password`` from ``credentials_env`` (environment, then secrets file)."""
+                      secrets_file: str | os.PathLike[str] | None = None,
+                      tls: TlsSpec | None = None) -> ConfluentSchemaRegistry:
+        """A client for ``url`` with ``user:password`` from ``credentials_env`` (environment, then secrets
+        file), trusting and presenting what ``tls`` names."""
         config: dict[str, Any] = {"url": url}
         user_info = secrets.lookup(credentials_env, secrets_file) if credentials_env else None
         if user_info:
             config["basic.auth.user.info"] = user_info
+        if tls is not None:
+            config.update(tls.client_settings(secrets.lookup(tls.key_password_env, secrets_file)))
         return cls(config)
+
+    def _unreachable(self, doing: str, exc: Exception) -> RegistryUnavailableError:
+        """The registry did not answer while ``doing``: its address, and the TLS reason when that is why."""
+        why = tls.verify_failure(exc)
+        cause = f"TLS handshake failed: {why}" if why else secrets.describe(exc)
+        return RegistryUnavailableError(secrets.redact(
+            f"schema registry {self._where} unreachable while {doing}: {cause}"))
 
     def get_schema(self, schema_id: int) -> dict[str, Any]:
         # the registry client (about 1 s to import): only for a Confluent-compatible registry
@@ -180,9 +195,7 @@ class ConfluentSchemaRegistry:
                     f"schema registry refused schema id {schema_id}: HTTP {exc.http_status_code} {exc.error_message}"
                 )) from None
             except Exception as exc:  # httpx transport errors and the like: the registry is not there
-                raise RegistryUnavailableError(
-                    f"schema registry unreachable while fetching schema id {schema_id}: {secrets.describe(exc)}"
-                ) from None
+                raise self._unreachable(f"fetching schema id {schema_id}", exc) from None
             try:
                 self._cache[schema_id] = json.loads(schema.schema_str or "")
             except ValueError:
@@ -227,9 +240,7 @@ class ConfluentSchemaRegistry:
                     f"schema registry refused subject {subject}: HTTP {exc.http_status_code} {exc.error_message}"
                 )) from None
             except Exception as exc:
-                raise RegistryUnavailableError(
-                    f"schema registry unreachable while listing subject {subject}: {secrets.describe(exc)}"
-                ) from None
+                raise self._unreachable(f"listing subject {subject}", exc) from None
         return found
 
 

@@ -62,10 +62,11 @@ def _fix(name: str) -> str:
     return {
         "java": "install a JDK/JRE 17 or set JAVA_HOME",
         "jvm artifacts": "let the machine reach Maven Central once, or name local jars in spark.conf spark.jars",
-        "source": "check source.kafka.bootstrap_servers, the network, and the SASL credentials "
-                  "(source.kafka.credentials_env)",
+        "source": "check source.kafka.bootstrap_servers, the network, the SASL credentials "
+                  "(source.kafka.credentials_env) and, over TLS, source.kafka.tls",
         "topics": "check the topic names (tables[].topic, discover.topic_pattern) and that Debezium has written",
-        "registry": "check source.registry.url and its credentials (source.registry.credentials_env)",
+        "registry": "check source.registry.url, its credentials (source.registry.credentials_env) and, over "
+                    "https, source.registry.tls",
         "lake": "check target.root, target.storage and the store's credentials (AWS_ACCESS_KEY_ID, ...)",
         "checkpoints": "check target.checkpoint_dir, target.storage and the store's credentials",
         "tables": "see the cause: a table's Delta log must be readable with the lake's credentials",
@@ -137,7 +138,7 @@ def _registry(config: IngestConfig) -> Check:
     from ingest.decode.registry import ConfluentSchemaRegistry  # the registry client: only when one is configured
 
     client = ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
-                                                   secrets_file=config.secrets_path)
+                                                   secrets_file=config.secrets_path, tls=registry.tls)
     subjects = [f"{spec.topic}-value" for spec in config.tables]
     found = client.subject_schemas(subjects) if subjects else {}
     where = secrets.redact(registry.url)

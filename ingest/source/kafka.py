@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from pyspark.sql import DataFrame, SparkSession
 
+from ingest import secrets
 from ingest.source.kafka_admin import KafkaAdmin
 from ingest.source.kafkalog import KafkaLog
 from ingest.source.reader import fetch_messages, open_stream, read_ranges
@@ -39,6 +40,10 @@ class KafkaSource(KafkaAdmin):
         if jaas:
             # Spark redacts option values that mention a password in its plans and logs.
             reader = reader.option("kafka.sasl.jaas.config", jaas)
+        if self.spec.tls is not None:  # (and options named like a password: the TLS key's)
+            password = secrets.lookup(self.spec.tls.key_password_env, self.secrets_file)
+            for key, value in self.spec.tls.java_options(password).items():
+                reader = reader.option(key, value)
         return reader
 
     def stream(self, spark: SparkSession, topics: list[str], starting: str, max_records: int,

@@ -10,11 +10,12 @@ librdkafka has no JAAS: the username and password are read out of it.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from typing import Any, Final
 
-from ingest import secrets
+from ingest import logs, secrets, tls
 from ingest.config import KafkaSpec
 from ingest.config.source import SHARED_KAFKA_OPTIONS
 from ingest.errors import SourceUnavailableError
@@ -25,9 +26,13 @@ _JAAS_FIELD: Final = re.compile(r'\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)
 ADMIN_TIMEOUT: Final = 15.0
 
 
-def admin_config(spec: KafkaSpec, jaas: str | None) -> dict[str, Any]:
-    """librdkafka settings equivalent to what Spark's Kafka source gets."""
-    conf: dict[str, Any] = {"bootstrap.servers": spec.bootstrap_servers, "logger": log}
+def admin_config(spec: KafkaSpec, secrets_file: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """librdkafka settings equivalent to what Spark's Kafka source gets, with the SASL credentials and
+    the TLS key's password from the environment or ``secrets_file``."""
+    jaas = secrets.lookup(spec.credentials_env, secrets_file)
+    conf: dict[str, Any] = {"bootstrap.servers": spec.bootstrap_servers, "logger": logging.getLogger(logs.LIBRDKAFKA)}
+    if spec.tls is not None:
+        conf.update(spec.tls.client_settings(secrets.lookup(spec.tls.key_password_env, secrets_file)))
     for key, value in spec.options.items():
         name = key.removeprefix("kafka.")
         if name in SHARED_KAFKA_OPTIONS:
@@ -70,7 +75,7 @@ class KafkaAdmin:
             from confluent_kafka import KafkaException
             from confluent_kafka.admin import AdminClient
 
-            conf: dict[str, Any] = {**admin_config(self.spec, self._jaas()), "error_cb": self._on_error}
+            conf: dict[str, Any] = {**admin_config(self.spec, self.secrets_file), "error_cb": self._on_error}
             try:
                 self._admin = AdminClient(conf)
             except KafkaException as exc:
@@ -92,7 +97,20 @@ class KafkaAdmin:
         reason = _reason(exc)
         if self._client_error and self._client_error not in reason:
             reason += f" ({self._client_error})"
+        if tls.is_tls_failure(reason):
+            return self._tls_reason() or reason
         return reason
+
+    def _tls_reason(self) -> str | None:
+        """Why the TLS handshake with the first bootstrap server fails, as Python's ``ssl`` sees it."""
+        address = self.spec.bootstrap_servers.split(",")[0].strip()
+        password = secrets.lookup(self.spec.tls.key_password_env, self.secrets_file) if self.spec.tls else None
+        why = tls.diagnose(address, self.spec.tls, password)
+        if why is None:
+            return None
+        ca = self.spec.tls.ca_file if self.spec.tls is not None else None
+        trusted = f"the CA in {ca}" if ca else "the system's CAs (source.kafka.tls.ca_file unset)"
+        return f"TLS handshake with {address} failed: {why}; trusting {trusted}"
 
     def set_group_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> list[Any]:
         """Set consumer group ``group``'s next offsets of ``topic`` (partition -> offset) without waiting:
@@ -161,7 +179,8 @@ class KafkaAdmin:
                 return admin.list_topics(topic, timeout=step)
             except KafkaException:
                 admin.poll(0)
-                refused = (self._client_error or "").startswith("_AUTHENTICATION")
+                refused = (self._client_error or "").startswith("_AUTHENTICATION") or tls.is_tls_failure(
+                    self._client_error or "")
                 if refused or time.monotonic() >= deadline:
                     raise
 

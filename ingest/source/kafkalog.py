@@ -68,7 +68,7 @@ class KafkaLog:
     def consumer_config(self) -> dict[str, Any]:
         """librdkafka consumer settings: the shared connection options, and how to read like Spark."""
         spec = self.source.spec
-        conf = admin_config(spec, secrets.lookup(spec.credentials_env, self.source.secrets_file))
+        conf = admin_config(spec, self.source.secrets_file)
         conf.pop("logger", None)
         given = {key.removeprefix("kafka."): value for key, value in spec.options.items()}
         return {

@@ -64,7 +64,7 @@ def _to_kafka(config: IngestConfig, topic: str, records: list[Outgoing], partiti
     spec = config.source.kafka
     assert spec is not None
     where = f"Kafka at {spec.bootstrap_servers}"
-    conf = admin_config(spec, secrets.lookup(spec.credentials_env, config.secrets_path))
+    conf = admin_config(spec, config.secrets_path)
     conf.pop("logger", None)
     try:
         admin = AdminClient(conf)

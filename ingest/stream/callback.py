@@ -494,7 +494,7 @@ def _driver_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:
         return None
     try:
         return ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
-                                                     secrets_file=config.secrets_path)
+                                                     secrets_file=config.secrets_path, tls=registry.tls)
     except RegistryUnavailableError as exc:
         log.warning("schema registry client not created on the driver (%s); the executors will ask it",
                     secrets.describe(exc))

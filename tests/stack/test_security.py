@@ -17,12 +17,19 @@ in the workdir, so it is searched too.
 5. A wrong SCRAM password (fresh workdir: Spark's Kafka source; existing tables: the admin client
    and ``ingest status``) and a wrong registry password each fail with an error that names the
    authentication that failed, and without any secret.
-6. Every byte written -- Delta tables, audit, quarantine, checkpoints, logs, captured output, the
-   Dagster instance's storage and materialization metadata -- is searched for the passwords.
+6. TLS (issue 43, point 4): both Kafka readers through the broker's SASL_SSL listener, with a client
+   certificate whose key is encrypted (its password from the environment), and the registry over
+   HTTPS, trusting the stack's CA: every table equals PostgreSQL. A CA that did not sign the
+   broker's or the registry's certificate, an expired certificate and one for another name each
+   fail in one line naming the endpoint and the reason.
+7. Every byte written -- Delta tables, audit, quarantine, checkpoints, logs, captured output, the
+   Dagster instance's storage and materialization metadata -- is searched for the passwords, the
+   TLS key's password and lines of the stack's private keys.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -33,9 +40,13 @@ from typing import Any
 
 import psycopg
 import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from deltalake import DeltaTable
 from harness.postgres import schema as pg_schema
 from harness.postgres.workload import WorkloadSpec, run_workload
+from harness.stack.tls import Issued, issue, serve
 from harness.stack_proofs.setup import reset_source, stack_config
 from psycopg import sql
 
@@ -48,6 +59,7 @@ pytestmark = pytest.mark.stack
 SCHEMA = "shopsec"
 WRONG_SCRAM = "Wr0ng-Scram-Passw0rd-4711"
 WRONG_REGISTRY = "Wr0ng-Registry-Passw0rd-0815"
+TLS_KEY_PASSWORD = "Tls-K3y-Passw0rd-2718"
 
 
 REVENUE_IN_PG = """
@@ -113,7 +125,18 @@ def secrets_of(stack: Any) -> dict[str, str]:
     user, password = stack.registry_auth()
     return {"SCRAM password": stack.settings.credentials.kafka_sasl_password, "registry password": password,
             "registry user:password": f"{user}:{password}", "wrong SCRAM password": WRONG_SCRAM,
-            "wrong registry password": WRONG_REGISTRY}
+            "wrong registry password": WRONG_REGISTRY, "TLS key password": TLS_KEY_PASSWORD,
+            **_key_material(stack)}
+
+
+def _key_material(stack: Any) -> dict[str, str]:
+    """Lines of the stack's private keys (the client's, the servers', the CA's), as a leak would show them."""
+    out = {}
+    for name in ("client", "server_key", "ca_key"):
+        pem = getattr(stack.tls_files(), name).read_text()
+        body = pem.split("PRIVATE KEY-----", 1)[1].strip().splitlines()
+        out[f"{name} private key"] = body[1]  # one base64 line from inside the key
+    return out
 
 
 def test_a_sasl_and_basic_auth_run_ingests_every_table_equal(stack: Any, written: Written, pg_dsn: str) -> None:
@@ -259,6 +282,97 @@ def test_a_wrong_registry_password_names_the_registry_refusal(stack: Any, writte
     assert "schema registry refused" in text and "HTTP 401" in text, text[-3000:]
     tables = load_config(fresh).tables_root
     assert not (tables / "_cdc_quarantine").exists()  # a refused login is not bad data
+
+
+def _client_bundle(stack: Any, written: Written) -> Path:
+    """The stack's client certificate with its key encrypted under :data:`TLS_KEY_PASSWORD`."""
+    path = written.root / "client-encrypted.pem"
+    if not path.exists():
+        bundle = stack.tls_files().client
+        # PBE-SHA1-3DES: what the JDK decrypts (not PBES2: tests/source/test_tls.py)
+        encrypted = subprocess.run(["openssl", "pkcs8", "-topk8", "-v1", "PBE-SHA1-3DES", "-in", str(bundle),
+                                    "-passout", "env:PASSPHRASE"], env={**os.environ, "PASSPHRASE": TLS_KEY_PASSWORD},
+                                   capture_output=True, check=True).stdout
+        cert = x509.load_pem_x509_certificate(bundle.read_bytes()).public_bytes(serialization.Encoding.PEM)
+        path.write_bytes(cert + encrypted)
+    return path
+
+
+def _tls_config(stack: Any, written: Written, name: str, *, reader: str = "python", kafka: str | None = None,
+                registry: str | None = None, kafka_ca: Path | None = None, registry_ca: Path | None = None) -> Path:
+    """The configuration over TLS: SASL_SSL with a client certificate whose key is encrypted, the
+    registry over HTTPS; ``kafka``/``registry`` and the CAs replace the stack's."""
+    workdir = written.root / name
+    path = stack_config(stack, workdir, value_format="avro", schema=SCHEMA, tls=True,
+                        spark_conf={"spark.local.dir": str(workdir / "spark-local")},
+                        table_options={"customers": {"history_mode": "scd2"}})
+    raw = yaml.safe_load(path.read_text())
+    source = raw["source"]
+    source["kafka"]["reader"] = reader
+    source["kafka"]["tls"]["cert_file"] = str(_client_bundle(stack, written))
+    if kafka is not None:
+        source["kafka"]["bootstrap_servers"] = kafka
+    if kafka_ca is not None:
+        source["kafka"]["tls"]["ca_file"] = str(kafka_ca)
+    if registry is not None:
+        source["registry"]["url"] = f"https://{registry}/apis/ccompat/v7"
+    if registry_ca is not None:
+        source["registry"]["tls"]["ca_file"] = str(registry_ca)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _tls_env(stack: Any) -> dict[str, str]:
+    return {**_env(stack), "CDC_INGEST_TLS_KEY_PASSWORD": TLS_KEY_PASSWORD}
+
+
+@pytest.mark.parametrize("reader", ["python", "spark"])
+def test_a_run_over_tls_equals_postgresql(stack: Any, written: Written, pg_dsn: str, reader: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43, point 4: the broker's SASL_SSL listener (a client certificate required) and the
+    registry's HTTPS port, trusting the stack's CA, with either Kafka reader."""
+    monkeypatch.setenv("CDC_INGEST_TLS_KEY_PASSWORD", TLS_KEY_PASSWORD)  # for the verification here
+    path = _tls_config(stack, written, f"tls-{reader}", reader=reader)
+    assert stack.bootstrap_servers(tls=True) in path.read_text()
+    done = _ingest(written, f"run over TLS ({reader})", _tls_env(stack), "run", "-c", str(path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = verify_source_db(load_config(path), pg_dsn, wait=120, on_stall=stack.unstick_capture)
+    assert result.ok, (result.catch_up, [(t.table, t.verification and t.verification.examples, t.error)
+                                         for t in result.tables])
+    status = _ingest(written, f"status over TLS ({reader})", _tls_env(stack), "status", "-c", str(path))
+    assert status.returncode == 0 and status.stdout.count(f"pgavro.{SCHEMA}.") == 4, status.stdout + status.stderr
+
+
+def test_a_wrong_ca_an_expired_or_a_mismatched_certificate_is_one_line(stack: Any, written: Written) -> None:
+    """Each fails with one line that names the endpoint and the TLS reason: ``ingest status`` for the
+    broker, the registry's line of ``ingest check``."""
+    files = stack.tls_files()
+    ca = Issued(files.ca.read_bytes(), files.ca_key.read_bytes())
+    other = written.root / "other-ca.pem"
+    other.write_bytes(issue("another CA").cert)
+    expired = issue("127.0.0.1", ca=ca, hosts=("127.0.0.1",), validity=dt.timedelta(days=1),
+                    not_before=dt.datetime.now(dt.UTC) - dt.timedelta(days=30))
+    elsewhere = issue("broker.example", ca=ca, hosts=("broker.example",))
+    broker, registry = stack.bootstrap_servers(tls=True), f"127.0.0.1:{stack.settings.registry_tls_port}"
+    with serve(expired) as stale, serve(elsewhere) as misnamed:
+        cases = [(broker, registry, other, "self-signed certificate in certificate chain"),
+                 (stale, stale, None, "certificate has expired"),
+                 (misnamed, misnamed, None, "IP address mismatch")]
+        for i, (kafka_at, registry_at, trusted, reason) in enumerate(cases):
+            path = _tls_config(stack, written, f"tls-bad-{i}", kafka=kafka_at, kafka_ca=trusted)
+            status = _ingest(written, f"status, TLS case {i}", _tls_env(stack), "status", "-c", str(path), timeout=120)
+            lines = status.stderr.strip().splitlines()
+            assert status.returncode == 3 and len(lines) == 1, status.stdout + status.stderr
+            assert kafka_at in lines[0] and f"certificate verify failed: {reason}" in lines[0], lines[0]
+
+            path = _tls_config(stack, written, f"tls-bad-registry-{i}", registry=registry_at, registry_ca=trusted)
+            check = _ingest(written, f"check, TLS case {i}", _tls_env(stack), "check", "-c", str(path),
+                            "--format", "json", timeout=300)
+            assert check.returncode == 3, check.stdout + check.stderr
+            found = [c for c in map(json.loads, check.stdout.splitlines()) if c["check"] == "registry"]
+            assert len(found) == 1 and not found[0]["ok"], check.stdout
+            line = found[0]["detail"]
+            assert "\n" not in line and registry_at in line and f"certificate verify failed: {reason}" in line, line
 
 
 def test_no_secret_in_anything_written_or_printed(stack: Any, written: Written) -> None:
