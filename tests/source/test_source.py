@@ -150,7 +150,7 @@ def test_an_unreachable_broker_is_reported_never_lag_zero(tmp_path):
     assert status.lag is None and "did not answer" in (status.source_error or "")
 
 
-def test_the_admin_client_gets_the_sasl_credentials_of_the_jaas_config():
+def test_the_admin_client_gets_the_sasl_credentials_of_the_jaas_config(monkeypatch):
     from ingest.config import KafkaSpec
     from ingest.source.kafka_admin import admin_config
 
@@ -158,14 +158,15 @@ def test_the_admin_client_gets_the_sasl_credentials_of_the_jaas_config():
                      options={"kafka.security.protocol": "SASL_PLAINTEXT", "kafka.sasl.mechanism": "SCRAM-SHA-512",
                               "kafka.ssl.truststore.location": "/x.jks"})
     jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="cdc" password="p\\"w";'
-    conf = admin_config(spec, jaas)
+    monkeypatch.setenv(spec.credentials_env, jaas)
+    conf = admin_config(spec, None)
     assert {k: conf[k] for k in ("bootstrap.servers", "security.protocol", "sasl.mechanism", "sasl.username")} == {
         "bootstrap.servers": "b:9095", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
         "sasl.username": "cdc"}
     assert conf["sasl.password"] == 'p"w'
     assert "ssl.truststore.location" not in conf  # a Java-only option librdkafka would refuse
     # a plaintext connection gets no credentials (librdkafka would warn about each)
-    plain = admin_config(KafkaSpec(bootstrap_servers="b:9092"), jaas)
+    plain = admin_config(KafkaSpec(bootstrap_servers="b:9092"), None)
     assert not {k for k in plain if k.startswith("sasl.")}
 
 
