@@ -36,6 +36,10 @@ from harness.stack.tools import ensure_postgres, render
 _PG_USER = "postgres"
 
 
+#: Debezium's signal table (``signal.data.collection`` in infra/stack/connectors/)
+SIGNAL_TABLE = "public.debezium_signal"
+
+
 class Postgres(Component):
     """PostgreSQL 15 on ``127.0.0.1:STACK_PG_PORT``."""
 
@@ -148,6 +152,13 @@ class Postgres(Component):
         with self.admin(s.pg_db) as conn:
             if not conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (s.publication,)).fetchone():
                 conn.execute(sql.SQL("CREATE PUBLICATION {} FOR ALL TABLES").format(sql.Identifier(s.publication)))
+            # Debezium's signal table (ingest resnapshot): the connectors write their incremental
+            # snapshots' watermarks into it, and read their signals from the WAL (the publication is
+            # FOR ALL TABLES).
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {SIGNAL_TABLE} (id varchar(64) PRIMARY KEY, "
+                         "type varchar(32) NOT NULL, data text)")
+            conn.execute(sql.SQL("GRANT SELECT, INSERT, DELETE ON {} TO {}").format(
+                sql.SQL(SIGNAL_TABLE), sql.Identifier(s.pg_repl_user)))
         # The roles must log in over TCP with their passwords, as the engine and Debezium do.
         logins = ((s.pg_user, s.credentials.pg_password), (s.pg_repl_user, s.credentials.pg_repl_password))
         for user, password in logins:
