@@ -258,6 +258,7 @@ class BatchFacts:
             (:mod:`~ingest.rules.moved`).
         newest: when the newest of its changes was committed in the source (``_cdc_source_ts``),
             if any says.
+        reads: its snapshot reads (``r``: the initial snapshot, or an incremental one).
     """
 
     flattened: bool | None
@@ -266,6 +267,7 @@ class BatchFacts:
     mark: SourceMark = field(default_factory=SourceMark)
     moved: int = 0
     newest: datetime | None = None
+    reads: int = 0
 
 
 def facts_of(changes: pa.Table) -> BatchFacts:
@@ -278,7 +280,7 @@ def facts_of(changes: pa.Table) -> BatchFacts:
     declared = [k for k in pc.unique(rows["_cdc_key_columns"]).to_pylist() if k]
     return BatchFacts(bool(pc.any(rows["_cdc_flattened"]).as_py()), declared, rows.num_rows, mark,
                       int(pc.sum(pc.or_(pc.is_valid(rows["_cdc_old_key"]), pc.is_valid(rows["_cdc_new_key"]))).as_py()),
-                      newest)
+                      newest, int(pc.sum(pc.equal(rows["_cdc_op"], "r")).as_py() or 0))
 
 
 def source_mark_of(changes: pa.Table) -> SourceMark:

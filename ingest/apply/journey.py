@@ -181,6 +181,7 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
         record.total_ms = decode_ms + int((time.perf_counter() - t0) * 1000)
         record.finished_at = datetime.now(UTC)
         record.source_committed_at = facts.newest
+        record.snapshot_reads = facts.reads
         kept = not replay or outcome.committed
         if kept and not defer_audit:
             audit.append(paths.audit, [record])

@@ -163,6 +163,27 @@ def run(
 
 
 @app.command(rich_help_panel=OPERATE)
+def resnapshot(
+    tables: Annotated[list[str], typer.Argument(help="the tables to read again", show_default=False)],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+) -> None:
+    """Ask the tables' Debezium connectors for an incremental snapshot of them, through their Kafka
+    signal topic, while the stream keeps flowing; the next runs apply the reads (docs/operations.md)."""
+    from ingest.ops.resnapshot import send, signals_for  # librdkafka: when the command runs
+
+    cfg = load(config, workdir)
+    signals = signals_for(cfg, tables)
+    send(cfg, signals)
+    out = Table(title="Incremental snapshots asked for")
+    for col in ("connector (topic prefix)", "signal topic", "source tables", "tables"):
+        out.add_column(col)
+    for signal in signals:
+        out.add_row(signal.prefix, signal.topic, ", ".join(signal.collections), ", ".join(signal.tables))
+    console.print(out)
+
+
+@app.command(rich_help_panel=OPERATE)
 def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
            output: FormatOpt = TableOrJson.table) -> None:
     """Per table: applied offsets, lag, Delta version, last batch (exit 3: the source did not answer)."""

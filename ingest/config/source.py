@@ -114,6 +114,10 @@ class KafkaSpec(Model):
         None, description="a Kafka consumer group to which each table's applied offsets are committed after its "
         "Delta commit, so consumer-group lag tools (kafka-consumer-groups --describe, Burrow, Grafana) see the "
         "pipeline; never read back: the Delta logs stay where runs resume from", examples=["cdc-lakehouse"])
+    signal_topic: str = Field(
+        "{prefix}-signal", description="the connectors' Kafka signal topic (their signal.kafka.topic), where "
+        "ingest resnapshot asks for an incremental snapshot; {prefix} is the table's topic prefix (its topic "
+        "without .<schema>.<table>), as in Debezium's default")
     reader: Literal["spark", "python"] = Field(
         "python", description="spark: Spark's Kafka source (Java client), decoded by mapInArrow; python: the "
         "engine's own reader, which consumes with librdkafka in the Python workers and decodes as it reads "

@@ -89,6 +89,8 @@ class AuditRecord:
     #: when the newest change the batch received was committed in the source (Debezium's
     #: ``source.ts_ms``); ``finished_at`` minus this is how far the table trailed its source
     source_committed_at: datetime | None = None
+    #: snapshot reads among the received (``r``: the initial snapshot, or ``ingest resnapshot``'s)
+    snapshot_reads: int = 0
 
     @property
     def applied(self) -> int:
@@ -147,7 +149,9 @@ AUDIT_SCHEMA = pa.schema(
         ("started_at", pa.timestamp("us", tz="UTC")),
         ("finished_at", pa.timestamp("us", tz="UTC")),
         ("balanced", pa.bool_()),
-        ("source_committed_at", pa.timestamp("us", tz="UTC")),  # added later: last, as merged tables have it
+        # added later: last, as tables written before and merged since have them
+        ("source_committed_at", pa.timestamp("us", tz="UTC")),
+        ("snapshot_reads", pa.int64()),
     ]
 )
 

@@ -89,7 +89,8 @@ class ExecutorsPlacement:
             F.count(F.when(~reads & ~tracked, True)).alias("untracked"),
             F.count(F.when(changed & (F.col("_cdc_old_key").isNotNull() | F.col("_cdc_new_key").isNotNull()),
                            True)).alias("moved"),
-            F.max(F.unix_micros("_cdc_source_ts")).alias("newest")).first()
+            F.max(F.unix_micros("_cdc_source_ts")).alias("newest"),
+            F.count(F.when(reads, True)).alias("all_reads")).first()
         assert found is not None
         last = found["last"]
         snapshot = "closed" if last is not None or found["closers"] else "open" if found["reads"] else "none"
@@ -97,7 +98,7 @@ class ExecutorsPlacement:
         mark = SourceMark(txn, order, position, snapshot, int(found["untracked"]))  # type: ignore[arg-type]
         newest = None if found["newest"] is None else datetime.fromtimestamp(found["newest"] / 1e6, UTC)
         return BatchFacts(found["flattened"], sorted(k for k in found["keys"] if k), int(found["rows"]), mark,
-                          int(found["moved"]), newest)
+                          int(found["moved"]), newest, int(found["all_reads"]))
 
     def take_foreign_keys(self, changes: DataFrame, key_columns: tuple[str, ...]) -> tuple[DataFrame, pa.Table]:
         # as on the driver, a change that declares no key is not foreign

@@ -1,0 +1,49 @@
+"""``ingest resnapshot``'s signals (issue 43, point 3): to which connector, on which topic, for which
+source tables. The live snapshot itself, on the real stack: tests/stack/test_resnapshot.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ingest.cli.commands import app
+from ingest.config import load_config
+from ingest.errors import ConfigError
+from ingest.ops.resnapshot import signals_for
+
+
+def _config(tmp_path: Path, source: dict[str, object]) -> Path:
+    raw = {"workdir": str(tmp_path / "work"), "source": source,
+           "tables": [{"name": "orders", "topic": "shop.public.orders"},
+                      {"name": "customers", "topic": "shop.public.customers", "source_table": "crm.customers"},
+                      {"name": "items", "topic": "erp.sales.items"},
+                      {"name": "odd", "topic": "no-prefix"}]}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_one_signal_per_connector_naming_its_source_tables(tmp_path: Path) -> None:
+    config = load_config(_config(tmp_path, {"kind": "kafka", "kafka": {"bootstrap_servers": "b:9092"}}))
+    signals = signals_for(config, ["orders", "items", "customers"])
+    assert [(s.prefix, s.topic, s.collections, s.tables) for s in signals] == [
+        ("erp", "erp-signal", ("sales.items",), ("items",)),
+        ("shop", "shop-signal", ("public.orders", "crm.customers"), ("orders", "customers"))]
+    assert json.loads(json.dumps(signals[1].value())) == {
+        "type": "execute-snapshot", "data": {"data-collections": ["public.orders", "crm.customers"],
+                                             "type": "incremental"}}
+    with pytest.raises(ConfigError, match=r"not <prefix>\.<schema>\.<table>"):
+        signals_for(config, ["odd"])
+    renamed = load_config(_config(tmp_path, {"kind": "kafka", "kafka": {"bootstrap_servers": "b:9092",
+                                                                         "signal_topic": "signals.{prefix}"}}))
+    assert signals_for(renamed, ["orders"])[0].topic == "signals.shop"
+
+
+def test_without_kafka_it_says_so_in_one_line(tmp_path: Path) -> None:
+    done = CliRunner().invoke(app, ["resnapshot", "orders", "-c", str(_config(tmp_path, {"kind": "embedded"}))])
+    assert done.exit_code == 2 and "the source is not Kafka" in done.output
+    assert len([line for line in done.output.splitlines() if line.strip()]) == 1
