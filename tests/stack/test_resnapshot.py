@@ -5,7 +5,8 @@ of 3,000 rows is ingested; 200 of its rows are then deleted from the lake behind
 While a workload updates, deletes and inserts rows of the table being read (all but the lost ones,
 which only the snapshot can bring back), ``ingest resnapshot`` asks the connector to read the table
 again, and runs apply what arrives. The table ends equal to PostgreSQL (``verify --source-db``: no
-resurrected deletes, no lost updates, the lost rows back) and the audit counts the snapshot reads. MariaDB is not in this stack yet.
+resurrected deletes, no lost updates, the lost rows back) and the audit counts the snapshot reads.
+MariaDB is not in this stack yet.
 """
 
 from __future__ import annotations
