@@ -20,9 +20,10 @@ from urllib.parse import urlsplit
 
 import fastavro
 
-from ingest import secrets, tls
+from ingest import secrets
 from ingest.errors import DecodeError, RegistryUnavailableError, SchemaRegistryError
 from ingest.lake.locks import exclusive
+from ingest.tls import verify_failure
 
 if TYPE_CHECKING:
     from ingest.config.source import TlsSpec
@@ -176,7 +177,7 @@ class ConfluentSchemaRegistry:
 
     def _unreachable(self, doing: str, exc: Exception) -> RegistryUnavailableError:
         """The registry did not answer while ``doing``: its address, and the TLS reason when that is why."""
-        why = tls.verify_failure(exc)
+        why = verify_failure(exc)
         cause = f"TLS handshake failed: {why}" if why else secrets.describe(exc)
         return RegistryUnavailableError(secrets.redact(
             f"schema registry {self._where} unreachable while {doing}: {cause}"))

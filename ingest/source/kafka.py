@@ -40,7 +40,8 @@ class KafkaSource(KafkaAdmin):
         if jaas:
             # Spark redacts option values that mention a password in its plans and logs.
             reader = reader.option("kafka.sasl.jaas.config", jaas)
-        if self.spec.tls is not None:  # (and options named like a password: the TLS key's)
+        if self.spec.tls is not None:
+            # the key's password is redacted as the JAAS config is: Spark hides options named like a password
             password = secrets.lookup(self.spec.tls.key_password_env, self.secrets_file)
             for key, value in self.spec.tls.java_options(password).items():
                 reader = reader.option(key, value)

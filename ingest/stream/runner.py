@@ -115,8 +115,8 @@ class Runner:
             # login or a broker that does not answer fails here in seconds with librdkafka's reason, not
             # after Spark's Kafka source has waited out its own timeouts and the query's restarts.
             catalog_for(self.config).topics()
-            if source.kafka is not None and source.kafka.reader == "spark" and source.kafka.tls is not None:
-                tls.check_java_key(source.kafka.tls)
+        if source.kafka is not None and source.kafka.reader == "spark" and source.kafka.tls is not None:
+            tls.check_java_key(source.kafka.tls)  # a key Spark's Java client cannot read: refused before it starts
         # One writer per table: a second run on any of these tables fails here, before Spark starts.
         held = locks.acquire_all(self.config.tables_root, [s.name for s in specs],
                                  lease_seconds=self.config.target.storage.lease_seconds)
