@@ -10,7 +10,7 @@ from __future__ import annotations
 import dagster as dg
 
 from assets.analytics import build_analytics_assets
-from assets.checks import DEFAULT_THRESHOLDS, LagThresholds, build_table_checks
+from assets.checks import LagThresholds, build_table_checks
 from assets.constants import CDC_TABLES_GROUP, ENGINE_RESOURCE_KEY
 from assets.incremental import build_incremental_assets
 from assets.jobs import build_maintenance_job, build_maintenance_schedule
@@ -23,7 +23,7 @@ INGEST_JOB = "cdc_ingest_all_tables"
 
 
 def build_definitions(config: IngestConfig, engine: IngestPipeline, *,
-                      thresholds: LagThresholds = DEFAULT_THRESHOLDS,
+                      thresholds: LagThresholds | None = None,
                       sensor_interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
                       sensor_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
                       schedule_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
@@ -33,15 +33,19 @@ def build_definitions(config: IngestConfig, engine: IngestPipeline, *,
     Args:
         config: the ingestion configuration the assets are generated from.
         engine: the resource that drains tables (bound as ``ingest_pipeline``).
-        thresholds: when the ``lag`` check calls a table stale.
+        thresholds: when the ``lag`` check calls a table stale (default: the configuration's
+            ``dagster.max_lag_records`` and ``dagster.max_staleness``).
         sensor_interval_seconds: minimum seconds between two ticks of a table's sensor.
         sensor_status: whether the sensors start running when first loaded.
         schedule_status: whether the maintenance schedule starts running when first loaded.
     """
+    thresholds = thresholds or LagThresholds(config.dagster.max_lag_records, config.dagster.max_staleness)
     tables = [build_table_asset(spec) for spec in config.tables]
     maintenance = build_maintenance_job(config.tables)
+    # the demo's analytic assets only when asked for: they expect the demo schema's columns
+    analytics = [*build_analytics_assets(config), *build_incremental_assets(config)] if config.dagster.analytics else []
     return dg.Definitions(
-        assets=[*tables, *build_analytics_assets(config), *build_incremental_assets(config)],
+        assets=[*tables, *analytics],
         asset_checks=[build_table_checks(spec, thresholds) for spec in config.tables],
         sensors=[build_offsets_sensor(list(config.tables), minimum_interval_seconds=sensor_interval_seconds,
                                       default_status=sensor_status)],

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's models, not an installed copy's
 from ingest.config import (  # noqa: E402 -- after the path above
     RENAMED_KEYS,
     ColumnSelection,
+    DagsterSpec,
     DiscoverySpec,
     IngestConfig,
     KafkaSpec,
@@ -127,6 +128,11 @@ expectations_dir: expectations
 results_dir: quality
 keep_results: 200
 validate_on: auto
+"""),
+    Section("dagster", DagsterSpec, """\
+analytics: false
+max_lag_records: 1000
+max_staleness: 15m
 """),
     Section("tables[]", TableSpec, """\
 name: orders

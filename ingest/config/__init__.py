@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,7 +26,8 @@ from ingest.errors import ConfigError
 from ingest.lake.location import LakePath, is_uri
 
 __all__ = [
-    "ColumnSelection", "DiscoverySpec", "Duration", "IngestConfig", "KafkaSpec", "PlacementName", "QualityPolicy",
+    "ColumnSelection", "DagsterSpec", "DiscoverySpec", "Duration", "IngestConfig", "KafkaSpec", "PlacementName",
+    "QualityPolicy",
     "QualitySpec", "RegistrySpec", "SourceSpec", "SparkSpec", "StorageSpec", "TableSpec", "TargetSpec", "TlsSpec",
     "TransactionsSpec", "WriterName",
     "load_config",
@@ -49,6 +51,20 @@ class QualitySpec(Model):
         "executors (target.plan_on), driver otherwise (on a local master the executors are the driver's own "
         "cores). Same expectations, policies, results and quarantine either way"
     )
+
+
+class DagsterSpec(Model):
+    """What the Dagster definitions (assets/, dagster_project/) build from this configuration; the
+    engine itself does not read it."""
+
+    analytics: bool = Field(
+        False, description="also build the demo's analytic assets (daily revenue by segment, orders by status), "
+        "which expect the demo schema's orders, customers and order_items tables and their columns")
+    max_lag_records: int = Field(
+        0, ge=0, description="the lag check: records a table may have pending without further question")
+    max_staleness: Duration = Field(
+        timedelta(hours=1), description="the lag check: with more pending than that, the table's newest commit "
+        "must be this recent (a duration: 90s, 15m, 1h, 1d)", examples=["15m"])
 
 
 def local_cores(master: str) -> int | None:
@@ -85,6 +101,7 @@ class IngestConfig(Model):
     )
     spark: SparkSpec = Field(default_factory=SparkSpec, description="Spark session settings")
     quality: QualitySpec = Field(default_factory=QualitySpec, description="data quality suites and results")
+    dagster: DagsterSpec = Field(default_factory=DagsterSpec, description="what the Dagster definitions build")
     tables: tuple[TableSpec, ...] = Field((), description="the tables to ingest (and overrides of discovered ones)")
     discover: DiscoverySpec | None = Field(None, description="also ingest every topic matching a pattern")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
+import yaml
 
 from assets.constants import (
     ANALYTICS_GROUP,
@@ -85,3 +86,28 @@ def test_discovered_tables_become_assets_and_a_reload_finds_new_topics(monkeypat
     [target] = sensor.targets  # type: ignore[union-attr]
     assert set(target.resolvable_to_job.selection.resolve(defs.get_repository_def().asset_graph)) == {
         table_key("invoices"), table_key("public_payments"), table_key("public_refunds")}
+
+
+def test_the_demo_analytics_attach_only_when_the_configuration_asks_and_thresholds_come_from_it(tmp_path):
+    """A user's own tables named like the demo's get no analytic assets built for the demo's columns."""
+    from assets.definitions import build_definitions
+
+    own = [{"name": "orders", "topic": "erp.public.orders"}, {"name": "customers", "topic": "erp.public.customers"},
+           {"name": "order_items", "topic": "erp.public.order_items"}]
+    path, config = write_config(tmp_path, tables=own)
+    raw = yaml.safe_load(path.read_text())
+    raw.pop("dagster", None)
+    path.write_text(yaml.safe_dump(raw))
+    config = load_config(path)
+    engine = SparkIngestPipeline(config_path=str(path))
+    keys = build_definitions(config, engine).get_repository_def().asset_graph.get_all_asset_keys()
+    assert keys == {table_key(t["name"]) for t in own}
+
+    raw["dagster"] = {"analytics": True, "max_lag_records": 250, "max_staleness": "15m"}
+    path.write_text(yaml.safe_dump(raw))
+    defs = build_definitions(load_config(path), engine)
+    graph = defs.get_repository_def().asset_graph
+    assert {k for k in graph.get_all_asset_keys() if graph.get(k).group_name == ANALYTICS_GROUP}
+    [lag] = [s for c in defs.asset_checks or [] for s in c.check_specs  # type: ignore[union-attr]
+             if s.name == LAG_CHECK and s.asset_key == table_key("orders")]
+    assert "250 records" in (lag.description or "") and "0:15:00" in (lag.description or "")

@@ -77,6 +77,7 @@ def stack_config(stack: Any, workdir: Path, *, value_format: Format = "avro", sc
     data: dict[str, Any] = {
         "workdir": str(workdir.resolve()),
         "source": source,
+        "dagster": {"analytics": True},  # the shop schema's tables are the demo's
         "tables": [{"name": t, "topic": f"{PREFIX[value_format]}.{schema}.{t}", "source_table": f"{schema}.{t}",
                     **(table_options or {}).get(t, {})} for t in tables],
     }
