@@ -18,7 +18,6 @@ import functools
 import html
 import http.server
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.demo import prepare_workload  # noqa: E402
+from harness.stack.process import stop  # noqa: E402
 from harness.stack.s3 import free_port  # noqa: E402
 
 from ingest.config import load_config  # noqa: E402
@@ -164,11 +164,7 @@ def main() -> int:
     finally:
         for process in (run, prometheus):
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGINT)
-                try:
-                    process.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
+                stop(process.pid, sig=signal.SIGINT, timeout=120)  # the run ends after its current batch
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
 
