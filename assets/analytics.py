@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from assets.constants import ANALYTICS_GROUP, ANALYTICS_KEY_PREFIX, table_key
+from assets.constants import ANALYTICS_GROUP, ANALYTICS_KEY_PREFIX, DEFAULT_NAMES, Names, table_key
 from assets.resources import IngestPipeline
 from ingest.columns import normalize
 from ingest.config import IngestConfig
@@ -96,7 +96,7 @@ def daily_revenue(config: IngestConfig) -> pa.Table:
     return normalize(query_tables(tables, sql))
 
 
-def build_analytics_assets(config: IngestConfig) -> list[dg.AssetsDefinition]:
+def build_analytics_assets(config: IngestConfig, names: Names = DEFAULT_NAMES) -> list[dg.AssetsDefinition]:
     """The analytic assets this configuration supports (none without ``orders`` and ``customers``)."""
     configured = {t.name for t in config.tables}
     if not set(_SOURCES) <= configured:
@@ -104,14 +104,15 @@ def build_analytics_assets(config: IngestConfig) -> list[dg.AssetsDefinition]:
 
     @dg.asset(
         key=dg.AssetKey([ANALYTICS_KEY_PREFIX, DAILY_REVENUE]),
-        deps=[table_key(name) for name in _SOURCES],
+        deps=[names.table_key(name) for name in _SOURCES],
+        required_resource_keys={names.resource},
         group_name=ANALYTICS_GROUP,
         kinds={"delta", "datafusion"},
         description="Revenue, orders and units per order day and customer segment (cancelled orders excluded), "
         "from the live rows of orders and customers; written as a Delta table.",
     )
-    def daily_revenue_by_segment(context: dg.AssetExecutionContext,
-                                 ingest_pipeline: IngestPipeline) -> dg.MaterializeResult:
+    def daily_revenue_by_segment(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ingest_pipeline: IngestPipeline = getattr(context.resources, names.resource)
         settings = ingest_pipeline.config()
         result = daily_revenue(settings)
         path = settings.tables_root / ANALYTICS_KEY_PREFIX / DAILY_REVENUE

@@ -14,7 +14,7 @@ from typing import Any
 
 import dagster as dg
 
-from assets.constants import BALANCE_CHECK, LAG_CHECK, table_key
+from assets.constants import BALANCE_CHECK, DEFAULT_NAMES, LAG_CHECK, Names
 from assets.resources import IngestPipeline
 from ingest.config import TableSpec
 from ingest.records import audit
@@ -39,9 +39,10 @@ class LagThresholds:
 DEFAULT_THRESHOLDS = LagThresholds()
 
 
-def build_table_checks(spec: TableSpec, thresholds: LagThresholds = DEFAULT_THRESHOLDS) -> dg.AssetChecksDefinition:
+def build_table_checks(spec: TableSpec, thresholds: LagThresholds = DEFAULT_THRESHOLDS,
+                       names: Names = DEFAULT_NAMES) -> dg.AssetChecksDefinition:
     """The ``audit_balance`` and ``lag`` checks of one table, in one op."""
-    key = table_key(spec.name)
+    key = names.table_key(spec.name)
     specs = [
         dg.AssetCheckSpec(BALANCE_CHECK, asset=key,
                           description="every batch in the audit trail balances: received = inserted + updated + "
@@ -51,20 +52,23 @@ def build_table_checks(spec: TableSpec, thresholds: LagThresholds = DEFAULT_THRE
                           f"{thresholds.max_staleness} while catching up"),
     ]
 
-    @dg.multi_asset_check(name=f"{spec.name}_health_checks", specs=specs, can_subset=True)
-    def _checks(context: dg.AssetCheckExecutionContext,
-                ingest_pipeline: IngestPipeline) -> Iterator[dg.AssetCheckResult]:
+    @dg.multi_asset_check(name=names.op(f"{spec.name}_health_checks"), specs=specs, can_subset=True,
+                          required_resource_keys={names.resource})
+    def _checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
+        ingest_pipeline: IngestPipeline = getattr(context.resources, names.resource)
         selected = {k.name for k in context.selected_asset_check_keys}
         if BALANCE_CHECK in selected:
-            yield balance_check_result(spec, ingest_pipeline)
+            yield balance_check_result(spec, ingest_pipeline, key)
         if LAG_CHECK in selected:
-            yield lag_check_result(spec, ingest_pipeline, thresholds)
+            yield lag_check_result(spec, ingest_pipeline, thresholds, key=key)
 
     return _checks
 
 
-def balance_check_result(spec: TableSpec, engine: IngestPipeline) -> dg.AssetCheckResult:
-    """``audit_balance`` over every audit row of the table."""
+def balance_check_result(spec: TableSpec, engine: IngestPipeline,
+                         key: dg.AssetKey | None = None) -> dg.AssetCheckResult:
+    """``audit_balance`` over every audit row of the table (its asset ``key``: ``cdc/<table>`` by default)."""
+    key = key or DEFAULT_NAMES.table_key(spec.name)
     rows = audit.read(engine.paths(spec.name).audit, table=spec.name).to_pylist()
     records = [AuditRecord.from_metadata(r) for r in rows]
     unbalanced = [r for r in records if not r.balanced]
@@ -81,21 +85,21 @@ def balance_check_result(spec: TableSpec, engine: IngestPipeline) -> dg.AssetChe
         ),
     }
     if unbalanced:
-        return dg.AssetCheckResult(check_name=BALANCE_CHECK, asset_key=table_key(spec.name), passed=False,
+        return dg.AssetCheckResult(check_name=BALANCE_CHECK, asset_key=key, passed=False,
                                    metadata=metadata,
                                    description=f"{len(unbalanced)} of {len(records)} batches do not balance")
-    return dg.AssetCheckResult(check_name=BALANCE_CHECK, asset_key=table_key(spec.name), passed=True,
+    return dg.AssetCheckResult(check_name=BALANCE_CHECK, asset_key=key, passed=True,
                                metadata=metadata, description=f"{len(records)} batches balance")
 
 
 def lag_check_result(spec: TableSpec, engine: IngestPipeline, thresholds: LagThresholds,
-                     *, now: datetime | None = None) -> dg.AssetCheckResult:
-    """``lag``: pending records and the age of the newest commit."""
+                     *, now: datetime | None = None, key: dg.AssetKey | None = None) -> dg.AssetCheckResult:
+    """``lag``: pending records and the age of the newest commit (asset ``key``: ``cdc/<table>`` by default)."""
     status = engine.status(spec.name)
     now = now or datetime.now(UTC)
     finished = (status.last_batch or {}).get("finished_at")
     age = (now - finished) if isinstance(finished, datetime) else None
-    key = table_key(spec.name)
+    key = key or DEFAULT_NAMES.table_key(spec.name)
     if status.lag is None:
         # The source did not answer: the lag is unknown, and saying "0 pending" would hide an outage.
         return dg.AssetCheckResult(check_name=LAG_CHECK, asset_key=key, passed=False,

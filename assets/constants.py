@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final
 
 import dagster as dg
@@ -33,8 +34,8 @@ LAG_CHECK: Final = "lag"
 
 
 def table_key(table: str) -> dg.AssetKey:
-    """Asset key of a CDC target table."""
-    return dg.AssetKey([CDC_KEY_PREFIX, table])
+    """Asset key of a CDC target table (the default prefix's: :class:`Names` for another)."""
+    return DEFAULT_NAMES.table_key(table)
 
 
 def table_pool(table: str) -> str:
@@ -43,8 +44,57 @@ def table_pool(table: str) -> str:
     The instance gives every pool one slot (``concurrency.pools.default_limit: 1`` in
     ``dagster.yaml``), so two runs that touch the same table wait for each other.
     """
-    return f"cdc_table_{table}"
+    return DEFAULT_NAMES.pool(table)
 
 
-#: Pool of the maintenance of the shared audit and quarantine tables.
-SHARED_TABLES_POOL: Final = "cdc_shared_tables"
+
+@dataclass(frozen=True)
+class Names:
+    """Every name one pipeline's definitions take, derived from its ``dagster.prefix``, so that two
+    pipelines (two configurations) live in one ``Definitions``: asset keys ``<prefix>/<table>``, the
+    group, pools, the ingest and maintenance jobs, the sensor, the schedule, the check ops and the
+    resource key. The default prefix ``cdc`` gives the names the definitions always had."""
+
+    prefix: str = CDC_KEY_PREFIX
+    group: str = CDC_TABLES_GROUP
+
+    @property
+    def resource(self) -> str:
+        """The key the pipeline's engine is bound under."""
+        return ENGINE_RESOURCE_KEY if self.prefix == CDC_KEY_PREFIX else f"{self.prefix}_{ENGINE_RESOURCE_KEY}"
+
+    def table_key(self, table: str) -> dg.AssetKey:
+        return dg.AssetKey([self.prefix, table])
+
+    def pool(self, table: str) -> str:
+        """Concurrency pool of a table: ingestion and maintenance of one table never overlap (see
+        :func:`table_pool`)."""
+        return f"{self.prefix}_table_{table}"
+
+    @property
+    def shared_pool(self) -> str:
+        """Pool of the maintenance of the shared audit and quarantine tables."""
+        return f"{self.prefix}_shared_tables"
+
+    @property
+    def ingest_job(self) -> str:
+        return f"{self.prefix}_ingest_all_tables"
+
+    @property
+    def sensor(self) -> str:
+        return f"{self.prefix}_offsets_sensor"
+
+    @property
+    def maintenance_job(self) -> str:
+        return f"{self.prefix}_table_maintenance"
+
+    @property
+    def maintenance_schedule(self) -> str:
+        return f"{self.prefix}_table_maintenance_daily"
+
+    def op(self, name: str) -> str:
+        """An op's name, unique across pipelines as a repository requires (the default prefix's as it was)."""
+        return name if self.prefix == CDC_KEY_PREFIX else f"{self.prefix}_{name}"
+
+
+DEFAULT_NAMES: Final = Names()

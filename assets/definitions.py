@@ -11,7 +11,7 @@ import dagster as dg
 
 from assets.analytics import build_analytics_assets
 from assets.checks import LagThresholds, build_table_checks
-from assets.constants import CDC_TABLES_GROUP, ENGINE_RESOURCE_KEY
+from assets.constants import DEFAULT_NAMES, Names
 from assets.incremental import build_incremental_assets
 from assets.jobs import build_maintenance_job, build_maintenance_schedule
 from assets.resources import IngestPipeline
@@ -19,7 +19,7 @@ from assets.sensors import DEFAULT_INTERVAL_SECONDS, build_offsets_sensor
 from assets.tables import build_table_asset
 from ingest.config import IngestConfig
 
-INGEST_JOB = "cdc_ingest_all_tables"
+INGEST_JOB = DEFAULT_NAMES.ingest_job
 
 
 def build_definitions(config: IngestConfig, engine: IngestPipeline, *,
@@ -32,7 +32,8 @@ def build_definitions(config: IngestConfig, engine: IngestPipeline, *,
 
     Args:
         config: the ingestion configuration the assets are generated from.
-        engine: the resource that drains tables (bound as ``ingest_pipeline``).
+        engine: the resource that drains tables (bound as ``ingest_pipeline``, or
+            ``<prefix>_ingest_pipeline`` with another ``dagster.prefix``).
         thresholds: when the ``lag`` check calls a table stale (default: the configuration's
             ``dagster.max_lag_records`` and ``dagster.max_staleness``).
         sensor_interval_seconds: minimum seconds between two ticks of a table's sensor.
@@ -40,18 +41,20 @@ def build_definitions(config: IngestConfig, engine: IngestPipeline, *,
         schedule_status: whether the maintenance schedule starts running when first loaded.
     """
     thresholds = thresholds or LagThresholds(config.dagster.max_lag_records, config.dagster.max_staleness)
-    tables = [build_table_asset(spec) for spec in config.tables]
-    maintenance = build_maintenance_job(config.tables)
+    names = Names(config.dagster.prefix, config.dagster.group or f"{config.dagster.prefix}_tables")
+    tables = [build_table_asset(spec, names) for spec in config.tables]
+    maintenance = build_maintenance_job(config.tables, names)
     # the demo's analytic assets only when asked for: they expect the demo schema's columns
-    analytics = [*build_analytics_assets(config), *build_incremental_assets(config)] if config.dagster.analytics else []
+    analytics = ([*build_analytics_assets(config, names), *build_incremental_assets(config, names)]
+                 if config.dagster.analytics else [])
     return dg.Definitions(
         assets=[*tables, *analytics],
-        asset_checks=[build_table_checks(spec, thresholds) for spec in config.tables],
+        asset_checks=[build_table_checks(spec, thresholds, names) for spec in config.tables],
         sensors=[build_offsets_sensor(list(config.tables), minimum_interval_seconds=sensor_interval_seconds,
-                                      default_status=sensor_status)],
+                                      default_status=sensor_status, names=names)],
         jobs=[maintenance,
-              dg.define_asset_job(INGEST_JOB, selection=dg.AssetSelection.groups(CDC_TABLES_GROUP),
+              dg.define_asset_job(names.ingest_job, selection=dg.AssetSelection.groups(names.group),
                                   description="Drain every CDC table (each in its own step and pool).")],
-        schedules=[build_maintenance_schedule(maintenance, default_status=schedule_status)],
-        resources={ENGINE_RESOURCE_KEY: engine},
+        schedules=[build_maintenance_schedule(maintenance, default_status=schedule_status, names=names)],
+        resources={names.resource: engine},
     )

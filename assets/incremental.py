@@ -26,7 +26,7 @@ import dagster as dg
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 
-from assets.constants import ANALYTICS_GROUP, ANALYTICS_KEY_PREFIX, table_key
+from assets.constants import ANALYTICS_GROUP, ANALYTICS_KEY_PREFIX, DEFAULT_NAMES, Names, table_key
 from assets.resources import IngestPipeline
 from ingest.config import IngestConfig
 from ingest.lake.delta import open_table, read_all, write_table
@@ -165,20 +165,22 @@ def _sum_type(table: DeltaTable) -> pa.DataType:
     return pa.int64() if pa.types.is_integer(kind) else pa.float64()
 
 
-def build_incremental_assets(config: IngestConfig) -> list[dg.AssetsDefinition]:
+def build_incremental_assets(config: IngestConfig, names: Names = DEFAULT_NAMES) -> list[dg.AssetsDefinition]:
     """The change-feed assets this configuration supports (none without ``orders``)."""
     if _SOURCE not in {t.name for t in config.tables}:
         return []
 
     @dg.asset(
         key=dg.AssetKey([ANALYTICS_KEY_PREFIX, ORDERS_BY_STATUS]),
-        deps=[table_key(_SOURCE)],
+        deps=[names.table_key(_SOURCE)],
+        required_resource_keys={names.resource},
         group_name=ANALYTICS_GROUP,
         kinds={"delta"},
         description="Live orders and their amount per status, kept up to date from the orders table's change "
         "data feed since the version it last consumed (stored with the aggregate).",
     )
-    def orders_by_status(context: dg.AssetExecutionContext, ingest_pipeline: IngestPipeline) -> dg.MaterializeResult:
+    def orders_by_status(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ingest_pipeline: IngestPipeline = getattr(context.resources, names.resource)
         done = refresh(ingest_pipeline.config(), context.log)
         context.log.info(f"{done['mode']}: {done['changes_consumed']} changes up to {_SOURCE} "
                          f"v{done['to_version']}, {done['orders']} live orders")

@@ -11,13 +11,13 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import Field
 
-from assets.constants import MAINTENANCE_TAG, SHARED_TABLES_POOL, table_key, table_pool
+from assets.constants import DEFAULT_NAMES, MAINTENANCE_TAG, Names
 from assets.resources import IngestPipeline
 from ingest.config import TableSpec
 from ingest.ops.maintain import MaintenanceOptions, TableMaintenance, maintain_cdc_table, maintain_shared_table
 
-MAINTENANCE_JOB = "cdc_table_maintenance"
-MAINTENANCE_SCHEDULE = "cdc_table_maintenance_daily"
+MAINTENANCE_JOB = DEFAULT_NAMES.maintenance_job
+MAINTENANCE_SCHEDULE = DEFAULT_NAMES.maintenance_schedule
 #: Every day at 03:00 UTC.
 MAINTENANCE_CRON = "0 3 * * *"
 
@@ -46,52 +46,59 @@ class MaintenanceConfig(dg.Config):
                                   checkpoint=self.checkpoint, cleanup_log=self.cleanup_log)
 
 
-def build_maintenance_op(spec: TableSpec) -> dg.OpDefinition:
+def build_maintenance_op(spec: TableSpec, names: Names = DEFAULT_NAMES) -> dg.OpDefinition:
     """The op that maintains one CDC table and its tombstones."""
 
-    @dg.op(name=f"maintain_{spec.name}", pool=table_pool(spec.name), tags={MAINTENANCE_TAG: spec.name},
+    @dg.op(name=names.op(f"maintain_{spec.name}"), pool=names.pool(spec.name), tags={MAINTENANCE_TAG: spec.name},
+           required_resource_keys={names.resource},
            description=f"Compact, vacuum, checkpoint and clean up `{spec.name}`; forget tombstones older than "
            f"{spec.tombstone_retention}.")
-    def _maintain(context: dg.OpExecutionContext, config: MaintenanceConfig,
-                  ingest_pipeline: IngestPipeline) -> None:
+    def _maintain(context: dg.OpExecutionContext, config: MaintenanceConfig) -> None:
+        ingest_pipeline: IngestPipeline = getattr(context.resources, names.resource)
         settings = ingest_pipeline.config()
         report = maintain_cdc_table(settings, spec, config.options(settings.target.target_file_size_mb))
         context.log.info(f"{spec.name}: {report.as_dict()}")
-        context.log_event(dg.AssetObservation(asset_key=table_key(spec.name), metadata=_metadata(report),
+        context.log_event(dg.AssetObservation(asset_key=names.table_key(spec.name), metadata=_metadata(report),
                                               description="table maintenance"))
 
     return _maintain
 
 
-@dg.op(name="maintain_audit_and_quarantine", pool=SHARED_TABLES_POOL,
-       description="Compact, vacuum, checkpoint and clean up the shared audit and quarantine tables.")
-def maintain_shared_tables(context: dg.OpExecutionContext, config: MaintenanceConfig,
-                           ingest_pipeline: IngestPipeline) -> None:
-    settings = ingest_pipeline.config()
-    for name in (settings.target.audit_table, settings.target.quarantine_table):
-        report = maintain_shared_table(settings.tables_root / name, config.options(settings.target.target_file_size_mb))
-        context.log.info(f"{name}: {report.as_dict()}")
+def build_shared_tables_op(names: Names = DEFAULT_NAMES) -> dg.OpDefinition:
+    """The op that maintains the shared audit and quarantine tables."""
+
+    @dg.op(name=names.op("maintain_audit_and_quarantine"), pool=names.shared_pool,
+           required_resource_keys={names.resource},
+           description="Compact, vacuum, checkpoint and clean up the shared audit and quarantine tables.")
+    def _maintain(context: dg.OpExecutionContext, config: MaintenanceConfig) -> None:
+        settings = getattr(context.resources, names.resource).config()
+        for name in (settings.target.audit_table, settings.target.quarantine_table):
+            options = config.options(settings.target.target_file_size_mb)
+            report = maintain_shared_table(settings.tables_root / name, options)
+            context.log.info(f"{name}: {report.as_dict()}")
+
+    return _maintain
 
 
-def build_maintenance_job(specs: Sequence[TableSpec]) -> dg.JobDefinition:
+def build_maintenance_job(specs: Sequence[TableSpec], names: Names = DEFAULT_NAMES) -> dg.JobDefinition:
     """One job maintaining every configured table (independent ops) and the shared tables."""
 
-    @dg.job(name=MAINTENANCE_JOB, tags={MAINTENANCE_TAG: "all"},
+    @dg.job(name=names.maintenance_job, tags={MAINTENANCE_TAG: "all"},
             description="Delta maintenance of every CDC table: compaction, vacuum, log checkpoint and clean-up, "
             "tombstone purge.")
     def _job() -> None:
         for spec in specs:
-            build_maintenance_op(spec)()
-        maintain_shared_tables()
+            build_maintenance_op(spec, names)()
+        build_shared_tables_op(names)()
 
     return _job
 
 
 def build_maintenance_schedule(job: dg.JobDefinition, *, cron: str = MAINTENANCE_CRON,
                                default_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
-                               ) -> dg.ScheduleDefinition:
+                               names: Names = DEFAULT_NAMES) -> dg.ScheduleDefinition:
     """The daily schedule of the maintenance job."""
-    return dg.ScheduleDefinition(name=MAINTENANCE_SCHEDULE, job=job, cron_schedule=cron, execution_timezone="UTC",
+    return dg.ScheduleDefinition(name=names.maintenance_schedule, job=job, cron_schedule=cron, execution_timezone="UTC",
                                  default_status=default_status,
                                  description="Daily Delta maintenance of the CDC tables.")
 

@@ -15,35 +15,36 @@ import json
 
 import dagster as dg
 
-from assets.constants import TABLE_TAG, table_key
+from assets.constants import DEFAULT_NAMES, TABLE_TAG, Names
 from assets.resources import IngestPipeline
 from ingest.config import TableSpec
 from ingest.ops.status import TableStatus
 
 #: Default seconds between two evaluations of the sensor.
 DEFAULT_INTERVAL_SECONDS = 30
-SENSOR_NAME = "cdc_offsets_sensor"
+SENSOR_NAME = DEFAULT_NAMES.sensor
 _IN_FLIGHT = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
               dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)
 
 
 def build_offsets_sensor(specs: list[TableSpec], *, minimum_interval_seconds: int = DEFAULT_INTERVAL_SECONDS,
                          default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
-                         ) -> dg.SensorDefinition:
+                         names: Names = DEFAULT_NAMES) -> dg.SensorDefinition:
     """The sensor that materializes each of ``specs``' assets when its topic has new, unapplied offsets."""
-    keys = {spec.name: table_key(spec.name) for spec in specs}
+    keys = {spec.name: names.table_key(spec.name) for spec in specs}
     topics = {spec.name: spec.topic for spec in specs}
 
     @dg.sensor(
-        name=SENSOR_NAME,
+        name=names.sensor,
+        required_resource_keys={names.resource},
         target=list(keys.values()),
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
         description=f"Materializes each of the {len(keys)} CDC tables whose topic has offsets the table has not "
         "applied; the cursor follows every topic's end offsets.",
     )
-    def _sensor(context: dg.SensorEvaluationContext,
-                ingest_pipeline: IngestPipeline) -> dg.SensorResult | dg.SkipReason:
+    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        ingest_pipeline: IngestPipeline = getattr(context.resources, names.resource)
         statuses = ingest_pipeline.statuses(list(keys))
         cursor = _cursor(context.cursor)
         requests, skipped = [], []

@@ -13,7 +13,7 @@ from typing import Any
 
 import dagster as dg
 
-from assets.constants import CDC_TABLES_GROUP, QUALITY_CHECK, table_key, table_pool
+from assets.constants import DEFAULT_NAMES, QUALITY_CHECK, Names
 from assets.resources import IngestPipeline
 from ingest.columns import FRAMEWORK_NAMES
 from ingest.config import TableSpec
@@ -29,20 +29,21 @@ _UNHEALTHY = ("warned", "quarantined", "failed")
 _GATE_ERROR = "QualityGateError"
 
 
-def build_table_asset(spec: TableSpec) -> dg.AssetsDefinition:
+def build_table_asset(spec: TableSpec, names: Names = DEFAULT_NAMES) -> dg.AssetsDefinition:
     """The asset of one configured table (with its ``quality`` check)."""
     quality = dg.AssetCheckSpec(
         QUALITY_CHECK,
-        asset=table_key(spec.name),
+        asset=names.table_key(spec.name),
         blocking=spec.quality_policy == "fail",
         description=f"Great Expectations suite {spec.expectations or '(none)'} on every micro-batch; "
         f"policy {spec.quality_policy}" + (" (blocks downstream assets)" if spec.quality_policy == "fail" else ""),
     )
 
     @dg.asset(
-        key=table_key(spec.name),
-        group_name=CDC_TABLES_GROUP,
-        pool=table_pool(spec.name),
+        key=names.table_key(spec.name),
+        group_name=names.group,
+        pool=names.pool(spec.name),
+        required_resource_keys={names.resource},
         kinds={"spark", "delta"},
         check_specs=[quality],
         description=f"Delta table `{spec.name}` kept equal to the source through the Debezium topic "
@@ -55,7 +56,8 @@ def build_table_asset(spec: TableSpec) -> dg.AssetsDefinition:
             "quality_policy": spec.quality_policy,
         },
     )
-    def _table(context: dg.AssetExecutionContext, ingest_pipeline: IngestPipeline) -> Iterator[dg.MaterializeResult]:
+    def _table(context: dg.AssetExecutionContext) -> Iterator[dg.MaterializeResult]:
+        ingest_pipeline: IngestPipeline = getattr(context.resources, names.resource)
         before = ingest_pipeline.status(spec.name)
         run = ingest_pipeline.drain(spec.name)
         after = ingest_pipeline.status(spec.name)

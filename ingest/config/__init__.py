@@ -57,6 +57,13 @@ class DagsterSpec(Model):
     """What the Dagster definitions (assets/, dagster_project/) build from this configuration; the
     engine itself does not read it."""
 
+    prefix: str = Field(
+        "cdc", pattern=r"^[A-Za-z][A-Za-z0-9_]*$", description="asset key prefix of the tables (<prefix>/<table>) "
+        "and the stem of every other name: the <prefix>_tables group, the <prefix>_ingest_all_tables and "
+        "<prefix>_table_maintenance jobs, the <prefix>_offsets_sensor, the <prefix>_table_maintenance_daily "
+        "schedule, the pools and the resource key; two configurations with different prefixes live in one "
+        "Definitions", examples=["erp"])
+    group: str | None = Field(None, description="asset group of the tables; unset: <prefix>_tables")
     analytics: bool = Field(
         False, description="also build the demo's analytic assets (daily revenue by segment, orders by status), "
         "which expect the demo schema's orders, customers and order_items tables and their columns")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
+import pytest
 import yaml
 
 from assets.constants import (
@@ -111,3 +112,42 @@ def test_the_demo_analytics_attach_only_when_the_configuration_asks_and_threshol
     [lag] = [s for c in defs.asset_checks or [] for s in c.check_specs  # type: ignore[union-attr]
              if s.name == LAG_CHECK and s.asset_key == table_key("orders")]
     assert "250 records" in (lag.description or "") and "0:15:00" in (lag.description or "")
+
+
+@pytest.mark.spark
+def test_two_pipelines_live_in_one_definitions_and_each_drains_its_own_tables(tmp_path, spark):
+    """Two configurations with one table name each, the second with ``dagster.prefix: crm``: every
+    name differs, the merged definitions load, and each asset runs on its own pipeline's engine."""
+    from assets.constants import Names
+    from assets.definitions import build_definitions
+    from tests.dagster.conftest import produce
+
+    built, configs = [], {}
+    for prefix in ("cdc", "crm"):
+        path, _ = write_config(tmp_path / prefix, value_format="json",
+                               tables=[{"name": "notes", "topic": f"{prefix}.public.notes"}])
+        raw = yaml.safe_load(path.read_text())
+        raw["dagster"] = {"prefix": prefix}
+        path.write_text(yaml.safe_dump(raw))
+        configs[prefix] = load_config(path)
+        produce(configs[prefix], f"{prefix}.public.notes",
+                [("c", {"id": i, "body": prefix}, 10 + i) for i in range(3 if prefix == "cdc" else 5)])
+        built.append(build_definitions(configs[prefix], SparkIngestPipeline(config_path=str(path))))
+    defs = dg.Definitions.merge(*built)
+    dg.Definitions.validate_loadable(defs)
+    crm = Names("crm", "crm_tables")
+    graph = defs.get_repository_def().asset_graph
+    assert graph.get_all_asset_keys() == {table_key("notes"), crm.table_key("notes")}
+    assert graph.get(crm.table_key("notes")).group_name == "crm_tables"
+    for name in ("cdc_ingest_all_tables", "crm_ingest_all_tables", "cdc_table_maintenance", "crm_table_maintenance"):
+        assert defs.resolve_job_def(name) is not None
+    assert {s.name for s in defs.sensors or []} == {"cdc_offsets_sensor", "crm_offsets_sensor"}  # type: ignore[union-attr]
+    assert {s.name for s in defs.schedules or []} == {  # type: ignore[union-attr]
+        "cdc_table_maintenance_daily", "crm_table_maintenance_daily"}
+
+    job = defs.resolve_job_def("crm_ingest_all_tables")
+    result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    [event] = result.get_asset_materialization_events()
+    assert event.asset_key == crm.table_key("notes") and event.materialization.metadata["inserted"].value == 5
+    assert not (configs["cdc"].tables_root / "notes").exists()  # the other pipeline's table was not touched
