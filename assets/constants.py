@@ -85,6 +85,11 @@ class Names:
         return f"{self.prefix}_offsets_sensor"
 
     @property
+    def audit_sensor(self) -> str:
+        """The sensor of observe mode (:mod:`assets.observe`)."""
+        return f"{self.prefix}_audit_sensor"
+
+    @property
     def maintenance_job(self) -> str:
         return f"{self.prefix}_table_maintenance"
 

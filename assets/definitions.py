@@ -14,6 +14,7 @@ from assets.checks import LagThresholds, build_table_checks
 from assets.constants import DEFAULT_NAMES, Names
 from assets.incremental import build_incremental_assets
 from assets.jobs import build_maintenance_job, build_maintenance_schedule
+from assets.observe import build_audit_sensor, build_observed_table
 from assets.resources import IngestPipeline
 from assets.sensors import DEFAULT_INTERVAL_SECONDS, build_offsets_sensor
 from assets.tables import build_table_asset
@@ -42,6 +43,15 @@ def build_definitions(config: IngestConfig, engine: IngestPipeline, *,
     """
     thresholds = thresholds or LagThresholds(config.dagster.max_lag_records, config.dagster.max_staleness)
     names = Names(config.dagster.prefix, config.dagster.group or f"{config.dagster.prefix}_tables")
+    checks = [build_table_checks(spec, thresholds, names) for spec in config.tables]
+    if config.dagster.mode == "observe":  # a service applies the changes: Dagster records them
+        maintenance = build_maintenance_job(config.tables, names)
+        return dg.Definitions(
+            assets=[build_observed_table(spec, names) for spec in config.tables], asset_checks=checks,
+            sensors=[build_audit_sensor(list(config.tables), names=names, default_status=sensor_status)],
+            jobs=[maintenance],
+            schedules=[build_maintenance_schedule(maintenance, default_status=schedule_status, names=names)],
+            resources={names.resource: engine})
     tables = [build_table_asset(spec, names) for spec in config.tables]
     maintenance = build_maintenance_job(config.tables, names)
     # the demo's analytic assets only when asked for: they expect the demo schema's columns
@@ -49,7 +59,7 @@ def build_definitions(config: IngestConfig, engine: IngestPipeline, *,
                  if config.dagster.analytics else [])
     return dg.Definitions(
         assets=[*tables, *analytics],
-        asset_checks=[build_table_checks(spec, thresholds, names) for spec in config.tables],
+        asset_checks=checks,
         sensors=[build_offsets_sensor(list(config.tables), minimum_interval_seconds=sensor_interval_seconds,
                                       default_status=sensor_status, names=names)],
         jobs=[maintenance,

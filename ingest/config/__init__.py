@@ -57,6 +57,10 @@ class DagsterSpec(Model):
     """What the Dagster definitions (assets/, dagster_project/) build from this configuration; the
     engine itself does not read it."""
 
+    mode: Literal["run", "observe"] = Field(
+        "run", description="run: materializing a table's asset drains it in the Dagster run (Spark starts there; "
+        "for scheduled or sensor-driven catch-ups); observe: a service (ingest run --continuous) applies the changes "
+        "and Dagster records its commits from the audit table, without Spark (the tables are external assets)")
     prefix: str = Field(
         "cdc", pattern=r"^[A-Za-z][A-Za-z0-9_]*$", description="asset key prefix of the tables (<prefix>/<table>) "
         "and the stem of every other name: the <prefix>_tables group, the <prefix>_ingest_all_tables and "
