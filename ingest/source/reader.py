@@ -66,9 +66,10 @@ class Log(Protocol):
 def open_log(options: Mapping[str, str]) -> Log:
     """The log the reader's options name: ``path`` (embedded) or ``kafka`` (a KafkaSpec as JSON)."""
     if "kafka" in options:
-
-        return KafkaLog(KafkaSpec.model_validate_json(options["kafka"]), options.get("secretsFile") or None)
-
+        # Spark hands a data source its options with their names in lower case, and a plain dict of
+        # them (a partition's copy) no longer finds "secretsFile": look the name up in any case.
+        secrets_file = next((v for k, v in options.items() if k.lower() == "secretsfile"), None)
+        return KafkaLog(KafkaSpec.model_validate_json(options["kafka"]), secrets_file or None)
     return TopicLog(options["path"])
 
 

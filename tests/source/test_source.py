@@ -334,3 +334,15 @@ def test_a_kafka_read_fetches_ahead_no_more_than_its_range(monkeypatch):
             kafka.read("t", 0, start, end)
     # librdkafka keeps fetching until its queue holds queued.min.messages: at most the range
     assert [conf["queued.min.messages"] for conf in made] == [2_500, 100_000]
+
+
+def test_the_readers_partitions_find_the_secrets_file_whatever_case_spark_gives_its_name(tmp_path):
+    """Spark lower-cases a data source's option names; a partition's plain copy of them must still
+    lead the workers to the secrets file (else SASL credentials kept there never reach librdkafka)."""
+    from ingest.config import KafkaSpec
+    from ingest.source.reader import open_log
+
+    spec = KafkaSpec(bootstrap_servers="b:9095").model_dump_json()
+    for name in ("secretsFile", "secretsfile"):
+        log = open_log({"kafka": spec, name: str(tmp_path / "secrets.yaml")})
+        assert log.source.secrets_file == str(tmp_path / "secrets.yaml")  # type: ignore[union-attr]
