@@ -284,6 +284,37 @@ def test_a_wrong_registry_password_names_the_registry_refusal(stack: Any, writte
     assert not (tables / "_cdc_quarantine").exists()  # a refused login is not bad data
 
 
+def test_rotating_the_credentials_in_the_secrets_file(stack: Any, written: Written,
+                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The runbook's steps (docs/operations.md#rotating-the-kafka-or-registry-credentials): with the
+    old secrets in the file, ``ingest check`` names both refusals; with the new ones it passes, and
+    the next run ingests. The environment holds neither (it would win over the file)."""
+    user, _ = stack.registry_auth()
+    wrong_jaas = stack.engine_env()["KAFKA_SASL_JAAS_CONFIG"].replace(
+        stack.settings.credentials.kafka_sasl_password, WRONG_SCRAM)
+    secrets_file = tmp_path_factory.mktemp("rotation") / "secrets.yaml"  # outside what the scan reads
+    path = _config(stack, written, "rotation")
+    raw = yaml.safe_load(path.read_text())
+    raw["secrets_file"] = str(secrets_file)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {k: v for k, v in _env(stack).items() if k not in ("KAFKA_SASL_JAAS_CONFIG", "SCHEMA_REGISTRY_USER_INFO")}
+
+    def check(jaas: str, user_info: str) -> dict[str, dict[str, Any]]:
+        secrets_file.write_text(yaml.safe_dump({"KAFKA_SASL_JAAS_CONFIG": jaas,
+                                                "SCHEMA_REGISTRY_USER_INFO": user_info}))
+        secrets_file.chmod(0o600)
+        done = _ingest(written, "check during rotation", env, "check", "-c", str(path), "--format", "json")
+        return {c["check"]: c for c in map(json.loads, done.stdout.splitlines())}
+
+    old = check(wrong_jaas, f"{user}:{WRONG_REGISTRY}")
+    assert not old["source"]["ok"] and "authentication" in old["source"]["detail"].lower(), old["source"]
+    assert not old["registry"]["ok"] and "401" in old["registry"]["detail"], old["registry"]
+    new = check(stack.engine_env()["KAFKA_SASL_JAAS_CONFIG"], stack.engine_env()["SCHEMA_REGISTRY_USER_INFO"])
+    assert new["source"]["ok"] and new["registry"]["ok"], (new["source"], new["registry"])
+    done = _ingest(written, "run after rotation", env, "run", "-c", str(path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
 def _client_bundle(stack: Any, written: Written) -> Path:
     """The stack's client certificate with its key encrypted under :data:`TLS_KEY_PASSWORD`."""
     path = written.root / "client-encrypted.pem"
