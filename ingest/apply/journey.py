@@ -59,7 +59,7 @@ from ingest.model import SourceMark
 from ingest.quality.gate import QualityGate, QualityReport
 from ingest.records import audit, quarantine
 from ingest.records.audit import AuditRecord
-from ingest.rules.history import check_history_mode, count_history
+from ingest.rules.history import REBUILD_STEPS, check_history_mode, count_history
 from ingest.rules.kafka_tombstones import are_deletes, resolve
 from ingest.rules.ordering import later_than_stored
 from ingest.rules.schema import SchemaPlan, check_column_names, plan_schema
@@ -352,6 +352,5 @@ def check_position_format(table: str, state: TableState) -> None:
     """
     if state.table is not None and state.position_format != POSITION_FORMAT and state.key_columns is not None:
         raise TableError(table, f"was written with source-position format {state.position_format or 1}; this "
-                                f"version writes format {POSITION_FORMAT} and cannot compare the two. Rebuild it: "
-                                "remove its directory and its _cdc_tombstones entry, then "
-                                "`ingest run --from-beginning`")
+                                f"version writes format {POSITION_FORMAT} and cannot compare the two. Rebuild it "
+                                f"({REBUILD_STEPS})")

@@ -93,6 +93,11 @@ def count_history(record: Any, plan: HistoryPlan, *, withdrawn: int, held: int) 
     record.toast_unknown = plan.toast_unknown
 
 
+#: How to rebuild a table: the steps of docs/operations.md#rebuilding-a-table, in one line.
+REBUILD_STEPS = ("stop its runs, remove its directory and its entries in _cdc_tombstones and _cdc_moves, then run "
+                 "again: it is re-read from the topic's first record; see docs/operations.md#rebuilding-a-table")
+
+
 def check_history_mode(table: str, mode: str, state: Any) -> None:
     """A table keeps the history mode it was created with.
 
@@ -104,8 +109,8 @@ def check_history_mode(table: str, mode: str, state: Any) -> None:
         return
     was, wanted = ("scd2", "scd1") if state.history else ("scd1", "scd2")
     raise TableError(table, f"was written with history_mode {was}, the config now says {wanted}; a table keeps "
-                            f"its mode. Set history_mode: {was} again, or rebuild the table in {wanted}: remove its "
-                            "directory and its _cdc_tombstones entry, then `ingest run --from-beginning`")
+                            f"its mode. Set history_mode: {was} again, or rebuild the table in {wanted} "
+                            f"({REBUILD_STEPS})")
 
 
 def history_schema(columns: list[ColumnSpec]) -> pa.Schema:
