@@ -237,7 +237,8 @@ def test_continuous_mode_picks_up_records_appended_while_running(tmp_path, spark
     import time
 
     config = make_config(tmp_path, value_format="json", extra_tables=[{"name": "live", "topic": "app.live"}])
-    config = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name == "live")})
+    config = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name == "live"),
+                                       "source": config.source.model_copy(update={"trigger_seconds": 0.5})})
     log = TopicLog(config.log_dir)
     _produce(log, "app.live", [("c", {"id": 1, "body": "a"}, 10)])
     from ingest.lake.delta import open_table, read_all
@@ -256,6 +257,8 @@ def test_continuous_mode_picks_up_records_appended_while_running(tmp_path, spark
     runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=120)))
     runner.start()
     wait_for(1)  # the running query applied what was there when it started
+    [query] = spark.streams.active  # it runs with the configured trigger (source.trigger_seconds)
+    assert query._jsq.streamingQuery().trigger().toString() == "ProcessingTimeTrigger(500)"
     _produce(log, "app.live", [("c", {"id": 2, "body": "b"}, 20)], partition=1)
     wait_for(2)
     engine.stop()

@@ -217,6 +217,10 @@ class SourceSpec(Model):
         1, gt=0, description="streaming queries the tables share (tables are dealt to them in turn); each "
         "micro-batch of a query is decoded once and applied per table"
     )
+    trigger_seconds: float = Field(
+        2.0, gt=0, description="continuous runs: how often a micro-batch starts (Spark's processing-time trigger). "
+        "Shorter: fresher tables; longer: fewer Delta commits per table and hour (3,600 / this, when changes "
+        "keep coming) and bigger files; ingest maintain compacts the small ones either way")
     retry_stopped_seconds: float = Field(
         30.0, gt=0, description="continuous runs: a table stopped by a transient error (a registry or broker "
         "that does not answer, a concurrent writer) is tried again after this long, then twice as long each "

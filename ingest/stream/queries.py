@@ -198,7 +198,8 @@ class StreamingRun:
                   .option("checkpointLocation", spark_location(self.runner.spark, q.directory))
                   .queryName(f"cdc_{q.name}_{run_id}"[:200]))
         writer = (writer.trigger(availableNow=True) if mode == "available_now"
-                  else writer.trigger(processingTime="2 seconds"))
+                  else writer.trigger(processingTime=f"{round(self.runner.config.source.trigger_seconds * 1000)} "
+                                      "milliseconds"))
         query = writer.start()
         # Start the queries one after another: each spawns a Python source runner that must connect
         # back to the JVM within 10 s, which several at once on a busy machine can miss.
