@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,7 +46,6 @@ from ingest.decode.parts import FRAME, PARTS_DDL, part_kind, read_parts
 from ingest.decode.registry import ConfluentSchemaRegistry
 from ingest.errors import RegistryUnavailableError, is_transient, is_unavailability
 from ingest.lake.layout import TablePaths
-from ingest.metrics import RunMetrics
 from ingest.model import SourceMark
 from ingest.quality import QualityGate
 from ingest.records import audit
@@ -54,6 +53,9 @@ from ingest.records.audit import AuditRecord
 from ingest.source.consumer_group import GroupCommitter
 from ingest.source.sources import DecodingSource, decodes_at_read, source_for
 from ingest.stream.report import RunReport
+
+if TYPE_CHECKING:
+    from ingest.metrics import RunMetrics
 
 log = logging.getLogger(__name__)
 _RETRIES = 3  # attempts at a table's batch when its error is transient
