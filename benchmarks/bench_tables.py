@@ -10,12 +10,17 @@ Then **continuous mode with idle tables**: the 200 caught-up tables run for ``--
 with nothing arriving, and the driver's RSS, the Spark JVM's RSS and thread count, and the CPU both
 used are sampled, to show they stay bounded.
 
+Then, unless ``--no-update-round``, **an updating round**: the same number of records again, now
+updates of keys the tables hold, so every table MERGEs into existing rows -- the steady state of
+a pipeline, where each batch rewrites files of every table it touches.
+
     .venv/bin/python benchmarks/bench_tables.py [--records 20000] [--spreads 1,20,200] [--repeat 3]
-        [--idle-seconds 60]
+        [--writer delta-rs|delta-spark] [--idle-seconds 60] [--no-update-round]
 
 Each spread is caught up ``--repeat`` times, the spreads taking turns (1, 20, 200, 1, 20, 200, ...)
 so that the machine's drift falls on all of them; the table gives every run and the median. The
-last line is ``200 tables / 1 table: X.XXx`` (median catch-up times; target at most 3x).
+last line is ``200 tables / 1 table: X.XXx`` (median catch-up times; target at most 3x). The
+result file (``benchmarks/results/``) keeps the medians.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import os
 import resource
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,9 @@ from typing import Any
 import yaml
 from rich.console import Console
 from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import Figure, changed_options, write_result
 
 from ingest.config import IngestConfig, load_config
 from ingest.lake.delta import open_table, read_all
@@ -49,13 +58,15 @@ def _change(op: str, row: dict[str, Any], lsn: int) -> bytes:
     return json.dumps({"before": None, "after": row, "source": source, "op": op, "ts_ms": TS_MS}).encode()
 
 
-def workload(root: Path, tables: int, records: int) -> tuple[IngestConfig, dict[str, dict[int, str]]]:
+def workload(root: Path, tables: int, records: int, writer: str = "delta-rs"
+             ) -> tuple[IngestConfig, dict[str, dict[int, str]]]:
     """``records`` changes spread over ``tables`` topics; returns the config and each table's expected rows."""
     workdir = root / f"tables-{tables}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     raw = {"workdir": str(workdir.resolve()),
            "source": {"value_format": "json", "max_records_per_batch": 20_000},
+           "target": {"writer": writer},
            "discover": {"topic_pattern": r"bench\.public\.[^.]+", "refresh_seconds": 5}}
     path = workdir / "bench.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -80,6 +91,24 @@ def workload(root: Path, tables: int, records: int) -> tuple[IngestConfig, dict[
         log.append(topic, out)
         expected[f"public_t{t:03d}"] = rows
     return config, expected
+
+
+def update_round(config: IngestConfig, expected: dict[str, dict[int, str]], records: int) -> None:
+    """``records`` more changes, spread as before: updates of keys every table holds (``expected``
+    becomes what the tables should hold after them)."""
+    log = TopicLog(config.log_dir)
+    per_table = records // len(expected)
+    lsn = 10_000_000
+    for table, rows in sorted(expected.items()):
+        keys = sorted(rows)
+        out = []
+        for n in range(per_table):
+            key = keys[n % len(keys)]
+            lsn += 1
+            rows[key] = f"w{n}"
+            out.append(ProducerRecord(key % 2, json.dumps({"id": key}).encode(),
+                                      _change("u", {"id": key, "body": f"w{n}", "n": n}, lsn), TS_MS))
+        log.append(f"bench.public.t{table.removeprefix('public_t')}", out)
 
 
 def verify(config: IngestConfig, expected: dict[str, dict[int, str]]) -> bool:
@@ -138,12 +167,16 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="continuous run over idle tables (0: skip)")
     parser.add_argument("--repeat", type=int, default=3, help="catch-ups of each spread (the median counts)")
     parser.add_argument("--workdir", type=Path, default=Path("bench-work/tables"))
+    parser.add_argument("--writer", choices=("delta-rs", "delta-spark"), default="delta-rs",
+                        help="who commits the tables' MERGEs")
+    parser.add_argument("--no-update-round", dest="update_round", action="store_false",
+                        help="skip the second round (updates of rows every table holds)")
     args = parser.parse_args()
     spreads = [int(n) for n in args.spreads.split(",")]
 
     # Warm-up, not counted: the session's first query pays the JVM's and the Python workers' start,
     # which would otherwise fall on whichever spread runs first.
-    config, _ = workload(args.workdir / "warm-up", 1, 200)
+    config, _ = workload(args.workdir / "warm-up", 1, 200, args.writer)
     engine = Runner(config)
     t0 = time.perf_counter()
     engine.run()
@@ -152,7 +185,7 @@ def main() -> None:
     for turn in range(args.repeat):
         for n in spreads:
             t0 = time.perf_counter()
-            config, expected = workload(args.workdir, n, args.records)
+            config, expected = workload(args.workdir, n, args.records, args.writer)
             console.print(f"[{turn + 1}/{args.repeat}] {n} tables x {args.records // n} records: written in "
                           f"{time.perf_counter() - t0:.1f} s")
             engine = Runner(config, spark=engine.spark)
@@ -162,24 +195,40 @@ def main() -> None:
             ok = not report.failed and len(report.tables) == n and verify(config, expected)
             batches = sum(len(t.batches) for t in report.tables.values())
             console.print(f"  caught up in {seconds:.1f} s, {batches} table batches, tables equal: {ok}")
-            runs[n].append({"seconds": seconds, "ok": ok, "batches": batches,
+            updating = None
+            if args.update_round:
+                update_round(config, expected, args.records)
+                engine = Runner(config, spark=engine.spark)
+                t0 = time.perf_counter()
+                again = engine.run()
+                updating = time.perf_counter() - t0
+                ok = ok and not again.failed and verify(config, expected)
+                console.print(f"  updating round (MERGE into every table's rows) in {updating:.1f} s, tables "
+                              f"equal: {ok}")
+            runs[n].append({"seconds": seconds, "ok": ok, "batches": batches, "updating": updating,
                             "start": report.startup_seconds or 0.0, "config": config})
     results = [{"tables": n, "records": (args.records // n) * n, "config": done[-1]["config"],
                 "seconds": statistics.median(r["seconds"] for r in done),
                 "start": statistics.median(r["start"] for r in done),
                 "runs": [r["seconds"] for r in done], "batches": done[-1]["batches"],
+                "updating": statistics.median(r["updating"] for r in done) if args.update_round else None,
                 "ok": all(r["ok"] for r in done)} for n, done in runs.items()]
 
-    out = Table(title=f"Catch-up of {args.records:,} records spread over tables (one shared query), "
-                      f"median of {args.repeat}")
+    out = Table(title=f"Catch-up of {args.records:,} records spread over tables (one shared query, "
+                      f"{args.writer}), median of {args.repeat}")
     for col in ("tables", "records", "catch-up", "runs", "of which query start", "table batches", "records/s",
-                "equal"):
+                "updating round", "equal"):
         out.add_column(col, justify="right")
     for r in results:
         out.add_row(str(r["tables"]), f"{r['records']:,}", f"{r['seconds']:.1f} s",
                     ", ".join(f"{x:.1f}" for x in r["runs"]), f"{r['start']:.1f} s",
-                    str(r["batches"]), f"{r['records'] / r['seconds']:,.0f}", str(r["ok"]))
+                    str(r["batches"]), f"{r['records'] / r['seconds']:,.0f}",
+                    f"{r['updating']:.1f} s" if r["updating"] is not None else "-", str(r["ok"]))
     console.print(out)
+    figures = [Figure(f"{r['tables']} tables: {name}", value, unit) for r in results
+               for name, value, unit in (("catch-up", round(r["seconds"], 2), "s"),
+                                         ("updating round", None if r["updating"] is None else round(r["updating"], 2),
+                                          "s"), ("equal", r["ok"], ""))]
 
     if args.idle_seconds:
         last = results[-1]
@@ -206,7 +255,15 @@ def main() -> None:
     by_n = {r["tables"]: r for r in results}
     ok = all(r["ok"] for r in results)
     if 1 in by_n and max(by_n) > 1:
-        console.print(f"{max(by_n)} tables / 1 table: {by_n[max(by_n)]['seconds'] / by_n[1]['seconds']:.2f}x")
+        ratio = by_n[max(by_n)]["seconds"] / by_n[1]["seconds"]
+        console.print(f"{max(by_n)} tables / 1 table: {ratio:.2f}x")
+        figures.append(Figure(f"{max(by_n)} tables / 1 table (catch-up)", round(ratio, 2), "x"))
+        if args.update_round:
+            updating = by_n[max(by_n)]["updating"] / by_n[1]["updating"]
+            console.print(f"{max(by_n)} tables / 1 table, updating round: {updating:.2f}x")
+            figures.append(Figure(f"{max(by_n)} tables / 1 table (updating round)", round(updating, 2), "x"))
+    variant = changed_options(parser, args, ignore=("workdir",))
+    console.print(f"result: {write_result('bench_tables', variant, figures)}")
     raise SystemExit(0 if ok else 1)
 
 
