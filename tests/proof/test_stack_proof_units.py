@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from harness.latency import CommitIndex, latencies_of, summarize
+from harness.stack.tls import TlsFiles
 from harness.stack_proofs.faults import KINDS, kill_at, schedule
 from harness.stack_proofs.setup import stack_config, topics_of
 from harness.torture.process import IngestProcess
@@ -78,23 +79,39 @@ def test_latencies_take_the_rows_in_the_window_and_subtract_the_source_commit() 
 
 
 class _FakeStack:
-    def bootstrap_servers(self, *, sasl: bool = False) -> str:
-        return "127.0.0.1:9095" if sasl else "127.0.0.1:9092"
+    def bootstrap_servers(self, *, sasl: bool = False, tls: bool = False) -> str:
+        return "127.0.0.1:9096" if tls else "127.0.0.1:9095" if sasl else "127.0.0.1:9092"
 
-    def registry_url(self, *, authenticated: bool = False) -> str:
+    def registry_url(self, *, authenticated: bool = False, tls: bool = False) -> str:
+        if tls:
+            return "https://127.0.0.1:8443"
         return "http://127.0.0.1:8082" if authenticated else "http://127.0.0.1:8081"
 
+    def tls_files(self) -> TlsFiles:
+        return TlsFiles(Path("/stack/tls"))
 
-@pytest.mark.parametrize("sasl", [False, True])
-def test_stack_config_is_valid_and_holds_no_secret(tmp_path: Path, sasl: bool) -> None:
-    path = stack_config(_FakeStack(), tmp_path / "w", schema="shopx", sasl=sasl, max_records_per_batch=500)
+
+@pytest.mark.parametrize("listener", ["plaintext", "sasl", "tls"])
+def test_stack_config_is_valid_and_holds_no_secret(tmp_path: Path, listener: str) -> None:
+    sasl, tls = listener == "sasl", listener == "tls"
+    path = stack_config(_FakeStack(), tmp_path / "w", schema="shopx", sasl=sasl, tls=tls, max_records_per_batch=500)
     config = load_config(path)
     assert [t.topic for t in config.tables] == [f"pgavro.shopx.{t}" for t in ("customers", "products", "orders",
                                                                                "order_items")]
     kafka = config.source.kafka
-    assert kafka is not None and kafka.bootstrap_servers.endswith("9095" if sasl else "9092")
-    assert (kafka.options.get("kafka.sasl.mechanism") == "SCRAM-SHA-512") is sasl
-    assert config.source.registry.url == "http://127.0.0.1:8082/apis/ccompat/v7"
+    assert kafka is not None and kafka.bootstrap_servers.endswith({"plaintext": "9092", "sasl": "9095",
+                                                                   "tls": "9096"}[listener])
+    assert (kafka.options.get("kafka.sasl.mechanism") == "SCRAM-SHA-512") is (sasl or tls)
+    assert kafka.options.get("kafka.security.protocol") == {"plaintext": None, "sasl": "SASL_PLAINTEXT",
+                                                             "tls": "SASL_SSL"}[listener]
+    if tls:
+        assert kafka.tls is not None and kafka.tls.ca_file == Path("/stack/tls/ca.pem")
+        assert kafka.tls.cert_file == Path("/stack/tls/client.pem")
+        assert config.source.registry.url == "https://127.0.0.1:8443/apis/ccompat/v7"
+        registry_tls = config.source.registry.tls
+        assert registry_tls is not None and registry_tls.ca_file == Path("/stack/tls/ca.pem")
+    else:
+        assert kafka.tls is None and config.source.registry.url == "http://127.0.0.1:8082/apis/ccompat/v7"
     assert config.source.max_records_per_batch == 500
     assert "password" not in path.read_text().lower()
     json_config = load_config(stack_config(_FakeStack(), tmp_path / "j", value_format="json"))
