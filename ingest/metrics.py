@@ -25,10 +25,9 @@ starts until it ends. The counters count what this process did: Prometheus' ``ra
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -163,10 +162,8 @@ class RunMetrics:
         with self._lock:
             tracked = self._tables.get(table)
             if tracked is not None:
-                for topic_partition, (_, last) in _spans(record.offsets):
-                    topic, partition = topic_partition
-                    if topic == tracked.topic:
-                        tracked.applied[partition] = max(last, tracked.last(partition))
+                for partition, last in record.last_offsets(tracked.topic).items():
+                    tracked.applied[partition] = max(last, tracked.last(partition))
 
     def stopped(self, table: str, exc: BaseException) -> None:
         """``table`` stopped on ``exc``: a failed batch."""
@@ -233,9 +230,3 @@ class _Lag(Collector):
                                "its end offsets.", value=1 if answered else 0)
         return [records, up]
 
-
-def _spans(offsets: str) -> Iterator[tuple[tuple[str, int], tuple[int, int]]]:
-    """An audit row's ``offsets`` (JSON ``{"topic:partition": [first, last]}``) as pairs."""
-    for key, (first, last) in json.loads(offsets).items():
-        topic, _, partition = key.rpartition(":")
-        yield (topic, int(partition)), (int(first), int(last))

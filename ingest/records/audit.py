@@ -25,6 +25,7 @@ after the commit and repaired from the commit info (:func:`reconcile`) if a cras
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
@@ -99,6 +100,15 @@ class AuditRecord:
     @property
     def balanced(self) -> bool:
         return self.received == self.applied + self.superseded + self.stale + self.quarantined + self.skipped
+
+    def last_offsets(self, topic: str) -> dict[int, int]:
+        """The last offset the batch read of each partition of ``topic`` (from ``offsets``)."""
+        out = {}
+        for key, (_, last) in json.loads(self.offsets).items():
+            name, _, partition = key.rpartition(":")
+            if name == topic:
+                out[int(partition)] = int(last)
+        return out
 
     def to_metadata(self) -> dict[str, Any]:
         out = asdict(self)

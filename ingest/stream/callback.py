@@ -18,7 +18,6 @@ incompatible schema, a bad configuration) stops the table until the run is resta
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
@@ -416,9 +415,7 @@ class ForEachBatch:
             run.batches.append(result.record)
             r = result.record
             if self.group is not None and r.status == "committed":
-                spans = json.loads(r.offsets)
-                self.group.commit(spec.name, spec.topic, {int(tp.rsplit(":", 1)[1]): span[1] for tp, span in
-                                                          spans.items() if tp.rsplit(":", 1)[0] == spec.topic})
+                self.group.commit(spec.name, spec.topic, r.last_offsets(spec.topic))
             if self.metrics is not None:
                 self.metrics.batch(r)
             logs.event(log, "batch", f"table {spec.name}: batch {batch_id} {r.status}, {r.received} received, "
