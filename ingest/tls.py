@@ -44,10 +44,8 @@ def diagnose(address: str, tls: TlsSpec | None, key_password: str | None = None,
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw, \
                 context.wrap_socket(raw, server_hostname=host.strip("[]")) as secured:
             secured.do_handshake()
-    except ssl.SSLCertVerificationError as exc:
-        return f"certificate verify failed: {(exc.verify_message or str(exc)).rstrip('.')}"
     except ssl.SSLError as exc:
-        return str(exc.reason or exc).lower().replace("_", " ")
+        return _reason(exc)
     except (OSError, ValueError):
         return None
     return None
@@ -60,10 +58,8 @@ def verify_failure(exc: BaseException) -> str | None:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, ssl.SSLCertVerificationError):
-            return f"certificate verify failed: {(current.verify_message or str(current)).rstrip('.')}"
         if isinstance(current, ssl.SSLError):
-            return str(current.reason or current).lower().replace("_", " ")
+            return _reason(current)
         current = current.__cause__ or current.__context__
     return None
 
@@ -91,3 +87,10 @@ def check_java_key(tls: TlsSpec) -> None:
                 f"source.kafka.tls: the key in {path} is encrypted with PBES2, which Spark's Kafka source (the "
                 "Java client) cannot decrypt: re-encrypt it with `openssl pkcs8 -topk8 -v1 PBE-SHA1-3DES`, keep "
                 "it unencrypted (readable by the service only), or use kafka.reader: python")
+
+
+def _reason(exc: ssl.SSLError) -> str:
+    """What a failed handshake says: the verification's own words, or the TLS reason code in words."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {(exc.verify_message or str(exc)).rstrip('.')}"
+    return str(exc.reason or exc).lower().replace("_", " ")
