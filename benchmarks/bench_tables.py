@@ -15,7 +15,12 @@ updates of keys the tables hold, so every table MERGEs into existing rows -- the
 a pipeline, where each batch rewrites files of every table it touches.
 
     .venv/bin/python benchmarks/bench_tables.py [--records 20000] [--spreads 1,20,200] [--repeat 3]
-        [--writer delta-rs|delta-spark] [--idle-seconds 60] [--no-update-round]
+        [--writer delta-rs|delta-spark] [--cluster] [--idle-seconds 60] [--no-update-round]
+
+``--cluster`` runs the engine on a Spark standalone cluster on loopback (a master and two workers of
+one core each, :class:`harness.spark_cluster.SparkCluster`) instead of ``local[2]``: the same two
+cores, now with the scheduling, task shipping and result transfer of a real cluster. The workers
+read the embedded log and the lake where the driver wrote them (one machine's disk).
 
 Each spread is caught up ``--repeat`` times, the spreads taking turns (1, 20, 200, 1, 20, 200, ...)
 so that the machine's drift falls on all of them; the table gives every run and the median. The
@@ -26,6 +31,7 @@ result file (``benchmarks/results/``) keeps the medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -58,7 +64,7 @@ def _change(op: str, row: dict[str, Any], lsn: int) -> bytes:
     return json.dumps({"before": None, "after": row, "source": source, "op": op, "ts_ms": TS_MS}).encode()
 
 
-def workload(root: Path, tables: int, records: int, writer: str = "delta-rs"
+def workload(root: Path, tables: int, records: int, writer: str = "delta-rs", master: str = "local[2]"
              ) -> tuple[IngestConfig, dict[str, dict[int, str]]]:
     """``records`` changes spread over ``tables`` topics; returns the config and each table's expected rows."""
     workdir = root / f"tables-{tables}"
@@ -67,6 +73,7 @@ def workload(root: Path, tables: int, records: int, writer: str = "delta-rs"
     raw = {"workdir": str(workdir.resolve()),
            "source": {"value_format": "json", "max_records_per_batch": 20_000},
            "target": {"writer": writer},
+           "spark": {"master": master},
            "discover": {"topic_pattern": r"bench\.public\.[^.]+", "refresh_seconds": 5}}
     path = workdir / "bench.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -169,14 +176,35 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("bench-work/tables"))
     parser.add_argument("--writer", choices=("delta-rs", "delta-spark"), default="delta-rs",
                         help="who commits the tables' MERGEs")
+    parser.add_argument("--cluster", action="store_true",
+                        help="a Spark standalone master and two one-core workers on loopback instead of local[2]")
     parser.add_argument("--no-update-round", dest="update_round", action="store_false",
                         help="skip the second round (updates of rows every table holds)")
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        master = "local[2]"
+        if args.cluster:
+            from harness.spark_cluster import SparkCluster
+
+            master = stack.enter_context(SparkCluster(args.workdir.resolve() / "cluster", workers=2, cores=1)).url
+            console.print(f"Spark standalone cluster: {master}, 2 workers of 1 core")
+        ok = measure(parser, args, master)
+        if args.cluster:  # the application ends before its cluster does (no "lost executor" noise)
+            from pyspark.sql import SparkSession
+
+            session = SparkSession.getActiveSession()
+            if session is not None:
+                session.stop()
+    raise SystemExit(0 if ok else 1)
+
+
+def measure(parser: argparse.ArgumentParser, args: argparse.Namespace, master: str) -> bool:
+    """Every round the arguments ask for on ``master``; whether every table ended as written."""
     spreads = [int(n) for n in args.spreads.split(",")]
 
     # Warm-up, not counted: the session's first query pays the JVM's and the Python workers' start,
     # which would otherwise fall on whichever spread runs first.
-    config, _ = workload(args.workdir / "warm-up", 1, 200, args.writer)
+    config, _ = workload(args.workdir / "warm-up", 1, 200, args.writer, master)
     engine = Runner(config)
     t0 = time.perf_counter()
     engine.run()
@@ -185,7 +213,7 @@ def main() -> None:
     for turn in range(args.repeat):
         for n in spreads:
             t0 = time.perf_counter()
-            config, expected = workload(args.workdir, n, args.records, args.writer)
+            config, expected = workload(args.workdir, n, args.records, args.writer, master)
             console.print(f"[{turn + 1}/{args.repeat}] {n} tables x {args.records // n} records: written in "
                           f"{time.perf_counter() - t0:.1f} s")
             engine = Runner(config, spark=engine.spark)
@@ -215,7 +243,7 @@ def main() -> None:
                 "ok": all(r["ok"] for r in done)} for n, done in runs.items()]
 
     out = Table(title=f"Catch-up of {args.records:,} records spread over tables (one shared query, "
-                      f"{args.writer}), median of {args.repeat}")
+                      f"{args.writer}, {'cluster' if args.cluster else 'local[2]'}), median of {args.repeat}")
     for col in ("tables", "records", "catch-up", "runs", "of which query start", "table batches", "records/s",
                 "updating round", "equal"):
         out.add_column(col, justify="right")
@@ -264,7 +292,7 @@ def main() -> None:
             figures.append(Figure(f"{max(by_n)} tables / 1 table (updating round)", round(updating, 2), "x"))
     variant = changed_options(parser, args, ignore=("workdir",))
     console.print(f"result: {write_result('bench_tables', variant, figures)}")
-    raise SystemExit(0 if ok else 1)
+    return ok
 
 
 if __name__ == "__main__":

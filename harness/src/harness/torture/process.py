@@ -27,11 +27,12 @@ class IngestProcess:
         env: the child's environment (credentials included; ``INGEST_KILL_AT`` is set per start).
         continuous: pass ``--continuous``.
         name: prefix of the log files.
+        cwd: the child's working directory (default: this process's).
     """
 
     def __init__(self, config: Path, logs: Path, env: dict[str, str], *, continuous: bool = True,
-                 name: str = "ingest") -> None:
-        self.config, self.logs, self.env = config, logs, dict(env)
+                 name: str = "ingest", cwd: Path | None = None) -> None:
+        self.config, self.logs, self.env, self.cwd = config, logs, dict(env), cwd
         self.continuous, self.name = continuous, name
         self.starts = 0
         self._seq = 0
@@ -62,7 +63,7 @@ class IngestProcess:
             cmd.append("--continuous")
         self.started_at = time.monotonic()
         self._child = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)
+                                       cwd=self.cwd, start_new_session=True)
 
     @property
     def pid(self) -> int | None:
