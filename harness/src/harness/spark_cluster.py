@@ -54,13 +54,13 @@ class SparkCluster:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
-    def _spark_class(self, name: str, main: str, *args: str, env: dict[str, str] | None = None) -> int:
+    def _spark_class(self, name: str, main: str, *args: str, extra_env: dict[str, str] | None = None) -> int:
         home = Path(pyspark.__file__).parent
         where = self.root / name
         where.mkdir(parents=True, exist_ok=True)
         env = {k: os.environ[k] for k in _KEPT if k in os.environ}
         env.update(SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(where),
-                   SPARK_WORKER_DIR=str(where / "work"), PYSPARK_PYTHON=sys.executable, **(env or {}))
+                   SPARK_WORKER_DIR=str(where / "work"), PYSPARK_PYTHON=sys.executable, **(extra_env or {}))
         cmd = [str(home / "bin" / "spark-class"), main, *args]
         pid = spawn(cmd, log=where / f"{name}.log", pidfile=where / f"{name}.pid", cwd=where, env=env)
         self._pids[name] = pid
@@ -81,7 +81,7 @@ class SparkCluster:
         name = f"worker-{i}"
         return self._spark_class(name, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                                  "--cores", str(self.cores), "--memory", self.memory, "--webui-port", "0",
-                                 "--work-dir", str(self.root / name / "work"), self.url, env=self.worker_env)
+                                 "--work-dir", str(self.root / name / "work"), self.url, extra_env=self.worker_env)
 
     def kill_worker(self, i: int) -> None:
         """SIGKILL worker ``i`` and its executors (its whole process group), as a machine loss would."""
