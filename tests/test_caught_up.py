@@ -7,6 +7,7 @@ the run that finds work, or is asked to replay, takes the whole start as before.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
+from ingest.commit.state import load_state
 from ingest.config import IngestConfig, load_config
 from ingest.lake import locks
+from ingest.source.catalog import catalog_for
 from ingest.stream.caught_up import pending
-from ingest.stream.runner import Runner
+from ingest.stream.runner import Runner, retention_gap, warn_retention_gap
 from tests.dagster.conftest import produce
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +102,8 @@ def test_a_record_past_the_delta_log_is_work_and_is_applied(config: tuple[Path, 
     assert Runner(cfg, spark=spark).run().caught_up
 
 
-def test_records_retention_dropped_before_any_run_read_them_are_no_work(config: tuple[Path, IngestConfig]) -> None:
+def test_records_retention_dropped_before_any_run_read_them_are_no_work(config: tuple[Path, IngestConfig],
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
     _, cfg = config
 
     class Retained:
@@ -118,6 +122,16 @@ def test_records_retention_dropped_before_any_run_read_them_are_no_work(config: 
             return {0: 10, 1: 2}
 
     assert pending(cfg, list(cfg.tables), Retained()) == {"notes": 3}  # partition 1 still holds 2..4
+
+    # A table added after retention dropped its topic's beginning would miss rows with nothing to
+    # show it: the run says which offsets are gone, and what to do, before it starts.
+    spec, state = cfg.tables[0], load_state(cfg.table_path("notes"))
+    assert retention_gap(spec, state, Retained()) == {0: (0, 9), 1: (0, 1)}
+    with caplog.at_level(logging.WARNING, logger="ingest.stream.runner"):
+        warn_retention_gap(spec, state, Retained())
+    assert len(caplog.records) == 1 and "partition 0 offsets 0..9" in caplog.text
+    assert "ingest resnapshot notes" in caplog.text
+    assert retention_gap(spec, state, catalog_for(cfg)) == {}  # the embedded log keeps every record
 
 
 def test_a_caught_up_table_another_run_holds_is_still_refused(config: tuple[Path, IngestConfig]) -> None:

@@ -15,13 +15,13 @@ import uuid
 from typing import TYPE_CHECKING
 
 from ingest import logs, secrets, tls
-from ingest.commit.state import load_state
+from ingest.commit.state import TableState, load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.cuts.publish import Publisher
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.records import audit
-from ingest.source.catalog import catalog_for
+from ingest.source.catalog import Catalog, catalog_for
 from ingest.source.discovery import with_discovered
 from ingest.stream.caught_up import pending
 from ingest.stream.report import RunReport, TableRun
@@ -36,6 +36,31 @@ if TYPE_CHECKING:
     from ingest.stream.queries import Mode
 
 log = logging.getLogger(__name__)
+
+
+def retention_gap(spec: TableSpec, state: TableState, source: Catalog) -> dict[int, tuple[int, int]]:
+    """The offsets of ``spec``'s topic the table has not applied and the source no longer holds:
+    partition -> (first, last) missing. A table added after its topic's retention dropped the
+    snapshot has one from offset 0."""
+    gaps = {}
+    for p, first_held in sorted(source.start_offsets(spec.topic).items()):
+        done = state.applied_offset(spec.topic, p)
+        wanted = 0 if done is None else done + 1
+        if first_held > wanted:
+            gaps[p] = (wanted, first_held - 1)
+    return gaps
+
+
+def warn_retention_gap(spec: TableSpec, state: TableState, source: Catalog) -> None:
+    """Say so, once at the start, when :func:`retention_gap` finds changes the table will never see:
+    rows whose only changes were there would be missing, with nothing else to show it."""
+    gaps = retention_gap(spec, state, source)
+    if gaps:
+        where = ", ".join(f"partition {p} offsets {a}..{b}" for p, (a, b) in gaps.items())
+        log.warning("table %s: %s no longer holds %s (retention), which the table never applied: rows whose "
+                    "changes were only there are missing; re-read the table from the database with "
+                    "`ingest resnapshot %s` (docs/operations.md, adding a table)", spec.name, spec.topic, where,
+                    spec.name)
 
 
 class Runner:
@@ -70,9 +95,11 @@ class Runner:
             SourceUnavailableError: the source cannot say which partitions a topic has.
         """
         states = {s.name: load_state(TablePaths.of(self.config, s.name).table) for s in specs}
+        source = catalog_for(self.config)
+        for spec in specs:
+            warn_retention_gap(spec, states[spec.name], source)
         if all(state.table is None for state in states.values()):
             return None
-        source = catalog_for(self.config)
         offsets: Offsets = {}
         for spec in specs:
             state = states[spec.name]
