@@ -63,7 +63,8 @@ class SchemaIncompatibleError(TableError):
         super().__init__(
             table,
             f"column {column!r} changed type from {current} to {incoming}, which is not a safe widening; "
-            "nothing was committed for this table. Fix the source schema or migrate the table by hand.",
+            "nothing was committed for this table. Revert the source's change, or give the table's column the new "
+            f"type: ingest retype {table} {column} <type> (docs/operations.md#a-column-changed-type-at-the-source)",
         )
         self.column = column
         self.current = current

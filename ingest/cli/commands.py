@@ -184,6 +184,24 @@ def resnapshot(
 
 
 @app.command(rich_help_panel=OPERATE)
+def retype(
+    table: Annotated[str, typer.Argument(help="the stopped table", show_default=False)],
+    column: Annotated[str, typer.Argument(help="its column whose source type changed", show_default=False)],
+    new_type: Annotated[str, typer.Argument(metavar="TYPE", help="the Delta type the column takes (e.g. string)",
+                                            show_default=False)],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    workdir: WorkdirOpt = None,
+) -> None:
+    """Rewrite a table with one column cast to a new type, after an incompatible change at the source
+    stopped it; the next run applies the change (docs/operations.md)."""
+    from ingest.ops.retype import retype as rewrite  # Delta (and Spark for delta-spark tables): when it runs
+
+    done = rewrite(load(config, workdir), table, column, new_type)
+    console.print(f"table {done.table}: column {done.column} {done.was} -> {done.now}; {done.rows:,} rows "
+                  f"rewritten with {done.rewritten_by} (Delta version {done.version})")
+
+
+@app.command(rich_help_panel=OPERATE)
 def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
            output: FormatOpt = TableOrJson.table) -> None:
     """Per table: applied offsets, lag, Delta version, last batch (exit 3: the source did not answer)."""
