@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import CommitProperties, write_deltalake
 
 from ingest.columns import arrow_type
 from ingest.config import IngestConfig
@@ -82,8 +83,6 @@ def retype(config: IngestConfig, table: str, column: str, new_type: str) -> Rety
 
 
 def _with_delta_rs(delta: object, where: LakePath, table: str, column: str, target: pa.DataType) -> int:
-    from deltalake import CommitProperties, write_deltalake
-
     data = read_all(delta)  # type: ignore[arg-type]
     index = data.schema.get_field_index(column)
     try:
@@ -99,6 +98,7 @@ def _with_delta_rs(delta: object, where: LakePath, table: str, column: str, targ
 
 
 def _with_spark(config: IngestConfig, where: LakePath, column: str, new_type: str) -> int:
+    # Spark (seconds to start): only for a table with deletion vectors, which delta-rs cannot read
     from pyspark.sql import functions as F
 
     from ingest.spark.session import delta_session, spark_location, spark_type
