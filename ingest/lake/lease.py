@@ -35,7 +35,7 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Final
 
-from ingest.errors import IngestError, TableLockedError
+from ingest.errors import IngestError, LakeUnavailableError, TableLockedError
 from ingest.lake.location import LakePath, s3_client
 
 log = logging.getLogger(__name__)
@@ -100,12 +100,20 @@ class Lease:
             self._etag = self._put(IfNoneMatch="*")
         except ClientError as exc:
             if _code(exc) not in _LOST_RACE:
-                raise
+                raise self._refused(exc, "s3:PutObject") from None
             self._take_over_expired()
         self._renewed_at = time.monotonic()
         self._renewer = threading.Thread(target=self._renew_loop, name=f"lease-{self.table}", daemon=True)
         self._renewer.start()
         return self
+
+    def _refused(self, exc: Exception, permission: str) -> LakeUnavailableError:
+        """The store's refusal of the lease, in one line naming the permission it takes."""
+        code = _code(exc) or type(exc).__name__
+        hint = (f"the credentials lack {permission} on {self.location} (docs/operations.md#s3-permissions)"
+                if code in {"AccessDenied", "403"} else "the store refused it")
+        return LakeUnavailableError(f"lake {self.location}: could not take table {self.table}'s writer lease: "
+                                    f"{hint} ({code})")
 
     def _take_over_expired(self) -> None:
         # botocore: only for a lake on S3
@@ -117,7 +125,7 @@ class Lease:
             if _code(exc) in {"NoSuchKey", "404"}:  # released in between: try once more from scratch
                 self._etag = self._put(IfNoneMatch="*")
                 return
-            raise
+            raise self._refused(exc, "s3:GetObject") from None
         body = current["Body"].read().decode("utf-8", "replace")
         if _owner(body) == self._owner:  # our own create, answered after a retry as if someone else's
             self._etag = str(current["ETag"])
