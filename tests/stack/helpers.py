@@ -49,6 +49,28 @@ def write_config(config: IngestConfig, path: Path) -> Path:
     return path
 
 
+def fresh_schema(stack: Any, dsn: str, schema: str, topics: list[str], *statements: str) -> None:
+    """Drop ``schema`` and ``topics`` (a previous run's), create the schema, run ``statements`` in it,
+    and wait until Debezium has captured them."""
+    import psycopg
+
+    from ingest.verify.capture import delete_topics, wait_for_capture
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        delete_topics(stack.bootstrap_servers(), topics)
+        conn.execute(f"CREATE SCHEMA {schema}")
+        for statement in statements:
+            conn.execute(statement)
+    assert wait_for_capture(dsn, timeout=120, on_stall=stack.unstick_capture).ok
+
+
+def config_file(config: IngestConfig, path: Path) -> Path:
+    """The whole configuration as a YAML file, as a user would write it (for the command line)."""
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True), sort_keys=False))
+    return path
+
+
 def read_topic(topic: str, bootstrap: str = "127.0.0.1:9092", timeout: float = 5.0) -> list[tuple[Any, Any]]:
     """Every ``(key, value)`` of a one-partition topic, raw bytes."""
     from confluent_kafka import Consumer, TopicPartition

@@ -19,10 +19,9 @@ from typing import Any
 
 import psycopg
 import pytest
-import yaml
 
-from ingest.verify.capture import delete_topics, wait_for_capture
-from tests.stack.helpers import PREFIX, stack_config
+from ingest.verify.capture import wait_for_capture
+from tests.stack.helpers import PREFIX, config_file, fresh_schema, stack_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -35,23 +34,14 @@ def _ingest(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
                           timeout=timeout, check=False)
 
 
-def _write(config: Any, path: Path) -> Path:
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True), sort_keys=False))
-    return path
-
-
 def test_adding_a_table_whose_topic_lost_its_beginning(stack: Any, pg_dsn: str, tmp_path: Path) -> None:
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        delete_topics(stack.bootstrap_servers(), list(TOPICS.values()))
-        conn.execute(f"CREATE SCHEMA {SCHEMA}")
-        for t in TOPICS:
-            conn.execute(f"CREATE TABLE {SCHEMA}.{t} (id integer PRIMARY KEY, body text)")
-            conn.execute(f"INSERT INTO {SCHEMA}.{t} SELECT i, '{t} ' || i FROM generate_series(1, 40) i")
-    assert wait_for_capture(pg_dsn, timeout=120, on_stall=stack.unstick_capture).ok
+    fresh_schema(stack, pg_dsn, SCHEMA, list(TOPICS.values()), *[
+        statement for t in TOPICS for statement in (
+            f"CREATE TABLE {SCHEMA}.{t} (id integer PRIMARY KEY, body text)",
+            f"INSERT INTO {SCHEMA}.{t} SELECT i, '{t} ' || i FROM generate_series(1, 40) i")])
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers()})
     ends = admin.list_topics(TOPICS["b"], timeout=30).topics[TOPICS["b"]].partitions
     assert ends, "Debezium has not created b's topic"
@@ -73,13 +63,13 @@ def test_adding_a_table_whose_topic_lost_its_beginning(stack: Any, pg_dsn: str, 
 
     path = tmp_path / "config.yaml"
     running = stack_config("json", tmp_path / "work", schema=SCHEMA, tables=["a"])
-    _write(running, path)
+    config_file(running, path)
     done = _ingest("run", "-c", str(path))
     assert done.returncode == 0, done.stderr[-2000:]
 
     # Step 1-2: the table goes into the configuration, and the run starts again.
     added = stack_config("json", tmp_path / "work", schema=SCHEMA, tables=["a", "b"])
-    _write(added, path)
+    config_file(added, path)
     done = _ingest("run", "-c", str(path))
     assert done.returncode == 0, done.stderr[-2000:]
     warning = [line for line in done.stderr.splitlines() if "table b:" in line]

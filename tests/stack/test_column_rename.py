@@ -18,12 +18,11 @@ from typing import Any
 import psycopg
 import pyarrow.compute as pc
 import pytest
-import yaml
 
 from ingest.lake.delta import open_table, read_all
 from ingest.stream.runner import Runner
-from ingest.verify.capture import delete_topics, wait_for_capture
-from tests.stack.helpers import PREFIX, stack_config
+from ingest.verify.capture import wait_for_capture
+from tests.stack.helpers import PREFIX, config_file, fresh_schema, stack_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -38,16 +37,11 @@ def _ingest(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_renamed_and_a_dropped_column(stack: Any, pg_dsn: str, spark: Any, tmp_path: Path) -> None:
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        delete_topics(stack.bootstrap_servers(), [TOPIC])
-        conn.execute(f"CREATE SCHEMA {SCHEMA}; CREATE TABLE {SCHEMA}.t "
-                     "(id integer PRIMARY KEY, a text, b integer, c text)")
-        conn.execute(f"INSERT INTO {SCHEMA}.t SELECT i, 'a' || i, i, 'c' || i FROM generate_series(1, {ROWS}) i")
-    assert wait_for_capture(pg_dsn, timeout=120, on_stall=stack.unstick_capture).ok
+    fresh_schema(stack, pg_dsn, SCHEMA, [TOPIC],
+                 f"CREATE TABLE {SCHEMA}.t (id integer PRIMARY KEY, a text, b integer, c text)",
+                 f"INSERT INTO {SCHEMA}.t SELECT i, 'a' || i, i, 'c' || i FROM generate_series(1, {ROWS}) i")
     config = stack_config("json", tmp_path / "work", schema=SCHEMA, tables=["t"])
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
+    path = config_file(config, tmp_path / "config.yaml")
     assert not Runner(config, spark=spark).run().failed
 
     # Step 1: the source drops c and renames a; some rows change afterwards.

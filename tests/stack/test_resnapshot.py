@@ -22,14 +22,13 @@ from typing import Any
 import psycopg
 import pyarrow.compute as pc
 import pytest
-import yaml
 from deltalake import DeltaTable
 
 from ingest.records import audit
 from ingest.stream.runner import Runner
-from ingest.verify.capture import delete_topics, wait_for_capture
+from ingest.verify.capture import wait_for_capture
 from ingest.verify.source_db import verify_source_db
-from tests.stack.helpers import PREFIX, stack_config
+from tests.stack.helpers import PREFIX, config_file, fresh_schema, stack_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -66,16 +65,11 @@ def _workload(dsn: str, stop: threading.Event, counts: dict[str, int]) -> None:
 
 def test_a_live_resnapshot_repairs_the_table_while_its_keys_keep_changing(stack: Any, pg_dsn: str, spark: Any,
                                                                           tmp_path: Path) -> None:
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        delete_topics(stack.bootstrap_servers(), [TOPIC])
-        conn.execute(f"CREATE SCHEMA {SCHEMA}; CREATE TABLE {SCHEMA}.items "
-                     "(id integer PRIMARY KEY, qty integer NOT NULL, note text)")
-        conn.execute(f"INSERT INTO {SCHEMA}.items SELECT i, i % 7, 'first ' || i FROM generate_series(1, {ROWS}) i")
-    assert wait_for_capture(pg_dsn, timeout=120, on_stall=stack.unstick_capture).ok
+    fresh_schema(stack, pg_dsn, SCHEMA, [TOPIC],
+                 f"CREATE TABLE {SCHEMA}.items (id integer PRIMARY KEY, qty integer NOT NULL, note text)",
+                 f"INSERT INTO {SCHEMA}.items SELECT i, i % 7, 'first ' || i FROM generate_series(1, {ROWS}) i")
     config = stack_config("avro", tmp_path / "work", schema=SCHEMA, tables=["items"])
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
+    path = config_file(config, tmp_path / "config.yaml")
 
     first = Runner(config, spark=spark).run()
     assert not first.failed and first.tables["items"].total("received") == ROWS
