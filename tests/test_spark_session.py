@@ -84,39 +84,3 @@ def test_one_rule_for_the_snapshot_tasks_of_any_session(spark):
     chosen = spark.newSession()
     chosen.conf.set(spark_module.SNAPSHOT_PARTITIONS, "7")
     assert spark_module.snapshot_tasks(chosen).conf.get(spark_module.SNAPSHOT_PARTITIONS) == "7"
-
-
-@pytest.mark.spark
-def test_the_session_leaves_ctrl_c_to_the_engine(spark: Any) -> None:
-    """pyspark's SparkContext would make SIGINT cancel every running Spark job (a delta-spark MERGE
-    half-way); the engine keeps the handler it had, and stops its queries between batches."""
-    import signal
-    import threading
-
-    assert threading.current_thread() is threading.main_thread()  # where pyspark would install its own
-    handler = signal.getsignal(signal.SIGINT)
-    assert "SparkContext" not in getattr(handler, "__qualname__", ""), handler
-
-
-def test_a_stop_waits_for_the_batch_under_way() -> None:
-    from ingest.stream.queries import _between_batches
-
-    class Query:
-        def __init__(self, busy_polls: int) -> None:
-            self.polls, self.busy_polls, self.isActive = 0, busy_polls, True
-
-        @property
-        def status(self) -> dict[str, Any]:
-            self.polls += 1
-            return {"isTriggerActive": self.polls <= self.busy_polls}
-
-    class Held:
-        def __init__(self, busy_polls: int) -> None:
-            self.query = Query(busy_polls)
-
-    busy, idle = Held(5), Held(0)
-    _between_batches([busy, idle], grace=30)  # type: ignore[list-item]
-    assert busy.query.polls == 6 and idle.query.polls == 1
-    stuck = Held(10**9)
-    _between_batches([stuck], grace=0.2)  # type: ignore[list-item]  # the grace bounds the wait
-    assert 1 < stuck.query.polls < 100

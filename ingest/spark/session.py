@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Final
@@ -65,24 +62,6 @@ def snapshot_tasks(session: SparkSession) -> SparkSession:
     return session
 
 
-@contextmanager
-def _own_interrupt() -> Iterator[None]:
-    """Keep this process's Ctrl-C (SIGINT) handler across the SparkContext's creation.
-
-    pyspark's SparkContext installs one that cancels every running Spark job before it raises
-    ``KeyboardInterrupt``: a delta-spark MERGE cancelled half-way stops its table with a Spark error,
-    where the engine means to stop its queries after their current batch (:mod:`ingest.stream.queries`).
-    The JVM itself ignores SIGINT (pyspark starts it so).
-    """
-    main = threading.current_thread() is threading.main_thread()
-    before = signal.getsignal(signal.SIGINT) if main else None
-    try:
-        yield
-    finally:
-        if main and before is not None:
-            signal.signal(signal.SIGINT, before)
-
-
 @cache
 def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
               extra: tuple[tuple[str, str], ...] = ()) -> SparkSession:
@@ -116,8 +95,7 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
     for key, value in extra:
         if key != DRIVER_JAVA_OPTIONS:
             builder = builder.config(key, value)
-    with _own_interrupt():
-        spark = builder.getOrCreate()
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     snapshot_tasks(spark)
 

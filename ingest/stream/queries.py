@@ -50,8 +50,6 @@ if TYPE_CHECKING:
     from ingest.stream.runner import Runner
 
 log = logging.getLogger(__name__)
-#: How long a stop waits for the micro-batches under way to end before it stops their queries anyway.
-STOP_GRACE_SECONDS = 300.0
 _START_ATTEMPTS = 3  # restarts of a query that dies before its first batch (see StreamingRun._restart_failed)
 _SOURCE_INIT_WAIT = 30.0  # seconds to let one query's source start before starting the next
 Mode = Literal["available_now", "continuous"]
@@ -69,19 +67,6 @@ def query_groups(specs: list[TableSpec], queries: int) -> list[list[TableSpec]]:
     """The tables dealt to ``queries`` queries in turn (never more queries than tables)."""
     count = max(1, min(queries, len(specs)))
     return [g for g in (specs[i::count] for i in range(count)) if g]
-
-
-def _between_batches(queries: list[_Query], grace: float) -> None:
-    """Wait (up to ``grace`` seconds) until no query is running a micro-batch.
-
-    Stopping a query interrupts the batch it runs, and with it the Spark jobs of a delta-spark MERGE:
-    safe (the commit is all or nothing, and the batch is read again), but the table would end the run
-    as stopped, with Spark's cancellation as its error. Between batches a stop is clean.
-    """
-    deadline = time.monotonic() + grace
-    for q in queries:
-        while q.query.isActive and q.query.status.get("isTriggerActive") and time.monotonic() < deadline:
-            time.sleep(0.05)
 
 
 @dataclass(slots=True)
@@ -285,11 +270,7 @@ class StreamingRun:
                         next_look = time.monotonic() + refresh
                     time.sleep(0.5)
             except KeyboardInterrupt:
-                log.warning("interrupted: stopping queries after their current batch (Ctrl-C again: at once)")
-            try:
-                _between_batches(queries, STOP_GRACE_SECONDS)
-            except KeyboardInterrupt:
-                log.warning("interrupted again: stopping queries now")
+                log.warning("interrupted: stopping queries after their current batch")
             for q in queries:
                 if q.query.isActive:
                     q.query.stop()
