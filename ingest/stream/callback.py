@@ -51,6 +51,7 @@ from ingest.records import audit
 from ingest.records.audit import AuditRecord
 from ingest.source.consumer_group import GroupCommitter
 from ingest.source.sources import DecodingSource, decodes_at_read, source_for
+from ingest.stream.caught_up import gap_of, say_retention_gap
 from ingest.stream.report import RunReport
 
 if TYPE_CHECKING:
@@ -354,6 +355,7 @@ class ForEachBatch:
             end = source.end_offsets(spec.topic)
             first = source.start_offsets(spec.topic)
             state = load_state(paths.table)
+            say_retention_gap(spec, gap_of(spec.topic, state, first))  # what it missed, retention may have taken
             start = {p: max(first.get(p, 0), _after(state.applied_offset(spec.topic, p))) for p in end}
             limit = min(self.config.source.max_records_per_batch,
                         self.config.source.max_records_per_table or self.config.source.max_records_per_batch)

@@ -9,10 +9,15 @@ to do (docs/architecture.md#progress-lives-in-the-table).
 
 from __future__ import annotations
 
-from ingest.commit.state import load_state
+import logging
+
+from ingest.commit.state import TableState, load_state
 from ingest.config import IngestConfig, TableSpec
+from ingest.errors import SourceUnavailableError
 from ingest.lake.layout import TablePaths
 from ingest.source.catalog import Catalog, catalog_for
+
+log = logging.getLogger(__name__)
 
 
 def pending(config: IngestConfig, specs: list[TableSpec], catalog: Catalog | None = None) -> dict[str, int]:
@@ -33,3 +38,44 @@ def pending(config: IngestConfig, specs: list[TableSpec], catalog: Catalog | Non
         else:
             found[spec.name] = 0
     return found
+
+
+def gap_of(topic: str, state: TableState, first_held: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """The offsets of ``topic`` the table (``state``) has not applied and the source no longer holds,
+    given the first offset it still holds per partition: partition -> (first, last) missing."""
+    gaps = {}
+    for p, first in sorted(first_held.items()):
+        done = state.applied_offset(topic, p)
+        wanted = 0 if done is None else done + 1
+        if first > wanted:
+            gaps[p] = (wanted, first - 1)
+    return gaps
+
+
+def retention_gap(spec: TableSpec, state: TableState, source: Catalog) -> dict[int, tuple[int, int]]:
+    """:func:`gap_of` ``spec``'s topic as the source holds it now. A table added after its topic's
+    retention dropped the snapshot has one from offset 0."""
+    return gap_of(spec.topic, state, source.start_offsets(spec.topic))
+
+
+def warn_retention_gap(spec: TableSpec, state: TableState, source: Catalog) -> None:
+    """:func:`say_retention_gap` of :func:`retention_gap`, once at a run's start.
+
+    A source that does not answer is not this check's to report: the query's start meets it and
+    says so as it always has."""
+    try:
+        gaps = retention_gap(spec, state, source)
+    except SourceUnavailableError:
+        return
+    say_retention_gap(spec, gaps)
+
+
+def say_retention_gap(spec: TableSpec, gaps: dict[int, tuple[int, int]]) -> None:
+    """One warning line when ``gaps`` holds changes the table will never see: rows whose only changes
+    were there are missing, with nothing else to show it."""
+    if gaps:
+        where = ", ".join(f"partition {p} offsets {a}..{b}" for p, (a, b) in gaps.items())
+        log.warning("table %s: %s no longer holds %s (retention), which the table never applied: rows whose "
+                    "changes were only there are missing; re-read the table from the database with "
+                    "`ingest resnapshot %s` (docs/operations.md, adding a table)", spec.name, spec.topic, where,
+                    spec.name)

@@ -15,16 +15,15 @@ import uuid
 from typing import TYPE_CHECKING
 
 from ingest import logs, secrets, tls
-from ingest.commit.state import TableState, load_state
+from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.cuts.publish import Publisher
-from ingest.errors import SourceUnavailableError
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.records import audit
-from ingest.source.catalog import Catalog, catalog_for
+from ingest.source.catalog import catalog_for
 from ingest.source.discovery import with_discovered
-from ingest.stream.caught_up import pending
+from ingest.stream.caught_up import pending, warn_retention_gap
 from ingest.stream.report import RunReport, TableRun
 
 if TYPE_CHECKING:
@@ -37,37 +36,6 @@ if TYPE_CHECKING:
     from ingest.stream.queries import Mode
 
 log = logging.getLogger(__name__)
-
-
-def retention_gap(spec: TableSpec, state: TableState, source: Catalog) -> dict[int, tuple[int, int]]:
-    """The offsets of ``spec``'s topic the table has not applied and the source no longer holds:
-    partition -> (first, last) missing. A table added after its topic's retention dropped the
-    snapshot has one from offset 0."""
-    gaps = {}
-    for p, first_held in sorted(source.start_offsets(spec.topic).items()):
-        done = state.applied_offset(spec.topic, p)
-        wanted = 0 if done is None else done + 1
-        if first_held > wanted:
-            gaps[p] = (wanted, first_held - 1)
-    return gaps
-
-
-def warn_retention_gap(spec: TableSpec, state: TableState, source: Catalog) -> None:
-    """Say so, once at the start, when :func:`retention_gap` finds changes the table will never see:
-    rows whose only changes were there would be missing, with nothing else to show it.
-
-    A source that does not answer is not this check's to report: the query's start meets it and
-    says so as it always has."""
-    try:
-        gaps = retention_gap(spec, state, source)
-    except SourceUnavailableError:
-        return
-    if gaps:
-        where = ", ".join(f"partition {p} offsets {a}..{b}" for p, (a, b) in gaps.items())
-        log.warning("table %s: %s no longer holds %s (retention), which the table never applied: rows whose "
-                    "changes were only there are missing; re-read the table from the database with "
-                    "`ingest resnapshot %s` (docs/operations.md, adding a table)", spec.name, spec.topic, where,
-                    spec.name)
 
 
 class Runner:
