@@ -31,6 +31,8 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 TEXT: Final = "%(levelname)s %(name)s: %(message)s"
 #: the logger librdkafka's own lines go to (shown with ``--log-level debug``)
 LIBRDKAFKA: Final = "ingest.librdkafka"
+#: pyspark's loggers of the query context of every captured error (shown with ``--log-level debug``)
+PYSPARK_ERROR_LOGGERS: Final = ("DataFrameQueryContextLogger", "SQLQueryContextLogger")
 
 
 class _RedactedText(logging.Formatter):
@@ -62,6 +64,10 @@ def configure(fmt: LogFormat = "text", level: LogLevel = "warning") -> None:
     logging.getLogger("py4j").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
     # librdkafka repeats every failed connection attempt; the engine's own error says why, once
     logging.getLogger(LIBRDKAFKA).setLevel(logging.DEBUG if level == "debug" else logging.CRITICAL)
+    # pyspark logs each error a DataFrame operation raises, with the JVM's stack trace, as JSON of its own
+    # (a handler of its own, not propagated); the engine says what failed in one line of its own
+    for name in PYSPARK_ERROR_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if level == "debug" else logging.CRITICAL)
     secrets.install_log_redaction(root)
 
 

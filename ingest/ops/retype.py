@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from ingest.columns import arrow_type
 from ingest.config import IngestConfig
@@ -71,7 +71,7 @@ def retype(config: IngestConfig, table: str, column: str, new_type: str) -> Rety
             raise ConfigError(f"table {table!r} has no column {column!r} (it has {', '.join(sorted(fields))})")
         was = str(fields[column].type)
         if has_deletion_vectors(delta):
-            rows = _with_spark(config, where, column, new_type)
+            rows = _with_spark(config, where, table, column, new_type)
             by = "delta-spark"
         else:
             rows = _with_delta_rs(delta, where, table, column, target)
@@ -82,8 +82,8 @@ def retype(config: IngestConfig, table: str, column: str, new_type: str) -> Rety
     return Retyped(table, column, was, new_type, rows, version, by)
 
 
-def _with_delta_rs(delta: object, where: LakePath, table: str, column: str, target: pa.DataType) -> int:
-    data = read_all(delta)  # type: ignore[arg-type]
+def _with_delta_rs(delta: DeltaTable, where: LakePath, table: str, column: str, target: pa.DataType) -> int:
+    data = read_all(delta)
     index = data.schema.get_field_index(column)
     try:
         cast = pc.cast(data[column], target, safe=True)
@@ -97,8 +97,9 @@ def _with_delta_rs(delta: object, where: LakePath, table: str, column: str, targ
     return data.num_rows
 
 
-def _with_spark(config: IngestConfig, where: LakePath, column: str, new_type: str) -> int:
+def _with_spark(config: IngestConfig, where: LakePath, table: str, column: str, new_type: str) -> int:
     # Spark (seconds to start): only for a table with deletion vectors, which delta-rs cannot read
+    from pyspark.errors import PySparkException
     from pyspark.sql import functions as F
 
     from ingest.spark.session import delta_session, spark_location, spark_type
@@ -110,8 +111,8 @@ def _with_spark(config: IngestConfig, where: LakePath, column: str, new_type: st
         retyped = frame.withColumn(column, F.col(column).cast(spark_type(new_type)))
         (retyped.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
          .option("userMetadata", f"{RETYPE_KEY}: {column} -> {new_type}").save(uri))
-    except Exception as exc:
+    except PySparkException as exc:  # a cast Spark refuses: the plan's (analysis) or a value's (ANSI)
         first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        raise TableError(where.name, f"column {column!r} does not convert to {new_type}: {first}; nothing was "
-                                     "written") from None
+        raise TableError(table, f"column {column!r} does not convert to {new_type}: {first}; nothing was "
+                                "written") from None
     return int(spark.read.format("delta").load(uri).count())

@@ -53,7 +53,7 @@ def test_a_column_that_changed_type_is_retyped_and_the_table_goes_on(tmp_path: P
     before = open_table(config.table_path("items")).version()  # type: ignore[union-attr]
     refused = _ingest("retype", "items", "qty", "date", "-c", str(path))
     assert refused.returncode != 0 and "does not convert to date" in refused.stderr, refused
-    assert "Traceback" not in refused.stderr
+    assert "Traceback" not in refused.stderr and "at org.apache" not in refused.stderr, refused.stderr[-3000:]
     assert open_table(config.table_path("items")).version() == before  # type: ignore[union-attr]
 
     # Step 2: give the column the new type.
