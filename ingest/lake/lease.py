@@ -110,7 +110,7 @@ class Lease:
     def _refused(self, exc: Exception, permission: str) -> LakeUnavailableError:
         """The store's refusal of the lease, in one line naming the permission it takes."""
         code = _code(exc) or type(exc).__name__
-        hint = (f"the credentials lack {permission} on {self.location} (docs/operations.md#s3-permissions)"
+        hint = (f"the credentials lack {permission} there (docs/operations.md#s3-permissions)"
                 if code in {"AccessDenied", "403"} else "the store refused it")
         return LakeUnavailableError(f"lake {self.location}: could not take table {self.table}'s writer lease: "
                                     f"{hint} ({code})")
