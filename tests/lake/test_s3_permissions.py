@@ -10,6 +10,7 @@ naming the permission, no traceback.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,8 +47,6 @@ def _user(s3: S3Server, bucket: str, actions: list[str]) -> dict[str, str]:
 
 
 def _ingest(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    import os
-
     return subprocess.run([sys.executable, "-m", "ingest.cli", *args], capture_output=True, text=True,
                           timeout=300, check=False, env={**os.environ, **env})
 

@@ -35,7 +35,7 @@ def _ingest(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
 
 
 def test_adding_a_table_whose_topic_lost_its_beginning(stack: Any, pg_dsn: str, tmp_path: Path) -> None:
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient
 
     fresh_schema(stack, pg_dsn, SCHEMA, list(TOPICS.values()), *[
@@ -45,8 +45,6 @@ def test_adding_a_table_whose_topic_lost_its_beginning(stack: Any, pg_dsn: str, 
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers()})
     ends = admin.list_topics(TOPICS["b"], timeout=30).topics[TOPICS["b"]].partitions
     assert ends, "Debezium has not created b's topic"
-    from confluent_kafka import Consumer
-
     consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers(), "group.id": "add-table-test"})
     try:
         cut = [TopicPartition(TOPICS["b"], p, consumer.get_watermark_offsets(
