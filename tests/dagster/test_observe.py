@@ -62,7 +62,8 @@ def test_a_service_run_then_dagsters_view_of_it_without_spark(tmp_path: Path) ->
     produce(config, "app.public.notes", [("c", {"id": i, "body": f"n{i}"}, 10 + i) for i in range(20)])
     produce(config, "app.public.tags", [("c", {"id": i, "body": "t"}, 10 + i) for i in range(3)])
     service = subprocess.Popen([sys.executable, "-m", "ingest.cli", "run", "-c", str(path), "--continuous"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ},
+                               start_new_session=True)
     audit_path = config.tables_root / config.target.audit_table
     try:
         deadline = time.monotonic() + 300
@@ -71,7 +72,11 @@ def test_a_service_run_then_dagsters_view_of_it_without_spark(tmp_path: Path) ->
             time.sleep(1)
     finally:
         service.send_signal(signal.SIGINT)
-        service.wait(timeout=120)
+        try:
+            service.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # fail, but leave no service (and its JVM) running behind
+            os.killpg(service.pid, signal.SIGKILL)
+            raise
 
     view = subprocess.run([sys.executable, "-c", VIEW, str(path)], capture_output=True, text=True, timeout=300)
     assert view.returncode == 0, view.stderr[-3000:]
