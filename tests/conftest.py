@@ -151,7 +151,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 MODULE_SECONDS: Final = {
     "tests/test_engine_e2e.py": 280, "tests/proof/torture/test_maintain_beside_a_run.py": 240,
     "tests/proof/torture/test_crash_windows.py": 240, "tests/test_semantics_edges.py": 200,
-    "tests/packaging/test_wheel.py": 200, "tests/lake/test_s3_lake.py": 180, "tests/lake/test_s3_torture.py": 150,
+    "tests/packaging/test_wheel.py": 200, "tests/packaging/test_upgrade.py": 200, "tests/lake/test_s3_lake.py": 180,
+    "tests/lake/test_s3_torture.py": 150,
     "tests/apply/test_spark_batch.py": 150, "tests/apply/test_batch_apply.py": 120,
     "tests/proof/torture/test_torture_fast.py": 110, "tests/test_change_feed.py": 90, "tests/test_time_travel.py": 80,
     "tests/apply/test_history.py": 80,
