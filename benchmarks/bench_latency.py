@@ -1,11 +1,13 @@
-"""Continuous-mode latency on the real stack: PostgreSQL commit -> row visible in Delta, per load rate.
+"""Continuous-mode latency on the real stack: PostgreSQL commit -> row visible in Delta, and where it goes.
 
-Not a test: it measures. Per target rate (default 500, 2,000 and 5,000 row changes/s), on a fresh
-schema (``benchlat``) and fresh tables:
+Not a test: it measures. Per table set (``one``: the engine ingests ``order_items`` alone; ``shop``:
+the four shop tables), per target rate (default 500 and 2,000 row changes/s) and per run (default
+three), on a fresh schema (``benchlat``) and fresh tables:
 
 1. reset the schema and its topics, write a small catalog (customers, products);
 2. start ``ingest run --continuous`` on the stack (Avro through the registry's basic-auth port, or
-   ``--format json``) and wait until it has caught up with the catalog;
+   ``--format json``) and wait until it has caught up with the catalog; the topics then keep the
+   broker's append time as their records' timestamps (``message.timestamp.type=LogAppendTime``);
 3. run the load generator (:class:`harness.postgres.load.LoadGenerator`) in ``ceil(rate / per-generator)``
    processes, each with its own connection, for ``warmup + measure`` seconds;
 4. wait until Debezium has captured everything and the tables have applied their topics (the
@@ -15,9 +17,18 @@ schema (``benchlat``) and fresh tables:
    audit), and the latency p50/p95/p99 of every ``order_items`` row (inserted, never updated by the
    generator) whose source commit fell in the measurement window:
    ``commit time of the first Delta version holding the row's offset - _cdc_source_ts``
-   (:mod:`harness.latency`).
+   (:mod:`harness.latency`);
+6. split each of those rows' latency into stages (capture, broker, waiting for the trigger, decode,
+   plan, apply + commit) from the times its change carried: the envelope's and the Kafka record's,
+   read back from the topic, and the audit record of the commit that made it visible
+   (:func:`harness.latency.stages_of`), and report each stage's median.
 
-    .venv/bin/python benchmarks/bench_latency.py [--rates 500,2000,5000] [--warmup 20] [--measure 60]
+Each run checks the freshness goal: p50 at most the trigger interval plus the median batch time
+(the ``order_items`` journey's ``total_ms``), and p99 at most 1.5x p50. The figures go to a result
+file (``benchmarks/results/``) for ``docs/benchmarks.md``.
+
+    make bench-latency
+    .venv/bin/python benchmarks/bench_latency.py --tables one --rates 500 --runs 1 --measure 30
 """
 
 from __future__ import annotations
@@ -26,6 +37,8 @@ import argparse
 import math
 import os
 import shutil
+import statistics
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +46,7 @@ from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
 
-from harness.latency import CommitIndex, row_latencies
+from harness.latency import STAGES, CommitIndex, latencies_of, stages_of
 from harness.postgres.load import LoadGenerator, LoadReport
 from harness.postgres.workload import WorkloadSpec, run_workload
 from harness.stack_proofs.setup import engine_environment, reset_source, stack_config
@@ -41,19 +54,29 @@ from harness.torture.process import IngestProcess
 from rich.console import Console
 from rich.table import Table
 
-from ingest.config import load_config
+from ingest.config import IngestConfig, load_config
+from ingest.decode.columnar import DecoderSpec
+from ingest.lake.delta import open_table, read_all
 from ingest.records import audit
+from ingest.source.kafkalog import KafkaLog
 from ingest.verify.capture import wait_for_capture
 from ingest.verify.source_db import wait_for_tables
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import Figure, changed_options, write_result
+
 console = Console(width=170)  # the table is the result: never wrapped to a pipe's 80 columns
 SCHEMA = "benchlat"
+#: The table sets: the engine ingests the table measured alone, or with the other shop tables.
+TABLE_SETS = {"one": ("order_items",), "shop": ("customers", "products", "orders", "order_items")}
 
 
 @dataclass
 class RateResult:
-    """One rate's figures."""
+    """One run's figures at one rate."""
 
+    tables: str
+    run: int
     target: float
     generators: int
     achieved: float
@@ -67,6 +90,19 @@ class RateResult:
     drain_seconds: float
     caught_up: bool
     failed_transactions: int
+    trigger_ms: float
+    batch_p50: float | None
+    stages: dict[str, float | None]
+
+    @property
+    def fresh(self) -> bool:
+        """p50 within the trigger plus a median batch."""
+        return self.p50 is not None and self.batch_p50 is not None and self.p50 <= self.trigger_ms + self.batch_p50
+
+    @property
+    def steady(self) -> bool:
+        """p99 within 1.5x p50."""
+        return self.p50 is not None and self.p99 is not None and self.p99 <= 1.5 * self.p50
 
 
 def _generate(dsn: str, rate: float, duration: float, seed: int, start_at: float) -> LoadReport:
@@ -76,25 +112,62 @@ def _generate(dsn: str, rate: float, duration: float, seed: int, start_at: float
                          application_name=f"bench-latency-{seed}").run()
 
 
-def measure(stack: object, rate: float, args: argparse.Namespace) -> RateResult:
-    """Run one rate (see the module docstring)."""
+def append_time(stack: object, topics: list[str]) -> None:
+    """Have the topics stamp their records with the broker's append time from now on."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers()})  # type: ignore[attr-defined]
+    entry = ConfigEntry("message.timestamp.type", "LogAppendTime", incremental_operation=AlterConfigOpType.SET)
+    futures = admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, t, incremental_configs=[entry])
+                                               for t in topics])
+    for future in futures.values():
+        future.result(timeout=30)
+
+
+def arrivals(config: IngestConfig, rows: object) -> dict[tuple[str, int, int], tuple[int, int]]:
+    """``(topic, partition, offset) -> (envelope ts_ms, record timestamp ms)`` of the rows' records."""
+    spec = config.source.kafka
+    assert spec is not None
+    log, decoder = KafkaLog(spec, str(config.secrets_path) if config.secrets_path else None), \
+        DecoderSpec.for_source(config)()
+    spans: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, offset in zip(*(rows[c].to_pylist() for c in ("_cdc_topic", "_cdc_partition",  # type: ignore[index]
+                                                                         "_cdc_offset")), strict=True):
+        spans.setdefault((topic, partition), []).append(offset)
+    out = {}
+    for (topic, partition), offsets in spans.items():
+        read = log.read(topic, partition, min(offsets), max(offsets) + 1)
+        for offset, value, stamp in zip(read["offset"].to_pylist(), read["value"].to_pylist(),
+                                        read["timestamp"].to_pylist(), strict=True):
+            if value is not None:
+                envelope, _ = decoder.read_value(value)
+                out[(topic, partition, offset)] = (int(envelope["ts_ms"]), int(stamp.timestamp() * 1000))
+    return out
+
+
+def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Namespace) -> RateResult:
+    """One run at one rate with one table set (see the module docstring)."""
     dsn = stack.pg_dsn()  # type: ignore[attr-defined]
-    workdir = args.workdir / f"rate-{int(rate)}"
+    workdir = args.workdir / f"{tables}-rate-{int(rate)}-run-{run}"
     shutil.rmtree(workdir, ignore_errors=True)
     reset_source(stack, SCHEMA, say=console.print)
     run_workload(dsn, WorkloadSpec(seed=5, scale=0.05, schema=SCHEMA))
-    config_path = stack_config(stack, workdir, value_format=args.format, schema=SCHEMA)
+    config_path = stack_config(stack, workdir, value_format=args.format, schema=SCHEMA, tables=TABLE_SETS[tables])
     config = load_config(config_path)
     process = IngestProcess(config_path, workdir / "logs", engine_environment(stack))
     process.start()
     try:
+        # the catalog's topics exist once Debezium has captured it: before, they have no end offsets to wait for
+        wait_for_capture(dsn, timeout=600, say=console.print)
         catch_up = wait_for_tables(config, list(config.tables), wait=600, say=console.print)
         if not catch_up.ok:
             raise SystemExit(f"the engine did not catch up with the catalog: {catch_up.problem}\n{process.tail()}")
+        append_time(stack, [spec.topic for spec in config.tables])
         generators = max(1, math.ceil(rate / args.per_generator))
         duration = args.warmup + args.measure
         start_at = time.time() + 3.0
-        console.print(f"rate {rate:.0f}/s: {generators} generator process(es) for {duration:.0f} s")
+        console.print(f"{tables}, rate {rate:.0f}/s, run {run}: {generators} generator process(es) for "
+                      f"{duration:.0f} s")
         with ProcessPoolExecutor(generators, mp_context=get_context("spawn")) as pool:
             futures = [pool.submit(_generate, dsn, rate / generators, duration, 100 + i, start_at)
                        for i in range(generators)]
@@ -108,7 +181,18 @@ def measure(stack: object, rate: float, args: argparse.Namespace) -> RateResult:
     since = datetime.fromtimestamp(start_at + args.warmup, UTC)
     until = datetime.fromtimestamp(start_at + duration, UTC)
     items = config.table_path("order_items")
-    lat = row_latencies(items, since=since, until=until, index=CommitIndex.of_table(items))
+    index = CommitIndex.of_table(items)
+    table = open_table(items)
+    rows = read_all(table, columns=["_cdc_source_ts", "_cdc_topic", "_cdc_partition", "_cdc_offset"]) \
+        if table is not None else None
+    if rows is None:
+        raise SystemExit(f"order_items has no table at {items}")
+    lat = latencies_of(rows, index, since=since, until=until)
+    batches = {row["delta_version"]: row for row in audit.read(config.tables_root / config.target.audit_table,
+                                                                 table="order_items").to_pylist()
+               if row["delta_version"] is not None}
+    stages = stages_of(rows, index, arrivals(config, rows), batches, since=since, until=until)
+    totals = [float(b["total_ms"]) for b in batches.values() if b["finished_at"] and since <= b["finished_at"] < until]
     received = 0
     for spec in config.tables:
         for row in audit.read(config.tables_root / config.target.audit_table, table=spec.name).to_pylist():
@@ -117,11 +201,13 @@ def measure(stack: object, rate: float, args: argparse.Namespace) -> RateResult:
     committed = sum(r.committed_changes for r in reports)
     seconds = max(r.seconds for r in reports)
     return RateResult(
-        target=rate, generators=generators, achieved=committed / seconds,
+        tables=tables, run=run, target=rate, generators=generators, achieved=committed / seconds,
         per_generator=[r.rate for r in reports], engine_rate=received / args.measure,
         p50=lat.percentile(50), p95=lat.percentile(95), p99=lat.percentile(99), rows=len(lat.values),
         unmatched=lat.unmatched, drain_seconds=drain_seconds, caught_up=capture.ok and drained.ok,
-        failed_transactions=sum(r.failed_transactions for r in reports))
+        failed_transactions=sum(r.failed_transactions for r in reports),
+        trigger_ms=config.source.trigger_seconds * 1000, batch_p50=statistics.median(totals) if totals else None,
+        stages={stage: statistics.median(v) if v else None for stage, v in stages.items()})
 
 
 def _s(ms: float | None) -> str:
@@ -130,7 +216,9 @@ def _s(ms: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", default="500,2000,5000", help="target row changes per second, comma separated")
+    parser.add_argument("--rates", default="500,2000", help="target row changes per second, comma separated")
+    parser.add_argument("--tables", default="one,shop", help="table sets, comma separated: one, shop")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each table set and rate")
     parser.add_argument("--warmup", type=float, default=20.0, help="seconds of load before the window")
     parser.add_argument("--measure", type=float, default=60.0, help="seconds of the measurement window")
     parser.add_argument("--per-generator", type=float, default=600.0,
@@ -139,6 +227,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("bench-work/latency"))
     args = parser.parse_args()
     args.workdir = args.workdir.resolve()
+    sets = args.tables.split(",")
+    if unknown := [t for t in sets if t not in TABLE_SETS]:
+        parser.error(f"unknown table set {unknown[0]!r}: {', '.join(TABLE_SETS)}")
 
     from harness.stack import CDC_COMPONENTS, Stack
 
@@ -146,22 +237,40 @@ def main() -> None:
     stack.up(CDC_COMPONENTS)
     stack.wait_connectors()
     os.environ.update(stack.engine_env())
-    results = [measure(stack, float(r), args) for r in args.rates.split(",")]
+    results = [measure(stack, tables, float(rate), run, args)
+               for tables in sets for rate in args.rates.split(",") for run in range(1, args.runs + 1)]
 
     out = Table(title=f"Continuous mode on the stack ({args.format}): PostgreSQL commit -> visible in Delta, "
-                      f"order_items rows committed in a {args.measure:.0f} s window after {args.warmup:.0f} s warm-up")
-    for col in ("target rate", "generators", "achieved source rate", "per generator", "engine records/s",
-                "latency p50", "p95", "p99", "rows measured", "drain after load", "failed tx"):
+                      f"order_items rows committed in a {args.measure:.0f} s window after {args.warmup:.0f} s "
+                      "warm-up; stages are medians")
+    for col in ("tables", "target rate", "run", "achieved source rate", "engine records/s", "p50", "p95", "p99",
+                "p99/p50", "median batch", "p50 <= trigger + batch", *STAGES, "rows measured", "drain", "failed tx"):
         out.add_column(col, justify="right")
+    figures = []
     for r in results:
-        out.add_row(f"{r.target:,.0f}/s", str(r.generators), f"{r.achieved:,.0f}/s",
-                    ", ".join(f"{x:.0f}" for x in r.per_generator), f"{r.engine_rate:,.0f}/s",
-                    _s(r.p50), _s(r.p95), _s(r.p99), f"{r.rows:,}" + (f" ({r.unmatched} unmatched)" if r.unmatched
-                                                                      else ""),
+        name = f"{r.tables}, {r.target:,.0f}/s, run {r.run}"
+        ratio = r.p99 / r.p50 if r.p50 and r.p99 is not None else None
+        out.add_row(r.tables, f"{r.target:,.0f}/s", str(r.run), f"{r.achieved:,.0f}/s", f"{r.engine_rate:,.0f}/s",
+                    _s(r.p50), _s(r.p95), _s(r.p99), "-" if ratio is None else f"{ratio:.2f}", _s(r.batch_p50),
+                    "yes" if r.fresh else "NO", *(_s(r.stages[stage]) for stage in STAGES),
+                    f"{r.rows:,}" + (f" ({r.unmatched} unmatched)" if r.unmatched else ""),
                     f"{r.drain_seconds:.0f} s" + ("" if r.caught_up else " (NOT caught up)"),
                     str(r.failed_transactions))
+        figures += [Figure(f"{name}: achieved source rate", round(r.achieved), "/s"),
+                    *(Figure(f"{name}: latency {p}", None if v is None else round(v / 1000, 2), "s")
+                      for p, v in (("p50", r.p50), ("p95", r.p95), ("p99", r.p99))),
+                    Figure(f"{name}: p99 / p50", None if ratio is None else round(ratio, 2), "x"),
+                    Figure(f"{name}: median batch", None if r.batch_p50 is None else round(r.batch_p50 / 1000, 2), "s"),
+                    Figure(f"{name}: p50 within trigger + median batch", r.fresh),
+                    Figure(f"{name}: stages (median, s)", " / ".join(
+                        f"{stage} {'-' if r.stages[stage] is None else f'{r.stages[stage] / 1000:.2f}'}"
+                        for stage in STAGES)),
+                    Figure(f"{name}: caught up after the load", r.caught_up)]
     console.print(out)
-    console.print(f"load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
+    console.print(f"trigger {results[0].trigger_ms / 1000:.1f} s; load average at the end: "
+                  f"{os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
+    variant = changed_options(parser, args, ignore=("workdir",))
+    console.print(f"result: {write_result('bench_latency', variant, figures)}")
 
 
 if __name__ == "__main__":

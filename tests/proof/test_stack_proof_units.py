@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from harness.latency import CommitIndex, latencies_of, summarize
+from harness.latency import STAGES, CommitIndex, latencies_of, stages_of, summarize
 from harness.stack.tls import TlsFiles
 from harness.stack_proofs.faults import KINDS, kill_at, schedule
 from harness.stack_proofs.setup import stack_config, topics_of
@@ -76,6 +76,22 @@ def test_latencies_take_the_rows_in_the_window_and_subtract_the_source_commit() 
     assert lat.unmatched == 1
     assert summarize(list(range(1, 101))) == {50: 50, 95: 95, 99: 99}
     assert summarize([]) == {50: None, 95: None, 99: None}
+
+
+def test_stages_split_a_rows_latency_where_its_change_carried_times() -> None:
+    t0 = 1_700_000_000_000  # the source commit, ms
+    index = CommitIndex.from_commits([_commit(3, t0 + 3_100, {"t:0": [0, 9]})])
+    audit_rows = {3: {"started_at": datetime.fromtimestamp((t0 + 2_400) / 1000, UTC), "decode_ms": 300,
+                      "apply_ms": 500, "total_ms": 1_000}}
+    rows = pa.table({"_cdc_source_ts": [datetime.fromtimestamp(t0 / 1000, UTC)] * 3, "_cdc_topic": ["t"] * 3,
+                     "_cdc_partition": [0] * 3, "_cdc_offset": [1, 2, 12]})
+    # offset 1: Debezium at +150 ms, in Kafka at +400 ms; offset 2 was not read from the topic; 12 not committed
+    stages = stages_of(rows, index, {("t", 0, 1): (t0 + 150, t0 + 400), ("t", 0, 12): (t0, t0)}, audit_rows)
+    assert stages == {
+        "capture": [150.0], "broker": [250.0], "waiting": [1_700.0], "decode": [300.0], "plan": [200.0],
+        "apply + commit": [500.0]}
+    assert sum(v[0] for v in stages.values()) == 3_100  # the row's latency, exactly
+    assert tuple(stages) == STAGES
 
 
 class _FakeStack:

@@ -12,6 +12,23 @@ For a row of a target table:
 
 Both clocks are the same machine's here. For an insert-only or append-like table (``order_items``
 under :mod:`harness.postgres.load`: rows are inserted, never updated) each live row measures its insert.
+
+:func:`stages_of` splits each row's latency into where the time went, from the times its change
+carries along the way (:data:`STAGES`):
+
+* **capture**: Debezium's envelope ``ts_ms`` (when the connector processed the change) minus the
+  source commit;
+* **broker**: the Kafka record's timestamp minus the envelope's (Connect's queue and producer, and the
+  broker's append when the topic keeps ``LogAppendTime``);
+* **waiting**: the start of the micro-batch that read it minus the record's timestamp (the trigger's
+  interval, or a batch still running);
+* **decode**: the micro-batch's read and decode of its records (the audit's ``decode_ms``);
+* **plan**: the table's journey before its MERGE (assemble, guards, reduce, gate, plan), from the
+  audit's ``total_ms`` less ``decode_ms`` and ``apply_ms``;
+* **apply + commit**: the rest, up to the Delta commit's timestamp: the MERGE, whose commit is part of
+  the same call in both writers.
+
+The stages add up to the row's latency exactly.
 """
 
 from __future__ import annotations
@@ -19,7 +36,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -132,3 +149,47 @@ def summarize(values: Sequence[float], points: Sequence[float] = (50, 95, 99)) -
     """Nearest-rank percentiles of ``values``."""
     lat = Latencies(list(values))
     return {p: lat.percentile(p) for p in points}
+
+
+#: Where a row's latency goes, in the order its change passes (see the module docstring).
+STAGES = ("capture", "broker", "waiting", "decode", "plan", "apply + commit")
+
+
+def _ms(value: datetime | str | None) -> float | None:
+    if value is None:
+        return None
+    return (datetime.fromisoformat(value) if isinstance(value, str) else value).timestamp() * 1000
+
+
+def stages_of(rows: pa.Table, index: CommitIndex, arrivals: Mapping[tuple[str, int, int], tuple[int, int]],
+              batches: Mapping[int, Mapping], *, since: datetime | None = None,
+              until: datetime | None = None) -> dict[str, list[float]]:
+    """Each row's latency split into :data:`STAGES` (ms), for the rows :func:`latencies_of` measures.
+
+    Args:
+        rows: the rows (columns ``_cdc_source_ts``, ``_cdc_topic``, ``_cdc_partition``, ``_cdc_offset``).
+        index: the table's commits.
+        arrivals: ``(topic, partition, offset) -> (envelope ts_ms, Kafka record timestamp ms)`` of the
+            rows' records, read from the topic.
+        batches: the table's audit rows by Delta version (the audit table's: the copy in a commit's
+            info is written before the batch's times are known). A row without an arrival, or whose
+            commit has no audit row with a start time, is left out.
+        since, until: the window of source commit times, as :func:`latencies_of`.
+    """
+    out: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    for ts, topic, partition, offset in zip(*(rows[c].to_pylist() for c in _COLUMNS), strict=True):
+        if ts is None or (since is not None and ts < since) or (until is not None and ts >= until):
+            continue
+        seen, arrived = index.visible(topic, partition, offset), arrivals.get((topic, partition, offset))
+        batch = batches.get(seen[0]) if seen is not None else None
+        started = _ms(batch.get("started_at")) if batch else None
+        if seen is None or arrived is None or batch is None or started is None:
+            continue
+        envelope, appended = arrived
+        decode = float(batch.get("decode_ms") or 0)
+        plan = float((batch.get("total_ms") or 0) - decode - (batch.get("apply_ms") or 0))
+        source = ts.timestamp() * 1000
+        for stage, value in zip(STAGES, (envelope - source, appended - envelope, started - decode - appended,
+                                         decode, plan, seen[1] - started - plan), strict=True):
+            out[stage].append(value)
+    return out
