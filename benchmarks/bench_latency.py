@@ -29,6 +29,7 @@ file (``benchmarks/results/``) for ``docs/benchmarks.md``.
 
     make bench-latency
     .venv/bin/python benchmarks/bench_latency.py --tables one --rates 500 --runs 1 --measure 30
+    .venv/bin/python benchmarks/bench_latency.py --rates 500 --trigger 1   # a shorter trigger
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
 
+import yaml
 from harness.latency import STAGES, CommitIndex, latencies_of, stages_of
 from harness.postgres.load import LoadGenerator, LoadReport
 from harness.postgres.workload import WorkloadSpec, run_workload
@@ -153,6 +155,10 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
     reset_source(stack, SCHEMA, say=console.print)
     run_workload(dsn, WorkloadSpec(seed=5, scale=0.05, schema=SCHEMA))
     config_path = stack_config(stack, workdir, value_format=args.format, schema=SCHEMA, tables=TABLE_SETS[tables])
+    if args.trigger is not None:
+        raw = yaml.safe_load(config_path.read_text())
+        raw["source"]["trigger_seconds"] = args.trigger
+        config_path.write_text(yaml.safe_dump(raw))
     config = load_config(config_path)
     process = IngestProcess(config_path, workdir / "logs", engine_environment(stack))
     process.start()
@@ -224,6 +230,8 @@ def main() -> None:
     parser.add_argument("--per-generator", type=float, default=600.0,
                         help="target changes/s per generator process (one connection each)")
     parser.add_argument("--format", choices=("avro", "json"), default="avro")
+    parser.add_argument("--trigger", type=float, default=None,
+                        help="source.trigger_seconds of the engine (default: the configuration's default)")
     parser.add_argument("--workdir", type=Path, default=Path("bench-work/latency"))
     args = parser.parse_args()
     args.workdir = args.workdir.resolve()
