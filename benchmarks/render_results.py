@@ -80,10 +80,25 @@ def _result(result: dict[str, Any]) -> list[str]:
     box = result["machine"]
     lines = [f"### {said}", "",
              f"`{result['command']}`, {result['date']}, commit `{sha}`, on {box['cores']} cores, "
-             f"{box['memory_gib']} GiB, {box['cpu']} ({box['system']}, Python {box['python']}).", "",
-             "| figure | value |", "|---|---|"]
-    lines += [f"| {f['name']} | {_value(f)} |" for f in result["figures"]]
-    return [*lines, ""]
+             f"{box['memory_gib']} GiB, {box['cpu']} ({box['system']}, Python {box['python']}).", ""]
+    return [*lines, *_figures(result["figures"]), ""]
+
+
+def _figures(figures: list[dict[str, Any]]) -> list[str]:
+    """The figures as a table: one row per figure, or, when every name reads ``<case>: <figure>`` (a
+    run per case), one row per case and one column per figure."""
+    cases: dict[str, dict[str, str]] = {}
+    for f in figures:
+        case, sep, name = f["name"].partition(": ")
+        if not sep:
+            break
+        cases.setdefault(case, {})[name] = _value(f)
+    else:
+        if len(cases) > 1:
+            columns = list(dict.fromkeys(name for row in cases.values() for name in row))
+            return [f"| case | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|",
+                    *(f"| {case} | {' | '.join(row.get(c, '-') for c in columns)} |" for case, row in cases.items())]
+    return ["| figure | value |", "|---|---|", *(f"| {f['name']} | {_value(f)} |" for f in figures)]
 
 
 def render(results_dir: Path = RESULTS) -> str:

@@ -114,3 +114,12 @@ def test_the_options_that_differ_name_the_variant() -> None:
     assert record.changed_options(parser, args, ignore=("workdir",)) == {"format": "avro"}
     assert record.variant_slug({}) == "default"
     assert record.variant_slug({"spark_conf": [("a.b", "c")]}).startswith("spark-conf-")
+
+
+def test_figures_of_several_cases_render_as_one_table_row_per_case(tmp_path: Path) -> None:
+    figures = [record.Figure("one, run 1: p50", 2.49, "s"), record.Figure("one, run 1: steady", True),
+               record.Figure("shop, run 1: p50", 2.6, "s"), record.Figure("shop, run 1: steady", False)]
+    record.write_result("bench_latency", {}, figures, results_dir=tmp_path, argv=["benchmarks/bench_latency.py"])
+    section = render_results.render(tmp_path).split("## `bench_latency.py`", 1)[1].split("\n## ", 1)[0]
+    assert "| case | p50 | steady |\n|---|---|---|\n| one, run 1 | 2.49 s | yes |\n| shop, run 1 | 2.60 s | no |" \
+        in section
