@@ -155,3 +155,21 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, IngestError):
         return exc.transient
     return isinstance(exc, (ConnectionError, TimeoutError))
+
+
+#: Spark's error condition of a job that was cancelled (``SparkContext.cancelAllJobs``, a query's stop).
+_JOB_CANCELLED = "SPARK_JOB_CANCELLED"
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a Spark job cancelled by this process: pyspark's SIGINT
+    handler cancels every running job, so a Ctrl-C during a MERGE ends that MERGE, before its commit."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        condition = getattr(current, "getCondition", None)
+        if (callable(condition) and condition() == _JOB_CANCELLED) or _JOB_CANCELLED in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

@@ -153,7 +153,9 @@ def run(
     for name, t in report.tables.items():
         out.add_row(name, str(len(t.batches)), str(t.total("received")), str(t.total("inserted")),
                     str(t.total("updated")), str(t.total("deleted")), str(t.total("quarantined")),
-                    str(t.already_applied), t.error or (f"recovered from: {t.recovered[-1]}" if t.recovered else ""))
+                    str(t.already_applied), t.error or ("interrupted before its commit; the next run applies it"
+                                                        if t.interrupted else "")
+                    or (f"recovered from: {t.recovered[-1]}" if t.recovered else ""))
     console.print(out)
     if report.cuts is not None:
         console.print(escape(report.cuts.describe()), highlight=False)

@@ -43,7 +43,7 @@ from ingest.cuts.publish import Publisher
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.decode.parts import FRAME, PARTS_DDL, part_kind, read_parts
 from ingest.decode.registry import ConfluentSchemaRegistry
-from ingest.errors import RegistryUnavailableError, is_transient, is_unavailability
+from ingest.errors import RegistryUnavailableError, is_cancellation, is_transient, is_unavailability
 from ingest.lake.layout import TablePaths
 from ingest.model import SourceMark
 from ingest.quality import QualityGate
@@ -454,6 +454,11 @@ class ForEachBatch:
     def _stop(self, spec: TableSpec, exc: BaseException) -> None:
         """The table stops; its offsets stay where its Delta log has them, and the next run resumes there."""
         self.stopped[spec.name] = exc
+        if is_cancellation(exc):  # the run is being stopped: not the table's failure
+            self.report.tables[spec.name].interrupted = True
+            logs.event(log, "table-interrupted", f"table {spec.name}: its batch was cancelled before its commit as "
+                       "the run stops; the next run applies it", table=spec.name, level=logging.WARNING)
+            return
         if self.metrics is not None:
             self.metrics.stopped(spec.name, exc)
         self.report.tables[spec.name].error = secrets.redact(f"{type(exc).__name__}: {exc}")

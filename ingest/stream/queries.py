@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import TableSpec
-from ingest.errors import is_unavailability
+from ingest.errors import is_cancellation, is_unavailability
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
@@ -295,6 +295,8 @@ class StreamingRun:
             real = q.handler.error
             if isinstance(real, AllTablesStopped):
                 continue  # every table has its own error already
+            if is_cancellation(real or failure):
+                continue  # the run was stopped mid-batch (Ctrl-C): no table failed, the next run applies it
             text = f"{type(real).__name__}: {real}" if real else _short(failure)
             for spec in q.specs:
                 if not report.tables[spec.name].error:

@@ -24,6 +24,9 @@ class TableRun:
     unavailable: bool = False
     #: errors this table stopped on and recovered from during the run (continuous runs)
     recovered: list[str] = field(default_factory=list)
+    #: the run was stopped (Ctrl-C) while this table's batch ran: it was cancelled before its commit,
+    #: nothing of it was written, and the next run applies it
+    interrupted: bool = False
 
     def total(self, attr: str) -> int:
         return sum(getattr(b, attr) for b in self.batches)
