@@ -52,8 +52,13 @@ def _doc(path: Path) -> tuple[str, list[str], bool]:
     source = path.read_text()
     doc = ast.get_docstring(ast.parse(source)) or ""
     summary = doc.splitlines()[0].replace(" (not a test)", "").rstrip(".") if doc else path.stem
-    usage = [line.strip().split("  #")[0].rstrip() for line in doc.splitlines()
-             if line.strip().startswith(".venv/bin/python benchmarks/")]
+    usage: list[str] = []
+    for line in doc.splitlines():
+        text = line.strip().split("  #")[0].rstrip()
+        if text.startswith(".venv/bin/python benchmarks/"):
+            usage.append(text)
+        elif usage and text.startswith("[") and line.startswith("        "):  # the options go on
+            usage[-1] += " " + text
     return summary, usage, "write_result(" in source
 
 
