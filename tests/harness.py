@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -328,3 +331,10 @@ def make_config(workdir: Path, *, batch: int = 400, extra_tables: list[dict] | N
     workdir.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(raw))
     return load_config(path)
+
+
+def ingest_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``ingest <args>`` as a user runs it, in a process of its own (this environment plus ``env``);
+    its exit code and output, whatever they are."""
+    return subprocess.run([sys.executable, "-m", "ingest.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False, env={**os.environ, **(env or {})})

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from ingest import logs, secrets
 from ingest.config import load_config
 from ingest.records import audit
 from tests.dagster.conftest import produce
+from tests.harness import ingest_cli
 
 TOPIC = "app.public.notes"
 
@@ -35,8 +34,7 @@ def _config(tmp_path: Path) -> Path:
 
 
 def _ingest(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ingest.cli", *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    return ingest_cli(*args, env={"PYTHONUNBUFFERED": "1", **(env or {})}, timeout=600)
 
 
 @pytest.mark.spark

@@ -5,9 +5,7 @@ and its current rows are the source's."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,14 +14,14 @@ from deltalake import DeltaTable
 
 from ingest.config import load_config
 from tests.dagster.conftest import produce, write_config
+from tests.harness import ingest_cli
 
 pytestmark = pytest.mark.spark
 TOPIC = "app.public.notes"
 
 
 def _ingest(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ingest.cli", *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return ingest_cli(*args, env={"PYTHONUNBUFFERED": "1"}, timeout=600)
 
 
 def test_a_table_is_rebuilt_in_another_history_mode_by_the_runbooks_steps(tmp_path: Path) -> None:

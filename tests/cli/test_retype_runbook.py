@@ -9,8 +9,6 @@ table's own commits record. A value that does not convert refuses the rewrite, a
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +19,10 @@ from ingest.config import load_config
 from ingest.lake.delta import open_table, read_all
 from ingest.stream.runner import Runner
 from tests.dagster.conftest import produce
+from tests.harness import ingest_cli
 
 TOPIC = "app.public.items"
 
-
-def _ingest(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ingest.cli", *args], capture_output=True, text=True,
-                          timeout=300, check=False)
 
 
 @pytest.mark.spark
@@ -51,13 +46,13 @@ def test_a_column_that_changed_type_is_retyped_and_the_table_goes_on(tmp_path: P
 
     # A type the stored values do not fit is refused in one line, and nothing is written.
     before = open_table(config.table_path("items")).version()  # type: ignore[union-attr]
-    refused = _ingest("retype", "items", "qty", "date", "-c", str(path))
+    refused = ingest_cli("retype", "items", "qty", "date", "-c", str(path))
     assert refused.returncode != 0 and "does not convert to date" in refused.stderr, refused
     assert "Traceback" not in refused.stderr and "at org.apache" not in refused.stderr, refused.stderr[-3000:]
     assert open_table(config.table_path("items")).version() == before  # type: ignore[union-attr]
 
     # Step 2: give the column the new type.
-    done = _ingest("retype", "items", "qty", "string", "-c", str(path))
+    done = ingest_cli("retype", "items", "qty", "string", "-c", str(path))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "column qty int64 -> string; 5 rows rewritten" in done.stdout, done.stdout
 

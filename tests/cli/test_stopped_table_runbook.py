@@ -10,8 +10,6 @@ with no lag, the bad change in quarantine and nothing applied twice.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +20,12 @@ from ingest.cli.outcome import Exit
 from ingest.config import load_config
 from ingest.lake.delta import open_table, read_all
 from tests.dagster.conftest import produce
+from tests.harness import ingest_cli
 from tests.quality.helpers import write_suite
 
 
-def _ingest(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ingest.cli", *args], capture_output=True, text=True,
-                          timeout=300, check=False)
-
-
 def _status(path: Path) -> dict[str, dict[str, Any]]:
-    done = _ingest("status", "-c", str(path), "--format", "json")
+    done = ingest_cli("status", "-c", str(path), "--format", "json")
     assert done.returncode == 0, done.stderr[-2000:]
     return {row["table"]: row for row in map(json.loads, done.stdout.splitlines()) if "table" in row}
 
@@ -54,7 +48,7 @@ def test_a_stopped_table_is_found_fixed_and_caught_up_alone(tmp_path: Path) -> N
     produce(config, "app.public.notes", [("u", {"id": 2, "qty": 7}, 200)])
 
     # The run: items stops on its suite, notes goes on.
-    stopped = _ingest("run", "-c", str(path))
+    stopped = ingest_cli("run", "-c", str(path))
     assert stopped.returncode == Exit.TABLE_FAILED, stopped.stdout[-3000:] + stopped.stderr[-3000:]
     said = [line for line in stopped.stderr.splitlines() if "table items stopped:" in line]
     assert len(said) == 1 and "expect_column_values_to_be_between" in said[0], stopped.stderr[-3000:]
@@ -70,7 +64,7 @@ def test_a_stopped_table_is_found_fixed_and_caught_up_alone(tmp_path: Path) -> N
     path.write_text(yaml.safe_dump(raw))
 
     # Step 4: catch that table up alone.
-    caught_up = _ingest("run", "-c", str(path), "--table", "items")
+    caught_up = ingest_cli("run", "-c", str(path), "--table", "items")
     assert caught_up.returncode == 0, caught_up.stdout[-3000:] + caught_up.stderr[-3000:]
     assert "notes" not in caught_up.stdout
 

@@ -10,9 +10,6 @@ naming the permission, no traceback.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import boto3
@@ -23,6 +20,7 @@ from harness.stack.s3 import S3Server
 
 from ingest.config import load_config
 from tests.dagster.conftest import produce
+from tests.harness import ingest_cli
 
 #: The runbook's policy, for a lake under s3://<bucket>/<prefix>.
 ACTIONS = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
@@ -46,10 +44,6 @@ def _user(s3: S3Server, bucket: str, actions: list[str]) -> dict[str, str]:
             "AWS_REGION": "us-east-1"}
 
 
-def _ingest(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ingest.cli", *args], capture_output=True, text=True,
-                          timeout=300, check=False, env={**os.environ, **env})
-
 
 @pytest.mark.spark
 def test_the_runbooks_policy_is_enough_and_a_missing_permission_is_named(tmp_path: Path) -> None:
@@ -71,16 +65,16 @@ def test_the_runbooks_policy_is_enough_and_a_missing_permission_is_named(tmp_pat
         path.write_text(yaml.safe_dump(raw))
         config = load_config(path)
         produce(config, "app.public.items", [("c", {"id": i, "qty": i}, 100 + i) for i in range(20)])
-        first = _ingest(engine, "run", "-c", str(path))
+        first = ingest_cli("run", "-c", str(path), env=engine)
         assert first.returncode == 0, first.stderr[-2000:]
         assert "AccessDenied" not in first.stderr, first.stderr  # the leases were released, too
         produce(config, "app.public.items", [("u", {"id": i, "qty": -i}, 200 + i) for i in range(10)])
-        again = _ingest(engine, "run", "-c", str(path))
+        again = ingest_cli("run", "-c", str(path), env=engine)
         assert again.returncode == 0 and "AccessDenied" not in again.stderr, again.stderr[-2000:]
-        kept = _ingest(engine, "maintain", "-c", str(path), "--vacuum-retention-hours", "0")
+        kept = ingest_cli("maintain", "-c", str(path), "--vacuum-retention-hours", "0", env=engine)
         assert kept.returncode == 0 and "AccessDenied" not in kept.stdout + kept.stderr, kept.stdout + kept.stderr
 
-        refused = _ingest(no_put, "run", "-c", str(path))
+        refused = ingest_cli("run", "-c", str(path), env=no_put)
         assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
         assert "lacks s3:PutObject" in refused.stderr or "lack s3:PutObject" in refused.stderr, refused.stderr
     finally:

@@ -11,8 +11,6 @@ Debezium read the table again, and the next runs make it equal to PostgreSQL.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import psycopg
 import pytest
 
 from ingest.verify.capture import wait_for_capture
+from tests.harness import ingest_cli
 from tests.stack.helpers import PREFIX, config_file, fresh_schema, stack_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
@@ -28,10 +27,6 @@ pytestmark = [pytest.mark.stack, pytest.mark.spark]
 SCHEMA = "addtbl"
 TOPICS = {t: f"{PREFIX['json']}.{SCHEMA}.{t}" for t in ("a", "b")}
 
-
-def _ingest(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ingest.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, check=False)
 
 
 def test_adding_a_table_whose_topic_lost_its_beginning(stack: Any, pg_dsn: str, tmp_path: Path) -> None:
@@ -62,32 +57,32 @@ def test_adding_a_table_whose_topic_lost_its_beginning(stack: Any, pg_dsn: str, 
     path = tmp_path / "config.yaml"
     running = stack_config("json", tmp_path / "work", schema=SCHEMA, tables=["a"])
     config_file(running, path)
-    done = _ingest("run", "-c", str(path))
+    done = ingest_cli("run", "-c", str(path))
     assert done.returncode == 0, done.stderr[-2000:]
 
     # Step 1-2: the table goes into the configuration, and the run starts again.
     added = stack_config("json", tmp_path / "work", schema=SCHEMA, tables=["a", "b"])
     config_file(added, path)
-    done = _ingest("run", "-c", str(path))
+    done = ingest_cli("run", "-c", str(path))
     assert done.returncode == 0, done.stderr[-2000:]
     warning = [line for line in done.stderr.splitlines() if "table b:" in line]
     assert len(warning) == 1 and "(retention)" in warning[0] and "ingest resnapshot b" in warning[0], done.stderr
     assert "Traceback" not in done.stderr
 
     # Step 3: verify shows what is missing: b holds only the rows changed after the cut.
-    verify = _ingest("verify", "-c", str(path), "--source-db", pg_dsn, "-t", "b", "--wait", "60")
+    verify = ingest_cli("verify", "-c", str(path), "--source-db", pg_dsn, "-t", "b", "--wait", "60")
     assert verify.returncode == 1 and "b" in verify.stdout, verify.stdout + verify.stderr
 
     # Step 4: re-read the table from the database while the deployment runs.
-    asked = _ingest("resnapshot", "b", "-c", str(path), timeout=120)
+    asked = ingest_cli("resnapshot", "b", "-c", str(path), timeout=120)
     assert asked.returncode == 0 and f"{SCHEMA}.b" in asked.stdout, asked.stdout + asked.stderr
 
     # Step 5: runs apply the snapshot; verify says equal.
     for _ in range(12):
         time.sleep(5)
-        done = _ingest("run", "-c", str(path))
+        done = ingest_cli("run", "-c", str(path))
         assert done.returncode == 0, done.stderr[-2000:]
-        verify = _ingest("verify", "-c", str(path), "--source-db", pg_dsn, "--wait", "60")
+        verify = ingest_cli("verify", "-c", str(path), "--source-db", pg_dsn, "--wait", "60")
         if verify.returncode == 0:
             break
     assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -9,8 +9,6 @@ the table equals PostgreSQL and the old columns hold nothing but nulls.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import pytest
 from ingest.lake.delta import open_table, read_all
 from ingest.stream.runner import Runner
 from ingest.verify.capture import wait_for_capture
+from tests.harness import ingest_cli
 from tests.stack.helpers import PREFIX, config_file, fresh_schema, stack_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
@@ -30,10 +29,6 @@ SCHEMA = "colren"
 TOPIC = f"{PREFIX['json']}.{SCHEMA}.t"
 ROWS = 30
 
-
-def _ingest(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ingest.cli", *args], capture_output=True, text=True,
-                          timeout=300, check=False)
 
 
 def test_a_renamed_and_a_dropped_column(stack: Any, pg_dsn: str, spark: Any, tmp_path: Path) -> None:
@@ -59,16 +54,16 @@ def test_a_renamed_and_a_dropped_column(stack: Any, pg_dsn: str, spark: Any, tmp
     assert {"a", "a2", "c"} <= set(rows[1])
     assert rows[1]["a2"] == "a1" and rows[1]["a"] is None and rows[1]["c"] is None and rows[1]["b"] == 101
     assert rows[10]["a2"] is None and rows[10]["a"] == "a10" and rows[10]["c"] == "c10"
-    verify = _ingest("verify", "-c", str(path), "--source-db", pg_dsn, "--wait", "60")
+    verify = ingest_cli("verify", "-c", str(path), "--source-db", pg_dsn, "--wait", "60")
     assert verify.returncode == 1, verify.stdout + verify.stderr
 
     # Step 3: read every row again; the table then equals the source.
-    asked = _ingest("resnapshot", "t", "-c", str(path))
+    asked = ingest_cli("resnapshot", "t", "-c", str(path))
     assert asked.returncode == 0, asked.stdout + asked.stderr
     for _ in range(12):
         time.sleep(5)
         assert not Runner(config, spark=spark).run().failed
-        verify = _ingest("verify", "-c", str(path), "--source-db", pg_dsn, "--wait", "60")
+        verify = ingest_cli("verify", "-c", str(path), "--source-db", pg_dsn, "--wait", "60")
         if verify.returncode == 0:
             break
     assert verify.returncode == 0, verify.stdout + verify.stderr
