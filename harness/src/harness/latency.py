@@ -113,26 +113,16 @@ class Latencies:
         return ordered[rank - 1]
 
 
-def row_latencies(path: str | Path, *, since: datetime | None = None, until: datetime | None = None,
-                  index: CommitIndex | None = None) -> Latencies:
-    """Latency of every live row of a table whose ``_cdc_source_ts`` lies in ``[since, until)``.
-
-    Args:
-        path: the Delta table.
-        since: earliest source commit time to include (aware datetime; ``None``: no bound).
-        until: first source commit time to exclude.
-        index: a prepared :class:`CommitIndex` (default: built from the table).
-    """
+def measured_rows(path: str | Path) -> pa.Table | None:
+    """The columns of a table's rows that latencies are measured from (``None``: no table there)."""
     table = open_table(path)
-    if table is None:
-        return Latencies([])
-    rows = read_all(table, columns=_COLUMNS)
-    return latencies_of(rows, index or CommitIndex.of_table(path), since=since, until=until)
+    return read_all(table, columns=_COLUMNS) if table is not None else None
 
 
 def latencies_of(rows: pa.Table, index: CommitIndex, *, since: datetime | None = None,
                  until: datetime | None = None) -> Latencies:
-    """:func:`row_latencies` on rows already read (columns ``_cdc_source_ts``, ``_cdc_topic``, ...)."""
+    """Latency of every row (columns ``_cdc_source_ts``, ``_cdc_topic``, ..., as :func:`measured_rows`
+    reads them) whose ``_cdc_source_ts`` lies in ``[since, until)``, against ``index``."""
     out = Latencies([])
     for ts, topic, partition, offset in zip(*(rows[c].to_pylist() for c in _COLUMNS), strict=True):
         if ts is None or (since is not None and ts < since) or (until is not None and ts >= until):
