@@ -13,7 +13,7 @@ import time
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -41,6 +41,9 @@ from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, cuts, history, query
 from ingest.cli.setup import check, init, jars
 from ingest.cli.verify import verify_source
+
+if TYPE_CHECKING:
+    from ingest.stream.report import TableRun  # pyarrow: not loaded when the CLI starts
 
 #: The ``ingest --help`` panels: operating the pipeline, reading its tables, its quality stage.
 OPERATE, READ, QUALITY = "Operate the pipeline", "Read the tables", "Quality and quarantine"
@@ -153,15 +156,22 @@ def run(
     for name, t in report.tables.items():
         out.add_row(name, str(len(t.batches)), str(t.total("received")), str(t.total("inserted")),
                     str(t.total("updated")), str(t.total("deleted")), str(t.total("quarantined")),
-                    str(t.already_applied), t.error or ("interrupted before its commit; the next run applies it"
-                                                        if t.interrupted else "")
-                    or (f"recovered from: {t.recovered[-1]}" if t.recovered else ""))
+                    str(t.already_applied), _remark(t))
     console.print(out)
     if report.cuts is not None:
         console.print(escape(report.cuts.describe()), highlight=False)
     if report.failed:
         unavailable = all(report.tables[name].unavailable for name in report.failed)
         raise typer.Exit(Exit.UNAVAILABLE if unavailable else Exit.TABLE_FAILED)
+
+
+def _remark(table: TableRun) -> str:
+    """The closing table's last column for one table: its error, else what else the run should say."""
+    if table.error:
+        return table.error
+    if table.interrupted:
+        return "interrupted before its commit; the next run applies it"
+    return f"recovered from: {table.recovered[-1]}" if table.recovered else ""
 
 
 @app.command(rich_help_panel=OPERATE)
