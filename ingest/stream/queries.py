@@ -270,7 +270,8 @@ class StreamingRun:
                         next_look = time.monotonic() + refresh
                     time.sleep(0.5)
             except KeyboardInterrupt:
-                log.warning("interrupted: stopping queries after their current batch")
+                log.warning("interrupted: stopping the queries; a batch under way either commits or is cancelled "
+                            "before its commit, and the next run applies it")
             for q in queries:
                 if q.query.isActive:
                     q.query.stop()

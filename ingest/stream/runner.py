@@ -52,7 +52,8 @@ class Runner:
         self._stop = threading.Event()
 
     def stop(self) -> None:
-        """Ask a continuous run (in another thread) to stop its queries after their current batch."""
+        """Ask a continuous run (in another thread) to stop its queries (a batch under way may be cancelled
+        before its commit; the next run applies it)."""
         self._stop.set()
 
     @property
