@@ -1,10 +1,11 @@
-"""Kafka Connect (distributed mode, one worker) with Debezium's PostgreSQL connector.
+"""Kafka Connect (distributed mode, one worker) with Debezium's PostgreSQL and MySQL connectors.
 
 The worker keeps connector configs, source offsets and statuses in Kafka topics, so a restart of
 the worker resumes every connector from its last flushed offset (flushed every second). Connectors
 are registered, or updated, at run time through the REST API (``PUT /connectors/<name>/config``)
 from ``infra/stack/connectors/<name>.json``: ``pgavro`` (Avro through Apicurio's converter, Confluent
-framing) and ``pgjson`` (Kafka's JsonConverter with schemas).
+framing) and ``pgjson`` (Kafka's JsonConverter with schemas) for PostgreSQL, ``mariaavro`` (Avro) for
+MariaDB.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Connect(Component):
     """Kafka Connect REST on ``127.0.0.1:STACK_CONNECT_PORT``, plugins from ``jars/connect-plugins``."""
 
     name = "connect"
-    requires = ("pg", "kafka", "registry")
+    requires = ("pg", "mariadb", "kafka", "registry")
     start_timeout = 180.0
 
     def ports(self) -> dict[str, int]:
@@ -58,6 +59,7 @@ class Connect(Component):
         fd = os.open(self.secrets_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(f"pg.replication.password={s.credentials.pg_repl_password}\n")
+            out.write(f"mariadb.replication.password={s.credentials.mariadb_repl_password}\n")
         self.properties.write_text(render(s.infra_dir / "connect-distributed.properties", {
             "kafka_port": s.kafka_port, "connect_port": s.connect_port,
             "plugin_path": s.jars_dir / "connect-plugins"}))
@@ -84,7 +86,8 @@ class Connect(Component):
             raise StackError(f"connect: no connector configuration {path} (known: {known})")
         text = render(path, {
             "pg_port": s.pg_port, "pg_db": s.pg_db, "pg_repl_user": s.pg_repl_user, "publication": s.publication,
-            "secrets_file": self.secrets_file, "registry_url": s.registry_url(), "kafka_port": s.kafka_port})
+            "secrets_file": self.secrets_file, "registry_url": s.registry_url(), "kafka_port": s.kafka_port,
+            "mariadb_port": s.mariadb_port, "mariadb_db": s.mariadb_db, "mariadb_repl_user": s.mariadb_repl_user})
         config: dict[str, str] = json.loads(text)["config"]
         return config
 

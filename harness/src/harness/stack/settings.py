@@ -22,6 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[4]  # harness/src/harness/stack/set
 #: Environment variables read by :meth:`StackSettings.from_env`, with their defaults.
 PORT_DEFAULTS: dict[str, int] = {
     "STACK_PG_PORT": 5432,
+    "STACK_MARIADB_PORT": 3306,
     "STACK_KAFKA_PORT": 9092,
     "STACK_KAFKA_SASL_PORT": 9095,
     "STACK_KAFKA_SSL_PORT": 9096,
@@ -39,12 +40,18 @@ PORT_DEFAULTS: dict[str, int] = {
 CREDENTIAL_VARS: tuple[str, ...] = (
     "STACK_PG_PASSWORD",
     "STACK_PG_REPL_PASSWORD",
+    "STACK_MARIADB_PASSWORD",
+    "STACK_MARIADB_REPL_PASSWORD",
     "STACK_KAFKA_SASL_PASSWORD",
     "STACK_REGISTRY_AUTH_PASSWORD",
     "STACK_S3_SECRET_KEY",
 )
 
 #: Variables the engine reads (ingest/config.py defaults): registry ``user:password`` and SASL JAAS.
+#: Connectors registered by default (infra/stack/connectors/<name>.json): PostgreSQL in Avro and in
+#: JSON, MariaDB in Avro.
+DEFAULT_CONNECTORS: tuple[str, ...] = ("pgavro", "pgjson", "mariaavro")
+
 ENGINE_REGISTRY_ENV = "SCHEMA_REGISTRY_USER_INFO"
 ENGINE_KAFKA_JAAS_ENV = "KAFKA_SASL_JAAS_CONFIG"
 
@@ -55,6 +62,8 @@ class Credentials:
 
     pg_password: str
     pg_repl_password: str
+    mariadb_password: str
+    mariadb_repl_password: str
     kafka_sasl_password: str
     registry_auth_password: str
     s3_secret_key: str
@@ -93,6 +102,8 @@ class Credentials:
         return cls(
             pg_password=values["STACK_PG_PASSWORD"],
             pg_repl_password=values["STACK_PG_REPL_PASSWORD"],
+            mariadb_password=values["STACK_MARIADB_PASSWORD"],
+            mariadb_repl_password=values["STACK_MARIADB_REPL_PASSWORD"],
             kafka_sasl_password=values["STACK_KAFKA_SASL_PASSWORD"],
             registry_auth_password=values["STACK_REGISTRY_AUTH_PASSWORD"],
             s3_secret_key=values["STACK_S3_SECRET_KEY"],
@@ -135,6 +146,10 @@ class StackSettings:
     pg_db: str
     pg_user: str
     pg_repl_user: str
+    mariadb_port: int
+    mariadb_db: str
+    mariadb_user: str
+    mariadb_repl_user: str
     publication: str
     kafka_port: int
     kafka_sasl_port: int
@@ -162,10 +177,11 @@ class StackSettings:
         Args:
             env: Environment mapping; ``STACK_DIR`` (default ``<repo>/.stack``), ``STACK_JARS_DIR``
                 (default ``$STACK_DIR/jars``), the ``STACK_*_PORT`` variables of
-                :data:`PORT_DEFAULTS`, ``STACK_PG_DB``/``STACK_PG_USER``/``STACK_PG_REPL_USER``,
+                :data:`PORT_DEFAULTS`, ``STACK_PG_DB``/``STACK_PG_USER``/``STACK_PG_REPL_USER`` and their
+                ``STACK_MARIADB_*`` twins,
                 ``STACK_KAFKA_SASL_USER``, ``STACK_REGISTRY_AUTH_USER``, ``STACK_S3_ACCESS_KEY``,
                 ``STACK_S3_BUCKET``, ``STACK_CONNECTORS``
-                (comma list, default ``pgavro,pgjson``), ``STACK_TIMEOUT`` (seconds per component)
+                (comma list, default :data:`DEFAULT_CONNECTORS`), ``STACK_TIMEOUT`` (seconds per component)
                 and the credentials of :data:`CREDENTIAL_VARS`.
             create: Store generated credentials (see :meth:`Credentials.load`).
 
@@ -175,7 +191,8 @@ class StackSettings:
         env = os.environ if env is None else env
         stack_dir = Path(env.get("STACK_DIR") or REPO_ROOT / ".stack").expanduser().resolve()
         jars_dir = Path(env.get("STACK_JARS_DIR") or stack_dir / "jars").expanduser().resolve()
-        connectors = tuple(c.strip() for c in env.get("STACK_CONNECTORS", "pgavro,pgjson").split(",") if c.strip())
+        listed = env.get("STACK_CONNECTORS", ",".join(DEFAULT_CONNECTORS))
+        connectors = tuple(c.strip() for c in listed.split(",") if c.strip())
         timeout_raw = env.get("STACK_TIMEOUT")
         return cls(
             repo=REPO_ROOT,
@@ -186,6 +203,10 @@ class StackSettings:
             pg_user=env.get("STACK_PG_USER") or "cdc",
             pg_repl_user=env.get("STACK_PG_REPL_USER") or "debezium",
             publication=env.get("STACK_PG_PUBLICATION") or "cdc_pub",
+            mariadb_port=_port(env, "STACK_MARIADB_PORT"),
+            mariadb_db=env.get("STACK_MARIADB_DB") or "cdc",
+            mariadb_user=env.get("STACK_MARIADB_USER") or "cdc",
+            mariadb_repl_user=env.get("STACK_MARIADB_REPL_USER") or "debezium",
             kafka_port=_port(env, "STACK_KAFKA_PORT"),
             kafka_sasl_port=_port(env, "STACK_KAFKA_SASL_PORT"),
             kafka_ssl_port=_port(env, "STACK_KAFKA_SSL_PORT"),
@@ -222,6 +243,13 @@ class StackSettings:
 
         return (f"postgresql://{quote(self.pg_user, safe='')}:{quote(self.credentials.pg_password, safe='')}"
                 f"@127.0.0.1:{self.pg_port}/{quote(dbname or self.pg_db, safe='')}")
+
+    def mariadb_url(self, dbname: str | None = None) -> str:
+        """``mysql://`` URL of the MariaDB workload user (owner of the database) over TCP."""
+        from urllib.parse import quote
+
+        return (f"mysql://{quote(self.mariadb_user, safe='')}:{quote(self.credentials.mariadb_password, safe='')}"
+                f"@127.0.0.1:{self.mariadb_port}/{quote(dbname or self.mariadb_db, safe='')}")
 
     def bootstrap_servers(self, *, sasl: bool = False, tls: bool = False) -> str:
         """``host:port`` of the PLAINTEXT listener, of the SASL_PLAINTEXT (SCRAM-SHA-512) one, or of the
@@ -284,6 +312,13 @@ class StackSettings:
             "STACK_PG_REPL_USER": self.pg_repl_user,
             "STACK_PG_REPL_PASSWORD": c.pg_repl_password,
             "STACK_PG_DSN": self.pg_dsn(),
+            "STACK_MARIADB_PORT": str(self.mariadb_port),
+            "STACK_MARIADB_DB": self.mariadb_db,
+            "STACK_MARIADB_USER": self.mariadb_user,
+            "STACK_MARIADB_PASSWORD": c.mariadb_password,
+            "STACK_MARIADB_REPL_USER": self.mariadb_repl_user,
+            "STACK_MARIADB_REPL_PASSWORD": c.mariadb_repl_password,
+            "STACK_MARIADB_URL": self.mariadb_url(),
             "STACK_KAFKA_BOOTSTRAP": self.bootstrap_servers(),
             "STACK_KAFKA_SASL_BOOTSTRAP": self.bootstrap_servers(sasl=True),
             "STACK_KAFKA_SASL_USER": self.kafka_sasl_user,

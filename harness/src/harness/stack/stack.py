@@ -16,6 +16,7 @@ from harness.stack.component import Component
 from harness.stack.connect import Connect
 from harness.stack.errors import StackError
 from harness.stack.kafka import Kafka
+from harness.stack.mariadb import MariaDB
 from harness.stack.postgres import Postgres
 from harness.stack.process import Progress, alive, port_in_use, spawn, stop, wait_until
 from harness.stack.registry import Registry, RegistryAuth
@@ -26,11 +27,12 @@ from harness.stack.tools import ensure_jars
 from ingest.lake.locks import exclusive
 
 #: Start order (and, reversed, stop order).
-ORDER: tuple[str, ...] = ("pg", "kafka", "registry", "registry-auth", "connect", "s3")
+ORDER: tuple[str, ...] = ("pg", "mariadb", "kafka", "registry", "registry-auth", "connect", "s3")
 #: The change-data path alone: what the real-stack tests, demo and torture start (not the S3 server,
 #: whose first start builds MinIO).
-CDC_COMPONENTS: tuple[str, ...] = ("pg", "kafka", "registry", "registry-auth", "connect")
-_CLASSES: dict[str, type[Component]] = {c.name: c for c in (Postgres, Kafka, Registry, RegistryAuth, Connect, Minio)}
+CDC_COMPONENTS: tuple[str, ...] = ("pg", "mariadb", "kafka", "registry", "registry-auth", "connect")
+_CLASSES: dict[str, type[Component]] = {
+    c.name: c for c in (Postgres, MariaDB, Kafka, Registry, RegistryAuth, Connect, Minio)}
 
 
 def _print_progress(line: str) -> None:

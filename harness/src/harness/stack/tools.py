@@ -19,6 +19,7 @@ from harness.stack.process import Progress, tail
 from harness.stack.settings import StackSettings
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
+MARIADB_SERVER = Path("/usr/sbin/mariadbd")
 NGINX_BIN = Path("/usr/sbin/nginx")
 _POLICY_RC = Path("/usr/sbin/policy-rc.d")
 _PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
@@ -158,6 +159,15 @@ def ensure_postgres(progress: Progress) -> Path:
     if not (PG_BIN / "postgres").exists():
         raise StackError(f"PostgreSQL 15 is missing: {PG_BIN}/postgres not found after apt-get install postgresql-15")
     return PG_BIN
+
+
+def ensure_mariadb(progress: Progress) -> Path:
+    """The MariaDB server binary (Debian's ``mariadb-server``, 10.11 on bookworm), installing it if needed."""
+    if not MARIADB_SERVER.exists():
+        apt_install(["mariadb-server"], "MariaDB", progress)
+    if not MARIADB_SERVER.exists():
+        raise StackError(f"MariaDB is missing: {MARIADB_SERVER} not found after apt-get install mariadb-server")
+    return MARIADB_SERVER
 
 
 def ensure_nginx(progress: Progress) -> Path:
