@@ -225,13 +225,13 @@ def demo_stack(
     wait: Annotated[float, typer.Option(help="seconds to wait for Debezium and for each verification")] = 180.0,
 ) -> None:
     """Real stack end to end: reset the source, run the SQL workload, ingest Avro and JSON, verify both."""
-    from ingest.proof.demo_stack import run_demo_stack
-    from ingest.proof.pg_workload import WorkloadSpec
+    from harness.postgres.workload import WorkloadSpec
+    from harness.stack_proofs.demo import run_demo_stack
 
     started = time.perf_counter()
     configs = [("avro", load_config(avro)), ("json", load_config(json_config))]
     console.rule("demo-stack: PostgreSQL -> Debezium -> Kafka -> Spark -> Delta, verified against the source")
-    from ingest.stack import StackError
+    from harness.stack import StackError
 
     from ingest.errors import EnvironmentProblem
 
@@ -309,10 +309,10 @@ def pg_load(
     = "shop",
 ) -> None:
     """Write steady load into the shop schema (reconnects across PostgreSQL restarts) and report it."""
-    from ingest.proof.load import LoadGenerator
+    from harness.postgres.load import LoadGenerator
 
     if source_db is None:
-        from ingest.stack import StackSettings
+        from harness.stack import StackSettings
 
         source_db = StackSettings.from_env().pg_dsn()
     console.rule(f"load on {describe_dsn(source_db)}: {rate:.0f} changes/s for {duration:.0f} s")
