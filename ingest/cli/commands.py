@@ -263,10 +263,12 @@ def verify(
     config: ConfigOpt = DEFAULT_CONFIG,
     workdir: WorkdirOpt = None,
     source_db: Annotated[str | None, typer.Option(
-        "--source-db", help="libpq URL of the source PostgreSQL database: wait for Debezium and the tables, then "
-        "compare each table with a SELECT of its source table (default: the simulator's truth)")] = None,
+        "--source-db", help="the source database: a libpq URL (PostgreSQL) or mysql://user:password@host:port/db "
+        "(MariaDB, MySQL); wait for Debezium and the tables, then compare each table with a SELECT of its source "
+        "table (default: the simulator's truth)")] = None,
     wait: Annotated[float, typer.Option(
-        help="--source-db: seconds to wait for Debezium's slots, and again for the tables to catch up")] = 120.0,
+        help="--source-db: seconds to wait for Debezium's slots, and again for the tables to catch up (MariaDB, "
+        "MySQL: for the tables to equal the source)")] = 120.0,
     table: TablesOpt = None,
 ) -> None:
     """Compare every table with its source (the simulator's truth, or --source-db); exit 1 on any mismatch."""

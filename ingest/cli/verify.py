@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 from rich.table import Table
@@ -13,46 +14,42 @@ from ingest.cli.common import console, say
 from ingest.config import IngestConfig
 from ingest.errors import EnvironmentProblem, SourceUnavailableError
 
+if TYPE_CHECKING:
+    from ingest.verify.source_db import SourceDatabase
 
-def describe_dsn(dsn: str) -> str:
-    """``host:port/dbname`` of a libpq connection string (never its password); registers the password
-    with :mod:`ingest.secrets` so no error message can echo it."""
-    # psycopg (an extra of the distribution): loaded for a source database only
-    try:
-        from psycopg.conninfo import conninfo_to_dict
-    except ImportError:
-        raise EnvironmentProblem("comparing with a source database needs psycopg, which is not installed: "
-                                 "pip install 'cdc-lakehouse-ingest[postgres]'") from None
+
+def source_of(dsn: str) -> SourceDatabase:
+    """The source database module for ``dsn``; its client library missing is one line naming the extra."""
+    # the source databases' clients (extras of the distribution): loaded for a source database only
+    from ingest.verify.source_db import source_database
 
     try:
-        info = conninfo_to_dict(dsn)
-    except Exception:  # a malformed DSN: psycopg's own error comes later, redacted
-        return "the source database"
-    secrets.register(str(info["password"]) if info.get("password") else None)
-    return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+        return source_database(dsn)
+    except ImportError as exc:
+        extra = "mariadb" if dsn.split("://", 1)[0].lower() in ("mysql", "mariadb") else "postgres"
+        raise EnvironmentProblem(f"comparing with a source database needs {exc.name}, which is not installed: "
+                                 f"pip install 'cdc-lakehouse-ingest[{extra}]'") from None
 
 
 @contextmanager
-def source_db_errors(where: str) -> Iterator[None]:
+def source_db_errors(source: SourceDatabase, where: str) -> Iterator[None]:
     """Turn a connection failure into one redacted line (exit code 2) instead of a traceback."""
-    # psycopg: loaded for a source database only
-    import psycopg
-
     try:
         yield
-    except psycopg.OperationalError as exc:
+    except source.OperationalError as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SourceUnavailableError(secrets.redact(f"source database {where}: {first}")) from None
 
 
 def verify_source(config: IngestConfig, dsn: str, *, wait: float, tables: list[str] | None = None) -> bool:
     """Run ``verify --source-db`` and print its report; returns whether everything is equal."""
-    # psycopg and the decoders: loaded when the command runs
+    # the decoders and the lake: loaded when the command runs
     from ingest.verify.source_db import verify_source_db
 
-    where = describe_dsn(dsn)
+    source = source_of(dsn)
+    where = source.describe(dsn)
     console.rule(f"verify against {where}")
-    with source_db_errors(where):
+    with source_db_errors(source, where):
         result = verify_source_db(config, dsn, wait=wait, say=say, tables=tables)
     out = Table(title=f"Delta tables against SELECTs of {where}")
     for col in ("table", "source table", "source rows", "Delta rows", "missing", "unexpected", "different", "result"):

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import psycopg
+
+from ingest.verify.captured import CaptureResult, SlotState
 
 Say = Callable[[str], None]
 MARKER_PREFIX: Final = "ingest.verify"
@@ -44,31 +45,6 @@ STALL_SECONDS: Final = 2.0
 RESTART_AFTER: Final = 45.0
 MAX_RESTARTS: Final = 2
 _MARKER_EVERY: Final = 15.0
-
-
-@dataclass
-class SlotState:
-    """One logical replication slot of the database."""
-
-    name: str
-    active: bool
-    confirmed: str | None
-    caught_up: bool
-
-
-@dataclass
-class CaptureResult:
-    """The outcome of :func:`wait_for_capture`."""
-
-    target_lsn: str
-    ok: bool
-    seconds: float
-    slots: list[SlotState] = field(default_factory=list)
-    markers: int = 0
-    marker_error: str | None = None
-    #: how often ``on_stall`` was called (the capture was restarted)
-    restarts: int = 0
-    problem: str | None = None
 
 
 def current_lsn(conn: psycopg.Connection) -> str:

@@ -2,8 +2,10 @@
 
 Steps:
 
-1. read the source's WAL position and wait until Debezium's replication slots have confirmed it
-   (:func:`ingest.verify.capture.wait_for_capture`): Kafka then holds every change committed before;
+1. PostgreSQL: read the source's WAL position and wait until Debezium's replication slots have
+   confirmed it (:func:`ingest.verify.capture.wait_for_capture`): Kafka then holds every change
+   committed before. MariaDB/MySQL keep no such record of a connector's position
+   (:func:`ingest.verify.mysql_source.wait_for_capture`), so step 3 is repeated until equal or timed out;
 2. wait until each table has applied its topic's current end offsets
    (:func:`ingest.ops.status.table_status`, which asks the configured source), so a concurrently running
    ``ingest run --continuous`` can catch up;
@@ -18,38 +20,45 @@ The comparison is exact only for a quiescent source: rows written after step 1 a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
-from psycopg import sql
 
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError
 from ingest.lake.delta import open_table, read_all
-from ingest.verify.capture import CaptureResult, wait_for_capture
+from ingest.verify.captured import CaptureResult
 from ingest.verify.compare import TableVerification, verify_table
-from ingest.verify.source_values import NotRepresentable, SourceColumn, column_plan
+from ingest.verify.source_values import NotRepresentable, SourceColumn
 
 Say = Callable[[str], None]
-_COLUMNS_QUERY = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname, t.typtype, a.atttypmod,
-       CASE WHEN t.typcategory = 'A' THEN et.typname END
-FROM pg_attribute a
-JOIN pg_type t ON t.oid = a.atttypid
-LEFT JOIN pg_type et ON et.oid = t.typelem
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
-_KEY_QUERY = """
-SELECT a.attname FROM pg_index i
-JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
-WHERE i.indrelid = %s AND i.indisprimary
-ORDER BY array_position(i.indkey::int2[], a.attnum)
-"""
+
+
+class SourceDatabase(Protocol):
+    """What ``verify`` needs of a source database (a module: :mod:`ingest.verify.pg_source`,
+    :mod:`ingest.verify.mysql_source`)."""
+
+    @property
+    def Error(self) -> type[Exception]:
+        """What its client raises."""
+
+    @property
+    def OperationalError(self) -> type[Exception]:
+        """What its client raises when it cannot connect."""
+
+    def connect(self, dsn: str) -> AbstractContextManager[Any]: ...
+
+    def read_columns(self, conn: Any, schema: str, table: str, key_override: tuple[str, ...] | None
+                     ) -> tuple[list[SourceColumn], tuple[str, ...], Iterator[tuple[Any, ...]]]: ...
+
+    def wait_for_capture(self, dsn: str, *, timeout: float = 120.0, say: Say | None = None,
+                         on_stall: Callable[[], object] | None = None) -> CaptureResult: ...
+
+    def describe(self, dsn: str) -> str: ...
 
 
 def source_table_of(spec: TableSpec) -> tuple[str, str]:
@@ -83,18 +92,31 @@ class SourceRows:
         return {c.name: c.normalize for c in self.columns if c.normalize is not None and c.arrow is not None}
 
 
-def read_source(conn: psycopg.Connection, schema: str, table: str,
+def source_database(dsn: str) -> SourceDatabase:
+    """The module that reads the source database ``dsn`` names.
+
+    ``mysql://`` and ``mariadb://`` URLs are MariaDB or MySQL (:mod:`ingest.verify.mysql_source`);
+    anything else is a libpq connection string (:mod:`ingest.verify.pg_source`).
+    """
+    # Each source's client library is an extra of the distribution (postgres, mariadb): only the one
+    # this source needs is loaded.
+    if dsn.split("://", 1)[0].lower() in ("mysql", "mariadb"):
+        from ingest.verify import mysql_source
+
+        return mysql_source
+    from ingest.verify import pg_source
+
+    return pg_source
+
+
+def read_source(source: SourceDatabase, conn: Any, schema: str, table: str,
                 key_override: tuple[str, ...] | None = None) -> SourceRows:
     """Read ``schema.table`` with each compared column converted to the engine's value and type.
 
     Raises:
         ConfigError: the table does not exist or has neither a primary key nor an override.
     """
-    relid = conn.execute("SELECT to_regclass(%s)::oid", (f'"{schema}"."{table}"',)).fetchone()
-    if relid is None or relid[0] is None:
-        raise ConfigError(f"source table {schema}.{table} does not exist")
-    plans = [column_plan(*row) for row in conn.execute(_COLUMNS_QUERY, (relid[0],)).fetchall()]
-    key = key_override or tuple(r[0] for r in conn.execute(_KEY_QUERY, (relid[0],)).fetchall())
+    plans, key, rows = source.read_columns(conn, schema, table, key_override)
     if not key:
         raise ConfigError(f"source table {schema}.{table} has no primary key; set primary_key in the configuration")
     compared = [p for p in plans if p.arrow is not None]
@@ -102,11 +124,9 @@ def read_source(conn: psycopg.Connection, schema: str, table: str,
     missing_key = [k for k in key if k not in {p.name for p in compared}]
     if missing_key:
         raise ConfigError(f"source table {schema}.{table}: key column(s) {missing_key} cannot be compared")
-    query = sql.SQL("SELECT {} FROM {}.{}").format(
-        sql.SQL(", ").join(p.select for p in compared), sql.Identifier(schema), sql.Identifier(table))
     values: list[list[Any]] = [[] for _ in compared]
     unrepresentable = 0
-    for row in conn.execute(query):
+    for row in rows:
         for i, (plan, value) in enumerate(zip(compared, row, strict=True)):
             if value is not None and plan.convert is not None:
                 try:
@@ -167,28 +187,44 @@ def verify_source_db(config: IngestConfig, dsn: str, *, wait: float = 120.0, say
 
     Args:
         config: the ingestion configuration (tables, their topics and Delta locations).
-        dsn: libpq connection string of the source database.
-        wait: seconds to wait for Debezium's slots, and again for the tables to catch up.
+        dsn: the source database: a libpq connection string, or a ``mysql://`` / ``mariadb://`` URL.
+        wait: seconds to wait for Debezium's capture, and again for the tables to catch up.
         say: receives progress lines.
         tables: only these configured tables (default: all).
         on_stall: restarts Kafka Connect if Debezium's slots stall (the project's own stack only;
             :func:`~ingest.verify.capture.wait_for_capture`).
 
     Returns:
-        What was found; the tables are compared even when waiting timed out (for diagnosis).
+        What was found; the tables are compared even when waiting timed out (for diagnosis). Where
+        the source cannot show how far Debezium has read (MariaDB/MySQL: the connector keeps its binlog
+        position to itself), the tables are compared again, each time they have caught up, until they
+        are equal or ``wait`` has passed.
     """
     say = say or (lambda _line: None)
+    source = source_database(dsn)
     specs = [s for s in config.tables if tables is None or s.name in tables]
     say("waiting until Debezium has captured everything committed so far")
-    capture = wait_for_capture(dsn, timeout=wait, say=say, on_stall=on_stall)
-    say(f"  captured up to {capture.target_lsn} after {capture.seconds:.1f} s" if capture.ok
-        else f"  NOT captured: {capture.problem}")
-    catch_up = wait_for_tables(config, specs, wait=wait, say=say)
-    checks = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for spec in specs:
-            checks.append(check_table(config, spec, conn))
-    return SourceVerification(capture, catch_up, checks)
+    capture = source.wait_for_capture(dsn, timeout=wait, say=say, on_stall=on_stall)
+    if not capture.visible:
+        say(f"  the source is at {capture.target_lsn}; how far Debezium has read it does not show, so the "
+            "tables are compared until equal" if capture.target_lsn else "  how far Debezium has read the "
+            "source does not show, so the tables are compared until equal")
+    elif capture.ok:
+        say(f"  captured up to {capture.target_lsn} after {capture.seconds:.1f} s")
+    else:
+        say(f"  NOT captured: {capture.problem}")
+    started = time.monotonic()
+    rounds = 0
+    while True:
+        catch_up = wait_for_tables(config, specs, wait=wait, say=say if rounds == 0 else lambda _line: None)
+        with source.connect(dsn) as conn:
+            checks = [check_table(config, spec, conn, source) for spec in specs]
+        if capture.visible or all(c.ok for c in checks) or time.monotonic() - started >= wait:
+            return SourceVerification(capture, catch_up, checks)
+        if rounds == 0:
+            say(f"  not equal yet: comparing again, each time the tables have caught up, for up to {wait:.0f} s")
+        rounds += 1
+        time.sleep(2.0)
 
 
 def wait_for_tables(config: IngestConfig, specs: list[TableSpec], *, wait: float, say: Say) -> CatchUp:
@@ -221,22 +257,22 @@ def wait_for_tables(config: IngestConfig, specs: list[TableSpec], *, wait: float
         time.sleep(1.0)
 
 
-def check_table(config: IngestConfig, spec: TableSpec, conn: psycopg.Connection) -> TableCheck:
-    """Compare one configured table with its source table."""
+def check_table(config: IngestConfig, spec: TableSpec, conn: Any, source: SourceDatabase) -> TableCheck:
+    """Compare one configured table with its source table (``conn``: a connection of ``source``)."""
     try:
         schema, table = source_table_of(spec)
     except ConfigError as exc:
         return TableCheck(spec.name, "?", error=str(exc))
     check = TableCheck(spec.name, f"{schema}.{table}")
     try:
-        source = read_source(conn, schema, table, spec.primary_key)
-    except (ConfigError, psycopg.Error) as exc:
+        rows = read_source(source, conn, schema, table, spec.primary_key)
+    except (ConfigError, source.Error) as exc:
         check.error = str(exc).strip().splitlines()[0]
         return check
-    check.notes = list(source.notes)
+    check.notes = list(rows.notes)
     path = config.table_path(spec.name)
-    check.verification = verify_table(spec.name, path, source.rows, source.key, normalizers=source.normalizers)
-    check.unknown_rows, unknown_note = _unknown_values(path, source.key)
+    check.verification = verify_table(spec.name, path, rows.rows, rows.key, normalizers=rows.normalizers)
+    check.unknown_rows, unknown_note = _unknown_values(path, rows.key)
     if unknown_note:
         check.notes.append(unknown_note)
     return check

@@ -1,28 +1,9 @@
-"""PostgreSQL columns as the engine writes them: for each source type, the Arrow type and value.
+"""Source values as the engine writes them: what every source database's column plans share.
 
-The engine's representation (ingest/decode/semantic.py, values.py) of what Debezium 3.6 emits for PostgreSQL
-(``decimal.handling.mode=precise``, ``time.precision.mode=adaptive``, ``binary.handling.mode=bytes``):
-
-==================================  ==============================  ==================================
-PostgreSQL                          Delta type                      value read back here
-==================================  ==============================  ==================================
-smallint / integer / bigint         short / integer / long          int
-real / double precision             float / double                  float
-boolean                             boolean                         bool
-numeric(p,s)                        decimal(p,s) (p capped at 38)   Decimal
-numeric (no typmod)                 decimal(38,18)                  Decimal
-text, varchar, char(n), enum, uuid  string                          text as PostgreSQL prints it
-json, jsonb                         string                          compared as parsed JSON
-bytea                               binary                          bytes
-date                                date                            date
-time                                long (microseconds of the day)  int
-timetz                              string (UTC, ``HH:MM:SS[.f]Z``) text
-timestamp                           timestamp_ntz                   naive datetime
-timestamptz                         timestamp (UTC)                 instant
-arrays of text/number/boolean       string (JSON of the array)      ``to_json(list)``
-==================================  ==============================  ==================================
-
-Other types (interval, money, geometric, ranges, hstore ...) are not compared; the verifier says so.
+A source database's module (:mod:`ingest.verify.pg_source`, :mod:`ingest.verify.mysql_source`) says,
+for each of its column types, how a column is selected, which Arrow type the engine's Delta column has
+and how a fetched value becomes the engine's value (a :class:`SourceColumn`); the conversions that
+more than one source needs live here.
 """
 
 from __future__ import annotations
@@ -30,23 +11,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, time
+from datetime import time
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any
 
 import pyarrow as pa
-from psycopg import sql
 
-from ingest.decode.values import MAX_PRECISION, VARIABLE_SCALE, ConvertError, fit_decimal, to_json
+from ingest.decode.values import ConvertError, fit_decimal
 
 Convert = Callable[[Any], Any]
-_INTS: Final = {"int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64()}
-_FLOATS: Final = {"float4": pa.float32(), "float8": pa.float64()}
-#: Read as PostgreSQL's own text output (what Debezium sends for them).
-_AS_TEXT: Final = frozenset({"uuid", "json", "jsonb", "xml", "inet", "cidr", "macaddr", "macaddr8", "citext"})
-_STRINGS: Final = frozenset({"text", "varchar", "bpchar", "name"})
-_ARRAY_ELEMENTS: Final = frozenset({"text", "varchar", "bpchar", "name", "int2", "int4", "int8", "bool",
-                                    "float4", "float8"})
 
 
 @dataclass(frozen=True)
@@ -55,83 +28,26 @@ class SourceColumn:
 
     Attributes:
         name: column name.
-        pg_type: PostgreSQL's ``format_type`` of it.
+        source_type: the source database's name of its type (for messages).
         arrow: the Arrow type of the engine's Delta column; ``None``: not compared.
-        select: the select-list expression.
+        select: the select-list expression, in the source database's client's terms.
         convert: turns the fetched value into the engine's value (``None``: as fetched).
         normalize: applied to both sides before comparing (``None``: compare as is).
         note: why the column is not compared.
     """
 
     name: str
-    pg_type: str
+    source_type: str
     arrow: pa.DataType | None
-    select: sql.Composable
+    select: Any
     convert: Convert | None = None
     normalize: Convert | None = None
     note: str | None = None
 
 
-def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int,
-                element: str | None) -> SourceColumn:
-    """The :class:`SourceColumn` of a column, from its ``pg_type`` catalog entry.
+def decimal_convert(precision: int, scale: int) -> Convert:
+    """The engine's own rule for a ``decimal(precision, scale)`` column: exact, or :class:`NotRepresentable`."""
 
-    Args:
-        name: column name.
-        pg_type: ``format_type(atttypid, atttypmod)``, for messages.
-        typname: ``pg_type.typname`` (``int4``, ``numeric``, ``_text`` ...).
-        typtype: ``pg_type.typtype`` (``b`` base, ``e`` enum, ``d`` domain ...).
-        typmod: ``pg_attribute.atttypmod`` (-1: none).
-        element: the element type's ``typname`` for an array, else ``None``.
-    """
-    ident = sql.Identifier(name)
-    as_text = sql.SQL("{}::text").format(ident)
-    if typtype == "e":
-        return SourceColumn(name, pg_type, pa.string(), as_text)
-    if typname in _INTS:
-        return SourceColumn(name, pg_type, _INTS[typname], ident)
-    if typname in _FLOATS:
-        return SourceColumn(name, pg_type, _FLOATS[typname], ident)
-    if typname == "bool":
-        return SourceColumn(name, pg_type, pa.bool_(), ident)
-    if typname == "numeric":
-        return _numeric(name, pg_type, typmod, ident)
-    if typname in _STRINGS:
-        return SourceColumn(name, pg_type, pa.string(), ident)  # char(n) keeps its padding, as Debezium's
-    if typname in ("json", "jsonb"):
-        return SourceColumn(name, pg_type, pa.string(), as_text, normalize=parse_json)
-    if typname in _AS_TEXT:
-        return SourceColumn(name, pg_type, pa.string(), as_text)
-    if typname == "bytea":
-        return SourceColumn(name, pg_type, pa.binary(), ident, convert=bytes)
-    if typname == "date":
-        return SourceColumn(name, pg_type, pa.date32(), ident)
-    if typname == "time":
-        return SourceColumn(name, pg_type, pa.int64(), ident, convert=time_micros)
-    if typname == "timetz":
-        return SourceColumn(name, pg_type, pa.string(), ident, convert=zoned_time)
-    if typname == "timestamp":
-        return SourceColumn(name, pg_type, pa.timestamp("us"), ident)
-    if typname == "timestamptz":
-        return SourceColumn(name, pg_type, pa.timestamp("us", tz="UTC"), ident, convert=lambda d: d.astimezone(UTC))
-    if element is not None and element in _ARRAY_ELEMENTS:
-        return SourceColumn(name, pg_type, pa.string(), ident, convert=to_json)
-    return SourceColumn(name, pg_type, None, ident, note=f"type {pg_type} is not compared (no known engine "
-                                                           "representation for it in verify)")
-
-
-def _numeric(name: str, pg_type: str, typmod: int, ident: sql.Composable) -> SourceColumn:
-    if typmod < 0:  # plain numeric: Debezium's VariableScaleDecimal, written as decimal(38,18)
-        precision, scale = MAX_PRECISION, VARIABLE_SCALE
-    else:
-        precision, scale = ((typmod - 4) >> 16) & 0xFFFF, (typmod - 4) & 0xFFFF
-        precision = min(max(precision, scale), MAX_PRECISION)
-    if scale > MAX_PRECISION:
-        return SourceColumn(name, pg_type, None, ident, note=f"{pg_type}: scale above 38 has no Delta type")
-    return SourceColumn(name, pg_type, pa.decimal128(precision, scale), ident, convert=_decimal(precision, scale))
-
-
-def _decimal(precision: int, scale: int) -> Convert:
     def convert(value: Decimal) -> Decimal:
         try:
             return fit_decimal(value, precision, scale)  # the engine's own rule: exact or refused

@@ -8,7 +8,8 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from ingest.verify.source_values import NotRepresentable, column_plan, parse_json, time_micros, zoned_time
+from ingest.verify.pg_source import column_plan
+from ingest.verify.source_values import NotRepresentable, parse_json, time_micros, zoned_time
 
 
 def _typmod(precision: int, scale: int) -> int:

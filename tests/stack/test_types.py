@@ -27,6 +27,7 @@ from harness.postgres.values import large_text
 from ingest.config import IngestConfig
 from ingest.lake.delta import open_table, read_all
 from ingest.stream.runner import Runner
+from ingest.verify import pg_source
 from ingest.verify.capture import delete_topics, wait_for_capture
 from ingest.verify.source_db import check_table
 from tests.stack.helpers import PREFIX, REPO, json_events, read_topic, stack_config
@@ -216,7 +217,7 @@ def test_debezium_really_sent_the_unchanged_toast_placeholder(probe: dict[str, I
 def test_edge_table_equals_its_source(probe: dict[str, IngestConfig], fmt: str, pg_dsn: str) -> None:
     config = probe[fmt]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        check = check_table(config, config.table("edge"), conn)
+        check = check_table(config, config.table("edge"), conn, pg_source)
     assert check.error is None
     assert check.verification is not None and check.verification.ok, check.verification.examples
     assert check.verification.expected_rows == 4
@@ -232,7 +233,7 @@ def test_primary_key_updates_of_a_toasted_row_keep_its_value(probe: dict[str, In
     assert list(rows) == [3]
     assert rows[3]["c_big"] == BIG2 and rows[3]["note"] == "k" and not rows[3]["_cdc_unknown_columns"]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        check = check_table(probe[fmt], probe[fmt].table("toast_pk"), conn)
+        check = check_table(probe[fmt], probe[fmt].table("toast_pk"), conn, pg_source)
     assert check.verification is not None and check.verification.ok, check.verification.examples
     assert check.verification.expected_rows == 1 and check.unknown_rows == 0
 

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from harness.cli_stack import add_consistency_rows, exit_unless, stack_lake, torture_stack
 from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console, load, progress_printer, say
-from ingest.cli.verify import describe_dsn, source_db_errors
+from ingest.cli.verify import source_db_errors
 from ingest.config import IngestConfig, load_config
 
 #: The ``ingest --help`` panel the harness's commands are listed under.
@@ -225,18 +225,18 @@ def demo_stack(
     wait: Annotated[float, typer.Option(help="seconds to wait for Debezium and for each verification")] = 180.0,
 ) -> None:
     """Real stack end to end: reset the source, run the SQL workload, ingest Avro and JSON, verify both."""
+    # the workload, the stack, the PostgreSQL client and Spark: loaded when the command runs
     from harness.postgres.workload import WorkloadSpec
+    from harness.stack import StackError
     from harness.stack_proofs.demo import run_demo_stack
+    from ingest.errors import EnvironmentProblem
+    from ingest.verify import pg_source
 
     started = time.perf_counter()
     configs = [("avro", load_config(avro)), ("json", load_config(json_config))]
     console.rule("demo-stack: PostgreSQL -> Debezium -> Kafka -> Spark -> Delta, verified against the source")
-    from harness.stack import StackError
-
-    from ingest.errors import EnvironmentProblem
-
     try:
-        with source_db_errors("the stack's PostgreSQL"):
+        with source_db_errors(pg_source, "the stack's PostgreSQL"):
             result = run_demo_stack(configs, spec=WorkloadSpec(seed=seed, scale=scale), wait=wait, say=say,
                                     progress=progress_printer())
     except StackError as exc:
@@ -315,7 +315,9 @@ def pg_load(
         from harness.stack import StackSettings
 
         source_db = StackSettings.from_env().pg_dsn()
-    console.rule(f"load on {describe_dsn(source_db)}: {rate:.0f} changes/s for {duration:.0f} s")
+    from ingest.verify import pg_source  # the PostgreSQL client: loaded when the command runs
+
+    console.rule(f"load on {pg_source.describe(source_db)}: {rate:.0f} changes/s for {duration:.0f} s")
     report = LoadGenerator(source_db, rate=rate, duration=duration, seed=seed, schema=schema, say=say).run()
     console.print(f"committed {report.committed_changes} changes in {report.committed_transactions} transactions "
                   f"({report.rate:.0f}/s over {report.seconds:.1f} s); failed {report.failed_transactions}, "

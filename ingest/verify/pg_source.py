@@ -1,0 +1,170 @@
+"""A PostgreSQL source database for ``verify --source-db``: its tables read as the engine writes them.
+
+Each column type's Arrow type and value, as the engine (ingest/decode/semantic.py, values.py)
+represents what Debezium 3.6 emits (``decimal.handling.mode=precise``, ``time.precision.mode=adaptive``,
+``binary.handling.mode=bytes``):
+
+==================================  ==============================  ==================================
+PostgreSQL                          Delta type                      value read back here
+==================================  ==============================  ==================================
+smallint / integer / bigint         short / integer / long          int
+real / double precision             float / double                  float
+boolean                             boolean                         bool
+numeric(p,s)                        decimal(p,s) (p capped at 38)   Decimal
+numeric (no typmod)                 decimal(38,18)                  Decimal
+text, varchar, char(n), enum, uuid  string                          text as PostgreSQL prints it
+json, jsonb                         string                          compared as parsed JSON
+bytea                               binary                          bytes
+date                                date                            date
+time                                long (microseconds of the day)  int
+timetz                              string (UTC, ``HH:MM:SS[.f]Z``) text
+timestamp                           timestamp_ntz                   naive datetime
+timestamptz                         timestamp (UTC)                 instant
+arrays of text/number/boolean       string (JSON of the array)      ``to_json(list)``
+==================================  ==============================  ==================================
+
+Other types (interval, money, geometric, ranges, hstore ...) are not compared; the verifier says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC
+from typing import Final
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from ingest import secrets
+from ingest.decode.values import MAX_PRECISION, VARIABLE_SCALE, to_json
+from ingest.errors import ConfigError
+from ingest.verify.capture import wait_for_capture
+from ingest.verify.source_values import SourceColumn, decimal_convert, parse_json, time_micros, zoned_time
+
+__all__ = ["Error", "OperationalError", "column_plan", "connect", "describe", "read_columns", "wait_for_capture"]
+
+#: What the client raises (a connection failure is its OperationalError).
+Error = psycopg.Error
+OperationalError = psycopg.OperationalError
+_INTS: Final = {"int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64()}
+_FLOATS: Final = {"float4": pa.float32(), "float8": pa.float64()}
+#: Read as PostgreSQL's own text output (what Debezium sends for them).
+_AS_TEXT: Final = frozenset({"uuid", "json", "jsonb", "xml", "inet", "cidr", "macaddr", "macaddr8", "citext"})
+_STRINGS: Final = frozenset({"text", "varchar", "bpchar", "name"})
+_ARRAY_ELEMENTS: Final = frozenset({"text", "varchar", "bpchar", "name", "int2", "int4", "int8", "bool",
+                                    "float4", "float8"})
+_COLUMNS_QUERY = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname, t.typtype, a.atttypmod,
+       CASE WHEN t.typcategory = 'A' THEN et.typname END
+FROM pg_attribute a
+JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type et ON et.oid = t.typelem
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+_KEY_QUERY = """
+SELECT a.attname FROM pg_index i
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+WHERE i.indrelid = %s AND i.indisprimary
+ORDER BY array_position(i.indkey::int2[], a.attnum)
+"""
+
+
+
+def describe(dsn: str) -> str:
+    """``host:port/dbname`` of a libpq connection string (never its password); registers the password
+    with :mod:`ingest.secrets` so no error message can echo it."""
+    try:
+        info = conninfo_to_dict(dsn)
+    except Exception:  # a malformed DSN: psycopg's own error comes later, redacted
+        return "the source database"
+    secrets.register(str(info["password"]) if info.get("password") else None)
+    return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+
+@contextmanager
+def connect(dsn: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection to the source database (a libpq URL or key=value string)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        yield conn
+
+
+def read_columns(conn: psycopg.Connection, schema: str, table: str, key_override: tuple[str, ...] | None
+                 ) -> tuple[list[SourceColumn], tuple[str, ...], Iterator[tuple[object, ...]]]:
+    """The column plans of ``schema.table``, its key, and its rows (the compared columns, in plan order).
+
+    Raises:
+        ConfigError: the table does not exist.
+    """
+    relid = conn.execute("SELECT to_regclass(%s)::oid", (f'"{schema}"."{table}"',)).fetchone()
+    if relid is None or relid[0] is None:
+        raise ConfigError(f"source table {schema}.{table} does not exist")
+    plans = [column_plan(*row) for row in conn.execute(_COLUMNS_QUERY, (relid[0],)).fetchall()]
+    key = key_override or tuple(r[0] for r in conn.execute(_KEY_QUERY, (relid[0],)).fetchall())
+    compared = [p for p in plans if p.arrow is not None]
+    query = sql.SQL("SELECT {} FROM {}.{}").format(
+        sql.SQL(", ").join(p.select for p in compared), sql.Identifier(schema), sql.Identifier(table))
+    return plans, key, iter(conn.execute(query)) if compared else iter(())
+
+
+def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int,
+                element: str | None) -> SourceColumn:
+    """The :class:`SourceColumn` of a column, from its ``pg_type`` catalog entry.
+
+    Args:
+        name: column name.
+        pg_type: ``format_type(atttypid, atttypmod)``, for messages.
+        typname: ``pg_type.typname`` (``int4``, ``numeric``, ``_text`` ...).
+        typtype: ``pg_type.typtype`` (``b`` base, ``e`` enum, ``d`` domain ...).
+        typmod: ``pg_attribute.atttypmod`` (-1: none).
+        element: the element type's ``typname`` for an array, else ``None``.
+    """
+    ident = sql.Identifier(name)
+    as_text = sql.SQL("{}::text").format(ident)
+    if typtype == "e":
+        return SourceColumn(name, pg_type, pa.string(), as_text)
+    if typname in _INTS:
+        return SourceColumn(name, pg_type, _INTS[typname], ident)
+    if typname in _FLOATS:
+        return SourceColumn(name, pg_type, _FLOATS[typname], ident)
+    if typname == "bool":
+        return SourceColumn(name, pg_type, pa.bool_(), ident)
+    if typname == "numeric":
+        return _numeric(name, pg_type, typmod, ident)
+    if typname in _STRINGS:
+        return SourceColumn(name, pg_type, pa.string(), ident)  # char(n) keeps its padding, as Debezium's
+    if typname in ("json", "jsonb"):
+        return SourceColumn(name, pg_type, pa.string(), as_text, normalize=parse_json)
+    if typname in _AS_TEXT:
+        return SourceColumn(name, pg_type, pa.string(), as_text)
+    if typname == "bytea":
+        return SourceColumn(name, pg_type, pa.binary(), ident, convert=bytes)
+    if typname == "date":
+        return SourceColumn(name, pg_type, pa.date32(), ident)
+    if typname == "time":
+        return SourceColumn(name, pg_type, pa.int64(), ident, convert=time_micros)
+    if typname == "timetz":
+        return SourceColumn(name, pg_type, pa.string(), ident, convert=zoned_time)
+    if typname == "timestamp":
+        return SourceColumn(name, pg_type, pa.timestamp("us"), ident)
+    if typname == "timestamptz":
+        return SourceColumn(name, pg_type, pa.timestamp("us", tz="UTC"), ident, convert=lambda d: d.astimezone(UTC))
+    if element is not None and element in _ARRAY_ELEMENTS:
+        return SourceColumn(name, pg_type, pa.string(), ident, convert=to_json)
+    return SourceColumn(name, pg_type, None, ident, note=f"type {pg_type} is not compared (no known engine "
+                                                           "representation for it in verify)")
+
+
+def _numeric(name: str, pg_type: str, typmod: int, ident: sql.Composable) -> SourceColumn:
+    if typmod < 0:  # plain numeric: Debezium's VariableScaleDecimal, written as decimal(38,18)
+        precision, scale = MAX_PRECISION, VARIABLE_SCALE
+    else:
+        precision, scale = ((typmod - 4) >> 16) & 0xFFFF, (typmod - 4) & 0xFFFF
+        precision = min(max(precision, scale), MAX_PRECISION)
+    if scale > MAX_PRECISION:
+        return SourceColumn(name, pg_type, None, ident, note=f"{pg_type}: scale above 38 has no Delta type")
+    return SourceColumn(name, pg_type, pa.decimal128(precision, scale), ident,
+                        convert=decimal_convert(precision, scale))
