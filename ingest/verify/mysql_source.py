@@ -9,6 +9,7 @@ MariaDB 10.11:
 MariaDB / MySQL                          Delta type                      value read back here
 =======================================  ==============================  ==============================
 tinyint (also tinyint(1)), smallint      short                           int
+BOOLEAN (declared so)                    boolean                         int 0 or 1 (equal to the bool)
 smallint unsigned, mediumint, int        integer                         int
 int unsigned, bigint                     long                            int
 bigint unsigned                          decimal(20,0)                   Decimal

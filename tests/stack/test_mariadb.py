@@ -1,0 +1,239 @@
+"""Every MariaDB type of docs/types-mysql.md, with edge values, through the real Debezium, Kafka and engine.
+
+The stack's MariaDB 10.11 is captured by Debezium's MySQL connector (``mariaavro``, Avro). One module
+fixture writes the probe rows in a session whose time zone is +05:30, changes them (updates, a
+primary-key move, a delete, ADD COLUMN, a widening MODIFY), truncates a second table, and ingests
+both once. The tests check what Debezium emitted and the Delta column types against the documented
+ones, the values against hand-written expectations, and ``ingest verify --source-db mysql://...``
+against MariaDB itself, which must also notice a change the engine has not applied.
+
+Each run uses tables of its own name (``probe_<hex>``), so topics a previous run left are not read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+import requests
+from confluent_kafka import KafkaException
+from deltalake import DeltaTable
+
+from ingest.config import IngestConfig, TableSpec
+from ingest.lake.delta import open_table, read_all
+from ingest.stream.runner import Runner
+from tests.harness import ingest_cli
+from tests.stack.helpers import REPO, config_file, read_topic, stack_config
+
+pytestmark = [pytest.mark.stack, pytest.mark.spark]
+
+COLUMNS = """
+  id BIGINT UNSIGNED PRIMARY KEY, c_tinyint TINYINT, c_tinyint_u TINYINT UNSIGNED, c_tinyint1 TINYINT(1),
+  c_bool BOOLEAN, c_smallint SMALLINT, c_smallint_u SMALLINT UNSIGNED, c_mediumint MEDIUMINT, c_int INT,
+  c_int_u INT UNSIGNED, c_bigint BIGINT, c_decimal DECIMAL(12,3), c_float FLOAT, c_double DOUBLE, c_bit1 BIT(1),
+  c_bit BIT(10), c_char CHAR(3), c_varchar VARCHAR(40), c_text TEXT, c_enum ENUM('calm','busy'),
+  c_set SET('a','b','c'), c_json JSON, c_binary BINARY(3), c_varbinary VARBINARY(8), c_blob BLOB, c_year YEAR,
+  c_date DATE, c_time TIME(6), c_time0 TIME, c_datetime DATETIME(6), c_datetime3 DATETIME(3),
+  c_datetime0 DATETIME, c_timestamp TIMESTAMP(6) NULL, c_timestamp0 TIMESTAMP NULL
+"""
+MAX_U64 = 2**64 - 1
+ROW_MAX = (
+    f"({MAX_U64}, 127, 255, 1, TRUE, 32767, 65535, 8388607, 2147483647, 4294967295, 9223372036854775807, "
+    "999999999.999, 1.5, -2.5e300, b'1', b'1010101010', 'x', 'emoji 😀 𝄞', 'äöü', 'busy', 'a,c', "
+    "'{\"k\": [1, 2.5], \"ü\": null}', X'00FF', X'00', X'00FF10', 2155, '9999-12-31', '838:59:59.000000', "
+    "'-838:59:59', '9999-12-31 23:59:59.999999', '1000-01-01 00:00:00.001', '1970-01-01 00:00:00', "
+    "'1970-01-01 05:30:01.000001', '2038-01-19 08:44:07')"
+)
+ROW_MIN = (
+    "(1, -128, 0, 0, FALSE, -32768, 0, -8388608, -2147483648, 0, -9223372036854775808, -999999999.999, -0.25, "
+    "0.0, b'0', b'0', '', '', '', 'calm', '', '[]', X'', X'', X'', 1901, '1000-01-01', '-838:59:59.000000', "
+    "'00:00:00', '1000-01-01 00:00:00.000001', '2000-02-29 12:00:00.5', '2000-01-01 00:00:00', "
+    "'2000-01-01 00:00:00', '2000-01-01 00:00:00')"
+)
+NULLS = "(2" + ", NULL" * 33 + ")"
+MOVED = ("(3, 3, 3, 1, TRUE, 3, 3, 3, 3, 3, 3, 3.5, 3.0, 3.0, b'1', b'11', 'abc', 'three', 't', 'calm', 'b', "
+         "'{}', X'01', X'01', X'01', 2000, '2000-01-01', '00:00:03', '00:00:03', '2000-01-01 00:00:03', "
+         "'2000-01-01 00:00:03', '2000-01-01 00:00:03', '2000-01-01 00:00:03', '2000-01-01 00:00:03')")
+
+
+@dataclass
+class Probe:
+    """The ingested probe: its configuration, file, table names and topics."""
+
+    config: IngestConfig
+    path: Path
+    table: str
+    truncated: str
+    conn: pymysql.connections.Connection
+
+
+def _documented() -> list[dict[str, str]]:
+    """The rows of docs/types-mysql.md's type table, cells by header (first backticked token of each cell)."""
+    lines = [ln for ln in (REPO / "docs" / "types-mysql.md").read_text().splitlines() if ln.startswith("|")]
+    header = [c.strip().replace("`", "") for c in lines[0].strip("|").split("|")]
+    rows = []
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(header):
+            continue
+        token = {h: (m.group(1) if (m := re.search(r"`([^`]*)`", c)) else "")
+                 for h, c in zip(header, cells, strict=True)}
+        if token.get("probe column"):
+            rows.append(token)
+    return rows
+
+
+DOCUMENTED = _documented()
+
+
+def _events(topic: str) -> int:
+    try:
+        return sum(1 for _key, value in read_topic(topic) if value is not None)
+    except KafkaException:  # the topic is not there yet
+        return 0
+
+
+def _wait_for_events(topic: str, at_least: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _events(topic) < at_least:
+        assert time.monotonic() < deadline, f"Debezium wrote fewer than {at_least} events to {topic}"
+        time.sleep(1.0)
+
+
+@pytest.fixture(scope="module")
+def probe(stack: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    s = stack.settings
+    name = f"probe_{uuid.uuid4().hex[:8]}"
+    table, truncated = name, f"{name}_trunc"
+    conn = pymysql.connect(host="127.0.0.1", port=s.mariadb_port, user=s.mariadb_user,
+                           password=s.credentials.mariadb_password, database=s.mariadb_db, autocommit=True,
+                           charset="utf8mb4")
+    with conn.cursor() as cur:
+        cur.execute("SET time_zone = '+05:30'")
+        cur.execute(f"CREATE TABLE {table} ({COLUMNS}) CHARACTER SET utf8mb4")
+        for row in (ROW_MAX, ROW_MIN, NULLS, MOVED):
+            cur.execute(f"INSERT INTO {table} VALUES {row}")
+        cur.execute(f"UPDATE {table} SET c_text = 'changed ✓', c_timestamp = '2030-01-01 00:00:00.5' WHERE id = 1")
+        cur.execute(f"UPDATE {table} SET id = 10 WHERE id = 3")  # a key move: delete, tombstone, create
+        cur.execute(f"DELETE FROM {table} WHERE id = 2")
+        # No DEFAULT: MariaDB would fill existing rows with it without writing them (docs/types-mysql.md).
+        cur.execute(f"ALTER TABLE {table} ADD COLUMN c_note VARCHAR(10), MODIFY c_varchar VARCHAR(200)")
+        cur.execute(f"INSERT INTO {table} (id, c_varchar, c_note) VALUES (20, REPEAT('w', 150), 'added')")
+        cur.execute(f"UPDATE {table} SET c_note = 'later' WHERE id = 1")
+        cur.execute(f"CREATE TABLE {truncated} (id INT PRIMARY KEY, v VARCHAR(5))")
+        cur.execute(f"INSERT INTO {truncated} VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+        cur.execute(f"TRUNCATE TABLE {truncated}")
+        cur.execute(f"INSERT INTO {truncated} VALUES (4, 'd')")
+    topic = f"mariaavro.{s.mariadb_db}.{table}"
+    config = stack_config("avro", tmp_path_factory.mktemp("mariadb"))
+    config = config.model_copy(update={"tables": (
+        TableSpec(name="probe", topic=topic),
+        TableSpec(name="truncated", topic=f"mariaavro.{s.mariadb_db}.{truncated}"))})
+    path = config_file(config, tmp_path_factory.mktemp("mariadb-config") / "config.yaml")
+    _wait_for_events(topic, 4 + 1 + 2 + 1 + 1 + 1)
+    _wait_for_events(f"mariaavro.{s.mariadb_db}.{truncated}", 5)
+    report = Runner(config, spark=spark).run()
+    assert not report.failed, {n: t.error for n, t in report.tables.items()}
+    yield Probe(config, path, table, truncated, conn)
+    with conn.cursor() as cur:
+        cur.execute(f"DROP TABLE {table}, {truncated}")
+    conn.close()
+
+
+def _avro_schema(topic: str) -> dict[str, tuple[str, str | None]]:
+    """Column -> (Avro type, connect.name) from the writer schema of the topic's first message."""
+    value = read_topic(topic)[0][1]
+    schema_id = struct.unpack(">bI", value[:5])[1]
+    response = requests.get(f"http://127.0.0.1:8081/apis/ccompat/v7/schemas/ids/{schema_id}", timeout=10)
+    envelope = json.loads(response.json()["schema"])
+    before = next(f for f in envelope["fields"] if f["name"] == "before")
+    record = next(t for t in before["type"] if t != "null")
+    out = {}
+    for field in record["fields"]:
+        typ = field["type"]
+        typ = next(t for t in typ if t != "null") if isinstance(typ, list) else typ
+        out[field["name"]] = (typ, None) if isinstance(typ, str) else (typ["type"], typ.get("connect.name"))
+    return out
+
+
+def _rows(probe: Probe, table: str = "probe") -> dict[Any, dict[str, Any]]:
+    delta = open_table(probe.config.table_path(table))
+    assert delta is not None, f"{table}: no Delta table"
+    return {r["id"]: r for r in read_all(delta).to_pylist() if not r.get("_cdc_deleted")}
+
+
+def test_docs_list_every_probe_column() -> None:
+    documented = {row["probe column"] for row in DOCUMENTED}
+    columns = set(re.findall(r"\b(c_\w+|id) [A-Z]", COLUMNS))
+    assert columns == documented, f"probe columns and docs/types-mysql.md differ: {columns ^ documented}"
+
+
+@pytest.mark.parametrize("row", DOCUMENTED, ids=[r["probe column"] for r in DOCUMENTED])
+def test_debezium_emits_what_the_docs_say(probe: Probe, row: dict[str, str]) -> None:
+    schema = _avro_schema(probe.config.tables[0].topic)
+    assert schema[row["probe column"]] == (row["Avro type"], row["semantic name"] or None)
+
+
+def test_delta_types_are_the_documented_ones(probe: Probe) -> None:
+    delta = DeltaTable(str(probe.config.table_path("probe")))
+    types = {f.name: f.type.type for f in delta.schema().fields if hasattr(f.type, "type")}
+    wrong = {r["probe column"]: (types.get(r["probe column"]), r["Delta type"]) for r in DOCUMENTED
+             if types.get(r["probe column"]) != r["Delta type"]}
+    assert not wrong, f"column: (Delta type, documented type): {wrong}"
+
+
+def test_edge_values_as_the_engine_writes_them(probe: Probe) -> None:
+    rows = _rows(probe)
+    assert sorted(rows) == [1, 10, 20, MAX_U64]
+    top, low = rows[MAX_U64], rows[1]
+    assert (top["c_tinyint"], top["c_tinyint_u"], top["c_smallint_u"], top["c_int_u"]) == (127, 255, 65535, 2**32 - 1)
+    assert top["c_bigint"] == 2**63 - 1 and low["c_bigint"] == -(2**63) and low["c_mediumint"] == -8388608
+    assert top["c_decimal"] == Decimal("999999999.999") and low["c_decimal"] == Decimal("-999999999.999")
+    assert top["c_tinyint1"] == 1 and top["c_bool"] is True and low["c_bool"] is False
+    assert top["c_float"] == 1.5 and low["c_float"] == -0.25 and top["c_double"] == -2.5e300
+    assert top["c_bit1"] is True and top["c_bit"] == b"\xaa\x02" and low["c_bit"] == b"\x00\x00"
+    assert top["c_char"] == "x" and top["c_varchar"] == "emoji 😀 𝄞" and low["c_text"] == "changed ✓"
+    assert top["c_enum"] == "busy" and top["c_set"] == "a,c" and low["c_set"] == ""
+    assert json.loads(top["c_json"]) == {"k": [1, 2.5], "ü": None}
+    assert top["c_binary"] == b"\x00\xff\x00" and top["c_varbinary"] == b"\x00" and low["c_blob"] == b""
+    assert top["c_year"] == 2155 and low["c_year"] == 1901
+    assert top["c_date"] == date(9999, 12, 31) and low["c_date"] == date(1000, 1, 1)
+    assert top["c_time"] == 3_020_399_000_000 and top["c_time0"] == -3_020_399_000_000
+    assert top["c_datetime"] == datetime(9999, 12, 31, 23, 59, 59, 999999) and top["c_datetime"].tzinfo is None
+    assert top["c_datetime3"] == datetime(1000, 1, 1, 0, 0, 0, 1000)
+    assert low["c_datetime3"] == datetime(2000, 2, 29, 12, 0, 0, 500000)
+    # written at +05:30: the instants in UTC
+    assert top["c_timestamp"] == datetime(1970, 1, 1, 0, 0, 1, 1, tzinfo=UTC)
+    assert top["c_timestamp0"] == datetime(2038, 1, 19, 3, 14, 7, tzinfo=UTC)
+    assert low["c_timestamp"] == datetime(2029, 12, 31, 18, 30, 0, 500000, tzinfo=UTC)
+    assert rows[10]["c_varchar"] == "three" and rows[10]["c_note"] is None
+    assert rows[20]["c_varchar"] == "w" * 150 and rows[20]["c_note"] == "added" and low["c_note"] == "later"
+
+
+def test_truncate_empties_the_table(probe: Probe) -> None:
+    assert sorted(_rows(probe, "truncated")) == [4]
+
+
+def test_verify_finds_every_table_equal_to_mariadb_then_a_change_not_applied(probe: Probe, stack: Any) -> None:
+    url = stack.settings.mariadb_url()
+    verify = ingest_cli("verify", "-c", str(probe.path), "--source-db", url, "--wait", "60")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "every table equals its source table" in verify.stdout
+    assert stack.settings.credentials.mariadb_password not in verify.stdout + verify.stderr
+
+    with probe.conn.cursor() as cur:
+        cur.execute(f"UPDATE {probe.table} SET c_set = 'b', c_bit = b'1' WHERE id = {MAX_U64}")
+    _wait_for_events(probe.config.tables[0].topic, 11)
+    verify = ingest_cli("verify", "-c", str(probe.path), "--source-db", url, "--wait", "3", "-t", "probe")
+    assert verify.returncode == 1, verify.stdout + verify.stderr
+    assert "1 different" in verify.stdout and "column 'c_set' expected 'b', got 'a,c'" in verify.stdout
