@@ -1,11 +1,14 @@
-"""Configurations and Kafka reads for the stack tests."""
+"""Configurations, Kafka reads and the documented type tables for the stack tests."""
 
 from __future__ import annotations
 
 import json
+import re
+import struct
 from pathlib import Path
 from typing import Any
 
+import requests
 import yaml
 
 from ingest.config import IngestConfig, load_config
@@ -94,3 +97,37 @@ def read_topic(topic: str, bootstrap: str = "127.0.0.1:9092", timeout: float = 5
 def json_events(topic: str) -> list[dict[str, Any]]:
     """The JsonConverter envelopes (``schema`` and ``payload``) of a topic, tombstones left out."""
     return [json.loads(v) for _, v in read_topic(topic) if v is not None]
+
+
+def documented_types(page: str) -> list[dict[str, str]]:
+    """The rows of a docs page's type table that name a probe column, cells by header (the first
+    backticked token of each cell)."""
+    lines = [ln for ln in (REPO / "docs" / page).read_text().splitlines() if ln.startswith("|")]
+    header = [c.strip().replace("`", "") for c in lines[0].strip("|").split("|")]
+    rows = []
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(header):
+            continue
+        token = {h: (m.group(1) if (m := re.search(r"`([^`]*)`", c)) else "")
+                 for h, c in zip(header, cells, strict=True)}
+        if token.get("probe column"):
+            rows.append(token)
+    return rows
+
+
+def avro_columns(topic: str) -> dict[str, tuple[str, str | None]]:
+    """Column -> (Avro type, connect.name) from the writer schema of the topic's first message (the
+    stack's registry, Confluent framing)."""
+    value = read_topic(topic)[0][1]
+    schema_id = struct.unpack(">bI", value[:5])[1]
+    response = requests.get(f"http://127.0.0.1:8081/apis/ccompat/v7/schemas/ids/{schema_id}", timeout=10)
+    envelope = json.loads(response.json()["schema"])
+    before = next(f for f in envelope["fields"] if f["name"] == "before")
+    record = next(t for t in before["type"] if t != "null")
+    out = {}
+    for field in record["fields"]:
+        typ = field["type"]
+        typ = next(t for t in typ if t != "null") if isinstance(typ, list) else typ
+        out[field["name"]] = (typ, None) if isinstance(typ, str) else (typ["type"], typ.get("connect.name"))
+    return out

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ from typing import Any
 
 import pymysql
 import pytest
-import requests
 from confluent_kafka import KafkaException
 from deltalake import DeltaTable
 
@@ -33,7 +31,7 @@ from ingest.config import IngestConfig, TableSpec
 from ingest.lake.delta import open_table, read_all
 from ingest.stream.runner import Runner
 from tests.harness import ingest_cli
-from tests.stack.helpers import REPO, config_file, read_topic, stack_config
+from tests.stack.helpers import avro_columns, config_file, documented_types, read_topic, stack_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -77,23 +75,7 @@ class Probe:
     conn: pymysql.connections.Connection
 
 
-def _documented() -> list[dict[str, str]]:
-    """The rows of docs/types-mysql.md's type table, cells by header (first backticked token of each cell)."""
-    lines = [ln for ln in (REPO / "docs" / "types-mysql.md").read_text().splitlines() if ln.startswith("|")]
-    header = [c.strip().replace("`", "") for c in lines[0].strip("|").split("|")]
-    rows = []
-    for line in lines[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) != len(header):
-            continue
-        token = {h: (m.group(1) if (m := re.search(r"`([^`]*)`", c)) else "")
-                 for h, c in zip(header, cells, strict=True)}
-        if token.get("probe column"):
-            rows.append(token)
-    return rows
-
-
-DOCUMENTED = _documented()
+DOCUMENTED = documented_types("types-mysql.md")
 
 
 def _events(topic: str) -> int:
@@ -150,22 +132,6 @@ def probe(stack: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> A
     conn.close()
 
 
-def _avro_schema(topic: str) -> dict[str, tuple[str, str | None]]:
-    """Column -> (Avro type, connect.name) from the writer schema of the topic's first message."""
-    value = read_topic(topic)[0][1]
-    schema_id = struct.unpack(">bI", value[:5])[1]
-    response = requests.get(f"http://127.0.0.1:8081/apis/ccompat/v7/schemas/ids/{schema_id}", timeout=10)
-    envelope = json.loads(response.json()["schema"])
-    before = next(f for f in envelope["fields"] if f["name"] == "before")
-    record = next(t for t in before["type"] if t != "null")
-    out = {}
-    for field in record["fields"]:
-        typ = field["type"]
-        typ = next(t for t in typ if t != "null") if isinstance(typ, list) else typ
-        out[field["name"]] = (typ, None) if isinstance(typ, str) else (typ["type"], typ.get("connect.name"))
-    return out
-
-
 def _rows(probe: Probe, table: str = "probe") -> dict[Any, dict[str, Any]]:
     delta = open_table(probe.config.table_path(table))
     assert delta is not None, f"{table}: no Delta table"
@@ -180,7 +146,7 @@ def test_docs_list_every_probe_column() -> None:
 
 @pytest.mark.parametrize("row", DOCUMENTED, ids=[r["probe column"] for r in DOCUMENTED])
 def test_debezium_emits_what_the_docs_say(probe: Probe, row: dict[str, str]) -> None:
-    schema = _avro_schema(probe.config.tables[0].topic)
+    schema = avro_columns(probe.config.tables[0].topic)
     assert schema[row["probe column"]] == (row["Avro type"], row["semantic name"] or None)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import struct
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import Any
 
 import psycopg
 import pytest
-import requests
 from deltalake import DeltaTable
 from harness.postgres.values import large_text
 
@@ -30,7 +28,7 @@ from ingest.stream.runner import Runner
 from ingest.verify import pg_source
 from ingest.verify.capture import delete_topics, wait_for_capture
 from ingest.verify.source_db import check_table
-from tests.stack.helpers import PREFIX, REPO, json_events, read_topic, stack_config
+from tests.stack.helpers import PREFIX, avro_columns, documented_types, json_events, stack_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -79,23 +77,7 @@ STATEMENTS = [
 ]
 
 
-def _documented() -> list[dict[str, str]]:
-    """The rows of docs/types.md's type table, cells by header (first backticked token of each cell)."""
-    lines = [ln for ln in (REPO / "docs" / "types.md").read_text().splitlines() if ln.startswith("|")]
-    header = [c.strip().replace("`", "") for c in lines[0].strip("|").split("|")]
-    rows = []
-    for line in lines[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) != len(header):
-            continue
-        token = {h: (m.group(1) if (m := re.search(r"`([^`]*)`", c)) else "")
-                 for h, c in zip(header, cells, strict=True)}
-        if token.get("probe column"):
-            rows.append(token)
-    return rows
-
-
-DOCUMENTED = _documented()
+DOCUMENTED = documented_types("types.md")
 
 
 @pytest.fixture(scope="module")
@@ -133,22 +115,6 @@ def _json_schema(table: str) -> dict[str, tuple[str, str | None]]:
     return {f["field"]: (f["type"], f.get("name")) for f in after["fields"]}
 
 
-def _avro_schema(table: str) -> dict[str, tuple[str, str | None]]:
-    """Column -> (Avro type, connect.name) from the writer schema of the table's first message."""
-    value = read_topic(f"{PREFIX['avro']}.{SCHEMA}.{table}")[0][1]
-    schema_id = struct.unpack(">bI", value[:5])[1]
-    response = requests.get(f"http://127.0.0.1:8081/apis/ccompat/v7/schemas/ids/{schema_id}", timeout=10)
-    envelope = json.loads(response.json()["schema"])
-    before = next(f for f in envelope["fields"] if f["name"] == "before")
-    record = next(t for t in before["type"] if t != "null")
-    out = {}
-    for field in record["fields"]:
-        typ = field["type"]
-        typ = next(t for t in typ if t != "null") if isinstance(typ, list) else typ
-        out[field["name"]] = (typ, None) if isinstance(typ, str) else (typ["type"], typ.get("connect.name"))
-    return out
-
-
 def test_docs_list_every_probe_column() -> None:
     documented = {row["probe column"] for row in DOCUMENTED}
     columns = set(re.findall(r"\b(c_\w+|id) \w", DDL))
@@ -160,7 +126,7 @@ def test_debezium_emits_what_the_docs_say(probe: dict[str, IngestConfig], row: d
     table = "floats" if row["probe column"] in FLOAT_COLUMNS else "edge"
     column, semantic = row["probe column"], row["semantic name"] or None
     assert _json_schema(table)[column] == (row["JSON schema type"], semantic)
-    assert _avro_schema(table)[column] == (row["Avro type"], semantic)
+    assert avro_columns(f"{PREFIX['avro']}.{SCHEMA}.{table}")[column] == (row["Avro type"], semantic)
 
 
 @pytest.mark.parametrize("fmt", ["avro", "json"])
