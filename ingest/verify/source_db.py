@@ -219,7 +219,8 @@ def verify_source_db(config: IngestConfig, dsn: str, *, wait: float = 120.0, say
         catch_up = wait_for_tables(config, specs, wait=wait, say=say if rounds == 0 else lambda _line: None)
         with source.connect(dsn) as conn:
             checks = [check_table(config, spec, conn, source) for spec in specs]
-        if capture.visible or all(c.ok for c in checks) or time.monotonic() - started >= wait:
+        settled = all(c.ok for c in checks) or any(c.error for c in checks)  # an error does not pass by waiting
+        if capture.visible or settled or time.monotonic() - started >= wait:
             return SourceVerification(capture, catch_up, checks)
         if rounds == 0:
             say(f"  not equal yet: comparing again, each time the tables have caught up, for up to {wait:.0f} s")
