@@ -43,6 +43,13 @@ def stack_config(fmt: str, workdir: Path, *, schema: str | None = None,
     return config.model_copy(update={"tables": tuple(type(config.tables[0]).model_validate(s) for s in specs)})
 
 
+def mariadb_config(workdir: Path, database: str) -> IngestConfig:
+    """configs/stack-mariadb.yaml with its own workdir, its topics moved to another database."""
+    config = load_config(REPO / "configs" / "stack-mariadb.yaml", workdir=workdir)
+    specs = tuple(s.model_copy(update={"topic": s.topic.replace(".shop.", f".{database}.")}) for s in config.tables)
+    return config.model_copy(update={"tables": specs})
+
+
 def write_config(config: IngestConfig, path: Path) -> Path:
     """The configuration as a YAML file (for the command line)."""
     data = config.model_dump(mode="json", exclude_defaults=True)

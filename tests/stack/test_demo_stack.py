@@ -1,8 +1,9 @@
 """``demo-stack`` end to end on the real stack, and ``verify --source-db`` catching differences.
 
-The module runs the demo flow once (schema ``shoptest``, so ``make demo-stack``'s ``shop`` is left
-alone; a smaller workload than the demo's), on temporary workdirs and the shared SparkSession. The
-tests after the first damage what it produced on purpose: run them in file order.
+The module runs the demo flow once (PostgreSQL schema and MariaDB database ``shoptest``, so
+``make demo-stack``'s ``shop`` is left alone; smaller workloads than the demo's), on temporary
+workdirs and the shared SparkSession. The tests after the first damage what it produced on purpose:
+run them in file order.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typer.testing import CliRunner
 
 from ingest.cli import app
 from ingest.config import IngestConfig
-from tests.stack.helpers import stack_config, write_config
+from tests.stack.helpers import mariadb_config, stack_config, write_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -33,7 +34,7 @@ def demo(stack: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> De
     configs = [(fmt, stack_config(fmt, root / fmt, schema=SCHEMA)) for fmt in ("avro", "json")]
     lines: list[str] = []
     result = run_demo_stack(configs, spec=WorkloadSpec(seed=11, scale=0.3), wait=120, say=lines.append,
-                            spark=spark, stack=stack)
+                            spark=spark, stack=stack, mariadb=mariadb_config(root / "mariadb", SCHEMA))
     result.lines = lines  # type: ignore[attr-defined]
     return result
 
@@ -44,10 +45,10 @@ def _cli_verify(config: IngestConfig, dsn: str, path: Path, *extra: str) -> Any:
 
 def test_demo_flow_verifies_every_table_equal_in_avro_and_json(demo: DemoStackResult) -> None:
     assert demo.ok, "\n".join(getattr(demo, "lines", []))
-    assert [r.label for r in demo.runs] == ["avro", "json"]
+    assert [r.label for r in demo.runs] == ["avro", "json", "mariadb"]
     workload = demo.workload
     assert workload is not None and workload.truncates == 1 and len(workload.ddl) == 4
-    for run in demo.runs:
+    for run in demo.runs[:2]:
         checks = {c.table: c for c in run.verification.tables}
         assert set(checks) == {"customers", "products", "orders", "order_items"}
         for name, check in checks.items():
@@ -58,8 +59,26 @@ def test_demo_flow_verifies_every_table_equal_in_avro_and_json(demo: DemoStackRe
             assert run.report.tables[name].total("quarantined") == 0
 
 
+def test_the_mariadb_workload_verifies_equal_to_mariadb(demo: DemoStackResult) -> None:
+    run, workload = demo.runs[2], demo.mariadb_workload
+    assert workload is not None and demo.mariadb_capture is not None and demo.mariadb_capture.ok
+    assert "TRUNCATE TABLE order_items" in workload.ddl and len(workload.ddl) == 4
+    assert run.verification is not None and run.verification.ok, "\n".join(getattr(demo, "lines", []))
+    for check in run.verification.tables:
+        v = check.verification
+        assert v is not None and v.ok and v.expected_rows == workload.rows[check.table] > 0, check.table
+        assert run.report.tables[check.table].total("quarantined") == 0
+
+    def types(table: str) -> dict[str, str]:
+        return {f.name: f.type.type for f in DeltaTable(str(run.config.table_path(table))).schema().fields}
+
+    assert types("orders")["total"] == "decimal(14,2)"  # DECIMAL(12,2) -> DECIMAL(14,2)
+    assert types("orders")["id"] == "decimal(20,0)" and types("orders")["flags"] == "binary"
+    assert types("customers")["phone"] == "string" and types("customers")["active"] == "boolean"
+
+
 def test_schema_changes_reached_the_delta_tables(demo: DemoStackResult) -> None:
-    for run in demo.runs:
+    for run in demo.runs[:2]:
         def types(table: str, config: IngestConfig = run.config) -> dict[str, str]:
             return {f.name: f.type.type for f in DeltaTable(str(config.table_path(table))).schema().fields}
 

@@ -220,11 +220,14 @@ def torture(
 def demo_stack(
     avro: Annotated[Path, typer.Option(help="Avro configuration")] = Path("configs/stack.yaml"),
     json_config: Annotated[Path, typer.Option("--json", help="JSON configuration")] = Path("configs/stack-json.yaml"),
+    mariadb: Annotated[Path | None, typer.Option(help="MariaDB configuration (--no-mariadb: PostgreSQL only)")]
+    = Path("configs/stack-mariadb.yaml"),
     seed: Annotated[int, typer.Option(help="workload seed")] = 42,
     scale: Annotated[float, typer.Option(help="workload size (1.0: ~800 transactions, ~3,000 row changes)")] = 1.0,
     wait: Annotated[float, typer.Option(help="seconds to wait for Debezium and for each verification")] = 180.0,
 ) -> None:
-    """Real stack end to end: reset the source, run the SQL workload, ingest Avro and JSON, verify both."""
+    """Real stack end to end: reset the sources, run the SQL workloads, ingest PostgreSQL's in Avro and JSON and
+    MariaDB's in Avro, verify each against its database."""
     # the workload, the stack, the PostgreSQL client and Spark: loaded when the command runs
     from harness.postgres.workload import WorkloadSpec
     from harness.stack import StackError
@@ -234,11 +237,12 @@ def demo_stack(
 
     started = time.perf_counter()
     configs = [("avro", load_config(avro)), ("json", load_config(json_config))]
-    console.rule("demo-stack: PostgreSQL -> Debezium -> Kafka -> Spark -> Delta, verified against the source")
+    maria_config = load_config(mariadb) if mariadb is not None else None
+    console.rule("demo-stack: PostgreSQL, MariaDB -> Debezium -> Kafka -> Spark -> Delta, verified against the sources")
     try:
         with source_db_errors(pg_source, "the stack's PostgreSQL"):
             result = run_demo_stack(configs, spec=WorkloadSpec(seed=seed, scale=scale), wait=wait, say=say,
-                                    progress=progress_printer())
+                                    progress=progress_printer(), mariadb=maria_config)
     except StackError as exc:
         raise EnvironmentProblem(f"the local stack could not start: {exc}") from None
     _summary(result)
@@ -246,7 +250,8 @@ def demo_stack(
     if not result.ok:
         console.print("[red]demo-stack FAILED[/]")
         raise typer.Exit(1)
-    console.print("[green]every table equals the source, in Avro and in JSON[/]")
+    console.print("[green]every table equals its source database, PostgreSQL's in Avro and in JSON"
+                  + (", MariaDB's in Avro" if maria_config is not None else "") + "[/]")
 
 
 def _summary(result: Any) -> None:
@@ -255,7 +260,8 @@ def _summary(result: Any) -> None:
     out.add_column("table")
     for col in ("source rows", "inserted", "updated", "deleted"):
         out.add_column(col, justify="right")
-    for run in result.runs:
+    pg_runs = [r for r in result.runs if r.label != "mariadb"]
+    for run in pg_runs:
         out.add_column(f"{run.label} records", justify="right")
         out.add_column(f"{run.label} Delta rows", justify="right")
         out.add_column(f"{run.label} verify")
@@ -263,20 +269,18 @@ def _summary(result: Any) -> None:
     for name in names:
         src = workload.tables[name]
         row = [name, str(src.rows), str(src.inserted), str(src.updated), str(src.deleted)]
-        for run in result.runs:
-            table_run = run.report.tables.get(name) if run.report else None
-            check = next((c for c in (run.verification.tables if run.verification else []) if c.table == name), None)
-            v = check.verification if check else None
-            row.append(str(table_run.total("received")) if table_run else "-")
-            row.append(str(v.actual_rows) if v else "-")
-            if table_run and table_run.error:
-                row.append(f"[red]failed: {escape(table_run.error[:60])}[/]")
-            elif check is None or v is None:
-                row.append(f"[red]{escape(check.error if check and check.error else 'not verified')}[/]")
-            else:
-                row.append("[green]equal[/]" if v.ok else f"[red]-{v.missing} +{v.unexpected} ~{v.different}[/]")
+        for run in pg_runs:
+            row += _run_cells(run, name)
         out.add_row(*row)
     console.print(out)
+    maria_run = next((r for r in result.runs if r.label == "mariadb"), None)
+    if result.mariadb_workload is not None:
+        maria = Table(title="MariaDB tables after demo-stack")
+        for col in ("table", "source rows", "records", "Delta rows", "verify"):
+            maria.add_column(col, justify="left" if col in ("table", "verify") else "right")
+        for name, rows in result.mariadb_workload.rows.items():
+            maria.add_row(name, str(rows), *(_run_cells(maria_run, name) if maria_run else ["-", "-", "not run"]))
+        console.print(maria)
     for run in result.runs:
         for check in run.verification.tables if run.verification else []:
             for example in check.verification.examples if check.verification else []:
@@ -285,8 +289,9 @@ def _summary(result: Any) -> None:
                 console.print(f"  [yellow]{run.label} {check.table}: {escape(note)}[/]", highlight=False)
         if run.verification and not run.verification.catch_up.ok:
             console.print(f"  [red]{run.label}: {escape(run.verification.catch_up.problem or 'not caught up')}[/]")
-    if result.capture is not None and not result.capture.ok:
-        console.print(f"[red]Debezium did not capture the workload: {escape(result.capture.problem or '')}[/]")
+    for capture in (result.capture, result.mariadb_capture):
+        if capture is not None and not capture.ok:
+            console.print(f"[red]Debezium did not capture the workload: {escape(capture.problem or '')}[/]")
     timings = Table(title="Wall time")
     timings.add_column("phase")
     timings.add_column("seconds", justify="right")
@@ -297,6 +302,19 @@ def _summary(result: Any) -> None:
         console.print(f"workload: {workload.transactions} transactions, {workload.statements} statements, "
                       f"{workload.changes} row changes (pg_stat_user_tables, cascades included; the TRUNCATE "
                       f"counts once), DDL: {len(workload.ddl)} statements", highlight=False)
+
+
+def _run_cells(run: Any, name: str) -> list[str]:
+    """Records received, Delta rows and the verdict of table ``name`` in one run of demo-stack."""
+    table_run = run.report.tables.get(name) if run.report else None
+    check = next((c for c in (run.verification.tables if run.verification else []) if c.table == name), None)
+    v = check.verification if check else None
+    cells = [str(table_run.total("received")) if table_run else "-", str(v.actual_rows) if v else "-"]
+    if table_run and table_run.error:
+        return [*cells, f"[red]failed: {escape(table_run.error[:60])}[/]"]
+    if check is None or v is None:
+        return [*cells, f"[red]{escape(check.error if check and check.error else 'not verified')}[/]"]
+    return [*cells, "[green]equal[/]" if v.ok else f"[red]-{v.missing} +{v.unexpected} ~{v.different}[/]"]
 
 
 def pg_load(

@@ -117,6 +117,14 @@ class Connect(Component):
         result: dict[str, Any] = response.json()
         return result
 
+    def offsets(self, name: str) -> list[dict[str, Any]]:
+        """The connector's committed source offsets (``GET /connectors/<name>/offsets``): a list of
+        ``{"partition": ..., "offset": ...}``, empty before its first commit."""
+        response = requests.get(f"{self.url}/connectors/{name}/offsets", timeout=10)
+        response.raise_for_status()
+        result: list[dict[str, Any]] = response.json().get("offsets", [])
+        return result
+
     def running(self, name: str) -> bool:
         """Connector ``name`` and all its tasks (at least one) are RUNNING."""
         st = self.status(name)

@@ -10,8 +10,8 @@ The controller manages users over the socket as the server's all-privilege local
 (``root``, authenticated by the socket's peer; or, when the stack does not run as root, the OS user
 that initialised the data directory), through the ``mariadb`` client the package ships.
 
-Users: the workload user (``STACK_MARIADB_USER``, default ``cdc``: every privilege on the database
-``STACK_MARIADB_DB``, default ``cdc``) and Debezium's (``STACK_MARIADB_REPL_USER``, default
+Users: the workload user (``STACK_MARIADB_USER``, default ``cdc``: every privilege, owner of the
+database ``STACK_MARIADB_DB``, default ``cdc``) and Debezium's (``STACK_MARIADB_REPL_USER``, default
 ``debezium``: what the connector documents for a snapshot and the binlog, and writes to the signal
 table).
 """
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pymysql
 
+from harness.mariadb.capture import MARKER_TABLE
 from harness.stack.component import Component, Launch
 from harness.stack.errors import StackError
 from harness.stack.process import as_user
@@ -142,7 +143,9 @@ class MariaDB(Component):
             f"CREATE DATABASE IF NOT EXISTS {db} CHARACTER SET utf8mb4;"
             f"CREATE USER IF NOT EXISTS {user}@'%';"
             f"ALTER USER {user}@'%' IDENTIFIED BY {quote_literal(s.credentials.mariadb_password)};"
-            f"GRANT ALL ON {db}.* TO {user}@'%';"
+            # Every database, as PostgreSQL's workload role is a superuser: the demo's workload
+            # creates and drops its own (``shop``).
+            f"GRANT ALL ON *.* TO {user}@'%';"
             # Debezium's MySQL connector: snapshot reads, its locks, and the binlog.
             f"CREATE USER IF NOT EXISTS {repl}@'%';"
             f"ALTER USER {repl}@'%' IDENTIFIED BY {quote_literal(s.credentials.mariadb_repl_password)};"
@@ -152,7 +155,9 @@ class MariaDB(Component):
             # snapshots' watermarks into it.
             f"CREATE TABLE IF NOT EXISTS {db}.{SIGNAL_TABLE} (id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, "
             "data text);"
-            f"GRANT INSERT, DELETE ON {db}.{SIGNAL_TABLE} TO {repl}@'%';")
+            f"GRANT INSERT, DELETE ON {db}.{SIGNAL_TABLE} TO {repl}@'%';"
+            # harness.mariadb.capture's marker: one row, rewritten to see the connector pass it.
+            f"CREATE TABLE IF NOT EXISTS {db}.{MARKER_TABLE} (id INT PRIMARY KEY, at DATETIME(6));")
         # Both users must log in over TCP with their passwords, as the workload and Debezium do.
         logins = ((s.mariadb_user, s.credentials.mariadb_password),
                   (s.mariadb_repl_user, s.credentials.mariadb_repl_password))

@@ -5,7 +5,11 @@
    the configurations' workdirs, drop and recreate the ``shop`` schema;
 3. run the seeded SQL workload (:mod:`harness.postgres.workload`);
 4. wait until Debezium has captured it (replication slots past the workload's last LSN);
-5. per configuration (Avro, then JSON): ``ingest run`` until caught up, then ``verify --source-db``.
+5. per configuration (Avro, then JSON): ``ingest run`` until caught up, then ``verify --source-db``;
+6. with a MariaDB configuration, the same on the stack's MariaDB: reset its ``shop`` database and the
+   topics, run its workload (:mod:`harness.mariadb.workload`), wait until Kafka Connect has committed
+   the connector's offset past it (:mod:`harness.mariadb.capture`), ingest, ``verify --source-db
+   mysql://...``.
 
 Every run is a fresh run. Dropping the schema emits no change events, so the previous run's rows
 would stay in the old topics and in the Delta tables forever (nothing deletes them); a second run
@@ -25,7 +29,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import psycopg
+import pymysql
 
+from harness.mariadb import capture as maria_capture
+from harness.mariadb import workload as maria
 from harness.postgres import schema as pg_schema
 from harness.postgres.workload import WorkloadReport, WorkloadSpec, run_workload
 from ingest.config import IngestConfig
@@ -65,10 +72,13 @@ class DemoStackResult:
     deleted_topics: list[str] = field(default_factory=list)
     removed_workdirs: list[Path] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    mariadb_workload: maria.MariaWorkloadReport | None = None
+    mariadb_capture: CaptureResult | None = None
 
     @property
     def ok(self) -> bool:
-        return bool(self.runs) and self.capture is not None and self.capture.ok and all(r.ok for r in self.runs)
+        captured = all(c is None or c.ok for c in (self.capture, self.mariadb_capture))
+        return bool(self.runs) and self.capture is not None and captured and all(r.ok for r in self.runs)
 
 
 def schema_of(configs: list[IngestConfig]) -> str:
@@ -85,7 +95,7 @@ def schema_of(configs: list[IngestConfig]) -> str:
 
 def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpec | None = None,
                    wait: float = 180.0, say: Say | None = None, progress: Any = None, spark: Any = None,
-                   stack: Any = None) -> DemoStackResult:
+                   stack: Any = None, mariadb: IngestConfig | None = None) -> DemoStackResult:
     """Reset, run the workload, ingest and verify (see the module docstring).
 
     Args:
@@ -96,6 +106,8 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
         progress: the engine's per-batch progress callback.
         spark: a SparkSession to use (default: the engine's own).
         stack: an :class:`harness.stack.Stack` (default: ``Stack.from_env()``).
+        mariadb: a configuration of the MariaDB workload's tables (configs/stack-mariadb.yaml), run
+            after the PostgreSQL ones with the same seed and scale.
 
     Returns:
         The result; ``ok`` when every configuration ingested without error and verified equal.
@@ -161,8 +173,50 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
         run.verify_seconds = time.monotonic() - t0
         result.timings[f"ingest {label}"] = run.ingest_seconds
         result.timings[f"verify {label}"] = run.verify_seconds
+    if mariadb is not None:
+        maria_spec = maria.MariaWorkloadSpec(seed=spec.seed, scale=spec.scale, database=schema_of([mariadb]))
+        _mariadb_part(result, mariadb, maria_spec, stack=stack, wait=wait, say=say, progress=progress, spark=spark)
     result.timings["total"] = time.monotonic() - started
     return result
+
+
+def _mariadb_part(result: DemoStackResult, config: IngestConfig, spec: maria.MariaWorkloadSpec, *, stack: Any,
+                  wait: float, say: Say, progress: Any, spark: Any) -> None:
+    """Step 6 of the module docstring, into ``result`` (a run labelled ``mariadb``)."""
+    from ingest.stream.runner import Runner
+
+    s = stack.settings
+    with _timed(result, "reset mariadb"):
+        say(f"reset: MariaDB database {spec.database}, topics and workdir")
+        topics = sorted(t.topic for t in config.tables)
+        result.deleted_topics += delete_topics(stack.bootstrap_servers(), topics)
+        if remove_workdir(config.workdir):
+            result.removed_workdirs.append(config.workdir)
+        conn = pymysql.connect(host="127.0.0.1", port=s.mariadb_port, user=s.mariadb_user,
+                               password=s.credentials.mariadb_password, autocommit=True, charset="utf8mb4")
+    with conn:
+        maria.reset(conn, spec.database)
+        with _timed(result, "workload mariadb"):
+            result.mariadb_workload = w = maria.run_workload(conn, spec, say)
+            say(f"workload (MariaDB): {w.transactions} transactions, {w.statements} statements in {w.seconds:.1f} s")
+    with _timed(result, "capture mariadb"):
+        result.mariadb_capture = maria_capture.wait_for_capture(stack, timeout=wait, say=say)
+        if not result.mariadb_capture.ok:
+            say(f"  NOT captured: {result.mariadb_capture.problem}")
+            return
+        say(f"  captured past {result.mariadb_capture.target_lsn} after {result.mariadb_capture.seconds:.1f} s")
+    run = FormatRun("mariadb", config)
+    result.runs.append(run)
+    say(f"ingest (mariadb): {len(config.tables)} tables into {config.tables_root}")
+    t0 = time.monotonic()
+    run.report = Runner(config, spark=spark).run(progress=progress)
+    run.ingest_seconds = time.monotonic() - t0
+    say("verify (mariadb) against MariaDB")
+    t0 = time.monotonic()
+    run.verification = verify_source_db(config, s.mariadb_url(spec.database), wait=wait, say=say)
+    run.verify_seconds = time.monotonic() - t0
+    result.timings["ingest mariadb"] = run.ingest_seconds
+    result.timings["verify mariadb"] = run.verify_seconds
 
 
 def remove_workdir(path: Path) -> bool:
