@@ -89,7 +89,8 @@ def _mariadb(stack: Any, workdir: Path) -> Source:
         delete_topics(stack.bootstrap_servers(), [topic])
         cur.execute(f"CREATE DATABASE {SCHEMA}")
         cur.execute(f"CREATE TABLE {SCHEMA}.items (id INT PRIMARY KEY, qty INT NOT NULL, note TEXT)")
-        cur.execute(f"INSERT INTO {SCHEMA}.items SELECT seq, seq % 7, CONCAT('first ', seq) FROM {SCHEMA}.seq_1_to_{ROWS}")
+        cur.execute(f"INSERT INTO {SCHEMA}.items SELECT seq, seq % 7, CONCAT('first ', seq) "
+                    f"FROM {SCHEMA}.seq_1_to_{ROWS}")
     assert maria_capture.wait_for_capture(stack, timeout=120).ok
     config = stack_config("avro", workdir)
     config = config.model_copy(update={"tables": (TableSpec(name="items", topic=topic),)})
