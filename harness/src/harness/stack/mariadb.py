@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import pwd
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,12 +27,12 @@ from pathlib import Path
 import pymysql
 
 from harness.mariadb.capture import MARKER_TABLE
-from harness.stack.component import Component, Launch
+from harness.stack.component import Launch
 from harness.stack.errors import StackError
 from harness.stack.process import as_user
+from harness.stack.server import SystemUserServer
 from harness.stack.tools import ensure_mariadb, render
 
-_OS_USER = "mysql"
 #: Debezium's signal table in the MariaDB database (``signal.data.collection`` of the connector).
 SIGNAL_TABLE = "debezium_signal"
 
@@ -43,10 +42,11 @@ def quote_literal(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-class MariaDB(Component):
+class MariaDB(SystemUserServer):
     """MariaDB on ``127.0.0.1:STACK_MARIADB_PORT``."""
 
     name = "mariadb"
+    system_user, package, title = "mysql", "mariadb-server", "MariaDB"
     start_timeout = 60.0
 
     @property
@@ -67,27 +67,12 @@ class MariaDB(Component):
     def ports(self) -> dict[str, int]:
         return {"sql": self.settings.mariadb_port}
 
-    def _os_user(self) -> str | None:
-        return _OS_USER if os.geteuid() == 0 else None
-
     def _admin_user(self) -> str:
         return "root" if os.geteuid() == 0 else getpass.getuser()
 
-    def _chown(self, path: Path) -> None:
-        user = self._os_user()
-        if user is not None:
-            entry = pwd.getpwnam(user)
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-
     def prepare(self) -> None:
         ensure_mariadb(self.progress)
-        user = self._os_user()
-        if user is not None:
-            try:
-                pwd.getpwnam(user)
-            except KeyError:
-                raise StackError("MariaDB must not run as root and there is no 'mysql' system user "
-                                 "(apt-get install mariadb-server creates it)") from None
+        self.check_system_user()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.socket.parent.mkdir(mode=0o700, exist_ok=True)
         self._chown(self.socket.parent)

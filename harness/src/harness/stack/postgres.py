@@ -19,7 +19,6 @@ publication only picks up at the connector's next restart.
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -28,22 +27,21 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from harness.stack.component import Component, Launch
+from harness.stack.component import Launch
 from harness.stack.errors import StackError
 from harness.stack.process import as_user
+from harness.stack.server import SystemUserServer
 from harness.stack.tools import ensure_postgres, render
-
-_PG_USER = "postgres"
-
 
 #: Debezium's signal table (``signal.data.collection`` in infra/stack/connectors/)
 SIGNAL_TABLE = "public.debezium_signal"
 
 
-class Postgres(Component):
+class Postgres(SystemUserServer):
     """PostgreSQL 15 on ``127.0.0.1:STACK_PG_PORT``."""
 
     name = "pg"
+    system_user, package, title = "postgres", "postgresql-15", "PostgreSQL"
     stop_signal = signal.SIGINT  # fast shutdown: disconnects Debezium's walsenders at once
     start_timeout = 60.0
 
@@ -60,24 +58,9 @@ class Postgres(Component):
     def ports(self) -> dict[str, int]:
         return {"sql": self.settings.pg_port}
 
-    def _os_user(self) -> str | None:
-        return _PG_USER if os.geteuid() == 0 else None
-
-    def _chown(self, path: Path) -> None:
-        user = self._os_user()
-        if user is not None:
-            entry = pwd.getpwnam(user)
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-
     def prepare(self) -> None:
         bin_dir = ensure_postgres(self.progress)
-        user = self._os_user()
-        if user is not None:
-            try:
-                pwd.getpwnam(user)
-            except KeyError:
-                raise StackError("PostgreSQL must not run as root and there is no 'postgres' system user "
-                                 "(apt-get install postgresql-15 creates it)") from None
+        self.check_system_user()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.socket_dir.mkdir(mode=0o700, exist_ok=True)
         self._chown(self.socket_dir)
