@@ -101,10 +101,10 @@ def source_database(dsn: str) -> SourceDatabase:
     # Each source's client library is an extra of the distribution (postgres, mariadb): only the one
     # this source needs is loaded.
     if dsn.split("://", 1)[0].lower() in ("mysql", "mariadb"):
-        from ingest.verify import mysql_source
+        from ingest.verify import mysql_source  # PyMySQL: the mariadb extra
 
         return mysql_source
-    from ingest.verify import pg_source
+    from ingest.verify import pg_source  # psycopg: the postgres extra
 
     return pg_source
 
