@@ -97,9 +97,7 @@ def probe(stack: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> A
     s = stack.settings
     name = f"probe_{uuid.uuid4().hex[:8]}"
     table, truncated = name, f"{name}_trunc"
-    conn = pymysql.connect(host="127.0.0.1", port=s.mariadb_port, user=s.mariadb_user,
-                           password=s.credentials.mariadb_password, database=s.mariadb_db, autocommit=True,
-                           charset="utf8mb4")
+    conn = stack.component("mariadb").connect(s.mariadb_db)
     with conn.cursor() as cur:
         cur.execute("SET time_zone = '+05:30'")
         cur.execute(f"CREATE TABLE {table} ({COLUMNS}) CHARACTER SET utf8mb4")

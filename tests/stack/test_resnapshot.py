@@ -24,7 +24,6 @@ from typing import Any
 
 import psycopg
 import pyarrow.compute as pc
-import pymysql
 import pytest
 from deltalake import DeltaTable
 from harness.mariadb import capture as maria_capture
@@ -80,10 +79,7 @@ def _mariadb(stack: Any, workdir: Path) -> Source:
     s = stack.settings
     topic = f"mariaavro.{SCHEMA}.items"
 
-    def connect() -> Any:
-        return pymysql.connect(host="127.0.0.1", port=s.mariadb_port, user=s.mariadb_user,
-                               password=s.credentials.mariadb_password, autocommit=True)
-
+    connect = stack.component("mariadb").connect
     with connect() as conn, conn.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS {SCHEMA}")
         delete_topics(stack.bootstrap_servers(), [topic])

@@ -118,6 +118,13 @@ class MariaDB(SystemUserServer):
             raise StackError(f"mariadb: {last}")
         return result.stdout
 
+    def connect(self, database: str | None = None) -> pymysql.connections.Connection:
+        """An autocommit utf8mb4 connection of the workload user over TCP, as a client would make it."""
+        s = self.settings
+        return pymysql.connect(host="127.0.0.1", port=s.mariadb_port, user=s.mariadb_user,
+                               password=s.credentials.mariadb_password, database=database, autocommit=True,
+                               charset="utf8mb4", connect_timeout=5)
+
     def healthy(self) -> bool:
         return self.admin("SELECT 1").strip() == "1"
 
@@ -144,11 +151,9 @@ class MariaDB(SystemUserServer):
             # harness.mariadb.capture's marker: one row, rewritten to see the connector pass it.
             f"CREATE TABLE IF NOT EXISTS {db}.{MARKER_TABLE} (id INT PRIMARY KEY, at DATETIME(6));")
         # Both users must log in over TCP with their passwords, as the workload and Debezium do.
-        logins = ((s.mariadb_user, s.credentials.mariadb_password),
-                  (s.mariadb_repl_user, s.credentials.mariadb_repl_password))
-        for name, password in logins:
-            try:
-                pymysql.connect(host="127.0.0.1", port=s.mariadb_port, user=name, password=password,
-                                database=s.mariadb_db, connect_timeout=5).close()
-            except pymysql.Error as exc:
-                raise StackError(f"mariadb: user {name} cannot log in over TCP: {exc}") from exc
+        try:
+            self.connect(s.mariadb_db).close()
+            pymysql.connect(host="127.0.0.1", port=s.mariadb_port, user=s.mariadb_repl_user,
+                            password=s.credentials.mariadb_repl_password, connect_timeout=5).close()
+        except pymysql.Error as exc:
+            raise StackError(f"mariadb: a user cannot log in over TCP: {exc}") from exc

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import psycopg
-import pymysql
 
 from harness.mariadb import capture as maria_capture
 from harness.mariadb import workload as maria
@@ -192,8 +191,7 @@ def _mariadb_part(result: DemoStackResult, config: IngestConfig, spec: maria.Mar
         result.deleted_topics += delete_topics(stack.bootstrap_servers(), topics)
         if remove_workdir(config.workdir):
             result.removed_workdirs.append(config.workdir)
-        conn = pymysql.connect(host="127.0.0.1", port=s.mariadb_port, user=s.mariadb_user,
-                               password=s.credentials.mariadb_password, autocommit=True, charset="utf8mb4")
+        conn = stack.component("mariadb").connect()
     with conn:
         maria.reset(conn, spec.database)
         with _timed(result, "workload mariadb"):
