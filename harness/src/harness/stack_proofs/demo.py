@@ -112,7 +112,6 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
         The result; ``ok`` when every configuration ingested without error and verified equal.
     """
     from harness.stack import CDC_COMPONENTS, Stack
-    from ingest.stream.runner import Runner
 
     say = say or (lambda _line: None)
     result = DemoStackResult()
@@ -160,18 +159,8 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
         say(f"  captured up to {result.capture.target_lsn} after {result.capture.seconds:.1f} s")
 
     for label, cfg in configs:
-        run = FormatRun(label, cfg)
-        result.runs.append(run)
-        say(f"ingest ({label}): {len(cfg.tables)} tables into {cfg.tables_root}")
-        t0 = time.monotonic()
-        run.report = Runner(cfg, spark=spark).run(progress=progress)
-        run.ingest_seconds = time.monotonic() - t0
-        say(f"verify ({label}) against the source database")
-        t0 = time.monotonic()
-        run.verification = verify_source_db(cfg, dsn, wait=wait, say=say, on_stall=stack.unstick_capture)
-        run.verify_seconds = time.monotonic() - t0
-        result.timings[f"ingest {label}"] = run.ingest_seconds
-        result.timings[f"verify {label}"] = run.verify_seconds
+        _ingest_and_verify(result, label, cfg, dsn, wait=wait, say=say, progress=progress, spark=spark,
+                           on_stall=stack.unstick_capture)
     if mariadb is not None:
         maria_spec = maria.MariaWorkloadSpec(seed=spec.seed, scale=spec.scale, database=schema_of([mariadb]))
         _mariadb_part(result, mariadb, maria_spec, stack=stack, wait=wait, say=say, progress=progress, spark=spark)
@@ -182,7 +171,6 @@ def run_demo_stack(configs: list[tuple[str, IngestConfig]], *, spec: WorkloadSpe
 def _mariadb_part(result: DemoStackResult, config: IngestConfig, spec: maria.MariaWorkloadSpec, *, stack: Any,
                   wait: float, say: Say, progress: Any, spark: Any) -> None:
     """Step 6 of the module docstring, into ``result`` (a run labelled ``mariadb``)."""
-    from ingest.stream.runner import Runner
 
     s = stack.settings
     with _timed(result, "reset mariadb"):
@@ -203,18 +191,27 @@ def _mariadb_part(result: DemoStackResult, config: IngestConfig, spec: maria.Mar
             say(f"  NOT captured: {result.mariadb_capture.problem}")
             return
         say(f"  captured past {result.mariadb_capture.target_lsn} after {result.mariadb_capture.seconds:.1f} s")
-    run = FormatRun("mariadb", config)
+    _ingest_and_verify(result, "mariadb", config, s.mariadb_url(spec.database), wait=wait, say=say,
+                       progress=progress, spark=spark)
+
+
+def _ingest_and_verify(result: DemoStackResult, label: str, config: IngestConfig, dsn: str, *, wait: float,
+                       say: Say, progress: Any, spark: Any, on_stall: Callable[[], object] | None = None) -> None:
+    """``ingest run`` until caught up, then ``verify --source-db`` against ``dsn``: one run of ``result``."""
+    from ingest.stream.runner import Runner  # Spark: loaded when a run starts
+
+    run = FormatRun(label, config)
     result.runs.append(run)
-    say(f"ingest (mariadb): {len(config.tables)} tables into {config.tables_root}")
+    say(f"ingest ({label}): {len(config.tables)} tables into {config.tables_root}")
     t0 = time.monotonic()
     run.report = Runner(config, spark=spark).run(progress=progress)
     run.ingest_seconds = time.monotonic() - t0
-    say("verify (mariadb) against MariaDB")
+    say(f"verify ({label}) against the source database")
     t0 = time.monotonic()
-    run.verification = verify_source_db(config, s.mariadb_url(spec.database), wait=wait, say=say)
+    run.verification = verify_source_db(config, dsn, wait=wait, say=say, on_stall=on_stall)
     run.verify_seconds = time.monotonic() - t0
-    result.timings["ingest mariadb"] = run.ingest_seconds
-    result.timings["verify mariadb"] = run.verify_seconds
+    result.timings[f"ingest {label}"] = run.ingest_seconds
+    result.timings[f"verify {label}"] = run.verify_seconds
 
 
 def remove_workdir(path: Path) -> bool:
