@@ -21,14 +21,13 @@ if TYPE_CHECKING:
 def source_of(dsn: str) -> SourceDatabase:
     """The source database module for ``dsn``; its client library missing is one line naming the extra."""
     # the source databases' clients (extras of the distribution): loaded for a source database only
-    from ingest.verify.source_db import source_database
+    from ingest.verify.source_db import extra_of, source_database
 
     try:
         return source_database(dsn)
     except ImportError as exc:
-        extra = "mariadb" if dsn.split("://", 1)[0].lower() in ("mysql", "mariadb") else "postgres"
         raise EnvironmentProblem(f"comparing with a source database needs {exc.name}, which is not installed: "
-                                 f"pip install 'cdc-lakehouse-ingest[{extra}]'") from None
+                                 f"pip install 'cdc-lakehouse-ingest[{extra_of(dsn)}]'") from None
 
 
 @contextmanager

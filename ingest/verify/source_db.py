@@ -92,6 +92,12 @@ class SourceRows:
         return {c.name: c.normalize for c in self.columns if c.normalize is not None and c.arrow is not None}
 
 
+def extra_of(dsn: str) -> str:
+    """The distribution's extra whose client reads ``dsn``: ``mariadb`` for ``mysql://`` and
+    ``mariadb://`` URLs, ``postgres`` for anything else (a libpq connection string)."""
+    return "mariadb" if dsn.split("://", 1)[0].lower() in ("mysql", "mariadb") else "postgres"
+
+
 def source_database(dsn: str) -> SourceDatabase:
     """The module that reads the source database ``dsn`` names.
 
@@ -100,7 +106,7 @@ def source_database(dsn: str) -> SourceDatabase:
     """
     # Each source's client library is an extra of the distribution (postgres, mariadb): only the one
     # this source needs is loaded.
-    if dsn.split("://", 1)[0].lower() in ("mysql", "mariadb"):
+    if extra_of(dsn) == "mariadb":
         from ingest.verify import mysql_source  # PyMySQL: the mariadb extra
 
         return mysql_source
