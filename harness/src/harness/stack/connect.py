@@ -86,7 +86,8 @@ class Connect(Component):
             raise StackError(f"connect: no connector configuration {path} (known: {known})")
         text = render(path, {
             "pg_port": s.pg_port, "pg_db": s.pg_db, "pg_repl_user": s.pg_repl_user, "publication": s.publication,
-            "secrets_file": self.secrets_file, "registry_url": s.registry_url(), "kafka_port": s.kafka_port,
+            "secrets_file": self.secrets_file, "connect_dir": self.dir, "registry_url": s.registry_url(),
+            "kafka_port": s.kafka_port,
             "mariadb_port": s.mariadb_port, "mariadb_db": s.mariadb_db, "mariadb_repl_user": s.mariadb_repl_user})
         config: dict[str, str] = json.loads(text)["config"]
         return config
