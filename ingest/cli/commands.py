@@ -40,7 +40,8 @@ from ingest.cli.outcome import EXIT_CODES_HELP, Exit, classify
 from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, cuts, history, query
 from ingest.cli.setup import check, init, jars
-from ingest.cli.verify import verify_source
+from ingest.cli.verify import source_db_errors, source_of, verify_source
+from ingest.errors import ConfigError
 
 if TYPE_CHECKING:
     from ingest.stream.report import TableRun  # pyarrow: not loaded when the CLI starts
@@ -179,19 +180,36 @@ def resnapshot(
     tables: Annotated[list[str], typer.Argument(help="the tables to read again", show_default=False)],
     config: ConfigOpt = DEFAULT_CONFIG,
     workdir: WorkdirOpt = None,
+    signal_table: Annotated[str | None, typer.Option(
+        help="insert the signal into this <schema>.<table> of --source-db (the connector's "
+             "signal.data.collection) instead of its Kafka signal topic", show_default=False)] = None,
+    source_db: Annotated[str | None, typer.Option(
+        "--source-db", help="the source database holding --signal-table (a libpq string, or mysql://…)",
+        show_default=False)] = None,
 ) -> None:
     """Ask the tables' Debezium connectors for an incremental snapshot of them, through their Kafka
-    signal topic, while the stream keeps flowing; the next runs apply the reads (docs/operations.md)."""
-    from ingest.ops.resnapshot import send, signals_for  # librdkafka: when the command runs
+    signal topic or their signal table, while the stream keeps flowing; the next runs apply the reads
+    (docs/operations.md)."""
+    from ingest.ops.resnapshot import insert, send, signals_for  # librdkafka: when the command runs
 
+    if (signal_table is None) != (source_db is None):
+        raise ConfigError("--signal-table and --source-db go together: the signal table is in that database")
     cfg = load(config, workdir)
     signals = signals_for(cfg, tables)
-    send(cfg, signals)
+    if signal_table is not None and source_db is not None:
+        source = source_of(source_db)
+        where = source.describe(source_db)
+        with source_db_errors(source, where):
+            insert(source, source_db, signal_table, signals)
+        sent_to = [f"{signal_table} ({where})" for _ in signals]
+    else:
+        send(cfg, signals)
+        sent_to = [signal.topic for signal in signals]
     out = Table(title="Incremental snapshots asked for")
-    for col in ("connector (topic prefix)", "signal topic", "source tables", "tables"):
+    for col in ("connector (topic prefix)", "sent to", "source tables", "tables"):
         out.add_column(col)
-    for signal in signals:
-        out.add_row(signal.prefix, signal.topic, ", ".join(signal.collections), ", ".join(signal.tables))
+    for signal, to in zip(signals, sent_to, strict=True):
+        out.add_row(signal.prefix, to, ", ".join(signal.collections), ", ".join(signal.tables))
     console.print(out)
 
 

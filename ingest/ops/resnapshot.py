@@ -8,17 +8,25 @@ snapshot reads (``op: r``, ``source.snapshot: incremental``) among the live chan
 chunk's read of a row that changed while the chunk was open. The engine applies them as any
 change: by source position, so a read never undoes a later change, and a deleted row is not read.
 A row missing from the lake comes back; the audit counts the reads (``snapshot_reads``).
+
+A connector that takes no signals from Kafka reads them from its signal table (Debezium's ``source``
+channel): ``--signal-table`` with ``--source-db`` inserts the same signal there instead.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError
 from ingest.source.producer import Outgoing, produce
+
+if TYPE_CHECKING:
+    from ingest.verify.source_db import SourceDatabase
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +42,11 @@ class Signal:
     def value(self) -> dict[str, object]:
         return {"type": "execute-snapshot", "data": {"data-collections": list(self.collections),
                                                      "type": "incremental"}}
+
+    def row(self) -> tuple[str, str, str]:
+        """The signal as a signal table's ``(id, type, data)`` row."""
+        value = self.value()
+        return str(uuid.uuid4()), str(value["type"]), json.dumps(value["data"])
 
 
 def signals_for(config: IngestConfig, tables: list[str]) -> list[Signal]:
@@ -65,6 +78,20 @@ def send(config: IngestConfig, signals: list[Signal]) -> None:
     for signal in signals:
         record = Outgoing(0, signal.prefix.encode(), json.dumps(signal.value()).encode(), now)
         produce(config, signal.topic, [record], partitions=1)
+
+
+def insert(source: SourceDatabase, dsn: str, table: str, signals: list[Signal]) -> None:
+    """Insert each signal into the signal table ``table`` (``<schema>.<table>``) of the source database
+    ``dsn``, where a connector whose ``signal.data.collection`` it is reads it.
+
+    Raises:
+        ConfigError: ``table`` is not ``<schema>.<table>``.
+    """
+    if len(table.split(".")) != 2 or not all(table.split(".")):
+        raise ConfigError(f"signal table {table!r} is not <schema>.<table> (the connector's signal.data.collection)")
+    with source.connect(dsn) as conn:
+        for signal in signals:
+            source.insert_signal(conn, table, signal.row())
 
 
 def _connector_of(spec: TableSpec) -> tuple[str, str]:

@@ -52,7 +52,8 @@ from ingest.errors import ConfigError
 from ingest.verify.captured import CaptureResult
 from ingest.verify.source_values import SourceColumn, decimal_convert, parse_json
 
-__all__ = ["Error", "OperationalError", "column_plan", "connect", "describe", "read_columns", "wait_for_capture"]
+__all__ = ["Error", "OperationalError", "column_plan", "connect", "describe", "insert_signal", "read_columns",
+           "wait_for_capture"]
 
 Say = Callable[[str], None]
 #: What the client raises (a connection failure is its OperationalError).
@@ -123,6 +124,13 @@ def read_columns(conn: pymysql.connections.Connection, schema: str, table: str,
 
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
+
+
+def insert_signal(conn: pymysql.connections.Connection, table: str, row: tuple[str, str, str]) -> None:
+    """Insert ``(id, type, data)`` into the connector's signal table ``<database>.<table>``."""
+    database, name = table.split(".")
+    with conn.cursor() as cur:
+        cur.execute(f"INSERT INTO {_quote(database)}.{_quote(name)} (id, type, data) VALUES (%s, %s, %s)", row)
 
 
 def column_plan(name: str, data_type: str, column_type: str, precision: int | None, scale: int | None

@@ -44,7 +44,8 @@ from ingest.errors import ConfigError
 from ingest.verify.capture import wait_for_capture
 from ingest.verify.source_values import SourceColumn, decimal_convert, parse_json, time_micros, zoned_time
 
-__all__ = ["Error", "OperationalError", "column_plan", "connect", "describe", "read_columns", "wait_for_capture"]
+__all__ = ["Error", "OperationalError", "column_plan", "connect", "describe", "insert_signal", "read_columns",
+           "wait_for_capture"]
 
 #: What the client raises (a connection failure is its OperationalError).
 Error = psycopg.Error
@@ -90,6 +91,13 @@ def connect(dsn: str) -> Iterator[psycopg.Connection]:
     """An autocommit connection to the source database (a libpq URL or key=value string)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         yield conn
+
+
+def insert_signal(conn: psycopg.Connection, table: str, row: tuple[str, str, str]) -> None:
+    """Insert ``(id, type, data)`` into the connector's signal table ``<schema>.<table>``."""
+    schema, name = table.split(".")
+    conn.execute(sql.SQL("INSERT INTO {}.{} (id, type, data) VALUES (%s, %s, %s)").format(
+        sql.Identifier(schema), sql.Identifier(name)), row)
 
 
 def read_columns(conn: psycopg.Connection, schema: str, table: str, key_override: tuple[str, ...] | None

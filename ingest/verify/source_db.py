@@ -39,8 +39,8 @@ Say = Callable[[str], None]
 
 
 class SourceDatabase(Protocol):
-    """What ``verify`` needs of a source database (a module: :mod:`ingest.verify.pg_source`,
-    :mod:`ingest.verify.mysql_source`)."""
+    """What ``verify`` (and ``resnapshot`` through a signal table) needs of a source database (a module:
+    :mod:`ingest.verify.pg_source`, :mod:`ingest.verify.mysql_source`)."""
 
     @property
     def Error(self) -> type[Exception]:
@@ -59,6 +59,8 @@ class SourceDatabase(Protocol):
                          on_stall: Callable[[], object] | None = None) -> CaptureResult: ...
 
     def describe(self, dsn: str) -> str: ...
+
+    def insert_signal(self, conn: Any, table: str, row: tuple[str, str, str]) -> None: ...
 
 
 def source_table_of(spec: TableSpec) -> tuple[str, str]:

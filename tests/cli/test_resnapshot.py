@@ -47,3 +47,28 @@ def test_without_kafka_it_says_so_in_one_line(tmp_path: Path) -> None:
     done = CliRunner().invoke(app, ["resnapshot", "orders", "-c", str(_config(tmp_path, {"kind": "embedded"}))])
     assert done.exit_code == 2 and "the source is not Kafka" in done.output
     assert len([line for line in done.output.splitlines() if line.strip()]) == 1
+
+
+def test_a_signal_table_row_carries_the_same_signal(tmp_path: Path) -> None:
+    config = load_config(_config(tmp_path, {"kind": "kafka", "kafka": {"bootstrap_servers": "b:9092"}}))
+    first, second = (signals_for(config, ["orders"])[0].row() for _ in range(2))
+    assert first[0] != second[0]  # Debezium keys a signal by its id
+    assert first[1] == "execute-snapshot"
+    assert json.loads(first[2]) == {"data-collections": ["public.orders"], "type": "incremental"}
+
+
+@pytest.mark.parametrize(("options", "code", "says"), [
+    (["--signal-table", "cdc.debezium_signal"], 2, "--signal-table and --source-db go together"),
+    (["--source-db", "host=127.0.0.1 port=1"], 2, "--signal-table and --source-db go together"),
+    (["--signal-table", "debezium_signal", "--source-db", "host=127.0.0.1 port=1"], 2, "is not <schema>.<table>"),
+    (["--signal-table", "cdc.debezium_signal", "--source-db",
+      "host=127.0.0.1 port=1 dbname=cdc user=u password=hunter2-secret connect_timeout=2"],
+     3, "source database 127.0.0.1:1/cdc: connection failed"),
+])
+def test_a_signal_table_needs_its_database_and_says_what_failed_in_one_line(
+        tmp_path: Path, options: list[str], code: int, says: str) -> None:
+    config = _config(tmp_path, {"kind": "kafka", "kafka": {"bootstrap_servers": "b:9092"}})
+    done = CliRunner().invoke(app, ["resnapshot", "orders", "-c", str(config), *options])
+    assert done.exit_code == code, done.output
+    assert says in done.output and "hunter2-secret" not in done.output
+    assert len([line for line in done.output.splitlines() if line.strip()]) == 1, done.output
