@@ -70,7 +70,9 @@ def summary(result: object, where: Path) -> None:
     out.add_column("measure")
     out.add_column("value", justify="right")
     kinds = result.by_kind()
-    out.add_row("faults (ingest kill / broker / Connect / registry / PostgreSQL)",
+    names = {"ingest-kill": "ingest kill", "kafka": "broker", "connect": "Connect", "registry": "registry",
+             "pg": "PostgreSQL", "mariadb": "MariaDB"}
+    out.add_row(f"faults ({' / '.join(names[k] for k in kinds)})",
                 f"{sum(kinds.values())} ({' / '.join(str(n) for n in kinds.values())})")
     kills = " / ".join(f"{k} {n}" for k, n in sorted(result.kills.items()))
     out.add_row("ingest SIGKILLs (from outside / at named points)", kills or "0")
@@ -83,13 +85,17 @@ def summary(result: object, where: Path) -> None:
     if result.workload is not None:
         out.add_row("initial SQL workload: transactions / row changes", f"{result.workload.transactions} / "
                     f"{result.workload.changes}")
-    if load is not None:
-        out.add_row("load: row changes committed (rate) / failed / uncertain tx / reconnects",
-                    f"{load.committed_changes:,} ({load.rate:.0f}/s) / {load.failed_transactions} / "
-                    f"{load.uncertain_transactions} / {load.reconnects}")
+    if result.mariadb_workload is not None:
+        out.add_row("initial MariaDB workload: transactions / statements",
+                    f"{result.mariadb_workload.transactions} / {result.mariadb_workload.statements}")
+    for label, report in (("load", load), ("MariaDB load", result.mariadb_load)):
+        if report is not None:
+            out.add_row(f"{label}: row changes committed (rate) / failed / uncertain tx / reconnects",
+                        f"{report.committed_changes:,} ({report.rate:.0f}/s) / {report.failed_transactions} / "
+                        f"{report.uncertain_transactions} / {report.reconnects}")
     out.add_row("final ingest run (availableNow) exit code", str(result.final_exit))
     if c is not None:
-        out.add_row("rows: PostgreSQL / Delta", f"{c.source_rows:,} / {c.delta_rows:,}")
+        out.add_row("rows: source databases / Delta", f"{c.source_rows:,} / {c.delta_rows:,}")
         out.add_row("records in the topics / received across the audit", f"{c.records:,} / {c.received:,}")
         out.add_row("engine commits (all tables) / quarantined", f"{c.commits} / {c.quarantined}")
         out.add_row("changes counted stale (redelivered or replayed, older than the row)", f"{c.stale:,}")
@@ -102,7 +108,7 @@ def summary(result: object, where: Path) -> None:
         console.print(f"[yellow]table stopped in a continuous run: {escape(text)}[/]", highlight=False)
     for problem in ([result.failure] if result.failure else []) + (c.problems if c else []):
         console.print(f"[red]{escape(problem)}[/]", highlight=False)
-    console.print("[green]consistent: every table equals PostgreSQL[/]" if result.ok else "[red]DIVERGED[/]")
+    console.print("[green]consistent: every table equals its source database[/]" if result.ok else "[red]DIVERGED[/]")
 
 
 def exit_unless(ok: bool) -> None:

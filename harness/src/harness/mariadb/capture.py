@@ -21,6 +21,8 @@ from ingest.verify.captured import CaptureResult
 
 Say = Callable[[str], None]
 MARKER_TABLE = "capture_marker"
+#: The stack's MariaDB connector (infra/stack/connectors/mariaavro.json): its name and topic prefix.
+CONNECTOR = "mariaavro"
 
 
 def binlog_position(file: str, pos: int) -> tuple[int, int]:
@@ -29,7 +31,7 @@ def binlog_position(file: str, pos: int) -> tuple[int, int]:
     return (int(match.group(1)) if match else -1, int(pos))
 
 
-def wait_for_capture(stack: Any, *, connector: str = "mariaavro", timeout: float = 120.0,
+def wait_for_capture(stack: Any, *, connector: str = CONNECTOR, timeout: float = 120.0,
                      say: Say | None = None, poll: float = 0.5) -> CaptureResult:
     """Commit a marker and wait until ``connector``'s committed offset reaches the position before it.
 

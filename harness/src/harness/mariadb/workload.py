@@ -36,10 +36,14 @@ import pymysql
 Say = Callable[[str], None]
 DEFAULT_DATABASE: Final = "shop"
 TABLES: Final = ("customers", "orders", "order_items")
+#: Each table's primary key.
+KEYS: Final = {"customers": ("id",), "orders": ("id",), "order_items": ("order_id", "line")}
 #: Primary-key updates move a customer id up by this much.
 PK_SHIFT: Final = 100_000
 #: Order ids start above 2**63: only an unsigned BIGINT holds them.
 FIRST_ORDER_ID: Final = 2**63 + 1_000
+#: The load generator's order ids are this plus its sequence's values.
+LOAD_ORDER_IDS: Final = FIRST_ORDER_ID + 10**12
 SESSION_TIME_ZONE: Final = "+05:30"
 NAMES: Final = ("Ada Lovelace", "Zoë Ångström", "李雷", "O'Brien; DROP TABLE x", "emoji 😀 𝄞", "  padded  ",
                 "Ñandú Pérez", "Σωκράτης", 'quote"inside', "back\\slash")
@@ -83,13 +87,17 @@ class MariaWorkloadReport:
 
 
 def reset(conn: pymysql.connections.Connection, database: str = DEFAULT_DATABASE) -> None:
-    """Drop and create ``database`` with the workload's tables (no change events: DDL only)."""
+    """Drop and create ``database`` with the workload's tables and the load generator's id table
+    (no change events: DDL only)."""
     with conn.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
         cur.execute(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4")
         cur.execute(f"USE `{database}`")
         for statement in SCHEMA:
             cur.execute(statement)
+        # The load generator's order ids (harness.mariadb.load: above LOAD_ORDER_IDS, far beyond the
+        # workload's). Not a SEQUENCE: Debezium's MySQL connector cannot parse CREATE SEQUENCE and stops.
+        cur.execute("CREATE TABLE load_ids (id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY)")
 
 
 def run_workload(conn: pymysql.connections.Connection, spec: MariaWorkloadSpec = MariaWorkloadSpec(),

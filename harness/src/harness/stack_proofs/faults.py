@@ -25,16 +25,16 @@ from typing import Final
 from harness.torture.process import IngestProcess
 
 #: Fault kinds, in the order the summary lists them.
-KINDS: Final = ("ingest-kill", "kafka", "connect", "registry", "pg")
+KINDS: Final = ("ingest-kill", "kafka", "connect", "registry", "pg", "mariadb")
 #: Named points for armed restarts (``label``: ``INGEST_KILL_AT`` without the hit count).
 POINTS: Final = ("after-tombstones", "before-commit", "during-merge", "after-delta-commit", "after-batch")
 Say = Callable[[str], None]
 
 
-def schedule(rng: random.Random, faults: int) -> list[str]:
+def schedule(rng: random.Random, faults: int, kinds: tuple[str, ...] = KINDS) -> list[str]:
     """``faults`` kinds in a seeded random order: every kind equally often (the remainder drawn at random)."""
-    whole, rest = divmod(faults, len(KINDS))
-    plan = [k for k in KINDS for _ in range(whole)] + rng.sample(KINDS, rest)
+    whole, rest = divmod(faults, len(kinds))
+    plan = [k for k in kinds for _ in range(whole)] + rng.sample(kinds, rest)
     rng.shuffle(plan)
     return plan
 

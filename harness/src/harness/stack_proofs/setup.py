@@ -22,6 +22,8 @@ from typing import Any, Final, Literal
 import psycopg
 import yaml
 
+from harness.mariadb import workload as maria
+from harness.mariadb.capture import CONNECTOR as MARIADB_PREFIX
 from harness.postgres import schema as pg_schema
 from harness.stack_proofs.demo import remove_workdir
 from ingest.errors import IngestError
@@ -39,7 +41,7 @@ def stack_config(stack: Any, workdir: Path, *, value_format: Format = "avro", sc
                  sasl: bool = False, tls: bool = False, tables: Iterable[str] = SHOP_TABLES,
                  max_records_per_batch: int | None = None,
                  spark_conf: dict[str, str] | None = None, path: Path | None = None,
-                 table_options: dict[str, dict[str, Any]] | None = None) -> Path:
+                 table_options: dict[str, dict[str, Any]] | None = None, mariadb: bool = False) -> Path:
     """Write a configuration for ``schema``'s tables on the running stack; returns the file.
 
     Args:
@@ -55,6 +57,8 @@ def stack_config(stack: Any, workdir: Path, *, value_format: Format = "avro", sc
         spark_conf: extra Spark settings (``spark.conf``).
         path: where to write the file (default ``<workdir>/config.yaml``).
         table_options: more settings per table name (e.g. ``{"customers": {"history_mode": "scd2"}}``).
+        mariadb: also the MariaDB database ``schema``'s tables (:mod:`harness.mariadb.workload`, Avro
+            only), as ``mariadb_<table>``.
     """
     pg_schema.check_schema_name(schema)
     kafka: dict[str, Any] = {"bootstrap_servers": stack.bootstrap_servers(sasl=sasl, tls=tls)}
@@ -81,6 +85,12 @@ def stack_config(stack: Any, workdir: Path, *, value_format: Format = "avro", sc
         "tables": [{"name": t, "topic": f"{PREFIX[value_format]}.{schema}.{t}", "source_table": f"{schema}.{t}",
                     **(table_options or {}).get(t, {})} for t in tables],
     }
+    if mariadb:
+        if value_format != "avro":
+            raise ValueError("the stack's MariaDB connector writes Avro only")
+        data["tables"] += [{"name": f"mariadb_{t}", "topic": f"{MARIADB_PREFIX}.{schema}.{t}",
+                            "source_table": f"{schema}.{t}", "primary_key": list(maria.KEYS[t])}
+                           for t in maria.TABLES]
     if spark_conf:
         data["spark"] = {"conf": dict(spark_conf)}
     workdir.mkdir(parents=True, exist_ok=True)
@@ -119,6 +129,16 @@ def reset_source(stack: Any, schema: str, *, workdirs: Iterable[Path] = (), wait
     with psycopg.connect(dsn, autocommit=True) as conn:
         pg_schema.reset(conn, schema)
     say(f"reset: schema {schema} recreated, {len(deleted)} topic(s) of the previous run deleted")
+    return deleted
+
+
+def reset_mariadb(stack: Any, database: str, *, say: Say | None = None) -> list[str]:
+    """Fresh MariaDB source: delete ``database``'s topics, recreate it with the workload's tables
+    (:func:`harness.mariadb.workload.reset`). Returns the topics that were deleted."""
+    deleted = delete_topics(stack.bootstrap_servers(), [f"{MARIADB_PREFIX}.{database}.{t}" for t in maria.TABLES])
+    with stack.component("mariadb").connect() as conn:
+        maria.reset(conn, database)
+    (say or (lambda _line: None))(f"reset: MariaDB database {database} recreated, {len(deleted)} topic(s) deleted")
     return deleted
 
 

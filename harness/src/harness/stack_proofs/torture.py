@@ -1,19 +1,22 @@
-"""``ingest torture --stack``: faults on the real stack while PostgreSQL keeps changing, then the verdict.
+"""``ingest torture --stack``: faults on the real stack while PostgreSQL and MariaDB keep changing, then the verdict.
 
-1. **Source.** Start the stack; reset the schema (Debezium drained, the schema's topics deleted,
+1. **Sources.** Start the stack; reset the schema (Debezium drained, the schema's topics deleted,
    the schema dropped and recreated: :func:`harness.stack_proofs.setup.reset_source`); run the seeded
    SQL workload (:mod:`harness.postgres.workload`: DDL, widenings, a truncate, primary-key updates)
-   as the initial backlog.
-2. **Run.** Start ``ingest run --continuous`` as a child process and the load generator
-   (:class:`harness.postgres.load.LoadGenerator`) at a steady rate.
+   as the initial backlog. With ``mariadb`` (Avro only), the same on a MariaDB database of the
+   schema's name (:func:`harness.stack_proofs.setup.reset_mariadb`, :mod:`harness.mariadb.workload`),
+   whose tables the same engine ingests as ``mariadb_<table>``.
+2. **Run.** Start ``ingest run --continuous`` as a child process and the load generators
+   (:class:`harness.postgres.load.LoadGenerator`; :class:`harness.mariadb.load.MariaLoadGenerator` at
+   half the rate) at a steady rate.
 3. **Faults.** In a seeded random order, with seeded pauses between them: SIGKILL the ingest
    process (from outside, or armed at a named point) and restart it; restart the broker, Connect,
-   the registry, PostgreSQL (:mod:`harness.stack_proofs.faults`). A watch thread restarts an ingest
-   process that ends on its own, and reports it.
-4. **Drain.** Stop the load; wait until Debezium has captured everything
-   (:func:`ingest.verify.capture.wait_for_capture`); stop the continuous process; run
-   ``ingest run`` (availableNow) once more.
-5. **Verdict.** :func:`harness.stack_proofs.check.check_stack`: every table equals PostgreSQL, no
+   the registry, PostgreSQL, MariaDB (:mod:`harness.stack_proofs.faults`). A watch thread restarts an
+   ingest process that ends on its own, and reports it.
+4. **Drain.** Stop the loads; wait until Debezium has captured everything
+   (:func:`ingest.verify.capture.wait_for_capture`, :func:`harness.mariadb.capture.wait_for_capture`);
+   stop the continuous process; run ``ingest run`` (availableNow) once more.
+5. **Verdict.** :func:`harness.stack_proofs.check.check_stack`: every table equals its database, no
    duplicate key, every audit row balanced and one per commit, every topic record received once,
    nothing quarantined.
 """
@@ -29,11 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.mariadb import capture as maria_capture
+from harness.mariadb.load import MariaLoadGenerator
+from harness.mariadb.workload import MariaWorkloadReport, MariaWorkloadSpec
+from harness.mariadb.workload import run_workload as run_maria_workload
 from harness.postgres.load import LoadGenerator, LoadReport
 from harness.postgres.workload import WorkloadReport, WorkloadSpec, run_workload
 from harness.stack_proofs.check import StackCheck, check_stack
 from harness.stack_proofs.faults import KINDS, POINTS, IngestWatch, Watch, kill_at, schedule
-from harness.stack_proofs.setup import engine_environment, reset_source, stack_config
+from harness.stack_proofs.setup import engine_environment, reset_mariadb, reset_source, stack_config
 from harness.torture.process import IngestProcess, run_once
 from ingest.config import load_config
 from ingest.verify.capture import CaptureResult, wait_for_capture
@@ -58,6 +65,7 @@ class StackTortureSpec:
         point_timeout: seconds an armed process may take to reach its point before it is killed from outside.
         wait: seconds to wait for Debezium, and again for the tables, at the end.
         max_records_per_batch: the source's micro-batch bound (``None``: the engine's default).
+        mariadb: also MariaDB (its workload, load and restarts; Avro only).
     """
 
     workdir: Path
@@ -72,6 +80,7 @@ class StackTortureSpec:
     point_timeout: float = 120.0
     wait: float = 300.0
     max_records_per_batch: int | None = None
+    mariadb: bool = True
 
 
 @dataclass(slots=True)
@@ -96,6 +105,9 @@ class StackTortureResult:
     workload: WorkloadReport | None = None
     load: LoadReport | None = None
     capture: CaptureResult | None = None
+    mariadb_workload: MariaWorkloadReport | None = None
+    mariadb_load: LoadReport | None = None
+    mariadb_capture: CaptureResult | None = None
     final_exit: int | None = None
     check: StackCheck | None = None
     failure: str | None = None
@@ -107,7 +119,7 @@ class StackTortureResult:
 
     def by_kind(self) -> dict[str, int]:
         counts = Counter(f.kind for f in self.faults)
-        return {k: counts[k] for k in KINDS}
+        return {k: counts[k] for k in KINDS if counts[k] or k != "mariadb"}
 
 
 class StackTorture:
@@ -130,20 +142,35 @@ class StackTorture:
         self.workdir.mkdir(parents=True, exist_ok=True)
         stack = self._stack_up()
         dsn = stack.pg_dsn()
+        maria = spec.mariadb and spec.value_format == "avro"
         config_path = stack_config(stack, self.workdir / "engine", value_format=spec.value_format,
-                                   schema=spec.schema, max_records_per_batch=spec.max_records_per_batch)
+                                   schema=spec.schema, max_records_per_batch=spec.max_records_per_batch,
+                                   mariadb=maria)
         reset_source(stack, spec.schema, wait=spec.wait, say=self.say)
         self.result.workload = w = run_workload(dsn, WorkloadSpec(seed=spec.seed, scale=spec.scale, schema=spec.schema))
         self.say(f"initial workload: {w.transactions} transactions, {w.changes} row changes, {len(w.ddl)} DDL")
+        loads = []
+        if maria:
+            reset_mariadb(stack, spec.schema, say=self.say)
+            with stack.component("mariadb").connect() as conn:
+                mw = run_maria_workload(conn, MariaWorkloadSpec(seed=spec.seed, scale=spec.scale, database=spec.schema))
+            self.result.mariadb_workload = mw
+            self.say(f"initial MariaDB workload: {mw.transactions} transactions, {mw.statements} statements")
         process = IngestProcess(config_path, self.workdir / "logs", engine_environment(stack))
         process.start()
         watch = IngestWatch(process, self.say).start()
-        load = LoadGenerator(dsn, rate=spec.rate, duration=None, seed=spec.seed, schema=spec.schema,
-                             application_name="stack-torture-load").start()
-        self.say(f"ingest run --continuous (pid {process.pid}) and load at {spec.rate:.0f} changes/s started; "
-                 f"{spec.faults} faults to go")
+        loads.append(LoadGenerator(dsn, rate=spec.rate, duration=None, seed=spec.seed, schema=spec.schema,
+                                   application_name="stack-torture-load").start())
+        if maria:
+            s = stack.settings
+            loads.append(MariaLoadGenerator(host="127.0.0.1", port=s.mariadb_port, user=s.mariadb_user,
+                                            password=s.credentials.mariadb_password, rate=spec.rate / 2,
+                                            duration=None, seed=spec.seed, database=spec.schema).start())
+        self.say(f"ingest run --continuous (pid {process.pid}) and load at {spec.rate:.0f} changes/s started"
+                 + (f" (MariaDB: {spec.rate / 2:.0f}/s)" if maria else "") + f"; {spec.faults} faults to go")
+        kinds = KINDS if maria else tuple(k for k in KINDS if k != "mariadb")
         try:
-            for n, kind in enumerate(schedule(self.rng, spec.faults), 1):
+            for n, kind in enumerate(schedule(self.rng, spec.faults, kinds), 1):
                 time.sleep(self.rng.uniform(*spec.pause))
                 at = self._elapsed()
                 detail = self._inject(kind, stack, process, watch)
@@ -152,8 +179,10 @@ class StackTorture:
                 self.result.faults.append(fault)
                 self.say(f"fault {n:>3}/{spec.faults} at {at:>6.0f} s: {kind:<11} {detail}")
         finally:
-            load.stop()
-            self.result.load = load.join(60)
+            for load in loads:
+                load.stop()
+            self.result.load = loads[0].join(60)
+            self.result.mariadb_load = loads[1].join(60) if maria else None
         self._drain(dsn, process, watch, config_path, stack)
         return self.result
 
@@ -193,6 +222,8 @@ class StackTorture:
         self.say(f"load stopped: {self.result.load.committed_changes if self.result.load else 0} changes committed; "
                  "waiting until Debezium has captured everything")
         self.result.capture = wait_for_capture(dsn, timeout=spec.wait, say=self.say, on_stall=stack.unstick_capture)
+        if self.result.mariadb_workload is not None:
+            self.result.mariadb_capture = maria_capture.wait_for_capture(stack, timeout=spec.wait, say=self.say)
         self.result.watch = watch.stop()
         process.stop(timeout=60)
         self.result.ingest_starts = process.starts
@@ -204,7 +235,8 @@ class StackTorture:
             self.result.failure = f"the final ingest run exited with {code}; log {log}:\n{tail}"
             self.say(self.result.failure)
         config = load_config(config_path)
-        self.result.check = check_stack(config, dsn, wait=spec.wait, say=self.say)
+        self.result.check = check_stack(config, dsn, wait=spec.wait, say=self.say,
+                                        mariadb_url=stack.settings.mariadb_url(spec.schema))
         self.result.seconds = self._elapsed()
 
     def _stack_up(self) -> Any:
