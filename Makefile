@@ -41,8 +41,9 @@ else
 	$(BIN)/ingest demo
 endif
 
+# Each test's seconds go to .test-results/suite.xml (scripts/suite_times.py reads it).
 test: java install class-archive
-	$(BIN)/python -m pytest -q -n 2 --durations=15
+	$(BIN)/python -m pytest -q -n 2 --durations=15 --junitxml=.test-results/suite.xml
 
 lint: install
 	$(BIN)/ruff check ingest harness assets dagster_project tests scripts benchmarks
