@@ -147,7 +147,21 @@ class QueryError(IngestError):
 
 def is_unavailability(exc: BaseException) -> bool:
     """Whether ``exc`` says that something outside answered not, or refused (source, registry, lake)."""
-    return isinstance(exc, SourceUnavailableError | RegistryUnavailableError | LakeUnavailableError | TopicLogError)
+    return isinstance(exc, _UNAVAILABLE)
+
+
+_UNAVAILABLE = (SourceUnavailableError, RegistryUnavailableError, LakeUnavailableError, TopicLogError)
+
+
+def unavailability_in(text: str) -> str | None:
+    """The line of ``text`` (a Spark error carrying a Python traceback from the source runner) that
+    raised one of :func:`is_unavailability`'s errors, without its module; ``None`` if none did."""
+    names = tuple(f"ingest.errors.{cls.__name__}: " for cls in _UNAVAILABLE)
+    for line in text.splitlines():
+        for name in names:
+            if name in line:
+                return line[line.index(name) + len("ingest.errors."):].strip()
+    return None
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import TableSpec
-from ingest.errors import is_cancellation, is_unavailability
+from ingest.errors import is_cancellation, is_unavailability, unavailability_in
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _START_ATTEMPTS = 3  # restarts of a query that dies before its first batch (see StreamingRun._restart_failed)
+_UNAVAILABLE_WAIT = 30.0  # at most this many seconds between starts of a continuous query whose source did not answer
 _SOURCE_INIT_WAIT = 30.0  # seconds to let one query's source start before starting the next
 Mode = Literal["available_now", "continuous"]
 
@@ -232,17 +233,28 @@ class StreamingRun:
 
         Such a death is an unusable checkpoint or a transient start failure (Spark gives a Python
         source runner 10 s to connect back, which a loaded machine can miss). Nothing was committed,
-        so starting again from the Delta logs' offsets is always safe; it is tried a few times.
+        so starting again from the Delta logs' offsets is always safe; it is tried a few times. In
+        continuous mode, a start that found the source, registry or lake not answering (a broker
+        restarting) is tried again until they answer or the run is stopped, as a running query rides
+        out the same outage.
         """
         if q.handler.error is not None or q.handler.batches:
             return False
+        failure = str(q.query.exception() or "unknown error")
+        outside = unavailability_in(failure) if mode == "continuous" else None
         q.restarts += 1
-        if q.restarts > _START_ATTEMPTS:
+        if q.restarts > _START_ATTEMPTS and outside is None:
             return False
-        log.warning("query %s: it failed before its first batch (%s); restarting it from the offsets in the "
-                    "Delta logs, without its Spark checkpoint (attempt %d of %d)", q.name,
-                    _short(q.query.exception() or "unknown error"), q.restarts, _START_ATTEMPTS)
-        time.sleep(2 * q.restarts)
+        wait = min(2.0 * q.restarts, _UNAVAILABLE_WAIT)
+        if outside is not None:
+            log.warning("query %s: it could not start (%s); starting it again in %.0f s", q.name,
+                        secrets.redact(outside), wait)
+        else:
+            log.warning("query %s: it failed before its first batch (%s); restarting it from the offsets in the "
+                        "Delta logs, without its Spark checkpoint (attempt %d of %d)", q.name,
+                        _short(failure), q.restarts, _START_ATTEMPTS)
+        if self.runner._stop.wait(wait):
+            return False
         try:
             checkpoints.discard(q.directory)
             q.query = self._start_query(q, mode, run_id)
@@ -258,11 +270,15 @@ class StreamingRun:
             deadline = time.monotonic() + stop_after if stop_after else None
             next_look = time.monotonic() + (refresh or 0)
             try:
-                # With discovery the run goes on without a table, waiting for topics to appear.
-                while pick_up is not None or any(q.query.isActive for q in queries):
+                while True:
+                    restarted = False
                     for q in queries:
                         if not q.query.isActive and q.query.exception() is not None:
-                            self._restart_failed(q, mode, run_id)
+                            restarted = self._restart_failed(q, mode, run_id) or restarted
+                    # A query started again may have failed already: it is looked at again. With
+                    # discovery the run goes on without a table, waiting for topics to appear.
+                    if pick_up is None and not restarted and not any(q.query.isActive for q in queries):
+                        break
                     if self.runner._stop.is_set() or (deadline and time.monotonic() > deadline):
                         break
                     if pick_up is not None and refresh and time.monotonic() >= next_look:
@@ -298,11 +314,12 @@ class StreamingRun:
                 continue  # every table has its own error already
             if is_cancellation(real or failure):
                 continue  # the run was stopped mid-batch (Ctrl-C): no table failed, the next run applies it
-            text = f"{type(real).__name__}: {real}" if real else _short(failure)
+            outside = None if real else unavailability_in(str(failure))
+            text = f"{type(real).__name__}: {real}" if real else outside or _short(failure)
             for spec in q.specs:
                 if not report.tables[spec.name].error:
                     report.tables[spec.name].error = secrets.redact(text)
-                    report.tables[spec.name].unavailable = is_unavailability(real or failure)
+                    report.tables[spec.name].unavailable = is_unavailability(real or failure) or outside is not None
 
 
 def _short(exc: BaseException | str) -> str:
