@@ -1,7 +1,8 @@
-"""A continuous run whose query could not start because the source, registry or lake did not answer
-starts it again until they answer (a broker restarting while the run starts); other start failures
-are tried a few times, as before. Seen under ``ingest torture --stack``: a run started during a
-broker restart exited with code 4 ("table failed") instead of riding the restart out."""
+"""A continuous run whose query failed because the source, registry or lake did not answer (a broker
+restarting) starts it again until they answer: before its first batch without its checkpoint, after
+batches from it. Other start failures are tried a few times, as before. Seen under ``ingest torture
+--stack``: runs ended with code 4 ("table failed") during broker restarts, at a query's
+initialOffset and at its latestOffset."""
 
 from __future__ import annotations
 
@@ -49,18 +50,24 @@ class FakeQuery:
 class FakeHandler:
     error = None
     batches = 0
+    settled = 0
 
     def settle(self) -> None:
-        pass
+        self.settled += 1
 
     def close(self) -> None:
         pass
 
 
+#: the checkpoints a restart discarded
+discarded: list[Any] = []
+
+
 def _run(monkeypatch: pytest.MonkeyPatch, starts: list[FakeQuery]) -> tuple[StreamingRun, _Query, list[FakeQuery]]:
     """A streaming run whose first query failed, and whose later starts return ``starts`` in turn."""
+    discarded.clear()
     monkeypatch.setattr(queries, "_UNAVAILABLE_WAIT", 0.01)
-    monkeypatch.setattr(queries.checkpoints, "discard", lambda _directory: None)
+    monkeypatch.setattr(queries.checkpoints, "discard", lambda _directory: discarded.append(_directory))
     run = StreamingRun(SimpleNamespace(_stop=threading.Event()))  # type: ignore[arg-type]
     started: list[FakeQuery] = []
 
@@ -71,7 +78,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, starts: list[FakeQuery]) -> tuple[Stre
 
     monkeypatch.setattr(run, "_start_query", start)
     monkeypatch.setattr(queries.time, "sleep", lambda _s: None)  # the loop's pause between looks
-    q = _Query("q", [], None, FakeHandler(), None, FakeQuery(UNAVAILABLE))  # type: ignore[arg-type]
+    q = _Query("q", [], "checkpoint", FakeHandler(), None, FakeQuery(UNAVAILABLE))  # type: ignore[arg-type]
     return run, q, started
 
 
@@ -87,6 +94,26 @@ def test_a_continuous_query_is_started_again_until_the_source_answers(monkeypatc
     for _ in range(7):
         run._restart_failed(q, "continuous", "r")
     assert len(started) == 7 and q.query is started[-1]
+    assert len(discarded) == 7  # nothing committed: from the Delta logs' offsets
+
+
+def test_after_batches_it_resumes_from_its_checkpoint_once_the_last_batch_is_done(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    run, q, started = _run(monkeypatch, [FakeQuery(UNAVAILABLE) for _ in range(4)] + [FakeQuery(isActive=True)])
+    q.handler.batches = 12
+    assert all(run._restart_failed(q, "continuous", "r") for _ in range(5))
+    assert len(started) == 5 and discarded == [] and q.handler.settled == 5  # type: ignore[attr-defined]
+    q.handler.batches, q.query = 13, FakeQuery(UNAVAILABLE)  # it ran again, then a new outage
+    monkeypatch.setattr(run, "_start_query", lambda *_a: FakeQuery(isActive=True))
+    assert run._restart_failed(q, "continuous", "r") and q.restarts == 1
+
+
+@pytest.mark.parametrize("mode", ["continuous", "available_now"])
+def test_after_batches_a_failure_of_its_own_is_not_retried(monkeypatch: pytest.MonkeyPatch, mode: Any) -> None:
+    run, q, started = _run(monkeypatch, [FakeQuery(isActive=True)])
+    q.handler.batches = 3
+    q.query = FakeQuery(BROKEN if mode == "continuous" else UNAVAILABLE)
+    assert not run._restart_failed(q, mode, "r") and started == []
 
 
 @pytest.mark.parametrize(("mode", "failure"), [("continuous", BROKEN), ("available_now", UNAVAILABLE)])

@@ -78,7 +78,8 @@ class _Query:
     handler: ForEachBatch
     starting: Offsets | None
     query: Any = None
-    restarts: int = 0
+    restarts: int = 0  # restarts since it last ran a batch
+    batches_seen: int = 0  # its handler's batches at its last restart
 
 
 class StreamingRun:
@@ -229,26 +230,30 @@ class StreamingRun:
             checkpoints.discard(directory)
 
     def _restart_failed(self, q: _Query, mode: Mode, run_id: str) -> bool:
-        """Start the query again if it died before its first batch for a reason outside our code.
+        """Start a failed query again if it failed for a reason outside our code.
 
-        Such a death is an unusable checkpoint or a transient start failure (Spark gives a Python
-        source runner 10 s to connect back, which a loaded machine can miss). Nothing was committed,
-        so starting again from the Delta logs' offsets is always safe; it is tried a few times. In
-        continuous mode, a start that found the source, registry or lake not answering (a broker
-        restarting) is tried again until they answer or the run is stopped, as a running query rides
-        out the same outage.
+        Before its first batch, such a failure is an unusable checkpoint or a transient start failure
+        (Spark gives a Python source runner 10 s to connect back, which a loaded machine can miss).
+        Nothing was committed, so starting again from the Delta logs' offsets, without the
+        checkpoint, is always safe; it is tried a few times. In continuous mode, a query that found
+        the source, registry or lake not answering (a broker restarting), before or after its first
+        batch, is started again until they answer or the run is stopped; after batches it resumes
+        from its checkpoint, once the batch still being applied is done.
         """
-        if q.handler.error is not None or q.handler.batches:
+        if q.handler.error is not None:
             return False
         failure = str(q.query.exception() or "unknown error")
         outside = unavailability_in(failure) if mode == "continuous" else None
+        if q.handler.batches and outside is None:
+            return False
+        if q.handler.batches != q.batches_seen:  # it ran since its last restart: a new outage
+            q.restarts, q.batches_seen = 0, q.handler.batches
         q.restarts += 1
         if q.restarts > _START_ATTEMPTS and outside is None:
             return False
         wait = min(2.0 * q.restarts, _UNAVAILABLE_WAIT)
         if outside is not None:
-            log.warning("query %s: it could not start (%s); starting it again in %.0f s", q.name,
-                        secrets.redact(outside), wait)
+            log.warning("query %s: %s; starting it again in %.0f s", q.name, secrets.redact(outside), wait)
         else:
             log.warning("query %s: it failed before its first batch (%s); restarting it from the offsets in the "
                         "Delta logs, without its Spark checkpoint (attempt %d of %d)", q.name,
@@ -256,10 +261,12 @@ class StreamingRun:
         if self.runner._stop.wait(wait):
             return False
         try:
-            checkpoints.discard(q.directory)
+            q.handler.settle()  # a batch applied in the background: it must have committed
+            if not q.handler.batches:
+                checkpoints.discard(q.directory)
             q.query = self._start_query(q, mode, run_id)
             return True
-        except Exception as exc:  # the original failure stays the tables' error
+        except Exception as exc:  # the original failure stays the tables' error (or the batch's, now)
             log.warning("query %s: the restart failed too: %s", q.name, secrets.describe(exc))
             return False
 
