@@ -64,6 +64,7 @@ class SteadyLoad(ABC):
         self.say = say or (lambda _line: None)
         self.report_every = report_every
         self.report = LoadReport(target_rate=rate)
+        self._mine: list[int] = []  # the ids of the rows this generator wrote and has not deleted
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -79,6 +80,31 @@ class SteadyLoad(ABC):
     def transaction(self, conn: Any, state: Any) -> int:
         """Write one transaction; the changes it committed (0 if it failed). Raises one of
         :attr:`disconnected` (after counting the transaction) when the database went away."""
+
+    # -- a transaction's outcome, for transaction() ------------------------------------------------
+
+    def went_away(self, committing: bool) -> None:
+        """Count a transaction during which the database went away: failed before its commit was
+        sent, uncertain after (it may have committed)."""
+        if committing:
+            self.report.uncertain_transactions += 1
+        else:
+            self.report.failed_transactions += 1
+
+    def failed(self, error: str) -> int:
+        """Count a transaction the database refused (and that was rolled back); returns 0 changes."""
+        self.report.failed_transactions += 1
+        self.report.last_error = error
+        return 0
+
+    def committed(self, changes: int, written: list[int], deleted: list[int]) -> int:
+        """Count a committed transaction and note the ids it wrote and deleted; returns ``changes``."""
+        self._mine.extend(written)
+        for gone in deleted:
+            self._mine.remove(gone)
+        self.report.committed_transactions += 1
+        self.report.committed_changes += changes
+        return changes
 
     # -- control ------------------------------------------------------------------------------------
 

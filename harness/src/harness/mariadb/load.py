@@ -37,7 +37,6 @@ class MariaLoadGenerator(SteadyLoad):
                  seed: int = 1, database: str = DEFAULT_DATABASE, say: Say | None = None) -> None:
         super().__init__(rate=rate, duration=duration, seed=seed, say=say)
         self.login = {"host": host, "port": port, "user": user, "password": password, "database": database}
-        self._mine: list[int] = []  # order ids this generator wrote and has not deleted
 
     def connect(self) -> pymysql.connections.Connection:
         conn = pymysql.connect(**self.login, autocommit=True, charset="utf8mb4", connect_timeout=5)
@@ -82,19 +81,9 @@ class MariaLoadGenerator(SteadyLoad):
             committing = True
             conn.commit()
         except self.disconnected:
-            if committing:
-                self.report.uncertain_transactions += 1
-            else:
-                self.report.failed_transactions += 1
+            self.went_away(committing)
             raise
         except pymysql.Error as exc:  # e.g. a customer moved meanwhile: that transaction is lost
-            self.report.failed_transactions += 1
-            self.report.last_error = str(exc)
             conn.rollback()
-            return 0
-        self._mine.extend(written)
-        for gone in deleted:
-            self._mine.remove(gone)
-        self.report.committed_transactions += 1
-        self.report.committed_changes += changes
-        return changes
+            return self.failed(str(exc))
+        return self.committed(changes, written, deleted)

@@ -50,7 +50,6 @@ class LoadGenerator(SteadyLoad):
         self.dsn = dsn
         self.schema = check_schema_name(schema)
         self.application_name = application_name
-        self._mine: list[int] = []  # order ids this generator wrote and has not deleted
         #: Orders per transaction: one up to 250 changes/s, more above (a round trip per statement).
         self.orders_per_transaction = max(1, round(rate / 250))
 
@@ -88,21 +87,11 @@ class LoadGenerator(SteadyLoad):
                     changes += self._order(conn, customers, products, written, deleted)
                 committing = True
         except psycopg.OperationalError:
-            if committing:
-                self.report.uncertain_transactions += 1
-            else:
-                self.report.failed_transactions += 1
+            self.went_away(committing)
             raise
         except psycopg.Error as exc:  # e.g. a customer deleted meanwhile: that transaction is lost
-            self.report.failed_transactions += 1
-            self.report.last_error = str(exc).strip().splitlines()[0]
-            return 0
-        self._mine.extend(written)
-        for gone in deleted:
-            self._mine.remove(gone)
-        self.report.committed_transactions += 1
-        self.report.committed_changes += changes
-        return changes
+            return self.failed(str(exc).strip().splitlines()[0])
+        return self.committed(changes, written, deleted)
 
     def _order(self, conn: psycopg.Connection, customers: list[int], products: dict[int, Decimal],
                written: list[int], deleted: list[int]) -> int:
