@@ -85,13 +85,18 @@ def insert(source: SourceDatabase, dsn: str, table: str, signals: list[Signal]) 
     ``dsn``, where a connector whose ``signal.data.collection`` it is reads it.
 
     Raises:
-        ConfigError: ``table`` is not ``<schema>.<table>``.
+        ConfigError: ``table`` is not ``<schema>.<table>``, or the database refused the insert (no
+            such table, no ``INSERT`` privilege): one line with its cause.
     """
     if len(table.split(".")) != 2 or not all(table.split(".")):
         raise ConfigError(f"signal table {table!r} is not <schema>.<table> (the connector's signal.data.collection)")
     with source.connect(dsn) as conn:
         for signal in signals:
-            source.insert_signal(conn, table, signal.row())
+            try:
+                source.insert_signal(conn, table, signal.row())
+            except source.Error as exc:
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ConfigError(f"signal table {table}: {first}") from None
 
 
 def _connector_of(spec: TableSpec) -> tuple[str, str]:

@@ -30,6 +30,8 @@ from deltalake import DeltaTable
 from harness.mariadb import capture as maria_capture
 
 from ingest.config import IngestConfig, TableSpec
+from ingest.errors import ConfigError
+from ingest.ops.resnapshot import Signal, insert
 from ingest.records import audit
 from ingest.stream.runner import Runner
 from ingest.verify.capture import delete_topics, wait_for_capture
@@ -183,3 +185,6 @@ def test_postgresql_takes_a_signal_row_as_written(stack: Any) -> None:
         conn.execute("CREATE TEMP TABLE signals (id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data text)")
         pg_source.insert_signal(conn, "pg_temp.signals", row)
         assert conn.execute("SELECT id, type, data FROM pg_temp.signals").fetchall() == [row]
+    signal = Signal("pgavro", "pgavro-signal", ("public.t",), ("t",))
+    with pytest.raises(ConfigError, match=r'^signal table public.no_such_signals: relation "public.no_such_signals"'):
+        insert(pg_source, stack.pg_dsn(), "public.no_such_signals", [signal])
