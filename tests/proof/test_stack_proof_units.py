@@ -24,14 +24,17 @@ from ingest.config import load_config
 
 
 def test_schedule_is_seeded_balanced_and_covers_every_kind() -> None:
-    plan = schedule(random.Random(1), 30)
-    assert Counter(plan) == {k: 6 for k in KINDS}
-    assert plan == schedule(random.Random(1), 30) != schedule(random.Random(2), 30)
+    kinds = len(KINDS)
+    plan = schedule(random.Random(1), 5 * kinds)
+    assert Counter(plan) == {k: 5 for k in KINDS}
+    assert plan == schedule(random.Random(1), 5 * kinds) != schedule(random.Random(2), 5 * kinds)
     assert plan != sorted(plan)  # shuffled
-    small = schedule(random.Random(3), 5)
+    small = schedule(random.Random(3), kinds)
     assert sorted(small) == sorted(KINDS)
-    odd = Counter(schedule(random.Random(4), 7))
-    assert sum(odd.values()) == 7 and set(odd) == set(KINDS) and max(odd.values()) == 2
+    odd = Counter(schedule(random.Random(4), kinds + 1))
+    assert sum(odd.values()) == kinds + 1 and set(odd) == set(KINDS) and max(odd.values()) == 2
+    without = schedule(random.Random(5), 10, tuple(k for k in KINDS if k != "mariadb"))  # a JSON torture
+    assert "mariadb" not in without and len(without) == 10
 
 
 def test_kill_points_are_valid_fault_specs() -> None:
