@@ -96,7 +96,8 @@ def reset(conn: pymysql.connections.Connection, database: str = DEFAULT_DATABASE
         for statement in SCHEMA:
             cur.execute(statement)
         # The load generator's order ids (harness.mariadb.load: above LOAD_ORDER_IDS, far beyond the
-        # workload's). Not a SEQUENCE: Debezium's MySQL connector cannot parse CREATE SEQUENCE and stops.
+        # workload's). A table, not a SEQUENCE, so that the workload also suits the 3.x MySQL connectors,
+        # which cannot parse CREATE SEQUENCE and stop (docs/types-mysql.md).
         cur.execute("CREATE TABLE load_ids (id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY)")
 
 
