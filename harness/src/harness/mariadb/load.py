@@ -15,7 +15,7 @@ from decimal import Decimal
 
 import pymysql
 
-from harness.mariadb.workload import DEFAULT_DATABASE, LOAD_ORDER_IDS, SESSION_TIME_ZONE
+from harness.mariadb.workload import LOAD_ORDER_IDS, SESSION_TIME_ZONE
 from harness.steady import SteadyLoad
 
 Say = Callable[[str], None]
@@ -25,21 +25,22 @@ class MariaLoadGenerator(SteadyLoad):
     """Writes ``rate`` row changes per second for ``duration`` seconds into MariaDB's ``shop`` database.
 
     Args:
-        host, port, user, password: a MariaDB login that may write the database.
+        connect: a new autocommit utf8mb4 connection to the database, as a user who may write it (the
+            stack's ``component("mariadb").connect(database)``), after
+            :func:`harness.mariadb.workload.reset` and its workload.
         rate, duration, seed, say: as :class:`harness.steady.SteadyLoad`'s.
-        database: the database, after :func:`harness.mariadb.workload.reset` and its workload.
     """
 
     disconnected = (pymysql.OperationalError, pymysql.InterfaceError)
     thread_name = "mariadb-load"
 
-    def __init__(self, *, host: str, port: int, user: str, password: str, rate: float, duration: float | None,
-                 seed: int = 1, database: str = DEFAULT_DATABASE, say: Say | None = None) -> None:
+    def __init__(self, connect: Callable[[], pymysql.connections.Connection], *, rate: float,
+                 duration: float | None, seed: int = 1, say: Say | None = None) -> None:
         super().__init__(rate=rate, duration=duration, seed=seed, say=say)
-        self.login = {"host": host, "port": port, "user": user, "password": password, "database": database}
+        self._connect = connect
 
     def connect(self) -> pymysql.connections.Connection:
-        conn = pymysql.connect(**self.login, autocommit=True, charset="utf8mb4", connect_timeout=5)
+        conn = self._connect()
         with conn.cursor() as cur:
             cur.execute(f"SET time_zone = '{SESSION_TIME_ZONE}'")
         return conn
@@ -49,7 +50,7 @@ class MariaLoadGenerator(SteadyLoad):
             cur.execute("SELECT id FROM customers ORDER BY id")
             customers = [int(r[0]) for r in cur.fetchall()]
         if not customers:
-            raise RuntimeError(f"database {self.login['database']} has no customers to write orders for")
+            raise RuntimeError("the database has no customers to write orders for (run its workload first)")
         return customers
 
     def transaction(self, conn: pymysql.connections.Connection, customers: list[int]) -> int:

@@ -108,6 +108,8 @@ class StackTortureResult:
     mariadb_workload: MariaWorkloadReport | None = None
     mariadb_load: LoadReport | None = None
     mariadb_capture: CaptureResult | None = None
+    #: the kinds of fault the schedule drew from
+    kinds: tuple[str, ...] = KINDS
     final_exit: int | None = None
     check: StackCheck | None = None
     failure: str | None = None
@@ -119,7 +121,7 @@ class StackTortureResult:
 
     def by_kind(self) -> dict[str, int]:
         counts = Counter(f.kind for f in self.faults)
-        return {k: counts[k] for k in KINDS if counts[k] or k != "mariadb"}
+        return {k: counts[k] for k in self.kinds}
 
 
 class StackTorture:
@@ -162,13 +164,12 @@ class StackTorture:
         loads.append(LoadGenerator(dsn, rate=spec.rate, duration=None, seed=spec.seed, schema=spec.schema,
                                    application_name="stack-torture-load").start())
         if maria:
-            s = stack.settings
-            loads.append(MariaLoadGenerator(host="127.0.0.1", port=s.mariadb_port, user=s.mariadb_user,
-                                            password=s.credentials.mariadb_password, rate=spec.rate / 2,
-                                            duration=None, seed=spec.seed, database=spec.schema).start())
+            mariadb = stack.component("mariadb")
+            loads.append(MariaLoadGenerator(lambda: mariadb.connect(spec.schema), rate=spec.rate / 2,
+                                            duration=None, seed=spec.seed).start())
         self.say(f"ingest run --continuous (pid {process.pid}) and load at {spec.rate:.0f} changes/s started"
                  + (f" (MariaDB: {spec.rate / 2:.0f}/s)" if maria else "") + f"; {spec.faults} faults to go")
-        kinds = KINDS if maria else tuple(k for k in KINDS if k != "mariadb")
+        kinds = self.result.kinds = KINDS if maria else tuple(k for k in KINDS if k != "mariadb")
         try:
             for n, kind in enumerate(schedule(self.rng, spec.faults, kinds), 1):
                 time.sleep(self.rng.uniform(*spec.pause))
