@@ -135,6 +135,7 @@ class Runner:
                 if not any(pending(self.config, specs).values()):
                     report = self._caught_up(specs, started)
             if report is None:
+                self._ask_registry(specs)
                 # Spark, Great Expectations and the journey load only when some table has work.
                 from ingest.stream.queries import StreamingRun
 
@@ -152,6 +153,23 @@ class Runner:
                    batches=sum(len(t.batches) for t in report.tables.values()), caught_up=report.caught_up,
                    failed=sorted(report.failed))
         return report
+
+    def _ask_registry(self, specs: list[TableSpec]) -> None:
+        """One question to a Confluent-compatible registry of Avro records before Spark starts, as to the
+        Kafka cluster: a refused login or a registry that does not answer fails the run here, in a second,
+        with the registry's reason, instead of after the session's start and the first batch's retries.
+
+        Raises:
+            RegistryUnavailableError: the registry did not answer, or refused (401/403, 5xx).
+        """
+        registry = self.config.source.registry
+        if self.config.source.value_format != "avro" or registry.kind != "confluent" or not registry.url or not specs:
+            return
+        from ingest.decode.registry import ConfluentSchemaRegistry  # its client: only for a run with work
+
+        client = ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
+                                                       secrets_file=self.config.secrets_path, tls=registry.tls)
+        client.subject_schemas([f"{specs[0].topic}-value"])  # a subject not registered yet is an answer too
 
     def _caught_up(self, specs: list[TableSpec], started: float) -> RunReport:
         """The report of a run whose tables hold every record of their topics: nothing started, nothing

@@ -1,0 +1,122 @@
+"""A run of Avro records asks the schema registry one question before Spark starts, as it asks Kafka.
+
+A registry that refuses the login (HTTP 401) or does not answer ends the run with exit 3 and one line
+naming it, with neither Spark nor Great Expectations loaded; a run with nothing to do does not ask.
+The registry here is an HTTP server on loopback that refuses every request, as a registry with basic
+auth does for a wrong password (``tests/stack/test_security.py`` checks the real one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import yaml
+
+from ingest.config import load_config
+from tests.dagster.conftest import produce
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPIC = "app.public.notes"
+
+_PROBE = """
+import json, sys
+from typer.testing import CliRunner
+from ingest.cli import app
+result = CliRunner().invoke(app, sys.argv[1:])
+print(json.dumps({"code": result.exit_code, "output": result.output,
+                  "loaded": sorted(m for m in ("pyspark", "great_expectations") if m in sys.modules)}))
+"""
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    asked: ClassVar[list[str]]  # each server's own list (the fixture makes a subclass per server)
+
+    def do_GET(self) -> None:
+        self.asked.append(self.path)
+        body = json.dumps({"error_code": 401, "message": "Unauthorized"}).encode()
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def refusing() -> Iterator[tuple[str, list[str]]]:
+    """A registry URL whose every request is refused (401), and the paths it was asked."""
+    asked: list[str] = []
+    handler = type("Refusing", (_Refusing,), {"asked": asked})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    server.shutdown()
+
+
+def _config(tmp_path: Path, registry_url: str) -> Path:
+    raw = {"workdir": str(tmp_path / "work"),
+           "source": {"value_format": "avro", "registry": {"kind": "confluent", "url": registry_url}},
+           "tables": [{"name": "notes", "topic": TOPIC}]}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _run(path: Path, env: dict[str, str]) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", _PROBE, "run", "-c", str(path)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, check=False, env=env)
+    assert done.stdout.strip(), done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+#: A login the registry refuses, from the environment as the configuration's credentials_env names it.
+ENV = {**os.environ, "SCHEMA_REGISTRY_USER_INFO": "ingest:not-the-password"}
+
+
+def test_a_refused_registry_login_ends_the_run_before_spark(tmp_path: Path,
+                                                              refusing: tuple[str, list[str]]) -> None:
+    url, asked = refusing
+    path = _config(tmp_path, url)
+    produce(load_config(path), TOPIC, [("c", {"id": 1, "body": "one"}, 10)])  # work (never decoded here)
+
+    result = _run(path, ENV)
+    assert result["code"] == 3, result["output"]
+    assert f"schema registry refused subject {TOPIC}-value: HTTP 401" in result["output"], result["output"]
+    assert "Traceback" not in result["output"] and "not-the-password" not in result["output"]
+    assert result["loaded"] == [], result["loaded"]  # neither Spark nor Great Expectations
+    assert asked and all(p.startswith(f"/subjects/{TOPIC}-value") for p in asked), asked
+
+
+def test_a_registry_that_does_not_answer_ends_the_run_before_spark(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = _config(tmp_path, f"http://127.0.0.1:{port}")
+    produce(load_config(path), TOPIC, [("c", {"id": 1, "body": "one"}, 10)])
+
+    result = _run(path, ENV)
+    assert result["code"] == 3, result["output"]
+    assert f"schema registry 127.0.0.1:{port} unreachable while listing subject {TOPIC}-value" in result["output"]
+    assert result["loaded"] == [], result["loaded"]
+
+
+def test_a_run_with_nothing_to_do_does_not_ask_the_registry(tmp_path: Path, refusing: tuple[str, list[str]]) -> None:
+    url, asked = refusing
+    path = _config(tmp_path, url)
+    produce(load_config(path), TOPIC, [])  # the topic exists and is empty: every table is caught up
+
+    result = _run(path, ENV)
+    assert result["code"] == 0 and "Spark was not started" in result["output"], result["output"]
+    assert asked == []
