@@ -62,6 +62,12 @@ def spark():
     # instead: 79.5 s). The product keeps code generation: on the 20k-record batches of
     # benchmarks/bench_compare.py it made no difference (106.9 s against 106.1 s, one pair).
     extra = (*extra, ("spark.sql.codegen.factoryMode", "NO_CODEGEN"))
+    # Adaptive query execution off: it re-plans a query between its stages and runs each stage as a job
+    # of its own, which pays for itself on large shuffles, never on a test's rows. On the executor path
+    # (target.plan_on: executors) a batch of tests/proof/torture/test_crash_windows.py ran 20 jobs
+    # instead of 34 and took 13 % less, and that module's executor cases with tests/apply/test_spark_batch.py
+    # 339 s instead of 380 s (one pytest process each, timed by hand). The product keeps Spark's default.
+    extra = (*extra, ("spark.sql.adaptive.enabled", "false"))
     session = get_spark("local[2]", 2, extra)
     yield session
     session.stop()
