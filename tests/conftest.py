@@ -155,13 +155,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 #: Seconds the costliest modules took in a run of the suite here (2 cores, -n 2), for the schedule
 #: (``scripts/suite_times.py`` prints these lines from a run's JUnit XML).
 MODULE_SECONDS: Final = {
-    "tests/test_engine_e2e.py": 280, "tests/proof/torture/test_maintain_beside_a_run.py": 240,
-    "tests/proof/torture/test_crash_windows.py": 240, "tests/test_semantics_edges.py": 200,
-    "tests/packaging/test_wheel.py": 200, "tests/packaging/test_upgrade.py": 200, "tests/lake/test_s3_lake.py": 180,
-    "tests/lake/test_s3_torture.py": 150,
-    "tests/apply/test_spark_batch.py": 150, "tests/apply/test_batch_apply.py": 120,
-    "tests/proof/torture/test_torture_fast.py": 110, "tests/test_change_feed.py": 90, "tests/test_time_travel.py": 80,
-    "tests/apply/test_history.py": 80,
+    "tests/proof/torture/test_crash_windows.py": 460, "tests/test_engine_e2e.py": 400,
+    "tests/proof/torture/test_maintain_beside_a_run.py": 330, "tests/packaging/test_upgrade.py": 290,
+    "tests/test_semantics_edges.py": 270, "tests/lake/test_s3_lake.py": 260,
+    "tests/apply/test_spark_batch.py": 240, "tests/apply/test_moves.py": 220, "tests/lake/test_s3_torture.py": 210,
+    "tests/cuts/test_run.py": 200, "tests/packaging/test_wheel.py": 160, "tests/test_change_feed.py": 160,
+    "tests/proof/torture/test_torture_fast.py": 150, "tests/apply/test_batch_apply.py": 140,
+    "tests/cli/test_retype_runbook.py": 130, "tests/test_caught_up.py": 110,
+    "tests/lake/test_s3_permissions.py": 100, "tests/cli/test_stopped_table_runbook.py": 90,
+    "tests/test_time_travel.py": 90, "tests/apply/test_history.py": 90, "tests/cli/test_rebuild_runbook.py": 90,
+    "tests/proof/torture/test_secrets.py": 80, "tests/dagster/test_materialize.py": 70,
+    "tests/test_discovery.py": 60, "tests/cli/test_setup.py": 60, "tests/dagster/test_incremental.py": 60,
+    "tests/quality/test_quality_gate.py": 50, "tests/dagster/test_observe.py": 50,
+    "tests/quality/test_gate_on_spark.py": 50, "tests/apply/test_engines_interchange.py": 50,
+    "tests/apply/test_new_keys_append.py": 50, "tests/dagster/test_maintenance.py": 50,
+    "tests/cli/test_metrics.py": 50, "tests/test_maintain.py": 50,
+    "tests/proof/torture/test_checkpoint_loss.py": 40, "tests/apply/test_spark_lookup.py": 40,
 }
 
 
