@@ -24,6 +24,7 @@ import requests
 
 from harness.stack import tls
 from harness.stack.component import Component, Launch
+from harness.stack.kafka import LEAN_JVM
 from harness.stack.tools import ensure_nginx, registry_java, render
 
 CCOMPAT = "/apis/ccompat/v7"
@@ -50,7 +51,7 @@ class Registry(Component):
             "port": s.registry_port, "management_port": s.registry_mgmt_port, "data_dir": self.dir / "data"}))
 
     def launch(self) -> Launch:
-        cmd = [str(registry_java(self.progress)), "-Xms128m", "-Xmx768m", "-XX:+UseG1GC",
+        cmd = [str(registry_java(self.progress)), "-Xms128m", "-Xmx768m", *LEAN_JVM,
                f"-Djava.io.tmpdir={self.dir / 'tmp'}",
                f"-Dquarkus.config.locations={self.dir / 'application.properties'}",
                "-jar", str(self.settings.jars_dir / "registry" / "quarkus-run.jar")]
