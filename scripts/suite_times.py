@@ -72,6 +72,13 @@ def main() -> None:
     compare.add_row("only before", str(len(only_before)), f"{sum(before[t] for t in only_before):,.0f}", "")
     compare.add_row("only after", str(len(only_after)), "", f"{sum(after[t] for t in only_after):,.0f}")
     console.print(compare)
+    moved = Table(title=f"the {args.top} modules whose shared tests changed most")
+    for col in ("module", "seconds before", "seconds after", "change"):
+        moved.add_column(col, justify="left" if col == "module" else "right")
+    was, now = by_module({t: before[t] for t in common}), by_module({t: after[t] for t in common})
+    for module in sorted(was, key=lambda m: -abs(now[m] - was[m]))[:args.top]:
+        moved.add_row(module, f"{was[module]:,.0f}", f"{now[module]:,.0f}", f"{now[module] - was[module]:+,.0f}")
+    console.print(moved)
 
 
 if __name__ == "__main__":
