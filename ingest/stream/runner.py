@@ -105,6 +105,8 @@ class Runner:
             SuiteError: a table's expectations suite cannot be loaded or does not fit the table.
             TableLockedError: another process is writing one of the tables.
             SourceUnavailableError: the Kafka cluster does not answer or refuses the credentials.
+            RegistryUnavailableError: a table has work and the registry of its Avro records does not
+                answer or refuses the credentials (asked before Spark starts).
         """
         discovering = not tables and self.config.discover is not None
         if discovering:
