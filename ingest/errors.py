@@ -117,10 +117,20 @@ class RegistryUnavailableError(IngestError):
     """The schema registry could not answer (network, authentication, server error).
 
     Not the message's fault, so nothing is quarantined: the batch fails, the table stops, and the
-    next run retries. The message is already redacted (no URL credentials).
+    next run retries. The message is already redacted (no URL credentials). ``status`` is the HTTP
+    status the registry answered with, if it answered.
     """
 
     transient: ClassVar[bool] = True
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def refused_login(self) -> bool:
+        """The registry answered and refused the credentials (HTTP 401 or 403)."""
+        return self.status in (401, 403)
 
 
 class SourceUnavailableError(IngestError):

@@ -1,14 +1,19 @@
 """A run of Avro records asks the schema registry one question before Spark starts, as it asks Kafka.
 
-A registry that refuses the login (HTTP 401) or does not answer ends the run with exit 3 and one line
-naming it, with neither Spark nor Great Expectations loaded; a run with nothing to do does not ask.
-The registry here is an HTTP server on loopback that refuses every request, as a registry with basic
-auth does for a wrong password (``tests/stack/test_security.py`` checks the real one).
+A registry that refuses the login (HTTP 401) ends the run with exit 3 and one line naming it, with
+neither Spark nor Great Expectations loaded; a run with nothing to do does not ask. A registry that
+does not answer, or answers 5xx (nginx's 502 while the registry behind it restarts), is an outage the
+run rides out: the question only logs a warning. The registry here is an HTTP server on loopback
+answering every request with one status, as a registry behind basic auth answers a wrong password
+(``tests/stack/test_security.py`` checks the real one, ``tests/stack/test_torture_stack.py`` runs
+through its restarts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -23,6 +28,7 @@ import pytest
 import yaml
 
 from ingest.config import load_config
+from ingest.stream.runner import Runner
 from tests.dagster.conftest import produce
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,13 +44,14 @@ print(json.dumps({"code": result.exit_code, "output": result.output,
 """
 
 
-class _Refusing(BaseHTTPRequestHandler):
-    asked: ClassVar[list[str]]  # each server's own list (the fixture makes a subclass per server)
+class _Answering(BaseHTTPRequestHandler):
+    asked: ClassVar[list[str]]  # each server's own list and status (the fixture makes a subclass per server)
+    status: ClassVar[int]
 
     def do_GET(self) -> None:
         self.asked.append(self.path)
-        body = json.dumps({"error_code": 401, "message": "Unauthorized"}).encode()
-        self.send_response(401)
+        body = json.dumps({"error_code": self.status, "message": "refused"}).encode()
+        self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -54,15 +61,24 @@ class _Refusing(BaseHTTPRequestHandler):
         pass
 
 
+@contextlib.contextmanager
+def _registry(status: int) -> Iterator[tuple[str, list[str]]]:
+    """A registry URL whose every request is answered with ``status``, and the paths it was asked."""
+    asked: list[str] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Answering", (_Answering,), {"asked": asked,
+                                                                                    "status": status}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+
+
 @pytest.fixture
 def refusing() -> Iterator[tuple[str, list[str]]]:
-    """A registry URL whose every request is refused (401), and the paths it was asked."""
-    asked: list[str] = []
-    handler = type("Refusing", (_Refusing,), {"asked": asked})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", asked
-    server.shutdown()
+    """A registry that refuses every login (HTTP 401)."""
+    with _registry(401) as registry:
+        yield registry
 
 
 def _config(tmp_path: Path, registry_url: str) -> Path:
@@ -99,17 +115,23 @@ def test_a_refused_registry_login_ends_the_run_before_spark(tmp_path: Path,
     assert asked and all(p.startswith(f"/subjects/{TOPIC}-value") for p in asked), asked
 
 
-def test_a_registry_that_does_not_answer_ends_the_run_before_spark(tmp_path: Path) -> None:
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    path = _config(tmp_path, f"http://127.0.0.1:{port}")
-    produce(load_config(path), TOPIC, [("c", {"id": 1, "body": "one"}, 10)])
-
-    result = _run(path, ENV)
-    assert result["code"] == 3, result["output"]
-    assert f"schema registry 127.0.0.1:{port} unreachable while listing subject {TOPIC}-value" in result["output"]
-    assert result["loaded"] == [], result["loaded"]
+@pytest.mark.parametrize("answer", ["none", 502])
+def test_a_registry_outage_at_the_start_is_left_to_the_run(tmp_path: Path, answer: str | int,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "config.yaml"
+    with contextlib.ExitStack() as stack:
+        if answer == "none":
+            with socket.socket() as sock:  # a port nothing listens on
+                sock.bind(("127.0.0.1", 0))
+                url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        else:
+            url, _ = stack.enter_context(_registry(int(answer)))
+        path = _config(tmp_path, url)
+        config = load_config(path)
+        with caplog.at_level(logging.WARNING, logger="ingest.stream.runner"):
+            Runner(config)._ask_registry(list(config.tables))  # no exception: the run would go on
+    [warning] = [r.getMessage() for r in caplog.records if "did not answer at the start" in r.getMessage()]
+    assert f"{TOPIC}-value" in warning and ("unreachable" in warning if answer == "none" else "HTTP 502" in warning)
 
 
 def test_a_run_with_nothing_to_do_does_not_ask_the_registry(tmp_path: Path, refusing: tuple[str, list[str]]) -> None:

@@ -194,7 +194,7 @@ class ConfluentSchemaRegistry:
                     raise SchemaRegistryError(f"schema id {schema_id} is not in the registry") from None
                 raise RegistryUnavailableError(secrets.redact(
                     f"schema registry refused schema id {schema_id}: HTTP {exc.http_status_code} {exc.error_message}"
-                )) from None
+                ), status=exc.http_status_code) from None
             except Exception as exc:  # httpx transport errors and the like: the registry is not there
                 raise self._unreachable(f"fetching schema id {schema_id}", exc) from None
             try:
@@ -239,7 +239,7 @@ class ConfluentSchemaRegistry:
                     continue
                 raise RegistryUnavailableError(secrets.redact(
                     f"schema registry refused subject {subject}: HTTP {exc.http_status_code} {exc.error_message}"
-                )) from None
+                ), status=exc.http_status_code) from None
             except Exception as exc:
                 raise self._unreachable(f"listing subject {subject}", exc) from None
         return found

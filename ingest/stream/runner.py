@@ -18,6 +18,7 @@ from ingest import logs, secrets, tls
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.cuts.publish import Publisher
+from ingest.errors import RegistryUnavailableError
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.records import audit
@@ -105,8 +106,8 @@ class Runner:
             SuiteError: a table's expectations suite cannot be loaded or does not fit the table.
             TableLockedError: another process is writing one of the tables.
             SourceUnavailableError: the Kafka cluster does not answer or refuses the credentials.
-            RegistryUnavailableError: a table has work and the registry of its Avro records does not
-                answer or refuses the credentials (asked before Spark starts).
+            RegistryUnavailableError: a table has work and the registry of its Avro records refuses the
+                credentials (asked before Spark starts).
         """
         discovering = not tables and self.config.discover is not None
         if discovering:
@@ -157,21 +158,28 @@ class Runner:
         return report
 
     def _ask_registry(self, specs: list[TableSpec]) -> None:
-        """One question to a Confluent-compatible registry of Avro records before Spark starts, as to the
-        Kafka cluster: a refused login or a registry that does not answer fails the run here, in a second,
-        with the registry's reason, instead of after the session's start and the first batch's retries.
+        """One question to a Confluent-compatible registry of Avro records before Spark starts: a refused
+        login fails the run here, in a second, with the registry's answer, instead of after the session's
+        start and the first batch's retries. A registry that does not answer (or answers 5xx) is an
+        outage, which the run rides out as any other (docs/operations.md): it goes on, with a warning.
 
         Raises:
-            RegistryUnavailableError: the registry did not answer, or refused (401/403, 5xx).
+            RegistryUnavailableError: the registry refused the credentials (HTTP 401 or 403).
         """
         registry = self.config.source.registry
         if self.config.source.value_format != "avro" or registry.kind != "confluent" or not registry.url or not specs:
             return
         from ingest.decode.registry import ConfluentSchemaRegistry  # its client: only for a run with work
 
-        client = ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
-                                                       secrets_file=self.config.secrets_path, tls=registry.tls)
-        client.subject_schemas([f"{specs[0].topic}-value"])  # a subject not registered yet is an answer too
+        try:
+            client = ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
+                                                           secrets_file=self.config.secrets_path, tls=registry.tls)
+            client.subject_schemas([f"{specs[0].topic}-value"])  # a subject not registered yet is an answer too
+        except RegistryUnavailableError as exc:
+            if exc.refused_login:
+                raise
+            log.warning("the schema registry did not answer at the start (%s); the run goes on and its tables "
+                        "wait for it", secrets.describe(exc))
 
     def _caught_up(self, specs: list[TableSpec], started: float) -> RunReport:
         """The report of a run whose tables hold every record of their topics: nothing started, nothing
