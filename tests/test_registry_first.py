@@ -118,7 +118,6 @@ def test_a_refused_registry_login_ends_the_run_before_spark(tmp_path: Path,
 @pytest.mark.parametrize("answer", ["none", 502])
 def test_a_registry_outage_at_the_start_is_left_to_the_run(tmp_path: Path, answer: str | int,
                                                           caplog: pytest.LogCaptureFixture) -> None:
-    path = tmp_path / "config.yaml"
     with contextlib.ExitStack() as stack:
         if answer == "none":
             with socket.socket() as sock:  # a port nothing listens on
