@@ -3,10 +3,10 @@
 A registry that refuses the login (HTTP 401) ends the run with exit 3 and one line naming it, with
 neither Spark nor Great Expectations loaded; a run with nothing to do does not ask. A registry that
 does not answer, or answers 5xx (nginx's 502 while the registry behind it restarts), is an outage the
-run rides out: the question only logs a warning. The registry here is an HTTP server on loopback
-answering every request with one status, as a registry behind basic auth answers a wrong password
-(``tests/stack/test_security.py`` checks the real one, ``tests/stack/test_torture_stack.py`` runs
-through its restarts).
+run rides out: the question only logs a warning. The registry here is
+:class:`tests.fake_registry.FakeRegistry` on loopback, which answers a wrong password as a registry
+behind basic auth does (``tests/stack/test_security.py`` checks the real one,
+``tests/stack/test_torture_stack.py`` runs through its restarts).
 """
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import yaml
@@ -30,6 +28,7 @@ import yaml
 from ingest.config import load_config
 from ingest.stream.runner import Runner
 from tests.dagster.conftest import produce
+from tests.fake_registry import FakeRegistry
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPIC = "app.public.notes"
@@ -44,41 +43,12 @@ print(json.dumps({"code": result.exit_code, "output": result.output,
 """
 
 
-class _Answering(BaseHTTPRequestHandler):
-    asked: ClassVar[list[str]]  # each server's own list and status (the fixture makes a subclass per server)
-    status: ClassVar[int]
-
-    def do_GET(self) -> None:
-        self.asked.append(self.path)
-        body = json.dumps({"error_code": self.status, "message": "refused"}).encode()
-        self.send_response(self.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _registry(status: int) -> Iterator[tuple[str, list[str]]]:
-    """A registry URL whose every request is answered with ``status``, and the paths it was asked."""
-    asked: list[str] = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Answering", (_Answering,), {"asked": asked,
-                                                                                    "status": status}))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", asked
-    finally:
-        server.shutdown()
-
-
 @pytest.fixture
-def refusing() -> Iterator[tuple[str, list[str]]]:
-    """A registry that refuses every login (HTTP 401)."""
-    with _registry(401) as registry:
-        yield registry
+def refusing(tmp_path: Path) -> Iterator[FakeRegistry]:
+    """A registry whose login :data:`ENV` does not know (it answers 401)."""
+    fake = FakeRegistry(tmp_path, user="ingest", password="the-password")
+    yield fake
+    fake.close()
 
 
 def _config(tmp_path: Path, registry_url: str) -> Path:
@@ -101,10 +71,8 @@ def _run(path: Path, env: dict[str, str]) -> dict[str, Any]:
 ENV = {**os.environ, "SCHEMA_REGISTRY_USER_INFO": "ingest:not-the-password"}
 
 
-def test_a_refused_registry_login_ends_the_run_before_spark(tmp_path: Path,
-                                                              refusing: tuple[str, list[str]]) -> None:
-    url, asked = refusing
-    path = _config(tmp_path, url)
+def test_a_refused_registry_login_ends_the_run_before_spark(tmp_path: Path, refusing: FakeRegistry) -> None:
+    path, asked = _config(tmp_path, refusing.url), refusing.asked
     produce(load_config(path), TOPIC, [("c", {"id": 1, "body": "one"}, 10)])  # work (never decoded here)
 
     result = _run(path, ENV)
@@ -124,7 +92,9 @@ def test_a_registry_outage_at_the_start_is_left_to_the_run(tmp_path: Path, answe
                 sock.bind(("127.0.0.1", 0))
                 url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         else:
-            url, _ = stack.enter_context(_registry(int(answer)))
+            fake = FakeRegistry(tmp_path, user="ingest", password="the-password", answer=int(answer))
+            stack.callback(fake.close)
+            url = fake.url
         path = _config(tmp_path, url)
         config = load_config(path)
         with caplog.at_level(logging.WARNING, logger="ingest.stream.runner"):
@@ -133,9 +103,8 @@ def test_a_registry_outage_at_the_start_is_left_to_the_run(tmp_path: Path, answe
     assert f"{TOPIC}-value" in warning and ("unreachable" in warning if answer == "none" else "HTTP 502" in warning)
 
 
-def test_a_run_with_nothing_to_do_does_not_ask_the_registry(tmp_path: Path, refusing: tuple[str, list[str]]) -> None:
-    url, asked = refusing
-    path = _config(tmp_path, url)
+def test_a_run_with_nothing_to_do_does_not_ask_the_registry(tmp_path: Path, refusing: FakeRegistry) -> None:
+    path, asked = _config(tmp_path, refusing.url), refusing.asked
     produce(load_config(path), TOPIC, [])  # the topic exists and is empty: every table is caught up
 
     result = _run(path, ENV)

@@ -9,30 +9,27 @@ checkpoints -- for the secrets.
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import logging
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 from ingest import secrets
 from ingest.config import load_config
-from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry
+from ingest.decode.registry import ConfluentSchemaRegistry
 from ingest.errors import ConfigError, RegistryUnavailableError, SchemaRegistryError
 from ingest.lake.delta import open_table, read_all
 from ingest.records import audit, quarantine
 from ingest.source.topiclog import ProducerRecord, TopicLog
+from tests.fake_registry import FakeRegistry
 from tests.proof.torture.corpus import ITEM_FIELDS, AvroTable, Topic, item
 
 USER, PASSWORD = "svc-ingest", "S3cret-Registry-Pa55"
@@ -42,59 +39,13 @@ AWS = "AwsSecretKey-XYZ-1234567"
 SECRETS = (PASSWORD, WRONG, "K4fka-Jaas-Secret", AWS)
 
 
-class _Registry(BaseHTTPRequestHandler):
-    schemas: dict[int, dict[str, Any]]
-
-    def do_GET(self) -> None:
-        expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-        if self.headers.get("Authorization") != expected:
-            return self._reply(401, {"error_code": 40101, "message": "Unauthorized"})
-        parts = urlsplit(self.path).path.strip("/").split("/")
-        if parts[:2] == ["schemas", "ids"] and parts[2].isdigit() and int(parts[2]) in self.schemas:
-            return self._reply(200, {"schema": json.dumps(self.schemas[int(parts[2])])})
-        return self._reply(404, {"error_code": 40403, "message": "Schema not found"})
-
-    def _reply(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-class FakeRegistry:
-    """A basic-auth schema registry on localhost serving what is registered in a local embedded one."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.local = EmbeddedSchemaRegistry(tmp_path / "registry-source")
-        schemas: dict[int, dict[str, Any]] = {}
-        self.schemas = schemas
-
-        class Handler(_Registry):
-            pass
-
-        Handler.schemas = schemas
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def publish(self) -> None:
-        for ids in self.local.subjects().values():
-            for schema_id in ids:
-                self.schemas[schema_id] = self.local.get_schema(schema_id)
-
-
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[FakeRegistry]:
-    fake = FakeRegistry(tmp_path)
+    fake = FakeRegistry(tmp_path, user=USER, password=PASSWORD)
     try:
         yield fake
     finally:
-        fake.server.shutdown()
+        fake.close()
 
 
 # -- unit ---------------------------------------------------------------------------------------------
