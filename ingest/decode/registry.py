@@ -26,6 +26,7 @@ from ingest.lake.locks import exclusive
 from ingest.tls import verify_failure
 
 if TYPE_CHECKING:
+    from ingest.config import IngestConfig
     from ingest.config.source import TlsSpec
 
 MAGIC_BYTE = 0
@@ -243,6 +244,20 @@ class ConfluentSchemaRegistry:
             except Exception as exc:
                 raise self._unreachable(f"listing subject {subject}", exc) from None
         return found
+
+
+def confluent_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:
+    """The client of the configuration's Confluent-compatible registry, with the credentials and TLS its
+    ``source.registry`` names (``None`` for the embedded registry).
+
+    Raises:
+        RegistryUnavailableError: the client cannot be created.
+    """
+    registry = config.source.registry
+    if registry.kind != "confluent" or not registry.url:
+        return None
+    return ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
+                                                 secrets_file=config.secrets_path, tls=registry.tls)
 
 
 class PrefetchedSchemaRegistry:

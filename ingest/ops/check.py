@@ -133,12 +133,11 @@ def _topics(config: IngestConfig) -> list[Check]:
 
 def _registry(config: IngestConfig) -> Check:
     registry = config.source.registry
-    if registry.kind != "confluent" or not registry.url:
-        return Check("registry", True, f"{registry.kind} registry: nothing to reach")
-    from ingest.decode.registry import ConfluentSchemaRegistry  # the registry client: only when one is configured
+    from ingest.decode.registry import confluent_registry  # the registry client: only when the check runs
 
-    client = ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
-                                                   secrets_file=config.secrets_path, tls=registry.tls)
+    client = confluent_registry(config)
+    if client is None:
+        return Check("registry", True, f"{registry.kind} registry: nothing to reach")
     subjects = [f"{spec.topic}-value" for spec in config.tables]
     found = client.subject_schemas(subjects) if subjects else {}
     where = secrets.redact(registry.url)

@@ -42,7 +42,7 @@ from ingest.cuts.align import Reach, boundary, newest_mark, tail_starts, trim
 from ingest.cuts.publish import Publisher
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.decode.parts import FRAME, PARTS_DDL, part_kind, read_parts
-from ingest.decode.registry import ConfluentSchemaRegistry
+from ingest.decode.registry import ConfluentSchemaRegistry, confluent_registry
 from ingest.errors import RegistryUnavailableError, is_cancellation, is_transient, is_unavailability
 from ingest.lake.layout import TablePaths
 from ingest.model import SourceMark
@@ -495,12 +495,8 @@ def _unavailable(parts: list[Any]) -> bool:
 
 def _driver_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:
     """The driver's client of a Confluent-compatible registry (None for the embedded one)."""
-    registry = config.source.registry
-    if registry.kind != "confluent" or not registry.url:
-        return None
     try:
-        return ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
-                                                     secrets_file=config.secrets_path, tls=registry.tls)
+        return confluent_registry(config)
     except RegistryUnavailableError as exc:
         log.warning("schema registry client not created on the driver (%s); the executors will ask it",
                     secrets.describe(exc))

@@ -166,15 +166,14 @@ class Runner:
         Raises:
             RegistryUnavailableError: the registry refused the credentials (HTTP 401 or 403).
         """
-        registry = self.config.source.registry
-        if self.config.source.value_format != "avro" or registry.kind != "confluent" or not registry.url or not specs:
+        if self.config.source.value_format != "avro" or not specs:
             return
-        from ingest.decode.registry import ConfluentSchemaRegistry  # its client: only for a run with work
+        from ingest.decode.registry import confluent_registry  # its client: only for a run with work
 
         try:
-            client = ConfluentSchemaRegistry.from_settings(registry.url, credentials_env=registry.credentials_env,
-                                                           secrets_file=self.config.secrets_path, tls=registry.tls)
-            client.subject_schemas([f"{specs[0].topic}-value"])  # a subject not registered yet is an answer too
+            client = confluent_registry(self.config)
+            if client is not None:  # a subject not registered yet is an answer too
+                client.subject_schemas([f"{specs[0].topic}-value"])
         except RegistryUnavailableError as exc:
             if exc.refused_login:
                 raise
