@@ -14,13 +14,13 @@ import re
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from harness.stack import tls
 from harness.stack.component import Component, Launch
 from harness.stack.errors import StackError
 from harness.stack.process import port_in_use
-from harness.stack.tools import kafka_java, render
+from harness.stack.tools import LEAN_JVM, kafka_java, render
 
 _quiet = logging.getLogger("harness.stack.librdkafka")
 _quiet.addHandler(logging.NullHandler())
@@ -46,15 +46,6 @@ def admin_client(config: dict[str, Any]) -> Any:
 
     full: dict[str, Any] = {**config, "logger": _quiet, "socket.connection.setup.timeout.ms": 3000}
     return AdminClient(full)
-
-
-#: JVM flags for the stack's Java servers (Kafka, Connect, the registry) on a small machine: the JIT's
-#: quick compiler only and the serial collector. The optimising compiler and G1's concurrent threads
-#: pay off on a busy server, not on loopback beside the engine and the suite on two cores. Measured with
-#: ``ps`` CPU seconds of the three JVMs, twice each way: 45-48 s until ``up`` answered and 33-35 s over
-#: the two idle minutes after it with G1 and both compilers, 24 s and 17 s with these (up in 20-21 s
-#: instead of 28-29 s). A server's peak speed is lower; the stack's loads are hundreds of changes/s.
-LEAN_JVM: Final = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 
 
 def jvm_options(heap: str) -> list[str]:

@@ -24,8 +24,7 @@ import requests
 
 from harness.stack import tls
 from harness.stack.component import Component, Launch
-from harness.stack.kafka import LEAN_JVM
-from harness.stack.tools import ensure_nginx, registry_java, render
+from harness.stack.tools import LEAN_JVM, ensure_nginx, registry_java, render
 
 CCOMPAT = "/apis/ccompat/v7"
 
