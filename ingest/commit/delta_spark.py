@@ -341,8 +341,9 @@ def _remember(spark: SparkSession, request: CommitRequest) -> None:
         return
     if not remembers_deletes(request):
         return
-    key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
-    remember_on_executors(spark, request.tombstones, request.key_columns, key_types, request.deletes.frame)
+    if request.deletes.count:  # a batch without deletes would pay a MERGE of nothing (seconds)
+        key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
+        remember_on_executors(spark, request.tombstones, request.key_columns, key_types, request.deletes.frame)
     crashpoints.point("after-tombstones")
 
 

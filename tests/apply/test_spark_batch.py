@@ -28,6 +28,7 @@ import pytest
 
 from ingest.apply import journey
 from ingest.apply.journey import apply_batch, apply_parts, placement_for
+from ingest.commit import delta_spark
 from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.delta_spark import DeltaSparkWriter
 from ingest.commit.state import OpenTables, load_state
@@ -44,6 +45,7 @@ from tests.apply.test_moves import SPECS as MOVE_SPECS
 from tests.apply.test_moves import story as moves_story
 from tests.apply.test_moves import table_rows as moved_rows
 from tests.apply.test_spark_reduce import random_parts
+from tests.factories import change, decoded_rows
 from tests.harness import Topic, flat, kafka_rows, key, paths_in
 from tests.quality.helpers import write_suite
 
@@ -276,3 +278,30 @@ def test_the_executors_fill_primary_key_moves_as_the_driver_does(tmp_path: Any, 
     rows = moved_rows(paths, spec)
     assert {k: (r["v"], r["note"]) for k, r in rows.items()} == expected
     assert not any(r["_cdc_unknown_columns"] for r in rows.values())
+
+
+def test_only_a_batch_with_deletes_writes_remembered_deletes(tmp_path: Any, spark: Any, monkeypatch: Any) -> None:
+    """In hard-delete mode a batch's deletes are remembered by a MERGE of their own before the
+    commit; a batch without deletes skips it (a MERGE of nothing costs seconds), and the remembered
+    deletes still equal the driver's."""
+    spec = TableSpec(name="t", topic="t")
+    engine = DeltaSparkWriter(spark)
+    on_driver, on_executors = paths_in(tmp_path / "driver"), paths_in(tmp_path / "executors")
+    batches = [decoded_rows([change("c", k, 10 + k) for k in range(5)]),
+               decoded_rows([change("u", 2, 20), change("c", 7, 21)], first_offset=5),
+               decoded_rows([change("d", 1, 30), change("u", 3, 31)], first_offset=7)]
+    remembering: list[int] = []
+    real = delta_spark.remember_on_executors
+    opened = OpenTables(on_executors, "t")
+    for i, parts in enumerate(batches):
+        monkeypatch.setattr(delta_spark, "remember_on_executors",
+                            lambda *a, _i=i, **k: remembering.append(_i) or real(*a, **k))
+        apply_parts(spec, on_driver, parts, batch_id=i, run_id="test", writer=REFERENCE)
+        blobs = pa.Table.from_batches([write_parts(parts)])
+        record = on_the_executors(spec, on_executors, arrow_frame(spark, blobs), opened, engine, batch_id=i).record
+        assert record is not None and record.status == "committed" and record.deleted == (i == 2)
+    assert remembering == [2]
+    drop = ("_cdc_recorded_at",)
+    assert [r["id"] for r in _table(on_executors.tombstones, drop)] == [1]
+    assert _table(on_executors.tombstones, drop) == _table(on_driver.tombstones, drop)
+    assert _table(on_executors.table) == _table(on_driver.table)
