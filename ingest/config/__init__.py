@@ -51,6 +51,12 @@ class QualitySpec(Model):
         "executors (target.plan_on), driver otherwise (on a local master the executors are the driver's own "
         "cores). Same expectations, policies, results and quarantine either way"
     )
+    driver_rows: int = Field(
+        100_000, ge=0, description="under validate_on: auto, a batch that would be validated on Spark is "
+        "validated on the driver when it holds at most this many rows to validate: they are collected in one "
+        "Spark job, where GX's Spark engine runs a few per expectation. Lower it to bound the driver's memory "
+        "(0: always Spark)"
+    )
 
 
 class DagsterSpec(Model):

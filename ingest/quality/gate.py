@@ -17,7 +17,9 @@ positions, so each failing row leads back to its change, its Kafka coordinates a
 the same rows and GX runs its Spark execution engine. A Spark row has no index, so GX names the
 failing rows by the table's primary key columns (``unexpected_index_column_names``), which the
 frame carries beside the suite's columns, and the gate maps each key back to its position: the
-same verdict, holds and reasons as on pandas.
+same verdict, holds and reasons as on pandas. GX's Spark engine runs a few Spark jobs per
+expectation, so a batch with few rows to validate (``quality.driver_rows``, under
+``validate_on: auto``) is collected and validated on pandas all the same.
 
 **Policies** (per expectation, see :func:`ingest.quality.suites.effective_policies`): ``warn``
 records; ``quarantine`` holds back the failing rows -- for an aggregate expectation, or one GX could
@@ -140,20 +142,23 @@ class QualityGate:
         spec: the table.
         suite: its loaded suite.
         results: where full validation results go (``None``: not kept).
+        spark: the session to validate in (``None``: pandas, on the driver).
+        driver_rows: with a session, batches of at most this many validated rows are validated on
+            the driver all the same (``quality.driver_rows``; 0: every batch on Spark).
     """
 
     def __init__(self, spec: TableSpec, suite: LoadedSuite, *, results: ResultStore | None = None,
-                 spark: Any = None) -> None:
+                 spark: Any = None, driver_rows: int = 0) -> None:
         self.spec = spec
         self.suite = suite
         self.policies = effective_policies(spec, suite)
         self.results = results
         #: validate on a Spark DataFrame in this session (GX's Spark execution engine), not on pandas
         self.spark = spark
+        self.driver_rows = driver_rows if spark is not None else 0
         self._infos = {e.id: e for e in suite.expectations}  # by GX expectation id
         self._expectations = {e.id: e for e in suite.gx_suite.expectations}
-        with _GX_LOCK:
-            self._batch_definition = _batch_definition(spec.name, spark=spark is not None)
+        self._definitions: dict[bool, Any] = {}  # GX's batch definition, by whether it is Spark's
 
     @classmethod
     def for_table(cls, config: IngestConfig, spec: TableSpec, *, spark: Any = None,
@@ -173,9 +178,10 @@ class QualityGate:
         if not spec.expectations:
             return None
         suite = load_suite(config.expectations_dir, spec.expectations)
+        small = config.quality.driver_rows if config.quality.validate_on == "auto" else 0
         gate = cls(spec, suite, results=ResultStore(config.quality_results_dir / spec.name,
                                                     config.quality.keep_results),
-                   spark=spark)
+                   spark=spark, driver_rows=small)
         if table_columns is not None:
             check_columns(spec, suite, [c.name for c in table_columns], where="table")
         return gate
@@ -197,15 +203,16 @@ class QualityGate:
         wanted = self._wanted(types)
         rows = winners.filter(mask)
         keys: tuple[str, ...] = ()
-        if self.spark is not None:
+        on_spark = self.spark is not None and rows.num_rows > self.driver_rows
+        if on_spark:
             keys = tuple(json.loads(rows["_cdc_key_columns"][0].as_py() or "[]"))
             frame = build_spark_frame(self.spark, rows, wanted | {k: types[k] for k in keys if k in types})
         else:
             frame = build_frame(rows, wanted)
-        result = self._validate(frame, keys)
+        result = self._validate(frame, keys, on_spark=on_spark)
         del frame  # nothing of the batch may outlive it (memory stays flat over many batches)
-        return self._judge(result, self._outcomes(result, rows, keys), rows, rows.num_rows, validated,
-                           batch_id=batch_id, run_id=run_id)
+        return self._judge(result, self._outcomes(result, rows, keys, on_spark=on_spark), rows, rows.num_rows,
+                           validated, batch_id=batch_id, run_id=run_id)
 
     def check_frame(self, winners: DataFrame, table_columns: Sequence[ColumnSpec] | None,
                     key_columns: tuple[str, ...], *, batch_id: int, run_id: str) -> tuple[QualityReport, pa.Table]:
@@ -213,8 +220,10 @@ class QualityGate:
 
         GX validates a projection of ``winners`` itself. The rows its failing expectations name by
         key are the only ones collected (every validated row when a failure under ``quarantine``
-        names none: the whole batch is then held). Returns the report and those rows:
-        ``report.held`` indexes them.
+        names none: the whole batch is then held). A batch of at most :attr:`driver_rows` validated
+        rows is collected whole, validated by :meth:`check` instead and returned whole: one Spark job,
+        where GX's Spark engine runs a few per expectation. Returns the report and those rows: ``report.held``
+        indexes them.
 
         Raises:
             TableError: the gate has no Spark session.
@@ -231,16 +240,19 @@ class QualityGate:
         total = live.count()
         if not total:
             return QualityReport(), schema.empty_table()
+        if total <= self.driver_rows:
+            rows = normalize(live.toArrow())
+            return self.check(rows, table_columns, batch_id=batch_id, run_id=run_id), rows
         types = _column_types(table_columns, schema)
         check_columns(self.spec, self.suite, types, where="batch")
         frame = frame_of_winners(live, self._wanted(types) | {k: types[k] for k in key_columns})
-        result = self._validate(frame, key_columns)
+        result = self._validate(frame, key_columns, on_spark=True)
         del frame
         rows = rows_named(live, key_columns, result)
-        outcomes = self._outcomes(result, rows, key_columns)
+        outcomes = self._outcomes(result, rows, key_columns, on_spark=True)
         if any(not o.success and o.policy == "quarantine" and not o.names_rows for o in outcomes):
             rows = normalize(live.toArrow())  # the whole batch is held: every row goes to quarantine
-            outcomes = self._outcomes(result, rows, key_columns)
+            outcomes = self._outcomes(result, rows, key_columns, on_spark=True)
         return self._judge(result, outcomes, rows, total, range(rows.num_rows), batch_id=batch_id,
                            run_id=run_id), rows
 
@@ -248,13 +260,13 @@ class QualityGate:
         """The columns the suite reads, of ``types``."""
         return types if self.suite.needs_all_columns else {c: types[c] for c in types if c in self.suite.columns}
 
-    def _validate(self, frame: Any, keys: tuple[str, ...]) -> Any:
-        """GX's validation result of ``frame`` with the suite, failing map expectations run again to
-        name their rows (by ``keys`` on Spark)."""
+    def _validate(self, frame: Any, keys: tuple[str, ...], *, on_spark: bool) -> Any:
+        """GX's validation result of ``frame`` (a Spark DataFrame when ``on_spark``, else pandas) with
+        the suite, failing map expectations run again to name their rows (by ``keys`` on Spark)."""
         with _GX_LOCK, memoized_configurations():
-            validator = self._validator(frame)
+            validator = self._validator(frame, on_spark=on_spark)
             result = validator.validate_expectation_suite(self.suite.gx_suite)
-            self._name_failing_rows(validator, result, keys)
+            self._name_failing_rows(validator, result, keys, on_spark=on_spark)
         return result
 
     def _judge(self, result: Any, outcomes: list[Outcome], rows: pa.Table, total: int, validated: Sequence[int], *,
@@ -283,7 +295,7 @@ class QualityGate:
                                    [o.info.name for o in gate])
         return report
 
-    def _validator(self, frame: Any) -> Any:
+    def _validator(self, frame: Any, *, on_spark: bool) -> Any:
         """A GX validator of the frame, in result format :data:`FIRST_PASS`.
 
         GX's own ``Batch.validate`` would load (copy and fingerprint) the frame twice: once for the
@@ -292,24 +304,30 @@ class QualityGate:
         # Great Expectations (seconds to import): only when a suite validates
         from great_expectations.validator.v1_validator import Validator
 
-        return Validator(self._batch_definition, result_format=dict(FIRST_PASS),
+        return Validator(self._definition(on_spark=on_spark), result_format=dict(FIRST_PASS),
                          batch_parameters={"dataframe": frame})
 
-    def _name_failing_rows(self, validator: Any, result: Any, keys: tuple[str, ...] = ()) -> None:
+    def _definition(self, *, on_spark: bool) -> Any:
+        """The table's GX batch definition on Spark or pandas, made on first use (hold :data:`_GX_LOCK`)."""
+        if on_spark not in self._definitions:
+            self._definitions[on_spark] = _batch_definition(self.spec.name, spark=on_spark)
+        return self._definitions[on_spark]
+
+    def _name_failing_rows(self, validator: Any, result: Any, keys: tuple[str, ...], *, on_spark: bool) -> None:
         """Validate again, with every unexpected row's index, each map expectation that failed.
 
         On Spark a row has no index: GX names it by ``keys``, the table's primary key columns, and
         the expectation's own columns (see :func:`~ingest.quality.spark_rows.rows_of_keys`).
         """
         validator.result_format = dict(RESULT_FORMAT) | (
-            {"unexpected_index_column_names": list(keys)} if self.spark is not None else {})
+            {"unexpected_index_column_names": list(keys)} if on_spark else {})
         for n, r in enumerate(result.results):
             expectation_id = r.expectation_config.id
             if r.success or not self._infos[expectation_id].row_level or _exception(r.exception_info):
                 continue
             result.results[n] = validator.validate_expectation(self._expectations[expectation_id])
 
-    def _outcomes(self, result: Any, rows: pa.Table, keys: tuple[str, ...] = ()) -> list[Outcome]:
+    def _outcomes(self, result: Any, rows: pa.Table, keys: tuple[str, ...], *, on_spark: bool) -> list[Outcome]:
         outcomes = []
         by_key: dict[tuple[Any, ...], list[int]] | None = None  # built for the first row named by key
         for r in result.results:
@@ -317,7 +335,7 @@ class QualityGate:
             res = r.result or {}
             error = _exception(r.exception_info)
             named = list(res.get("unexpected_index_list") or [])
-            if self.spark is not None and named:  # named by key; without a key none is: the batch answers
+            if on_spark and named:  # named by key; without a key none is: the batch answers
                 if by_key is None and keys:
                     by_key = positions_by_key(rows, keys)
                 named = rows_of_keys(named, keys, by_key, rows) if by_key is not None else []

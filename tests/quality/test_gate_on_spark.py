@@ -70,7 +70,8 @@ def held_rows(gate: QualityGate, batch: pa.Table, spark=None) -> tuple:
     else:
         keys = tuple(json.loads(batch["_cdc_key_columns"][0].as_py()))
         report, rows = gate.check_frame(arrow_frame(spark, batch), None, keys, batch_id=0, run_id="r")
-        assert rows.num_rows == len(report.held) or not report.held  # nothing but the held rows came back
+        # nothing but the held rows came back, unless the batch was few enough to validate on the driver
+        assert rows.num_rows == len(report.held) or not report.held or rows.num_rows <= gate.driver_rows
     held = sorted((json.dumps(rows.slice(pos, 1).to_pylist()[0], default=str), h.expectations, h.reasons)
                   for pos, h in report.held.items())
     return report.status, report.evaluated, report.failed, report.failures, report.rows_validated, held
@@ -132,6 +133,33 @@ def test_rows_keyed_by_a_timestamp_are_named_on_spark_as_on_the_driver(tmp_path,
     assert verdict(on_spark, batch) == expected
 
 
+def test_a_batch_of_few_rows_on_the_executors_is_validated_on_the_driver_with_the_same_verdict(tmp_path, spark):
+    """``quality.driver_rows``: winners on Spark that are few are collected in one job and validated
+    with pandas (GX's Spark engine runs jobs per expectation); a batch past the bound stays on Spark."""
+    batch = winners([("c", 1, "eu", "ann", "10.00", 1.0), ("u", 2, "eu", "Bob", "20.00", 1.0),
+                     ("d", 3, "eu", None, None, None), ("c", 4, "us", "cy", "500.00", 1.0),
+                     ("c", 4, "eu", "dee", "5.00", 9.0), ("c", 6, "us", "cy", "7.00", 1.0)], ["id"])
+    driver, on_spark = both_gates(tmp_path, spark)
+    expected = held_rows(driver, batch)
+    tracker = spark.sparkContext.statusTracker()
+    jobs, sides = {}, []
+    real = QualityGate._validate
+
+    def spied(gate, frame, keys, *, on_spark):
+        sides.append(on_spark)
+        return real(gate, frame, keys, on_spark=on_spark)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(QualityGate, "_validate", spied)
+        for bound in (5, 4):  # the batch validates 5 rows (its delete is not validated)
+            gate = QualityGate(on_spark.spec, on_spark.suite, spark=spark, driver_rows=bound)
+            before = max(tracker.getJobIdsForGroup() or [0])
+            assert held_rows(gate, batch, spark) == expected
+            jobs[bound] = max(tracker.getJobIdsForGroup() or [0]) - before
+    assert sides == [False, True]
+    assert jobs[5] < jobs[4]  # fewer Spark jobs on the driver's side
+
+
 @pytest.mark.parametrize(("validate_on", "master", "on_spark"), [
     ("auto", "spark://cluster:7077", {"on_delta_spark"}), ("auto", "local[2]", set()),
     ("driver", "spark://cluster:7077", set()), ("spark", "local[2]", {"on_delta_spark", "on_delta_rs"}),
@@ -149,3 +177,6 @@ def test_the_engine_hands_its_session_to_the_gates_validate_on_picks(tmp_path, s
     gates = Runner(config, spark=spark).quality_gates(config.tables)
     assert {name for name, gate in gates.items() if gate.spark is spark} == on_spark
     assert {name for name, gate in gates.items() if gate.spark is None} == {"on_delta_spark", "on_delta_rs"} - on_spark
+    # auto leaves few rows to the driver (quality.driver_rows); spark validates every batch there
+    small = config.quality.driver_rows if validate_on == "auto" else 0
+    assert all(gate.driver_rows == small for gate in gates.values() if gate.spark is spark)

@@ -49,7 +49,7 @@ def gate() -> QualityGate:
 
 def validate(gate: QualityGate, frame: pd.DataFrame, result_format: dict[str, Any], *, shim: bool) -> Any:
     with _GX_LOCK:
-        batch = gate._batch_definition.get_batch(batch_parameters={"dataframe": frame})
+        batch = gate._definition(on_spark=False).get_batch(batch_parameters={"dataframe": frame})
         if not shim:
             return batch.validate(gate.suite.gx_suite, result_format=result_format)
         with gx_shim.memoized_configurations():
@@ -78,9 +78,9 @@ def test_second_pass_gives_failing_expectations_their_complete_result(gate):
     frame = orders(3000, bad=True)
     complete = validate(gate, frame, RESULT_FORMAT, shim=False)
     with _GX_LOCK, gx_shim.memoized_configurations():
-        validator = gate._validator(frame)
+        validator = gate._validator(frame, on_spark=False)
         two_pass = validator.validate_expectation_suite(gate.suite.gx_suite)
-        gate._name_failing_rows(validator, two_pass)
+        gate._name_failing_rows(validator, two_pass, (), on_spark=False)
     failing = {r.expectation_config.id: r for r in complete.results if not r.success}
     assert len(failing) == 3
     for r in two_pass.results:
