@@ -137,10 +137,15 @@ class SourceUnavailableError(IngestError):
     """The source (Kafka broker, embedded topic log) cannot answer: the lag is unknown, not zero.
 
     Transient: nothing is committed, and the next run or tick asks again. The message names the
-    source and what failed, never a credential.
+    source and what failed, never a credential. ``refused``: the source answered and refused the
+    credentials or the TLS handshake, which waiting does not mend.
     """
 
     transient: ClassVar[bool] = True
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class LakeUnavailableError(IngestError):

@@ -138,7 +138,7 @@ class KafkaAdmin:
             metadata = self._metadata()
         except KafkaException as exc:
             raise SourceUnavailableError(secrets.redact(
-                f"{self.describe()} did not list its topics: {self._why(exc)}")) from None
+                f"{self.describe()} did not list its topics: {self._why(exc)}"), refused=self._refused()) from None
         return sorted(t for t in metadata.topics if not t.startswith("__"))
 
     def end_offsets(self, topic: str) -> dict[int, int]:
@@ -179,10 +179,13 @@ class KafkaAdmin:
                 return admin.list_topics(topic, timeout=step)
             except KafkaException:
                 admin.poll(0)
-                refused = (self._client_error or "").startswith("_AUTHENTICATION") or tls.is_tls_failure(
-                    self._client_error or "")
-                if refused or time.monotonic() >= deadline:
+                if self._refused() or time.monotonic() >= deadline:
                     raise
+
+    def _refused(self) -> bool:
+        """Whether the cluster refused the login or the TLS handshake (as ``error_cb`` heard it)."""
+        error = self._client_error or ""
+        return error.startswith("_AUTHENTICATION") or tls.is_tls_failure(error)
 
     def _offsets(self, topic: str, which: Any) -> dict[int, int]:
         # librdkafka: only for a Kafka source (the CLI starts without it)
@@ -201,7 +204,8 @@ class KafkaAdmin:
             return {tp.partition: future.result().offset for tp, future in futures.items()}
         except KafkaException as exc:
             raise SourceUnavailableError(secrets.redact(
-                f"{self.describe()} did not answer for topic {topic!r}: {self._why(exc)}")) from None
+                f"{self.describe()} did not answer for topic {topic!r}: {self._why(exc)}"),
+                refused=self._refused()) from None
 
     def _isolation(self) -> Any:
         """The consumers' isolation level: a read_committed stream ends at the last stable offset."""

@@ -12,13 +12,13 @@ import logging
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ingest import logs, secrets, tls
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.cuts.publish import Publisher
-from ingest.errors import RegistryUnavailableError
+from ingest.errors import RegistryUnavailableError, SourceUnavailableError
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.records import audit
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from ingest.stream.queries import Mode
 
 log = logging.getLogger(__name__)
+#: The longest pause, in seconds, between a continuous run's questions to a cluster that does not answer.
+KAFKA_WAIT_MAX: Final = 30.0
 
 
 class Runner:
@@ -117,10 +119,7 @@ class Runner:
         secrets.prepare([source.registry.credentials_env, *([source.kafka.credentials_env] if source.kafka else [])],
                         self.config.secrets_path)
         if source.kind == "kafka" and not discovering:
-            # One question to the cluster before Spark starts (discovery has just asked one): a refused
-            # login or a broker that does not answer fails here in seconds with librdkafka's reason, not
-            # after Spark's Kafka source has waited out its own timeouts and the query's restarts.
-            catalog_for(self.config).topics()
+            self._ask_kafka(mode, stop_after)
         if source.kafka is not None and source.kafka.reader == "spark" and source.kafka.tls is not None:
             tls.check_java_key(source.kafka.tls)  # a key Spark's Java client cannot read: refused before it starts
         # One writer per table: a second run on any of these tables fails here, before Spark starts.
@@ -156,6 +155,33 @@ class Runner:
                    batches=sum(len(t.batches) for t in report.tables.values()), caught_up=report.caught_up,
                    failed=sorted(report.failed))
         return report
+
+    def _ask_kafka(self, mode: Mode, stop_after: float | None = None) -> None:
+        """One question to the cluster before Spark starts (discovery has just asked one): a refused
+        login or TLS handshake fails here in seconds with librdkafka's reason, not after Spark's Kafka
+        source has waited out its own timeouts and the query's restarts. So does a cluster that does
+        not answer a run that drains (a scheduler starts the next one); a continuous run waits for
+        it instead, as it rides out an outage once running (docs/operations.md), saying so now and then,
+        for ``stop_after`` seconds at most (``None``: until the cluster answers or the process is stopped).
+
+        Raises:
+            SourceUnavailableError: the cluster refused the run, did not answer a draining run, or did
+                not answer a continuous run within ``stop_after``.
+        """
+        catalog, waited, pause = catalog_for(self.config), 0.0, 1.0
+        while True:
+            try:
+                catalog.topics()
+                return
+            except SourceUnavailableError as exc:
+                if exc.refused or mode != "continuous" or (stop_after is not None and waited >= stop_after):
+                    raise
+                if waited == 0 or pause == KAFKA_WAIT_MAX:
+                    log.warning("%s; the continuous run waits for the cluster (asking every %.0f s at most)",
+                                exc, KAFKA_WAIT_MAX)
+            time.sleep(pause)
+            waited += pause
+            pause = min(pause * 2, KAFKA_WAIT_MAX)
 
     def _ask_registry(self, specs: list[TableSpec]) -> None:
         """One question to a Confluent-compatible registry of Avro records before Spark starts: a refused

@@ -14,9 +14,10 @@ in the workdir, so it is searched too.
    PostgreSQL's; ``--as-of`` reads the updated orders before and after; customers, kept in
    ``history_mode: scd2``, have well-formed versions, past ones among them, and their current rows
    equal PostgreSQL's in steps 1-3 (issue 12).
-5. A wrong SCRAM password (fresh workdir: Spark's Kafka source; existing tables: the admin client
-   and ``ingest status``) and a wrong registry password each fail with an error that names the
-   authentication that failed, and without any secret.
+5. A wrong SCRAM password (fresh workdir: Spark's Kafka source; existing tables: the admin client,
+   for a run and for a continuous run, which does not wait for a refusing cluster, and ``ingest
+   status``) and a wrong registry password each fail with an error that names the authentication
+   that failed, and without any secret.
 6. TLS (issue 43, point 4): both Kafka readers through the broker's SASL_SSL listener, with a client
    certificate whose key is encrypted (its password from the environment), and the registry over
    HTTPS, trusting the stack's CA: every table equals PostgreSQL. A CA that did not sign the
@@ -270,6 +271,11 @@ def test_a_wrong_scram_password_names_kafka_authentication(stack: Any, written: 
     status = _ingest(written, "status wrong SCRAM", _env(stack, jaas=wrong), "status", "-c", config, timeout=300)
     assert status.returncode == 3, status.stdout + status.stderr
     assert "source unavailable" in status.stderr and "authentication" in status.stderr.lower(), status.stderr
+    # A continuous run waits for a cluster that does not answer, never for one that refused it.
+    done = _ingest(written, "continuous run wrong SCRAM", _env(stack, jaas=wrong), "run", "--continuous", "-c",
+                   config, timeout=120)
+    assert done.returncode == 3 and "authentication" in done.stderr.lower(), done.stdout[-3000:] + done.stderr[-3000:]
+    assert "waits for the cluster" not in done.stderr
 
 
 def test_a_wrong_registry_password_names_the_registry_refusal(stack: Any, written: Written) -> None:

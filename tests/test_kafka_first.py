@@ -1,0 +1,97 @@
+"""A run asks the Kafka cluster one question before Spark starts (``Runner._ask_kafka``).
+
+A refused login or TLS handshake ends any run at once with the cluster's reason, and so does a
+cluster that does not answer a run that drains: a scheduler starts the next. A continuous run waits
+for a cluster that does not answer, asking again after 1, 2, 4 ... seconds (30 at most) and warning,
+as it rides out an outage once running; ``stop_after`` bounds the wait. The real cluster's refusal
+is checked in ``tests/stack/test_security.py``, a port nothing listens on here.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingest.config import IngestConfig
+from ingest.config.source import KafkaSpec
+from ingest.errors import SourceUnavailableError
+from ingest.source.kafka_admin import KafkaAdmin
+from ingest.stream import runner as runner_module
+from ingest.stream.runner import Runner
+
+
+class FlakyCatalog:
+    """A cluster that does not answer the first ``failures`` questions (or refuses them)."""
+
+    def __init__(self, failures: int, *, refused: bool = False) -> None:
+        self.failures, self.refused, self.asked = failures, refused, 0
+
+    def topics(self) -> list[str]:
+        self.asked += 1
+        if self.asked <= self.failures:
+            raise SourceUnavailableError("Kafka at 127.0.0.1:1 did not list its topics: no answer",
+                                         refused=self.refused)
+        return ["app.notes"]
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again: nothing listens there
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Runner:
+    return Runner(IngestConfig.model_validate({
+        "workdir": str(tmp_path), "tables": [{"name": "notes", "topic": "app.notes"}],
+        "source": {"kind": "kafka", "kafka": {"bootstrap_servers": f"127.0.0.1:{_dead_port()}"}}}))
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    pauses: list[float] = []
+    monkeypatch.setattr(runner_module.time, "sleep", pauses.append)
+    return pauses
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, catalog: FlakyCatalog) -> FlakyCatalog:
+    monkeypatch.setattr(runner_module, "catalog_for", lambda config: catalog)
+    return catalog
+
+
+def test_a_continuous_run_waits_for_a_cluster_that_does_not_answer(runner: Runner, sleeps: list[float],
+                                                                   monkeypatch: Any, caplog: Any) -> None:
+    catalog = _use(monkeypatch, FlakyCatalog(7))
+    with caplog.at_level(logging.WARNING, logger=runner_module.__name__):
+        runner._ask_kafka("continuous")
+    assert catalog.asked == 8 and sleeps == [1, 2, 4, 8, 16, 30, 30]
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 3 and all("did not list its topics" in w and "waits for the cluster" in w for w in warned)
+
+
+def test_a_draining_run_and_a_refused_login_end_at_once(runner: Runner, sleeps: list[float],
+                                                        monkeypatch: Any) -> None:
+    for mode, refused in (("available_now", False), ("continuous", True)):
+        catalog = _use(monkeypatch, FlakyCatalog(1, refused=refused))
+        with pytest.raises(SourceUnavailableError, match="did not list its topics"):
+            runner._ask_kafka(mode)  # type: ignore[arg-type]
+        assert catalog.asked == 1
+    assert not sleeps
+
+
+def test_a_continuous_run_waits_no_longer_than_it_runs(runner: Runner, sleeps: list[float], monkeypatch: Any) -> None:
+    catalog = _use(monkeypatch, FlakyCatalog(100))
+    with pytest.raises(SourceUnavailableError):
+        runner._ask_kafka("continuous", stop_after=5)
+    assert sleeps == [1, 2, 4] and catalog.asked == 4  # 7 s waited: past 5
+
+
+def test_a_cluster_that_does_not_answer_has_not_refused() -> None:
+    admin = KafkaAdmin(KafkaSpec(bootstrap_servers=f"127.0.0.1:{_dead_port()}"), timeout=2)
+    with pytest.raises(SourceUnavailableError) as caught:
+        admin.topics()
+    assert not caught.value.refused, caught.value
