@@ -159,6 +159,11 @@ class QualityGate:
         self._infos = {e.id: e for e in suite.expectations}  # by GX expectation id
         self._expectations = {e.id: e for e in suite.gx_suite.expectations}
         self._definitions: dict[bool, Any] = {}  # GX's batch definition, by whether it is Spark's
+        with _GX_LOCK:  # made now: the engine builds its gates beside Spark's start
+            if spark is not None:
+                self._definition(on_spark=True)
+            if spark is None or self.driver_rows:
+                self._definition(on_spark=False)
 
     @classmethod
     def for_table(cls, config: IngestConfig, spec: TableSpec, *, spark: Any = None,
@@ -308,7 +313,7 @@ class QualityGate:
                          batch_parameters={"dataframe": frame})
 
     def _definition(self, *, on_spark: bool) -> Any:
-        """The table's GX batch definition on Spark or pandas, made on first use (hold :data:`_GX_LOCK`)."""
+        """The table's GX batch definition on Spark or pandas (hold :data:`_GX_LOCK`)."""
         if on_spark not in self._definitions:
             self._definitions[on_spark] = _batch_definition(self.spec.name, spark=on_spark)
         return self._definitions[on_spark]
