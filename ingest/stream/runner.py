@@ -14,6 +14,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Final
 
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
+
 from ingest import logs, secrets, tls
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
@@ -168,20 +170,21 @@ class Runner:
             SourceUnavailableError: the cluster refused the run, did not answer a draining run, or did
                 not answer a continuous run within ``stop_after``.
         """
-        catalog, waited, pause = catalog_for(self.config), 0.0, 1.0
-        while True:
-            try:
-                catalog.topics()
-                return
-            except SourceUnavailableError as exc:
-                if exc.refused or mode != "continuous" or (stop_after is not None and waited >= stop_after):
-                    raise
-                if waited == 0 or pause == KAFKA_WAIT_MAX:
-                    log.warning("%s; the continuous run waits for the cluster (asking every %.0f s at most)",
-                                exc, KAFKA_WAIT_MAX)
-            time.sleep(pause)
-            waited += pause
-            pause = min(pause * 2, KAFKA_WAIT_MAX)
+        catalog = catalog_for(self.config)
+        if mode != "continuous":
+            catalog.topics()
+            return
+
+        def warn(state: RetryCallState) -> None:  # at first, then at every longest pause
+            if state.attempt_number == 1 or (state.next_action and state.next_action.sleep >= KAFKA_WAIT_MAX):
+                failure = state.outcome.exception() if state.outcome else None
+                log.warning("%s; the continuous run waits for the cluster (asking every %.0f s at most)",
+                            failure, KAFKA_WAIT_MAX)
+
+        Retrying(stop=lambda state: stop_after is not None and state.idle_for >= stop_after,
+                 wait=wait_exponential(max=KAFKA_WAIT_MAX), before_sleep=warn, reraise=True,
+                 retry=retry_if_exception(lambda exc: isinstance(exc, SourceUnavailableError) and not exc.refused),
+                 )(catalog.topics)
 
     def _ask_registry(self, specs: list[TableSpec]) -> None:
         """One question to a Confluent-compatible registry of Avro records before Spark starts: a refused
