@@ -128,8 +128,9 @@ class RegistryUnavailableError(IngestError):
         self.status = status
 
     @property
-    def refused_login(self) -> bool:
-        """The registry answered and refused the credentials (HTTP 401 or 403)."""
+    def refused(self) -> bool:
+        """The registry answered and refused the credentials (HTTP 401 or 403), as
+        :attr:`SourceUnavailableError.refused` says of the source: waiting does not mend it."""
         return self.status in (401, 403)
 
 

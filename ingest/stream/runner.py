@@ -204,7 +204,7 @@ class Runner:
             if client is not None:  # a subject not registered yet is an answer too
                 client.subject_schemas([f"{specs[0].topic}-value"])
         except RegistryUnavailableError as exc:
-            if exc.refused_login:
+            if exc.refused:
                 raise
             log.warning("the schema registry did not answer at the start (%s); the run goes on and its tables "
                         "wait for it", secrets.describe(exc))
