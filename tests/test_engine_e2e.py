@@ -26,7 +26,9 @@ BATCH = 700
 def ingested(request, tmp_path_factory, spark):
     """A small workload with duplicates, reorders, a truncate, an added column, TOAST and malformed input,
     applied on each placement: on the driver, written by delta-rs, and on the executors, written by
-    delta-spark (``target.plan_on``, the demo's suites validating the batches there). delta-spark's
+    delta-spark (``target.plan_on``; the demo's suites validate the winners, which batches this small
+    bring to the driver: ``quality.driver_rows``, while ``tests/apply/test_spark_batch.py`` validates
+    them with GX's Spark engine in the same journey). delta-spark's
     commits of a driver's plan take a smaller run of the same simulator in ``tests/lake/test_s3_lake.py``
     and ``tests/dagster/test_materialize.py``, and every semantic edge in ``tests/test_semantics_edges.py``."""
     engine = request.param.removesuffix("-executors")
