@@ -98,29 +98,23 @@ def apply_engine(request: pytest.FixtureRequest) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the delta-spark runs of a ``first_case_on_delta_spark`` test but its first case, and
-    of a ``hard_mode_on_delta_spark`` test those in soft-delete mode (a case whose id has ``soft``).
+    """Deselect the delta-spark runs of a ``rules_only`` test, and of a ``hard_mode_on_delta_spark``
+    test those in soft-delete mode (a case whose id has ``soft``).
 
     A delta-spark MERGE costs about 3 s on 2 cores; cases that differ only in the decode step or
-    the ordering rule (the same code on both engines) would cost minutes without testing the engine.
+    a per-key rule (the same code on both engines) would cost minutes without testing the engine:
+    tests/apply/test_writers_agree.py compares the two writers' tables over every rule at once.
     """
-    seen: set[str] = set()
     keep, drop = [], []
     for item in items:
         spec = getattr(item, "callspec", None)
-        sampled = item.get_closest_marker("first_case_on_delta_spark") is not None
         on_spark = spec is not None and spec.params.get("apply_engine") == "delta-spark"
-        if (on_spark and spec is not None and item.get_closest_marker("hard_mode_on_delta_spark")
-                and "soft" in spec.id.split("-")):
+        rules_only = item.get_closest_marker("rules_only") is not None
+        soft = spec is not None and "soft" in spec.id.split("-")
+        if on_spark and (rules_only or (soft and item.get_closest_marker("hard_mode_on_delta_spark"))):
             drop.append(item)
-            continue
-        if sampled and on_spark:
-            name = f"{item.path}::{item.originalname}"  # type: ignore[attr-defined]
-            if name in seen:
-                drop.append(item)
-                continue
-            seen.add(name)
-        keep.append(item)
+        else:
+            keep.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
@@ -157,13 +151,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 MODULE_SECONDS: Final = {
     "tests/proof/torture/test_crash_windows.py": 460, "tests/test_engine_e2e.py": 400,
     "tests/proof/torture/test_maintain_beside_a_run.py": 330, "tests/packaging/test_upgrade.py": 290,
-    "tests/test_semantics_edges.py": 270, "tests/lake/test_s3_lake.py": 260,
-    "tests/apply/test_spark_batch.py": 240, "tests/apply/test_moves.py": 220, "tests/lake/test_s3_torture.py": 210,
-    "tests/cuts/test_run.py": 200, "tests/packaging/test_wheel.py": 160, "tests/test_change_feed.py": 160,
-    "tests/proof/torture/test_torture_fast.py": 150, "tests/apply/test_batch_apply.py": 140,
+    "tests/test_semantics_edges.py": 120, "tests/lake/test_s3_lake.py": 260,
+    "tests/apply/test_spark_batch.py": 240, "tests/apply/test_moves.py": 30, "tests/lake/test_s3_torture.py": 210,
+    "tests/cuts/test_run.py": 200, "tests/packaging/test_wheel.py": 160, "tests/test_change_feed.py": 60,
+    "tests/proof/torture/test_torture_fast.py": 150, "tests/apply/test_batch_apply.py": 80,
     "tests/cli/test_retype_runbook.py": 130, "tests/test_caught_up.py": 110,
     "tests/lake/test_s3_permissions.py": 100, "tests/cli/test_stopped_table_runbook.py": 90,
-    "tests/test_time_travel.py": 90, "tests/apply/test_history.py": 90, "tests/cli/test_rebuild_runbook.py": 90,
+    "tests/test_time_travel.py": 90, "tests/apply/test_writers_agree.py": 130, "tests/cli/test_rebuild_runbook.py": 90,
     "tests/proof/torture/test_secrets.py": 80, "tests/dagster/test_materialize.py": 70,
     "tests/test_discovery.py": 60, "tests/cli/test_setup.py": 60, "tests/dagster/test_incremental.py": 60,
     "tests/quality/test_quality_gate.py": 50, "tests/dagster/test_observe.py": 50,

@@ -85,6 +85,7 @@ def _difference(before: dict[Any, tuple[Any, ...]], after: dict[Any, tuple[Any, 
     return out
 
 
+@pytest.mark.rules_only
 @pytest.mark.parametrize("delete_mode", ["hard", "soft"])
 def test_each_commits_changes_are_the_difference_between_its_snapshots(tmp_path: Path, delete_mode: str) -> None:
     _, config = _config(tmp_path, delete_mode)

@@ -61,9 +61,9 @@ def test_a_change_after_a_truncate_that_created_the_table_applies(tmp_path, spec
 
 
 # -- 2. deletes carried only by a Kafka tombstone ------------------------------------------------------
+@pytest.mark.rules_only
 @MODES
 @pytest.mark.parametrize("with_lsn", [True, False], ids=["lsn-added", "no-position-fields"])
-@pytest.mark.first_case_on_delta_spark
 def test_tombstone_deletes_its_key_in_a_flattened_stream(tmp_path, spec, with_lsn):
     paths, topic = paths_in(tmp_path), Topic()
     lsn = (lambda n: n) if with_lsn else (lambda n: None)
@@ -76,8 +76,8 @@ def test_tombstone_deletes_its_key_in_a_flattened_stream(tmp_path, spec, with_ls
     assert record.deleted == 1 and record.skipped == 0 and record.balanced
 
 
+@pytest.mark.rules_only
 @MODES
-@pytest.mark.hard_mode_on_delta_spark
 def test_tombstone_in_a_later_batch_deletes_the_stored_row_and_keeps_order(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
     topic.send(key(1), flat({"id": 1, "v": "a"}, lsn=100))
@@ -95,6 +95,7 @@ def test_tombstone_in_a_later_batch_deletes_the_stored_row_and_keeps_order(tmp_p
     assert all(r["balanced"] for r in audit_rows(paths))
 
 
+@pytest.mark.rules_only
 def test_tombstone_after_a_full_envelope_delete_changes_nothing(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     topic.send(key(1), pg("c", {"id": 1, "v": "a"}, lsn=100))
@@ -108,6 +109,7 @@ def test_tombstone_after_a_full_envelope_delete_changes_nothing(tmp_path):
         assert sum(r.record.skipped for r in results) == 1  # the tombstone: log compaction only
 
 
+@pytest.mark.rules_only
 def test_tombstones_can_be_forced_or_ignored_per_table(tmp_path):
     topic = Topic()
     topic.send(key(1), flat({"id": 1, "v": "a"}, lsn=100))
@@ -122,8 +124,8 @@ def test_tombstones_can_be_forced_or_ignored_per_table(tmp_path):
 
 
 # -- 3. PostgreSQL re-snapshot -------------------------------------------------------------------------
+@pytest.mark.rules_only
 @MODES
-@pytest.mark.hard_mode_on_delta_spark
 def test_resnapshot_read_orders_by_its_lsn(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
     topic.send(key(1), pg("r", {"id": 1, "v": "snap-1"}, lsn=1000, committed=None, snapshot="true"))
@@ -250,7 +252,7 @@ def _db2(commit: str, change: str):
      _db2("00000000:00000001:0000000000000030", "00000000:00000001:0000000000000005")),
 ], ids=["sqlserver-commit", "sqlserver-serial", "sqlserver-80-bit", "oracle-commit", "oracle-txseq",
         "oracle-big-scn", "mongo-ord", "mongo-ts", "db2-commit"])
-@pytest.mark.first_case_on_delta_spark
+@pytest.mark.rules_only
 def test_other_connectors_order_by_their_source_position(tmp_path, earlier, later):
     for reverse in (False, True):
         paths, topic = paths_in(tmp_path / str(reverse)), Topic()
@@ -261,8 +263,8 @@ def test_other_connectors_order_by_their_source_position(tmp_path, earlier, late
         assert rows(paths)[1]["v"] == "later"
 
 
+@pytest.mark.rules_only
 @MODES
-@pytest.mark.hard_mode_on_delta_spark
 def test_fallback_truncate_removes_what_was_stored_before_it_from_every_partition(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
     source = {"connector": "spanner"}  # a source with no comparable position: Kafka (partition, offset)
@@ -278,6 +280,7 @@ def test_fallback_truncate_removes_what_was_stored_before_it_from_every_partitio
     assert truncate.partition == 0
 
 
+@pytest.mark.rules_only
 def test_fallback_change_from_another_partition_is_not_stale(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     source = {"connector": "spanner"}
@@ -337,6 +340,7 @@ def test_two_fresh_runs_give_identical_tables(tmp_path, spec, apply_engine):
 
 
 # -- 8. an unchanged-TOAST placeholder on a key never seen ----------------------------------------------
+@pytest.mark.rules_only
 def test_toast_placeholder_on_an_unseen_key_is_marked_unknown(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     marker = "__debezium_unavailable_value"
@@ -404,6 +408,7 @@ def test_nanosecond_keys_stay_distinct(tmp_path):
 PARTIAL = TableSpec(name="t", topic="t", ignore_null_updates=True)
 
 
+@pytest.mark.rules_only
 @pytest.mark.parametrize("spec", [PARTIAL, PARTIAL.model_copy(update={"delete_mode": "soft"})], ids=["hard", "soft"])
 def test_ignore_null_updates_keeps_stored_values(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
@@ -432,6 +437,7 @@ def test_ignore_null_updates_keeps_stored_values(tmp_path, spec):
     assert 2 not in got
 
 
+@pytest.mark.rules_only
 def test_without_ignore_null_updates_a_null_overwrites(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     topic.send(key(1), pg("c", {"id": 1, "a": "x", "b": "y"}, lsn=10))

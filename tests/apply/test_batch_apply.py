@@ -61,6 +61,7 @@ SOFT = TableSpec(name="customers", topic="t", delete_mode="soft")
         ([("c", 1, 10, "a"), ("c", 1, 10, "a"), ("c", 2, 11, "b")], {1: "a", 2: "b"}),  # duplicates
     ],
 )
+@pytest.mark.rules_only
 @pytest.mark.parametrize("split", [False, True], ids=["one-batch", "batch-per-event"])
 def test_op_sequences_converge(tmp_path, ops, expected, split):
     paths = paths_in(tmp_path)
@@ -73,6 +74,7 @@ def test_op_sequences_converge(tmp_path, ops, expected, split):
     assert {k: v["name"] for k, v in live(paths).items()} == expected
 
 
+@pytest.mark.rules_only
 def test_stale_delete_after_reinsert_does_not_remove_newer_row(tmp_path):
     paths = paths_in(tmp_path)
     apply(HARD, paths, [change("c", 1, 10), change("d", 1, 20), change("c", 1, 30, name="back")])
@@ -81,6 +83,7 @@ def test_stale_delete_after_reinsert_does_not_remove_newer_row(tmp_path):
     assert rec.stale == 1 and rec.deleted == 0 and rec.balanced
 
 
+@pytest.mark.rules_only
 def test_delete_is_remembered_across_batches_no_resurrection(tmp_path):
     paths = paths_in(tmp_path)
     apply(HARD, paths, [change("c", 1, 10), change("c", 2, 10)])
@@ -113,6 +116,7 @@ def test_kept_handles_follow_commits_made_elsewhere(tmp_path):
     assert load_state(paths.table).applied_offset("t", 0) == 7
 
 
+@pytest.mark.rules_only
 def test_truncate_removes_older_rows_and_blocks_older_events(tmp_path):
     paths = paths_in(tmp_path)
     apply(HARD, paths, [change("c", 1, 10), change("c", 2, 11)])
@@ -123,6 +127,7 @@ def test_truncate_removes_older_rows_and_blocks_older_events(tmp_path):
     assert set(live(paths)) == {3} and late.stale == 1
 
 
+@pytest.mark.rules_only
 def test_toast_placeholder_keeps_stored_value(tmp_path):
     paths = paths_in(tmp_path)
     apply(HARD, paths, [change("c", 1, 10, notes="8 KB of text")])
@@ -215,6 +220,7 @@ def test_undecodable_messages_are_quarantined_and_balance_holds(tmp_path):
     assert rows[0]["balanced"] and rows[0]["quarantined"] == 1
 
 
+@pytest.mark.rules_only
 def test_soft_delete_mode_keeps_flagged_rows(tmp_path):
     paths = paths_in(tmp_path)
     apply(SOFT, paths, [change("c", 1, 10, name="a"), change("c", 2, 10)])
@@ -235,6 +241,7 @@ def test_audit_is_restored_from_commit_info(tmp_path):
     assert row["delta_version"] == rec.delta_version and row["inserted"] == 1 and row["balanced"]
 
 
+@pytest.mark.rules_only
 def test_toast_not_filled_from_a_redelivered_older_image(tmp_path):
     """A stale duplicate in the same batch as a placeholder must not overwrite the newer stored value."""
     paths = paths_in(tmp_path)
