@@ -17,7 +17,7 @@ import pytest
 
 from ingest.config import TableSpec
 from ingest.lake.delta import open_table, read_all
-from tests.harness import Topic, ingest_batch, key, paths_in, pg
+from tests.harness import TS, Topic, ingest_batch, key, paths_in, pg
 
 pytestmark = [pytest.mark.usefixtures("apply_engine"), pytest.mark.rules_only]
 
@@ -26,13 +26,13 @@ NOTE = {1: "first " * 700, 2: "second " * 700, 3: "third " * 600}
 
 
 def move(topic: Topic, old: int, new: int, row: dict[str, Any], *, lsn: int, new_partition: int = 0,
-         old_partition: int = 0) -> None:
+         old_partition: int = 0, ts_ms: int = TS) -> None:
     """An update that moves ``old`` to ``new``, as Debezium sends it."""
-    topic.send(key(old), pg("d", {"id": old, "v": None, "note": None}, lsn=lsn), partition=old_partition,
-               headers=(("__debezium.newkey", json.dumps({"id": new}).encode()),))
+    topic.send(key(old), pg("d", {"id": old, "v": None, "note": None}, lsn=lsn, ts_ms=ts_ms),
+               partition=old_partition, headers=(("__debezium.newkey", json.dumps({"id": new}).encode()),))
     topic.send(key(old), None, partition=old_partition,
                headers=(("__debezium.newkey", json.dumps({"id": new}).encode()),))
-    topic.send(key(new), pg("c", {"id": new, **row}, lsn=lsn), partition=new_partition,
+    topic.send(key(new), pg("c", {"id": new, **row}, lsn=lsn, ts_ms=ts_ms), partition=new_partition,
                headers=(("__debezium.oldkey", json.dumps({"id": old}).encode()),))
 
 

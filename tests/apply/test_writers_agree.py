@@ -35,7 +35,7 @@ from ingest.lake.delta import open_table, read_all
 from ingest.lake.layout import TablePaths
 from ingest.read.changes import ChangeRange, changes
 from tests.apply.test_moves import PLACEHOLDER, move
-from tests.harness import Message, Topic, ingest_batch, key, pg
+from tests.harness import TS, Message, Topic, ingest_batch, key, pg
 
 pytestmark = pytest.mark.spark
 
@@ -51,11 +51,12 @@ WRITTEN_AT = ("_cdc_ingested_at", "_cdc_recorded_at", "recorded_at", "_commit_ti
 
 
 def story(seed: int) -> tuple[list[Message], dict[int, tuple[Any, str]], Counter[str]]:
-    """A snapshot of six rows, then 40 source changes on two partitions (keys split by parity):
-    inserts, updates that leave the TOASTed ``note`` unchanged (its placeholder) or null ``v``,
-    deletes with their tombstones, primary-key moves across and within partitions, one truncate,
-    and redeliveries of earlier messages. Delivered with the odd keys' partition five messages
-    behind, as a lagging partition is. Returns the delivered messages, the live rows the source
+    """A snapshot of six rows, then 40 source changes a second apart on two partitions (keys split
+    by parity): inserts, updates that leave the TOASTed ``note`` unchanged (its placeholder) or null
+    ``v``, deletes with their tombstones, primary-key moves across and within partitions, one
+    truncate, and redeliveries of earlier messages. Delivered with the odd keys' partition five
+    messages behind, as a lagging partition is, and one message in five later still, so that a
+    key's changes also arrive out of order. Returns the delivered messages, the live rows the source
     holds at the end (``(v, note)`` by key), and how many of each edge the story holds."""
     rng, topic, edges = random.Random(seed), Topic(), Counter[str]()
     live: dict[int, tuple[Any, str]] = {}
@@ -69,25 +70,26 @@ def story(seed: int) -> tuple[list[Message], dict[int, tuple[Any, str]], Counter
     lsn = 100
     for step in range(40):
         lsn += 10
+        at = TS + lsn * 100
         absent, present = [k for k in range(1, 15) if k not in live], sorted(live)
         roll = rng.random()
         if not present or roll < 0.2:
             k, v = rng.choice(absent), rng.randint(0, 99)
             live[k] = (v, f"note {k}@{lsn} " * 40)
-            send(k, pg("c", {"id": k, "v": v, "note": live[k][1]}, lsn=lsn))
+            send(k, pg("c", {"id": k, "v": v, "note": live[k][1]}, lsn=lsn, ts_ms=at))
             edges["insert"] += 1
         elif roll < 0.55:
             k = rng.choice(present)
             v = None if rng.random() < 0.25 else rng.randint(0, 99)
             unchanged = rng.random() < 0.6
             note = live[k][1] if unchanged else f"note {k}@{lsn} " * 40
-            send(k, pg("u", {"id": k, "v": v, "note": PLACEHOLDER if unchanged else note}, lsn=lsn))
+            send(k, pg("u", {"id": k, "v": v, "note": PLACEHOLDER if unchanged else note}, lsn=lsn, ts_ms=at))
             live[k] = (v, note)
             edges["update, note unchanged" if unchanged else "update"] += 1
             edges["update, v null"] += v is None
         elif roll < 0.7:
             k = rng.choice(present)
-            send(k, pg("d", {"id": k, "v": None, "note": None}, lsn=lsn))
+            send(k, pg("d", {"id": k, "v": None, "note": None}, lsn=lsn, ts_ms=at))
             send(k, None)
             del live[k]
             edges["delete"] += 1
@@ -95,20 +97,22 @@ def story(seed: int) -> tuple[list[Message], dict[int, tuple[Any, str]], Counter
             old, new = rng.choice(present), rng.choice(absent)
             v = live[old][0] if rng.random() < 0.5 else rng.randint(0, 99)
             move(topic, old, new, {"v": v, "note": PLACEHOLDER}, lsn=lsn, old_partition=old % 2,
-                 new_partition=new % 2)
+                 new_partition=new % 2, ts_ms=at)
             live[new] = (v, live.pop(old)[1])
             edges["move across partitions" if (old - new) % 2 else "move"] += 1
         elif roll < 0.9 and step > 15 and not edges["truncate"]:
-            send(None, pg("t", None, lsn=lsn))
+            send(None, pg("t", None, lsn=lsn, ts_ms=at))
             live.clear()
             edges["truncate"] += 1
         else:
             again = rng.choice(topic.messages)
             topic.send(again.key, again.value, partition=again.partition, headers=again.headers)
             edges["redelivery"] += 1
-    sent = topic.messages
-    order = sorted(range(len(sent)), key=lambda i: i + (5 if sent[i].partition == 1 else 0))
-    return [sent[i] for i in order], live, edges
+    sent, delivered = topic.messages, Topic()
+    late = [rng.choice([0, 0, 0, 0, 9]) for _ in sent]
+    for i in sorted(range(len(sent)), key=lambda i: i + (5 if sent[i].partition == 1 else 0) + late[i]):
+        delivered.send(sent[i].key, sent[i].value, partition=sent[i].partition, headers=sent[i].headers)
+    return delivered.messages, live, edges
 
 
 def _config(workdir: Path, writer: str) -> IngestConfig:
