@@ -31,6 +31,7 @@ from harness.torture.process import IngestProcess
 from ingest.config import load_config
 from ingest.lake.layout import TablePaths
 from ingest.records import audit
+from ingest.spark.session import QUICK_JIT
 from ingest.verify.capture import wait_for_capture
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
@@ -68,8 +69,14 @@ def test_a_standalone_cluster_with_the_lake_on_s3_survives_a_worker_loss(
         data = yaml.safe_load(path.read_text())
         data["target"] = {"root": f"s3://{bucket}/lake", "storage": s3.storage(),
                           "checkpoint_dir": f"s3://{bucket}/checkpoints"}
+        # Tuned as the suite's own session is (tests/conftest.py), for a cluster that shares two cores
+        # with the stack and the other test worker: the quick JIT and the serial collector in every JVM,
+        # no adaptive re-planning of a test's small queries.
+        small = f"{QUICK_JIT} -XX:+UseSerialGC"
         data["spark"] = {"master": cluster.url, "shuffle_partitions": 2,
-                         "conf": {"spark.executor.memory": "1g", "spark.cores.max": "2"}}
+                         "conf": {"spark.executor.memory": "1g", "spark.cores.max": "2",
+                                  "spark.driver.extraJavaOptions": small, "spark.executor.extraJavaOptions": small,
+                                  "spark.sql.adaptive.enabled": "false"}}
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         config = load_config(path)
 
