@@ -1,4 +1,6 @@
-"""The change data feed and ``ingest changes`` (issue 12, point 4), on both apply engines.
+"""The change data feed and ``ingest changes`` (issue 12, point 4), on both apply engines (the
+feed's difference check on delta-rs; ``tests/apply/test_writers_agree.py`` shows delta-spark's feed
+is the same, commit by commit).
 
 The reference does not come from Delta's feed: it is the difference between the table read as of
 each commit and as of the one before (time travel), row by row. Every commit's changes in the feed

@@ -30,7 +30,7 @@ def ingested(request, tmp_path_factory, spark):
     bring to the driver: ``quality.driver_rows``, while ``tests/apply/test_spark_batch.py`` validates
     them with GX's Spark engine in the same journey). delta-spark's
     commits of a driver's plan take a smaller run of the same simulator in ``tests/lake/test_s3_lake.py``
-    and ``tests/dagster/test_materialize.py``, and every semantic edge in ``tests/test_semantics_edges.py``."""
+    and ``tests/dagster/test_materialize.py``, and every per-key rule in ``tests/apply/test_writers_agree.py``."""
     engine = request.param.removesuffix("-executors")
     config = make_config(tmp_path_factory.mktemp("e2e"), engine=engine, batch=BATCH,
                          plan_on="executors" if request.param.endswith("-executors") else "driver")
