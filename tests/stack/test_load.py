@@ -31,8 +31,10 @@ def _load_orders(dsn: str) -> int:
 
 def test_holds_the_target_rate_and_counts_what_it_committed(pg_dsn: str, schema: str) -> None:
     before = _load_orders(pg_dsn)
-    report = LoadGenerator(pg_dsn, rate=150, duration=4, seed=5, schema=schema).run()
-    assert 0.75 * 600 <= report.committed_changes <= 1.1 * 600 + 20, report
+    # A rate the generator reaches beside the other test worker on two cores: at 150 changes/s it
+    # committed 73/s there once (a clean-clone make test of c92a7c3): the test measured the machine.
+    report = LoadGenerator(pg_dsn, rate=50, duration=4, seed=5, schema=schema).run()
+    assert 0.75 * 200 <= report.committed_changes <= 1.1 * 200 + 20, report
     assert report.failed_transactions == report.uncertain_transactions == report.reconnects == 0
     # Each transaction wrote one order; about a tenth also deleted one of the generator's earlier orders.
     written = _load_orders(pg_dsn) - before
@@ -40,7 +42,7 @@ def test_holds_the_target_rate_and_counts_what_it_committed(pg_dsn: str, schema:
 
 
 def test_reconnects_after_its_sessions_are_terminated(pg_dsn: str, schema: str) -> None:
-    generator = LoadGenerator(pg_dsn, rate=100, duration=6, seed=6, schema=schema,
+    generator = LoadGenerator(pg_dsn, rate=50, duration=6, seed=6, schema=schema,
                               application_name="load-test-reconnect").start()
     time.sleep(2)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -49,4 +51,4 @@ def test_reconnects_after_its_sessions_are_terminated(pg_dsn: str, schema: str) 
     report = generator.join(timeout=30)
     assert killed == 1
     assert report.reconnects >= 1 and report.last_error
-    assert report.committed_changes >= 0.6 * 600, report  # the rate recovered after the reconnect
+    assert report.committed_changes >= 0.6 * 300, report  # the rate recovered after the reconnect
