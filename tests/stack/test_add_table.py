@@ -17,6 +17,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from ingest.verify.capture import wait_for_capture
 from tests.harness import ingest_cli
@@ -30,9 +32,6 @@ TOPICS = {t: f"{PREFIX['json']}.{SCHEMA}.{t}" for t in ("a", "b")}
 
 
 def test_adding_a_table_whose_topic_lost_its_beginning(stack: Any, pg_dsn: str, tmp_path: Path) -> None:
-    from confluent_kafka import TopicPartition
-    from confluent_kafka.admin import AdminClient
-
     fresh_schema(stack, pg_dsn, SCHEMA, list(TOPICS.values()), *[
         statement for t in TOPICS for statement in (
             f"CREATE TABLE {SCHEMA}.{t} (id integer PRIMARY KEY, body text)",
@@ -87,8 +86,6 @@ def test_adding_a_table_whose_topic_lost_its_beginning(stack: Any, pg_dsn: str, 
 
 def _ends(stack: Any, topic: str) -> dict[int, int]:
     """The end offset of each of ``topic``'s partitions."""
-    from confluent_kafka import Consumer, TopicPartition
-
     consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers(), "group.id": "add-table-test"})
     try:
         partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
