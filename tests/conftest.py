@@ -32,7 +32,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         free = shutil.disk_usage(place).free
         if free < DISK_NEEDED:
             pytest.exit(f"only {free / 1024**3:.1f} GiB free on the disk of {place}; the suite needs about "
-                        f"{DISK_NEEDED / 1024**3:.0f} GiB (Kafka logs, Delta tables, Spark spill files)", returncode=3)
+                        f"{DISK_NEEDED / 1024**3:.0f} GiB (Kafka logs, Delta tables, Spark spill files, "
+                        "the packaging tests' virtualenvs)", returncode=3)
 
 
 @pytest.fixture(scope="session")
