@@ -126,6 +126,15 @@ class Connect(Component):
         result: list[dict[str, Any]] = response.json().get("offsets", [])
         return result
 
+    def pause(self, name: str) -> None:
+        """Pause connector ``name`` (``PUT .../pause``): it stops reading its database; its slot or
+        binlog position keeps what it has not read, for :meth:`resume`."""
+        requests.put(f"{self.url}/connectors/{name}/pause", timeout=30).raise_for_status()
+
+    def resume(self, name: str) -> None:
+        """Resume a paused connector (``PUT .../resume``): it reads on from where it paused."""
+        requests.put(f"{self.url}/connectors/{name}/resume", timeout=30).raise_for_status()
+
     def running(self, name: str) -> bool:
         """Connector ``name`` and all its tasks (at least one) are RUNNING."""
         st = self.status(name)

@@ -287,6 +287,21 @@ class Stack:
         """The connector's status document from the Connect REST API."""
         return self._connect().status(name)
 
+    @contextmanager
+    def connectors_paused(self, names: Sequence[str]) -> Iterator[None]:
+        """Pause the connectors ``names`` for the block (e.g. those capturing the same tables in another
+        format, while a benchmark measures one), and resume them after it, whatever happens."""
+        connect = self._connect()
+        paused = []
+        try:
+            for name in names:
+                connect.pause(name)
+                paused.append(name)
+            yield
+        finally:
+            for name in paused:
+                connect.resume(name)
+
     def wait_connectors(self, names: Sequence[str] | None = None, timeout: float = 120.0) -> None:
         """Wait until the connectors (default: the configured ones) are RUNNING."""
         self._connect().wait_running(list(names or self.settings.connectors), timeout)
