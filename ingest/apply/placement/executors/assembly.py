@@ -7,13 +7,13 @@ Here:
 
 1. one small job brings back what the driver needs to know of the table's parts: their kinds,
    schemas (with the columns they declare), Kafka partitions and the primary-key columns their
-   changes name; the driver combines the columns and reads the table's applied offsets for those
+   changes name, and the parts that hold no changes (tombstones, controls, undecodable messages)
+   whole; the driver combines the columns and reads the table's applied offsets for those
    partitions;
 2. the executors turn the table's change parts into rows of the combined columns (the same
    ``with_source_names``, ``unify_parts`` as the driver), each marked as already applied or not;
-3. one aggregate over those rows gives the counts and offset spans; the tombstones and the
-   records that carry no change (controls, undecodable messages) -- few, and quarantined or
-   counted on the driver -- are the only rows collected.
+3. one aggregate over those rows gives the counts and offset spans; the parts collected in step 1
+   -- few, and quarantined or counted on the driver -- are the only rows the driver holds.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ from ingest.decode.parts import FRAME, part_kind, read_parts
 
 #: Marks a change row the table has already applied (dropped before the reduce, counted).
 _DONE = "_cdc_done"
-_SUMMARY = "topic string, kind string, schema binary, partitions array<int>, keys array<string>"
+#: What the driver learns of each of the table's parts in one job: its kind, schema, Kafka partitions
+#: and the key columns its changes name; and, unless it holds changes, the part itself.
+_SUMMARY = pa.schema([("kind", pa.string()), ("schema", pa.binary()), ("partitions", pa.list_(pa.int32())),
+                      ("keys", pa.list_(pa.string())), ("part", pa.binary())])
 
 
 def _parts_of(blobs: pa.Array) -> Iterator[pa.RecordBatch]:
@@ -62,22 +65,23 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
     """
 
     def summarize(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        out: dict[str, list[object]] = {"topic": [], "kind": [], "schema": [], "partitions": [], "keys": []}
+        out: dict[str, list[object]] = {name: [] for name in _SUMMARY.names}
         for batch in batches:
-            for part in _parts_of(batch.column(0)):
-                if part.num_rows == 0:
-                    continue
-                out["topic"].append(part.column("_cdc_topic")[0].as_py())
-                out["kind"].append(part_kind(part.schema))
-                out["schema"].append(part.schema.serialize().to_pybytes())
-                out["partitions"].append(pc.unique(part.column("_cdc_partition")).to_pylist())
-                changes = part_kind(part.schema) == "changes"
-                out["keys"].append(part_key_columns(pa.Table.from_batches([part])) if changes else [])
-        yield pa.RecordBatch.from_pydict(out, schema=pa.schema([
-            ("topic", pa.string()), ("kind", pa.string()), ("schema", pa.binary()),
-            ("partitions", pa.list_(pa.int32())), ("keys", pa.list_(pa.string()))]))
+            for blob in batch.column(0).to_pylist():
+                for i, part in enumerate(read_parts([blob])):
+                    if part.num_rows == 0 or part.column("_cdc_topic")[0].as_py() != topic:
+                        continue
+                    kind = part_kind(part.schema)
+                    out["kind"].append(kind)
+                    out["schema"].append(part.schema.serialize().to_pybytes())
+                    out["partitions"].append(pc.unique(part.column("_cdc_partition")).to_pylist())
+                    changes = kind == "changes"
+                    out["keys"].append(part_key_columns(pa.Table.from_batches([part])) if changes else [])
+                    # tombstones and metadata are few: the blob comes back whole, once
+                    out["part"].append(blob if i == 0 and not changes else None)
+        yield pa.RecordBatch.from_pydict(out, schema=_SUMMARY)
 
-    summary = decoded.mapInArrow(summarize, _SUMMARY).where(F.col("topic") == F.lit(topic)).toArrow().to_pylist()
+    summary = decoded.mapInArrow(summarize, from_arrow_schema(_SUMMARY)).toArrow().to_pylist()
     partitions = sorted({p for s in summary for p in s["partitions"]})
     applied = {p: state.applied_offset(topic, p) for p in partitions}
     known = pa.array(list(applied), pa.int32())
@@ -120,15 +124,8 @@ def assemble_on_executors(decoded: DataFrame, topic: str, state: TableState, *, 
     received = sum(c["kept"] for c in counted)
     offsets = {(c["_cdc_topic"], c["_cdc_partition"]): [c["lo"], c["hi"]] for c in counted if c["kept"]}
 
-    def small(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            blobs = [b for b, part in ((b, read_parts([b])) for b in batch.column(0).to_pylist())
-                     if part and part[0].num_rows and part_kind(part[0].schema) != "changes"
-                     and part[0].column("_cdc_topic")[0].as_py() == topic]
-            yield pa.RecordBatch.from_pydict({"part": blobs}, schema=pa.schema([("part", pa.binary())]))
-
     tombstones, meta = [], []
-    for part in read_parts(decoded.mapInArrow(small, "part binary").toArrow().column("part").to_pylist()):
+    for part in read_parts([s["part"] for s in summary if s["part"] is not None]):
         named = with_source_names(pa.Table.from_batches([part]), table_name=table)
         kept = named.filter(pc.invert(done(named))) if part.num_rows else named
         already += named.num_rows - kept.num_rows
