@@ -10,8 +10,8 @@ three), on a fresh schema (``benchlat``) and fresh tables:
    broker's append time as their records' timestamps (``message.timestamp.type=LogAppendTime``);
 3. run the load generator (:class:`harness.postgres.load.LoadGenerator`) in ``ceil(rate / per-generator)``
    processes, each with its own connection, for ``warmup + measure`` seconds, while the stack's
-   connector for the other format is paused (a deployment captures its tables once; two connectors
-   would share the cores);
+   connector for the other format is paused until step 4 is done (a deployment captures its tables
+   once; two connectors would share the cores);
 4. wait until Debezium has captured everything and the tables have applied their topics (the
    backlog, if the engine fell behind, is drained and timed), then stop the engine;
 5. report the achieved source rate (changes PostgreSQL committed / load seconds), the engine's
@@ -72,8 +72,10 @@ console = Console(width=170)  # the table is the result: never wrapped to a pipe
 SCHEMA = "benchlat"
 #: The table sets: the engine ingests the table measured alone, or with the other shop tables.
 TABLE_SETS = {"one": ("order_items",), "shop": ("customers", "products", "orders", "order_items")}
-#: The stack's PostgreSQL connector that captures the same tables in the format not measured.
+#: The stack's PostgreSQL connector that captures the same tables in the format not measured, and the
+#: replication slot of the one measured (infra/stack/connectors/).
 OTHER_CONNECTOR = {"avro": "pgjson", "json": "pgavro"}
+MEASURED_SLOT = {"avro": "pgavro_slot", "json": "pgjson_slot"}
 
 
 @dataclass
@@ -173,16 +175,20 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         console.print(f"{tables}, rate {rate:.0f}/s, run {run}: {generators} generator process(es) for "
                       f"{duration:.0f} s")
         # The stack captures the schema twice, in Avro and in JSON; a deployment has one connector, so
-        # the other one waits, and catches up after the load, before the capture is waited for.
-        with (stack.connectors_paused([OTHER_CONNECTOR[args.format]]),  # type: ignore[attr-defined]
-              ProcessPoolExecutor(generators, mp_context=get_context("spawn")) as pool):
-            futures = [pool.submit(_generate, dsn, rate / generators, duration, 100 + i, start_at)
-                       for i in range(generators)]
-            reports = [f.result() for f in futures]
-        load_end = time.time()
-        capture = wait_for_capture(dsn, timeout=600, say=console.print)
-        drained = wait_for_tables(config, list(config.tables), wait=900, say=console.print)
-        drain_seconds = time.time() - load_end
+        # the other one waits until the measured one and the engine have drained the load: its catch-up
+        # would otherwise share the cores with the window's last rows.
+        other = OTHER_CONNECTOR[args.format]
+        with stack.connectors_paused([other]):  # type: ignore[attr-defined]
+            with ProcessPoolExecutor(generators, mp_context=get_context("spawn")) as pool:
+                futures = [pool.submit(_generate, dsn, rate / generators, duration, 100 + i, start_at)
+                           for i in range(generators)]
+                reports = [f.result() for f in futures]
+            load_end = time.time()
+            capture = wait_for_capture(dsn, timeout=600, say=console.print, slots=[MEASURED_SLOT[args.format]])
+            drained = wait_for_tables(config, list(config.tables), wait=900, say=console.print)
+            drain_seconds = time.time() - load_end
+        if not (rest := wait_for_capture(dsn, timeout=600, say=console.print)).ok:  # before the next reset
+            raise SystemExit(f"the {other} connector did not catch up after the load: {rest.problem}")
     finally:
         process.stop(timeout=60)
     since = datetime.fromtimestamp(start_at + args.warmup, UTC)

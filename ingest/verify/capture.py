@@ -30,7 +30,7 @@ capture that a restart does not mend fails that much later.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Final
 
 import psycopg
@@ -63,7 +63,7 @@ def slot_states(conn: psycopg.Connection, target: str) -> list[SlotState]:
 
 def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None,
                      poll: float = 0.5, on_stall: Callable[[], object] | None = None,
-                     restart_after: float = RESTART_AFTER) -> CaptureResult:
+                     restart_after: float = RESTART_AFTER, slots: Collection[str] | None = None) -> CaptureResult:
     """Wait until every active logical slot has confirmed the WAL position read at the start.
 
     Args:
@@ -76,6 +76,7 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
         on_stall: restarts the capture (Kafka Connect) when no slot has moved for ``restart_after``
             seconds, markers written; ``None`` waits it out. What it raises is raised here.
         restart_after: see ``on_stall``.
+        slots: wait for these slots only (by name); ``None``: every logical slot of the database.
 
     Returns:
         The target LSN, whether every active slot reached it, the slots' last state and how many
@@ -93,16 +94,16 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
         changed = started  # when the set of active slots last changed
         remedied = 0.0  # seconds of the stalls on_stall was called for, and of its restarts: not counted
         while True:
-            slots = slot_states(conn, target)
-            result.slots = slots
-            active = [s for s in slots if s.active]
+            states = [s for s in slot_states(conn, target) if slots is None or s.name in slots]
+            result.slots = states
+            active = [s for s in states if s.active]
             now = time.monotonic()
             if active and all(s.caught_up for s in active):
                 result.ok = True
                 break
             if not active:
                 result.problem = (f"no active logical replication slot in this database "
-                                  f"({len(slots)} inactive): is Debezium running?")
+                                  f"({len(states)} inactive): is Debezium running?")
             else:
                 result.problem = None
             positions = {s.name: s.confirmed for s in active}

@@ -1,9 +1,11 @@
-"""A Kafka Connect that confirms nothing any more is restarted by the capture wait, on the real stack."""
+"""The capture wait on the real stack: a Kafka Connect that confirms nothing any more is restarted, and a
+wait for some slots does not wait for the others."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 import psycopg
@@ -35,3 +37,21 @@ def test_a_frozen_connect_is_restarted_and_the_capture_completes(stack: Any, pg_
     assert result.restarts == 1 and result.markers >= 1
     assert any("restarting Kafka Connect" in line for line in lines)
     assert connect.pid() not in (None, frozen)
+
+
+def test_a_wait_for_some_slots_does_not_wait_for_a_paused_connectors_slot(stack: Any, pg_dsn: str) -> None:
+    # bench_latency measures one connector while the stack's other one is paused: it waits for its slot alone.
+    assert wait_for_capture(pg_dsn, timeout=120).ok
+    with stack.connectors_paused(["pgjson"]):
+        for _ in range(60):  # the pause reaches the task asynchronously
+            if all(t["state"] == "PAUSED" for t in stack.connector_status("pgjson")["tasks"]):
+                break
+            time.sleep(0.5)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_logical_emit_message(true, 'tests.stack', 'while pgjson is paused')")
+        measured = wait_for_capture(pg_dsn, timeout=60, slots=["pgavro_slot"])
+        assert measured.ok, measured.problem
+        assert [s.name for s in measured.slots] == ["pgavro_slot"]
+        everything = wait_for_capture(pg_dsn, timeout=5)
+        assert not everything.ok and "pgjson_slot" in (everything.problem or ""), everything.problem
+    assert wait_for_capture(pg_dsn, timeout=120).ok  # resumed, it catches up
