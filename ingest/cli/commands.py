@@ -150,7 +150,8 @@ def run(
     finally:
         if metrics is not None:
             metrics.close()
-    caught_up = "; every table was caught up, Spark was not started" if report.caught_up else ""
+    caught_up = ("; every table was caught up, Spark was not started" if report.caught_up
+                 else "; applied on the driver, Spark was not started" if report.on_driver else "")
     out = Table(title=f"run {report.run_id} ({report.seconds:.1f} s{caught_up})")
     for col in ("table", "batches", "received", "inserted", "updated", "deleted", "quarantined", "replayed", "error"):
         out.add_column(col)

@@ -221,6 +221,13 @@ class SourceSpec(Model):
         2.0, gt=0, description="continuous runs: how often a micro-batch starts (Spark's processing-time trigger). "
         "Shorter: fresher tables; longer: fewer Delta commits per table and hour (3,600 / this, when changes "
         "keep coming) and bigger files; ingest maintain compacts the small ones either way")
+    driver_seconds: float = Field(
+        0.0, ge=0, description="draining runs: apply the backlog on the driver, without starting Spark, when "
+        "the driver expects to finish within this many seconds (measured on its first batches; a run that "
+        "falls behind hands the rest to Spark). Worth about what Spark's session and query take to start, or "
+        "a few times that on a single machine, where Spark adds little speed. Only tables the driver can "
+        "apply alone: the engine's own reader, the delta-rs writer, planned and validated on the driver, "
+        "outside a transaction group. 0: always Spark")
     retry_stopped_seconds: float = Field(
         30.0, gt=0, description="continuous runs: a table stopped by a transient error (a registry or broker "
         "that does not answer, a concurrent writer) is tried again after this long, then twice as long each "

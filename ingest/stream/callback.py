@@ -35,7 +35,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from ingest import logs, secrets
 from ingest.apply.batch import BatchResult
 from ingest.apply.journey import apply_batch, placement_for
-from ingest.commit.state import OpenTables, load_state
+from ingest.commit.state import OpenTables, TableState, load_state
 from ingest.commit.writers import Writers
 from ingest.config import IngestConfig, TableSpec
 from ingest.cuts.align import Reach, boundary, newest_mark, tail_starts, trim
@@ -49,6 +49,7 @@ from ingest.model import SourceMark
 from ingest.quality import QualityGate
 from ingest.records import audit
 from ingest.records.audit import AuditRecord
+from ingest.source.catalog import Catalog
 from ingest.source.consumer_group import GroupCommitter
 from ingest.source.sources import DecodingSource, decodes_at_read, source_for
 from ingest.stream.caught_up import gap_of, say_retention_gap
@@ -200,7 +201,7 @@ class ForEachBatch:
             except Exception as exc:
                 # Without its tail, the table's records would leave a hole in its offsets: it stops
                 # (a transient error is tried again, catching up from its Delta log), the others go on.
-                self._stop(spec, exc)
+                self.stop_table(spec, exc)
                 by_topic[spec.topic] = []
                 group.remove(spec)
                 continue
@@ -295,7 +296,7 @@ class ForEachBatch:
         for spec in work:
             exc = futures[spec.name].exception()
             if exc is not None:
-                self._stop(spec, exc)
+                self.stop_table(spec, exc)
             elif (record := futures[spec.name].result()) is not None:
                 records.append(record)
         # One audit commit for the micro-batch's tables, not one each (200 tables: 200 commits of a
@@ -352,14 +353,10 @@ class ForEachBatch:
         log.warning("table %s: trying again after %s; catching up from its Delta log", spec.name, run.error)
         try:
             source = source_for(self.config)
-            end = source.end_offsets(spec.topic)
-            first = source.start_offsets(spec.topic)
-            state = load_state(paths.table)
-            say_retention_gap(spec, gap_of(spec.topic, state, first))  # what it missed, retention may have taken
-            start = {p: max(first.get(p, 0), _after(state.applied_offset(spec.topic, p))) for p in end}
+            start, end = backlog(source, spec, load_state(paths.table))
             limit = min(self.config.source.max_records_per_batch,
                         self.config.source.max_records_per_table or self.config.source.max_records_per_batch)
-            for lo, hi in _chunks(start, end, limit):
+            for lo, hi in chunks(start, end, limit):
                 if self.source is not None:  # a source decoding as it reads: read and decoded here
                     gap, parts = None, self.decoder.decode(self.source.read_arrow(spec.topic, lo, hi))
                 else:
@@ -369,7 +366,7 @@ class ForEachBatch:
                 if record is not None:
                     audit.append(paths.audit, [record])
         except Exception as exc:
-            self._stop(spec, exc)
+            self.stop_table(spec, exc)
             return False
         del self.stopped[spec.name]
         self.retry_at.pop(spec.name, None)
@@ -380,6 +377,11 @@ class ForEachBatch:
             self.metrics.running(spec.name)
         log.warning("table %s: caught up and running again", spec.name)
         return True
+
+    def apply(self, spec: TableSpec, parts: list[Any], batch_id: int, decode_ms: int) -> AuditRecord | None:
+        """Apply a table's batch read and decoded on the driver, outside any micro-batch
+        (:mod:`ingest.stream.driver_run`); returns its audit row, for the caller to append."""
+        return self._apply(spec, None, parts, batch_id, decode_ms)
 
     def _apply(self, spec: TableSpec, frame: DataFrame | None, parts: list[Any], batch_id: int,
                decode_ms: int) -> AuditRecord | None:
@@ -451,7 +453,7 @@ class ForEachBatch:
                     end[partition] = max(end.get(partition, offset + 1), offset + 1)
         return self.decoder.decode(self.source.read_arrow(spec.topic, start, end)) if start else parts
 
-    def _stop(self, spec: TableSpec, exc: BaseException) -> None:
+    def stop_table(self, spec: TableSpec, exc: BaseException) -> None:
         """The table stops; its offsets stay where its Delta log has them, and the next run resumes there."""
         self.stopped[spec.name] = exc
         if is_cancellation(exc):  # the run is being stopped: not the table's failure
@@ -529,7 +531,16 @@ def _after(applied: int | None) -> int:
     return 0 if applied is None else applied + 1
 
 
-def _chunks(start: dict[int, int], end: dict[int, int], limit: int) -> Iterator[tuple[dict[int, int], dict[int, int]]]:
+def backlog(source: Catalog, spec: TableSpec, state: TableState) -> tuple[dict[int, int], dict[int, int]]:
+    """Per partition, where the table's records not applied yet start and where they end, as the source
+    holds them now; the records retention took before the table applied them are said once."""
+    end = source.end_offsets(spec.topic)
+    first = source.start_offsets(spec.topic)
+    say_retention_gap(spec, gap_of(spec.topic, state, first))
+    return {p: max(first.get(p, 0), _after(state.applied_offset(spec.topic, p))) for p in end}, end
+
+
+def chunks(start: dict[int, int], end: dict[int, int], limit: int) -> Iterator[tuple[dict[int, int], dict[int, int]]]:
     """``[start, end)`` per partition in pieces of about ``limit`` records, the partitions side by side."""
     pos = {p: o for p, o in start.items() if p in end}
     while live := [p for p in sorted(pos) if pos[p] < end[p]]:

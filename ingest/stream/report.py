@@ -42,9 +42,21 @@ class RunReport:
     startup_seconds: float | None = None
     #: every table's Delta log already held every offset the source has: Spark was not started
     caught_up: bool = False
+    #: the driver applied every table's backlog alone (``source.driver_seconds``): Spark was not started
+    on_driver: bool = False
     #: cuts across tables (``source.transactions``): the latest, and what holds newer ones back
     cuts: Outcome | None = None
 
     @property
     def failed(self) -> list[str]:
         return [name for name, t in self.tables.items() if t.error]
+
+    def add_before(self, earlier: RunReport) -> None:
+        """Take in what an earlier part of the same run did (the driver, before it handed over to Spark)."""
+        self.seconds += earlier.seconds
+        for name, done in earlier.tables.items():
+            table = self.tables.setdefault(name, TableRun(name))
+            table.batches[:0] = done.batches
+            table.already_applied += done.already_applied
+            if done.error and not table.error:
+                table.recovered.append(done.error)

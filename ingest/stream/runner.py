@@ -2,7 +2,9 @@
 
 A run takes its tables' locks, then asks the Delta logs and the source whether any table has a
 record to read (:mod:`ingest.stream.caught_up`). When none has, it ends there, having started
-neither Spark nor Great Expectations; otherwise its streaming part starts
+neither Spark nor Great Expectations. A draining run whose backlog the driver expects to apply
+within ``source.driver_seconds`` applies it there, without Spark (:mod:`ingest.stream.driver_run`);
+otherwise, or for the rest of a backlog bigger than it looked, its streaming part starts
 (:mod:`ingest.stream.queries`).
 """
 
@@ -133,21 +135,33 @@ class Runner:
         logs.event(log, "run-started", f"run ({mode}) of tables {', '.join(s.name for s in specs)}", mode=mode,
                    tables=[s.name for s in specs])
         try:
-            report = None
+            report, on_driver = None, None
             if mode == "available_now" and not (reset_checkpoints or from_beginning or self._full_start):
                 started = time.perf_counter()
-                if not any(pending(self.config, specs).values()):
+                work = pending(self.config, specs)
+                if not any(work.values()):
                     report = self._caught_up(specs, started)
-            if report is None:
+                else:
+                    self._ask_registry(specs)
+                    # The journey loads only when some table has work (Spark's session and Great
+                    # Expectations only when the driver does not apply it alone).
+                    from ingest.stream.driver_run import DriverRun
+
+                    on_driver = DriverRun(self, specs, progress) if DriverRun.wanted(self.config, specs, work) else None
+                    if on_driver is not None and on_driver.run():
+                        report = on_driver.report
+            else:
                 self._ask_registry(specs)
-                # Spark, Great Expectations and the journey load only when some table has work.
-                from ingest.stream.queries import StreamingRun
+            if report is None:
+                from ingest.stream.queries import StreamingRun  # Spark and GX: only for a run that needs them
 
                 streaming = StreamingRun(self)
                 gates = streaming.quality_gates_beside_spark(specs)
                 report = streaming.run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
                                        from_beginning=from_beginning, progress=progress, stop_after=stop_after,
                                        discover=discovering)
+                if on_driver is not None:  # what the driver applied before it handed the rest to Spark
+                    report.add_before(on_driver.report)
         finally:
             locks.release_all(held)
         received = sum(t.total("received") for t in report.tables.values())

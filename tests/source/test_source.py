@@ -184,14 +184,14 @@ def test_a_range_read_is_exactly_the_asked_offsets_in_the_stream_shape(spark, lo
 
 
 def test_a_catch_up_is_read_in_pieces_of_the_batch_size_covering_the_gap_once():
-    from ingest.stream.callback import _chunks
+    from ingest.stream.callback import chunks
 
     start, end = {0: 5, 1: 0, 2: 7}, {0: 105, 1: 30, 2: 7}
-    pieces = list(_chunks(start, end, 40))
+    pieces = list(chunks(start, end, 40))
     covered = [(p, o) for lo, hi in pieces for p in lo for o in range(lo[p], hi[p])]
     assert sorted(covered) == [(0, o) for o in range(5, 105)] + [(1, o) for o in range(30)]  # once each
     assert all(sum(hi[p] - lo[p] for p in lo) <= 40 for lo, hi in pieces)
-    assert list(_chunks({0: 3}, {0: 3}, 10)) == []  # nothing missed, nothing to read
+    assert list(chunks({0: 3}, {0: 3}, 10)) == []  # nothing missed, nothing to read
 
 
 class _Reader:

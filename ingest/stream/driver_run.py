@@ -1,0 +1,254 @@
+"""A draining run without Spark: a backlog the driver applies sooner than Spark could start.
+
+Spark's session and streaming query take seconds to tens of seconds to start before they read a
+record (docs/benchmarks.md). A draining run whose backlog is modest ends sooner on the driver alone:
+the engine's own reader reads each table's records from the offsets its Delta log records, the
+driver decodes them, and every batch takes the journey a micro-batch takes (:mod:`ingest.apply.journey`),
+committed with delta-rs. Progress lives in the Delta logs as always, so whatever stops the driver
+run -- a backlog bigger than it looked, a crash -- leaves a state any later run, with or without
+Spark, resumes from.
+
+How long the rest would take is estimated after every batch, at the rate reached so far; when it is
+more than ``source.driver_seconds``, the rest is handed to Spark (:mod:`ingest.stream.queries`),
+whose queries start from the tables' Delta logs. While one batch is applied, the next ones are read
+and decoded by a small pool of processes, as Spark's Python workers would.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Generator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from ingest import logs
+from ingest.commit.state import load_state
+from ingest.config import IngestConfig, TableSpec
+from ingest.decode.columnar import BatchDecoder
+from ingest.lake.layout import TablePaths
+from ingest.quality import QualityGate
+from ingest.records import audit
+from ingest.source.sources import DecodingSource, EmbeddedSource, decodes_at_read, source_for
+from ingest.stream import checkpoint as checkpoints
+from ingest.stream.callback import ForEachBatch, backlog, chunks
+from ingest.stream.queries import query_groups, query_name
+from ingest.stream.report import RunReport, TableRun
+
+if TYPE_CHECKING:
+    from ingest.records.audit import AuditRecord
+    from ingest.stream.callback import ProgressFn
+    from ingest.stream.runner import Runner
+
+log = logging.getLogger(__name__)
+#: Processes that read and decode pieces for the driver, at most (and no more than the machine's cores).
+DECODERS_MAX: Final = 4
+
+
+def refusal(config: IngestConfig, spec: TableSpec) -> str | None:
+    """Why the driver cannot apply the table's batches alone (``None``: it can)."""
+    if not decodes_at_read(config):
+        return "its records are read by Spark's Kafka source (source.kafka.reader: spark)"
+    if config.writer_of(spec) != "delta-rs":
+        return "it is written by delta-spark"
+    if config.placement_of(spec) != "driver":
+        return "it is planned on the executors"
+    if config.validates_on_spark(spec):
+        return "its suite validates on Spark"
+    if spec.name in {s.name for s in config.consistent_tables()}:
+        return "it is in a transaction group, whose batches end at transaction boundaries"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """One batch of a table: the offsets ``[start, end)`` per partition, and how many records that is."""
+
+    spec: TableSpec
+    start: dict[int, int]
+    end: dict[int, int]
+    records: int
+
+
+class DriverRun:
+    """Apply the tables' backlog on the driver, for a :class:`~ingest.stream.runner.Runner` holding their locks."""
+
+    def __init__(self, runner: Runner, specs: list[TableSpec], progress: ProgressFn | None) -> None:
+        self.runner, self.specs, self.progress = runner, specs, progress
+        self.report = RunReport(uuid.uuid4().hex[:12], {s.name: TableRun(s.name) for s in specs}, on_driver=True)
+
+    @staticmethod
+    def wanted(config: IngestConfig, specs: list[TableSpec], work: dict[str, int]) -> bool:
+        """Whether a draining run of ``specs``, with ``work`` records pending per table, starts on the
+        driver: it is allowed to (``source.driver_seconds``), and every table with work can."""
+        if config.source.driver_seconds <= 0:
+            return False
+        busy = [s for s in specs if work.get(s.name)]
+        refused = {s.name: why for s in busy if (why := refusal(config, s)) is not None}
+        if refused:
+            log.info("the run starts Spark: %s", "; ".join(f"table {n}: {why}" for n, why in refused.items()))
+        return bool(busy) and not refused
+
+    def run(self) -> bool:
+        """Apply every table's backlog, up to where the source ended when the run began, unless the
+        rest looks slower than ``source.driver_seconds``. Returns whether it is done (applied all of it,
+        or was interrupted); if not, the run goes on with Spark. Once the driver applied a batch, the
+        Spark checkpoints of the tables' queries are behind their Delta logs, and are discarded.
+
+        Raises:
+            SuiteError: a table's expectations suite cannot be loaded or does not fit the table.
+        """
+        config = self.runner.config
+        for spec in self.specs:
+            self.runner.restore_audit(spec)
+        gates = {}
+        for spec in self.specs:
+            gate = QualityGate.for_table(config, spec, table_columns=load_state(config.table_path(spec.name)).columns)
+            if gate is not None:
+                gates[spec.name] = gate
+        handler = ForEachBatch(config, self.specs, self.report, self.report.run_id, self.progress, gates,
+                               metrics=self.runner.metrics)
+        try:
+            handler.prefetch_schemas(self.specs)
+            assert handler.source is not None  # refusal() let only a source that decodes as it reads through
+            pieces = self._pieces(handler)
+            logs.event(log, "driver-run", f"run {self.report.run_id}: {sum(p.records for p in pieces)} records "
+                       f"to apply on the driver, without Spark", run=self.report.run_id,
+                       records=sum(p.records for p in pieces))
+            finished = self._apply(handler, pieces)
+        finally:
+            handler.close()
+        self.report.seconds = time.perf_counter() - self.report.started
+        if any(t.batches for t in self.report.tables.values()):
+            self._discard_checkpoints()
+        return finished
+
+    def _pieces(self, handler: ForEachBatch) -> list[_Piece]:
+        """Every table's backlog in batches, as the Spark run's reader would bound them."""
+        config = self.runner.config
+        limit = min(config.source.max_records_per_batch,
+                    config.source.max_records_per_table or config.source.max_records_per_batch)
+        assert handler.source is not None
+        pieces = []
+        for spec in self.specs:
+            start, end = backlog(handler.source, spec, load_state(TablePaths.of(config, spec.name).table))
+            pieces += [_Piece(spec, lo, hi, sum(hi[p] - lo[p] for p in hi)) for lo, hi in chunks(start, end, limit)]
+        return pieces
+
+    def _decoded(self, handler: ForEachBatch, pieces: list[_Piece]) -> Generator[tuple[_Piece, Any, int], None, None]:
+        """Each piece with its decoded parts (or what reading or decoding it raised) and the
+        milliseconds that took, in order. The embedded log's pieces are read and decoded by a pool of
+        processes, a few ahead of the one being applied. Kafka's are read and decoded here, one
+        after another: librdkafka and a registry client's connections do not survive a fork."""
+        source = handler.source
+        assert source is not None
+        if len(pieces) == 1 or not isinstance(source, EmbeddedSource):
+            for piece in pieces:
+                if piece.spec.name in handler.stopped:
+                    continue
+                began = time.perf_counter()
+                try:
+                    parts: Any = handler.decoder.decode(source.read_arrow(piece.spec.topic, piece.start, piece.end))
+                except Exception as exc:  # the table stops; the others go on
+                    parts = exc
+                yield piece, parts, int((time.perf_counter() - began) * 1000)
+            return
+        # Forked, as PySpark's daemon forks its Python workers: a spawned process would import the
+        # caller's main module again, which a script without a __main__ guard cannot survive. The
+        # children only read files and decode (no Delta table, whose runtime's threads are not theirs).
+        context = multiprocessing.get_context("fork")
+        size = max(1, min(os.cpu_count() or 1, DECODERS_MAX, len(pieces)))
+        pool = ProcessPoolExecutor(size, mp_context=context, initializer=_start_decoder,
+                                   initargs=(self.runner.config, handler.decoder))
+        try:
+            todo = iter(pieces)
+            window: deque[tuple[_Piece, Future[tuple[Any, int]]]] = deque()
+            while True:
+                while len(window) <= size and (ahead := next(todo, None)) is not None:
+                    window.append((ahead, pool.submit(_read_decoded, ahead.spec.topic, ahead.start, ahead.end)))
+                if not window:
+                    return
+                piece, future = window.popleft()
+                if piece.spec.name in handler.stopped:
+                    future.cancel()
+                    continue
+                try:
+                    parts, decode_ms = future.result()
+                except Exception as exc:
+                    parts, decode_ms = exc, 0
+                yield piece, parts, decode_ms
+        finally:  # the rest handed to Spark, or the run interrupted: what has not started never will
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _apply(self, handler: ForEachBatch, pieces: list[_Piece]) -> bool:
+        """Apply the pieces in order, the next ones read and decoded while one is applied; ``False``
+        when the rest was left to Spark."""
+        budget = self.runner.config.source.driver_seconds
+        total, done, batch_id = sum(p.records for p in pieces), 0, 0
+        records: list[AuditRecord] = []
+        began = time.perf_counter()
+        warm: tuple[int, float] | None = None  # records done and time when the first batch ended
+        decoded = self._decoded(handler, pieces)
+        try:
+            for piece, parts, decode_ms in decoded:
+                if piece.spec.name not in handler.stopped:
+                    try:
+                        if isinstance(parts, BaseException):
+                            raise parts
+                        record = handler.apply(piece.spec, parts, batch_id, decode_ms)
+                        if record is not None:
+                            records.append(record)
+                    except Exception as exc:
+                        handler.stop_table(piece.spec, exc)
+                batch_id += 1
+                done += piece.records
+                now, left = time.perf_counter(), total - done
+                if warm is None:
+                    # The first batch also opens the tables and warms the libraries up: its rate is
+                    # only trusted to say that the rest is far out of reach.
+                    warm, rate, allowed = (done, now), done / max(now - began, 1e-3), 2 * budget
+                else:
+                    rate, allowed = (done - warm[0]) / max(now - warm[1], 1e-3), budget
+                if left and left / max(rate, 1e-3) > allowed:
+                    log.info("run %s: %d records left, about %.0f s on the driver (source.driver_seconds: %g); "
+                             "Spark takes the rest", self.report.run_id, left, left / max(rate, 1e-3), budget)
+                    return False
+            return True
+        except KeyboardInterrupt:  # Ctrl-C: the run ends with its report, as a Spark run's does
+            logs.event(log, "run-interrupted", f"run {self.report.run_id} interrupted: a batch under way either "
+                       "committed or left nothing, and the next run applies the rest", run=self.report.run_id,
+                       level=logging.WARNING)
+            return True
+        finally:
+            decoded.close()
+            if records:  # one audit commit for the run's batches (each table's commit holds its row already)
+                audit.append(TablePaths.of(self.runner.config, records[0].table).audit, records)
+
+    def _discard_checkpoints(self) -> None:
+        """The Spark checkpoints of these tables' queries are behind their Delta logs now: the queries
+        would read again what the driver applied (and skip it). Without them they start from the logs."""
+        config = self.runner.config
+        for group in query_groups(self.specs, config.source.queries):
+            checkpoints.discard(config.checkpoint_location / query_name(group))
+
+
+_worker: tuple[DecodingSource, BatchDecoder] | None = None  # a decoding process's source and decoder
+
+
+def _start_decoder(config: IngestConfig, decoder: BatchDecoder) -> None:
+    global _worker
+    _worker = (cast(DecodingSource, source_for(config)), decoder)
+
+
+def _read_decoded(topic: str, start: dict[int, int], end: dict[int, int]) -> tuple[list[Any], int]:
+    """In a decoding process: the parts of ``[start, end)`` of ``topic``, and the milliseconds they took."""
+    assert _worker is not None
+    source, decoder = _worker
+    began = time.perf_counter()
+    parts = decoder.decode(source.read_arrow(topic, start, end))
+    return parts, int((time.perf_counter() - began) * 1000)

@@ -1,0 +1,141 @@
+"""A draining run whose backlog the driver applies alone, without Spark (``source.driver_seconds``).
+
+The driver reads, decodes and applies each table's records through the same journey as a
+micro-batch; progress is the Delta logs, so a run that hands the rest to Spark, and any later
+Spark run, resume exactly where the driver stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from ingest.config import IngestConfig, load_config
+from ingest.stream import checkpoint as checkpoints
+from ingest.stream.caught_up import pending
+from ingest.stream.driver_run import DriverRun, refusal
+from ingest.stream.queries import query_name
+from ingest.stream.runner import Runner
+from tests.dagster.conftest import produce
+from tests.test_caught_up import _run
+
+TOPICS = {"notes": "app.public.notes", "tags": "app.public.tags"}
+
+
+def _config(tmp_path: Path, *, driver_seconds: float, **source: Any) -> tuple[Path, IngestConfig]:
+    """Tables ``notes`` (with a suite that fails a batch holding a note without a body) and ``tags``."""
+    suites = tmp_path / "suites"
+    suites.mkdir(exist_ok=True)
+    (suites / "notes.json").write_text(json.dumps({"name": "notes", "expectations": [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "body"}}]}))
+    raw = {"workdir": str(tmp_path / "work"),
+           "source": {"value_format": "json", "max_records_per_batch": 100, "driver_seconds": driver_seconds,
+                      **source},
+           "quality": {"expectations_dir": str(suites)},
+           "tables": [{"name": "notes", "topic": TOPICS["notes"], "expectations": "notes", "quality_policy": "fail"},
+                      {"name": "tags", "topic": TOPICS["tags"]}]}
+    path = tmp_path / f"config-{driver_seconds}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path, load_config(path)
+
+
+def _changes(first: int, count: int, body: str | None = "note") -> list[tuple[str, dict[str, Any], int]]:
+    return [("c", {"id": i, "body": None if body is None else f"{body} {i}"}, 100 + i)
+            for i in range(first, first + count)]
+
+
+def _ids(config: IngestConfig, table: str) -> list[int]:
+    return sorted(DeltaTable(str(config.table_path(table))).to_pyarrow_table(columns=["id"]).column("id").to_pylist())
+
+
+@pytest.mark.spark
+def test_a_modest_backlog_is_applied_on_the_driver_without_spark(tmp_path: Path) -> None:
+    path, cfg = _config(tmp_path, driver_seconds=60)
+    produce(cfg, TOPICS["notes"], _changes(0, 250))
+    produce(cfg, TOPICS["tags"], _changes(0, 40))
+
+    done = _run(path)
+    assert done["code"] == 0, done["output"]
+    assert not done["spark"] and "pyspark" in done["loaded"]  # the journey's modules, not Spark's session
+    assert done["gx"]  # the suite still validates every batch, on the driver
+    assert "applied on the driver, Spark was not started" in done["output"]
+    assert "│ notes │ 3 " in done["output"] and "│ tags  │ 1 " in done["output"]  # batches of <= 100 records
+    assert _ids(cfg, "notes") == list(range(250)) and _ids(cfg, "tags") == list(range(40))
+    assert pending(cfg, list(cfg.tables)) == {"notes": 0, "tags": 0}
+    assert _run(path)["loaded"] == []  # caught up now: the next run starts nothing
+
+
+@pytest.mark.spark
+def test_a_backlog_too_big_for_the_driver_is_handed_to_spark_where_the_driver_stopped(
+        tmp_path: Path, spark: Any) -> None:
+    _, spark_only = _config(tmp_path, driver_seconds=0)
+    produce(spark_only, TOPICS["notes"], _changes(0, 50))
+    first = Runner(spark_only, spark=spark).run()
+    assert not first.on_driver and first.tables["notes"].total("inserted") == 50
+    checkpoint = spark_only.checkpoint_location / query_name(list(spark_only.tables))
+    assert checkpoints.exists(checkpoint)
+
+    produce(spark_only, TOPICS["notes"], _changes(50, 350))
+    # A budget no batch can meet: the driver applies its first batch, then hands the rest over.
+    _, hurried = _config(tmp_path, driver_seconds=1e-6)
+    report = Runner(hurried, spark=spark).run()
+    notes = report.tables["notes"]
+    assert not report.on_driver and not report.failed
+    assert notes.batches[0].received == 100  # the driver's batch, first in the run's report
+    assert notes.total("received") == 350 and notes.total("inserted") == 350
+    # Its Spark checkpoint was behind the Delta log: discarded, so Spark read nothing twice.
+    assert notes.already_applied == 0
+    assert _ids(hurried, "notes") == list(range(400))
+
+    replay = Runner(spark_only, spark=spark).run(from_beginning=True)
+    assert replay.tables["notes"].total("inserted") == 0 and replay.tables["notes"].total("updated") == 0
+    assert _ids(spark_only, "notes") == list(range(400))
+
+
+def test_a_table_that_fails_on_the_driver_stops_alone(tmp_path: Path) -> None:
+    _, cfg = _config(tmp_path, driver_seconds=60)
+    produce(cfg, TOPICS["notes"], _changes(0, 30) + _changes(30, 1, body=None))  # the suite fails this batch
+    produce(cfg, TOPICS["tags"], _changes(0, 30))
+
+    report = Runner(cfg).run()
+    assert report.on_driver and report.failed == ["notes"]
+    assert "expectation" in (report.tables["notes"].error or "").lower()
+    assert _ids(cfg, "tags") == list(range(30))
+    assert pending(cfg, list(cfg.tables)) == {"notes": 31, "tags": 0}  # its offsets did not move
+
+
+def test_tables_the_driver_cannot_apply_alone_start_spark(tmp_path: Path) -> None:
+    _, cfg = _config(tmp_path, driver_seconds=60)
+    notes, tags = cfg.tables
+    assert refusal(cfg, notes) is None
+    assert DriverRun.wanted(cfg, list(cfg.tables), {"notes": 5, "tags": 0})
+    assert not DriverRun.wanted(cfg, list(cfg.tables), {"notes": 0, "tags": 0})  # nothing to do: the caught-up path
+
+    by_spark = cfg.model_copy(update={"target": cfg.target.model_copy(update={"writer": "delta-spark"})})
+    assert refusal(by_spark, notes) == "it is written by delta-spark"
+    assert not DriverRun.wanted(by_spark, list(cfg.tables), {"notes": 5, "tags": 0})
+
+    _, grouped = _config(tmp_path, driver_seconds=60, transactions={"topic": "app.transaction"})
+    assert "transaction group" in (refusal(grouped, tags) or "")
+
+    _, off = _config(tmp_path, driver_seconds=0)
+    assert not DriverRun.wanted(off, list(off.tables), {"notes": 5, "tags": 0})
+
+
+def test_ctrl_c_ends_a_driver_run_with_its_report_and_the_next_run_applies_the_rest(tmp_path: Path) -> None:
+    _, cfg = _config(tmp_path, driver_seconds=60)
+    produce(cfg, TOPICS["tags"], _changes(0, 250))
+
+    def interrupt(table: str, record: Any, result: Any) -> None:
+        raise KeyboardInterrupt  # as Ctrl-C arriving once the first batch has committed
+
+    report = Runner(cfg).run(progress=interrupt)
+    assert report.on_driver and not report.failed
+    assert pending(cfg, list(cfg.tables))["tags"] == 150  # the first batch of 100 committed, nothing else
+    assert Runner(cfg).run().tables["tags"].total("received") == 150
+    assert _ids(cfg, "tags") == list(range(250))
