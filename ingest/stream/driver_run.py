@@ -11,7 +11,8 @@ Spark, resumes from.
 How long the rest would take is estimated after every batch, at the rate reached so far; when it is
 more than ``source.driver_seconds``, the rest is handed to Spark (:mod:`ingest.stream.queries`),
 whose queries start from the tables' Delta logs. While one batch is applied, the next ones are read
-and decoded by a small pool of processes, as Spark's Python workers would.
+and decoded by a small pool of processes, as Spark's Python workers would; the pool starts before
+Great Expectations is imported for the tables' suites, so the two overlap.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -106,22 +107,26 @@ class DriverRun:
         config = self.runner.config
         for spec in self.specs:
             self.runner.restore_audit(spec)
-        gates = {}
-        for spec in self.specs:
-            gate = QualityGate.for_table(config, spec, table_columns=load_state(config.table_path(spec.name)).columns)
-            if gate is not None:
-                gates[spec.name] = gate
+        gates: dict[str, QualityGate] = {}  # filled below, while the first pieces are decoded
         handler = ForEachBatch(config, self.specs, self.report, self.report.run_id, self.progress, gates,
                                metrics=self.runner.metrics)
+        decoding = None
         try:
             handler.prefetch_schemas(self.specs)
-            assert handler.source is not None  # refusal() let only a source that decodes as it reads through
             pieces = self._pieces(handler)
             logs.event(log, "driver-run", f"run {self.report.run_id}: {sum(p.records for p in pieces)} records "
                        f"to apply on the driver, without Spark", run=self.report.run_id,
                        records=sum(p.records for p in pieces))
-            finished = self._apply(handler, pieces)
+            decoding = _Decoding(config, handler, pieces)
+            for spec in self.specs:  # Great Expectations' import: seconds, beside the decoders
+                gate = QualityGate.for_table(config, spec,
+                                             table_columns=load_state(config.table_path(spec.name)).columns)
+                if gate is not None:
+                    gates[spec.name] = gate
+            finished = self._apply(handler, pieces, decoding)
         finally:
+            if decoding is not None:
+                decoding.close()
             handler.close()
         self.report.seconds = time.perf_counter() - self.report.started
         if any(t.batches for t in self.report.tables.values()):
@@ -140,52 +145,7 @@ class DriverRun:
             pieces += [_Piece(spec, lo, hi, sum(hi[p] - lo[p] for p in hi)) for lo, hi in chunks(start, end, limit)]
         return pieces
 
-    def _decoded(self, handler: ForEachBatch, pieces: list[_Piece]) -> Generator[tuple[_Piece, Any, int], None, None]:
-        """Each piece with its decoded parts (or what reading or decoding it raised) and the
-        milliseconds that took, in order. The embedded log's pieces are read and decoded by a pool of
-        processes, a few ahead of the one being applied. Kafka's are read and decoded here, one
-        after another: librdkafka and a registry client's connections do not survive a fork."""
-        source = handler.source
-        assert source is not None
-        if len(pieces) == 1 or not isinstance(source, EmbeddedSource):
-            for piece in pieces:
-                if piece.spec.name in handler.stopped:
-                    continue
-                began = time.perf_counter()
-                try:
-                    parts: Any = handler.decoder.decode(source.read_arrow(piece.spec.topic, piece.start, piece.end))
-                except Exception as exc:  # the table stops; the others go on
-                    parts = exc
-                yield piece, parts, int((time.perf_counter() - began) * 1000)
-            return
-        # Forked, as PySpark's daemon forks its Python workers: a spawned process would import the
-        # caller's main module again, which a script without a __main__ guard cannot survive. The
-        # children only read files and decode (no Delta table, whose runtime's threads are not theirs).
-        context = multiprocessing.get_context("fork")
-        size = max(1, min(os.cpu_count() or 1, DECODERS_MAX, len(pieces)))
-        pool = ProcessPoolExecutor(size, mp_context=context, initializer=_start_decoder,
-                                   initargs=(self.runner.config, handler.decoder))
-        try:
-            todo = iter(pieces)
-            window: deque[tuple[_Piece, Future[tuple[Any, int]]]] = deque()
-            while True:
-                while len(window) <= size and (ahead := next(todo, None)) is not None:
-                    window.append((ahead, pool.submit(_read_decoded, ahead.spec.topic, ahead.start, ahead.end)))
-                if not window:
-                    return
-                piece, future = window.popleft()
-                if piece.spec.name in handler.stopped:
-                    future.cancel()
-                    continue
-                try:
-                    parts, decode_ms = future.result()
-                except Exception as exc:
-                    parts, decode_ms = exc, 0
-                yield piece, parts, decode_ms
-        finally:  # the rest handed to Spark, or the run interrupted: what has not started never will
-            pool.shutdown(wait=True, cancel_futures=True)
-
-    def _apply(self, handler: ForEachBatch, pieces: list[_Piece]) -> bool:
+    def _apply(self, handler: ForEachBatch, pieces: list[_Piece], decoding: _Decoding) -> bool:
         """Apply the pieces in order, the next ones read and decoded while one is applied; ``False``
         when the rest was left to Spark."""
         budget = self.runner.config.source.driver_seconds
@@ -193,9 +153,8 @@ class DriverRun:
         records: list[AuditRecord] = []
         began = time.perf_counter()
         warm: tuple[int, float] | None = None  # records done and time when the first batch ended
-        decoded = self._decoded(handler, pieces)
         try:
-            for piece, parts, decode_ms in decoded:
+            for piece, parts, decode_ms in decoding:
                 if piece.spec.name not in handler.stopped:
                     try:
                         if isinstance(parts, BaseException):
@@ -225,7 +184,6 @@ class DriverRun:
                        level=logging.WARNING)
             return True
         finally:
-            decoded.close()
             if records:  # one audit commit for the run's batches (each table's commit holds its row already)
                 audit.append(TablePaths.of(self.runner.config, records[0].table).audit, records)
 
@@ -235,6 +193,69 @@ class DriverRun:
         config = self.runner.config
         for group in query_groups(self.specs, config.source.queries):
             checkpoints.discard(config.checkpoint_location / query_name(group))
+
+
+class _Decoding:
+    """The pieces with their decoded parts (or what reading or decoding them raised) and the
+    milliseconds that took, in order.
+
+    The embedded log's pieces are read and decoded by a pool of processes, which starts at once and
+    keeps a few pieces ahead of the one being applied. Kafka's are read and decoded as they are
+    asked for, one after another: librdkafka and a registry client's connections do not survive a
+    fork. So is a single piece.
+    """
+
+    def __init__(self, config: IngestConfig, handler: ForEachBatch, pieces: list[_Piece]) -> None:
+        assert handler.source is not None  # refusal() lets only a source that decodes as it reads through
+        self.handler, self.source, self.pieces = handler, handler.source, pieces
+        self.pool: ProcessPoolExecutor | None = None
+        self.size = max(1, min(os.cpu_count() or 1, DECODERS_MAX, len(pieces)))
+        self._todo = iter(pieces)
+        self._window: deque[tuple[_Piece, Future[tuple[list[Any], int]]]] = deque()
+        if len(pieces) > 1 and isinstance(self.source, EmbeddedSource):
+            # Forked, as PySpark's daemon forks its Python workers: a spawned process would import
+            # the caller's main module again, which a script without a __main__ guard cannot
+            # survive. The children only read files and decode (no Delta table, whose runtime's
+            # threads are not theirs, and not Great Expectations, which loads after the fork).
+            self.pool = ProcessPoolExecutor(self.size, mp_context=multiprocessing.get_context("fork"),
+                                            initializer=_start_decoder, initargs=(config, handler.decoder))
+            self._top_up()
+
+    def _top_up(self) -> None:
+        assert self.pool is not None
+        while len(self._window) <= self.size and (piece := next(self._todo, None)) is not None:
+            self._window.append((piece, self.pool.submit(_read_decoded, piece.spec.topic, piece.start, piece.end)))
+
+    def __iter__(self) -> Iterator[tuple[_Piece, Any, int]]:
+        stopped = self.handler.stopped
+        if self.pool is None:
+            for piece in self.pieces:
+                if piece.spec.name in stopped:
+                    continue
+                began = time.perf_counter()
+                try:
+                    parts: Any = self.handler.decoder.decode(
+                        self.source.read_arrow(piece.spec.topic, piece.start, piece.end))
+                except Exception as exc:  # the table stops; the others go on
+                    parts = exc
+                yield piece, parts, int((time.perf_counter() - began) * 1000)
+            return
+        while self._window:
+            piece, future = self._window.popleft()
+            self._top_up()
+            if piece.spec.name in stopped:
+                future.cancel()
+                continue
+            try:
+                parts, decode_ms = future.result()
+            except Exception as exc:
+                parts, decode_ms = exc, 0
+            yield piece, parts, decode_ms
+
+    def close(self) -> None:
+        """The rest handed to Spark, or the run interrupted: what has not started never will."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 _worker: tuple[DecodingSource, BatchDecoder] | None = None  # a decoding process's source and decoder
