@@ -12,12 +12,17 @@ two ways, taking turns which goes first:
   demo's suites, as a user has them: what a change to the start gained or cost. A checkout older
   than ``--full-start`` has no shortcut and takes the whole start anyway. With ``--shortcut``, both
   checkouts' caught-up runs as they run.
+* ``--backlog EVENTS``: a run with work, as a scheduled run finds it: the demo's tables hold none of a
+  workload of ``EVENTS`` changes, and the run applies them all, with ``source.driver_seconds`` (the
+  driver applies them without starting Spark, :mod:`ingest.stream.driver_run`) and without it
+  (Spark's session and query). The tables are emptied before every run; the suites are kept.
 * otherwise, the forced whole start with the driver's class archive (:mod:`ingest.spark.class_archive`)
   and without it (``INGEST_CLASS_ARCHIVE=off``), the suites left out (Python imports, the driver JVM
   and its context, the Python workers' warm-up and the query's start).
 
     .venv/bin/python benchmarks/bench_start.py --shortcut [--rounds 3] [--engine delta-rs|delta-spark]
     .venv/bin/python benchmarks/bench_start.py --against /tmp/before [--rounds 5]
+    .venv/bin/python benchmarks/bench_start.py --backlog 5000 [--rounds 3]
     .venv/bin/python benchmarks/bench_start.py [--rounds 3] [--engine delta-rs|delta-spark]
 """
 
@@ -58,9 +63,12 @@ class Side:
     archive: bool = True
     full_start: bool = True
     checkout: Path | None = None  # another checkout's code (its runtime and harness) instead of this one's
+    driver_seconds: float = 0.0  # source.driver_seconds (with --backlog)
 
 
 def _run(config: Path, side: Side) -> float:
+    if side.driver_seconds:
+        config = config.with_name(f"driver-{config.name}")
     env = {**os.environ, SWITCH: "on" if side.archive else "off"}
     if side.checkout is not None:
         env["PYTHONPATH"] = f"{side.checkout}{os.pathsep}{side.checkout / 'harness' / 'src'}"
@@ -93,17 +101,23 @@ def main() -> None:
                         help="the caught-up run as it runs against the same run forced through the whole start")
     parser.add_argument("--against", type=Path, metavar="DIR",
                         help="this checkout's whole start against another checkout's (suites kept)")
+    parser.add_argument("--backlog", type=int, metavar="EVENTS",
+                        help="a run that applies a workload of this many changes, on the driver against through Spark")
     args = parser.parse_args()
+    if args.backlog and (args.against or args.shortcut):
+        parser.error("--backlog is a comparison of its own: without --against and --shortcut")
     # the side measured, then the side it is measured against
     if args.against:  # with --shortcut, both as they run (caught up); else both through the whole start
         other, whole = args.against.resolve(), not args.shortcut
         sides = [Side("this checkout", full_start=whole),
                  Side(f"checkout {other.name}", full_start=whole and _knows_full_start(other), checkout=other)]
+    elif args.backlog:
+        sides = [Side("on the driver", full_start=False, driver_seconds=60), Side("through Spark", full_start=False)]
     elif args.shortcut:
         sides = [Side("as it runs", full_start=False), Side("forced whole start")]
     else:
         sides = [Side("with the class archive"), Side("without", archive=False)]
-    keep_suites = bool(args.shortcut or args.against)
+    keep_suites = bool(args.shortcut or args.against or args.backlog)
     build()
     work = Path(tempfile.mkdtemp(prefix="bench-start-"))
     try:
@@ -116,17 +130,25 @@ def main() -> None:
                 table.pop(key, None)
         config = work / "config.yaml"
         config.write_text(yaml.safe_dump(raw))
-        prepare_workload(load_config(config), events=500, seed=1, malformed_fraction=0.0)
-        console.print(f"catching up first ({args.engine}), not timed")
-        _run(config, Side("catch-up", full_start=False))
+        raw["source"]["driver_seconds"] = 60
+        config.with_name(f"driver-{config.name}").write_text(yaml.safe_dump(raw))
+        loaded = load_config(config)
+        prepare_workload(loaded, events=args.backlog or 500, seed=1, malformed_fraction=0.0)
+        if not args.backlog:
+            console.print(f"catching up first ({args.engine}), not timed")
+            _run(config, Side("catch-up", full_start=False))
         times: dict[str, list[float]] = {side.label: [] for side in sides}
         for n in range(args.rounds):
             for side in sides if n % 2 == 0 else sides[::-1]:
+                for leftover in (loaded.tables_root, loaded.checkpoint_root, loaded.quality_results_dir):
+                    if args.backlog:  # every run finds the whole workload to apply
+                        shutil.rmtree(leftover, ignore_errors=True)
                 times[side.label].append(_run(config, side))
                 console.print(f"round {n + 1}: {side.label} {times[side.label][-1]:.1f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = Table(title=f"a caught-up `ingest run` ({args.engine}), {args.rounds} rounds, wall seconds")
+    what = f"an `ingest run` applying {args.backlog:,} changes" if args.backlog else "a caught-up `ingest run`"
+    out = Table(title=f"{what} ({args.engine}), {args.rounds} rounds, wall seconds")
     for col in ("run", "median", "min", "max"):
         out.add_column(col, justify="left" if col == "run" else "right")
     for label, runs in reversed(times.items()):

@@ -1,10 +1,11 @@
 """CPU seconds spent by this process and its descendants, by kind, over stretches of a benchmark.
 
-Linux only (``/proc``). A background thread samples every process under this one -- the Python driver,
-Spark's JVM, the Python workers it forks, a Kafka broker or registry the benchmark started -- and
-the JVM's JIT compiler threads apart, so a stretch's CPU can be read afterwards by kind. A process
-that ends counts up to its last sample, so a figure may miss up to one interval (0.25 s) of a
-process that lived shorter than the stretch.
+Linux only (``/proc``). A background thread samples every process under this one -- the Python
+driver (with the processes it forks to decode a run without Spark), Spark's JVM, the Python workers
+it forks, a Kafka broker or registry the benchmark started -- and the JVM's JIT compiler threads
+apart, so a stretch's CPU can be read afterwards by kind. A process that ends counts up to its last
+sample, so a figure may miss up to one interval (0.25 s) of a process that lived shorter than the
+stretch.
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ def _kind(pid: int, root: int) -> str | None:
     if pid == root:
         return "driver"
     try:
-        argv = (_PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
+        raw = (_PROC / str(pid) / "cmdline").read_bytes()
+        if raw == (_PROC / str(root) / "cmdline").read_bytes():
+            return "driver"  # a process the driver forked: the decoders of a run without Spark
     except OSError:
         return None
+    argv = raw.split(b"\0")
     exe = os.path.basename(argv[0].decode(errors="replace"))
     command = b" ".join(argv).decode(errors="replace")
     if exe == "java":
