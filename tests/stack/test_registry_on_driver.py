@@ -7,7 +7,8 @@ set after Spark started, and the run must still decode every change: with Spark'
 (the driver hands the executors the schemas with every batch), with the engine's own reader (the
 driver hands them over when the stream starts), and with that reader when the driver could not
 list the schemas then (its workers find the registry refusing them, and the driver decodes those
-batches itself).
+batches itself). A run that applies its backlog on the driver (``source.driver_seconds``) reads the
+broker and the registry from the driver only.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ SCHEMA = "regprobe"
 DRIVER_ONLY = "INGEST_TEST_DRIVER_ONLY_REGISTRY_AUTH"
 
 
-@pytest.mark.parametrize(("reader", "listing_fails"), [("spark", False), ("python", False), ("python", True)],
-                         ids=["spark", "python", "python-driver-fallback"])
+@pytest.mark.parametrize(("reader", "listing_fails", "driver_seconds"),
+                         [("spark", False, 0), ("python", False, 0), ("python", True, 0), ("python", False, 120)],
+                         ids=["spark", "python", "python-driver-fallback", "python-run-on-the-driver"])
 def test_avro_decodes_with_credentials_only_the_driver_has(
         pg_dsn: str, stack: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture, reader: str, listing_fails: bool) -> None:
+        caplog: pytest.LogCaptureFixture, reader: str, listing_fails: bool, driver_seconds: float) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
         delete_topics(stack.bootstrap_servers(), [f"{PREFIX['avro']}.{SCHEMA}.item"])
@@ -52,8 +54,8 @@ def test_avro_decodes_with_credentials_only_the_driver_has(
     registry = config.source.registry.model_copy(update={"credentials_env": DRIVER_ONLY})
     assert config.source.kafka is not None
     kafka = config.source.kafka.model_copy(update={"reader": reader})
-    config = config.model_copy(update={"source": config.source.model_copy(update={"registry": registry,
-                                                                                   "kafka": kafka})})
+    config = config.model_copy(update={"source": config.source.model_copy(update={
+        "registry": registry, "kafka": kafka, "driver_seconds": driver_seconds})})
     # Only the driver sees it: the Spark session (and its workers' environment) already exists.
     monkeypatch.setenv(DRIVER_ONLY, os.environ["SCHEMA_REGISTRY_USER_INFO"])
     if listing_fails:  # the driver cannot list the subjects (fetching a schema by id still works)
@@ -66,6 +68,7 @@ def test_avro_decodes_with_credentials_only_the_driver_has(
         report = Runner(config, spark=spark).run()
 
     assert not report.failed, {n: t.error for n, t in report.tables.items()}
+    assert report.on_driver == bool(driver_seconds)  # read from the broker and decoded without Spark
     table = open_table(config.table_path("item"))
     assert table is not None
     rows = read_all(table).to_pylist()
