@@ -87,6 +87,7 @@ def test_a_backlog_too_big_for_the_driver_is_handed_to_spark_where_the_driver_st
     notes = report.tables["notes"]
     assert not report.on_driver and not report.failed
     assert notes.batches[0].received == 100  # the driver's batch, first in the run's report
+    assert {b.run_id for b in notes.batches} == {report.run_id}  # one run, whoever applied its batches
     assert notes.total("received") == 350 and notes.total("inserted") == 350
     # Its Spark checkpoint was behind the Delta log: discarded, so Spark read nothing twice.
     assert notes.already_applied == 0

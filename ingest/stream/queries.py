@@ -112,8 +112,9 @@ class StreamingRun:
 
     def run(self, specs: list[TableSpec], gates: dict[str, QualityGate], held: list[locks.WriterLock], *,
              mode: Mode, reset_checkpoints: bool, from_beginning: bool, progress: ProgressFn | None,
-             stop_after: float | None, discover: bool) -> RunReport:
-        run_id = uuid.uuid4().hex[:12]
+             stop_after: float | None, discover: bool, run_id: str | None = None) -> RunReport:
+        """``run_id``: the run's, when the driver began it (:mod:`ingest.stream.driver_run`); else a new one."""
+        run_id = run_id or uuid.uuid4().hex[:12]
         report = RunReport(run_id, {s.name: TableRun(s.name) for s in specs})
         started = time.perf_counter()
         _ = self.runner.spark  # start Spark before the per-query set-up
