@@ -8,20 +8,25 @@ Spark run, resume exactly where the driver stopped.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from deltalake import DeltaTable
+from harness.stack.process import wait_until
 
 from ingest.config import IngestConfig, load_config
+from ingest.lake.layout import TablePaths
+from ingest.records import audit
 from ingest.stream import checkpoint as checkpoints
 from ingest.stream.caught_up import pending
 from ingest.stream.driver_run import DriverRun, refusal
 from ingest.stream.queries import query_name
 from ingest.stream.runner import Runner
 from tests.dagster.conftest import produce
+from tests.harness import ingest_cli
 from tests.test_caught_up import _run
 
 TOPICS = {"notes": "app.public.notes", "tags": "app.public.tags"}
@@ -140,3 +145,38 @@ def test_ctrl_c_ends_a_driver_run_with_its_report_and_the_next_run_applies_the_r
     assert pending(cfg, list(cfg.tables))["tags"] == 150  # the first batch of 100 committed, nothing else
     assert Runner(cfg).run().tables["tags"].total("received") == 150
     assert _ids(cfg, "tags") == list(range(250))
+
+
+def _processes_with(marker: str) -> list[int]:
+    """The processes whose environment holds ``marker`` (a killed run's, and anything it forked)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_driver_run_killed_mid_way_leaves_no_process_and_the_next_run_converges(tmp_path: Path) -> None:
+    """Killed after its second batch's Delta commit, before the run's audit rows are appended."""
+    path, cfg = _config(tmp_path, driver_seconds=60)
+    produce(cfg, TOPICS["notes"], _changes(0, 250))
+    produce(cfg, TOPICS["tags"], _changes(0, 150))  # five batches: read by forked decoders
+    marker = f"driver-run-{uuid.uuid4().hex}"
+
+    killed = ingest_cli("run", "-c", str(path), env={"INGEST_KILL_AT": "after-delta-commit:2",
+                                                               "INGEST_TEST_MARKER": marker})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert pending(cfg, list(cfg.tables))["tags"] > 0  # killed before it was done
+    wait_until(lambda: not _processes_with(marker), what="the killed run's decoders to leave", timeout=15)
+
+    again = ingest_cli("run", "-c", str(path))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _ids(cfg, "notes") == list(range(250)) and _ids(cfg, "tags") == list(range(150))
+    assert pending(cfg, list(cfg.tables)) == {"notes": 0, "tags": 0}
+    rows = audit.read(TablePaths.of(cfg, "notes").audit).to_pylist()
+    received = {t: sum(r["received"] for r in rows if r["table"] == t and r["status"] == "committed")
+                for t in ("notes", "tags")}
+    assert received == {"notes": 250, "tags": 150}  # every record in exactly one committed batch's audit row

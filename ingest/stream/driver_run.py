@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import threading
 import time
 import uuid
 from collections import deque
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 #: Processes that read and decode pieces for the driver, at most (and no more than the machine's cores).
 DECODERS_MAX: Final = 4
+#: How often a decoding process looks whether the driver that forked it is still there.
+PARENT_CHECK_SECONDS: Final = 1.0
 
 
 def refusal(config: IngestConfig, spec: TableSpec) -> str | None:
@@ -264,6 +267,17 @@ _worker: tuple[DecodingSource, BatchDecoder] | None = None  # a decoding process
 def _start_decoder(config: IngestConfig, decoder: BatchDecoder) -> None:
     global _worker
     _worker = (cast(DecodingSource, source_for(config)), decoder)
+    # A driver killed outright (SIGKILL, the OOM killer) cannot shut its pool down, and a forked
+    # decoder holds its own copy of the pipe it waits on, so it would wait forever: it leaves when
+    # its parent is gone.
+    parent = os.getppid()
+
+    def leave_with_the_driver() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=leave_with_the_driver, name="decoder-watch", daemon=True).start()
 
 
 def _read_decoded(topic: str, start: dict[int, int], end: dict[int, int]) -> tuple[list[Any], int]:
