@@ -8,6 +8,10 @@ Spark run, resume exactly where the driver stopped.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -180,3 +184,21 @@ def test_a_driver_run_killed_mid_way_leaves_no_process_and_the_next_run_converge
     received = {t: sum(r["received"] for r in rows if r["table"] == t and r["status"] == "committed")
                 for t in ("notes", "tags")}
     assert received == {"notes": 250, "tags": 150}  # every record in exactly one committed batch's audit row
+
+
+def test_ctrl_c_in_a_terminal_ends_the_run_with_its_table_and_no_traceback(tmp_path: Path) -> None:
+    """SIGINT to the whole process group, as a terminal sends it: the driver and its decoders."""
+    path, cfg = _config(tmp_path, driver_seconds=60)
+    produce(cfg, TOPICS["tags"], _changes(0, 3000))  # thirty batches: the run is still busy when interrupted
+    run = subprocess.Popen([sys.executable, "-m", "ingest.cli", "run", "-c", str(path)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] < 3000, what="the first batch", timeout=120)
+    os.killpg(run.pid, signal.SIGINT)
+    out, err = run.communicate(timeout=120)
+
+    assert run.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert "interrupted" in err and "applied on the driver" in out
+    left = pending(cfg, list(cfg.tables))["tags"]
+    assert 0 < left < 3000
+    assert Runner(cfg).run().tables["tags"].total("received") == left  # the next run applies exactly the rest
+    assert _ids(cfg, "tags") == list(range(3000))
