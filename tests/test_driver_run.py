@@ -202,3 +202,17 @@ def test_ctrl_c_in_a_terminal_ends_the_run_with_its_table_and_no_traceback(tmp_p
     assert 0 < left < 3000
     assert Runner(cfg).run().tables["tags"].total("received") == left  # the next run applies exactly the rest
     assert _ids(cfg, "tags") == list(range(3000))
+
+
+def test_a_checkpoint_the_store_will_not_delete_does_not_fail_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    _, cfg = _config(tmp_path, driver_seconds=60)
+    produce(cfg, TOPICS["tags"], _changes(0, 30))
+
+    def refuse(directory: Any) -> None:
+        raise OSError("AccessDenied: s3:DeleteObject")
+
+    monkeypatch.setattr(checkpoints, "discard", refuse)
+    report = Runner(cfg).run()
+    assert report.on_driver and not report.failed and _ids(cfg, "tags") == list(range(30))
+    assert "could not discard the Spark checkpoint" in caplog.text and "AccessDenied" in caplog.text

@@ -30,7 +30,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from ingest import logs
+from ingest import logs, secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode.columnar import BatchDecoder
@@ -193,10 +193,17 @@ class DriverRun:
 
     def _discard_checkpoints(self) -> None:
         """The Spark checkpoints of these tables' queries are behind their Delta logs now: the queries
-        would read again what the driver applied (and skip it). Without them they start from the logs."""
+        would read again what the driver applied (and skip it). Without them they start from the logs.
+        A store that refuses the deletion costs that re-read only: the run does not fail for it."""
         config = self.runner.config
         for group in query_groups(self.specs, config.source.queries):
-            checkpoints.discard(config.checkpoint_location / query_name(group))
+            where = config.checkpoint_location / query_name(group)
+            try:
+                checkpoints.discard(where)
+            except Exception as exc:
+                log.warning("run %s: could not discard the Spark checkpoint %s (%s); the next Spark run reads "
+                            "again what this run applied, and skips it", self.report.run_id, where,
+                            secrets.describe(exc))
 
 
 class _Decoding:
