@@ -157,6 +157,7 @@ class DriverRun:
         records: list[AuditRecord] = []
         began = time.perf_counter()
         warm: tuple[int, float] | None = None  # records done and time when the first batch ended
+        ctrl_c = _FirstCtrlC()
         try:
             for piece, parts, decode_ms in decoding:
                 if piece.spec.name not in handler.stopped:
@@ -168,6 +169,8 @@ class DriverRun:
                             records.append(record)
                     except Exception as exc:
                         handler.stop_table(piece.spec, exc)
+                if ctrl_c.pressed:
+                    raise KeyboardInterrupt
                 batch_id += 1
                 done += piece.records
                 now, left = time.perf_counter(), total - done
@@ -183,11 +186,12 @@ class DriverRun:
                     return False
             return True
         except KeyboardInterrupt:  # Ctrl-C: the run ends with its report, as a Spark run's does
-            logs.event(log, "run-interrupted", f"run {self.report.run_id} interrupted: a batch under way either "
+            logs.event(log, "run-interrupted", f"run {self.report.run_id} interrupted: the batch under way either "
                        "committed or left nothing, and the next run applies the rest", run=self.report.run_id,
                        level=logging.WARNING)
             return True
         finally:
+            ctrl_c.restore()
             if records:  # one audit commit for the run's batches (each table's commit holds its row already)
                 audit.append(TablePaths.of(self.runner.config, records[0].table).audit, records)
 
@@ -204,6 +208,30 @@ class DriverRun:
                 log.warning("run %s: could not discard the Spark checkpoint %s (%s); the next Spark run reads "
                             "again what this run applied, and skips it", self.report.run_id, where,
                             secrets.describe(exc))
+
+
+class _FirstCtrlC:
+    """While batches are applied: the first Ctrl-C lets the batch under way finish and then ends the
+    run; a second one interrupts at once. Interrupted inside DuckDB, a batch would fail its table
+    ("Query interrupted") instead of ending the run. Only the main thread can handle a signal; in
+    any other, Ctrl-C is left as it is."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._installed = threading.current_thread() is threading.main_thread()
+        self._previous: Any = signal.signal(signal.SIGINT, self._press) if self._installed else None
+
+    def _press(self, signum: int, frame: Any) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+        log.warning("interrupted: the batch under way finishes, then the run ends (Ctrl-C again: at once)")
+
+    def restore(self) -> None:
+        if self._installed:
+            # A handler installed outside Python reads as None and cannot be put back: the default then.
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
+            self._installed = False
 
 
 class _Decoding:
