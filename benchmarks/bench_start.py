@@ -52,6 +52,8 @@ from ingest.config import load_config
 from ingest.spark.class_archive import SWITCH, build
 
 console = Console(width=120)
+#: --backlog: the driver's budget, longer than any backlog the script is run with takes there
+DRIVER_SECONDS = 60
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -63,11 +65,11 @@ class Side:
     archive: bool = True
     full_start: bool = True
     checkout: Path | None = None  # another checkout's code (its runtime and harness) instead of this one's
-    driver_seconds: float = 0.0  # source.driver_seconds (with --backlog)
+    on_driver: bool = False  # with --backlog: the configuration with source.driver_seconds (DRIVER_SECONDS)
 
 
 def _run(config: Path, side: Side) -> float:
-    if side.driver_seconds:
+    if side.on_driver:
         config = config.with_name(f"driver-{config.name}")
     env = {**os.environ, SWITCH: "on" if side.archive else "off"}
     if side.checkout is not None:
@@ -112,7 +114,7 @@ def main() -> None:
         sides = [Side("this checkout", full_start=whole),
                  Side(f"checkout {other.name}", full_start=whole and _knows_full_start(other), checkout=other)]
     elif args.backlog:
-        sides = [Side("on the driver", full_start=False, driver_seconds=60), Side("through Spark", full_start=False)]
+        sides = [Side("on the driver", full_start=False, on_driver=True), Side("through Spark", full_start=False)]
     elif args.shortcut:
         sides = [Side("as it runs", full_start=False), Side("forced whole start")]
     else:
@@ -130,7 +132,7 @@ def main() -> None:
                 table.pop(key, None)
         config = work / "config.yaml"
         config.write_text(yaml.safe_dump(raw))
-        raw["source"]["driver_seconds"] = 60
+        raw["source"]["driver_seconds"] = DRIVER_SECONDS
         config.with_name(f"driver-{config.name}").write_text(yaml.safe_dump(raw))
         loaded = load_config(config)
         prepare_workload(loaded, events=args.backlog or 500, seed=1, malformed_fraction=0.0)
@@ -140,8 +142,8 @@ def main() -> None:
         times: dict[str, list[float]] = {side.label: [] for side in sides}
         for n in range(args.rounds):
             for side in sides if n % 2 == 0 else sides[::-1]:
-                for leftover in (loaded.tables_root, loaded.checkpoint_root, loaded.quality_results_dir):
-                    if args.backlog:  # every run finds the whole workload to apply
+                if args.backlog:  # every run finds the whole workload to apply
+                    for leftover in (loaded.tables_root, loaded.checkpoint_root, loaded.quality_results_dir):
                         shutil.rmtree(leftover, ignore_errors=True)
                 times[side.label].append(_run(config, side))
                 console.print(f"round {n + 1}: {side.label} {times[side.label][-1]:.1f} s")
