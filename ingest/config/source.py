@@ -238,6 +238,11 @@ class SourceSpec(Model):
         None, description="publish cuts: points at which every table of the group holds exactly the same "
         "source transactions, for readers that ask for consistency across tables (query --consistent)")
 
+    @property
+    def table_batch_records(self) -> int:
+        """The most records of one table a batch takes (``max_records_per_table``, within ``max_records_per_batch``)."""
+        return min(self.max_records_per_batch, self.max_records_per_table or self.max_records_per_batch)
+
     @model_validator(mode="after")
     def _kafka_needs_connection(self) -> SourceSpec:
         if self.kind == "kafka" and self.kafka is None:

@@ -354,9 +354,7 @@ class ForEachBatch:
         try:
             source = source_for(self.config)
             start, end = backlog(source, spec, load_state(paths.table))
-            limit = min(self.config.source.max_records_per_batch,
-                        self.config.source.max_records_per_table or self.config.source.max_records_per_batch)
-            for lo, hi in chunks(start, end, limit):
+            for lo, hi in chunks(start, end, self.config.source.table_batch_records):
                 if self.source is not None:  # a source decoding as it reads: read and decoded here
                     gap, parts = None, self.decoder.decode(self.source.read_arrow(spec.topic, lo, hi))
                 else:

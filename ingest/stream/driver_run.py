@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from ingest import logs, secrets
-from ingest.commit.state import load_state
+from ingest.commit.state import TableState, load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode.columnar import BatchDecoder
 from ingest.lake.layout import TablePaths
@@ -117,14 +117,14 @@ class DriverRun:
         decoding = None
         try:
             handler.prefetch_schemas(self.specs)
-            pieces = self._pieces(handler)
+            states = {spec.name: load_state(TablePaths.of(config, spec.name).table) for spec in self.specs}
+            pieces = self._pieces(handler, states)
             logs.event(log, "driver-run", f"run {self.report.run_id}: {sum(p.records for p in pieces)} records "
                        f"to apply on the driver, without Spark", run=self.report.run_id,
                        records=sum(p.records for p in pieces))
             decoding = _Decoding(config, handler, pieces)
             for spec in self.specs:  # Great Expectations' import: seconds, beside the decoders
-                gate = QualityGate.for_table(config, spec,
-                                             table_columns=load_state(config.table_path(spec.name)).columns)
+                gate = QualityGate.for_table(config, spec, table_columns=states[spec.name].columns)
                 if gate is not None:
                     gates[spec.name] = gate
             finished = self._apply(handler, pieces, decoding)
@@ -137,15 +137,15 @@ class DriverRun:
             self._discard_checkpoints()
         return finished
 
-    def _pieces(self, handler: ForEachBatch) -> list[_Piece]:
-        """Every table's backlog in batches, as the Spark run's reader would bound them."""
+    def _pieces(self, handler: ForEachBatch, states: dict[str, TableState]) -> list[_Piece]:
+        """Every table's backlog in batches, as the Spark run's reader would bound them (``states``: the
+        tables' Delta logs, read once for the run)."""
         config = self.runner.config
-        limit = min(config.source.max_records_per_batch,
-                    config.source.max_records_per_table or config.source.max_records_per_batch)
+        limit = config.source.table_batch_records
         assert handler.source is not None
         pieces = []
         for spec in self.specs:
-            start, end = backlog(handler.source, spec, load_state(TablePaths.of(config, spec.name).table))
+            start, end = backlog(handler.source, spec, states[spec.name])
             pieces += [_Piece(spec, lo, hi, sum(hi[p] - lo[p] for p in hi)) for lo, hi in chunks(start, end, limit)]
         return pieces
 
