@@ -308,12 +308,15 @@ def _json(payload: Any, schema: dict[str, Any] | None) -> bytes:
     return json.dumps({"schema": schema, "payload": payload}).encode()
 
 
-def make_config(workdir: Path, *, batch: int = 400, extra_tables: list[dict] | None = None,
-                value_format: str = "avro", engine: str = "delta-rs", history_mode: str = "scd1",
-                plan_on: str = "driver", suites: bool = True) -> IngestConfig:
+def make_config(workdir: Path, *, batch: int = 400, table_batch: int | None = None,
+                extra_tables: list[dict] | None = None, value_format: str = "avro", engine: str = "delta-rs",
+                history_mode: str = "scd1", plan_on: str = "driver", suites: bool = True,
+                spark_only: bool = False) -> IngestConfig:
     """The demo's configuration (``configs/demo.yaml``) written into ``workdir``, with the given batch
-    size, value format, apply engine, history mode and ``target.plan_on`` for every table, plus
-    ``extra_tables``; ``suites``: the tables keep their expectations suites."""
+    size (and per table: ``table_batch``), value format, apply engine, history mode and
+    ``target.plan_on`` for every table, plus ``extra_tables``; ``suites``: the tables keep their
+    expectations suites; ``spark_only``: every run goes through Spark's queries
+    (``source.driver_seconds: 0``), for a test whose subject they are."""
     raw = yaml.safe_load(Path("configs/demo.yaml").read_text())
     raw["workdir"] = str(workdir)
     for table in raw["tables"]:
@@ -327,6 +330,10 @@ def make_config(workdir: Path, *, batch: int = 400, extra_tables: list[dict] | N
     raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
     raw["source"]["max_records_per_batch"] = batch
     raw["source"]["value_format"] = value_format
+    if table_batch is not None:
+        raw["source"]["max_records_per_table"] = table_batch
+    if spark_only:
+        raw["source"]["driver_seconds"] = 0
     raw["tables"] += extra_tables or []
     path = workdir / "config.yaml"
     workdir.mkdir(parents=True, exist_ok=True)

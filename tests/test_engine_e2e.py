@@ -20,6 +20,9 @@ pytestmark = pytest.mark.spark
 #: Records per micro-batch: the workload's ~2,650 records in four batches (duplicates and
 #: reorders both within a batch and across batches); a delta-spark batch costs seconds, whatever its size.
 BATCH = 700
+#: And per table: a run the driver applies alone (``source.driver_seconds``) cuts each table's
+#: backlog into batches of its own, which this keeps as small as a table's share of a micro-batch.
+TABLE_BATCH = BATCH // 4
 
 
 @pytest.fixture(scope="module", params=["delta-rs", "delta-spark-executors"])
@@ -32,7 +35,7 @@ def ingested(request, tmp_path_factory, spark):
     commits of a driver's plan take a smaller run of the same simulator in ``tests/lake/test_s3_lake.py``
     and ``tests/dagster/test_materialize.py``, and every per-key rule in ``tests/apply/test_writers_agree.py``."""
     engine = request.param.removesuffix("-executors")
-    config = make_config(tmp_path_factory.mktemp("e2e"), engine=engine, batch=BATCH,
+    config = make_config(tmp_path_factory.mktemp("e2e"), engine=engine, batch=BATCH, table_batch=TABLE_BATCH,
                          plan_on="executors" if request.param.endswith("-executors") else "driver")
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
     from ingest.apply.placement.executors import ExecutorsPlacement
@@ -55,7 +58,8 @@ def ingested_history(tmp_path_factory, spark):
     driver. ``tests/apply/test_spark_batch.py`` compares the versions the executors derive with the
     driver's, batch by batch, and ``tests/proof/torture/test_crash_windows.py`` crashes and replays
     them there."""
-    config = make_config(tmp_path_factory.mktemp("e2e-scd2"), history_mode="scd2", batch=BATCH)
+    config = make_config(tmp_path_factory.mktemp("e2e-scd2"), history_mode="scd2", batch=BATCH,
+                         table_batch=TABLE_BATCH)
     prepare_workload(config, events=2500, seed=3, malformed_fraction=0.02)
     return config, Runner(config, spark=spark).run()
 
@@ -157,7 +161,7 @@ def test_replay_of_everything_changes_no_table(ingested, spark):
 
 
 def test_each_tables_share_of_a_micro_batch_stays_within_its_bound(tmp_path, spark):
-    config = make_config(tmp_path, batch=100_000)
+    config = make_config(tmp_path, batch=100_000, spark_only=True)  # a micro-batch several tables share
     config = config.model_copy(update={"source": config.source.model_copy(update={"max_records_per_table": 150})})
     prepare_workload(config, events=1200, seed=5, malformed_fraction=0.0)
     report = Runner(config, spark=spark).run()
@@ -187,7 +191,7 @@ def _produce(log: TopicLog, topic: str, changes: list[tuple[str, dict, int]], pa
 
 
 def test_lost_checkpoint_resumes_from_delta_without_rereading(tmp_path, spark):
-    config = make_config(tmp_path, value_format="json",
+    config = make_config(tmp_path, value_format="json", spark_only=True,
                          extra_tables=[{"name": "notes", "topic": "app.notes"}])
     config = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name == "notes")})
     log = TopicLog(config.log_dir)

@@ -114,9 +114,14 @@ def test_a_continuous_run_serves_metrics_that_agree_with_its_audit_rows(tmp_path
                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         def received(total: int) -> Any:
+            """The samples once the counters and the audit rows both count ``total`` records: a
+            table's counters move when its batch is applied, the audit rows when the micro-batch
+            commits them, after every table of it."""
             samples = scrape(port)
             got = sum(value(samples, "cdc_ingest_records_received_total", table=t) or 0 for t in TABLES)
-            return samples if got == total else None
+            audited = (sum(r["received"] for r in audit.read(config.tables_root / config.target.audit_table)
+                           .to_pylist()) if got == total else None)
+            return samples if audited == total else None
 
         _wait(lambda: scrape(port), run, "metrics served", timeout=60)  # before Spark has started
         samples = _wait(lambda: received(34), run, "34 records received")

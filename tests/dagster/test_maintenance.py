@@ -67,8 +67,9 @@ def test_maintenance_compacts_and_the_engine_still_reads_its_progress(tmp_path, 
     assert _live(config) == rows_before
 
     # Without its Spark checkpoint the engine resumes from the offsets in the compacted table's log:
-    # nothing is re-read, and new changes apply once.
-    shutil.rmtree(config.checkpoint_root)
+    # nothing is re-read, and new changes apply once. (delta-rs: the driver applied the backlog
+    # alone, source.driver_seconds, and left no Spark checkpoint.)
+    shutil.rmtree(config.checkpoint_root, ignore_errors=engine_name == "delta-rs")
     produce(config, "app.notes", [("u", {"id": 5, "body": "changed"}, 300), ("c", {"id": 99, "body": "new"}, 301)])
     run = Runner(config, spark=spark).run().tables["notes"]
     assert run.already_applied == 0 and run.total("updated") == 1 and run.total("inserted") == 1

@@ -46,8 +46,10 @@ def _produce(log: TopicLog, changes: list[tuple[str, int, str | None, int]]) -> 
 def _config(workdir: Path, batch: int = 4) -> IngestConfig:
     path = workdir / "config.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
+    # driver_seconds 0: every run goes through Spark's query, whose checkpoint is the subject here
     path.write_text(yaml.safe_dump({"workdir": str(workdir), "source": {"value_format": "json",
-                                                                        "max_records_per_batch": batch},
+                                                                        "max_records_per_batch": batch,
+                                                                        "driver_seconds": 0},
                                     "tables": [{"name": "notes", "topic": TOPIC}]}))
     return load_config(path)
 

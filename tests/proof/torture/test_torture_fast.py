@@ -48,6 +48,24 @@ def test_kills_at_named_points_and_damaged_checkpoints_leave_every_table_equal_t
     assert broken.duplicate_keys == 1 and not broken.ok
 
 
+@pytest.mark.spark
+def test_kills_of_runs_the_driver_applies_alone_leave_the_table_equal_to_the_source(tmp_path: Path) -> None:
+    """The same proof for runs that apply their backlog without Spark (``source.driver_seconds``):
+    there is no Spark checkpoint to damage, and a crash anywhere in a batch still ends equal."""
+    spec = TortureSpec(workdir=tmp_path / "torture", seed=12, kills=3, events=700, batch=150,
+                       damage_probability=0.0, timer_fraction=0.0, driver_seconds=600,
+                       schedule=("during-merge", "after-delta-commit@2", "after-tombstones"), tables=("orders",))
+    lines: list[str] = []
+    result = Torture(spec, say=lines.append).run()
+    c = result.consistency
+    assert c is not None
+    assert result.ok, (result.failure, c.problems, lines)
+    assert result.kills == {"during-merge": 1, "after-delta-commit": 1, "after-tombstones": 1}, lines
+    assert c.divergent_rows == 0 and c.duplicate_keys == 0 and c.unbalanced_audit_rows == 0
+    assert c.received == c.records > 0
+    assert not (spec.workdir / "checkpoints").exists()  # no run started Spark's query
+
+
 @pytest.mark.parametrize("divergent", [0, 3])
 def test_the_torture_command_prints_its_figures_and_fails_on_divergence(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, divergent: int) -> None:

@@ -79,6 +79,9 @@ class TortureSpec:
         restart_store: stops and starts the object store's server (returns the seconds it was away);
             ``store_restarts`` runs get it called while they ingest.
         store_restarts: runs during which the object store's server is restarted.
+        driver_seconds: the runs' ``source.driver_seconds``. ``0`` (the default here): every run goes
+            through Spark, whose checkpoints the torture damages too; set, a run whose backlog looks
+            small applies it on the driver and leaves no Spark checkpoint to damage.
     """
 
     workdir: Path
@@ -100,6 +103,7 @@ class TortureSpec:
     storage: dict[str, object] | None = None
     restart_store: Callable[[], float] | None = None
     store_restarts: int = 0
+    driver_seconds: float = 0.0
 
 
 @dataclass(slots=True)
@@ -332,7 +336,8 @@ def _config(spec: TortureSpec) -> dict[str, object]:
     prefix = "demo.public"
     return {
         "workdir": ".",
-        "source": {"kind": "embedded", "value_format": spec.value_format, "max_records_per_batch": spec.batch},
+        "source": {"kind": "embedded", "value_format": spec.value_format, "max_records_per_batch": spec.batch,
+                   "driver_seconds": spec.driver_seconds},
         "spark": {"master": "local[2]", "shuffle_partitions": 2},
         "target": {"writer": spec.writer, "plan_on": spec.plan_on,
                    **({"root": spec.lake_root, "storage": spec.storage or {}} if spec.lake_root else {})},
