@@ -44,7 +44,8 @@ these batches, apart from what the engine adds. ``--jobs`` writes Spark's event 
 engine's Spark jobs by kind (``spark_jobs.py``); ``--spark-conf KEY=VALUE`` adds a Spark setting
 to the engine's session.
 
-``--driver-seconds`` sets ``source.driver_seconds``: a backlog the driver expects to apply within that
+``--driver-seconds`` sets ``source.driver_seconds`` (0 here unless given: the engine's Spark path,
+whatever the configuration's default): a backlog the driver expects to apply within that
 long is applied there, without Spark (:mod:`ingest.stream.driver_run`); Spark's session is then not
 started before the run, and starts inside it only if the driver hands the rest over. The line
 ``ratio counting the session and query start`` is what a user waits for, from nothing started to
@@ -106,7 +107,7 @@ def percentile(values: list[float], q: float) -> float:
 def workload(root: Path, value_format: str, events: int, batch: int,
              engine: str = "delta-rs", queries: int = 1, jit: str = "auto",
              spark_conf: dict[str, str] | None = None, plan_on: str = "driver",
-             driver_seconds: float | None = None) -> tuple[IngestConfig, IngestConfig]:
+             driver_seconds: float = 0.0) -> tuple[IngestConfig, IngestConfig]:
     """The workload's config (no expectations suites), generated once per format and size, and the
     same with the demo's suites writing to tables, checkpoints and results of their own."""
     workdir = (root / f"{value_format}-{events}").resolve()
@@ -121,8 +122,7 @@ def workload(root: Path, value_format: str, events: int, batch: int,
     raw["target"]["writer"] = engine
     raw["target"]["plan_on"] = plan_on
     raw["spark"]["jit"] = jit
-    if driver_seconds is not None:
-        raw["source"]["driver_seconds"] = driver_seconds
+    raw["source"]["driver_seconds"] = driver_seconds
     if spark_conf:
         raw["spark"]["conf"] = {**(raw["spark"].get("conf") or {}), **spark_conf}
     workdir.mkdir(parents=True, exist_ok=True)
@@ -281,9 +281,9 @@ def main() -> None:
                         help="where the engine reads the records: the embedded log or the stack's Kafka broker")
     parser.add_argument("--kafka-reader", choices=["spark", "python"], default=None,
                         help="with --source kafka: source.kafka.reader (default: the configuration's default)")
-    parser.add_argument("--driver-seconds", type=float, default=None,
+    parser.add_argument("--driver-seconds", type=float, default=0.0,
                         help="source.driver_seconds: a backlog the driver expects to apply within this long is "
-                             "applied without starting Spark (default: the configuration's)")
+                             "applied without starting Spark (default 0: through Spark, whatever the backlog)")
     parser.add_argument("--busy-core", action="store_true", help="keep one core busy while the engine runs")
     parser.add_argument("--jit", choices=["auto", "quick", "full"], default="auto",
                         help="the driver JVM's JIT compiler (spark.jit)")

@@ -45,6 +45,7 @@ def main() -> None:
     # The config is written elsewhere: keep its suites where demo.yaml points.
     raw["quality"]["expectations_dir"] = str(Path("expectations").resolve())
     raw["source"]["max_records_per_batch"] = args.batch
+    raw["source"]["driver_seconds"] = 0  # the Spark engine's throughput: never the driver alone
     cfg_path = args.workdir / "bench.yaml"
     cfg_path.write_text(yaml.safe_dump(raw))
     config = load_config(cfg_path)

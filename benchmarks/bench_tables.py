@@ -71,7 +71,7 @@ def workload(root: Path, tables: int, records: int, writer: str = "delta-rs", ma
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     raw = {"workdir": str(workdir.resolve()),
-           "source": {"value_format": "json", "max_records_per_batch": 20_000},
+           "source": {"value_format": "json", "max_records_per_batch": 20_000, "driver_seconds": 0},  # Spark's queries
            "target": {"writer": writer},
            "spark": {"master": master},
            "discover": {"topic_pattern": r"bench\.public\.[^.]+", "refresh_seconds": 5}}
