@@ -222,7 +222,7 @@ class SourceSpec(Model):
         "Shorter: fresher tables; longer: fewer Delta commits per table and hour (3,600 / this, when changes "
         "keep coming) and bigger files; ingest maintain compacts the small ones either way")
     driver_seconds: float = Field(
-        0.0, ge=0, description="draining runs: apply the backlog on the driver, without starting Spark, when "
+        30.0, ge=0, description="draining runs: apply the backlog on the driver, without starting Spark, when "
         "the driver expects to finish within this many seconds (measured on its first batches; a run that "
         "falls behind hands the rest to Spark). Worth about what Spark's session and query take to start, or "
         "a few times that on a single machine, where Spark adds little speed. Only tables the driver can "
