@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import pickle
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -30,8 +32,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
+from ingest import secrets
 from ingest.config import KafkaSpec
-from ingest.errors import TopicLogError
+from ingest.errors import SourceUnavailableError, TopicLogError
 from ingest.source.kafkalog import KafkaLog
 from ingest.source.topiclog import KAFKA_ROW_SCHEMA, TopicLog
 
@@ -49,6 +52,8 @@ READ_STEP = 50_000
 DECODE_BATCH = 10_000
 #: A partition's range of fewer records is not cut among the tasks.
 MIN_PIECE = 2_000
+
+log = logging.getLogger(__name__)
 
 
 class Log(Protocol):
@@ -97,6 +102,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.decode = options.get("decode")
         self._frozen: Offsets | None = None
         self._latest: Offsets | None = None  # what the last latestOffset saw, for reportLatestOffset
+        self._away_since: float | None = None  # when the source stopped answering latestOffset
 
     def _end_offsets(self) -> Offsets:
         if self._frozen is not None:
@@ -132,7 +138,21 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._frozen = self._end_offsets()
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
-        ends = self._latest = self._end_offsets()
+        """Where the next micro-batch ends. A source that does not answer (a broker restarting for longer
+        than one request waits) has nothing new: the query keeps its offsets and asks again at the next
+        trigger, so that a continuous run rides the outage out instead of ending."""
+        try:
+            ends = self._latest = self._end_offsets()
+        except SourceUnavailableError as exc:
+            if self._away_since is None:
+                self._away_since = time.monotonic()
+                log.warning("%s; the stream waits for it and goes on from its offsets when it answers",
+                            secrets.describe(exc))
+            return start
+        if self._away_since is not None:
+            log.warning("the source answers again after %.0f s; the stream goes on",
+                        time.monotonic() - self._away_since)
+            self._away_since = None
         lag = {(t, p): max(0, e - start.get(t, {}).get(p, 0)) for t, parts in ends.items() for p, e in parts.items()}
         if self.max_per_topic is not None:
             # Each topic's share first (one table's MERGE), then the micro-batch's bound over what is left.

@@ -1,8 +1,10 @@
 import json
+import logging
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from ingest.errors import SourceUnavailableError
 from ingest.source.reader import TopicLogStreamReader
 from ingest.source.sources import KAFKA_SCHEMA_DDL
 from ingest.source.topiclog import ProducerRecord, TopicLog
@@ -346,3 +348,37 @@ def test_the_readers_partitions_find_the_secrets_file_whatever_case_spark_gives_
     for name in ("secretsFile", "secretsfile"):
         log = open_log({"kafka": spec, name: str(tmp_path / "secrets.yaml")})
         assert log.source.secrets_file == str(tmp_path / "secrets.yaml")  # type: ignore[union-attr]
+
+
+class _Outage:
+    """The embedded log behind a source that can stop answering, as a restarting broker does."""
+
+    def __init__(self, log: TopicLog) -> None:
+        self.log, self.away = log, False
+
+    def __getattr__(self, name: str):
+        return getattr(self.log, name)
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        if self.away:
+            raise SourceUnavailableError("Kafka at 127.0.0.1:9092 did not answer for topic 't': Connection refused")
+        return self.log.end_offsets(topic)
+
+
+def test_a_source_that_does_not_answer_has_nothing_new_and_the_stream_goes_on(log, caplog):
+    r = reader(log)
+    outage = r.log = _Outage(log)
+    start = r.initialOffset()
+    first = r.latestOffset(start, ReadAllAvailable())
+    assert first == {"t": {"0": 60, "1": 30, "2": 10}}
+    log.append("t", [ProducerRecord(1, None, b"v", 1)] * 4)
+    outage.away = True
+    with caplog.at_level(logging.WARNING, logger="ingest.source.reader"):
+        # the query keeps its offsets, trigger after trigger, and says so once
+        assert r.latestOffset(first, ReadAllAvailable()) == first
+        assert r.latestOffset(first, ReadAllAvailable()) == first
+        assert [m for m in caplog.messages if "did not answer" in m and "waits for it" in m] != []
+        assert len(caplog.messages) == 1
+        outage.away = False
+        assert r.latestOffset(first, ReadAllAvailable()) == {"t": {"0": 60, "1": 34, "2": 10}}
+        assert "answers again" in caplog.messages[-1]

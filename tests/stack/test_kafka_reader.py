@@ -8,6 +8,8 @@ records deleted before they were read reported as data loss, never skipped.
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +18,7 @@ import pytest
 from harness.stack.process import wait_until
 
 from ingest.config import KafkaSpec
+from ingest.source.kafka_admin import ADMIN_TIMEOUT
 from ingest.source.kafkalog import DataLossError, KafkaLog
 from ingest.source.reader import TopicLogStreamReader
 from ingest.verify.capture import delete_topics
@@ -127,3 +130,31 @@ def test_deleted_records_are_data_loss_and_the_stream_starts_after_them(stack: A
     reader = TopicLogStreamReader({"kafka": spec.model_dump_json(), "subscribe": topic, "startingOffsets": asked})
     assert reader.initialOffset() == {topic: {"0": 3, "1": 0}}
 
+
+
+def test_a_stream_meets_a_stopped_broker_with_nothing_new_and_goes_on_when_it_is_back(stack: Any, topic: str) -> None:
+    """A broker away for longer than one request waits: the stream's next end is where it stood (its
+    query waits for the next trigger instead of ending), and once the broker is back it sees new records."""
+    producer = _producer(stack)
+    for i in range(4):
+        producer.produce(topic, value=f"v{i}".encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    spec = KafkaSpec(bootstrap_servers=stack.bootstrap_servers())
+    reader = TopicLogStreamReader({"kafka": spec.model_dump_json(), "subscribe": topic})
+    start = reader.initialOffset()
+    before = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert before == {topic: {"0": 2, "1": 2}}
+
+    away = threading.Thread(target=stack.restart, args=("kafka",), kwargs={"away": ADMIN_TIMEOUT + 5})
+    away.start()
+    try:
+        wait_until(lambda: stack.component("kafka").pid() is None, what="kafka stopped", timeout=60)
+        asked = time.monotonic()
+        assert reader.latestOffset(before, reader.getDefaultReadLimit()) == before  # nothing new, no error
+        assert time.monotonic() - asked >= ADMIN_TIMEOUT - 1  # it really asked a broker that was away
+    finally:
+        away.join(300)
+    producer = _producer(stack)
+    producer.produce(topic, value=b"after", partition=0)
+    assert producer.flush(30) == 0
+    assert reader.latestOffset(before, reader.getDefaultReadLimit()) == {topic: {"0": 3, "1": 2}}
