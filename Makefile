@@ -43,7 +43,7 @@ endif
 
 # Each test's seconds go to .test-results/suite.xml (scripts/suite_times.py reads it).
 test: java install class-archive
-	$(BIN)/python -m pytest -q -n 2 --durations=15 --junitxml=.test-results/suite.xml
+	$(BIN)/python -m pytest -q -n 3 --durations=15 --junitxml=.test-results/suite.xml
 
 lint: install
 	$(BIN)/ruff check ingest harness assets dagster_project tests scripts benchmarks

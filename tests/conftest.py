@@ -124,7 +124,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``make test`` runs two pytest-xdist workers; every test under ``tests/stack/`` goes to the same one,
+    """``make test`` runs three pytest-xdist workers; every test under ``tests/stack/`` goes to the same one,
     and the tests of any other module to one worker.
 
     The stack's tests share one stack on fixed loopback ports (started by that worker's session
@@ -132,7 +132,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     this with a marker, but it renames node ids, which pytest 9.2 no longer allows.) A module's tests
     share its module-scoped fixtures (an ingested lake, a Dagster run), which would otherwise be built
     once on each worker. The costliest work goes out first (:func:`_cost`), so that no long module is
-    left for the end while the other worker idles.
+    left for the end while the other workers idle.
     """
     from xdist.scheduler import LoadScopeScheduling
 
@@ -148,24 +148,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return StackTogether(config, log)
 
 
-#: Seconds the costliest modules took in a run of the suite here (2 cores, -n 2), for the schedule
+#: Seconds the costliest modules took in a run of the suite here (2 cores, -n 3), for the schedule
 #: (``scripts/suite_times.py`` prints these lines from a run's JUnit XML).
 MODULE_SECONDS: Final = {
-    "tests/proof/torture/test_crash_windows.py": 320, "tests/test_engine_e2e.py": 260,
-    "tests/packaging/test_upgrade.py": 240, "tests/proof/torture/test_maintain_beside_a_run.py": 230,
-    "tests/apply/test_spark_batch.py": 190, "tests/lake/test_s3_lake.py": 170, "tests/cuts/test_run.py": 160,
-    "tests/packaging/test_wheel.py": 160, "tests/lake/test_s3_torture.py": 150,
-    "tests/proof/torture/test_torture_fast.py": 130, "tests/cli/test_retype_runbook.py": 130,
-    "tests/apply/test_writers_agree.py": 110, "tests/test_caught_up.py": 110, "tests/test_semantics_edges.py": 90,
-    "tests/test_time_travel.py": 90, "tests/cli/test_rebuild_runbook.py": 80, "tests/lake/test_s3_permissions.py": 70,
-    "tests/cli/test_stopped_table_runbook.py": 60, "tests/proof/torture/test_secrets.py": 80,
-    "tests/dagster/test_materialize.py": 70, "tests/test_discovery.py": 60, "tests/cli/test_setup.py": 60,
-    "tests/dagster/test_incremental.py": 60, "tests/quality/test_quality_gate.py": 50,
-    "tests/dagster/test_observe.py": 50, "tests/quality/test_gate_on_spark.py": 50,
-    "tests/apply/test_engines_interchange.py": 50, "tests/apply/test_new_keys_append.py": 50,
-    "tests/dagster/test_maintenance.py": 50,
-    "tests/cli/test_metrics.py": 50, "tests/test_maintain.py": 50,
-    "tests/proof/torture/test_checkpoint_loss.py": 40, "tests/apply/test_spark_lookup.py": 40,
+    "tests/packaging/test_upgrade.py": 280, "tests/proof/torture/test_crash_windows.py": 260,
+    "tests/apply/test_spark_batch.py": 220, "tests/proof/torture/test_maintain_beside_a_run.py": 190,
+    "tests/test_engine_e2e.py": 180, "tests/lake/test_s3_torture.py": 150,
+    "tests/proof/torture/test_torture_fast.py": 150, "tests/cuts/test_run.py": 140,
+    "tests/packaging/test_wheel.py": 140, "tests/lake/test_s3_lake.py": 120, "tests/cli/test_retype_runbook.py": 100,
+    "tests/test_semantics_edges.py": 90, "tests/apply/test_writers_agree.py": 90, "tests/test_driver_run.py": 80,
+    "tests/test_caught_up.py": 80, "tests/test_time_travel.py": 70, "tests/quality/test_quality_gate.py": 50,
+    "tests/dagster/test_observe.py": 50, "tests/dagster/test_materialize.py": 50, "tests/test_discovery.py": 50,
+    "tests/cli/test_metrics.py": 40, "tests/test_maintain.py": 40, "tests/apply/test_engines_interchange.py": 40,
+    "tests/cli/test_stopped_table_runbook.py": 40, "tests/apply/test_batch_apply.py": 40,
+    "tests/apply/test_new_keys_append.py": 40, "tests/cuts/test_cuts.py": 30,
+    "tests/proof/torture/test_checkpoint_loss.py": 30, "tests/apply/test_key_list.py": 30,
+    "tests/test_change_feed.py": 30,
 }
 
 

@@ -31,7 +31,7 @@ def _load_orders(dsn: str) -> int:
 
 def test_holds_the_target_rate_and_counts_what_it_committed(pg_dsn: str, schema: str) -> None:
     before = _load_orders(pg_dsn)
-    # A rate the generator reaches beside the other test worker on two cores: at 150 changes/s it
+    # A rate the generator reaches beside the other test workers on two cores: at 150 changes/s it
     # committed 73/s there once (a clean-clone make test of c92a7c3): the test measured the machine.
     report = LoadGenerator(pg_dsn, rate=50, duration=4, seed=5, schema=schema).run()
     assert 0.75 * 200 <= report.committed_changes <= 1.1 * 200 + 20, report
