@@ -143,3 +143,13 @@ def test_a_query_that_never_starts_is_reported_unavailable_with_its_cause(monkey
     run._await([q], report, "available_now", stop_after=None, run_id="r")
     table = report.tables["orders"]
     assert table.unavailable and (table.error or "").startswith("SourceUnavailableError: Kafka at 127.0.0.1:9092")
+
+
+def test_a_query_whose_batch_failed_is_not_started_again_and_the_log_says_why(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    run, q, started = _run(monkeypatch, [FakeQuery(isActive=True)])
+    q.handler.error = RuntimeError("the audit append failed")  # type: ignore[attr-defined]
+    with caplog.at_level("WARNING", logger="ingest.stream.queries"):
+        assert not run._restart_failed(q, "continuous", "r") and started == []
+    assert [m for m in caplog.messages if "not started again" in m and "the audit append failed" in m
+            and "PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR" in m], caplog.messages

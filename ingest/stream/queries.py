@@ -241,9 +241,12 @@ class StreamingRun:
         batch, is started again until they answer or the run is stopped; after batches it resumes
         from its checkpoint, once the batch still being applied is done.
         """
-        if q.handler.error is not None:
-            return False
         failure = str(q.query.exception() or "unknown error")
+        if q.handler.error is not None:
+            # the tables' errors say what the batch failed with; this says why the run ends with them
+            log.warning("query %s: not started again: its micro-batch failed (%s), and then the query (%s)",
+                        q.name, secrets.describe(q.handler.error), _short(failure))
+            return False
         outside = unavailability_in(failure) if mode == "continuous" else None
         if q.handler.batches and outside is None:
             return False
