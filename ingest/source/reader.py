@@ -148,6 +148,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._away_since = time.monotonic()
                 log.warning("%s; the stream waits for it and goes on from its offsets when it answers",
                             secrets.describe(exc))
+            self.log = open_log(self.options)  # the next trigger asks with a new client, not one left broken
             return start
         if self._away_since is not None:
             log.warning("the source answers again after %.0f s; the stream goes on",

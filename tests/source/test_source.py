@@ -365,9 +365,12 @@ class _Outage:
         return self.log.end_offsets(topic)
 
 
-def test_a_source_that_does_not_answer_has_nothing_new_and_the_stream_goes_on(log, caplog):
+def test_a_source_that_does_not_answer_has_nothing_new_and_the_stream_goes_on(log, caplog, monkeypatch):
     r = reader(log)
-    outage = r.log = _Outage(log)
+    outage = _Outage(log)
+    opened = []  # the clients the reader opened again: each is the same outage here
+    monkeypatch.setattr("ingest.source.reader.open_log", lambda _options: opened.append(1) or outage)
+    r.log = outage
     start = r.initialOffset()
     first = r.latestOffset(start, ReadAllAvailable())
     assert first == {"t": {"0": 60, "1": 30, "2": 10}}
@@ -378,7 +381,7 @@ def test_a_source_that_does_not_answer_has_nothing_new_and_the_stream_goes_on(lo
         assert r.latestOffset(first, ReadAllAvailable()) == first
         assert r.latestOffset(first, ReadAllAvailable()) == first
         assert [m for m in caplog.messages if "did not answer" in m and "waits for it" in m] != []
-        assert len(caplog.messages) == 1
+        assert len(caplog.messages) == 1 and len(opened) == 2  # a new client for each next trigger
         outage.away = False
         assert r.latestOffset(first, ReadAllAvailable()) == {"t": {"0": 60, "1": 34, "2": 10}}
         assert "answers again" in caplog.messages[-1]
