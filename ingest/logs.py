@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 from pythonjsonlogger.json import JsonFormatter
 
@@ -28,6 +28,10 @@ from ingest import secrets
 
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["debug", "info", "warning", "error"]
+#: The variables of ``--log-format`` and ``--log-level``: the CLI reads them, and sets them for the
+#: processes it starts (:func:`export`), so that the engine's code Spark runs elsewhere logs alike.
+FORMAT_VARIABLE: Final = "CDC_INGEST_LOG_FORMAT"
+LEVEL_VARIABLE: Final = "CDC_INGEST_LOG_LEVEL"
 TEXT: Final = "%(levelname)s %(name)s: %(message)s"
 #: the logger librdkafka's own lines go to (shown with ``--log-level debug``)
 LIBRDKAFKA: Final = "ingest.librdkafka"
@@ -69,6 +73,27 @@ def configure(fmt: LogFormat = "text", level: LogLevel = "warning") -> None:
     for name in PYSPARK_ERROR_LOGGERS:
         logging.getLogger(name).setLevel(logging.DEBUG if level == "debug" else logging.CRITICAL)
     secrets.install_log_redaction(root)
+
+
+def export(fmt: LogFormat, level: LogLevel) -> None:
+    """Leave ``fmt`` and ``level`` in the environment of the processes this one starts: Spark's JVM, and
+    through it the Python processes that run the engine's code (:func:`inherit`)."""
+    os.environ[FORMAT_VARIABLE] = fmt
+    os.environ[LEVEL_VARIABLE] = level
+
+
+def inherit() -> None:
+    """Log as the ``ingest`` process that started Spark, in a process Spark started to run the engine's
+    code (the Python data source's runner, which asks the source for offsets between micro-batches):
+    the format and level from the environment (:func:`export`), the same redaction, the same quiet
+    librdkafka. Without it Python's last-resort handler would print bare messages -- and every failed
+    connection attempt of librdkafka during a broker outage. Nothing changes in a process whose root
+    logger has a handler already (the CLI's own process, a test)."""
+    if logging.getLogger().handlers:
+        return
+    fmt, level = os.environ.get(FORMAT_VARIABLE, "text"), os.environ.get(LEVEL_VARIABLE, "warning")
+    configure(fmt if fmt in get_args(LogFormat) else "text",  # type: ignore[arg-type]
+              level if level in get_args(LogLevel) else "warning")  # type: ignore[arg-type]
 
 
 def event(log: logging.Logger, name: str, message: str, *, table: str | None = None, batch: int | None = None,

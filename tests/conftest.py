@@ -75,6 +75,21 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(autouse=True)
+def _log_settings_stay_in_their_test() -> Iterator[None]:
+    """The CLI leaves its log format and level in the environment for the processes it starts
+    (ingest.logs.export); a test that runs it in this process must not hand them to the next test's."""
+    from ingest import logs
+
+    kept = {name: os.environ.get(name) for name in (logs.FORMAT_VARIABLE, logs.LEVEL_VARIABLE)}
+    yield
+    for name, value in kept.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(params=["delta-rs", "delta-spark"])
 def apply_engine(request: pytest.FixtureRequest) -> Any:
     """Runs the test once per apply engine; tests/harness.py (and helpers that ask it) commit with it.

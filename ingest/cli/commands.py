@@ -96,11 +96,11 @@ def options(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="print the version and exit")] = False,
     log_format: Annotated[logs.LogFormat, typer.Option(
-        "--log-format", envvar="CDC_INGEST_LOG_FORMAT",
+        "--log-format", envvar=logs.FORMAT_VARIABLE,
         help="log lines on stderr as text, or one JSON object per line (time, level, logger, message; "
              "event, table, batch and figures for the engine's events)")] = "text",
     log_level: Annotated[logs.LogLevel, typer.Option(
-        "--log-level", envvar="CDC_INGEST_LOG_LEVEL",
+        "--log-level", envvar=logs.LEVEL_VARIABLE,
         help="the least severe log lines shown (info: one line per table batch and per run)")] = "warning",
 ) -> None:
     """Options of every command."""
@@ -109,6 +109,7 @@ def options(
     if log_format == "json":
         logs.json_stderr()
     logs.configure(log_format, log_level)
+    logs.export(log_format, log_level)
 
 
 @app.command(rich_help_panel=OPERATE)

@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from ingest import secrets
+from ingest import logs, secrets
 from ingest.config import KafkaSpec
 from ingest.errors import SourceUnavailableError, TopicLogError
 from ingest.source.kafkalog import KafkaLog
@@ -304,4 +304,5 @@ class TopicLogDataSource(DataSource):
         return KAFKA_SCHEMA_DDL
 
     def streamReader(self, schema: Any) -> TopicLogStreamReader:
+        logs.inherit()  # called in the Python process Spark starts for the stream, which logs its outages
         return TopicLogStreamReader(self.options)

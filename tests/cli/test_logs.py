@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +87,36 @@ def test_no_credential_reaches_a_json_or_text_line(capsys: Any) -> None:
     assert secret not in err
     first = json.loads(err.splitlines()[0])
     assert first["event"] == "table-stopped" and first["table"] == "t" and first["level"] == "ERROR"
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_a_process_spark_starts_for_the_engine_logs_as_the_cli_that_started_spark(fmt: str, tmp_path: Path) -> None:
+    """The Python process Spark starts to run the engine's stream (its data source runner, which warns
+    of a source that stopped answering) gets the CLI's format and level from the environment, and keeps
+    librdkafka's failed connection attempts out, as the CLI's own process does. Before, a real broker
+    outage printed the reader's warning bare, and 327 lines of librdkafka's in 30 s (by hand)."""
+    code = ("import logging; from ingest import logs; from ingest.source.reader import TopicLogDataSource; "
+            f"TopicLogDataSource({{'subscribe': 't', 'path': {str(tmp_path)!r}}}).streamReader(None); "
+            "logging.getLogger('ingest.source.reader').warning('Kafka did not answer; the stream waits'); "
+            "logging.getLogger(logs.LIBRDKAFKA).error('FAIL|rdkafka#consumer-1| Connection refused'); "
+            "logging.getLogger('ingest.source.reader').debug('below the level')")
+    env = {**os.environ, logs.FORMAT_VARIABLE: fmt, logs.LEVEL_VARIABLE: "info"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
+    lines = done.stderr.splitlines()
+    if fmt == "json":
+        assert [(r["level"], r["logger"], r["message"]) for r in map(json.loads, lines)] == [
+            ("WARNING", "ingest.source.reader", "Kafka did not answer; the stream waits")]
+    else:
+        assert lines == ["WARNING ingest.source.reader: Kafka did not answer; the stream waits"]
+
+
+def test_the_cli_leaves_its_log_settings_to_the_processes_it_starts(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ingest.cli import app
+
+    try:
+        CliRunner().invoke(app, ["--log-level", "info", "status", "-c", str(tmp_path / "missing.yaml")])
+    finally:
+        logs.configure()
+    assert (os.environ.get(logs.FORMAT_VARIABLE), os.environ.get(logs.LEVEL_VARIABLE)) == ("text", "info")
