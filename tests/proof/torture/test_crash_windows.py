@@ -10,6 +10,7 @@ On delta-spark the same windows are crossed with the batch planned on the execut
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,24 @@ def clean_runs() -> dict[tuple[str, str], dict[str, Any]]:
     return {}
 
 
+@pytest.fixture(scope="module")
+def after_first(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., TablePaths]:
+    """``place(key, root, apply)``: the tables at ``root`` as ``FIRST`` applied by ``apply`` leaves them --
+    a copy of one such run per ``key`` (engine, path, mode), made once: a delta-spark batch costs
+    seconds, and the crash windows are all in the second batch."""
+    made: dict[str, Path] = {}
+
+    def place(key: str, root: Path, apply: Callable[[TablePaths], Callable[[list[Any], int, int], None]]
+              ) -> TablePaths:
+        if key not in made:
+            made[key] = tmp_path_factory.mktemp(f"first-{key}")
+            apply(_paths(made[key]))(FIRST, 0, 0)
+        shutil.copytree(made[key], root)
+        return _paths(root)
+
+    return place
+
+
 def _clean(runs: dict[tuple[str, str], dict[str, Any]], root: Path, engine: str, mode: str) -> dict[str, Any]:
     if (engine, mode) not in runs:
         paths = _paths(root / "clean")
@@ -93,20 +112,25 @@ def _clean(runs: dict[tuple[str, str], dict[str, Any]], root: Path, engine: str,
 @pytest.mark.hard_mode_on_delta_spark
 def test_a_crash_at_any_point_then_replay_equals_a_clean_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              clean_runs: dict[tuple[str, str], dict[str, Any]],
+                                                             after_first: Callable[..., TablePaths],
                                                              apply_engine: Any, point: str, mode: str) -> None:
     clean = _clean(clean_runs, tmp_path, apply_engine.name, mode)
     spec = TableSpec(name="t", topic="t", delete_mode=mode)
-    paths = _paths(tmp_path / "crashed")
-    _crash_then_replay(monkeypatch, point, lambda items, first, batch: _apply(spec, paths, items, first, batch))
+
+    def apply(paths: TablePaths) -> Callable[[list[Any], int, int], None]:
+        return lambda items, first, batch: _apply(spec, paths, items, first, batch)
+
+    paths = after_first(f"{apply_engine.name}-{mode}", tmp_path / "crashed", apply)
+    _crash_then_replay(monkeypatch, point, apply(paths))
     assert _state(paths) == clean
     _assert_live_rows(paths)
 
 
 def _crash_then_replay(monkeypatch: pytest.MonkeyPatch, point: str,
                        apply: Callable[[list[Any], int, int], None]) -> None:
-    """``FIRST``, then ``SECOND`` stopped at ``point`` as a SIGKILL would stop it, then ``SECOND``
-    again (the replay after the restart), each applied by ``apply(items, first offset, batch id)``."""
-    apply(FIRST, 0, 0)
+    """On the tables ``FIRST`` left (:func:`after_first`), ``SECOND`` stopped at ``point`` as a SIGKILL
+    would stop it, then ``SECOND`` again (the replay after the restart), each applied by
+    ``apply(items, first offset, batch id)``."""
     real, hit = crashpoints.point, []
 
     def crash(name: str) -> None:
@@ -154,7 +178,7 @@ EXECUTOR_POINTS = [p for p in crashpoints.POINTS if p not in ("before-widen", "a
 @pytest.mark.parametrize("point", EXECUTOR_POINTS)
 def test_a_crash_on_the_executor_path_then_replay_equals_a_clean_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_runs: dict[tuple[str, str], dict[str, Any]],
-        spark: Any, point: str) -> None:
+        after_first: Callable[..., TablePaths], spark: Any, point: str) -> None:
     """The same windows with the batch planned on the executors (``target.plan_on: executors``),
     where quarantine follows validation and the remembered deletes are a delta-spark MERGE."""
     from ingest.apply import journey
@@ -162,14 +186,17 @@ def test_a_crash_on_the_executor_path_then_replay_equals_a_clean_run(
 
     engine = DeltaSparkWriter(spark)
     monkeypatch.setattr(journey, "_collected", None)  # every batch must stay on the executors
+
+    def apply(paths: TablePaths) -> Callable[[list[Any], int, int], None]:
+        return lambda items, first, batch: _apply_on_executors(spark, engine, paths, items, first, batch)
+
     if ("executors", "hard") not in clean_runs:
-        paths = _paths(tmp_path / "clean")
-        _apply_on_executors(spark, engine, paths, FIRST, 0, 0)
-        _apply_on_executors(spark, engine, paths, SECOND, len(FIRST), 1)
-        clean_runs["executors", "hard"] = _state(paths)
-    paths = _paths(tmp_path / "crashed")
-    _crash_then_replay(monkeypatch, point,
-                       lambda items, first, batch: _apply_on_executors(spark, engine, paths, items, first, batch))
+        clean = _paths(tmp_path / "clean")
+        apply(clean)(FIRST, 0, 0)
+        apply(clean)(SECOND, len(FIRST), 1)
+        clean_runs["executors", "hard"] = _state(clean)
+    paths = after_first("executors-hard", tmp_path / "crashed", apply)
+    _crash_then_replay(monkeypatch, point, apply(paths))
     assert _state(paths) == clean_runs["executors", "hard"]
     _assert_live_rows(paths)
 
@@ -178,7 +205,7 @@ def test_a_crash_on_the_executor_path_then_replay_equals_a_clean_run(
 @pytest.mark.parametrize("point", ["after-widen"])  # the others' steps are the scd1 executor path's
 def test_a_crash_while_history_is_kept_on_the_executor_path_then_replay_equals_a_clean_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_runs: dict[tuple[str, str], dict[str, Any]],
-        spark: Any, point: str) -> None:
+        after_first: Callable[..., TablePaths], spark: Any, point: str) -> None:
     """A ``history_mode: scd2`` table on that path, stopped with the table widened but not yet
     holding the batch's versions: the replay derives and writes the same versions from the
     executors (every version compared, not only the live rows)."""
@@ -197,7 +224,7 @@ def test_a_crash_while_history_is_kept_on_the_executor_path_then_replay_equals_a
         apply(clean)(FIRST, 0, 0)
         apply(clean)(SECOND, len(FIRST), 1)
         clean_runs["executors", "scd2"] = _state(clean)
-    paths = _paths(tmp_path / "crashed")
+    paths = after_first("executors-scd2", tmp_path / "crashed", apply)
     _crash_then_replay(monkeypatch, point, apply(paths))
     assert _state(paths) == clean_runs["executors", "scd2"]
     assert len(clean_runs["executors", "scd2"]["rows"]) > 7  # past versions kept beside the current ones
