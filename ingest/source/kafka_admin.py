@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import time
+import weakref
 from typing import Any, Final
 
 from ingest import logs, secrets, tls
@@ -75,7 +76,11 @@ class KafkaAdmin:
             from confluent_kafka import KafkaException
             from confluent_kafka.admin import AdminClient
 
-            conf: dict[str, Any] = {**admin_config(self.spec, self.secrets_file), "error_cb": self._on_error}
+            # The callback holds this object weakly: a client holding its owner through a bound method
+            # is a cycle the collector never frees (librdkafka's handle is not one of its objects), so a
+            # dropped KafkaAdmin kept its client's threads and sockets -- a new one every failed trigger
+            # of a stream while the broker is away (the reader asks with a new client).
+            conf: dict[str, Any] = {**admin_config(self.spec, self.secrets_file), "error_cb": _error_callback(self)}
             try:
                 self._admin = AdminClient(conf)
             except KafkaException as exc:
@@ -214,6 +219,17 @@ class KafkaAdmin:
 
         committed = self.spec.options.get("kafka.isolation.level") == "read_committed"
         return IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+
+
+def _error_callback(owner: KafkaAdmin) -> Any:
+    """``error_cb`` for ``owner``'s client, without a reference to ``owner`` (see :meth:`KafkaAdmin._client`)."""
+    held = weakref.ref(owner)
+
+    def on_error(error: Any) -> None:
+        if (alive := held()) is not None:
+            alive._on_error(error)
+
+    return on_error
 
 
 def _reason(exc: Exception) -> str:

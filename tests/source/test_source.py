@@ -385,3 +385,37 @@ def test_a_source_that_does_not_answer_has_nothing_new_and_the_stream_goes_on(lo
         outage.away = False
         assert r.latestOffset(first, ReadAllAvailable()) == {"t": {"0": 60, "1": 34, "2": 10}}
         assert "answers again" in caplog.messages[-1]
+
+
+def test_a_kafka_client_dropped_after_the_broker_did_not_answer_ends_its_threads():
+    """During an outage the reader drops its Kafka client after each failed request and asks with a
+    new one (one about every 15 s): each dropped client must end librdkafka's threads. On the real
+    broker, kept away 4 minutes, the stream's process had grown from 7 to 75 threads (by hand)."""
+    import gc
+    import os
+    import socket
+
+    from ingest.config import KafkaSpec
+    from ingest.source.kafka_admin import KafkaAdmin
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    spec = KafkaSpec(bootstrap_servers=f"127.0.0.1:{port}")
+
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    def one_failed_request() -> None:
+        with pytest.raises(SourceUnavailableError, match="did not answer"):
+            KafkaAdmin(spec, timeout=0.5).end_offsets("t")
+
+    one_failed_request()  # librdkafka's own process-wide threads, once
+    before = threads()
+    gc.disable()  # the clients must end when dropped, not at some later collection
+    try:
+        for _ in range(4):
+            one_failed_request()
+        assert threads() <= before
+    finally:
+        gc.enable()
