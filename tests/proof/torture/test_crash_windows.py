@@ -96,16 +96,6 @@ def after_first(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Table
     return place
 
 
-def _clean(runs: dict[tuple[str, str], dict[str, Any]], root: Path, engine: str, mode: str) -> dict[str, Any]:
-    if (engine, mode) not in runs:
-        paths = _paths(root / "clean")
-        spec = TableSpec(name="t", topic="t", delete_mode=mode)
-        _apply(spec, paths, FIRST, 0, 0)
-        _apply(spec, paths, SECOND, len(FIRST), 1)
-        runs[engine, mode] = _state(paths)
-    return runs[engine, mode]
-
-
 # Soft mode keeps deleted rows and writes no tombstones, so it has no "after-tombstones" point.
 @pytest.mark.parametrize(("point", "mode"), [(p, m) for m in ("hard", "soft") for p in crashpoints.POINTS
                                              if not (p == "after-tombstones" and m == "soft")])
@@ -114,16 +104,29 @@ def test_a_crash_at_any_point_then_replay_equals_a_clean_run(tmp_path: Path, mon
                                                              clean_runs: dict[tuple[str, str], dict[str, Any]],
                                                              after_first: Callable[..., TablePaths],
                                                              apply_engine: Any, point: str, mode: str) -> None:
-    clean = _clean(clean_runs, tmp_path, apply_engine.name, mode)
     spec = TableSpec(name="t", topic="t", delete_mode=mode)
 
     def apply(paths: TablePaths) -> Callable[[list[Any], int, int], None]:
         return lambda items, first, batch: _apply(spec, paths, items, first, batch)
 
-    paths = after_first(f"{apply_engine.name}-{mode}", tmp_path / "crashed", apply)
+    _crash_case(monkeypatch, tmp_path, clean_runs, after_first, (apply_engine.name, mode), point, apply)
+
+
+def _crash_case(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, clean_runs: dict[tuple[str, str], dict[str, Any]],
+                after_first: Callable[..., TablePaths], key: tuple[str, str], point: str,
+                apply: Callable[[TablePaths], Callable[[list[Any], int, int], None]]) -> dict[str, Any]:
+    """One crash window on ``apply``'s path: the tables ``FIRST`` left, ``SECOND`` stopped at ``point``
+    and replayed, must equal one clean run of both (made once per ``key``); that clean state."""
+    if key not in clean_runs:
+        clean = _paths(tmp_path / "clean")
+        apply(clean)(FIRST, 0, 0)
+        apply(clean)(SECOND, len(FIRST), 1)
+        clean_runs[key] = _state(clean)
+    paths = after_first("-".join(key), tmp_path / "crashed", apply)
     _crash_then_replay(monkeypatch, point, apply(paths))
-    assert _state(paths) == clean
+    assert _state(paths) == clean_runs[key]
     _assert_live_rows(paths)
+    return clean_runs[key]
 
 
 def _crash_then_replay(monkeypatch: pytest.MonkeyPatch, point: str,
@@ -190,15 +193,7 @@ def test_a_crash_on_the_executor_path_then_replay_equals_a_clean_run(
     def apply(paths: TablePaths) -> Callable[[list[Any], int, int], None]:
         return lambda items, first, batch: _apply_on_executors(spark, engine, paths, items, first, batch)
 
-    if ("executors", "hard") not in clean_runs:
-        clean = _paths(tmp_path / "clean")
-        apply(clean)(FIRST, 0, 0)
-        apply(clean)(SECOND, len(FIRST), 1)
-        clean_runs["executors", "hard"] = _state(clean)
-    paths = after_first("executors-hard", tmp_path / "crashed", apply)
-    _crash_then_replay(monkeypatch, point, apply(paths))
-    assert _state(paths) == clean_runs["executors", "hard"]
-    _assert_live_rows(paths)
+    _crash_case(monkeypatch, tmp_path, clean_runs, after_first, ("executors", "hard"), point, apply)
 
 
 @pytest.mark.spark
@@ -219,13 +214,5 @@ def test_a_crash_while_history_is_kept_on_the_executor_path_then_replay_equals_a
     def apply(paths: TablePaths) -> Callable[[list[Any], int, int], None]:
         return lambda items, first, batch: _apply_on_executors(spark, engine, paths, items, first, batch, spec)
 
-    if ("executors", "scd2") not in clean_runs:
-        clean = _paths(tmp_path / "clean")
-        apply(clean)(FIRST, 0, 0)
-        apply(clean)(SECOND, len(FIRST), 1)
-        clean_runs["executors", "scd2"] = _state(clean)
-    paths = after_first("executors-scd2", tmp_path / "crashed", apply)
-    _crash_then_replay(monkeypatch, point, apply(paths))
-    assert _state(paths) == clean_runs["executors", "scd2"]
-    assert len(clean_runs["executors", "scd2"]["rows"]) > 7  # past versions kept beside the current ones
-    _assert_live_rows(paths)
+    clean = _crash_case(monkeypatch, tmp_path, clean_runs, after_first, ("executors", "scd2"), point, apply)
+    assert len(clean["rows"]) > 7  # past versions kept beside the current ones
