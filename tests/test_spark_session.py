@@ -13,13 +13,13 @@ from ingest.spark.session import DRIVER_JAVA_OPTIONS, QUICK_JIT, driver_java_opt
 
 
 def _config(*, engine: str = "delta-rs", kafka_reader: str | None = None, jit: str = "auto",
-            java_options: str | None = None) -> IngestConfig:
+            java_options: str | None = None, workdir: str = "work") -> IngestConfig:
     source: dict[str, Any] = {"kind": "embedded"}
     if kafka_reader:
         source = {"kind": "kafka", "kafka": {"bootstrap_servers": "127.0.0.1:9092", "reader": kafka_reader}}
     conf = {DRIVER_JAVA_OPTIONS: java_options} if java_options else {}
     return IngestConfig.model_validate({
-        "source": source, "target": {"engine": engine}, "spark": {"jit": jit, "conf": conf},
+        "workdir": workdir, "source": source, "target": {"engine": engine}, "spark": {"jit": jit, "conf": conf},
         "tables": [{"name": "t", "topic": "db.public.t"}]})
 
 
@@ -35,16 +35,39 @@ def asked(monkeypatch) -> dict[str, str]:
     return seen
 
 
-@pytest.mark.parametrize(("engine", "reader", "jit", "quick"), [
-    ("delta-rs", None, "auto", True),         # the JVM plans and hands Arrow batches over
-    ("delta-rs", "python", "auto", True),     # the engine's own Kafka reader: the same
-    ("delta-rs", "spark", "auto", False),     # Spark's Kafka source reads in the JVM
-    ("delta-spark", None, "auto", False),     # delta-spark MERGEs in the JVM
-    ("delta-spark", None, "quick", True),
-    ("delta-rs", None, "full", False),
+@pytest.mark.parametrize(("engine", "reader", "jit", "draining", "quick"), [
+    ("delta-rs", None, "auto", False, True),         # the JVM plans and hands Arrow batches over
+    ("delta-rs", "python", "auto", False, True),     # the engine's own Kafka reader: the same
+    ("delta-rs", "spark", "auto", False, False),     # Spark's Kafka source reads in the JVM
+    ("delta-rs", "spark", "auto", True, False),
+    ("delta-spark", None, "auto", False, False),     # delta-spark MERGEs in the JVM for as long as the run lasts
+    ("delta-spark", None, "auto", True, True),       # a run that drains ends before C2 pays back
+    ("delta-spark", None, "quick", False, True),
+    ("delta-rs", None, "full", True, False),
 ])
-def test_the_driver_jvm_compiles_with_c1_only_when_it_only_plans(asked, engine, reader, jit, quick):
-    session_for(_config(engine=engine, kafka_reader=reader, jit=jit))
+def test_the_driver_jvm_compiles_with_c1_only_unless_it_works_long(asked, engine, reader, jit, draining, quick):
+    session_for(_config(engine=engine, kafka_reader=reader, jit=jit), draining=draining)
+    assert (QUICK_JIT in asked.get(DRIVER_JAVA_OPTIONS, "")) is quick
+
+
+@pytest.mark.parametrize(("mode", "quick"), [("available_now", True), ("continuous", False)])
+def test_a_delta_spark_run_asks_for_the_quick_jit_when_it_drains(asked, monkeypatch, tmp_path, mode, quick):
+    from ingest.stream import runner as runner_module
+    from ingest.stream.runner import Runner
+
+    class Stop(Exception):
+        pass
+
+    def streaming_run(run):  # the run's first use of Spark, as the streaming run makes it
+        run.spark  # noqa: B018
+        raise Stop
+
+    monkeypatch.setattr(runner_module, "pending", lambda config, specs: {s.name: 1 for s in specs})
+    monkeypatch.setattr("ingest.stream.driver_run.DriverRun.wanted", staticmethod(lambda *a: False))
+    monkeypatch.setattr("ingest.stream.queries.StreamingRun", streaming_run)
+    config = _config(engine="delta-spark", workdir=str(tmp_path))
+    with pytest.raises(Stop):
+        Runner(config).run(mode=mode)
     assert (QUICK_JIT in asked.get(DRIVER_JAVA_OPTIONS, "")) is quick
 
 

@@ -102,8 +102,8 @@ class SparkSpec(Model):
     jit: Literal["auto", "quick", "full"] = Field(
         "auto", description="the driver JVM's JIT compiler: quick (C1 only) compiles far less and suits a JVM "
         "that only plans and hands batches over; full (C1 then C2) makes JVM-heavy work faster in the long run; "
-        "auto: quick unless a table applies with delta-spark or Spark's Kafka source reads (source.kafka.reader: "
-        "spark)"
+        "auto: quick unless Spark's Kafka source reads (source.kafka.reader: spark), or a table applies with "
+        "delta-spark and the run is continuous (a run that drains ends before C2 pays back)"
     )
 
 

@@ -177,30 +177,33 @@ def session_conf(connectors: list[Connector], user_conf: dict[str, str]) -> dict
     return delta_conf(conf) if "delta-spark" in connectors else conf
 
 
-def quick_jit(config: IngestConfig, connectors: list[Connector]) -> bool:
+def quick_jit(config: IngestConfig, connectors: list[Connector], *, draining: bool = False) -> bool:
     """Whether the driver JVM compiles with C1 only (``spark.jit``; see :func:`session_for`)."""
 
     if config.spark.jit != "auto":
         return config.spark.jit == "quick"
-    spark_reads_kafka = "spark-kafka" in connectors and not decodes_at_read(config)
-    return "delta-spark" not in connectors and not spark_reads_kafka
+    if "spark-kafka" in connectors and not decodes_at_read(config):
+        return False  # Spark's Kafka source reads in the JVM
+    return draining or "delta-spark" not in connectors
 
 
-def session_for(config: IngestConfig) -> SparkSession:
+def session_for(config: IngestConfig, *, draining: bool = False) -> SparkSession:
     """The session for a configuration: its Spark settings, plus the Kafka source's jars when it reads
     Kafka, delta-spark's when a table is applied with it, and S3A's when that table or the streaming
     checkpoints are on S3.
 
-    The driver JVM compiles with C1 only (:data:`QUICK_JIT`) when it only plans micro-batches and
-    hands Arrow batches between Python processes (``spark.jit: auto``, every table on delta-rs, no
-    Spark Kafka source): C2's compiling was about half the JVM's CPU in the batches of a
-    200k-record backlog (``benchmarks/bench_compare.py`` shows it). A process's first session fixes
-    its JVM's options; a later one with other settings shares that JVM.
+    The driver JVM compiles with C1 only (:data:`QUICK_JIT`) under ``spark.jit: auto`` unless Spark's
+    Kafka source reads in it, or a table applies with delta-spark and the process is not a run that
+    drains (``draining``: a continuous run, maintenance and the other commands keep the full JIT). C2's
+    compiling was about half the JVM's CPU in the batches of a 200k-record backlog whether the JVM only
+    planned them (every table on delta-rs) or MERGEd them with delta-spark, and a draining run ends
+    before it pays back (``benchmarks/bench_compare.py --jit``). A process's first session fixes its
+    JVM's options; a later one with other settings shares that JVM.
     """
     spec = config.spark
     connectors = connectors_of(config)
     conf = session_conf(connectors, spec.conf)
-    if quick_jit(config, connectors):
+    if quick_jit(config, connectors, draining=draining):
         conf[DRIVER_JAVA_OPTIONS] = f"{QUICK_JIT} {conf.get(DRIVER_JAVA_OPTIONS, '')}".strip()
     return get_spark(spec.master, spec.shuffle_partitions, tuple(sorted(conf.items())))
 

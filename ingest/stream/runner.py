@@ -56,6 +56,7 @@ class Runner:
         self.metrics = metrics
         self._spark = spark
         self._full_start = full_start
+        self._draining = False  # whether the run under way drains its topics (the JVM's JIT follows it)
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -68,7 +69,7 @@ class Runner:
         if self._spark is None:
             from ingest.spark.session import session_for  # Spark loads when a run needs it, not before
 
-            self._spark = session_for(self.config)
+            self._spark = session_for(self.config, draining=self._draining)
         return self._spark
 
     def starting_offsets(self, specs: list[TableSpec]) -> Offsets | None:
@@ -115,6 +116,7 @@ class Runner:
             RegistryUnavailableError: a table has work and the registry of its Avro records refuses the
                 credentials (asked before Spark starts).
         """
+        self._draining = mode != "continuous"
         discovering = not tables and self.config.discover is not None
         if discovering:
             self.config = with_discovered(self.config)  # the topics the pattern matches now
