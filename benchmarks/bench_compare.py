@@ -151,7 +151,7 @@ def _burn(stop_at: float) -> None:
 
 
 def jvm_peak_mb(engine: Runner) -> float | None:
-    if engine._spark is None:  # the run stayed on the driver: no JVM
+    if not engine.spark_started:  # the run stayed on the driver: no JVM
         return None
     proc = getattr(engine.spark.sparkContext._gateway, "proc", None)
     if proc is None:

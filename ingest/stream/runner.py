@@ -65,6 +65,11 @@ class Runner:
         self._stop.set()
 
     @property
+    def spark_started(self) -> bool:
+        """Whether this runner has a Spark session (one given to it, or one a run of it started)."""
+        return self._spark is not None
+
+    @property
     def spark(self) -> SparkSession:
         if self._spark is None:
             from ingest.spark.session import session_for  # Spark loads when a run needs it, not before
