@@ -194,10 +194,10 @@ def session_for(config: IngestConfig, *, draining: bool = False) -> SparkSession
 
     The driver JVM compiles with C1 only (:data:`QUICK_JIT`) under ``spark.jit: auto`` unless Spark's
     Kafka source reads in it, or a table applies with delta-spark and the process is not a run that
-    drains (``draining``: a continuous run, maintenance and the other commands keep the full JIT). C2's
-    compiling was about half the JVM's CPU in the batches of a 200k-record backlog whether the JVM only
-    planned them (every table on delta-rs) or MERGEd them with delta-spark, and a draining run ends
-    before it pays back (``benchmarks/bench_compare.py --jit``). A process's first session fixes its
+    drains (``draining``: a continuous run, maintenance and the other commands keep the full JIT). On a
+    200k-record backlog the C2 compiler took about half the JVM's CPU when the JVM only planned the
+    batches (every table on delta-rs), and more than a third when it MERGEd them with delta-spark, and
+    the run that drained was not faster for it (``benchmarks/bench_compare.py --jit``). A process's first session fixes its
     JVM's options; a later one with other settings shares that JVM.
     """
     spec = config.spark
