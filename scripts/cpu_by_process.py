@@ -52,8 +52,14 @@ def kind_of(argv: tuple[str, ...]) -> str:
     program = Path(argv[0]).name
     if program.startswith("java"):
         line = " ".join(argv)
-        return next((kind for key, kind in JAVA_KINDS if key in line), "other JVM")
+        known = next((kind for key, kind in JAVA_KINDS if key in line), None)
+        return known or f"JVM {_main_class(argv)}"
     if program.startswith("python"):
+        if "-c" in argv[1:] and "-m" not in argv[1:argv.index("-c")]:
+            inline = argv[argv.index("-c") + 1] if argv.index("-c") + 1 < len(argv) else ""
+            if "exec(eval(sys.stdin.readline()))" in inline:
+                return "pytest worker"  # pytest-xdist's worker, started through execnet
+            return "python -c (inline code)"
         module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
         script = next((a for a in argv[1:] if not a.startswith("-")), "")
         if module == "pyspark.daemon" or module == "pyspark.worker":
@@ -62,8 +68,6 @@ def kind_of(argv: tuple[str, ...]) -> str:
             return "Spark Python runners"
         if module == "ingest.cli" or Path(script).name == "ingest":
             return "ingest command"
-        if "exec(eval(sys.stdin.readline()))" in " ".join(argv):
-            return "pytest worker"  # pytest-xdist's worker, started through execnet
         if module == "pytest" or Path(script).name in ("pytest", "py.test"):
             return "pytest"
         if module.startswith("moto"):
@@ -76,6 +80,21 @@ def kind_of(argv: tuple[str, ...]) -> str:
     if program.startswith(("mariadbd", "mysqld")):
         return "MariaDB"
     return program
+
+
+def _main_class(argv: tuple[str, ...]) -> str:
+    """The class (or ``-jar`` file) a ``java`` command line runs: its first word that is not an option or
+    an option's value."""
+    takes_value = ("-cp", "-classpath", "--class-path", "--module-path", "-p", "--add-modules", "-jar")
+    words = iter(argv[1:])
+    for word in words:
+        if word in takes_value:
+            value = next(words, "")
+            if word == "-jar":
+                return Path(value).name
+        elif not word.startswith("-"):
+            return word.rsplit(".", 1)[-1]
+    return "(unknown)"
 
 
 def _stat(pid: str) -> tuple[int, int, float]:
