@@ -197,8 +197,8 @@ def session_for(config: IngestConfig, *, draining: bool = False) -> SparkSession
     drains (``draining``: a continuous run, maintenance and the other commands keep the full JIT). On a
     200k-record backlog the C2 compiler took about half the JVM's CPU when the JVM only planned the
     batches (every table on delta-rs), and more than a third when it MERGEd them with delta-spark, and
-    the run that drained was not faster for it (``benchmarks/bench_compare.py --jit``). A process's first session fixes its
-    JVM's options; a later one with other settings shares that JVM.
+    the run that drained was not faster for it (``benchmarks/bench_compare.py --jit``). A process's
+    first session fixes its JVM's options; a later one with other settings shares that JVM.
     """
     spec = config.spark
     connectors = connectors_of(config)
