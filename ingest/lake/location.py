@@ -14,6 +14,7 @@ reads, listings.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -179,12 +180,12 @@ def s3_client(where: LakePath) -> Any:
     return _client(options.get("AWS_ENDPOINT_URL"), options.get("AWS_REGION"),
                    options.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "false") == "true",
                    os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY"),
-                   os.environ.get("AWS_SESSION_TOKEN"), 3 + retry // 10)
+                   os.environ.get("AWS_SESSION_TOKEN"), retry)
 
 
 @lru_cache(maxsize=16)
 def _client(endpoint: str | None, region: str | None, virtual: bool, key: str | None, secret: str | None,
-            token: str | None, attempts: int) -> Any:
+            token: str | None, retry_seconds: int) -> Any:
     # boto3 (about 1 s to import, and an extra of the distribution): only for a lake on S3
     try:
         import boto3
@@ -192,10 +193,36 @@ def _client(endpoint: str | None, region: str | None, virtual: bool, key: str | 
     except ImportError:
         raise EnvironmentProblem(S3_EXTRA) from None
 
-    # botocore's standard retries pause up to 20 s between attempts: about 10 s of outage per attempt
-    # beyond the first few, so that the lease and the checkpoint reads ride out what delta-rs does.
-    return boto3.client(
+    client = boto3.client(
         "s3", endpoint_url=endpoint, region_name=region, aws_access_key_id=key, aws_secret_access_key=secret,
         aws_session_token=token,
         config=Config(s3={"addressing_style": "virtual" if virtual else "path"},
-                      retries={"mode": "standard", "max_attempts": attempts}, connect_timeout=5, read_timeout=10))
+                      retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=10))
+    if retry_seconds > 0:
+        # botocore counts attempts, and its pauses between them are drawn at random (from 50 ms up): so
+        # many attempts may last well under a second. The lease and the checkpoint reads must ride out
+        # a store that restarts for as long as delta-rs does, so their retries are bounded by time.
+        client.meta.events.register_first("needs-retry.s3", _RideOut(retry_seconds))
+    return client
+
+
+@dataclass(frozen=True, slots=True)
+class _RideOut:
+    """botocore's ``needs-retry`` handler for a store that is away: a request that could not connect,
+    was cut off or answered 5xx is tried again, with pauses growing from 0.2 s to 10 s, until
+    ``seconds`` have passed since its first failure. Anything else it leaves to botocore's own retries."""
+
+    seconds: float
+
+    def __call__(self, attempts: int, request_dict: dict[str, Any], response: Any = None,
+                 caught_exception: Exception | None = None, **_: Any) -> float | None:
+        from botocore.exceptions import ConnectionError as Unreachable
+        from botocore.exceptions import HTTPClientError
+
+        away = isinstance(caught_exception, (Unreachable, HTTPClientError)) or (
+            response is not None and response[0].status_code >= 500)
+        if not away:
+            return None
+        first = request_dict["context"].setdefault("ingest_first_failure", time.monotonic())
+        left = first + self.seconds - time.monotonic()
+        return min(0.2 * 2 ** (attempts - 1), 10.0, left) if left > 0 else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -11,7 +12,7 @@ from harness.stack.s3 import S3Server
 
 from ingest.lake.delta import open_table, write_table
 from ingest.lake.lease import Lease
-from ingest.lake.location import LakePath, delta_storage_options
+from ingest.lake.location import LakePath, delta_storage_options, s3_client
 from tests.lake.outage import Relay
 
 
@@ -58,3 +59,22 @@ def test_commits_and_the_lease_ride_out_a_restart_shorter_than_retry_seconds(s3:
         assert open_table(lake / "t").to_pyarrow_table().num_rows == 4
     finally:
         relay.close()
+
+
+def test_the_boto3_client_retries_for_retry_seconds_not_for_a_number_of_attempts() -> None:
+    """botocore's own pauses start at 50 ms and are drawn at random: a count of attempts can last well
+    under a second. Against an address nobody answers, the lease's client keeps trying for
+    ``retry_seconds`` and then fails; without retry seconds it fails at once."""
+    from botocore.exceptions import EndpointConnectionError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for seconds, within in ((3, (3.0, 15.0)), (0, (0.0, 2.0))):
+        where = LakePath(f"s3://b{seconds}/lake", delta_storage_options(
+            endpoint_url=nobody, region="us-east-1", path_style=True, allow_http=True, retry_seconds=seconds))
+        started = time.monotonic()
+        with pytest.raises(EndpointConnectionError):
+            s3_client(where).head_bucket(Bucket=where.bucket)
+        took = time.monotonic() - started
+        assert within[0] <= took < within[1], (seconds, took)
