@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import struct
@@ -121,6 +122,30 @@ def documented_types(page: str) -> list[dict[str, str]]:
         if token.get("probe column"):
             rows.append(token)
     return rows
+
+
+def avro_history(topic: str, key: str, values: set[Any]) -> dict[Any, list[dict[str, Any]]]:
+    """What the topic holds for some keys, in its order: each change's index, op, row after (or before)
+    and Debezium ``source`` block (the stack's registry, Confluent framing). For a failing test's
+    message: which changes of a key Debezium emitted, and where."""
+    import fastavro
+
+    parsed: dict[int, Any] = {}
+    history: dict[Any, list[dict[str, Any]]] = {v: [] for v in values}
+    for index, (_key, value) in enumerate(read_topic(topic)):
+        if value is None:
+            continue
+        schema_id = struct.unpack(">bI", value[:5])[1]
+        if schema_id not in parsed:
+            response = requests.get(f"http://127.0.0.1:8081/apis/ccompat/v7/schemas/ids/{schema_id}", timeout=10)
+            parsed[schema_id] = fastavro.parse_schema(json.loads(response.json()["schema"]))
+        event = fastavro.schemaless_reader(io.BytesIO(value[5:]), parsed[schema_id])
+        row = event["after"] or event["before"] or {}
+        if row.get(key) in history:
+            noise = ("version", "name", "db", "schema", "table", "connector", "ts_us", "ts_ns")
+            source = {k: v for k, v in event["source"].items() if v is not None and k not in noise}
+            history[row[key]].append({"index": index, "op": event["op"], "row": row, "source": source})
+    return history
 
 
 def avro_columns(topic: str) -> dict[str, tuple[str, str | None]]:

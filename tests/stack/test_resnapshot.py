@@ -13,6 +13,7 @@ lost updates, the lost rows back) and the audit counts the snapshot reads.
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
@@ -36,7 +38,7 @@ from ingest.records import audit
 from ingest.stream.runner import Runner
 from ingest.verify.capture import delete_topics, wait_for_capture
 from ingest.verify.source_db import verify_source_db
-from tests.stack.helpers import PREFIX, config_file, fresh_schema, stack_config
+from tests.stack.helpers import PREFIX, avro_history, config_file, fresh_schema, stack_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -55,6 +57,7 @@ class Source:
     config: IngestConfig
     connect: Callable[[], Any]  # an autocommit DB-API connection
     captured: Callable[[], bool]  # waits until Debezium has captured what is committed
+    topic: str
 
 
 @contextmanager
@@ -68,7 +71,7 @@ def _transaction(conn: Any) -> Iterator[None]:
         conn.commit()
 
 
-def _postgres(stack: Any, workdir: Path) -> Source:
+def _postgres(stack: Any, workdir: Path, unstick: Callable[[], None]) -> Source:
     dsn = stack.pg_dsn()
     topic = f"{PREFIX['avro']}.{SCHEMA}.items"
     fresh_schema(stack, dsn, SCHEMA, [topic],
@@ -77,10 +80,10 @@ def _postgres(stack: Any, workdir: Path) -> Source:
     config = stack_config("avro", workdir, schema=SCHEMA, tables=["items"])
     return Source("postgresql", dsn, [], "pgavro-signal", config,
                   lambda: psycopg.connect(dsn, autocommit=True),
-                  lambda: wait_for_capture(dsn, timeout=120, on_stall=stack.unstick_capture).ok)
+                  lambda: wait_for_capture(dsn, timeout=120, on_stall=unstick).ok, topic)
 
 
-def _mariadb(stack: Any, workdir: Path) -> Source:
+def _mariadb(stack: Any, workdir: Path, unstick: Callable[[], None]) -> Source:
     s = stack.settings
     topic = f"mariaavro.{SCHEMA}.items"
 
@@ -98,7 +101,7 @@ def _mariadb(stack: Any, workdir: Path) -> Source:
     url = s.mariadb_url(SCHEMA)
     signal_table = f"{s.mariadb_db}.debezium_signal"
     return Source("mariadb", url, ["--signal-table", signal_table, "--source-db", url], signal_table, config, connect,
-                  lambda: maria_capture.wait_for_capture(stack, timeout=120).ok)
+                  lambda: maria_capture.wait_for_capture(stack, timeout=120).ok, topic)
 
 
 def _workload(connect: Callable[[], Any], stop: threading.Event, counts: dict[str, int]) -> None:
@@ -127,10 +130,34 @@ def _workload(connect: Callable[[], Any], stop: threading.Event, counts: dict[st
             time.sleep(0.05)
 
 
+def _explain(result: Any, topic: str, path: Path) -> str:
+    """The verification's differences, and what the topic holds for the keys that differ: whether
+    Debezium emitted a change the table lost, or a snapshot read after a change it does not hold."""
+    examples = [e for t in result.tables for e in ((t.verification and t.verification.examples) or [])]
+    errors = [t.error for t in result.tables if t.error]
+    keys = {int(m.group(1)) for e in examples if (m := re.search(r"\(id=(\d+)\)", e))}
+    history = avro_history(topic, "id", keys) if keys else {}
+    stored: list[dict[str, Any]] = []
+    if keys:
+        table = DeltaTable(str(path)).to_pyarrow_table()
+        columns = ["id", "qty", "note", "_cdc_op", "_cdc_position", "_cdc_partition", "_cdc_offset"]
+        wanted = pc.is_in(table["id"], pa.array(sorted(keys), table["id"].type))
+        stored = table.filter(wanted).select(columns).to_pylist()
+    return "\n".join([*examples, *map(str, errors), *(f"topic, id={k}: {h}" for k, h in sorted(history.items())),
+                      *(f"lake: {row}" for row in stored)])
+
+
 @pytest.mark.parametrize("database", ["postgresql", "mariadb"])
 def test_a_live_resnapshot_repairs_the_table_while_its_keys_keep_changing(stack: Any, spark: Any, tmp_path: Path,
                                                                           database: str) -> None:
-    source = (_postgres if database == "postgresql" else _mariadb)(stack, tmp_path / "work")
+    restarts: list[float] = []  # when Kafka Connect was restarted for a stalled capture, if it was
+    began = time.monotonic()
+
+    def unstick() -> None:
+        restarts.append(round(time.monotonic() - began, 1))
+        stack.unstick_capture()
+
+    source = (_postgres if database == "postgresql" else _mariadb)(stack, tmp_path / "work", unstick)
     config = source.config
     path = config_file(config, tmp_path / "config.yaml")
 
@@ -166,11 +193,12 @@ def test_a_live_resnapshot_repairs_the_table_while_its_keys_keep_changing(stack:
         assert not report.failed, {n: t.error for n, t in report.tables.items()}
         rows = audit.read(config.tables_root / config.target.audit_table, table="items")
         reads = int(pc.sum(rows["snapshot_reads"]).as_py() or 0)
-        result = verify_source_db(config, source.url, wait=10, on_stall=stack.unstick_capture)
+        result = verify_source_db(config, source.url, wait=10, on_stall=unstick)
         if result.ok:
             break
         time.sleep(5)
-    assert result.ok, [(t.table, t.verification and t.verification.examples, t.error) for t in result.tables]
+    assert result.ok, f"Kafka Connect restarted at {restarts} s\n" + _explain(result, source.topic,
+                                                                         config.table_path("items"))
     # every row the source held when its chunk was read, less those a change overtook
     assert ROWS - counts["deleted"] - 300 < reads <= ROWS + counts["inserted"], (reads, counts)
 
