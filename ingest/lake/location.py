@@ -216,6 +216,7 @@ class _RideOut:
 
     def __call__(self, attempts: int, request_dict: dict[str, Any], response: Any = None,
                  caught_exception: Exception | None = None, **_: Any) -> float | None:
+        # botocore (the s3 extra): already loaded, by the client this handler belongs to
         from botocore.exceptions import ConnectionError as Unreachable
         from botocore.exceptions import HTTPClientError
 
