@@ -206,10 +206,15 @@ def _client(endpoint: str | None, region: str | None, virtual: bool, key: str | 
     return client
 
 
+#: The answers of a store that is restarting or overloaded; not 501, which a store gives for what it
+#: will never do (a conditional put it does not support), and which must fail at once.
+_AWAY_STATUS: Final = frozenset({500, 502, 503, 504})
+
+
 @dataclass(frozen=True, slots=True)
 class _RideOut:
     """botocore's ``needs-retry`` handler for a store that is away: a request that could not connect,
-    was cut off or answered 5xx is tried again, with pauses growing from 0.2 s to 10 s, until
+    was cut off or answered 500, 502, 503 or 504 is tried again, with pauses growing from 0.2 s to 10 s, until
     ``seconds`` have passed since its first failure. Anything else it leaves to botocore's own retries."""
 
     seconds: float
@@ -221,7 +226,7 @@ class _RideOut:
         from botocore.exceptions import HTTPClientError
 
         away = isinstance(caught_exception, (Unreachable, HTTPClientError)) or (
-            response is not None and response[0].status_code >= 500)
+            response is not None and response[0].status_code in _AWAY_STATUS)
         if not away:
             return None
         first = request_dict["context"].setdefault("ingest_first_failure", time.monotonic())

@@ -81,3 +81,20 @@ def test_the_boto3_client_retries_for_retry_seconds_not_for_a_number_of_attempts
             s3_client(where).head_bucket(Bucket=where.bucket)
         took = time.monotonic() - started
         assert within[0] <= took < within[1], (seconds, took)
+
+
+def test_a_store_that_answers_not_implemented_is_not_waited_for() -> None:
+    """A 503 is a store restarting or overloaded: it is waited for. A 501 is what a store says of what
+    it will never do (a conditional put it does not support): that fails at once, not after minutes."""
+    from ingest.lake.location import _RideOut
+
+    class Answer:
+        def __init__(self, status: int) -> None:
+            self.status_code = status
+
+    ride = _RideOut(60.0)
+    assert ride(1, {"context": {}}, response=(Answer(503), {})) == pytest.approx(0.2)
+    assert ride(1, {"context": {}}, response=(Answer(501), {})) is None
+    assert ride(1, {"context": {}}, response=(Answer(404), {})) is None
+    late = {"context": {"ingest_first_failure": time.monotonic() - 61}}
+    assert ride(5, late, response=(Answer(503), {})) is None  # past retry_seconds: botocore decides
