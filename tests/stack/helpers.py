@@ -124,22 +124,32 @@ def documented_types(page: str) -> list[dict[str, str]]:
     return rows
 
 
+def _writer_schema(value: bytes, known: dict[int, Any]) -> Any:
+    """The writer schema (its JSON, parsed) of a Confluent-framed Avro value, from the stack's registry
+    unless ``known`` holds it by id (it then does)."""
+    schema_id = struct.unpack(">bI", value[:5])[1]
+    if schema_id not in known:
+        response = requests.get(f"http://127.0.0.1:8081/apis/ccompat/v7/schemas/ids/{schema_id}", timeout=10)
+        known[schema_id] = json.loads(response.json()["schema"])
+    return known[schema_id]
+
+
 def avro_history(topic: str, key: str, values: set[Any]) -> dict[Any, list[dict[str, Any]]]:
     """What the topic holds for some keys, in its order: each change's index, op, row after (or before)
     and Debezium ``source`` block (the stack's registry, Confluent framing). For a failing test's
     message: which changes of a key Debezium emitted, and where."""
     import fastavro
 
-    parsed: dict[int, Any] = {}
+    known: dict[int, Any] = {}
+    parsed: dict[int, Any] = {}  # by id of the JSON schema: fastavro's parse, once
     history: dict[Any, list[dict[str, Any]]] = {v: [] for v in values}
     for index, (_key, value) in enumerate(read_topic(topic)):
         if value is None:
             continue
-        schema_id = struct.unpack(">bI", value[:5])[1]
-        if schema_id not in parsed:
-            response = requests.get(f"http://127.0.0.1:8081/apis/ccompat/v7/schemas/ids/{schema_id}", timeout=10)
-            parsed[schema_id] = fastavro.parse_schema(json.loads(response.json()["schema"]))
-        event = fastavro.schemaless_reader(io.BytesIO(value[5:]), parsed[schema_id])
+        schema = _writer_schema(value, known)
+        if id(schema) not in parsed:
+            parsed[id(schema)] = fastavro.parse_schema(schema)
+        event = fastavro.schemaless_reader(io.BytesIO(value[5:]), parsed[id(schema)])
         row = event["after"] or event["before"] or {}
         if row.get(key) in history:
             noise = ("version", "name", "db", "schema", "table", "connector", "ts_us", "ts_ns")
@@ -151,10 +161,7 @@ def avro_history(topic: str, key: str, values: set[Any]) -> dict[Any, list[dict[
 def avro_columns(topic: str) -> dict[str, tuple[str, str | None]]:
     """Column -> (Avro type, connect.name) from the writer schema of the topic's first message (the
     stack's registry, Confluent framing)."""
-    value = read_topic(topic)[0][1]
-    schema_id = struct.unpack(">bI", value[:5])[1]
-    response = requests.get(f"http://127.0.0.1:8081/apis/ccompat/v7/schemas/ids/{schema_id}", timeout=10)
-    envelope = json.loads(response.json()["schema"])
+    envelope = _writer_schema(read_topic(topic)[0][1], {})
     before = next(f for f in envelope["fields"] if f["name"] == "before")
     record = next(t for t in before["type"] if t != "null")
     out = {}
