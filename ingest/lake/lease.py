@@ -142,10 +142,11 @@ class Lease:
         try:
             self._etag = self._put(IfMatch=current["ETag"])
         except ClientError as exc:
-            if _code(exc) in _LOST_RACE:
+            if _code(exc) not in _LOST_RACE:
+                raise self._refused(exc, "s3:PutObject") from None
+            if not self._still_ours():  # else a retried take-over whose first attempt had landed
                 raise TableLockedError(self.table, f"another writer took over its expired lease first; the lease "
                                        f"is {self.location}", "another run") from None
-            raise
         if dead:
             log.warning("table %s: took over the lease of a run that died on this machine (%s)", self.table, holder)
         else:

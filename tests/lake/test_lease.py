@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -141,3 +142,65 @@ def test_only_a_holder_that_died_on_this_machine_loses_its_lease_before_expiry(s
     else:
         with pytest.raises(TableLockedError, match="another writer holds its lease"):
             Lease(root, "orders", ttl=600).acquire()
+
+
+class LostAnswers:
+    """Loses the store's next successful PutObject answers on their way back to a lease's client: the
+    store has written the object, and botocore sends the request again as after a cut connection."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.armed = 0
+        self.lost: list[int] = []  # the attempt whose answer was lost, per loss
+        self.retried: list[int] = []  # the status of each retry's answer
+        lease._s3.meta.events.register_first("needs-retry.s3.PutObject", self._lose)
+
+    def _lose(self, response: tuple | None, attempts: int, **_: object) -> float | None:
+        if response is not None and attempts > 1:
+            self.retried.append(response[0].status_code)
+        if response is None or response[0].status_code != 200 or self.armed == 0:
+            return None
+        self.armed -= 1
+        self.lost.append(attempts)
+        return 0.01  # retry, as botocore would after a connection error
+
+
+def _owner_of(root: LakePath, lease: Lease) -> str:
+    body = s3_client(root).get_object(Bucket=lease.location.bucket, Key=lease.location.key)["Body"].read()
+    return json.loads(body)["owner"]
+
+
+def test_a_lease_whose_answers_were_lost_stays_with_its_writer(s3, bucket):
+    """The retry of a conditional put that had landed is refused (412): the writer holds the lease all
+    the same, when it creates it, renews it and takes over an expired one."""
+    root = _root(s3, bucket)
+    first = Lease(root, "orders", ttl=1.5)
+    answers = LostAnswers(first)
+    answers.armed = 1
+    first.acquire()  # its create landed; the retry met the object it had created
+    assert answers.lost == [1] and answers.retried == [412]
+    assert _owner_of(root, first) == first._owner
+
+    # A renewal (every half second) lands, and its retry is refused. A renewal within the second of
+    # the one before writes the same bytes, whose ETag the retry's If-Match still names (it lands
+    # again): lose answers until a retry is refused.
+    deadline = time.monotonic() + 20
+    while 412 not in answers.retried[1:] and time.monotonic() < deadline:
+        answers.armed = 1
+        while answers.armed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+    assert 412 in answers.retried[1:], answers.retried
+    time.sleep(1.5)  # longer than two thirds of the time-to-live: later renewals must have worked
+    first.check()
+
+    first._stop.set()  # now it dies: nobody renews, nobody releases
+    time.sleep(2.5)  # expired (Last-Modified has whole seconds)
+    heir = Lease(root, "orders", ttl=30)
+    heir_answers = LostAnswers(heir)
+    heir_answers.armed = 1
+    heir.acquire()  # its take-over (If-Match) landed; the retry met the object it had written
+    assert heir_answers.lost == [1] and heir_answers.retried == [412]
+    assert _owner_of(root, heir) == heir._owner
+    heir.check()
+    heir.release()
+    assert s3_client(root).list_objects_v2(Bucket=bucket, Prefix="lake/_cdc_locks/").get("KeyCount") == 0
