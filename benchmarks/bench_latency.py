@@ -100,6 +100,7 @@ class RateResult:
     trigger_ms: float
     batch_p50: float | None
     stages: dict[str, float | None]
+    tail: dict[str, float | None]
 
     @property
     def fresh(self) -> bool:
@@ -215,7 +216,17 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         unmatched=lat.unmatched, drain_seconds=drain_seconds, caught_up=capture.ok and drained.ok,
         failed_transactions=sum(r.failed_transactions for r in reports),
         trigger_ms=config.source.trigger_seconds * 1000, batch_p50=statistics.median(totals) if totals else None,
-        stages={stage: statistics.median(v) if v else None for stage, v in stages.items()})
+        stages={stage: statistics.median(v) if v else None for stage, v in stages.items()},
+        tail=slowest_stages(stages))
+
+
+def slowest_stages(stages: dict[str, list[float]], share: float = 0.05) -> dict[str, float | None]:
+    """Each stage's median over the slowest ``share`` of the rows (a row's latency is its stages' sum):
+    where the tail's time goes, beside where the typical row's goes."""
+    per_row = list(zip(*stages.values(), strict=True))
+    slowest = sorted(per_row, key=sum)[-max(1, math.ceil(share * len(per_row))):] if per_row else []
+    return {stage: statistics.median(row[i] for row in slowest) if slowest else None
+            for i, stage in enumerate(stages)}
 
 
 def _s(ms: float | None) -> str:
@@ -275,8 +286,17 @@ def main() -> None:
                     Figure(f"{name}: stages (median, s)", " / ".join(
                         f"{stage} {'-' if r.stages[stage] is None else f'{r.stages[stage] / 1000:.2f}'}"
                         for stage in STAGES)),
+                    Figure(f"{name}: stages of the slowest 5 % (median, s)", " / ".join(
+                        f"{stage} {'-' if r.tail[stage] is None else f'{r.tail[stage] / 1000:.2f}'}"
+                        for stage in STAGES)),
                     Figure(f"{name}: caught up after the load", r.caught_up)]
     console.print(out)
+    tail = Table(title="The slowest 5 % of those rows: each stage's median")
+    for col in ("tables", "target rate", "run", *STAGES):
+        tail.add_column(col, justify="right")
+    for r in results:
+        tail.add_row(r.tables, f"{r.target:,.0f}/s", str(r.run), *(_s(r.tail[stage]) for stage in STAGES))
+    console.print(tail)
     console.print(f"trigger {results[0].trigger_ms / 1000:.1f} s; load average at the end: "
                   f"{os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     variant = changed_options(parser, args, ignore=("workdir",))
