@@ -55,8 +55,9 @@ def kind_of(argv: tuple[str, ...]) -> str:
         known = next((kind for key, kind in JAVA_KINDS if key in line), None)
         return known or f"JVM {_main_class(argv)}"
     if program.startswith("python"):
-        if "-c" in argv[1:] and "-m" not in argv[1:argv.index("-c")]:
-            inline = argv[argv.index("-c") + 1] if argv.index("-c") + 1 < len(argv) else ""
+        at = argv.index("-c") if "-c" in argv[1:] else 0
+        if at and "-m" not in argv[1:at]:
+            inline = argv[at + 1] if at + 1 < len(argv) else ""
             if "exec(eval(sys.stdin.readline()))" in inline:
                 return "pytest worker"  # pytest-xdist's worker, started through execnet
             return "python -c (inline code)"
@@ -97,8 +98,8 @@ def _main_class(argv: tuple[str, ...]) -> str:
     return "(unknown)"
 
 
-def _stat(pid: str) -> tuple[int, int, float]:
-    """``pid``'s parent, start time (ticks since boot) and CPU seconds so far."""
+def process_stat(pid: str | int) -> tuple[int, int, float]:
+    """``pid``'s parent, start time (ticks since boot) and CPU seconds so far (``/proc/<pid>/stat``)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
     return int(fields[1]), int(fields[19]), (int(fields[11]) + int(fields[12])) / TICKS
@@ -133,7 +134,7 @@ class Sampler:
             if not pid.isdigit() or int(pid) == self.me:
                 continue
             try:
-                ppid, start, cpu = _stat(pid)
+                ppid, start, cpu = process_stat(pid)
                 key = (int(pid), start)
                 entry = self.seen.get(key)
                 if entry is None:

@@ -11,9 +11,9 @@ run it once on each side of a change to those flags, with nothing else on the ma
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
+from cpu_by_process import process_stat
 from harness.stack import Stack
 from rich.console import Console
 from rich.table import Table
@@ -22,10 +22,8 @@ JAVA_SERVERS = ("kafka", "registry", "connect")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User and system CPU seconds of process ``pid`` so far."""
+    return process_stat(pid)[2]
 
 
 def main() -> None:
