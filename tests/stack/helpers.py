@@ -170,3 +170,18 @@ def avro_columns(topic: str) -> dict[str, tuple[str, str | None]]:
         typ = next(t for t in typ if t != "null") if isinstance(typ, list) else typ
         out[field["name"]] = (typ, None) if isinstance(typ, str) else (typ["type"], typ.get("connect.name"))
     return out
+
+
+def stale_reads(history: dict[Any, list[dict[str, Any]]]) -> set[Any]:
+    """The keys of ``history`` (:func:`avro_history`) whose last change in the topic is an incremental
+    snapshot read emitted after a streamed change of the key that it does not hold: a chunk read while
+    that change was committed in PostgreSQL's WAL, and streamed, but not yet visible to other sessions
+    (docs/operations.md, "Re-reading one table from the source")."""
+    stale = set()
+    for key, changes in history.items():
+        if not changes or changes[-1]["op"] != "r" or changes[-1]["source"].get("snapshot") != "incremental":
+            continue
+        streamed = [c for c in changes[:-1] if c["op"] in ("c", "u", "d") and c["source"].get("snapshot") == "false"]
+        if streamed and (streamed[-1]["op"] == "d" or streamed[-1]["row"] != changes[-1]["row"]):
+            stale.add(key)
+    return stale

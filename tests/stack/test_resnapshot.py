@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from harness.mariadb import capture as maria_capture
+from harness.stack.tools import ensure_gdb
 
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError
@@ -38,7 +39,7 @@ from ingest.records import audit
 from ingest.stream.runner import Runner
 from ingest.verify.capture import delete_topics, wait_for_capture
 from ingest.verify.source_db import verify_source_db
-from tests.stack.helpers import PREFIX, avro_history, config_file, fresh_schema, stack_config
+from tests.stack.helpers import PREFIX, avro_history, config_file, fresh_schema, stack_config, stale_reads
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -130,12 +131,18 @@ def _workload(connect: Callable[[], Any], stop: threading.Event, counts: dict[st
             time.sleep(0.05)
 
 
+def _differing_keys(result: Any) -> set[int]:
+    """The ids the verification's examples name."""
+    examples = [e for t in result.tables for e in ((t.verification and t.verification.examples) or [])]
+    return {int(m.group(1)) for e in examples if (m := re.search(r"\(id=(\d+)\)", e))}
+
+
 def _explain(result: Any, topic: str, path: Path) -> str:
     """The verification's differences, and what the topic holds for the keys that differ: whether
     Debezium emitted a change the table lost, or a snapshot read after a change it does not hold."""
     examples = [e for t in result.tables for e in ((t.verification and t.verification.examples) or [])]
     errors = [t.error for t in result.tables if t.error]
-    keys = {int(m.group(1)) for e in examples if (m := re.search(r"\(id=(\d+)\)", e))}
+    keys = _differing_keys(result)
     history = avro_history(topic, "id", keys) if keys else {}
     stored: list[dict[str, Any]] = []
     if keys:
@@ -197,11 +204,99 @@ def test_a_live_resnapshot_repairs_the_table_while_its_keys_keep_changing(stack:
         if result.ok:
             break
         time.sleep(5)
+    stale = _differing_keys(result)
+    if not result.ok and stale and stale_reads(avro_history(source.topic, "id", stale)) == stale:
+        # Only reads of rows whose change was committed but not yet visible when their chunk was read
+        # differ: the limit docs/operations.md states (made to happen in the test below). Its repair:
+        _resnapshot(path, "items", *source.ask)
+        for _ in range(24):
+            assert source.captured()
+            assert not Runner(config, spark=spark).run().failed
+            if (result := verify_source_db(config, source.url, wait=10, on_stall=unstick)).ok:
+                break
+            time.sleep(5)
     assert result.ok, f"Kafka Connect restarted at {restarts} s\n" + _explain(result, source.topic,
                                                                          config.table_path("items"))
     # every row the source held when its chunk was read, less those a change overtook
     assert ROWS - counts["deleted"] - 300 < reads <= ROWS + counts["inserted"], (reads, counts)
 
+
+
+def _resnapshot(path: Path, table: str, *ask: str) -> None:
+    asked = subprocess.run([sys.executable, "-m", "ingest.cli", "resnapshot", table, "-c", str(path), *ask],
+                           capture_output=True, text=True, timeout=120)
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+
+
+def _until(what: str, done: Callable[[], bool], seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"waited {seconds:.0f} s for {what}"
+        time.sleep(0.5)
+
+
+def test_a_chunk_read_before_a_commit_is_visible_is_stale_until_a_second_resnapshot(stack: Any, spark: Any,
+                                                                                      tmp_path: Path) -> None:
+    """The limit docs/operations.md states for PostgreSQL, made to happen: a commit is in the WAL (and
+    Debezium streams it) a moment before other sessions can see it. gdb holds a committing backend in
+    that moment (at ProcArrayEndTransaction, which makes a transaction visible) while a re-snapshot
+    reads the row's chunk: Debezium emits the row as it was before the update, after the update. The
+    lake applies both in order and keeps the older row; ``verify --source-db`` names it; a second
+    re-snapshot repairs it."""
+    gdb = ensure_gdb(print)
+    dsn, schema = stack.pg_dsn(), "resnap_visible"
+    topic = f"{PREFIX['avro']}.{schema}.t"
+    fresh_schema(stack, dsn, schema, [topic], f"CREATE TABLE {schema}.t (id integer PRIMARY KEY, note text)",
+                 f"INSERT INTO {schema}.t SELECT i, 'first ' || i FROM generate_series(1, 10) i")
+    config = stack_config("avro", tmp_path / "work", schema=schema, tables=["t"])
+    path = config_file(config, tmp_path / "config.yaml")
+    assert not Runner(config, spark=spark).run().failed
+
+    release = tmp_path / "release"
+    held = psycopg.connect(dsn)
+    held.execute(f"UPDATE {schema}.t SET note = 'changed' WHERE id = 5")
+    holder = subprocess.Popen(
+        [gdb, "-p", str(held.info.backend_pid), "-batch", "-ex", "break ProcArrayEndTransaction", "-ex", "continue",
+         "-ex", f"shell while [ ! -e {release} ]; do sleep 0.1; done", "-ex", "detach"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    committer = threading.Thread(target=held.commit)
+    try:
+        assert holder.stdout is not None
+        for line in holder.stdout:  # the breakpoint is set; gdb lets the backend run on to it
+            if line.startswith("Breakpoint 1 at"):
+                break
+        time.sleep(1)
+        committer.start()
+
+        def history() -> list[dict[str, Any]]:
+            return avro_history(topic, "id", {5})[5]
+
+        _until("Debezium to stream the held update", lambda: any(c["op"] == "u" for c in history()))
+        with psycopg.connect(dsn, autocommit=True) as other:  # committed in the WAL, not visible yet
+            assert other.execute(f"SELECT note FROM {schema}.t WHERE id = 5").fetchone() == ("first 5",)
+        _resnapshot(path, "t")
+        _until("the chunk's read", lambda: history()[-1]["op"] == "r")
+    finally:
+        release.touch()
+        if committer.is_alive():
+            committer.join(timeout=60)
+        holder.wait(timeout=60)
+        held.close()
+    assert stale_reads({5: history()}) == {5}, history()
+
+    assert wait_for_capture(dsn, timeout=120).ok
+    assert not Runner(config, spark=spark).run().failed
+    stale = verify_source_db(config, dsn, wait=10).tables[0].verification
+    assert stale is not None and (stale.different, stale.missing, stale.unexpected) == (1, 0, 0), stale
+    assert "(id=5)" in " ".join(stale.examples), stale.examples
+
+    _resnapshot(path, "t")  # the repair the docs give
+
+    def repaired() -> bool:
+        assert not Runner(config, spark=spark).run().failed
+        return verify_source_db(config, dsn, wait=10).ok
+
+    _until("the second re-snapshot to repair the row", repaired)
 
 
 def test_postgresql_takes_a_signal_row_as_written(stack: Any) -> None:

@@ -190,6 +190,18 @@ def ensure_nginx(progress: Progress) -> Path:
     return found
 
 
+def ensure_gdb(progress: Progress) -> Path:
+    """gdb (Debian package ``gdb``), installing it if needed: the stack's proofs hold a database
+    process at a chosen instruction with it."""
+    found = shutil.which("gdb")
+    if found is None:
+        apt_install(["gdb"], "holding a database process at a chosen point (gdb)", progress)
+        found = shutil.which("gdb")
+    if found is None:
+        raise StackError("gdb is missing: not on PATH after apt-get install gdb")
+    return Path(found)
+
+
 def _poms_digest(settings: StackSettings) -> str:
     digest = hashlib.sha1()
     for path in sorted(settings.jvm_dir.rglob("*.xml")):
