@@ -188,6 +188,9 @@ def resnapshot(
     source_db: Annotated[str | None, typer.Option(
         "--source-db", help="the source database holding --signal-table (a libpq string, or mysql://…)",
         show_default=False)] = None,
+    where: Annotated[str | None, typer.Option(
+        help="read only the rows of the (one) table that match this SQL condition, e.g. \"id IN (5, 9)\" "
+             "(Debezium's additional-conditions)", show_default=False)] = None,
 ) -> None:
     """Ask the tables' Debezium connectors for an incremental snapshot of them, through their Kafka
     signal topic or their signal table, while the stream keeps flowing; the next runs apply the reads
@@ -197,7 +200,7 @@ def resnapshot(
     if (signal_table is None) != (source_db is None):
         raise ConfigError("--signal-table and --source-db go together: the signal table is in that database")
     cfg = load(config, workdir)
-    signals = signals_for(cfg, tables)
+    signals = signals_for(cfg, tables, where)
     if signal_table is not None and source_db is not None:
         source = source_of(source_db)
         where = source.describe(source_db)
@@ -208,10 +211,11 @@ def resnapshot(
         send(cfg, signals)
         sent_to = [signal.topic for signal in signals]
     out = Table(title="Incremental snapshots asked for")
-    for col in ("connector (topic prefix)", "sent to", "source tables", "tables"):
+    for col in ("connector (topic prefix)", "sent to", "source tables", "tables", "rows"):
         out.add_column(col)
     for signal, to in zip(signals, sent_to, strict=True):
-        out.add_row(signal.prefix, to, ", ".join(signal.collections), ", ".join(signal.tables))
+        out.add_row(signal.prefix, to, ", ".join(signal.collections), ", ".join(signal.tables),
+                    signal.where or "all")
     console.print(out)
 
 

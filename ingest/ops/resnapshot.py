@@ -38,10 +38,13 @@ class Signal:
     topic: str
     collections: tuple[str, ...]
     tables: tuple[str, ...]
+    where: str | None = None  # read only the rows matching this SQL condition (Debezium's additional-conditions)
 
     def value(self) -> dict[str, object]:
-        return {"type": "execute-snapshot", "data": {"data-collections": list(self.collections),
-                                                     "type": "incremental"}}
+        data: dict[str, object] = {"data-collections": list(self.collections), "type": "incremental"}
+        if self.where is not None:
+            data["additional-conditions"] = [{"data-collection": c, "filter": self.where} for c in self.collections]
+        return {"type": "execute-snapshot", "data": data}
 
     def row(self) -> tuple[str, str, str]:
         """The signal as a signal table's ``(id, type, data)`` row."""
@@ -49,22 +52,28 @@ class Signal:
         return str(uuid.uuid4()), str(value["type"]), json.dumps(value["data"])
 
 
-def signals_for(config: IngestConfig, tables: list[str]) -> list[Signal]:
-    """The signals that ask for ``tables``, one per connector.
+def signals_for(config: IngestConfig, tables: list[str], where: str | None = None) -> list[Signal]:
+    """The signals that ask for ``tables``, one per connector; with ``where``, for the rows of the one
+    table in ``tables`` that match it (an SQL condition the source database evaluates).
 
     Raises:
-        ConfigError: an unknown table, a source that is not Kafka, or a topic not named
-            ``<prefix>.<schema>.<table>`` without ``source_table``.
+        ConfigError: an unknown table, a source that is not Kafka, a topic not named
+            ``<prefix>.<schema>.<table>`` without ``source_table``, or ``where`` with more than one
+            table, or empty.
     """
     if config.source.kind != "kafka" or config.source.kafka is None:
         raise ConfigError("ingest resnapshot asks a Debezium connector through Kafka: the source is not Kafka")
+    if where is not None and (len(tables) != 1 or not where.strip()):
+        raise ConfigError("--where selects rows of one table: name exactly one table, and a condition such as "
+                          "\"id IN (5, 9)\"")
     by_prefix: dict[str, list[tuple[str, str]]] = {}
     for name in tables:
         spec = config.table(name)
         prefix, collection = _connector_of(spec)
         by_prefix.setdefault(prefix, []).append((collection, spec.name))
     topic = config.source.kafka.signal_topic
-    return [Signal(prefix, topic.format(prefix=prefix), tuple(c for c, _ in found), tuple(t for _, t in found))
+    return [Signal(prefix, topic.format(prefix=prefix), tuple(c for c, _ in found), tuple(t for _, t in found),
+                   where)
             for prefix, found in sorted(by_prefix.items())]
 
 

@@ -57,6 +57,21 @@ def test_a_signal_table_row_carries_the_same_signal(tmp_path: Path) -> None:
     assert json.loads(first[2]) == {"data-collections": ["public.orders"], "type": "incremental"}
 
 
+def test_where_asks_for_the_matching_rows_of_one_table(tmp_path: Path) -> None:
+    config = load_config(_config(tmp_path, {"kind": "kafka", "kafka": {"bootstrap_servers": "b:9092"}}))
+    (signal,) = signals_for(config, ["customers"], "id IN (5, 9)")
+    assert signal.value()["data"] == {
+        "data-collections": ["crm.customers"], "type": "incremental",
+        "additional-conditions": [{"data-collection": "crm.customers", "filter": "id IN (5, 9)"}]}
+    assert json.loads(signal.row()[2]) == signal.value()["data"]  # the signal table's row says the same
+    for tables, where in ((["orders", "items"], "id = 1"), (["orders"], " ")):
+        with pytest.raises(ConfigError, match="--where selects rows of one table"):
+            signals_for(config, tables, where)
+    path = _config(tmp_path, {"kind": "kafka", "kafka": {"bootstrap_servers": "b:9092"}})
+    done = CliRunner().invoke(app, ["resnapshot", "orders", "items", "--where", "id = 1", "-c", str(path)])
+    assert done.exit_code == 2 and "name exactly one table" in done.output
+
+
 @pytest.mark.parametrize(("options", "code", "says"), [
     (["--signal-table", "cdc.debezium_signal"], 2, "--signal-table and --source-db go together"),
     (["--source-db", "host=127.0.0.1 port=1"], 2, "--signal-table and --source-db go together"),
