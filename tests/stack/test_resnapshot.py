@@ -181,10 +181,8 @@ def test_a_live_resnapshot_repairs_the_table_while_its_keys_keep_changing(stack:
     workload.start()
     try:
         time.sleep(2)
-        asked = subprocess.run([sys.executable, "-m", "ingest.cli", "resnapshot", "items", "-c", str(path),
-                                *source.ask], capture_output=True, text=True, timeout=120)
-        assert asked.returncode == 0, asked.stdout + asked.stderr
-        assert f"{SCHEMA}.items" in asked.stdout and source.asked_through in asked.stdout
+        asked = _resnapshot(path, "items", *source.ask)
+        assert f"{SCHEMA}.items" in asked and source.asked_through in asked
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # the snapshot's chunks interleave with the changes
             report = Runner(config, spark=spark).run()
@@ -199,8 +197,7 @@ def test_a_live_resnapshot_repairs_the_table_while_its_keys_keep_changing(stack:
         assert source.captured()
         report = Runner(config, spark=spark).run()
         assert not report.failed, {n: t.error for n, t in report.tables.items()}
-        rows = audit.read(config.tables_root / config.target.audit_table, table="items")
-        reads = int(pc.sum(rows["snapshot_reads"]).as_py() or 0)
+        reads = _snapshot_reads(config, "items")
         result = verify_source_db(config, source.url, wait=10, on_stall=unstick)
         if result.ok:
             break
@@ -226,14 +223,17 @@ def test_a_live_resnapshot_repairs_the_table_while_its_keys_keep_changing(stack:
 
 
 
-def _resnapshot(path: Path, table: str, *ask: str) -> None:
+def _resnapshot(path: Path, table: str, *ask: str) -> str:
+    """``ingest resnapshot`` as a user runs it; its output."""
     asked = subprocess.run([sys.executable, "-m", "ingest.cli", "resnapshot", table, "-c", str(path), *ask],
                            capture_output=True, text=True, timeout=120)
     assert asked.returncode == 0, asked.stdout + asked.stderr
+    return asked.stdout
 
 
-def _snapshot_reads(config: IngestConfig) -> int:
-    rows = audit.read(config.tables_root / config.target.audit_table, table="t")
+def _snapshot_reads(config: IngestConfig, table: str) -> int:
+    """The snapshot reads the audit counted for ``table``, over all its batches."""
+    rows = audit.read(config.tables_root / config.target.audit_table, table=table)
     return int(pc.sum(rows["snapshot_reads"]).as_py() or 0)
 
 
@@ -250,8 +250,8 @@ def test_a_chunk_read_before_a_commit_is_visible_is_stale_until_a_second_resnaps
     Debezium streams it) a moment before other sessions can see it. gdb holds a committing backend in
     that moment (at ProcArrayEndTransaction, which makes a transaction visible) while a re-snapshot
     reads the row's chunk: Debezium emits the row as it was before the update, after the update. The
-    lake applies both in order and keeps the older row; ``verify --source-db`` names it; a second
-    re-snapshot repairs it."""
+    lake applies both in order and keeps the older row; ``verify --source-db`` names it; reading that
+    row again (``--where``) repairs it."""
     gdb = ensure_gdb(print)
     dsn, schema = stack.pg_dsn(), "resnap_visible"
     topic = f"{PREFIX['avro']}.{schema}.t"
@@ -300,14 +300,14 @@ def test_a_chunk_read_before_a_commit_is_visible_is_stale_until_a_second_resnaps
     assert "(id=5)" in " ".join(stale.examples), stale.examples
 
     _resnapshot(path, "t", "--where", "id IN (5)")  # the repair the docs give: read the rows verify named again
-    reads_before = _snapshot_reads(config)
+    reads_before = _snapshot_reads(config, "t")
 
     def repaired() -> bool:
         assert not Runner(config, spark=spark).run().failed
         return verify_source_db(config, dsn, wait=10).ok
 
     _until("the second re-snapshot to repair the row", repaired)
-    assert _snapshot_reads(config) == reads_before + 1  # that row alone was read again
+    assert _snapshot_reads(config, "t") == reads_before + 1  # that row alone was read again
 
 
 def test_postgresql_takes_a_signal_row_as_written(stack: Any) -> None:
