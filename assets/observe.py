@@ -24,7 +24,7 @@ from ingest.records import audit
 DEFAULT_OBSERVE_SECONDS = 30
 #: The audit figures a recorded materialization carries.
 FIGURES = ("received", "inserted", "updated", "deleted", "superseded", "stale", "quarantined", "skipped",
-           "snapshot_reads", "total_ms", "apply_ms")
+           "snapshot_reads", "suspect_reads", "total_ms", "apply_ms")
 
 
 def build_observed_table(spec: TableSpec, names: Names = DEFAULT_NAMES) -> dg.AssetSpec:

@@ -114,6 +114,8 @@ class RunMetrics:
                                [*labels, "outcome"], namespace=ns, registry=r)
         self.batches = Counter("batches", "Table batches, by how they ended.", [*labels, "status"],
                                namespace=ns, registry=r)
+        self.suspect_reads = Counter("suspect_reads", "Incremental snapshot reads that contradicted the change "
+                                     "streamed before them (rows to read again).", labels, namespace=ns, registry=r)
         self.batch_seconds = Histogram("batch_duration_seconds", "A table batch's time, decode to audit row.",
                                        labels, namespace=ns, registry=r, buckets=BUCKETS)
         self.commit_seconds = Histogram("commit_duration_seconds", "A table batch's Delta commit (the MERGE).",
@@ -137,6 +139,7 @@ class RunMetrics:
             if latest and latest[0].get("timestamp"):
                 self.last_commit.labels(table).set(latest[0]["timestamp"] / 1000)
         self.received.labels(table)  # every series exists from the start, at 0
+        self.suspect_reads.labels(table)
         for outcome in OUTCOMES:
             self.records.labels(table, outcome)
 
@@ -150,6 +153,8 @@ class RunMetrics:
             if count:
                 self.records.labels(table, outcome).inc(count)
         self.batches.labels(table, record.status).inc()
+        if record.suspect_reads:
+            self.suspect_reads.labels(table).inc(record.suspect_reads)
         self.batch_seconds.labels(table).observe(record.total_ms / 1000)
         if record.status != "committed":
             return

@@ -31,6 +31,7 @@ from ingest.decode.parts import FRAME, INFERRED, columns_of, part_kind
 from ingest.errors import RegistryUnavailableError, TableError
 from ingest.model import SNAPSHOT_CLOSERS, ColumnSpec, SourceMark
 from ingest.records.quarantine import QuarantineRecord, Stage
+from ingest.rules.rereads import SuspectReads
 from ingest.rules.schema import combine
 
 if TYPE_CHECKING:
@@ -259,6 +260,7 @@ class BatchFacts:
         newest: when the newest of its changes was committed in the source (``_cdc_source_ts``),
             if any says.
         reads: its snapshot reads (``r``: the initial snapshot, or an incremental one).
+        incremental: those of an incremental snapshot (``source.snapshot: incremental``).
     """
 
     flattened: bool | None
@@ -268,6 +270,7 @@ class BatchFacts:
     moved: int = 0
     newest: datetime | None = None
     reads: int = 0
+    incremental: int = 0
 
 
 def facts_of(changes: pa.Table) -> BatchFacts:
@@ -278,9 +281,11 @@ def facts_of(changes: pa.Table) -> BatchFacts:
     if rows.num_rows == 0:
         return BatchFacts(None, [], 0, mark, newest=newest)
     declared = [k for k in pc.unique(rows["_cdc_key_columns"]).to_pylist() if k]
+    reads = pc.equal(rows["_cdc_op"], "r")
     return BatchFacts(bool(pc.any(rows["_cdc_flattened"]).as_py()), declared, rows.num_rows, mark,
                       int(pc.sum(pc.or_(pc.is_valid(rows["_cdc_old_key"]), pc.is_valid(rows["_cdc_new_key"]))).as_py()),
-                      newest, int(pc.sum(pc.equal(rows["_cdc_op"], "r")).as_py() or 0))
+                      newest, int(pc.sum(reads).as_py() or 0),
+                      int(pc.sum(pc.and_(reads, pc.equal(rows["_cdc_snapshot"], "incremental"))).as_py() or 0))
 
 
 def source_mark_of(changes: pa.Table) -> SourceMark:
@@ -311,6 +316,8 @@ class BatchResult:
     quality: QualityReport | None = None
     #: the messages held back (quarantined, or -- for a replay -- still failing)
     held: list[QuarantineRecord] = field(default_factory=list)
+    #: the keys whose incremental snapshot read contradicts the change streamed before it, to read again
+    suspect_reads: SuspectReads | None = None
 
 
 @dataclass(slots=True)

@@ -8,7 +8,9 @@ Every table, every configuration, takes these steps in this order (docs/architec
    deletes of their keys (:mod:`~ingest.rules.kafka_tombstones`); the schema change is
    planned (an incompatible one stops the table here, before anything is written);
 3. fill the unchanged values of rows whose primary key moved from the old key's row
-   (:mod:`~ingest.rules.moved`), then reduce to the latest change per key (:mod:`~ingest.rules.reduce`);
+   (:mod:`~ingest.rules.moved`), name the keys whose incremental snapshot read contradicts the change
+   streamed before it, to be read again (:mod:`~ingest.rules.rereads`), then reduce to the latest
+   change per key (:mod:`~ingest.rules.reduce`);
 4. validate those after-images with the table's expectations suite (:mod:`ingest.quality`); a
    ``fail`` raises here, so the table's offsets do not move;
 5. quarantine first: if we crash after it, the replay finds the rows already there;
@@ -44,6 +46,7 @@ from ingest.apply.batch import BatchResult, Held, MicroBatch, RawFetch, foreign_
 from ingest.apply.moves import fill_moves
 from ingest.apply.placement import CurrentPlan, Placement, VersionsPlan, Withdrawn
 from ingest.apply.placement.driver import DriverPlacement
+from ingest.apply.rereads import find_suspect_reads
 from ingest.apply.stored import stored_rows
 from ingest.columns import arrow_type, normalize
 from ingest.commit.delta_rs import DeltaRsWriter
@@ -141,6 +144,10 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
         if key_columns and facts.moved:  # primary-key moves: unchanged values from the old key's row
             changes = fill_moves(spec, placement, changes, key_columns, schema.columns, state, writer, paths.table,
                                  paths.moves)
+        suspects = find_suspect_reads(spec, placement, changes, key_columns, schema.columns, state, writer,
+                                      paths.table, opened.tombstones) \
+            if key_columns and facts.incremental and not replay else None
+        record.suspect_reads = len(suspects) if suspects is not None else 0
         reduced = placement.reduce(changes, key_columns, schema.columns, soft=spec.delete_mode == "soft") \
             if not keeps_history or spec.expectations else None
         report, withdrawn = QualityReport(), None
@@ -187,7 +194,7 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
             audit.append(paths.audit, [record])
         crashpoints.point("after-batch")
         return BatchResult(record if kept else None, already_applied=batch.already_applied, controls=controls,
-                           quality=report, held=held_records)
+                           quality=report, held=held_records, suspect_reads=suspects)
     finally:
         placement.release()
 

@@ -118,6 +118,11 @@ class KafkaSpec(Model):
         "{prefix}-signal", description="the connectors' Kafka signal topic (their signal.kafka.topic), where "
         "ingest resnapshot asks for an incremental snapshot; {prefix} is the table's topic prefix (its topic "
         "without .<schema>.<table>), as in Debezium's default")
+    reread_suspect_reads: bool = Field(
+        False, description="when an incremental snapshot read contradicts the change streamed just before it (on "
+        "PostgreSQL: a chunk read before that change's commit was visible), write an execute-snapshot signal "
+        "for those rows to the signal topic, so the connector reads them again; off: the run logs the "
+        "ingest resnapshot --where command that does it")
     reader: Literal["spark", "python"] = Field(
         "python", description="spark: Spark's Kafka source (Java client), decoded by mapInArrow; python: the "
         "engine's own reader, which consumes with librdkafka in the Python workers and decodes as it reads "

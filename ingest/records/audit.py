@@ -92,6 +92,9 @@ class AuditRecord:
     source_committed_at: datetime | None = None
     #: snapshot reads among the received (``r``: the initial snapshot, or ``ingest resnapshot``'s)
     snapshot_reads: int = 0
+    #: incremental snapshot reads that contradict the change streamed before them
+    #: (:mod:`ingest.rules.rereads`): their rows are to be read again
+    suspect_reads: int = 0
 
     @property
     def applied(self) -> int:
@@ -162,6 +165,7 @@ AUDIT_SCHEMA = pa.schema(
         # added later: last, as tables written before and merged since have them
         ("source_committed_at", pa.timestamp("us", tz="UTC")),
         ("snapshot_reads", pa.int64()),
+        ("suspect_reads", pa.int64()),
     ]
 )
 

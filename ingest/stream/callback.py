@@ -54,6 +54,7 @@ from ingest.source.consumer_group import GroupCommitter
 from ingest.source.sources import DecodingSource, decodes_at_read, source_for
 from ingest.stream.caught_up import gap_of, say_retention_gap
 from ingest.stream.report import RunReport
+from ingest.stream.rereads import ask_again
 
 if TYPE_CHECKING:
     from ingest.metrics import RunMetrics
@@ -426,6 +427,8 @@ class ForEachBatch:
                        deleted=r.deleted, stale=r.stale, superseded=r.superseded, quarantined=r.quarantined,
                        skipped=r.skipped, toast_unknown=r.toast_unknown, delta_version=r.delta_version,
                        total_ms=r.total_ms, apply_ms=r.apply_ms)
+        if result.suspect_reads:
+            ask_again(self.config, spec, result.suspect_reads, batch=batch_id)
         if self.progress is not None:
             self.progress(spec.name, result.record, result)
         return result.record

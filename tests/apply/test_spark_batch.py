@@ -44,6 +44,7 @@ from ingest.spark.session import arrow_frame
 from tests.apply.test_moves import SPECS as MOVE_SPECS
 from tests.apply.test_moves import story as moves_story
 from tests.apply.test_moves import table_rows as moved_rows
+from tests.apply.test_rereads import story as rereads_story
 from tests.apply.test_spark_reduce import random_parts
 from tests.factories import change, decoded_rows
 from tests.harness import Topic, flat, kafka_rows, key, paths_in
@@ -278,6 +279,22 @@ def test_the_executors_fill_primary_key_moves_as_the_driver_does(tmp_path: Any, 
     rows = moved_rows(paths, spec)
     assert {k: (r["v"], r["note"]) for k, r in rows.items()} == expected
     assert not any(r["_cdc_unknown_columns"] for r in rows.values())
+
+
+def test_the_executors_name_suspect_reads_as_the_driver_does(tmp_path: Any, spark: Any) -> None:
+    """tests/apply/test_rereads.py's story on the executors, cut so that some reads meet the stored
+    rows and remembered deletes, others the batch's own changes."""
+    topic, suspect = rereads_story()
+    paths = paths_in(tmp_path)
+    writer, opened = DeltaSparkWriter(spark), OpenTables(paths, "t")
+    decoder = BatchDecoder(DecoderSpec("json", key_columns=("id",), keep_before=False))
+    named: set[int] = set()
+    for batch_id, (start, end) in enumerate([(0, 12), (12, len(topic.messages))]):
+        parts = decoder.decode(kafka_rows("t", topic.messages[start:end]))
+        frame = arrow_frame(spark, pa.Table.from_batches([write_parts(parts)]))
+        result = on_the_executors(MOVE_SPECS["hard"], paths, frame, opened, writer, batch_id=batch_id)
+        named |= {k[0] for k in result.suspect_reads.keys} if result.suspect_reads else set()
+    assert named == suspect
 
 
 def test_only_a_batch_with_deletes_writes_remembered_deletes(tmp_path: Any, spark: Any, monkeypatch: Any) -> None:

@@ -244,26 +244,17 @@ def _until(what: str, done: Callable[[], bool], seconds: float = 90) -> None:
         time.sleep(0.5)
 
 
-def test_a_chunk_read_before_a_commit_is_visible_is_stale_until_a_second_resnapshot(stack: Any, spark: Any,
-                                                                                      tmp_path: Path) -> None:
-    """The limit docs/operations.md states for PostgreSQL, made to happen: a commit is in the WAL (and
-    Debezium streams it) a moment before other sessions can see it. gdb holds a committing backend in
-    that moment (at ProcArrayEndTransaction, which makes a transaction visible) while a re-snapshot
-    reads the row's chunk: Debezium emits the row as it was before the update, after the update. The
-    lake applies both in order and keeps the older row; ``verify --source-db`` names it; reading that
-    row again (``--where``) repairs it."""
-    gdb = ensure_gdb(print)
-    dsn, schema = stack.pg_dsn(), "resnap_visible"
-    topic = f"{PREFIX['avro']}.{schema}.t"
-    fresh_schema(stack, dsn, schema, [topic], f"CREATE TABLE {schema}.t (id integer PRIMARY KEY, note text)",
-                 f"INSERT INTO {schema}.t SELECT i, 'first ' || i FROM generate_series(1, 10) i")
-    config = stack_config("avro", tmp_path / "work", schema=schema, tables=["t"])
-    path = config_file(config, tmp_path / "config.yaml")
-    assert not Runner(config, spark=spark).run().failed
+def _suspect_reads(config: IngestConfig, table: str) -> int:
+    """The suspect reads the audit counted for ``table``, over all its batches."""
+    rows = audit.read(config.tables_root / config.target.audit_table, table=table)
+    return int(pc.sum(rows["suspect_reads"]).as_py() or 0)
 
-    release = tmp_path / "release"
+
+def _read_before_visible(gdb: str, dsn: str, schema: str, topic: str, path: Path, key: int, release: Path) -> None:
+    """Update row ``key`` and hold its backend in the moment its commit is in the WAL but not visible,
+    while ``ingest resnapshot`` reads the row's chunk; returns once the chunk's read is in the topic."""
     held = psycopg.connect(dsn)
-    held.execute(f"UPDATE {schema}.t SET note = 'changed' WHERE id = 5")
+    held.execute(f"UPDATE {schema}.t SET note = 'changed' WHERE id = {key}")
     holder = subprocess.Popen(
         [gdb, "-p", str(held.info.backend_pid), "-batch", "-ex", "break ProcArrayEndTransaction", "-ex", "continue",
          "-ex", f"shell while [ ! -e {release} ]; do sleep 0.1; done", "-ex", "detach"],
@@ -278,11 +269,11 @@ def test_a_chunk_read_before_a_commit_is_visible_is_stale_until_a_second_resnaps
         committer.start()
 
         def history() -> list[dict[str, Any]]:
-            return avro_history(topic, "id", {5})[5]
+            return avro_history(topic, "id", {key})[key]
 
-        _until("Debezium to stream the held update", lambda: any(c["op"] == "u" for c in history()))
+        _until("Debezium to stream the held update", lambda: history()[-1]["op"] == "u")
         with psycopg.connect(dsn, autocommit=True) as other:  # committed in the WAL, not visible yet
-            assert other.execute(f"SELECT note FROM {schema}.t WHERE id = 5").fetchone() == ("first 5",)
+            assert other.execute(f"SELECT note FROM {schema}.t WHERE id = {key}").fetchone() == (f"first {key}",)
         _resnapshot(path, "t")
         _until("the chunk's read", lambda: history()[-1]["op"] == "r")
     finally:
@@ -291,23 +282,66 @@ def test_a_chunk_read_before_a_commit_is_visible_is_stale_until_a_second_resnaps
             committer.join(timeout=60)
         holder.wait(timeout=60)
         held.close()
-    assert stale_reads({5: history()}) == {5}, history()
+    assert stale_reads({key: history()}) == {key}, history()
 
-    assert wait_for_capture(dsn, timeout=120).ok
+
+def test_a_chunk_read_before_a_commit_is_visible_is_read_again(stack: Any, spark: Any, tmp_path: Path,
+                                                               caplog: Any) -> None:
+    """The limit docs/operations.md states for PostgreSQL, made to happen: a commit is in the WAL (and
+    Debezium streams it) a moment before other sessions can see it. gdb holds a committing backend in
+    that moment (at ProcArrayEndTransaction, which makes a transaction visible) while a re-snapshot
+    reads the row's chunk: Debezium emits the row as it was before the update, after the update.
+
+    The engine names the read (it contradicts the update before it). By default it logs the command
+    that reads the row again; the lake keeps the older row, ``verify --source-db`` names it, and that
+    command (``--where``) repairs it. With ``reread_suspect_reads`` the run asks the connector itself,
+    and the next runs end equal to PostgreSQL."""
+    gdb = ensure_gdb(print)
+    dsn, schema = stack.pg_dsn(), "resnap_visible"
+    topic = f"{PREFIX['avro']}.{schema}.t"
+    fresh_schema(stack, dsn, schema, [topic], f"CREATE TABLE {schema}.t (id integer PRIMARY KEY, note text)",
+                 f"INSERT INTO {schema}.t SELECT i, 'first ' || i FROM generate_series(1, 10) i")
+    config = stack_config("avro", tmp_path / "work", schema=schema, tables=["t"])
+    path = config_file(config, tmp_path / "config.yaml")
     assert not Runner(config, spark=spark).run().failed
+
+    # By hand: the run names the row and says how to read it again.
+    _read_before_visible(gdb, dsn, schema, topic, path, 5, tmp_path / "release-5")
+    assert wait_for_capture(dsn, timeout=120).ok
+    with caplog.at_level("WARNING", logger="ingest.stream.rereads"):
+        assert not Runner(config, spark=spark).run().failed
+    assert 'to read them again: ingest resnapshot t --where "id IN (5)"' in caplog.text, caplog.text
+    assert _suspect_reads(config, "t") == 1
     stale = verify_source_db(config, dsn, wait=10).tables[0].verification
     assert stale is not None and (stale.different, stale.missing, stale.unexpected) == (1, 0, 0), stale
     assert "(id=5)" in " ".join(stale.examples), stale.examples
-
-    _resnapshot(path, "t", "--where", "id IN (5)")  # the repair the docs give: read the rows verify named again
+    _resnapshot(path, "t", "--where", "id IN (5)")  # the command the run gave
     reads_before = _snapshot_reads(config, "t")
 
-    def repaired() -> bool:
-        assert not Runner(config, spark=spark).run().failed
-        return verify_source_db(config, dsn, wait=10).ok
+    def repaired(config: IngestConfig) -> Callable[[], bool]:
+        def check() -> bool:
+            assert not Runner(config, spark=spark).run().failed
+            return verify_source_db(config, dsn, wait=10).ok
+        return check
 
-    _until("the second re-snapshot to repair the row", repaired)
+    _until("the second re-snapshot to repair the row", repaired(config))
     assert _snapshot_reads(config, "t") == reads_before + 1  # that row alone was read again
+    assert _suspect_reads(config, "t") == 1  # a read after a read is not suspect
+
+    # By the engine: the run that applies the stale read asks for the row again.
+    kafka = config.source.kafka
+    assert kafka is not None
+    asking = config.model_copy(update={"source": config.source.model_copy(update={
+        "kafka": kafka.model_copy(update={"reread_suspect_reads": True})})})
+    _read_before_visible(gdb, dsn, schema, topic, path, 6, tmp_path / "release-6")
+    assert wait_for_capture(dsn, timeout=120).ok
+    reads_before = _snapshot_reads(config, "t")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ingest.stream.rereads"):
+        _until("the engine's re-read to repair the row", repaired(asking))
+    assert "asked the connector to read id IN (6) again" in caplog.text, caplog.text
+    assert _suspect_reads(config, "t") == 2
+    assert _snapshot_reads(config, "t") == reads_before + 10 + 1  # the table's 10 rows, then row 6 again
 
 
 def test_postgresql_takes_a_signal_row_as_written(stack: Any) -> None:

@@ -131,6 +131,10 @@ class Placement(Protocol[R]):
         """A move's changes (:func:`ingest.rules.moved.moved_mask`), collected."""
         ...
 
+    def incremental_keys(self, changes: R, key_columns: tuple[str, ...]) -> pa.Table:
+        """The distinct keys of the incremental snapshot reads among the changes (collected)."""
+        ...
+
     def replaced(self, changes: R, rows: pa.Table) -> R:
         """``changes`` with the changes at ``rows``' Kafka coordinates replaced by ``rows`` (in the changes' layout)."""
         ...

@@ -94,6 +94,11 @@ class DriverPlacement:
     def moved(self, changes: pa.Table) -> pa.Table:
         return changes.filter(moved_mask(changes))
 
+    def incremental_keys(self, changes: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
+        reads = pc.and_(pc.equal(changes["_cdc_op"], "r"), pc.equal(changes["_cdc_snapshot"], "incremental"))
+        found = changes.filter(pc.fill_null(reads, False)).select(list(key_columns))
+        return found.group_by(list(key_columns)).aggregate([]) if found.num_rows else found
+
     def replaced(self, changes: pa.Table, rows: pa.Table) -> pa.Table:
         if not rows.num_rows:
             return changes

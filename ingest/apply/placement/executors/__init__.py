@@ -90,7 +90,9 @@ class ExecutorsPlacement:
             F.count(F.when(changed & (F.col("_cdc_old_key").isNotNull() | F.col("_cdc_new_key").isNotNull()),
                            True)).alias("moved"),
             F.max(F.unix_micros("_cdc_source_ts")).alias("newest"),
-            F.count(F.when(reads, True)).alias("all_reads")).first()
+            F.count(F.when(reads, True)).alias("all_reads"),
+            F.count(F.when(reads & (F.col("_cdc_snapshot") == F.lit("incremental")), True)).alias("incremental")
+        ).first()
         assert found is not None
         last = found["last"]
         snapshot = "closed" if last is not None or found["closers"] else "open" if found["reads"] else "none"
@@ -98,7 +100,7 @@ class ExecutorsPlacement:
         mark = SourceMark(txn, order, position, snapshot, int(found["untracked"]))  # type: ignore[arg-type]
         newest = None if found["newest"] is None else datetime.fromtimestamp(found["newest"] / 1e6, UTC)
         return BatchFacts(found["flattened"], sorted(k for k in found["keys"] if k), int(found["rows"]), mark,
-                          int(found["moved"]), newest, int(found["all_reads"]))
+                          int(found["moved"]), newest, int(found["all_reads"]), int(found["incremental"]))
 
     def take_foreign_keys(self, changes: DataFrame, key_columns: tuple[str, ...]) -> tuple[DataFrame, pa.Table]:
         # as on the driver, a change that declares no key is not foreign
@@ -131,6 +133,10 @@ class ExecutorsPlacement:
                    & (F.coalesce(F.size(F.col("_cdc_toast")), F.lit(0)) > 0))
         found = changes.where(created | ((F.col("_cdc_op") == F.lit("d")) & F.col("_cdc_new_key").isNotNull()))
         return normalize(found.select(*(F.col(ident(c)) for c in changes.columns)).toArrow())
+
+    def incremental_keys(self, changes: DataFrame, key_columns: tuple[str, ...]) -> pa.Table:
+        reads = (F.col("_cdc_op") == F.lit("r")) & (F.col("_cdc_snapshot") == F.lit("incremental"))
+        return normalize(changes.where(reads).select(*(F.col(ident(k)) for k in key_columns)).distinct().toArrow())
 
     def replaced(self, changes: DataFrame, rows: pa.Table) -> DataFrame:
         if not rows.num_rows:

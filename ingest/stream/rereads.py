@@ -1,0 +1,49 @@
+"""After a table's batch: ask its connector to read the suspect rows again (:mod:`ingest.rules.rereads`).
+
+With ``source.kafka.reread_suspect_reads`` the run writes an ``execute-snapshot`` signal for those
+rows to the connector's signal topic, as ``ingest resnapshot --where`` does; the connector's next
+read of them comes after the commit it missed, and applied by position it puts the row right. Without
+it, or when the rows have no condition both source databases read alike, the run logs the command
+that does it. A signal the broker did not take is logged; the table goes on either way.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ingest import logs, secrets
+from ingest.config import IngestConfig, TableSpec
+from ingest.errors import ConfigError, SourceUnavailableError
+from ingest.ops.resnapshot import send, signals_for
+from ingest.rules.rereads import SuspectReads, condition
+
+log = logging.getLogger(__name__)
+
+#: How many keys a log line shows.
+_SHOWN = 10
+
+
+def ask_again(config: IngestConfig, spec: TableSpec, suspects: SuspectReads, *, batch: int) -> bool:
+    """Ask the connector of ``spec`` to read ``suspects`` again, or say how to; returns whether it was asked."""
+    where = condition(suspects)
+    keys = ", ".join(str(k[0] if len(k) == 1 else k) for k in suspects.keys[:_SHOWN])
+    more = f" and {len(suspects) - _SHOWN} more" if len(suspects) > _SHOWN else ""
+    what = (f"table {spec.name}: {len(suspects)} incremental snapshot read(s) contradict the change streamed "
+            f"before them (a read taken before that commit was visible), keys {keys}{more}")
+    command = (f'ingest resnapshot {spec.name} --where "{where}"' if where is not None
+               else f"ingest resnapshot {spec.name} --where with a condition that selects them")
+    kafka = config.source.kafka
+    if where is None or kafka is None or not kafka.reread_suspect_reads:
+        logs.event(log, "suspect-reads", f"{what}; to read them again: {command}", table=spec.name, batch=batch,
+                   level=logging.WARNING, suspect_reads=len(suspects), asked=False)
+        return False
+    try:
+        send(config, signals_for(config, [spec.name], where))
+    except (ConfigError, SourceUnavailableError) as exc:
+        logs.event(log, "suspect-reads", f"{what}; could not ask the connector to read them again "
+                   f"({secrets.describe(exc)}): {command}", table=spec.name, batch=batch, level=logging.ERROR,
+                   suspect_reads=len(suspects), asked=False)
+        return False
+    logs.event(log, "suspect-reads", f"{what}; asked the connector to read {where} again", table=spec.name,
+               batch=batch, level=logging.WARNING, suspect_reads=len(suspects), asked=True)
+    return True
