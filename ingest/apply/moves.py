@@ -73,7 +73,7 @@ def fill_moves(spec: TableSpec, placement: Placement[Any], changes: Any, key_col
     images = placement.rows_of_keys(changes, olds, [*key_columns, *HISTORY_COLUMNS, *wanted])
     history = batch_events(images, key_columns, wanted)
     if state.table is not None:
-        history = merged(history, stored_history(spec, state, writer, table_path, key_columns, olds, wanted))
+        history = merged(history, _stored(spec, state, writer, table_path, key_columns, olds, wanted))
     if records:
         history = merged(history, _recorded(moves_path, olds, key_columns))
     filled, count = fill_moved(creates, history, key_columns, key_types)
@@ -82,18 +82,17 @@ def fill_moves(spec: TableSpec, placement: Placement[Any], changes: Any, key_col
     return placement.replaced(changes, filled) if count else changes
 
 
-def stored_history(spec: TableSpec, state: TableState, writer: Writer, table_path: LakePath,
-                   key_columns: tuple[str, ...], keys: pa.Table, wanted: list[str]) -> Histories:
-    """The stored rows of ``keys`` (an scd2 table: their versions) as events, with their ``wanted`` columns."""
+def _stored(spec: TableSpec, state: TableState, writer: Writer, table_path: LakePath, key_columns: tuple[str, ...],
+            olds: pa.Table, wanted: list[str]) -> Histories:
+    """The old keys' stored rows (an scd2 table: their versions) as events."""
     assert state.table is not None
     names = {f.name for f in table_schema(state.table)}
     if any(k not in names for k in key_columns):
         return {}
     scd2 = spec.history_mode == "scd2"
-    read = [*key_columns, "_cdc_position", "_cdc_op", "_cdc_deleted",
-            *(c for c in ("_cdc_unknown_columns",) if c in names),
+    read = [*key_columns, "_cdc_position", "_cdc_deleted", *(c for c in ("_cdc_unknown_columns",) if c in names),
             *(("_cdc_end_position", "_cdc_end_op") if scd2 else ()), *(c for c in wanted if c in names)]
-    stored = writer.lookup(table_path)(state.table, key_columns, keys, read)
+    stored = writer.lookup(table_path)(state.table, key_columns, olds, read)
     return stored_events(stored, key_columns, [c for c in wanted if c in names], history=scd2)
 
 

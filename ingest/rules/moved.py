@@ -58,7 +58,6 @@ class Event:
     delete: bool
     values: Mapping[str, Any]
     unknown: frozenset[str] = frozenset()
-    read: bool = False  # the image is a snapshot read (``r``), not a streamed change
 
 
 def old_key_of(text: str | None, key_columns: tuple[str, ...]) -> dict[str, Any] | None:
@@ -122,7 +121,7 @@ def fill_moved(moved: pa.Table, history: Mapping[tuple[Any, ...], list[Event]], 
         for i, event in enumerate(mine):
             if not event.delete and event.position == row["_cdc_position"]:
                 mine[i] = Event(event.position, event.order, False, {**event.values, **done},
-                                event.unknown - set(done), event.read)
+                                event.unknown - set(done))
     return pa.Table.from_pylist(rows, schema=moved.schema), filled
 
 
@@ -162,7 +161,7 @@ def batch_events(rows: pa.Table, key_columns: tuple[str, ...], columns: list[str
         delete = r["_cdc_op"] == "d"
         out.setdefault(key, []).append(Event(r["_cdc_position"], 1_000_000 + n, delete,
                                              {} if delete else {c: r[c] for c in columns},
-                                             frozenset(r["_cdc_toast"] or ()), r["_cdc_op"] == "r"))
+                                             frozenset(r["_cdc_toast"] or ())))
     return out
 
 
@@ -170,8 +169,8 @@ def stored_events(rows: pa.Table, key_columns: tuple[str, ...], columns: list[st
                   history: bool) -> dict[tuple[Any, ...], list[Event]]:
     """Events of what the table stores for the old keys.
 
-    ``rows``: key, ``_cdc_position``, ``_cdc_deleted``, ``_cdc_unknown_columns``, ``_cdc_op`` (if
-    read) and ``columns`` of the current rows (a soft-deleted row keeps the values its delete ended); for an scd2 table
+    ``rows``: key, ``_cdc_position``, ``_cdc_deleted``, ``_cdc_unknown_columns`` and ``columns`` of
+    the current rows (a soft-deleted row keeps the values its delete ended); for an scd2 table
     (``history``) every version, with ``_cdc_end_position`` and ``_cdc_end_op``.
     """
     out: dict[tuple[Any, ...], list[Event]] = {}
@@ -180,17 +179,16 @@ def stored_events(rows: pa.Table, key_columns: tuple[str, ...], columns: list[st
         events = out.setdefault(key, [])
         unknown = frozenset(r.get("_cdc_unknown_columns") or ())
         values = {c: r[c] for c in columns}
-        image = Event(r["_cdc_position"], 0, False, values, unknown, r.get("_cdc_op") == "r")
         if history:
-            events.append(image)
+            events.append(Event(r["_cdc_position"], 0, False, values, unknown))
             if r.get("_cdc_end_op") == "d" and r.get("_cdc_end_position"):
                 events.append(Event(r["_cdc_end_position"], 1, True, {}))
         elif r.get("_cdc_deleted"):
             # The delete's position is the row's; the values are those it ended (a truncate's too).
-            events.append(image)
+            events.append(Event(r["_cdc_position"], 0, False, values, unknown))
             events.append(Event(r["_cdc_position"], 1, True, {}))
         else:
-            events.append(image)
+            events.append(Event(r["_cdc_position"], 0, False, values, unknown))
     return out
 
 

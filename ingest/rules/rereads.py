@@ -18,9 +18,8 @@ those rows again (:func:`condition`). A read after a read is never suspect, so t
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
@@ -28,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest.rules.moved import Event
+from ingest.rules.sql import connect, ident, key_list, keys_equal, literal, query
 
 #: A column name both PostgreSQL and MySQL/MariaDB read unquoted as itself.
 _PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -45,33 +44,64 @@ class SuspectReads:
         return len(self.keys)
 
 
-def suspect_reads(reads: pa.Table, history: Mapping[tuple[Any, ...], Sequence[Event]], key_columns: tuple[str, ...],
-                  columns: Sequence[str]) -> SuspectReads:
-    """The keys of ``reads`` whose previous event in ``history`` is a streamed change they contradict.
+def suspect_reads(images: pa.Table, stored: pa.Table | None, deletes: pa.Table | None,
+                  key_columns: tuple[str, ...], columns: Sequence[str], *, history: bool) -> SuspectReads:
+    """The keys whose incremental snapshot read contradicts the key's previous event, in key order.
+
+    A key's events are its batch's changes, its stored row (or scd2 versions) and its remembered
+    delete; the previous event of a read is the last before the read's position (at one position: a
+    stored image, then a delete, then the batch's changes by offset). It is contradicted when it is
+    a delete, or a streamed image (not a read) that differs from the read on a column it knows.
 
     Args:
-        reads: incremental snapshot reads: the key columns, ``_cdc_position`` and ``columns``.
-        history: each key's known events (the batch's changes, the stored row, a remembered delete),
-            in any order; a read's own event may be among them.
-        columns: the value columns to compare (an image compares only those it knows).
+        images: the batch's changes of the keys (no truncates): the key columns, ``_cdc_position``,
+            ``_cdc_offset``, ``_cdc_op``, ``_cdc_snapshot``, ``_cdc_toast`` and ``columns``.
+        stored: the keys' stored rows: the key columns, ``_cdc_position``, ``_cdc_op``,
+            ``_cdc_deleted``, ``_cdc_unknown_columns`` (if the table has it), ``_cdc_end_position``
+            and ``_cdc_end_op`` (``history``: every version) and those of ``columns`` the table has.
+        deletes: the keys' remembered deletes (hard deletes leave no row): the key columns and ``_cdc_position``.
+        columns: the value columns to compare.
     """
-    found: set[tuple[Any, ...]] = set()
-    for row in reads.to_pylist():
-        key = tuple(row[k] for k in key_columns)
-        before = [e for e in history.get(key, ()) if e.position < row["_cdc_position"]]
-        if not before:
-            continue
-        last = max(before, key=lambda e: (e.position, e.order))
-        if last.read:
-            continue
-        if last.delete or any(not _same(row[c], last.values[c]) for c in columns
-                              if c in last.values and c not in last.unknown):
-            found.add(key)
+    keys = key_list(key_columns)
+    values = ", ".join(f"{ident(c)} AS v{i}" for i, c in enumerate(columns))
+    nulls = "".join(f", NULL AS v{i}" for i in range(len(columns)))
+    empty = "CAST([] AS VARCHAR[])"
+    parts = [f"SELECT {keys}, _cdc_position AS pos, 1 AS src, _cdc_offset AS ord, _cdc_op = 'd' AS del, "
+             f"_cdc_op = 'r' AS rd, coalesce(_cdc_toast, {empty}) AS unknown{', ' + values if values else ''} "
+             "FROM images"]
+    tables: dict[str, pa.Table] = {"images": images}
+    if stored is not None and stored.num_rows:
+        tables["stored"] = stored
+        has = set(stored.column_names)
+        missing = [literal(c) for c in columns if c not in has]  # columns the table does not have yet
+        unknown = (f"coalesce(_cdc_unknown_columns, {empty})" if "_cdc_unknown_columns" in has else empty)
+        if missing:
+            unknown = f"list_concat({unknown}, [{', '.join(missing)}])"
+        kept = "".join(f", {ident(c) if c in has else 'NULL'} AS v{i}" for i, c in enumerate(columns))
+        parts.append(f"SELECT {keys}, _cdc_position, 0, 0, false, _cdc_op = 'r', {unknown}{kept} FROM stored")
+        ended = ("_cdc_end_position", "_cdc_end_op = 'd'") if history else ("_cdc_position", "_cdc_deleted")
+        parts.append(f"SELECT {keys}, {ended[0]}, 0, 1, true, false, {empty}{nulls} FROM stored WHERE {ended[1]}")
+    if deletes is not None and deletes.num_rows:
+        tables["deletes"] = deletes
+        parts.append(f"SELECT {keys}, _cdc_position, 0, 1, true, false, {empty}{nulls} FROM deletes")
+    agrees = " AND ".join(f"(list_contains(p.unknown, {literal(c)}) OR r.{ident(c)} IS NOT DISTINCT FROM p.v{i})"
+                          for i, c in enumerate(columns)) or "true"
+    sql = f"""
+        WITH events AS ({" UNION ALL ".join(parts)}),
+        reads AS (SELECT row_number() OVER () AS n, * FROM images
+                  WHERE _cdc_op = 'r' AND _cdc_snapshot = 'incremental'),
+        prior AS (
+            SELECT r.n, e.*, row_number() OVER (PARTITION BY r.n ORDER BY e.pos DESC, e.src DESC, e.ord DESC) AS rank
+            FROM reads r JOIN events e ON {keys_equal("r", "e", key_columns)} AND e.pos < r._cdc_position)
+        SELECT DISTINCT {key_list(key_columns, "r")} FROM reads r JOIN prior p ON p.n = r.n AND p.rank = 1
+        WHERE NOT p.rd AND (p.del OR NOT ({agrees}))
+        ORDER BY {key_list(key_columns, "r")}"""
+    con = connect(**tables)
     try:
-        ordered = sorted(found)
-    except TypeError:  # keys of mixed types: any fixed order
-        ordered = sorted(found, key=repr)
-    return SuspectReads(key_columns, tuple(ordered))
+        found = query(con, sql)
+    finally:
+        con.close()
+    return SuspectReads(key_columns, tuple(zip(*(found[k].to_pylist() for k in key_columns), strict=True)))
 
 
 def condition(suspects: SuspectReads) -> str | None:
@@ -102,9 +132,3 @@ def _literal(value: Any) -> str | None:
     if isinstance(value, str) and "\\" not in value:
         return "'" + value.replace("'", "''") + "'"
     return None
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return bool(a == b)

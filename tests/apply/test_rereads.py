@@ -17,7 +17,6 @@ import pytest
 
 from ingest.config import IngestConfig, TableSpec
 from ingest.lake.delta import open_table, read_all
-from ingest.rules.moved import Event
 from ingest.rules.rereads import SuspectReads, condition, suspect_reads
 from ingest.stream.rereads import ask_again
 from tests.harness import Topic, ingest_batch, key, paths_in, pg
@@ -100,16 +99,38 @@ def test_initial_snapshot_reads_are_never_suspect(tmp_path: Any) -> None:
     assert named == set() and counted == 0
 
 
-def test_the_rule_compares_only_the_columns_the_streamed_image_knows() -> None:
-    history = {(1,): [Event("b", 0, False, {"v": 1, "note": None}, frozenset({"note"})),
-                      Event("a", 0, False, {"v": 0, "note": "n"})]}
-    reads = pa.table({"id": [1, 1], "_cdc_position": ["c", "c"], "v": [1, 1], "note": ["m", "n"]})
-    assert not suspect_reads(reads, history, ("id",), ["v", "note"]).keys
-    history[(1,)][0] = Event("b", 0, False, {"v": 1, "note": "n"})
-    assert suspect_reads(reads, history, ("id",), ["v", "note"]).keys == ((1,),)  # "m" contradicts it
-    nan = {(2,): [Event("a", 0, False, {"x": float("nan")})]}
-    assert not suspect_reads(pa.table({"id": [2], "_cdc_position": ["b"], "x": [float("nan")]}), nan, ("id",),
-                             ["x"]).keys
+def _images(*rows: tuple[int, str, str, int, float | None, str | None]) -> pa.Table:
+    """Batch changes: ``(id, position, op, offset, x, note)``, reads incremental."""
+    return pa.table({"id": [r[0] for r in rows], "_cdc_position": [r[1] for r in rows],
+                     "_cdc_offset": pa.array([r[3] for r in rows], pa.int64()), "_cdc_op": [r[2] for r in rows],
+                     "_cdc_snapshot": ["incremental" if r[2] == "r" else "false" for r in rows],
+                     "_cdc_toast": pa.array([None] * len(rows), pa.list_(pa.string())),
+                     "x": pa.array([r[4] for r in rows], pa.float64()), "note": [r[5] for r in rows]})
+
+
+def _stored(*rows: tuple[int, str, str, bool, list[str] | None, float | None]) -> pa.Table:
+    """Stored rows: ``(id, position, op, deleted, unknown columns, x)``; the table has no ``note`` yet."""
+    return pa.table({"id": [r[0] for r in rows], "_cdc_position": [r[1] for r in rows], "_cdc_op": [r[2] for r in rows],
+                     "_cdc_deleted": [r[3] for r in rows],
+                     "_cdc_unknown_columns": pa.array([r[4] for r in rows], pa.list_(pa.string())),
+                     "x": pa.array([r[5] for r in rows], pa.float64())})
+
+
+def test_the_rule_compares_only_what_the_previous_image_knows() -> None:
+    images = _images((1, "c", "r", 0, 1.0, "m"), (2, "c", "r", 1, 5.0, "m"), (3, "c", "r", 2, float("nan"), "m"),
+                     (4, "c", "r", 3, 1.0, "m"), (5, "c", "r", 4, 1.0, "m"), (5, "b", "u", 5, 1.0, "m"))
+    stored = _stored((1, "a", "u", False, None, 1.0),  # agrees on x; the table has no note column yet
+                     (2, "a", "u", False, ["x"], 1.0),  # x unknown: nothing to contradict
+                     (3, "a", "c", False, None, float("nan")),  # NaN is NaN
+                     (4, "b", "u", True, None, 1.0),  # its image, then its soft delete at the same position
+                     (5, "b", "u", False, None, 9.0))  # the batch's change at that position comes after it
+    found = suspect_reads(images, stored, None, ("id",), ["x", "note"], history=False)
+    assert found.keys == ((4,),)
+    found = suspect_reads(images, stored, pa.table({"id": [1], "_cdc_position": ["b"]}), ("id",), ["x", "note"],
+                          history=False)
+    assert found.keys == ((1,), (4,))  # 1: a remembered delete after its stored row
+    assert suspect_reads(images, stored.set_column(5, "x", pa.array([2.0] * 5)), None, ("id",), ["x"],
+                         history=False).keys == ((1,), (3,), (4,))
 
 
 def test_the_condition_reads_alike_in_postgresql_and_mysql() -> None:
