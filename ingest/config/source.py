@@ -121,8 +121,16 @@ class KafkaSpec(Model):
     reread_suspect_reads: bool = Field(
         False, description="when an incremental snapshot read contradicts the change streamed just before it (on "
         "PostgreSQL: a chunk read before that change's commit was visible), write an execute-snapshot signal "
-        "for those rows to the signal topic, so the connector reads them again; off: the run logs the "
-        "ingest resnapshot --where command that does it")
+        "for those rows to the signal topic (or signal_table), so the connector reads them again; off: the run "
+        "logs the ingest resnapshot --where command that does it")
+    signal_table: str | None = Field(
+        None, description="the connectors' signal table, <schema>.<table> (their signal.data.collection): "
+        "reread_suspect_reads inserts its signals there, in the database signal_db_env names, instead of writing "
+        "them to the signal topic (for connectors that take no signals from Kafka)", examples=["cdc.debezium_signal"])
+    signal_db_env: str = Field(
+        "CDC_SIGNAL_DB", description="with signal_table: the environment variable (or secrets-file entry) holding "
+        "the address of the database that has it, a libpq string or mysql://user:password@host:port/database; "
+        "its user needs INSERT on the table")
     reader: Literal["spark", "python"] = Field(
         "python", description="spark: Spark's Kafka source (Java client), decoded by mapInArrow; python: the "
         "engine's own reader, which consumes with librdkafka in the Python workers and decodes as it reads "

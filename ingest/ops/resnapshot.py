@@ -21,8 +21,9 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ingest import secrets
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, SourceUnavailableError
 from ingest.source.producer import Outgoing, produce
 
 if TYPE_CHECKING:
@@ -106,6 +107,30 @@ def insert(source: SourceDatabase, dsn: str, table: str, signals: list[Signal]) 
             except source.Error as exc:
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise ConfigError(f"signal table {table}: {first}") from None
+
+
+def insert_at(dsn: str, table: str, signals: list[Signal]) -> str:
+    """:func:`insert` into the database ``dsn`` names; returns where the signals went (for a reader).
+
+    Raises:
+        ConfigError: no client for that database is installed, or it refused the insert.
+        SourceUnavailableError: the database did not take the connection: one line with its cause.
+    """
+    # the source databases' clients (extras of the distribution): loaded for a source database only
+    from ingest.verify.source_db import extra_of, source_database
+
+    try:
+        source = source_database(dsn)
+    except ImportError as exc:
+        raise ConfigError(f"inserting a signal needs {exc.name}, which is not installed: "
+                          f"pip install 'cdc-lakehouse-ingest[{extra_of(dsn)}]'") from None
+    where = source.describe(dsn)
+    try:
+        insert(source, dsn, table, signals)
+    except source.OperationalError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SourceUnavailableError(secrets.redact(f"source database {where}: {first}")) from None
+    return f"{table} ({where})"
 
 
 def _connector_of(spec: TableSpec) -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """Incremental snapshot reads that contradict the change streamed just before them: suspect reads.
 
-See docs/operations.md#re-reading-one-table-from-the-source.
+See docs/operations.md#reads-taken-before-a-commit-was-visible.
 
 Debezium's incremental snapshot reads a table in chunks and drops a chunk's read of a row that
 changed while the chunk was open; a change streamed before the chunk opened it takes as visible to

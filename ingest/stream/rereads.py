@@ -1,7 +1,8 @@
 """After a table's batch: ask its connector to read the suspect rows again (:mod:`ingest.rules.rereads`).
 
 With ``source.kafka.reread_suspect_reads`` the run writes an ``execute-snapshot`` signal for those
-rows to the connector's signal topic, as ``ingest resnapshot --where`` does; the connector's next
+rows to the connector's signal topic, or inserts it into its signal table (``signal_table``, in the
+database ``signal_db_env`` names), as ``ingest resnapshot --where`` does; the connector's next
 read of them comes after the commit it missed, and applied by position it puts the row right. Without
 it, or when the rows have no condition both source databases read alike, the run logs the command
 that does it. A signal the broker did not take is logged; the table goes on either way.
@@ -14,7 +15,7 @@ import logging
 from ingest import logs, secrets
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError, SourceUnavailableError
-from ingest.ops.resnapshot import send, signals_for
+from ingest.ops.resnapshot import insert_at, send, signals_for
 from ingest.rules.rereads import SuspectReads, condition
 
 log = logging.getLogger(__name__)
@@ -29,21 +30,32 @@ def ask_again(config: IngestConfig, spec: TableSpec, suspects: SuspectReads, *, 
     keys = ", ".join(str(k[0] if len(k) == 1 else k) for k in suspects.keys[:_SHOWN])
     more = f" and {len(suspects) - _SHOWN} more" if len(suspects) > _SHOWN else ""
     what = (f"table {spec.name}: {len(suspects)} incremental snapshot read(s) contradict the change streamed "
-            f"before them (a read taken before that commit was visible), keys {keys}{more}")
-    command = (f'ingest resnapshot {spec.name} --where "{where}"' if where is not None
-               else f"ingest resnapshot {spec.name} --where with a condition that selects them")
+            f"before them (read before that change was visible, or the lake lost the change), keys {keys}{more}")
     kafka = config.source.kafka
+    table = kafka.signal_table if kafka is not None else None
+    through = f' --signal-table {table} --source-db "${kafka.signal_db_env}"' if kafka is not None and table else ""
+    command = (f'ingest resnapshot {spec.name} --where "{where}"{through}' if where is not None
+               else f"ingest resnapshot {spec.name}{through} --where with a condition that selects them")
     if where is None or kafka is None or not kafka.reread_suspect_reads:
         logs.event(log, "suspect-reads", f"{what}; to read them again: {command}", table=spec.name, batch=batch,
                    level=logging.WARNING, suspect_reads=len(suspects), asked=False)
         return False
     try:
-        send(config, signals_for(config, [spec.name], where))
+        signals = signals_for(config, [spec.name], where)
+        if kafka.signal_table is None:
+            send(config, signals)
+            sent_to = signals[0].topic
+        else:
+            dsn = secrets.lookup(kafka.signal_db_env, config.secrets_path)
+            if dsn is None:
+                raise ConfigError(f"source.kafka.signal_table is {kafka.signal_table}, but {kafka.signal_db_env} "
+                                  "(the environment or the secrets file) names no database that has it")
+            sent_to = insert_at(dsn, kafka.signal_table, signals)
     except (ConfigError, SourceUnavailableError) as exc:
         logs.event(log, "suspect-reads", f"{what}; could not ask the connector to read them again "
                    f"({secrets.describe(exc)}): {command}", table=spec.name, batch=batch, level=logging.ERROR,
                    suspect_reads=len(suspects), asked=False)
         return False
-    logs.event(log, "suspect-reads", f"{what}; asked the connector to read {where} again", table=spec.name,
+    logs.event(log, "suspect-reads", f"{what}; asked the connector to read {where} again ({sent_to})", table=spec.name,
                batch=batch, level=logging.WARNING, suspect_reads=len(suspects), asked=True)
     return True

@@ -153,3 +153,23 @@ def test_without_reread_the_run_logs_the_command_that_reads_them_again(caplog: A
     with caplog.at_level(logging.WARNING):
         ask_again(config, config.table("t"), SuspectReads(("Id",), ((5,),)), batch=3)
     assert "--where with a condition that selects them" in caplog.text and "keys 5" in caplog.text
+
+
+def test_a_signal_table_the_run_cannot_reach_is_one_logged_line(caplog: Any, monkeypatch: Any) -> None:
+    kafka = {"bootstrap_servers": "127.0.0.1:1", "reread_suspect_reads": True, "signal_table": "cdc.debezium_signal"}
+    config = IngestConfig.model_validate({"workdir": "w", "source": {"kind": "kafka", "kafka": kafka},
+                                          "tables": [{"name": "t", "topic": "db.public.t"}]})
+    monkeypatch.delenv("CDC_SIGNAL_DB", raising=False)
+    suspects = SuspectReads(("id",), ((5,),))
+    with caplog.at_level(logging.WARNING):
+        assert not ask_again(config, config.table("t"), suspects, batch=3)
+    assert "CDC_SIGNAL_DB (the environment or the secrets file) names no database" in caplog.text
+    assert '--where "id IN (5)" --signal-table cdc.debezium_signal --source-db "$CDC_SIGNAL_DB"' in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("CDC_SIGNAL_DB", "host=127.0.0.1 port=1 dbname=cdc user=u password=hunter2-secret "
+                                        "connect_timeout=2")
+    with caplog.at_level(logging.WARNING):
+        assert not ask_again(config, config.table("t"), suspects, batch=3)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "could not ask the connector to read them again (SourceUnavailableError: source database" in line
+    assert "hunter2-secret" not in line and "\n" not in line
