@@ -63,8 +63,10 @@ def suspect_reads(images: pa.Table, stored: pa.Table | None, deletes: pa.Table |
         columns: the value columns to compare.
     """
     keys = key_list(key_columns)
-    values = ", ".join(f"{ident(c)} AS v{i}" for i, c in enumerate(columns))
-    nulls = "".join(f", NULL AS v{i}" for i in range(len(columns)))
+    # Values compare as text: a column retyped since (ingest retype) or widened holds another type in
+    # the table than in the batch, and one union must hold both.
+    values = ", ".join(f"CAST({ident(c)} AS VARCHAR) AS v{i}" for i, c in enumerate(columns))
+    nulls = "".join(f", CAST(NULL AS VARCHAR) AS v{i}" for i in range(len(columns)))
     empty = "CAST([] AS VARCHAR[])"
     parts = [f"SELECT {keys}, _cdc_position AS pos, 1 AS src, _cdc_offset AS ord, _cdc_op = 'd' AS del, "
              f"_cdc_op = 'r' AS rd, coalesce(_cdc_toast, {empty}) AS unknown{', ' + values if values else ''} "
@@ -77,15 +79,15 @@ def suspect_reads(images: pa.Table, stored: pa.Table | None, deletes: pa.Table |
         unknown = (f"coalesce(_cdc_unknown_columns, {empty})" if "_cdc_unknown_columns" in has else empty)
         if missing:
             unknown = f"list_concat({unknown}, [{', '.join(missing)}])"
-        kept = "".join(f", {ident(c) if c in has else 'NULL'} AS v{i}" for i, c in enumerate(columns))
+        kept = "".join(f", CAST({ident(c) if c in has else 'NULL'} AS VARCHAR) AS v{i}" for i, c in enumerate(columns))
         parts.append(f"SELECT {keys}, _cdc_position, 0, 0, false, _cdc_op = 'r', {unknown}{kept} FROM stored")
         ended = ("_cdc_end_position", "_cdc_end_op = 'd'") if history else ("_cdc_position", "_cdc_deleted")
         parts.append(f"SELECT {keys}, {ended[0]}, 0, 1, true, false, {empty}{nulls} FROM stored WHERE {ended[1]}")
     if deletes is not None and deletes.num_rows:
         tables["deletes"] = deletes
         parts.append(f"SELECT {keys}, _cdc_position, 0, 1, true, false, {empty}{nulls} FROM deletes")
-    agrees = " AND ".join(f"(list_contains(p.unknown, {literal(c)}) OR r.{ident(c)} IS NOT DISTINCT FROM p.v{i})"
-                          for i, c in enumerate(columns)) or "true"
+    agrees = " AND ".join(f"(list_contains(p.unknown, {literal(c)}) OR CAST(r.{ident(c)} AS VARCHAR) "
+                          f"IS NOT DISTINCT FROM p.v{i})" for i, c in enumerate(columns)) or "true"
     sql = f"""
         WITH events AS ({" UNION ALL ".join(parts)}),
         reads AS (SELECT row_number() OVER () AS n, * FROM images

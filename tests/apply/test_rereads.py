@@ -131,6 +131,10 @@ def test_the_rule_compares_only_what_the_previous_image_knows() -> None:
     assert found.keys == ((1,), (4,))  # 1: a remembered delete after its stored row
     assert suspect_reads(images, stored.set_column(5, "x", pa.array([2.0] * 5)), None, ("id",), ["x"],
                          history=False).keys == ((1,), (3,), (4,))
+    retyped = stored.set_column(5, "x", pa.array(["1.0", None, "nan", "1.0", "9.0"]))  # ingest retype x string
+    assert suspect_reads(images, retyped, None, ("id",), ["x", "note"], history=False).keys == ((4,),)
+    dated = stored.set_column(5, "x", pa.array([5] * 5, pa.date32()))  # no cast from the batch's type: text
+    assert suspect_reads(images, dated, None, ("id",), ["x"], history=False).keys == ((1,), (3,), (4,))
 
 
 def test_the_condition_reads_alike_in_postgresql_and_mysql() -> None:
