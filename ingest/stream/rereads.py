@@ -14,7 +14,7 @@ import logging
 
 from ingest import logs, secrets
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import ConfigError, SourceUnavailableError
+from ingest.errors import ConfigError, EnvironmentProblem, SourceUnavailableError
 from ingest.ops.resnapshot import insert_at, send, signals_for
 from ingest.rules.rereads import SuspectReads, condition
 
@@ -22,20 +22,27 @@ log = logging.getLogger(__name__)
 
 #: How many keys a log line shows.
 _SHOWN = 10
+#: The most keys one signal asks for: more is no longer a moment's race but a table that lost changes
+#: (or a workload far beyond one), for a person to look at with ``ingest verify``.
+MOST = 1000
 
 
 def ask_again(config: IngestConfig, spec: TableSpec, suspects: SuspectReads, *, batch: int) -> bool:
     """Ask the connector of ``spec`` to read ``suspects`` again, or say how to; returns whether it was asked."""
-    where = condition(suspects)
+    where = condition(suspects) if len(suspects) <= MOST else None
     keys = ", ".join(str(k[0] if len(k) == 1 else k) for k in suspects.keys[:_SHOWN])
-    more = f" and {len(suspects) - _SHOWN} more" if len(suspects) > _SHOWN else ""
-    what = (f"table {spec.name}: {len(suspects)} incremental snapshot read(s) contradict the change streamed "
+    more = f" and {len(suspects) - _SHOWN:,} more" if len(suspects) > _SHOWN else ""
+    what = (f"table {spec.name}: {len(suspects):,} incremental snapshot read(s) contradict the change streamed "
             f"before them (read before that change was visible, or the lake lost the change), keys {keys}{more}")
     kafka = config.source.kafka
     table = kafka.signal_table if kafka is not None else None
     through = f' --signal-table {table} --source-db "${kafka.signal_db_env}"' if kafka is not None and table else ""
-    command = (f'ingest resnapshot {spec.name} --where "{where}"{through}' if where is not None
-               else f"ingest resnapshot {spec.name}{through} --where with a condition that selects them")
+    if len(suspects) > MOST:
+        command = (f"check the table with ingest verify --source-db, and read it again with ingest resnapshot "
+                   f"{spec.name}{through} (more than {MOST:,} rows: not asked for one by one)")
+    else:
+        command = (f'ingest resnapshot {spec.name} --where "{where}"{through}' if where is not None
+                   else f"ingest resnapshot {spec.name}{through} --where with a condition that selects them")
     if where is None or kafka is None or not kafka.reread_suspect_reads:
         logs.event(log, "suspect-reads", f"{what}; to read them again: {command}", table=spec.name, batch=batch,
                    level=logging.WARNING, suspect_reads=len(suspects), asked=False)
@@ -51,7 +58,7 @@ def ask_again(config: IngestConfig, spec: TableSpec, suspects: SuspectReads, *, 
                 raise ConfigError(f"source.kafka.signal_table is {kafka.signal_table}, but {kafka.signal_db_env} "
                                   "(the environment or the secrets file) names no database that has it")
             sent_to = insert_at(dsn, kafka.signal_table, signals)
-    except (ConfigError, SourceUnavailableError) as exc:
+    except (ConfigError, EnvironmentProblem, SourceUnavailableError) as exc:
         logs.event(log, "suspect-reads", f"{what}; could not ask the connector to read them again "
                    f"({secrets.describe(exc)}): {command}", table=spec.name, batch=batch, level=logging.ERROR,
                    suspect_reads=len(suspects), asked=False)

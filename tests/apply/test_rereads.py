@@ -18,7 +18,7 @@ import pytest
 from ingest.config import IngestConfig, TableSpec
 from ingest.lake.delta import open_table, read_all
 from ingest.rules.rereads import SuspectReads, condition, suspect_reads
-from ingest.stream.rereads import ask_again
+from ingest.stream.rereads import MOST, ask_again
 from tests.harness import Topic, ingest_batch, key, paths_in, pg
 
 pytestmark = [pytest.mark.usefixtures("apply_engine"), pytest.mark.rules_only]
@@ -157,6 +157,14 @@ def test_without_reread_the_run_logs_the_command_that_reads_them_again(caplog: A
     with caplog.at_level(logging.WARNING):
         ask_again(config, config.table("t"), SuspectReads(("Id",), ((5,),)), batch=3)
     assert "--where with a condition that selects them" in caplog.text and "keys 5" in caplog.text
+    caplog.clear()
+    many = SuspectReads(("id",), tuple((i,) for i in range(MOST + 1)))
+    with caplog.at_level(logging.WARNING):
+        ask_again(config.model_copy(update={"source": config.source.model_copy(update={"kafka": config.source.kafka
+                  .model_copy(update={"reread_suspect_reads": True})})}), config.table("t"), many, batch=3)
+    (line,) = [r.getMessage() for r in caplog.records]  # asked for nothing: no broker at 127.0.0.1:1 to refuse it
+    assert f"keys 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 and {MOST - 9:,} more" in line and "--where" not in line
+    assert "ingest verify --source-db" in line
 
 
 def test_a_signal_table_the_run_cannot_reach_is_one_logged_line(caplog: Any, monkeypatch: Any) -> None:
