@@ -12,7 +12,7 @@ from rich.table import Table
 from ingest import secrets
 from ingest.cli.common import console, say
 from ingest.config import IngestConfig
-from ingest.errors import EnvironmentProblem, SourceUnavailableError
+from ingest.errors import SourceUnavailableError
 
 if TYPE_CHECKING:
     from ingest.verify.source_db import SourceDatabase
@@ -21,13 +21,9 @@ if TYPE_CHECKING:
 def source_of(dsn: str) -> SourceDatabase:
     """The source database module for ``dsn``; its client library missing is one line naming the extra."""
     # the source databases' clients (extras of the distribution): loaded for a source database only
-    from ingest.verify.source_db import extra_of, source_database
+    from ingest.verify.source_db import source_database
 
-    try:
-        return source_database(dsn)
-    except ImportError as exc:
-        raise EnvironmentProblem(f"comparing with a source database needs {exc.name}, which is not installed: "
-                                 f"pip install 'cdc-lakehouse-ingest[{extra_of(dsn)}]'") from None
+    return source_database(dsn)
 
 
 @contextmanager

@@ -19,10 +19,12 @@ from ingest.commit.state import load_state
 from ingest.config import IngestConfig
 from ingest.errors import IngestError
 from ingest.lake.location import LakePath, s3_client
+from ingest.ops.resnapshot import signals_for
 from ingest.source.kafka_admin import KafkaAdmin
 from ingest.source.topiclog import TopicLog
 from ingest.spark.jars import classpath_conf
 from ingest.spark.java import check_java, java_binary
+from ingest.verify.source_db import source_database
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +41,8 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
     """Every check of ``config``'s deployment, in the order a run needs them (see module docstring)."""
     steps: list[tuple[str, Callable[[IngestConfig], Check | list[Check]]]] = [
         ("java", _java), ("jvm artifacts", _artifacts), ("source", _source), ("topics", _topics),
-        ("registry", _registry), ("lake", _lake), ("checkpoints", _checkpoints), ("tables", _tables)]
+        ("registry", _registry), ("lake", _lake), ("checkpoints", _checkpoints), ("tables", _tables),
+        ("signals", _signals)]
     failed: set[str] = set()
     for name, step in steps:
         if not only(name):
@@ -70,6 +73,9 @@ def _fix(name: str) -> str:
         "lake": "check target.root, target.storage and the store's credentials (AWS_ACCESS_KEY_ID, ...)",
         "checkpoints": "check target.checkpoint_dir, target.storage and the store's credentials",
         "tables": "see the cause: a table's Delta log must be readable with the lake's credentials",
+        "signals": "let the connectors take signals from Kafka (signal.kafka.topic; source.kafka.signal_topic), or "
+                   "name their signal table in source.kafka.signal_table and its database's address in the "
+                   "variable source.kafka.signal_db_env names",
     }.get(name, "")
 
 
@@ -192,3 +198,33 @@ def _tables(config: IngestConfig) -> list[Check]:
         out.append(Check("tables", True, f"{spec.name}: Delta version {state.version}, "
                                          f"{len(state.offsets)} partitions applied"))
     return out
+
+
+def _signals(config: IngestConfig) -> list[Check]:
+    """Where a run sends its signals for suspect reads (``source.kafka.reread_suspect_reads``): the
+    connectors' signal topics exist, or the signal table's database answers."""
+    spec = config.source.kafka
+    if spec is None or not spec.reread_suspect_reads or not config.tables:
+        return []
+    if spec.signal_table is None:
+        present = set(_topic_names(config))
+        out = []
+        for signal in signals_for(config, [t.name for t in config.tables]):
+            found = signal.topic in present
+            out.append(Check("signals", found, f"connector {signal.prefix}: signal topic {signal.topic}"
+                             + ("" if found else " is missing"), "" if found else _fix("signals")))
+        return out
+    dsn = secrets.lookup(spec.signal_db_env, config.secrets_path)
+    if dsn is None:
+        return [Check("signals", False, f"signal table {spec.signal_table}: {spec.signal_db_env} (the environment or "
+                                        "the secrets file) names no database", _fix("signals"))]
+    source = source_database(dsn)
+    where = source.describe(dsn)
+    try:
+        with source.connect(dsn):
+            pass
+    except source.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return [Check("signals", False, secrets.redact(f"signal table {spec.signal_table}: {where}: {first}"),
+                      _fix("signals"))]
+    return [Check("signals", True, f"signal table {spec.signal_table} in {where}: the database answered")]

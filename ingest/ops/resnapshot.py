@@ -113,17 +113,14 @@ def insert_at(dsn: str, table: str, signals: list[Signal]) -> str:
     """:func:`insert` into the database ``dsn`` names; returns where the signals went (for a reader).
 
     Raises:
-        ConfigError: no client for that database is installed, or it refused the insert.
+        EnvironmentProblem: no client for that database is installed.
+        ConfigError: the database refused the insert.
         SourceUnavailableError: the database did not take the connection: one line with its cause.
     """
     # the source databases' clients (extras of the distribution): loaded for a source database only
-    from ingest.verify.source_db import extra_of, source_database
+    from ingest.verify.source_db import source_database
 
-    try:
-        source = source_database(dsn)
-    except ImportError as exc:
-        raise ConfigError(f"inserting a signal needs {exc.name}, which is not installed: "
-                          f"pip install 'cdc-lakehouse-ingest[{extra_of(dsn)}]'") from None
+    source = source_database(dsn)
     where = source.describe(dsn)
     try:
         insert(source, dsn, table, signals)

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, EnvironmentProblem
 from ingest.lake.delta import open_table, read_all
 from ingest.verify.captured import CaptureResult
 from ingest.verify.compare import TableVerification, verify_table
@@ -105,16 +105,24 @@ def source_database(dsn: str) -> SourceDatabase:
 
     ``mysql://`` and ``mariadb://`` URLs are MariaDB or MySQL (:mod:`ingest.verify.mysql_source`);
     anything else is a libpq connection string (:mod:`ingest.verify.pg_source`).
+
+    Raises:
+        EnvironmentProblem: that database's client library (an extra of the distribution) is not
+            installed: one line naming the extra.
     """
     # Each source's client library is an extra of the distribution (postgres, mariadb): only the one
     # this source needs is loaded.
-    if extra_of(dsn) == "mariadb":
-        from ingest.verify import mysql_source  # PyMySQL: the mariadb extra
+    try:
+        if extra_of(dsn) == "mariadb":
+            from ingest.verify import mysql_source  # PyMySQL: the mariadb extra
 
-        return mysql_source
-    from ingest.verify import pg_source  # psycopg: the postgres extra
+            return mysql_source
+        from ingest.verify import pg_source  # psycopg: the postgres extra
 
-    return pg_source
+        return pg_source
+    except ImportError as exc:
+        raise EnvironmentProblem(f"reaching a source database needs {exc.name}, which is not installed: "
+                                 f"pip install 'cdc-lakehouse-ingest[{extra_of(dsn)}]'") from None
 
 
 def read_source(source: SourceDatabase, conn: Any, schema: str, table: str,

@@ -103,3 +103,35 @@ def test_check_finds_a_machine_without_java(tmp_path: Path) -> None:
     done = _ingest("check", "-c", str(path), cwd=tmp_path, env=env)
     java = done.stdout.splitlines()[0]
     assert done.returncode == Exit.UNAVAILABLE and java.startswith("FAIL java") and "Java 17 is required" in java
+
+
+def test_check_says_where_a_run_could_not_send_its_signals(tmp_path: Path, monkeypatch: Any) -> None:
+    """With ``reread_suspect_reads`` a run writes signals: into a signal table, whose database's
+    address must be set and answer (the real answer: tests/stack/test_resnapshot.py), or to a topic."""
+    kafka = {"bootstrap_servers": "127.0.0.1:1", "reread_suspect_reads": True, "signal_table": "cdc.debezium_signal"}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"workdir": str(tmp_path / "w"), "source": {"kind": "kafka", "kafka": kafka},
+                                    "tables": [{"name": "t", "topic": "db.public.t"}]}))
+    config = load_config(path)
+    monkeypatch.delenv("CDC_SIGNAL_DB", raising=False)
+
+    def signals() -> list[Any]:
+        return list(run_checks(config, only=lambda name: name == "signals"))
+
+    (found,) = signals()
+    assert not found.ok and "CDC_SIGNAL_DB (the environment or the secrets file) names no database" in found.detail
+    assert "source.kafka.signal_db_env" in found.fix
+    monkeypatch.setenv("CDC_SIGNAL_DB", "host=127.0.0.1 port=1 dbname=cdc user=u password=hunter2-secret "
+                                        "connect_timeout=2")
+    (found,) = signals()
+    assert not found.ok and found.detail.startswith("signal table cdc.debezium_signal: ")
+    assert "hunter2-secret" not in found.detail and "\n" not in found.detail
+    # without the database's client library: one line naming the extra
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.delitem(sys.modules, "ingest.verify.pg_source", raising=False)
+    monkeypatch.delattr("ingest.verify.pg_source", raising=False)
+    (found,) = signals()
+    assert not found.ok and "pip install 'cdc-lakehouse-ingest[postgres]'" in found.detail
+    off = config.model_copy(update={"source": config.source.model_copy(update={
+        "kafka": config.source.kafka.model_copy(update={"reread_suspect_reads": False})})})
+    assert list(run_checks(off, only=lambda name: name == "signals")) == []
