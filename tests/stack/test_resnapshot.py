@@ -36,6 +36,7 @@ from harness.stack.tools import ensure_gdb
 
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError
+from ingest.ops.check import run_checks
 from ingest.ops.resnapshot import Signal, insert
 from ingest.records import audit
 from ingest.stream.runner import Runner
@@ -212,7 +213,7 @@ def test_a_live_resnapshot_repairs_the_table_while_its_keys_keep_changing(stack:
         assert source.captured()
         report = Runner(config, spark=spark).run()
         assert not report.failed, {n: t.error for n, t in report.tables.items()}
-        reads = _snapshot_reads(config, "items")
+        reads = _audited(config, "items")
         result = verify_source_db(config, source.url, wait=10, on_stall=unstick)
         if result.ok:
             break
@@ -220,7 +221,7 @@ def test_a_live_resnapshot_repairs_the_table_while_its_keys_keep_changing(stack:
     assert result.ok, f"Kafka Connect restarted at {restarts} s\n" + _explain(result, source.topic,
                                                                          config.table_path("items"))
     # every row the source held when its chunk was read, less those a change overtook, and the rows read again
-    again = _suspect_reads(config, "items")
+    again = _audited(config, "items", "suspect_reads")
     assert ROWS - counts["deleted"] - 300 < reads <= ROWS + counts["inserted"] + again, (reads, counts, again)
 
 
@@ -233,10 +234,10 @@ def _resnapshot(path: Path, table: str, *ask: str) -> str:
     return asked.stdout
 
 
-def _snapshot_reads(config: IngestConfig, table: str) -> int:
-    """The snapshot reads the audit counted for ``table``, over all its batches."""
+def _audited(config: IngestConfig, table: str, column: str = "snapshot_reads") -> int:
+    """A count the audit kept for ``table`` (default: its snapshot reads), over all its batches."""
     rows = audit.read(config.tables_root / config.target.audit_table, table=table)
-    return int(pc.sum(rows["snapshot_reads"]).as_py() or 0)
+    return int(pc.sum(rows[column]).as_py() or 0)
 
 
 def _until(what: str, done: Callable[[], bool], seconds: float = 90) -> None:
@@ -244,12 +245,6 @@ def _until(what: str, done: Callable[[], bool], seconds: float = 90) -> None:
     while not done():
         assert time.monotonic() < deadline, f"waited {seconds:.0f} s for {what}"
         time.sleep(0.5)
-
-
-def _suspect_reads(config: IngestConfig, table: str) -> int:
-    """The suspect reads the audit counted for ``table``, over all its batches."""
-    rows = audit.read(config.tables_root / config.target.audit_table, table=table)
-    return int(pc.sum(rows["suspect_reads"]).as_py() or 0)
 
 
 def _read_before_visible(gdb: str, dsn: str, schema: str, topic: str, path: Path, key: int, release: Path) -> None:
@@ -313,12 +308,12 @@ def test_a_chunk_read_before_a_commit_is_visible_is_read_again(stack: Any, spark
     with caplog.at_level("WARNING", logger="ingest.stream.rereads"):
         assert not Runner(config, spark=spark).run().failed
     assert 'to read them again: ingest resnapshot t --where "id IN (5)"' in caplog.text, caplog.text
-    assert _suspect_reads(config, "t") == 1
+    assert _audited(config, "t", "suspect_reads") == 1
     stale = verify_source_db(config, dsn, wait=10).tables[0].verification
     assert stale is not None and (stale.different, stale.missing, stale.unexpected) == (1, 0, 0), stale
     assert "(id=5)" in " ".join(stale.examples), stale.examples
     _resnapshot(path, "t", "--where", "id IN (5)")  # the command the run gave
-    reads_before = _snapshot_reads(config, "t")
+    reads_before = _audited(config, "t")
 
     def repaired(config: IngestConfig) -> Callable[[], bool]:
         def check() -> bool:
@@ -327,20 +322,22 @@ def test_a_chunk_read_before_a_commit_is_visible_is_read_again(stack: Any, spark
         return check
 
     _until("the second re-snapshot to repair the row", repaired(config))
-    assert _snapshot_reads(config, "t") == reads_before + 1  # that row alone was read again
-    assert _suspect_reads(config, "t") == 1  # a read after a read is not suspect
+    assert _audited(config, "t") == reads_before + 1  # that row alone was read again
+    assert _audited(config, "t", "suspect_reads") == 1  # a read after a read is not suspect
 
     # By the engine: the run that applies the stale read asks for the row again.
     asking = _asking(config)
+    (ready,) = run_checks(asking, only=lambda name: name == "signals")  # ingest check: where the run will ask
+    assert ready.ok and "signal topic pgavro-signal" in ready.detail, ready
     _read_before_visible(gdb, dsn, schema, topic, path, 6, tmp_path / "release-6")
     assert wait_for_capture(dsn, timeout=120).ok
-    reads_before = _snapshot_reads(config, "t")
+    reads_before = _audited(config, "t")
     caplog.clear()
     with caplog.at_level("WARNING", logger="ingest.stream.rereads"):
         _until("the engine's re-read to repair the row", repaired(asking))
     assert "asked the connector to read id IN (6) again" in caplog.text, caplog.text
-    assert _suspect_reads(config, "t") == 2
-    assert _snapshot_reads(config, "t") == reads_before + 10 + 1  # the table's 10 rows, then row 6 again
+    assert _audited(config, "t", "suspect_reads") == 2
+    assert _audited(config, "t") == reads_before + 10 + 1  # the table's 10 rows, then row 6 again
 
 
 def test_the_runs_ask_a_connector_without_kafka_signals_through_its_signal_table(stack: Any, spark: Any,
@@ -365,18 +362,20 @@ def test_the_runs_ask_a_connector_without_kafka_signals_through_its_signal_table
     config = _asking(stack_config("avro", tmp_path / "work"), signal_table=signals)
     config = config.model_copy(update={"tables": (TableSpec(name="t", topic=topic),)})
     path = config_file(config, tmp_path / "config.yaml")
+    (ready,) = run_checks(config, only=lambda name: name == "signals")  # ingest check: where the run will ask
+    assert ready.ok and "the database answered" in ready.detail, ready
     assert not Runner(config, spark=spark).run().failed
     DeltaTable(str(config.table_path("t"))).update(updates={"note": "'tampered'"}, predicate="id = 3")
     _resnapshot(path, "t", "--signal-table", signals, "--source-db", url)
 
     def read_again() -> bool:
         assert not Runner(config, spark=spark).run().failed
-        return _snapshot_reads(config, "t") > 10
+        return _audited(config, "t") > 10
 
     with caplog.at_level("WARNING", logger="ingest.stream.rereads"):
         _until("the runs to apply the snapshot and the row read again", read_again)
     assert f"asked the connector to read id IN (3) again ({signals} (" in caplog.text, caplog.text
-    assert (_snapshot_reads(config, "t"), _suspect_reads(config, "t")) == (11, 1)
+    assert (_audited(config, "t"), _audited(config, "t", "suspect_reads")) == (11, 1)
     assert verify_source_db(config, url, wait=10).ok
 
 
