@@ -40,7 +40,7 @@ from ingest.cli.outcome import EXIT_CODES_HELP, Exit, classify
 from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, cuts, history, query
 from ingest.cli.setup import check, init, jars
-from ingest.cli.verify import source_db_errors, source_of, verify_source
+from ingest.cli.verify import verify_source
 from ingest.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -195,18 +195,14 @@ def resnapshot(
     """Ask the tables' Debezium connectors for an incremental snapshot of them, through their Kafka
     signal topic or their signal table, while the stream keeps flowing; the next runs apply the reads
     (docs/operations.md)."""
-    from ingest.ops.resnapshot import insert, send, signals_for  # librdkafka: when the command runs
+    from ingest.ops.resnapshot import insert_at, send, signals_for  # librdkafka: when the command runs
 
     if (signal_table is None) != (source_db is None):
         raise ConfigError("--signal-table and --source-db go together: the signal table is in that database")
     cfg = load(config, workdir)
     signals = signals_for(cfg, tables, where)
     if signal_table is not None and source_db is not None:
-        source = source_of(source_db)
-        where = source.describe(source_db)
-        with source_db_errors(source, where):
-            insert(source, source_db, signal_table, signals)
-        sent_to = [f"{signal_table} ({where})" for _ in signals]
+        sent_to = [insert_at(source_db, signal_table, signals)] * len(signals)
     else:
         send(cfg, signals)
         sent_to = [signal.topic for signal in signals]

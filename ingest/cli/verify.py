@@ -2,49 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from rich.markup import escape
 from rich.table import Table
 
-from ingest import secrets
 from ingest.cli.common import console, say
 from ingest.config import IngestConfig
-from ingest.errors import SourceUnavailableError
 
 if TYPE_CHECKING:
-    from ingest.verify.source_db import SourceDatabase
-
-
-def source_of(dsn: str) -> SourceDatabase:
-    """The source database module for ``dsn``; its client library missing is one line naming the extra."""
-    # the source databases' clients (extras of the distribution): loaded for a source database only
-    from ingest.verify.source_db import source_database
-
-    return source_database(dsn)
-
-
-@contextmanager
-def source_db_errors(source: SourceDatabase, where: str) -> Iterator[None]:
-    """Turn a connection failure into one redacted line (exit code 2) instead of a traceback."""
-    try:
-        yield
-    except source.OperationalError as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise SourceUnavailableError(secrets.redact(f"source database {where}: {first}")) from None
+    pass
 
 
 def verify_source(config: IngestConfig, dsn: str, *, wait: float, tables: list[str] | None = None) -> bool:
     """Run ``verify --source-db`` and print its report; returns whether everything is equal."""
-    # the decoders and the lake: loaded when the command runs
-    from ingest.verify.source_db import verify_source_db
+    # the decoders, the lake and the source database's client: loaded when the command runs
+    from ingest.verify.source_db import reached, source_database, verify_source_db
 
-    source = source_of(dsn)
+    source = source_database(dsn)
     where = source.describe(dsn)
     console.rule(f"verify against {where}")
-    with source_db_errors(source, where):
+    with reached(source, where):
         result = verify_source_db(config, dsn, wait=wait, say=say, tables=tables)
     out = Table(title=f"Delta tables against SELECTs of {where}")
     for col in ("table", "source table", "source rows", "Delta rows", "missing", "unexpected", "different", "result"):

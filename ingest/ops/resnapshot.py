@@ -21,9 +21,8 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ingest import secrets
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import ConfigError, SourceUnavailableError
+from ingest.errors import ConfigError
 from ingest.source.producer import Outgoing, produce
 
 if TYPE_CHECKING:
@@ -118,15 +117,12 @@ def insert_at(dsn: str, table: str, signals: list[Signal]) -> str:
         SourceUnavailableError: the database did not take the connection: one line with its cause.
     """
     # the source databases' clients (extras of the distribution): loaded for a source database only
-    from ingest.verify.source_db import source_database
+    from ingest.verify.source_db import reached, source_database
 
     source = source_database(dsn)
     where = source.describe(dsn)
-    try:
+    with reached(source, where):
         insert(source, dsn, table, signals)
-    except source.OperationalError as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise SourceUnavailableError(secrets.redact(f"source database {where}: {first}")) from None
     return f"{table} ({where})"
 
 

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest import secrets
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import ConfigError, EnvironmentProblem
+from ingest.errors import ConfigError, EnvironmentProblem, SourceUnavailableError
 from ingest.lake.delta import open_table, read_all
 from ingest.verify.captured import CaptureResult
 from ingest.verify.compare import TableVerification, verify_table
@@ -123,6 +124,20 @@ def source_database(dsn: str) -> SourceDatabase:
     except ImportError as exc:
         raise EnvironmentProblem(f"reaching a source database needs {exc.name}, which is not installed: "
                                  f"pip install 'cdc-lakehouse-ingest[{extra_of(dsn)}]'") from None
+
+
+@contextmanager
+def reached(source: SourceDatabase, where: str) -> Iterator[None]:
+    """Turn a connection failure of ``source`` into one redacted line naming ``where``.
+
+    Raises:
+        SourceUnavailableError: the database did not take the connection.
+    """
+    try:
+        yield
+    except source.OperationalError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SourceUnavailableError(secrets.redact(f"source database {where}: {first}")) from None
 
 
 def read_source(source: SourceDatabase, conn: Any, schema: str, table: str,

@@ -22,7 +22,6 @@ from rich.table import Table
 
 from harness.cli_stack import add_consistency_rows, exit_unless, stack_lake, torture_stack
 from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console, load, progress_printer, say
-from ingest.cli.verify import source_db_errors
 from ingest.config import IngestConfig, load_config
 
 #: The ``ingest --help`` panel the harness's commands are listed under.
@@ -234,13 +233,14 @@ def demo_stack(
     from harness.stack_proofs.demo import run_demo_stack
     from ingest.errors import EnvironmentProblem
     from ingest.verify import pg_source
+    from ingest.verify.source_db import reached
 
     started = time.perf_counter()
     configs = [("avro", load_config(avro)), ("json", load_config(json_config))]
     maria_config = load_config(mariadb) if mariadb is not None else None
     console.rule("demo-stack: PostgreSQL, MariaDB -> Debezium -> Kafka -> Spark -> Delta, verified against the sources")
     try:
-        with source_db_errors(pg_source, "the stack's PostgreSQL"):
+        with reached(pg_source, "the stack's PostgreSQL"):
             result = run_demo_stack(configs, spec=WorkloadSpec(seed=seed, scale=scale), wait=wait, say=say,
                                     progress=progress_printer(), mariadb=maria_config)
     except StackError as exc:
