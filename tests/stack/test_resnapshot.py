@@ -340,42 +340,71 @@ def test_a_chunk_read_before_a_commit_is_visible_is_read_again(stack: Any, spark
     assert _audited(config, "t") == reads_before + 10 + 1  # the table's 10 rows, then row 6 again
 
 
-def test_the_runs_ask_a_connector_without_kafka_signals_through_its_signal_table(stack: Any, spark: Any,
-                                                                                 tmp_path: Path, monkeypatch: Any,
-                                                                                 caplog: Any) -> None:
-    """A row changed in the lake behind the engine's back is the other kind of suspect read: a
-    re-snapshot's read of it contradicts the streamed row the lake holds. MariaDB's stack connector
-    takes no signals from Kafka, so the runs ask it through its signal table (``signal_table``, the
-    database named by ``CDC_SIGNAL_DB``) to read that row again: one read more than the table's rows."""
-    s = stack.settings
-    db, signals = "resnap_tamper", f"{stack.settings.mariadb_db}.debezium_signal"
-    topic = f"mariaavro.{db}.t"
+#: A composite key whose text the condition must quote (an apostrophe, a 4-byte character) and a date.
+TAMPERED = ((3, "o'hare", "2026-01-03"), (7, "k\u00f8ge \U0001F686", "2026-01-07"))
+
+
+def _composite(stack: Any, database: str, db: str, monkeypatch: Any) -> tuple[str, str, list[str], str]:
+    """Table ``t`` keyed by ``(id, region, day)`` with ten rows, two of them :data:`TAMPERED`; its topic,
+    its database's URL, ``ingest resnapshot``'s options and what the ask is sent through."""
+    regions = {key[0]: key[1] for key in TAMPERED}
+    rows = [(i, regions.get(i, f"r{i}"), f"2026-01-{i:02d}", f"first {i}") for i in range(1, 11)]
+    if database == "postgresql":
+        dsn, topic = stack.pg_dsn(), f"{PREFIX['avro']}.{db}.t"
+        fresh_schema(stack, dsn, db, [topic],
+                     f"CREATE TABLE {db}.t (id integer, region text, day date, note text, "
+                     "PRIMARY KEY (id, region, day))")
+        with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
+            cur.executemany(f"INSERT INTO {db}.t VALUES (%s, %s, %s, %s)", rows)
+        assert wait_for_capture(dsn, timeout=120, on_stall=stack.unstick_capture).ok
+        return topic, dsn, [], "pgavro-signal"
+    s, signals, topic = stack.settings, f"{stack.settings.mariadb_db}.debezium_signal", f"mariaavro.{db}.t"
     with stack.component("mariadb").connect() as conn, conn.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS {db}")
         delete_topics(stack.bootstrap_servers(), [topic])
         cur.execute(f"CREATE DATABASE {db}")
-        cur.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, note TEXT)")
-        cur.execute(f"INSERT INTO {db}.t SELECT seq, CONCAT('first ', seq) FROM {db}.seq_1_to_10")
+        cur.execute(f"CREATE TABLE {db}.t (id INT, region VARCHAR(20) CHARACTER SET utf8mb4, day DATE, note TEXT, "
+                    "PRIMARY KEY (id, region, day))")
+        cur.executemany(f"INSERT INTO {db}.t VALUES (%s, %s, %s, %s)", rows)
     assert maria_capture.wait_for_capture(stack, timeout=120).ok
     url = s.mariadb_url(db)
-    monkeypatch.setenv("CDC_SIGNAL_DB", url)
-    config = _asking(stack_config("avro", tmp_path / "work"), signal_table=signals)
+    monkeypatch.setenv("CDC_SIGNAL_DB", url)  # where the runs insert their signal
+    return topic, url, ["--signal-table", signals, "--source-db", url], signals
+
+
+@pytest.mark.parametrize("database", ["postgresql", "mariadb"])
+def test_rows_changed_behind_the_engines_back_are_read_again_by_their_composite_keys(
+        stack: Any, spark: Any, tmp_path: Path, monkeypatch: Any, caplog: Any, database: str) -> None:
+    """A row changed in the lake behind the engine's back is the other kind of suspect read: a
+    re-snapshot's read of it contradicts the streamed row the lake holds. The runs ask the connector
+    to read such rows again by a condition on their whole key, which the database itself evaluates:
+    here a key of an integer, text that needs quoting and a date, on both databases, each through its
+    channel (PostgreSQL's connector its Kafka signal topic; MariaDB's, which takes no signals from Kafka,
+    its signal table in the database ``CDC_SIGNAL_DB`` names). The table's ten rows are read, then
+    exactly the two tampered ones again."""
+    db = "resnap_tamper"
+    topic, url, ask, asked_through = _composite(stack, database, db, monkeypatch)
+    config = _asking(stack_config("avro", tmp_path / "work"),
+                     **({"signal_table": ask[1]} if database == "mariadb" else {}))
     config = config.model_copy(update={"tables": (TableSpec(name="t", topic=topic),)})
     path = config_file(config, tmp_path / "config.yaml")
     (ready,) = run_checks(config, only=lambda name: name == "signals")  # ingest check: where the run will ask
-    assert ready.ok and "the database answered" in ready.detail, ready
+    assert ready.ok and asked_through in ready.detail, ready
     assert not Runner(config, spark=spark).run().failed
-    DeltaTable(str(config.table_path("t"))).update(updates={"note": "'tampered'"}, predicate="id = 3")
-    _resnapshot(path, "t", "--signal-table", signals, "--source-db", url)
+    DeltaTable(str(config.table_path("t"))).update(updates={"note": "'tampered'"},
+                                                   predicate=" OR ".join(f"id = {k[0]}" for k in TAMPERED))
+    assert not verify_source_db(config, url, wait=10).ok
+    _resnapshot(path, "t", *ask)
 
     def read_again() -> bool:
         assert not Runner(config, spark=spark).run().failed
         return _audited(config, "t") > 10
 
     with caplog.at_level("WARNING", logger="ingest.stream.rereads"):
-        _until("the runs to apply the snapshot and the row read again", read_again)
-    assert f"asked the connector to read id IN (3) again ({signals} (" in caplog.text, caplog.text
-    assert (_audited(config, "t"), _audited(config, "t", "suspect_reads")) == (11, 1)
+        _until("the runs to apply the snapshot and the rows read again", read_again)
+    assert "asked the connector to read (id, region, day) IN ((" in caplog.text, caplog.text
+    assert f"again ({asked_through}" in caplog.text, caplog.text
+    assert (_audited(config, "t"), _audited(config, "t", "suspect_reads")) == (12, 2)
     assert verify_source_db(config, url, wait=10).ok
 
 
