@@ -13,6 +13,15 @@ from __future__ import annotations
 from typing import ClassVar
 
 
+def first_line(error: BaseException | str) -> str:
+    """The first line of an error's text (a driver's message often goes on with context and hints), or
+    an exception's class name when it has no text: what a one-line report of the error shows."""
+    lines = str(error).strip().splitlines()
+    if lines:
+        return lines[0].strip()
+    return type(error).__name__ if isinstance(error, BaseException) else ""
+
+
 class IngestError(Exception):
     """Root of every error raised by the engine.
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig
-from ingest.errors import IngestError
+from ingest.errors import IngestError, first_line
 from ingest.lake.location import LakePath, s3_client
 from ingest.ops.resnapshot import signals_for
 from ingest.source.kafka_admin import KafkaAdmin
@@ -55,7 +55,7 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
         except IngestError as exc:
             found = Check(name, False, secrets.redact(str(exc)), _fix(name))
         except Exception as exc:  # a check must report, never stop the others
-            found = Check(name, False, secrets.redact(f"{type(exc).__name__}: {exc}".splitlines()[0]), _fix(name))
+            found = Check(name, False, secrets.redact(f"{type(exc).__name__}: {first_line(exc)}"), _fix(name))
         results = found if isinstance(found, list) else [found]
         failed.update(c.name for c in results if not c.ok)
         yield from results
@@ -175,7 +175,7 @@ def _writable(name: str, where: LakePath) -> Check:
         cause = {"NoSuchBucket": "the bucket does not exist", "AccessDenied": "the store refused the write",
                  "InvalidAccessKeyId": "the store does not know the access key",
                  "SignatureDoesNotMatch": "the secret key is wrong"}.get(code, "")
-        text = cause or secrets.redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        text = cause or secrets.redact(first_line(exc))
         return Check(name, False, f"{where.uri}: cannot write ({text})", _fix(name))
     return Check(name, True, f"{where.uri}: writable (put and delete of one object)")
 
@@ -224,7 +224,6 @@ def _signals(config: IngestConfig) -> list[Check]:
         with source.connect(dsn):
             pass
     except source.Error as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return [Check("signals", False, secrets.redact(f"signal table {spec.signal_table}: {where}: {first}"),
+        return [Check("signals", False, secrets.redact(f"signal table {spec.signal_table}: {where}: {first_line(exc)}"),
                       _fix("signals"))]
     return [Check("signals", True, f"signal table {spec.signal_table} in {where}: the database answered")]

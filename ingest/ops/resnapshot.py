@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, first_line
 from ingest.source.producer import Outgoing, produce
 
 if TYPE_CHECKING:
@@ -104,8 +104,7 @@ def insert(source: SourceDatabase, dsn: str, table: str, signals: list[Signal]) 
             try:
                 source.insert_signal(conn, table, signal.row())
             except source.Error as exc:
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise ConfigError(f"signal table {table}: {first}") from None
+                raise ConfigError(f"signal table {table}: {first_line(exc)}") from None
 
 
 def insert_at(dsn: str, table: str, signals: list[Signal]) -> str:

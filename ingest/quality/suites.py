@@ -180,7 +180,7 @@ def _load(path: Path, name: str) -> LoadedSuite:
             config = ExpectationConfiguration(type=raw["type"], kwargs=kwargs, meta=meta, id=exp_id, **extra)
             expectation = config.to_domain_obj()  # raises where ExpectationSuite(...) would only log
         except Exception as exc:  # GX raises its own, pydantic's and plain errors for bad configs
-            raise SuiteError(f"{where}: {raw['type']} is not a valid expectation: {_first_line(exc)}") from exc
+            raise SuiteError(f"{where}: {raw['type']} is not a valid expectation: {_in_one_line(exc)}") from exc
         label = _unique(expectation_name(raw["type"], kwargs, meta), seen)
         infos.append(ExpectationInfo(
             name=label, type=raw["type"], id=exp_id, columns=tuple(_columns(kwargs)),
@@ -219,7 +219,7 @@ def _unique(name: str, seen: set[str]) -> str:
     return label
 
 
-def _first_line(exc: BaseException) -> str:
+def _in_one_line(exc: BaseException) -> str:
     text = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
     return f"{type(exc).__name__}: {text[:400]}" if text else type(exc).__name__
 

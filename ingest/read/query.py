@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from ingest.columns import normalize
 from ingest.commit.state import BATCH_KEY, OFFSETS_KEY, decoded_commit
 from ingest.config import IngestConfig
-from ingest.errors import QueryError
+from ingest.errors import QueryError, first_line
 from ingest.lake.delta import has_deletion_vectors, open_table, scan
 
 
@@ -212,8 +212,7 @@ def run_sql(config: IngestConfig, sql: str, as_of: list[AsOf] | None = None, *, 
         return normalize(con.sql(sql).to_arrow_table())
     except duckdb.Error as exc:  # the analyst's SQL: its first line says what and where
         known = ", ".join(queryable(config))
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise QueryError(f"the query failed: {first} (tables: {known})") from None
+        raise QueryError(f"the query failed: {first_line(exc)} (tables: {known})") from None
     finally:
         con.close()
         del keep

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import TableSpec
-from ingest.errors import is_cancellation, is_unavailability, unavailability_in
+from ingest.errors import first_line, is_cancellation, is_unavailability, unavailability_in
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
@@ -334,5 +334,4 @@ class StreamingRun:
 
 
 def _short(exc: BaseException | str) -> str:
-    text = str(exc).strip().splitlines()
-    return secrets.redact(text[0][:500]) if text else type(exc).__name__
+    return secrets.redact(first_line(exc)[:500])

@@ -35,6 +35,7 @@ from typing import Any, Final
 
 import psycopg
 
+from ingest.errors import first_line
 from ingest.verify.captured import CaptureResult, SlotState
 
 Say = Callable[[str], None]
@@ -149,7 +150,7 @@ def _emit_marker(conn: psycopg.Connection, target: str) -> str | None:
     try:
         conn.execute("SELECT pg_logical_emit_message(true, %s, %s)", (MARKER_PREFIX, f"capture check {target}"))
     except psycopg.Error as exc:
-        return str(exc).strip().splitlines()[0]
+        return first_line(exc)
     return None
 
 

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from ingest import secrets
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import ConfigError, EnvironmentProblem, SourceUnavailableError
+from ingest.errors import ConfigError, EnvironmentProblem, SourceUnavailableError, first_line
 from ingest.lake.delta import open_table, read_all
 from ingest.verify.captured import CaptureResult
 from ingest.verify.compare import TableVerification, verify_table
@@ -136,8 +136,7 @@ def reached(source: SourceDatabase, where: str) -> Iterator[None]:
     try:
         yield
     except source.OperationalError as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise SourceUnavailableError(secrets.redact(f"source database {where}: {first}")) from None
+        raise SourceUnavailableError(secrets.redact(f"source database {where}: {first_line(exc)}")) from None
 
 
 def read_source(source: SourceDatabase, conn: Any, schema: str, table: str,
@@ -299,7 +298,7 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: Any, source: Source
     try:
         rows = read_source(source, conn, schema, table, spec.primary_key)
     except (ConfigError, source.Error) as exc:
-        check.error = str(exc).strip().splitlines()[0]
+        check.error = first_line(exc)
         return check
     check.notes = list(rows.notes)
     path = config.table_path(spec.name)
