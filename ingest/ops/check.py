@@ -8,6 +8,7 @@ found or why it failed and what to do. Nothing a check writes is left behind; no
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import uuid
@@ -39,15 +40,16 @@ class Check:
 
 def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda name: True) -> Iterator[Check]:
     """Every check of ``config``'s deployment, in the order a run needs them (see module docstring)."""
+    names = functools.cache(functools.partial(_topic_names, config))  # one listing for three checks
     steps: list[tuple[str, Callable[[IngestConfig], Check | list[Check]]]] = [
-        ("java", _java), ("jvm artifacts", _artifacts), ("source", _source), ("topics", _topics),
-        ("registry", _registry), ("lake", _lake), ("checkpoints", _checkpoints), ("tables", _tables),
-        ("signals", _signals)]
+        ("java", _java), ("jvm artifacts", _artifacts), ("source", functools.partial(_source, names=names)),
+        ("topics", functools.partial(_topics, names=names)), ("registry", _registry), ("lake", _lake),
+        ("checkpoints", _checkpoints), ("tables", _tables), ("signals", functools.partial(_signals, names=names))]
     failed: set[str] = set()
     for name, step in steps:
         if not only(name):
             continue
-        if name == "topics" and "source" in failed:
+        if "source" in failed and (name == "topics" or (name == "signals" and _signal_topics(config))):
             yield Check(name, False, "not checked: the source did not answer", _fix("source"))
             continue
         try:
@@ -101,14 +103,13 @@ def _artifacts(config: IngestConfig) -> Check:
     return Check("jvm artifacts", True, f"{', '.join(connectors)}: {len(jars)} artifacts ready")
 
 
-def _source(config: IngestConfig) -> Check:
+def _source(config: IngestConfig, *, names: Callable[[], list[str]]) -> Check:
     if config.source.kind != "kafka":
-        log = TopicLog(config.log_dir)
-        return Check("source", True, f"embedded topic log at {config.log_dir}: {len(log.topics())} topics")
+        return Check("source", True, f"embedded topic log at {config.log_dir}: {len(names())} topics")
     spec = config.source.kafka
     assert spec is not None
     admin = KafkaAdmin(spec, secrets_file=str(config.secrets_path) if config.secrets_path else None)
-    topics = admin.topics()
+    topics = names()
     how = spec.options.get("kafka.security.protocol", "PLAINTEXT")
     return Check("source", True, f"{admin.describe()} answered over {how}: {len(topics)} topics")
 
@@ -121,8 +122,8 @@ def _topic_names(config: IngestConfig) -> list[str]:
     return KafkaAdmin(spec, secrets_file=str(config.secrets_path) if config.secrets_path else None).topics()
 
 
-def _topics(config: IngestConfig) -> list[Check]:
-    present = set(_topic_names(config))
+def _topics(config: IngestConfig, *, names: Callable[[], list[str]]) -> list[Check]:
+    present = set(names())
     out = []
     for spec in config.tables:
         found = spec.topic in present
@@ -200,14 +201,20 @@ def _tables(config: IngestConfig) -> list[Check]:
     return out
 
 
-def _signals(config: IngestConfig) -> list[Check]:
+def _signal_topics(config: IngestConfig) -> bool:
+    """Whether the runs send their signals to the connectors' Kafka signal topics."""
+    spec = config.source.kafka
+    return spec is not None and spec.reread_suspect_reads and spec.signal_table is None and bool(config.tables)
+
+
+def _signals(config: IngestConfig, *, names: Callable[[], list[str]]) -> list[Check]:
     """Where a run sends its signals for suspect reads (``source.kafka.reread_suspect_reads``): the
     connectors' signal topics exist, or the signal table's database answers."""
     spec = config.source.kafka
     if spec is None or not spec.reread_suspect_reads or not config.tables:
         return []
     if spec.signal_table is None:
-        present = set(_topic_names(config))
+        present = set(names())
         out = []
         for signal in signals_for(config, [t.name for t in config.tables]):
             found = signal.topic in present

@@ -135,3 +135,36 @@ def test_check_says_where_a_run_could_not_send_its_signals(tmp_path: Path, monke
     off = config.model_copy(update={"source": config.source.model_copy(update={
         "kafka": config.source.kafka.model_copy(update={"reread_suspect_reads": False})})})
     assert list(run_checks(off, only=lambda name: name == "signals")) == []
+
+
+def test_check_lists_the_topics_once_and_skips_what_needs_a_source_that_did_not_answer(tmp_path: Path,
+                                                                                       monkeypatch: Any) -> None:
+    """The source, topics and signal-topic checks share one listing of the broker's topics; when the
+    broker does not answer, the checks that would list them again (each waiting its timeout) say so."""
+    from ingest.source.kafka_admin import KafkaAdmin
+
+    kafka = {"bootstrap_servers": "127.0.0.1:1", "reread_suspect_reads": True}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"workdir": str(tmp_path / "w"), "source": {"kind": "kafka", "kafka": kafka},
+                                    "tables": [{"name": "t", "topic": "db.public.t"}]}))
+    config = load_config(path)
+    wanted = ("source", "topics", "signals")
+    listings: list[str] = []
+
+    def listed(admin: KafkaAdmin) -> list[str]:
+        listings.append(admin.describe())
+        return ["db.public.t", "db-signal"]
+
+    monkeypatch.setattr(KafkaAdmin, "topics", listed)
+    found = {c.name: c for c in run_checks(config, only=lambda name: name in wanted)}
+    assert len(listings) == 1 and all(c.ok for c in found.values()), (listings, found)
+
+    def refused(admin: KafkaAdmin) -> list[str]:
+        listings.append(admin.describe())
+        raise ConnectionError("no broker at 127.0.0.1:1")
+
+    monkeypatch.setattr(KafkaAdmin, "topics", refused)
+    listings.clear()
+    found = {c.name: c for c in run_checks(config, only=lambda name: name in wanted)}
+    assert len(listings) == 1 and not any(c.ok for c in found.values()), (listings, found)
+    assert found["signals"].detail == found["topics"].detail == "not checked: the source did not answer"
