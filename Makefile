@@ -49,8 +49,20 @@ endif
 # suit two cores (docs/proofs.md); a larger machine may give more: `make test TEST_WORKERS=6`. Each
 # worker holds a Spark session of its own: with three, and the stack's servers, a run here used at most
 # 12.6 GB (sampled by hand).
+# What the suite would otherwise wait for at its start -- the stack's Debian packages and jars (its
+# tests' worker), Spark's connectors (the others' first Spark session) -- is fetched while the class
+# archive is written; a failure is shown and left to the tests that need it to report.
 TEST_WORKERS ?= 3
-test: java install class-archive
+TEST_STACK = $$($(BIN)/python -c 'from harness.stack import CDC_COMPONENTS; print(",".join(CDC_COMPONENTS))')
+test: java install
+	@mkdir -p .test-results
+	@echo "preparing the stack and Spark's connectors beside the class archive (logs: .test-results/prepare-*.log)"
+	@$(BIN)/python -m harness.stack prepare --components $(TEST_STACK) > .test-results/prepare-stack.log 2>&1 & \
+	  stack=$$!; $(BIN)/ingest jars > .test-results/prepare-jars.log 2>&1 & jars=$$!; \
+	  $(BIN)/python -m ingest.spark.class_archive; archive=$$?; \
+	  wait $$stack || { echo "preparing the stack failed:"; tail -5 .test-results/prepare-stack.log; }; \
+	  wait $$jars || { echo "resolving Spark's connectors failed:"; tail -5 .test-results/prepare-jars.log; }; \
+	  exit $$archive
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=15 --junitxml=.test-results/suite.xml
 
 lint: install

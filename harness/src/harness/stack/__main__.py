@@ -1,4 +1,4 @@
-"""``python -m harness.stack up|down|status|restart|env|jars [--components pg,kafka,...]``."""
+"""``python -m harness.stack up|down|status|prepare|restart|env|jars [--components pg,kafka,...]``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("up", "start what is not running and wait until healthy"),
                        ("down", "stop (SIGTERM, then SIGKILL after a timeout)"),
-                       ("status", "component, ports, pid, healthy")):
+                       ("status", "component, ports, pid, healthy"),
+                       ("prepare", "install and set up what up would start (packages, jars, data), starting nothing")):
         command = sub.add_parser(name, help=text)
         command.add_argument("--components", help=f"comma list from: {','.join(ORDER)} (default: all)")
     restart = sub.add_parser("restart", help="stop and start one component")
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"still running from {stack.settings.stack_dir}: pid {pid}: {cmd}", file=sys.stderr)
             print("stack down" + (f" ({len(left)} process(es) left, see above)" if left else ""))
             return 1 if left else 0
+        elif args.command == "prepare":
+            stack.prepare(_components(args.components))
+            print("stack prepared: python -m harness.stack up starts it")
         elif args.command == "status":
             wanted = set(_components(args.components) or ORDER)
             print(f"{'component':<14} {'ports':<40} {'pid':>8}  healthy  ready-in")

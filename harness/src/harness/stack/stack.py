@@ -120,6 +120,19 @@ class Stack:
         with self._locked():
             return {name: self._up_one(self.component(name)) for name in self.resolve(components)}
 
+    def prepare(self, components: Sequence[str] | None = None) -> None:
+        """Everything ``up`` does before it starts a component, for the components (default all, plus
+        their requirements) that are not running: the Debian packages, the JVM jars, the data
+        directories and configuration files. Nothing is started; ``up`` then only starts them."""
+        with self._locked():
+            for name in self.resolve(components):
+                comp = self.component(name)
+                if comp.pid() is not None:
+                    continue
+                if comp.needs_jars():
+                    ensure_jars(self.settings, self.progress)
+                comp.prepare()
+
     def _timeout(self, comp: Component) -> float:
         return self.settings.timeout or comp.start_timeout
 
