@@ -124,14 +124,15 @@ def kafka_rows(topic: str, messages: list[Message]) -> pa.Table:
 
 
 def ingest_batch(spec: TableSpec, paths: TablePaths, topic: Topic, messages: list[Message], *,
-                 batch_id: int = 0, writer: Writer | None = None) -> BatchResult:
+                 batch_id: int = 0, writer: Writer | None = None, **options: Any) -> BatchResult:
     """Decode ``messages`` as the executors do and apply them as one micro-batch, committed by
-    ``writer`` (default: the ``apply_engine`` fixture's)."""
+    ``writer`` (default: the ``apply_engine`` fixture's); ``options`` go to the journey."""
     rows = kafka_rows(topic.name, messages)
     parts = BatchDecoder(DecoderSpec("json", key_columns=spec.primary_key, keep_before=False)).decode(rows)
     raw = {(topic.name, m.partition, m.offset): (m.key, m.value, None) for m in messages}
     return apply_parts(spec, paths, parts, batch_id=batch_id, run_id="test",
-                       fetch_raw=lambda coords: {c: raw[c] for c in coords}, writer=writer or current_writer())
+                       fetch_raw=lambda coords: {c: raw[c] for c in coords}, writer=writer or current_writer(),
+                       **options)
 
 
 def ingest_in_batches(spec: TableSpec, paths: TablePaths, topic: Topic, cuts: list[int]) -> list[BatchResult]:

@@ -18,7 +18,8 @@ Every table, every configuration, takes these steps in this order (docs/architec
    history mode are this version's;
 7. plan against the stored rows -- current rows (:mod:`~ingest.rules.plan`) or, for a
    ``history_mode: scd2`` table, every version of the touched keys (:mod:`~ingest.rules.history`);
-8. commit with the table's writer: rows, progress and audit record in one Delta commit;
+8. ask for the suspect reads to be read again (the caller's ``on_suspect_reads``), then commit with
+   the table's writer: rows, progress and audit record in one Delta commit;
 9. append the audit row.
 
 Where the rows are worked on is the :class:`~ingest.apply.placement.Placement`'s business (the
@@ -34,7 +35,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -65,6 +66,7 @@ from ingest.records.audit import AuditRecord
 from ingest.rules.history import REBUILD_STEPS, check_history_mode, count_history
 from ingest.rules.kafka_tombstones import are_deletes, resolve
 from ingest.rules.ordering import later_than_stored
+from ingest.rules.rereads import SuspectReads
 from ingest.rules.schema import SchemaPlan, check_column_names, plan_schema
 
 #: The state a replay assembles against: the messages it re-applies sit below the table's offsets.
@@ -73,7 +75,8 @@ _NOTHING_APPLIED = TableState(None, None, None, None)
 
 def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: Placement[Any], writer: Writer,
                 opened: OpenTables, batch_id: int, run_id: str, decode_ms: int = 0, gate: QualityGate | None = None,
-                fetch_raw: RawFetch | None = None, replay: bool = False, defer_audit: bool = False) -> BatchResult:
+                fetch_raw: RawFetch | None = None, replay: bool = False, defer_audit: bool = False,
+                on_suspect_reads: Callable[[SuspectReads], object] | None = None) -> BatchResult:
     """Apply one table's share of a micro-batch (see module docstring). Idempotent under replay.
 
     Args:
@@ -91,6 +94,9 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
             of many tables in one commit. The table's commit carries the row in its metadata, so a
             crash before the caller appends loses nothing: :func:`ingest.records.audit.reconcile`
             restores it.
+        on_suspect_reads: called with the batch's suspect reads before its commit, to have them read
+            again (:mod:`ingest.stream.rereads`): a run that stops after the commit has asked already,
+            and one that stops before it asks again when it applies the batch again.
 
     Raises:
         QualityGateError: expectations under policy ``fail`` failed; nothing was written.
@@ -175,6 +181,8 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
         mark = state.mark if replay else state.mark.merged(facts.mark)
         request = _plan(spec, paths, placement, changes, reduced, withdrawn, schema, key_columns, state, record,
                         batch, facts.flattened, opened.tombstones, mark, replay=replay)
+        if suspects and on_suspect_reads is not None:
+            on_suspect_reads(suspects)
         outcome = writer.commit(request, state) if request is not None else CommitOutcome()
         crashpoints.point("after-delta-commit")
 

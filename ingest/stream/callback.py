@@ -49,6 +49,7 @@ from ingest.model import SourceMark
 from ingest.quality import QualityGate
 from ingest.records import audit
 from ingest.records.audit import AuditRecord
+from ingest.rules.rereads import SuspectReads
 from ingest.source.catalog import Catalog
 from ingest.source.consumer_group import GroupCommitter
 from ingest.source.sources import DecodingSource, decodes_at_read, source_for
@@ -393,6 +394,12 @@ class ForEachBatch:
                         "driver (source.kafka.reader: spark lets the driver hand them the schemas)",
                         spec.name, batch_id)
             parts = self._redecoded(spec, frame, parts)
+        asked: list[bool] = []
+
+        def ask(suspects: SuspectReads) -> None:  # before the commit; once, however often the batch is retried
+            if not asked:
+                asked.append(ask_again(self.config, spec, suspects, batch=batch_id))
+
         for attempt in Retrying(stop=stop_after_attempt(_RETRIES), wait=wait_exponential(multiplier=1, max=15),
                                 retry=retry_if_exception(is_transient), reraise=True,
                                 before_sleep=lambda state: log.warning(
@@ -411,7 +418,7 @@ class ForEachBatch:
                                                              paths.table),
                                      writer=writer, opened=self.opened[spec.name], batch_id=batch_id,
                                      run_id=self.run_id, decode_ms=decode_ms, gate=self.gates.get(spec.name),
-                                     defer_audit=True, fetch_raw=fetch)
+                                     defer_audit=True, fetch_raw=fetch, on_suspect_reads=ask)
         run = self.report.tables[spec.name]
         run.already_applied += result.already_applied
         if result.record is not None:
@@ -427,8 +434,6 @@ class ForEachBatch:
                        deleted=r.deleted, stale=r.stale, superseded=r.superseded, quarantined=r.quarantined,
                        skipped=r.skipped, toast_unknown=r.toast_unknown, delta_version=r.delta_version,
                        total_ms=r.total_ms, apply_ms=r.apply_ms)
-        if result.suspect_reads:
-            ask_again(self.config, spec, result.suspect_reads, batch=batch_id)
         if self.progress is not None:
             self.progress(spec.name, result.record, result)
         return result.record

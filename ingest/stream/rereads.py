@@ -1,4 +1,4 @@
-"""After a table's batch: ask its connector to read the suspect rows again (:mod:`ingest.rules.rereads`).
+"""Before a table's batch commits: ask its connector to read the suspect rows again (:mod:`ingest.rules.rereads`).
 
 With ``source.kafka.reread_suspect_reads`` the run writes an ``execute-snapshot`` signal for those
 rows to the connector's signal topic, or inserts it into its signal table (``signal_table``, in the

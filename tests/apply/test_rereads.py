@@ -19,7 +19,7 @@ from ingest.config import IngestConfig, TableSpec
 from ingest.lake.delta import open_table, read_all
 from ingest.rules.rereads import SuspectReads, condition, suspect_reads
 from ingest.stream.rereads import MOST, ask_again
-from tests.harness import Topic, ingest_batch, key, paths_in, pg
+from tests.harness import Topic, current_writer, ingest_batch, key, paths_in, pg
 
 pytestmark = [pytest.mark.usefixtures("apply_engine"), pytest.mark.rules_only]
 
@@ -70,6 +70,31 @@ def run(tmp_path: Any, spec: TableSpec, topic: Topic, cuts: list[int]) -> tuple[
             counted += result.record.suspect_reads if result.record else 0
         start = end
     return paths, named, counted
+
+
+class _Recorded:
+    """A writer that notes its commits in ``events``; the rest is the wrapped writer's."""
+
+    def __init__(self, writer: Any, events: list[Any]) -> None:
+        self._writer, self._events = writer, events
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        self._events.append("commit")
+        return self._writer.commit(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
+
+
+def test_the_suspect_reads_are_asked_for_before_the_batch_commits(tmp_path: Any) -> None:
+    """A run that stops after the commit must have asked already (its replay finds the reads stored
+    and names nothing); one that stops before asks again when it applies the batch again."""
+    topic, suspect = story()
+    events: list[Any] = []
+    writer = _Recorded(current_writer(), events)
+    ingest_batch(SPECS["hard"], paths_in(tmp_path), topic, topic.messages, writer=writer,  # type: ignore[arg-type]
+                 on_suspect_reads=lambda found: events.append({k[0] for k in found.keys}))
+    assert events == [suspect, "commit"]
 
 
 @pytest.mark.parametrize("mode", sorted(SPECS))
