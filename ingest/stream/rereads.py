@@ -14,7 +14,7 @@ import logging
 
 from ingest import logs, secrets
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import ConfigError, EnvironmentProblem, SourceUnavailableError
+from ingest.errors import ConfigError, first_line
 from ingest.ops.resnapshot import insert_at, send, signals_for
 from ingest.rules.rereads import SuspectReads, condition
 
@@ -58,10 +58,10 @@ def ask_again(config: IngestConfig, spec: TableSpec, suspects: SuspectReads, *, 
                 raise ConfigError(f"source.kafka.signal_table is {kafka.signal_table}, but {kafka.signal_db_env} "
                                   "(the environment or the secrets file) names no database that has it")
             sent_to = insert_at(dsn, kafka.signal_table, signals)
-    except (ConfigError, EnvironmentProblem, SourceUnavailableError) as exc:
-        logs.event(log, "suspect-reads", f"{what}; could not ask the connector to read them again "
-                   f"({secrets.describe(exc)}): {command}", table=spec.name, batch=batch, level=logging.ERROR,
-                   suspect_reads=len(suspects), asked=False)
+    except Exception as exc:  # whatever stopped the signal, the batch commits: one line, and what to run instead
+        cause = secrets.redact(f"{type(exc).__name__}: {first_line(exc)}")
+        logs.event(log, "suspect-reads", f"{what}; could not ask the connector to read them again ({cause}): {command}",
+                   table=spec.name, batch=batch, level=logging.ERROR, suspect_reads=len(suspects), asked=False)
         return False
     logs.event(log, "suspect-reads", f"{what}; asked the connector to read {where} again ({sent_to})", table=spec.name,
                batch=batch, level=logging.WARNING, suspect_reads=len(suspects), asked=True)

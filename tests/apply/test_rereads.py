@@ -210,3 +210,9 @@ def test_a_signal_table_the_run_cannot_reach_is_one_logged_line(caplog: Any, mon
     (line,) = [r.getMessage() for r in caplog.records]
     assert "could not ask the connector to read them again (SourceUnavailableError: source database" in line
     assert "hunter2-secret" not in line and "\n" not in line
+    caplog.clear()  # whatever else stops the signal: one line too, and the batch goes on to its commit
+    monkeypatch.setattr("ingest.stream.rereads.insert_at", lambda *_: (_ for _ in ()).throw(RuntimeError("odd\nmore")))
+    with caplog.at_level(logging.WARNING):
+        assert not ask_again(config, config.table("t"), suspects, batch=3)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "could not ask the connector to read them again (RuntimeError: odd)" in line, line
