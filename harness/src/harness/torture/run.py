@@ -187,17 +187,24 @@ class Torture:
                  f"target {self.spec.kills} kills; workdir {self.workdir}")
         schedule, damages = list(self.spec.schedule), list(self.spec.damages)
         restarts = self._restart_runs()
-        slices = max(1, self.spec.kills + len(restarts))  # every run gets new records, the restarts' too
+        released = 0.0
         while sum(self.result.kills.values()) < self.spec.kills:
             if self.result.runs >= 4 * self.spec.kills + 10:
                 self.result.failure = f"only {sum(self.result.kills.values())} kills in {self.result.runs} runs"
                 return self._finish(started, config)
             self.result.runs += 1
             n = self.result.runs
-            self.release(min(1.0, n / slices), config)
+            # Every run gets new records, an equal share of what is left for the runs still owed (the
+            # kills to come, the store restarts to come): a kill that did not fire or a restart due
+            # after its run ended owes one more run, which must find records to ingest too.
+            owed = self.spec.kills - sum(self.result.kills.values()) + len([r for r in restarts if r >= n])
+            released += (1.0 - released) / max(1, owed)
+            self.release(released, config)
             damaged = self._maybe_damage(config, damages)
             if n in restarts:  # the store goes away while this run ingests; no kill
-                outcome, seconds = self._run_once(config, None, n, restart_after=round(self.rng.uniform(6.0, 18.0), 1))
+                # Into the run, while it starts or ingests: a run takes some seconds (a run that has
+                # caught up, less), and one that ended first owes another.
+                outcome, seconds = self._run_once(config, None, n, restart_after=round(self.rng.uniform(2.0, 6.0), 1))
                 if outcome == "failed":
                     return self._finish(started, config)
                 seen = [f"object store restarted {at:.1f} s into the run (away {away:.1f} s)"
