@@ -10,6 +10,7 @@ collects the frame's parts).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,13 @@ import pyarrow as pa
 import pytest
 from harness.demo import prepare_workload
 
+from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.state import load_state
-from ingest.config import IngestConfig
+from ingest.config import IngestConfig, TableSpec
 from ingest.decode import columnar
-from ingest.errors import RegistryUnavailableError
+from ingest.errors import IngestError, RegistryUnavailableError
 from ingest.lake.layout import TablePaths
+from ingest.source.topiclog import ProducerRecord, TopicLog
 from ingest.stream.callback import AllTablesStopped, ForEachBatch
 from ingest.stream.report import RunReport, TableRun
 from tests.harness import make_config
@@ -191,3 +194,50 @@ def test_a_failure_of_the_batch_applied_in_the_background_stops_the_query_at_the
         handler(frames[1], 1)  # decodes, then finds the last batch failed: batch 1 is not applied
     handler.close()
     assert isinstance(handler.error, OSError) and [r.batch_id for r in report.tables[TABLE].batches] == [0]
+
+
+class _Flaky(IngestError):
+    transient = True  # a store that did not answer: the batch is tried again
+
+
+def test_a_batch_retried_after_a_transient_failure_asks_for_its_suspect_reads_once(tmp_path, monkeypatch):
+    """The ask goes before the commit (:mod:`ingest.stream.rereads`); a batch whose commit fails twice
+    and is tried three times asks once, and commits."""
+    config = make_config(tmp_path, value_format="json", suites=False)
+    spec = TableSpec(name="notes", topic="app.notes", primary_key=["id"])
+    config = config.model_copy(update={"tables": [spec]})
+    log = TopicLog(config.log_dir)
+    log.create_topic(spec.topic, 1)
+
+    def change(op: str, v: int, lsn: int, snapshot: str = "false") -> ProducerRecord:
+        row = {"id": 1, "v": v}
+        value = {"before": None, "after": row, "op": op, "ts_ms": 1_700_000_000_000,
+                 "source": {"connector": "postgresql", "lsn": lsn, "ts_ms": 1_700_000_000_000, "snapshot": snapshot}}
+        return ProducerRecord(0, json.dumps({"id": 1}).encode(), json.dumps(value).encode(), 1_700_000_000_000)
+
+    # created; updated; then read by an incremental snapshot as it was before the update: suspect
+    log.append(spec.topic, [change("c", 0, 10), change("u", 1, 20), change("r", 0, 30, "incremental")])
+    report = RunReport("r1", {spec.name: TableRun(spec.name)})
+    handler = ForEachBatch(config, [spec], report, "r1", None, {})
+    assert handler.source is not None
+    asked: list[Any] = []
+    monkeypatch.setattr("ingest.stream.callback.ask_again",
+                        lambda _config, _spec, suspects, batch: asked.append((suspects.keys, batch)) or True)
+    monkeypatch.setattr("ingest.stream.callback.wait_exponential", lambda **_: lambda _state: 0)  # no back-off
+    commits: list[int] = []
+    real_commit = DeltaRsWriter.commit
+
+    def commit(self: DeltaRsWriter, *args: Any, **kwargs: Any) -> Any:
+        commits.append(1)
+        if len(commits) in (2, 3):  # the second batch's first two tries
+            raise _Flaky("the store did not answer")
+        return real_commit(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaRsWriter, "commit", commit)
+    for batch, (lo, hi) in enumerate(((0, 1), (1, 3))):
+        handler(_Frame(handler.decoder.parts(handler.source.read_arrow(spec.topic, {0: lo}, {0: hi}))), batch)
+        handler.settle()
+    handler.close()
+    assert len(commits) == 4 and report.tables[spec.name].error is None
+    assert asked == [(((1,),), 1)]  # once, for the second batch, however often it was tried
+    assert load_state(TablePaths.of(config, spec.name).table).applied_offset(spec.topic, 0) == 2
