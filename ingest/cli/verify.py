@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rich.markup import escape
 from rich.table import Table
 
 from ingest.cli.common import console, say
 from ingest.config import IngestConfig
-
-if TYPE_CHECKING:
-    pass
 
 
 def verify_source(config: IngestConfig, dsn: str, *, wait: float, tables: list[str] | None = None) -> bool:

@@ -27,6 +27,8 @@ def stack() -> Iterator[Any]:
     """The running local stack, with the engine's credentials in ``os.environ`` for the session."""
     from harness.stack import CDC_COMPONENTS, Stack
 
+    from ingest.errors import first_line
+
     running, already = None, None
     try:
         running = Stack.from_env()
@@ -38,9 +40,8 @@ def stack() -> Iterator[Any]:
             # What this run started before the failure (PostgreSQL, say) must not outlive it.
             with contextlib.suppress(Exception):
                 running.down()
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         ci = " (CI)" if os.environ.get("CI") == "true" else ""
-        pytest.fail(f"the local stack could not start{ci}: {first} -- see docs/stack.md; "
+        pytest.fail(f"the local stack could not start{ci}: {first_line(exc)} -- see docs/stack.md; "
                     "deselect with -m 'not stack'", pytrace=False)
     with pytest.MonkeyPatch.context() as patch:
         for key, value in running.engine_env().items():
