@@ -291,6 +291,10 @@ class Stack:
         assert isinstance(comp, Connect)
         return comp
 
+    def connector_template(self, name: str) -> dict[str, str]:
+        """The configuration of connector ``name`` as ``infra/stack/connectors/<name>.json`` gives it, rendered."""
+        return self._connect().connector_template(name)
+
     def register_connector(self, name: str, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Create or update a connector (default config: ``infra/stack/connectors/<name>.json``)."""
         connect = self._connect()

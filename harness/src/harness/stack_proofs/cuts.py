@@ -221,7 +221,7 @@ def run(workdir: Path, *, writer: str, seconds: float, rate: float, seed: int, s
                                     "AND NOT active").fetchall():
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         conn.execute(SCHEMA)
-    settings = connect.connector_template("pgjson")
+    settings = stack.connector_template("pgjson")
     settings.update({"topic.prefix": name, "slot.name": f"{name}_slot", "provide.transaction.metadata": "true",
                      "table.include.list": ",".join(f"bank.{t}" for t in TABLES)})
     stack.register_connector(name, settings)
