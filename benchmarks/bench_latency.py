@@ -26,12 +26,15 @@ three), on a fresh schema (``benchlat``) and fresh tables:
    (:func:`harness.latency.stages_of`), and report each stage's median.
 
 Each run checks the freshness goal, p50 at most the trigger interval plus the median batch time
-(the ``order_items`` journey's ``total_ms``), and reports p99/p50 (its goal: at most 1.5). The
-figures go to a result file (``benchmarks/results/``) for ``docs/benchmarks.md``.
+(the ``order_items`` journey's ``total_ms``), and reports p99/p50 (its goal: at most 1.5). ``--poll-ms``
+runs each case once per value of Debezium's ``poll.interval.ms`` (the measured connector is registered
+with it before the run, and as the stack configures it at the end), taking turns. The figures go to a
+result file (``benchmarks/results/``) for ``docs/benchmarks.md``.
 
     make bench-latency
     .venv/bin/python benchmarks/bench_latency.py --tables one --rates 500 --runs 1 --measure 30
-    .venv/bin/python benchmarks/bench_latency.py --rates 500 --trigger 1   # a shorter trigger
+    .venv/bin/python benchmarks/bench_latency.py --rates 500 --trigger 0.5   # a shorter trigger
+    .venv/bin/python benchmarks/bench_latency.py --tables one --rates 500 --poll-ms 500,50   # Debezium's poll
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ TABLE_SETS = {"one": ("order_items",), "shop": ("customers", "products", "orders
 #: The stack's PostgreSQL connector that captures the same tables in the format not measured, and the
 #: replication slot of the one measured (infra/stack/connectors/).
 OTHER_CONNECTOR = {"avro": "pgjson", "json": "pgavro"}
+MEASURED_CONNECTOR = {"avro": "pgavro", "json": "pgjson"}
 MEASURED_SLOT = {"avro": "pgavro_slot", "json": "pgjson_slot"}
 
 
@@ -84,6 +88,7 @@ class RateResult:
 
     tables: str
     run: int
+    poll_ms: int | None
     target: float
     generators: int
     achieved: float
@@ -99,6 +104,9 @@ class RateResult:
     failed_transactions: int
     trigger_ms: float
     batch_p50: float | None
+    #: median batch time in the first and in the last tenth of the window's batches: a batch that costs
+    #: more as its tables grow shows here
+    batch_ends: tuple[float, float] | None
     stages: dict[str, float | None]
     tail: dict[str, float | None]
 
@@ -148,10 +156,13 @@ def arrivals(config: IngestConfig, rows: object) -> dict[tuple[str, int, int], t
     return out
 
 
-def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Namespace) -> RateResult:
-    """One run at one rate with one table set (see the module docstring)."""
+def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Namespace,
+            poll_ms: int | None = None) -> RateResult:
+    """One run at one rate with one table set (see the module docstring), with Debezium's
+    ``poll.interval.ms`` at ``poll_ms`` (``None``: the stack's)."""
     dsn = stack.pg_dsn()  # type: ignore[attr-defined]
-    workdir = args.workdir / f"{tables}-rate-{int(rate)}-run-{run}"
+    workdir = args.workdir / f"{tables}-rate-{int(rate)}-run-{run}" / f"poll-{'stack' if poll_ms is None else poll_ms}"
+    poll(stack, args.format, poll_ms)
     shutil.rmtree(workdir, ignore_errors=True)
     reset_source(stack, SCHEMA, say=console.print)
     run_workload(dsn, WorkloadSpec(seed=5, scale=0.05, schema=SCHEMA))
@@ -205,19 +216,42 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
     batches = {row["delta_version"]: row for row in audited
                if row["table"] == "order_items" and row["delta_version"] is not None}
     stages = stages_of(rows, index, arrivals(config, rows), batches, since=since, until=until)
-    totals = [float(b["total_ms"]) for b in batches.values() if b["finished_at"] and since <= b["finished_at"] < until]
+    timed = sorted((b["finished_at"], float(b["total_ms"])) for b in batches.values()
+                   if b["finished_at"] and since <= b["finished_at"] < until)
+    totals = [total for _, total in timed]
     received = sum(row["received"] for row in in_window)
     committed = sum(r.committed_changes for r in reports)
     seconds = max(r.seconds for r in reports)
     return RateResult(
-        tables=tables, run=run, target=rate, generators=generators, achieved=committed / seconds,
+        tables=tables, run=run, poll_ms=poll_ms, target=rate, generators=generators, achieved=committed / seconds,
         per_generator=[r.rate for r in reports], engine_rate=received / args.measure,
         p50=lat.percentile(50), p95=lat.percentile(95), p99=lat.percentile(99), rows=len(lat.values),
         unmatched=lat.unmatched, drain_seconds=drain_seconds, caught_up=capture.ok and drained.ok,
         failed_transactions=sum(r.failed_transactions for r in reports),
         trigger_ms=config.source.trigger_seconds * 1000, batch_p50=statistics.median(totals) if totals else None,
+        batch_ends=first_and_last(totals),
         stages={stage: statistics.median(v) if v else None for stage, v in stages.items()},
         tail=slowest_stages(stages))
+
+
+def poll(stack: object, value_format: str, poll_ms: int | None) -> None:
+    """Register the measured connector with ``poll.interval.ms`` at ``poll_ms`` (``None``: as the stack
+    configures it) and wait until it runs."""
+    name = MEASURED_CONNECTOR[value_format]
+    config = stack.connector_template(name)  # type: ignore[attr-defined]
+    if poll_ms is not None:
+        config["poll.interval.ms"] = str(poll_ms)
+    stack.register_connector(name, config)  # type: ignore[attr-defined]
+    stack.wait_connectors([name])  # type: ignore[attr-defined]
+
+
+def first_and_last(times: list[float], share: float = 0.1) -> tuple[float, float] | None:
+    """The median of the first ``share`` of ``times`` (in the order they came) and of the last
+    (``None``: no times)."""
+    if not times:
+        return None
+    n = max(1, int(len(times) * share))
+    return statistics.median(times[:n]), statistics.median(times[-n:])
 
 
 def slowest_stages(stages: dict[str, list[float]], share: float = 0.05) -> dict[str, float | None]:
@@ -227,6 +261,10 @@ def slowest_stages(stages: dict[str, list[float]], share: float = 0.05) -> dict[
     slowest = sorted(per_row, key=sum)[-max(1, math.ceil(share * len(per_row))):] if per_row else []
     return {stage: statistics.median(row[i] for row in slowest) if slowest else None
             for i, stage in enumerate(stages)}
+
+
+def _poll(ms: int | None) -> str:
+    return "stack's" if ms is None else f"{ms} ms"
 
 
 def _s(ms: float | None) -> str:
@@ -245,6 +283,9 @@ def main() -> None:
     parser.add_argument("--format", choices=("avro", "json"), default="avro")
     parser.add_argument("--trigger", type=float, default=None,
                         help="source.trigger_seconds of the engine (default: the configuration's default)")
+    parser.add_argument("--poll-ms", default=None,
+                        help="Debezium's poll.interval.ms for the measured connector, comma separated to compare "
+                             "settings run by run (default: the stack's, infra/stack/connectors/)")
     parser.add_argument("--workdir", type=Path, default=Path("bench-work/latency"))
     args = parser.parse_args()
     args.workdir = args.workdir.resolve()
@@ -258,21 +299,30 @@ def main() -> None:
     stack.up(CDC_COMPONENTS)
     stack.wait_connectors()
     os.environ.update(stack.engine_env())
-    results = [measure(stack, tables, float(rate), run, args)
-               for tables in sets for rate in args.rates.split(",") for run in range(1, args.runs + 1)]
+    polls = [None] if args.poll_ms is None else [int(p) for p in args.poll_ms.split(",")]
+    try:
+        results = [measure(stack, tables, float(rate), run, args, poll_ms)
+                   for tables in sets for rate in args.rates.split(",") for run in range(1, args.runs + 1)
+                   for poll_ms in polls]
+    finally:
+        poll(stack, args.format, None)
 
     out = Table(title=f"Continuous mode on the stack ({args.format}): PostgreSQL commit -> visible in Delta, "
                       f"order_items rows committed in a {args.measure:.0f} s window after {args.warmup:.0f} s "
                       "warm-up; stages are medians")
-    for col in ("tables", "target rate", "run", "achieved source rate", "engine records/s", "p50", "p95", "p99",
-                "p99/p50", "median batch", "p50 <= trigger + batch", *STAGES, "rows measured", "drain", "failed tx"):
+    for col in ("tables", "target rate", "run", "poll", "achieved source rate", "engine records/s", "p50", "p95", "p99",
+                "p99/p50", "median batch", "batch first / last tenth", "p50 <= trigger + batch", *STAGES,
+                "rows measured", "drain", "failed tx"):
         out.add_column(col, justify="right")
     figures = []
     for r in results:
-        name = f"{r.tables}, {r.target:,.0f}/s, run {r.run}"
+        name = f"{r.tables}, {r.target:,.0f}/s, " + (f"poll {r.poll_ms} ms, " if r.poll_ms is not None else "") + \
+            f"run {r.run}"
         ratio = r.p99 / r.p50 if r.p50 and r.p99 is not None else None
-        out.add_row(r.tables, f"{r.target:,.0f}/s", str(r.run), f"{r.achieved:,.0f}/s", f"{r.engine_rate:,.0f}/s",
+        out.add_row(r.tables, f"{r.target:,.0f}/s", str(r.run), _poll(r.poll_ms), f"{r.achieved:,.0f}/s",
+                    f"{r.engine_rate:,.0f}/s",
                     _s(r.p50), _s(r.p95), _s(r.p99), "-" if ratio is None else f"{ratio:.2f}", _s(r.batch_p50),
+                    "-" if r.batch_ends is None else f"{r.batch_ends[0] / 1000:.2f} / {r.batch_ends[1] / 1000:.2f} s",
                     "yes" if r.fresh else "NO", *(_s(r.stages[stage]) for stage in STAGES),
                     f"{r.rows:,}" + (f" ({r.unmatched} unmatched)" if r.unmatched else ""),
                     f"{r.drain_seconds:.0f} s" + ("" if r.caught_up else " (NOT caught up)"),
@@ -282,6 +332,8 @@ def main() -> None:
                       for p, v in (("p50", r.p50), ("p95", r.p95), ("p99", r.p99))),
                     Figure(f"{name}: p99 / p50", None if ratio is None else round(ratio, 2), "x"),
                     Figure(f"{name}: median batch", None if r.batch_p50 is None else round(r.batch_p50 / 1000, 2), "s"),
+                    Figure(f"{name}: median batch, first / last tenth of the window", None if r.batch_ends is None
+                           else f"{r.batch_ends[0] / 1000:.2f} / {r.batch_ends[1] / 1000:.2f}", "s"),
                     Figure(f"{name}: p50 within trigger + median batch", r.fresh),
                     Figure(f"{name}: stages (median, s)", " / ".join(
                         f"{stage} {'-' if r.stages[stage] is None else f'{r.stages[stage] / 1000:.2f}'}"
@@ -292,10 +344,11 @@ def main() -> None:
                     Figure(f"{name}: caught up after the load", r.caught_up)]
     console.print(out)
     tail = Table(title="The slowest 5 % of those rows: each stage's median")
-    for col in ("tables", "target rate", "run", *STAGES):
+    for col in ("tables", "target rate", "run", "poll", *STAGES):
         tail.add_column(col, justify="right")
     for r in results:
-        tail.add_row(r.tables, f"{r.target:,.0f}/s", str(r.run), *(_s(r.tail[stage]) for stage in STAGES))
+        tail.add_row(r.tables, f"{r.target:,.0f}/s", str(r.run), _poll(r.poll_ms),
+                     *(_s(r.tail[stage]) for stage in STAGES))
     console.print(tail)
     console.print(f"trigger {results[0].trigger_ms / 1000:.1f} s; load average at the end: "
                   f"{os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")

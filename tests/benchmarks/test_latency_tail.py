@@ -1,4 +1,4 @@
-"""bench_latency's split of the slowest rows' latency into stages."""
+"""bench_latency's split of the slowest rows' latency into stages, and its batch times early and late."""
 
 from __future__ import annotations
 
@@ -15,3 +15,10 @@ def test_the_slowest_rows_are_those_with_the_largest_sum_each_stage_apart() -> N
     assert bench_latency.slowest_stages(stages, share=0.4) == {"capture": 5, "waiting": 5, "decode": 0}
     assert bench_latency.slowest_stages(stages) == {"capture": 1, "waiting": 10, "decode": 0}  # at least one row
     assert bench_latency.slowest_stages({"capture": [], "waiting": []}) == {"capture": None, "waiting": None}
+
+
+def test_batch_times_early_and_late_are_the_medians_of_the_first_and_last_tenth() -> None:
+    times = [float(t) for t in range(1, 21)]  # a batch that grows slower with its table
+    assert bench_latency.first_and_last(times) == (1.5, 19.5)
+    assert bench_latency.first_and_last([3.0, 1.0, 2.0]) == (3.0, 2.0)  # at least one batch each
+    assert bench_latency.first_and_last([]) is None
