@@ -21,6 +21,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+from ingest.errors import first_line
+
 Say = Callable[[str], None]
 
 
@@ -154,7 +156,7 @@ class SteadyLoad(ABC):
                                      f"({self.report.committed_changes / max(elapsed, 1e-9):.0f}/s, "
                                      f"target {self.rate:.0f}/s, {self.report.reconnects} reconnects)")
             except self.disconnected as exc:
-                self.report.last_error = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                self.report.last_error = first_line(exc)
                 self.report.reconnects += 1
                 self._stop.wait(pause)
                 pause = min(pause * 2, 2.0)

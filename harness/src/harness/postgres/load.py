@@ -19,6 +19,7 @@ from psycopg import sql
 from harness.postgres import values as v
 from harness.postgres.schema import DEFAULT_SCHEMA, check_schema_name, qualified
 from harness.steady import LoadReport, SteadyLoad
+from ingest.errors import first_line
 
 __all__ = ["LoadGenerator", "LoadReport"]
 
@@ -98,7 +99,7 @@ class LoadGenerator(SteadyLoad):
             self.went_away(committing)
             raise
         except psycopg.Error as exc:  # e.g. a customer deleted meanwhile: that transaction is lost
-            return self.failed(str(exc).strip().splitlines()[0])
+            return self.failed(first_line(exc))
         return self.committed(changes, written, deleted)
 
     def _order(self, conn: psycopg.Connection, oid: int, customers: list[int], products: dict[int, Decimal],

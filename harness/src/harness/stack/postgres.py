@@ -32,6 +32,7 @@ from harness.stack.errors import StackError
 from harness.stack.process import as_user
 from harness.stack.server import SystemUserServer
 from harness.stack.tools import ensure_postgres, render
+from ingest.errors import first_line
 
 #: Debezium's signal table (``signal.data.collection`` in infra/stack/connectors/)
 SIGNAL_TABLE = "public.debezium_signal"
@@ -149,7 +150,7 @@ class Postgres(SystemUserServer):
                 psycopg.connect(host="127.0.0.1", port=s.pg_port, user=user, password=password, dbname=s.pg_db,
                                 connect_timeout=5).close()
             except psycopg.Error as exc:
-                raise StackError(f"pg: role {user} cannot log in over TCP: {str(exc).strip().splitlines()[0]}") from exc
+                raise StackError(f"pg: role {user} cannot log in over TCP: {first_line(exc)}") from exc
 
     def drop_slots(self) -> list[str]:
         """Drop every inactive replication slot (for a clean restart of the connectors)."""

@@ -40,7 +40,7 @@ from harness.torture.process import IngestProcess, run_once
 from ingest.config import IngestConfig, load_config
 from ingest.cuts import store
 from ingest.cuts.transactions import TransactionTopic
-from ingest.errors import IngestError
+from ingest.errors import IngestError, first_line
 from ingest.read.consistent import run_consistent
 from ingest.read.query import run_sql
 from ingest.verify.capture import wait_for_capture
@@ -136,7 +136,7 @@ class Load(threading.Thread):
                     self._one(conn)
                 self.committed += 1
             except psycopg.Error as exc:  # PostgreSQL is not restarted here; say it and go on
-                self.failed.append(str(exc).splitlines()[0])
+                self.failed.append(first_line(exc))
                 conn = None
                 time.sleep(0.5)
 
@@ -168,7 +168,7 @@ def read_once(config: IngestConfig, result: Result) -> None:
             if "no cut published yet" in text or "no commit yet" in text or "Catalog Error" in text:
                 reads.no_cut_yet += 1
             elif len(reads.errors) < 5:
-                reads.errors.append(text.splitlines()[0][:200])
+                reads.errors.append(first_line(exc)[:200])
             continue
         reads.made += 1
         broken = {k: v for k, v in rows[0].items() if v}
