@@ -77,7 +77,8 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
         on_stall: restarts the capture (Kafka Connect) when no slot has moved for ``restart_after``
             seconds, markers written; ``None`` waits it out. What it raises is raised here.
         restart_after: see ``on_stall``.
-        slots: wait for these slots only (by name); ``None``: every logical slot of the database.
+        slots: wait for these slots only (by name), each of which must then be active; ``None``: every
+            active logical slot of the database.
 
     Returns:
         The target LSN, whether every active slot reached it, the slots' last state and how many
@@ -98,13 +99,16 @@ def wait_for_capture(dsn: str, *, timeout: float = 120.0, say: Say | None = None
             states = [s for s in slot_states(conn, target) if slots is None or s.name in slots]
             result.slots = states
             active = [s for s in states if s.active]
+            idle = sorted(set(slots or ()) - {s.name for s in active})  # named, but not streaming
             now = time.monotonic()
-            if active and all(s.caught_up for s in active):
+            if active and all(s.caught_up for s in active) and not idle:
                 result.ok = True
                 break
             if not active:
                 result.problem = (f"no active logical replication slot in this database "
                                   f"({len(states)} inactive): is Debezium running?")
+            elif idle:
+                result.problem = f"slot(s) {', '.join(idle)} not active: is their connector running?"
             else:
                 result.problem = None
             positions = {s.name: s.confirmed for s in active}

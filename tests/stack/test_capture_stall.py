@@ -41,9 +41,11 @@ def test_a_frozen_connect_is_restarted_and_the_capture_completes(stack: Any, pg_
 
 def test_a_wait_for_some_slots_does_not_wait_for_a_paused_connectors_slot(stack: Any, pg_dsn: str) -> None:
     # bench_latency measures one connector while the stack's other one is paused: it waits for its slot alone.
-    # Both must stream first: the wait passes over an inactive slot, and on a fresh stack pgjson's may
-    # not be active yet (the slot of a connector paused before it streamed stays inactive).
-    assert streaming(pg_dsn, {"pgavro_slot", "pgjson_slot"}, timeout=120)
+    # Both must stream first: on a fresh stack pgjson's slot may not be active yet, and the slot of a
+    # connector paused before it streamed stays inactive. A slot named is waited for until it is active.
+    assert wait_for_capture(pg_dsn, timeout=120, slots=["pgavro_slot", "pgjson_slot"]).ok
+    missing = wait_for_capture(pg_dsn, timeout=2, slots=["pgavro_slot", "no_such_slot"])
+    assert not missing.ok and "no_such_slot" in (missing.problem or ""), missing.problem
     with stack.connectors_paused(["pgjson"]):
         for _ in range(60):  # the pause reaches the task asynchronously
             if all(t["state"] == "PAUSED" for t in stack.connector_status("pgjson")["tasks"]):
@@ -57,14 +59,3 @@ def test_a_wait_for_some_slots_does_not_wait_for_a_paused_connectors_slot(stack:
         everything = wait_for_capture(pg_dsn, timeout=5)
         assert not everything.ok and "pgjson_slot" in (everything.problem or ""), everything.problem
     assert wait_for_capture(pg_dsn, timeout=120).ok  # resumed, it catches up
-
-
-def streaming(pg_dsn: str, slots: set[str], *, timeout: float) -> bool:
-    """Whether ``slots`` are all active and caught up within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = wait_for_capture(pg_dsn, timeout=max(1.0, deadline - time.monotonic()))
-        if result.ok and slots <= {s.name for s in result.slots if s.active}:
-            return True
-        time.sleep(1)
-    return False
