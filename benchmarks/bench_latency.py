@@ -76,11 +76,10 @@ console = Console(width=170)  # the table is the result: never wrapped to a pipe
 SCHEMA = "benchlat"
 #: The table sets: the engine ingests the table measured alone, or with the other shop tables.
 TABLE_SETS = {"one": ("order_items",), "shop": ("customers", "products", "orders", "order_items")}
-#: The stack's PostgreSQL connector that captures the same tables in the format not measured, and the
-#: replication slot of the one measured (infra/stack/connectors/).
-OTHER_CONNECTOR = {"avro": "pgjson", "json": "pgavro"}
+#: The stack's PostgreSQL connector of each format (infra/stack/connectors/): the one measured; the other
+#: captures the same tables in the other format.
 MEASURED_CONNECTOR = {"avro": "pgavro", "json": "pgjson"}
-MEASURED_SLOT = {"avro": "pgavro_slot", "json": "pgjson_slot"}
+OTHER_CONNECTOR = {"avro": MEASURED_CONNECTOR["json"], "json": MEASURED_CONNECTOR["avro"]}
 
 
 @dataclass
@@ -197,7 +196,8 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
                            for i in range(generators)]
                 reports = [f.result() for f in futures]
             load_end = time.time()
-            capture = wait_for_capture(dsn, timeout=600, say=console.print, slots=[MEASURED_SLOT[args.format]])
+            slot = stack.connector_template(MEASURED_CONNECTOR[args.format])["slot.name"]  # type: ignore[attr-defined]
+            capture = wait_for_capture(dsn, timeout=600, say=console.print, slots=[slot])
             drained = wait_for_tables(config, list(config.tables), wait=900, say=console.print)
             drain_seconds = time.time() - load_end
         if not (rest := wait_for_capture(dsn, timeout=600, say=console.print)).ok:  # before the next reset
