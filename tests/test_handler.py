@@ -22,7 +22,7 @@ from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode import columnar
-from ingest.errors import IngestError, RegistryUnavailableError
+from ingest.errors import LakeUnavailableError, RegistryUnavailableError
 from ingest.lake.layout import TablePaths
 from ingest.source.topiclog import ProducerRecord, TopicLog
 from ingest.stream.callback import AllTablesStopped, ForEachBatch
@@ -196,10 +196,6 @@ def test_a_failure_of_the_batch_applied_in_the_background_stops_the_query_at_the
     assert isinstance(handler.error, OSError) and [r.batch_id for r in report.tables[TABLE].batches] == [0]
 
 
-class _Flaky(IngestError):
-    transient = True  # a store that did not answer: the batch is tried again
-
-
 def test_a_batch_retried_after_a_transient_failure_asks_for_its_suspect_reads_once(tmp_path, monkeypatch):
     """The ask goes before the commit (:mod:`ingest.stream.rereads`); a batch whose commit fails twice
     and is tried three times asks once, and commits."""
@@ -230,7 +226,7 @@ def test_a_batch_retried_after_a_transient_failure_asks_for_its_suspect_reads_on
     def commit(self: DeltaRsWriter, *args: Any, **kwargs: Any) -> Any:
         commits.append(1)
         if len(commits) in (2, 3):  # the second batch's first two tries
-            raise _Flaky("the store did not answer")
+            raise LakeUnavailableError("the store did not answer")  # transient: tried again
         return real_commit(self, *args, **kwargs)
 
     monkeypatch.setattr(DeltaRsWriter, "commit", commit)

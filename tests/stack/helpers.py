@@ -82,7 +82,7 @@ def config_file(config: IngestConfig, path: Path) -> Path:
     return path
 
 
-def _stack() -> Any:
+def _settings() -> Any:
     """The stack's settings, from the environment (``STACK_*_PORT`` move its servers)."""
     from harness.stack.settings import StackSettings
 
@@ -93,7 +93,7 @@ def read_topic(topic: str, bootstrap: str | None = None, timeout: float = 5.0) -
     """Every ``(key, value)`` of a one-partition topic, raw bytes (default: the stack's broker)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap or _stack().bootstrap_servers(), "group.id": "tests-stack",
+    consumer = Consumer({"bootstrap.servers": bootstrap or _settings().bootstrap_servers(), "group.id": "tests-stack",
                          "enable.auto.commit": False})
     try:
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
@@ -137,7 +137,7 @@ def _writer_schema(value: bytes, known: dict[int, Any]) -> Any:
     unless ``known`` holds it by id (it then does)."""
     schema_id = struct.unpack(">bI", value[:5])[1]
     if schema_id not in known:
-        response = requests.get(f"{_stack().registry_url()}/apis/ccompat/v7/schemas/ids/{schema_id}", timeout=10)
+        response = requests.get(f"{_settings().registry_url()}/apis/ccompat/v7/schemas/ids/{schema_id}", timeout=10)
         known[schema_id] = json.loads(response.json()["schema"])
     return known[schema_id]
 
