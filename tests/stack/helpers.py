@@ -73,7 +73,10 @@ def fresh_schema(stack: Any, dsn: str, schema: str, topics: list[str], *statemen
         conn.execute(f"CREATE SCHEMA {schema}")
         for statement in statements:
             conn.execute(statement)
-    assert wait_for_capture(dsn, timeout=120, on_stall=stack.unstick_capture).ok
+    # The stack's PostgreSQL connectors by their slots: on a fresh stack a slot is not active until its
+    # connector streams, and a wait for every slot passes over an inactive one.
+    slots = [c["slot.name"] for c in map(stack.connector_template, stack.settings.connectors) if "slot.name" in c]
+    assert wait_for_capture(dsn, timeout=120, on_stall=stack.unstick_capture, slots=slots).ok
 
 
 def config_file(config: IngestConfig, path: Path) -> Path:
