@@ -4,8 +4,8 @@
 tests and the benchmarks import from here.
 """
 
+from ingest.lake.delta import MAINTENANCE_KEY
 from ingest.ops.maintain import (
-    MAINTENANCE_KEY,
     MaintenanceOptions,
     TableMaintenance,
     log_retention,

@@ -16,7 +16,7 @@ from ingest.commit.remembered import positions as tombstone_positions
 from ingest.commit.remembered import purge as purge_tombstones
 from ingest.config import TableSpec
 from ingest.errors import SchemaIncompatibleError, TableError
-from ingest.lake.delta import open_table, read_all, table_schema
+from ingest.lake.delta import PACK_AFTER_FILES, open_table, read_all, table_schema
 from ingest.records import audit
 from tests.harness import Topic, envelope, flat, ingest_batch, ingest_in_batches, key, paths_in, pg, rows
 
@@ -121,6 +121,26 @@ def test_tombstones_can_be_forced_or_ignored_per_table(tmp_path):
     auto = paths_in(tmp_path / "auto")
     ingest_in_batches(HARD, auto, topic, [1])
     assert rows(auto) == {}
+
+
+@pytest.mark.rules_only
+def test_remembered_deletes_stay_in_few_files_and_keep_guarding(tmp_path):
+    """Each batch that deletes adds a file of remembered deletes, and each batch reads them all:
+    past :data:`PACK_AFTER_FILES` they are packed, and every delete still guards its key."""
+    paths, topic = paths_in(tmp_path), Topic()
+    batches = PACK_AFTER_FILES + 4
+    topic.send(key(0), pg("c", {"id": 0, "v": "a"}, lsn=100))
+    for i in range(1, batches + 1):  # batch i creates key i and deletes key i - 1
+        topic.send(key(i), pg("c", {"id": i, "v": "a"}, lsn=100 + 10 * i))
+        topic.send(key(i - 1), pg("d", {"id": i - 1, "v": "a"}, lsn=105 + 10 * i))
+    ingest_in_batches(HARD, paths, topic, list(range(1, 2 * batches, 2)))
+    stones = open_table(paths.tombstones)
+    assert stones is not None and len(stones.file_uris()) <= PACK_AFTER_FILES < batches
+    assert set(tombstone_positions(paths.tombstones, ("id",), {"id": "long"}, "t")) == {(i,) for i in range(batches)}
+    # an older insert of the first key deleted, delivered again, is stale
+    result = ingest_batch(HARD, paths, topic, [topic.send(key(0), pg("c", {"id": 0, "v": "a"}, lsn=100))],
+                          batch_id=batches + 1)
+    assert set(rows(paths)) == {batches} and result.record.stale == 1
 
 
 # -- 3. PostgreSQL re-snapshot -------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from ingest.commit.state import TableState
 from ingest.commit.writer import Writer
 from ingest.config import TableSpec
 from ingest.decode.parts import read_parts, write_parts
-from ingest.lake.delta import open_table, quote, table_schema, utc_literal, write_table
+from ingest.lake.delta import open_table, pack_small_files, quote, table_schema, utc_literal, write_table
 from ingest.lake.location import LakePath
 from ingest.lake.lookup import rows_of_keys
 from ingest.model import ColumnSpec
@@ -134,6 +134,7 @@ def _record(path: LakePath, deletes: pa.Table, history: Histories, key_columns: 
         return
     on = " AND ".join(f"t.{quote(c)} = s.{quote(c)}" for c in ("old_key", "position"))
     DeltaTable.merge(table, source, on, source_alias="s", target_alias="t").when_not_matched_insert_all().execute()
+    pack_small_files(table)
 
 
 def purge_moves(path: LakePath, older_than: datetime) -> int:

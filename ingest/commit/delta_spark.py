@@ -367,6 +367,7 @@ def remember_on_executors(spark: SparkSession, remembered: RememberedDeletes, ke
      .whenMatchedUpdateAll(later_than_stored_sql("s._cdc_position", "t._cdc_position"))
      .whenNotMatchedInsertAll()
      .execute())
+    remembered.pack()
 
 
 def dialect_for(table: DeltaTable | None, rows: Rows, key_columns: tuple[str, ...]) -> Dialect:

@@ -18,7 +18,17 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from ingest.columns import arrow_type, delta_type_name
 from ingest.errors import TableError
-from ingest.lake.delta import latest_table, open_table, query, quote, read_all, table_schema, utc_literal, write_table
+from ingest.lake.delta import (
+    latest_table,
+    open_table,
+    pack_small_files,
+    query,
+    quote,
+    read_all,
+    table_schema,
+    utc_literal,
+    write_table,
+)
 from ingest.lake.location import Location
 from ingest.lake.lookup import KeyLookup, rows_of_keys
 from ingest.rules.ordering import later_than_stored_sql
@@ -102,6 +112,14 @@ class RememberedDeletes:
          .when_matched_update_all(later_than_stored_sql("s._cdc_position", "t._cdc_position"))
          .when_not_matched_insert_all()
          .execute())
+        self.pack()
+
+    def pack(self) -> None:
+        """Bin-pack the small files that the batches' deletes add (:func:`~ingest.lake.delta.pack_small_files`):
+        each batch's MERGE of new deletes writes one, and every batch reads them all."""
+        self._delta = latest_table(self.path, self._delta)
+        if self._delta is not None:
+            pack_small_files(self._delta)
 
 
 def positions(path: Location, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str) -> dict[Key, str]:

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, QueryBuilder, write_deltalake
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from ingest.columns import normalize
@@ -207,6 +207,45 @@ def read_all(table: DeltaTable, *, columns: list[str] | None = None, where: str 
     cols = ", ".join(quote(c) for c in columns) if columns else "*"
     sql = f"SELECT {cols} FROM t" + (f" WHERE {where}" if where else "")
     return normalize(query(table, sql))
+
+
+#: The commit-info key of a commit that changes a table's layout, never its rows (compaction, vacuum):
+#: the engine's progress and key live in other commits (``ingest maintain``, :func:`pack_small_files`).
+MAINTENANCE_KEY: Final = "cdc.maintenance"
+#: :func:`pack_small_files` packs a tier once more than this many files are small for it.
+PACK_AFTER_FILES: Final = 16
+#: The tiers of :func:`pack_small_files`: the sizes (bytes) it packs files into, smallest first.
+PACK_TIERS: Final = (1 << 20, 64 << 20)
+
+
+def pack_small_files(table: DeltaTable, *, after: int = PACK_AFTER_FILES, tiers: tuple[int, ...] = PACK_TIERS
+                     ) -> int:
+    """Bin-pack the small files of a table that gains a file with most batches, once they add up.
+
+    The engine's side tables (remembered deletes, primary-key moves) are written by a MERGE per
+    batch that inserts new keys into a new small file, and read by key ranges that random keys
+    stretch over every file: unpacked, each batch would read and merge one file more than the
+    last. Per tier, smallest first: when more than ``after`` files are smaller than half the tier's
+    size, delta-rs's compaction packs every file below that size into files of about that size;
+    the packed files count toward the next tier. So a table holds at most ``after`` small files per
+    tier, a row is rewritten about once per tier, and no batch rewrites more than the largest
+    tier's size. A table with deletion vectors is left as it is (delta-rs cannot write it).
+
+    Returns:
+        How many files the packing removed (0: nothing to pack).
+    """
+    if has_deletion_vectors(table):
+        return 0
+    removed = 0
+    for size in tiers:
+        sizes = pa.table(table.get_add_actions(flatten=True))["size_bytes"]
+        small = pc.sum(pc.less(sizes, size // 2)).as_py() or 0
+        if small <= after:
+            continue
+        metrics = table.optimize.compact(target_size=size, commit_properties=CommitProperties(
+            custom_metadata={MAINTENANCE_KEY: "pack"}))
+        removed += int(metrics.get("numFilesRemoved", 0))
+    return removed
 
 
 def table_schema(table: DeltaTable) -> pa.Schema:

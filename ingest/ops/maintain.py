@@ -70,14 +70,13 @@ from ingest.commit.state import latest_cdc_commit, load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import TableLockedError
 from ingest.lake import locks
-from ingest.lake.delta import has_deletion_vectors, open_table
+from ingest.lake.delta import MAINTENANCE_KEY, has_deletion_vectors, open_table
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath, Location, s3_client
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-MAINTENANCE_KEY = "cdc.maintenance"
 #: How often a maintenance waiting for a table's writer lock asks again.
 LOCK_POLL_SECONDS = 0.5
 _DEFAULT_LOG_RETENTION = timedelta(days=30)

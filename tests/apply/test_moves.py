@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from ingest.config import TableSpec
-from ingest.lake.delta import open_table, read_all
+from ingest.lake.delta import PACK_AFTER_FILES, open_table, read_all
 from tests.harness import TS, Topic, ingest_batch, key, paths_in, pg
 
 pytestmark = [pytest.mark.usefixtures("apply_engine"), pytest.mark.rules_only]
@@ -189,3 +189,21 @@ def test_hard_deletes_of_moves_keep_the_removed_rows_until_maintenance_forgets_t
     assert {k: (r["v"], r["note"]) for k, r in table_rows(paths, spec).items()} == expected
     assert purge_moves(paths.moves, datetime.now(UTC) - timedelta(days=1)) == 0
     assert purge_moves(paths.moves, datetime.now(UTC) + timedelta(seconds=1)) == 4
+
+
+def test_the_moves_of_many_batches_stay_in_few_files(tmp_path: Any) -> None:
+    """Each batch that moves a row in hard-delete mode adds a file to the moves table, which the
+    next moves read: past :data:`~ingest.lake.delta.PACK_AFTER_FILES` they are packed, and the
+    moved row still finds its value."""
+    spec, topic, paths = SPECS["hard"], Topic(), paths_in(tmp_path)
+    batches = PACK_AFTER_FILES + 3
+    topic.send(key(1), pg("c", {"id": 1, "v": 0, "note": NOTE[1]}, lsn=10))
+    ingest_batch(spec, paths, topic, topic.messages[:], batch_id=0)
+    for i in range(1, batches + 1):  # batch i moves key i to key i + 1
+        start = len(topic.messages)
+        move(topic, i, i + 1, {"v": i, "note": PLACEHOLDER}, lsn=10 + 10 * i)
+        ingest_batch(spec, paths, topic, topic.messages[start:], batch_id=i)
+    moves = open_table(paths.moves)
+    assert len(moves.file_uris()) <= PACK_AFTER_FILES < batches
+    assert sorted(r["old_key"] for r in read_all(moves).to_pylist()) == sorted(f"[{i}]" for i in range(1, batches + 1))
+    assert {k: (r["v"], r["note"]) for k, r in table_rows(paths, spec).items()} == {batches + 1: (batches, NOTE[1])}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -31,11 +32,12 @@ from ingest.apply.journey import apply_batch, apply_parts, placement_for
 from ingest.commit import delta_spark
 from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.delta_spark import DeltaSparkWriter
+from ingest.commit.remembered import RememberedDeletes, positions
 from ingest.commit.state import OpenTables, load_state
 from ingest.config import TableSpec
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.decode.parts import write_parts
-from ingest.lake.delta import open_table, read_all
+from ingest.lake.delta import PACK_AFTER_FILES, open_table, read_all, write_table
 from ingest.lake.layout import TablePaths
 from ingest.quality import QualityGate, load_suite
 from ingest.records import quarantine
@@ -322,3 +324,28 @@ def test_only_a_batch_with_deletes_writes_remembered_deletes(tmp_path: Any, spar
     assert [r["id"] for r in _table(on_executors.tombstones, drop)] == [1]
     assert _table(on_executors.tombstones, drop) == _table(on_driver.tombstones, drop)
     assert _table(on_executors.table) == _table(on_driver.table)
+
+
+def test_remembered_deletes_merged_on_the_executors_are_packed(tmp_path: Any, spark: Any) -> None:
+    """delta-spark's MERGE of a batch's deletes adds a file to the remembered deletes as delta-rs's
+    does: past :data:`~ingest.lake.delta.PACK_AFTER_FILES` small files they are packed, and keep
+    every delete."""
+    paths = paths_in(tmp_path)
+    now = datetime.now(UTC)
+
+    def deletes(ids: list[int]) -> pa.Table:
+        return pa.table({"id": pa.array(ids, pa.int64()), "_cdc_position": [f"p{i:03d}" for i in ids],
+                         "_cdc_source_ts": pa.array([now] * len(ids), pa.timestamp("us", tz="UTC"))})
+
+    remembered = RememberedDeletes(paths.tombstones, "t")
+    for i in range(PACK_AFTER_FILES):  # one small file each, as many batches' MERGEs would leave
+        write_table(paths.tombstones, pa.table({
+            "id": pa.array([i], pa.int64()), "_cdc_position": [f"p{i:03d}"],
+            "_cdc_deleted_at": pa.array([now], pa.timestamp("us", tz="UTC")),
+            "_cdc_recorded_at": pa.array([now], pa.timestamp("us", tz="UTC"))}), mode="append")
+    delta_spark.remember_on_executors(spark, remembered, ("id",), {"id": "long"},
+                                      arrow_frame(spark, deletes([PACK_AFTER_FILES])))
+    stones = open_table(paths.tombstones)
+    assert stones is not None and len(stones.file_uris()) == 1
+    assert positions(paths.tombstones, ("id",), {"id": "long"}, "t") == {
+        (i,): f"p{i:03d}" for i in range(PACK_AFTER_FILES + 1)}
