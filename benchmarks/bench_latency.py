@@ -29,13 +29,16 @@ Each run checks the freshness goal, p50 at most the trigger interval plus the me
 (the ``order_items`` journey's ``total_ms``), and reports p99/p50 (its goal: at most 1.5). The measured
 connector runs with Debezium's ``poll.interval.ms`` at 50 ms (the stack's keep Debezium's 500 ms: see
 ``docs/operations.md``); ``--poll-ms 500,50`` runs each case once per value, taking turns, and the
-connector is registered as the stack configures it at the end. The figures go to a result file
-(``benchmarks/results/``) for ``docs/benchmarks.md``.
+connector is registered as the stack configures it at the end. ``--baseline REV`` runs each case
+also with the engine of an earlier commit (checked out beside, in the work directory), taking turns
+with this checkout's: everything else -- the stack, the load and the measurement -- is this
+checkout's. The figures go to a result file (``benchmarks/results/``) for ``docs/benchmarks.md``.
 
     make bench-latency
     .venv/bin/python benchmarks/bench_latency.py --tables one --rates 500 --runs 1 --measure 30
     .venv/bin/python benchmarks/bench_latency.py --rates 500 --trigger 0.5   # a shorter trigger
     .venv/bin/python benchmarks/bench_latency.py --tables one --rates 500 --poll-ms 500,50   # Debezium's poll
+    .venv/bin/python benchmarks/bench_latency.py --rates 500 --trigger 0.5 --baseline HEAD~1   # an engine change
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -82,6 +86,41 @@ MEASURED_CONNECTOR = {"avro": "pgavro", "json": "pgjson"}
 OTHER_CONNECTOR = {"avro": MEASURED_CONNECTOR["json"], "json": MEASURED_CONNECTOR["avro"]}
 
 
+@dataclass(frozen=True)
+class Engine:
+    """The engine a run starts: this checkout's, or an earlier commit's checked out at ``path``."""
+
+    name: str
+    path: Path | None = None
+
+    @property
+    def cwd(self) -> Path | None:
+        """The engine's working directory (``None``: this process's): ``python -m`` puts it first on
+        the module path, ahead of this checkout's editable install."""
+        return self.path
+
+
+THIS_CHECKOUT = Engine("this checkout")
+
+
+def baseline_engine(rev: str, workdir: Path) -> Engine:
+    """``rev`` checked out (a git worktree) in ``workdir``, where its engine's process starts."""
+    root = Path(__file__).resolve().parent.parent
+    short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=root, check=True, capture_output=True,
+                           text=True).stdout.strip()
+    path = workdir / f"engine-{short}"
+    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=root, capture_output=True)
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), short], cwd=root, check=True,
+                   capture_output=True)
+    return Engine(short, path)
+
+
+def remove_engine(engine: Engine) -> None:
+    if engine.path is not None:
+        subprocess.run(["git", "worktree", "remove", "--force", str(engine.path)],
+                       cwd=Path(__file__).resolve().parent.parent, capture_output=True)
+
+
 @dataclass
 class RateResult:
     """One run's figures at one rate."""
@@ -89,6 +128,7 @@ class RateResult:
     tables: str
     run: int
     poll_ms: int
+    engine: str
     target: float
     generators: int
     achieved: float
@@ -157,11 +197,11 @@ def arrivals(config: IngestConfig, rows: object) -> dict[tuple[str, int, int], t
 
 
 def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Namespace,
-            poll_ms: int) -> RateResult:
+            poll_ms: int, engine: Engine = THIS_CHECKOUT) -> RateResult:
     """One run at one rate with one table set (see the module docstring), with Debezium's
-    ``poll.interval.ms`` at ``poll_ms``."""
+    ``poll.interval.ms`` at ``poll_ms``, of ``engine``."""
     dsn = stack.pg_dsn()  # type: ignore[attr-defined]
-    workdir = args.workdir / f"{tables}-rate-{int(rate)}-run-{run}" / f"poll-{poll_ms}"
+    workdir = args.workdir / f"{tables}-rate-{int(rate)}-run-{run}" / f"poll-{poll_ms}" / engine.name.replace(" ", "-")
     poll(stack, args.format, poll_ms)
     shutil.rmtree(workdir, ignore_errors=True)
     reset_source(stack, SCHEMA, say=console.print)
@@ -172,7 +212,7 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         raw["source"]["trigger_seconds"] = args.trigger
         config_path.write_text(yaml.safe_dump(raw))
     config = load_config(config_path)
-    process = IngestProcess(config_path, workdir / "logs", engine_environment(stack))
+    process = IngestProcess(config_path, workdir / "logs", engine_environment(stack), cwd=engine.cwd)
     process.start()
     try:
         # the catalog's topics exist once Debezium has captured it: before, they have no end offsets to wait for
@@ -224,7 +264,8 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
     committed = sum(r.committed_changes for r in reports)
     seconds = max(r.seconds for r in reports)
     return RateResult(
-        tables=tables, run=run, poll_ms=poll_ms, target=rate, generators=generators, achieved=committed / seconds,
+        tables=tables, run=run, poll_ms=poll_ms, engine=engine.name, target=rate, generators=generators,
+        achieved=committed / seconds,
         per_generator=[r.rate for r in reports], engine_rate=received / args.measure,
         p50=lat.percentile(50), p95=lat.percentile(95), p99=lat.percentile(99), rows=len(lat.values),
         unmatched=lat.unmatched, drain_seconds=drain_seconds, caught_up=capture.ok and drained.ok,
@@ -287,6 +328,8 @@ def main() -> None:
     parser.add_argument("--poll-ms", default="50",
                         help="Debezium's poll.interval.ms for the measured connector, comma separated to compare "
                              "settings run by run (the stack's connectors keep Debezium's 500)")
+    parser.add_argument("--baseline", default=None, metavar="REV",
+                        help="also run the engine of this git revision, taking turns with this checkout's")
     parser.add_argument("--workdir", type=Path, default=Path("bench-work/latency"))
     args = parser.parse_args()
     args.workdir = args.workdir.resolve()
@@ -301,26 +344,30 @@ def main() -> None:
     stack.wait_connectors()
     os.environ.update(stack.engine_env())
     polls = [int(p) for p in args.poll_ms.split(",")]
+    engines = [baseline_engine(args.baseline, args.workdir), THIS_CHECKOUT] if args.baseline else [THIS_CHECKOUT]
     try:
-        results = [measure(stack, tables, float(rate), run, args, poll_ms)
+        results = [measure(stack, tables, float(rate), run, args, poll_ms, engine)
                    for tables in sets for rate in args.rates.split(",") for run in range(1, args.runs + 1)
-                   for poll_ms in polls]
+                   for poll_ms in polls for engine in engines]
     finally:
         poll(stack, args.format, None)
+        for engine in engines:
+            remove_engine(engine)
 
     out = Table(title=f"Continuous mode on the stack ({args.format}): PostgreSQL commit -> visible in Delta, "
                       f"order_items rows committed in a {args.measure:.0f} s window after {args.warmup:.0f} s "
                       "warm-up; stages are medians")
-    for col in ("tables", "target rate", "run", "poll", "achieved source rate", "engine records/s", "p50", "p95", "p99",
-                "p99/p50", "median batch", "batch first / last tenth", "p50 <= trigger + batch", *STAGES,
-                "rows measured", "drain", "failed tx"):
+    for col in ("tables", "target rate", "run", "poll", "engine from", "achieved source rate", "engine records/s",
+                "p50", "p95", "p99", "p99/p50", "median batch", "batch first / last tenth", "p50 <= trigger + batch",
+                *STAGES, "rows measured", "drain", "failed tx"):
         out.add_column(col, justify="right")
     figures = []
     for r in results:
         name = f"{r.tables}, {r.target:,.0f}/s, " + (f"poll {r.poll_ms} ms, " if len(polls) > 1 else "") + \
+            (f"engine {r.engine}, " if len(engines) > 1 else "") + \
             f"run {r.run}"
         ratio = r.p99 / r.p50 if r.p50 and r.p99 is not None else None
-        out.add_row(r.tables, f"{r.target:,.0f}/s", str(r.run), _poll(r.poll_ms), f"{r.achieved:,.0f}/s",
+        out.add_row(r.tables, f"{r.target:,.0f}/s", str(r.run), _poll(r.poll_ms), r.engine, f"{r.achieved:,.0f}/s",
                     f"{r.engine_rate:,.0f}/s",
                     _s(r.p50), _s(r.p95), _s(r.p99), "-" if ratio is None else f"{ratio:.2f}", _s(r.batch_p50),
                     "-" if r.batch_ends is None else f"{r.batch_ends[0] / 1000:.2f} / {r.batch_ends[1] / 1000:.2f} s",
@@ -345,10 +392,10 @@ def main() -> None:
                     Figure(f"{name}: caught up after the load", r.caught_up)]
     console.print(out)
     tail = Table(title="The slowest 5 % of those rows: each stage's median")
-    for col in ("tables", "target rate", "run", "poll", *STAGES):
+    for col in ("tables", "target rate", "run", "poll", "engine from", *STAGES):
         tail.add_column(col, justify="right")
     for r in results:
-        tail.add_row(r.tables, f"{r.target:,.0f}/s", str(r.run), _poll(r.poll_ms),
+        tail.add_row(r.tables, f"{r.target:,.0f}/s", str(r.run), _poll(r.poll_ms), r.engine,
                      *(_s(r.tail[stage]) for stage in STAGES))
     console.print(tail)
     console.print(f"trigger {results[0].trigger_ms / 1000:.1f} s; load average at the end: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,3 +23,17 @@ def test_batch_times_early_and_late_are_the_medians_of_the_first_and_last_tenth(
     assert bench_latency.first_and_last(times) == (1.5, 19.5)
     assert bench_latency.first_and_last([3.0, 1.0, 2.0]) == (3.0, 2.0)  # at least one batch each
     assert bench_latency.first_and_last([]) is None
+
+
+def test_a_baseline_engine_is_an_earlier_commit_its_process_imports_first(tmp_path: Path) -> None:
+    """``--baseline``: the engine's process, started in the commit checked out beside, imports its ``ingest``."""
+    engine = bench_latency.baseline_engine("HEAD", tmp_path)
+    try:
+        assert engine.path is not None and (engine.path / "ingest" / "__init__.py").is_file()
+        imported = subprocess.run([sys.executable, "-c", "import ingest; print(ingest.__file__)"],
+                                  cwd=engine.cwd, capture_output=True, text=True, check=True).stdout.strip()
+        assert Path(imported).is_relative_to(engine.path)
+        assert bench_latency.THIS_CHECKOUT.cwd is None
+    finally:
+        bench_latency.remove_engine(engine)
+    assert engine.path is not None and not engine.path.exists()
