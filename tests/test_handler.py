@@ -188,7 +188,7 @@ def test_a_failure_of_the_batch_applied_in_the_background_stops_the_query_at_the
     def append(*_args: Any, **_kwargs: Any) -> None:
         raise OSError("audit table: disk full")
 
-    monkeypatch.setattr(ingest.stream.callback.audit, "append", append)
+    monkeypatch.setattr(ingest.stream.callback.audit.AuditLog, "append", append)  # the run's, kept open
     handler(frames[0], 0)  # the audit append fails in the background
     with pytest.raises(OSError, match="disk full"):
         handler(frames[1], 1)  # decodes, then finds the last batch failed: batch 1 is not applied

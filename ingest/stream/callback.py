@@ -79,6 +79,8 @@ class ForEachBatch:
                  progress: ProgressFn | None, gates: dict[str, QualityGate], *, retry_stopped: bool = False,
                  cuts: Publisher | None = None, metrics: RunMetrics | None = None) -> None:
         self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
+        #: the audit table, kept open from one micro-batch's append to the next
+        self.audit = audit.AuditLog()
         self.metrics = metrics
         self.progress, self.gates = progress, gates
         #: publishes the cuts of the tables' transaction group after each micro-batch (shared by the run's queries)
@@ -304,7 +306,7 @@ class ForEachBatch:
         # One audit commit for the micro-batch's tables, not one each (200 tables: 200 commits of a
         # shared table, one at a time). Each table's commit holds its row already (reconcile).
         if records:
-            audit.append(TablePaths.of(self.config, records[0].table).audit, records)
+            self.audit.append(TablePaths.of(self.config, records[0].table).audit, records)
         if self.cuts is not None:
             self.report.cuts = self.cuts.attempt({n: secrets.describe(e) for n, e in self.stopped.items()})
         if len(self.stopped) == len(self.specs) and not self.retry_at:
@@ -364,7 +366,7 @@ class ForEachBatch:
                     parts = self._decoded(gap)
                 record = self._apply(spec, gap, parts, batch_id, 0)
                 if record is not None:
-                    audit.append(paths.audit, [record])
+                    self.audit.append(paths.audit, [record])
         except Exception as exc:
             self.stop_table(spec, exc)
             return False
