@@ -225,11 +225,12 @@ def pack_small_files(table: DeltaTable, *, after: int = PACK_AFTER_FILES, tiers:
     The engine's side tables (remembered deletes, primary-key moves) are written by a MERGE per
     batch that inserts new keys into a new small file, and read by key ranges that random keys
     stretch over every file: unpacked, each batch would read and merge one file more than the
-    last. Per tier, smallest first: when more than ``after`` files are smaller than half the tier's
-    size, delta-rs's compaction packs every file below that size into files of about that size;
-    the packed files count toward the next tier. So a table holds at most ``after`` small files per
-    tier, a row is rewritten about once per tier, and no batch rewrites more than the largest
-    tier's size. A table with deletion vectors is left as it is (delta-rs cannot write it).
+    last. A continuous run's audit table gains a file with each micro-batch's append. Per tier,
+    smallest first: when more than ``after`` files are smaller than half the tier's size,
+    delta-rs's compaction packs the files below that size into files of about that size; the
+    packed files count toward the next tier. So a table keeps at most ``after`` small files per
+    tier, and a pack never rewrites a file of the largest tier's size or more. A table with
+    deletion vectors is left as it is (delta-rs cannot write it).
 
     Returns:
         How many files the packing removed (0: nothing to pack).
