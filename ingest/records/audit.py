@@ -174,10 +174,10 @@ AUDIT_SCHEMA = pa.schema(
 class AuditLog:
     """The audit table as a continuous run appends to it, a commit per micro-batch.
 
-    Opening a Delta table replays its log, and appending to one a run opened afresh each time cost
-    it more with every commit (on a local lake, 38 ms after 400 commits, 114 ms after 2,000); this
-    keeps the table open from one append to the next, brought up to date before each, and packs the
-    small file each append adds (:func:`~ingest.lake.delta.pack_small_files`): 21 and 42 ms.
+    Opening a Delta table replays its log, so appending to one opened afresh each time costs more
+    with every commit. This keeps the table open from one append to the next, brought up to date
+    before each, and packs the small file each append adds (:func:`~ingest.lake.delta.pack_small_files`);
+    ``benchmarks/bench_audit_append.py`` compares the two.
     """
 
     def __init__(self) -> None:
