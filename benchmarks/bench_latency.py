@@ -76,6 +76,7 @@ from ingest.verify.source_db import wait_for_tables
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import Figure, changed_options, write_result
 
+ROOT = Path(__file__).resolve().parent.parent
 console = Console(width=170)  # the table is the result: never wrapped to a pipe's 80 columns
 SCHEMA = "benchlat"
 #: The table sets: the engine ingests the table measured alone, or with the other shop tables.
@@ -105,20 +106,19 @@ THIS_CHECKOUT = Engine("this checkout")
 
 def baseline_engine(rev: str, workdir: Path) -> Engine:
     """``rev`` checked out (a git worktree) in ``workdir``, where its engine's process starts."""
-    root = Path(__file__).resolve().parent.parent
-    short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=root, check=True, capture_output=True,
+    short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
                            text=True).stdout.strip()
-    path = workdir / f"engine-{short}"
-    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=root, capture_output=True)
-    subprocess.run(["git", "worktree", "add", "--detach", str(path), short], cwd=root, check=True,
+    engine = Engine(short, workdir / f"engine-{short}")
+    remove_engine(engine)  # left by a run that was killed
+    subprocess.run(["git", "worktree", "add", "--detach", str(engine.path), short], cwd=ROOT, check=True,
                    capture_output=True)
-    return Engine(short, path)
+    return engine
 
 
 def remove_engine(engine: Engine) -> None:
+    """Remove ``engine``'s worktree (this checkout's: nothing)."""
     if engine.path is not None:
-        subprocess.run(["git", "worktree", "remove", "--force", str(engine.path)],
-                       cwd=Path(__file__).resolve().parent.parent, capture_output=True)
+        subprocess.run(["git", "worktree", "remove", "--force", str(engine.path)], cwd=ROOT, capture_output=True)
 
 
 @dataclass

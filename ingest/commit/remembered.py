@@ -112,11 +112,12 @@ class RememberedDeletes:
          .when_matched_update_all(later_than_stored_sql("s._cdc_position", "t._cdc_position"))
          .when_not_matched_insert_all()
          .execute())
-        self.pack()
+        pack_small_files(delta)  # the MERGE left the handle at its own commit: nothing to read again
 
     def pack(self) -> None:
-        """Bin-pack the small files that the batches' deletes add (:func:`~ingest.lake.delta.pack_small_files`):
-        each batch's MERGE of new deletes writes one, and every batch reads them all."""
+        """Bin-pack the small files that the batches' deletes add (:func:`~ingest.lake.delta.pack_small_files`),
+        after a MERGE of them that another writer (delta-spark's) made: each such MERGE writes one,
+        and every batch reads them all."""
         self._delta = latest_table(self.path, self._delta)
         if self._delta is not None:
             pack_small_files(self._delta)

@@ -238,14 +238,15 @@ def pack_small_files(table: DeltaTable, *, after: int = PACK_AFTER_FILES, tiers:
     if has_deletion_vectors(table):
         return 0
     removed = 0
+    sizes = pa.table(table.get_add_actions(flatten=True))["size_bytes"]
     for size in tiers:
-        sizes = pa.table(table.get_add_actions(flatten=True))["size_bytes"]
         small = pc.sum(pc.less(sizes, size // 2)).as_py() or 0
         if small <= after:
             continue
         metrics = table.optimize.compact(target_size=size, commit_properties=CommitProperties(
             custom_metadata={MAINTENANCE_KEY: "pack"}))
         removed += int(metrics.get("numFilesRemoved", 0))
+        sizes = pa.table(table.get_add_actions(flatten=True))["size_bytes"]  # the packed files, for the next tier
     return removed
 
 
