@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -37,3 +39,22 @@ def test_a_baseline_engine_is_an_earlier_commit_its_process_imports_first(tmp_pa
     finally:
         bench_latency.remove_engine(engine)
     assert engine.path is not None and not engine.path.exists()
+
+
+def test_the_interval_is_the_median_time_between_consecutive_batch_starts() -> None:
+    """Back to back batches of 0.4 s under a 0.25 s trigger: the interval is the batches', not the trigger's."""
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
+    starts = [t0 + timedelta(seconds=s) for s in (0.8, 0.0, 0.4, 1.4, 1.1)]  # in any order
+    assert bench_latency.median_interval(starts) == 350.0  # gaps 400, 400, 300, 300 ms
+    assert bench_latency.median_interval(starts[:1]) is None
+
+
+def test_fresh_compares_p50_with_the_measured_interval_not_the_trigger() -> None:
+    result = bench_latency.RateResult(
+        tables="shop", run=1, poll_ms=50, engine="this checkout", target=500, generators=1, achieved=500,
+        per_generator=[500], engine_rate=500, p50=740, p95=900, p99=1000, rows=1, unmatched=0, drain_seconds=1,
+        caught_up=True, failed_transactions=0, trigger_ms=250, interval_ms=500, batch_p50=440, batch_ends=None,
+        stages={}, tail={})
+    assert result.fresh  # 740 <= 500 + 440, though not within the trigger's 250 + 440
+    assert not replace(result, interval_ms=250).fresh
+    assert not replace(result, interval_ms=None).fresh
