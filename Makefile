@@ -132,7 +132,7 @@ stack-cuts: java install
 # (about 45 minutes in all); where the time goes.
 bench-latency: java install
 	$(BIN)/python benchmarks/bench_latency.py
-	$(BIN)/python benchmarks/bench_latency.py --rates 500 --trigger 0.5
+	$(BIN)/python benchmarks/bench_latency.py --rates 500 --trigger 0.25
 
 # The documentation site (mkdocs.yml): regenerate the generated pages (the configuration reference from
 # ingest/config/, the benchmarks page from benchmarks/results/), then build into site/ (git-ignored) in

@@ -39,9 +39,9 @@ checkout's. The figures go to a result file (``benchmarks/results/``) for ``docs
 
     make bench-latency
     .venv/bin/python benchmarks/bench_latency.py --tables one --rates 500 --runs 1 --measure 30
-    .venv/bin/python benchmarks/bench_latency.py --rates 500 --trigger 0.5   # a shorter trigger
+    .venv/bin/python benchmarks/bench_latency.py --rates 500 --trigger 0.25  # a short trigger
     .venv/bin/python benchmarks/bench_latency.py --tables one --rates 500 --poll-ms 500,50   # Debezium's poll
-    .venv/bin/python benchmarks/bench_latency.py --rates 500 --trigger 0.5 --baseline HEAD~1   # an engine change
+    .venv/bin/python benchmarks/bench_latency.py --rates 500 --trigger 0.25 --baseline HEAD~1  # an engine change
 """
 
 from __future__ import annotations
