@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -111,24 +112,26 @@ def test_one_rule_for_the_snapshot_tasks_of_any_session(spark):
 
 def test_a_streaming_checkpoint_is_written_without_checksum_files_and_resumes(spark, tmp_path):
     """Every micro-batch writes an offsets and a commit file; Hadoop's checksummed local file system
-    wrote and renamed a .crc beside each, half of the checkpoint's cost per micro-batch
+    wrote and renamed a .crc beside each, about half of the checkpoint's cost per micro-batch
     (benchmarks/bench_checkpoint_files.py). Spark still resumes from what the raw one writes."""
     checkpoint = tmp_path / "checkpoint"
     seen: list[int] = []
 
-    def run() -> None:
+    def run(batches: int) -> None:
         query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 5).load().writeStream
                  .foreachBatch(lambda _df, batch_id: seen.append(batch_id))
                  .option("checkpointLocation", str(checkpoint)).trigger(processingTime="50 milliseconds").start())
+        deadline = time.monotonic() + 120
         try:
-            while len(seen) < 3 or not query.lastProgress:
-                query.awaitTermination(0.1)
+            while len(seen) < batches or not query.lastProgress:
+                assert time.monotonic() < deadline, f"{len(seen)} of {batches} micro-batches in 120 s"
+                query.awaitTermination(0.1)  # raises the query's error, if it failed
         finally:
             query.stop()
 
-    run()
+    run(3)
     first = len(seen)
-    run()
+    run(first + 1)
     # resumed from the checkpoint: after the last batch, or that batch again if the stop came before its commit
     assert seen[first] in (seen[first - 1], seen[first - 1] + 1) and seen[first] > 0
     written = [p.name for p in checkpoint.rglob("*") if p.is_file()]

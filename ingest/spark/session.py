@@ -43,9 +43,8 @@ def driver_java_options(extra: tuple[tuple[str, str], ...]) -> str:
     return " ".join(o for o in [*own, *asked] if o)
 
 
-#: Hadoop's local file system without checksum files, as a FileSystem and as a FileContext's (which
-#: Spark's checkpoint and Delta's log store use).
-RAW_LOCAL_FILES: Final = "org.apache.hadoop.fs.RawLocalFileSystem"
+#: Hadoop's local file system without checksum files, for FileContexts (which Spark's checkpoint and
+#: Delta's log store use). Not for FileSystems: S3A casts the local one to the checksummed class.
 RAW_LOCAL_FS: Final = "org.apache.hadoop.fs.local.RawLocalFs"
 
 #: How many tasks Delta rebuilds a table's snapshot in.
@@ -92,9 +91,8 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         # Local files without Hadoop's checksum files: every micro-batch writes its offsets and its
         # commit to the checkpoint, and with a .crc beside each file (written and renamed too) the two
-        # took 95-97 ms of an idle micro-batch, 55-63 ms without (benchmarks/bench_checkpoint_files.py).
+        # took 74-87 ms of an idle micro-batch, 39-43 ms without (benchmarks/bench_checkpoint_files.py).
         # Renames are the same; S3, HDFS and other schemes are untouched. A user's value wins (extra).
-        .config("spark.hadoop.fs.file.impl", RAW_LOCAL_FILES)
         .config("spark.hadoop.fs.AbstractFileSystem.file.impl", RAW_LOCAL_FS)
         .config("spark.driver.memory", "2g")
         .config(DRIVER_JAVA_OPTIONS, java_opts)
