@@ -289,7 +289,8 @@ def _plan(spec: TableSpec, paths: TablePaths, placement: Placement[Any], changes
     return request(source=plan.source, deletes=plan.deletes, truncate=truncate,
                    watermark=truncate or state.truncate_position, matched_deletes=counts.matched_deletes,
                    matched_updates=counts.matched_updates, history_mode=spec.history_mode,
-                   new_keys_only=state.table is not None and plan.stored_keys == 0 and truncate is None)
+                   new_keys_only=state.table is not None and plan.stored_keys == 0 and truncate is None,
+                   new_deletes_only=plan.remembered_keys == 0)
 
 
 def _tombstone_deletes(spec: TableSpec, batch: MicroBatch[Any], changes: Any, key_columns: tuple[str, ...],

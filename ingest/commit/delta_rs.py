@@ -8,7 +8,9 @@ See docs/architecture.md#atomicity and docs/architecture.md#progress-lives-in-th
 3. one MERGE -- inserts, updates, deletes and the truncate together -- guarded again by position in
    its predicates, with one Delta app transaction per topic-partition (the batch's offsets) and the
    table state and audit record in the commit info; a batch with nothing to change still commits
-   its progress markers.
+   its progress markers. A batch of keys the table does not hold is appended instead, under the same
+   markers (:func:`~ingest.commit.writer.may_append`): the MERGE would only insert them, and an
+   append costs neither its join nor its many threads on a busy driver.
 
 delta-rs writes copy-on-write files (it cannot write deletion vectors): a MERGE rewrites every file
 that holds a touched key. It refuses a table with deletion vectors (see :data:`DELETION_VECTORS_REFUSED`).
@@ -39,12 +41,22 @@ from ingest.commit.writer import (
     as_json,
     commit_info,
     creates_with_rows,
+    may_append,
     remember_deletes,
     state_metadata,
     switches_feed_on,
 )
 from ingest.errors import CommitConflictError, TableError
-from ingest.lake.delta import CHANGE_DATA_FEED, quote, read_all, sql_string, utc_literal, write_table
+from ingest.lake.delta import (
+    CHANGE_DATA_FEED,
+    log_version,
+    quote,
+    read_all,
+    sql_string,
+    table_schema,
+    utc_literal,
+    write_table,
+)
 from ingest.lake.location import LakePath
 from ingest.lake.lookup import KeyLookup, rows_of_keys
 from ingest.model import ColumnSpec
@@ -118,8 +130,11 @@ class DeltaRsWriter:
         assert table is not None
         before = table.version()
         try:
+            # The handle stays at the plan's version; another writer's commit since shows in the log only.
+            if request.source.count and may_append(request, state, log_version(table)):
+                outcome.metrics = _append(table, request, props, self.target_file_size)
             # A table without user columns (created by a truncate) holds no rows: nothing to merge.
-            if request.source.count or (request.truncate and state.columns):
+            elif request.source.count or (request.truncate and state.columns):
                 metrics = _merge(table, request, props)
                 outcome.metrics = metrics
                 outcome.rows_truncated = _truncated_rows(request, metrics)
@@ -231,6 +246,30 @@ def _widen(table: DeltaTable, columns: list[ColumnSpec], describe: str) -> Delta
                     commit_properties=CommitProperties(custom_metadata={"cdc.schema_change": describe}))
     table.update_incremental()
     return table
+
+
+def _append(table: DeltaTable, request: CommitRequest, props: CommitProperties, target_file_size: int
+            ) -> dict[str, int]:
+    """Append the rows the MERGE would insert (:func:`~ingest.commit.writer.may_append`), placed by
+    name in the table's own column order; returns the write's metrics under the MERGE's names.
+
+    Nothing is written when no row is left (soft mode keeps a delete of a new key as a row; hard
+    mode has none): the caller's empty commit then records the progress markers.
+    """
+    rows = initial_rows(request)
+    if rows.num_rows == 0:
+        return {}
+    schema = table_schema(table)
+    rows = pa.Table.from_arrays([rows[f.name].cast(f.type) if f.name in rows.column_names
+                                 else pa.nulls(rows.num_rows, f.type) for f in schema], schema=schema)
+    write_deltalake(table, rows, mode="append", commit_properties=props, target_file_size=target_file_size)
+    table.update_incremental()
+    reported = table.history(1)[0].get("operationMetrics") or {}
+    return {merged: int(reported[written]) for written, merged in _APPEND_METRICS.items() if written in reported}
+
+
+#: A delta-rs append's metrics (``WRITE``), under the names its MERGE reports the same counts by.
+_APPEND_METRICS: Final = {"num_added_rows": "num_target_rows_inserted", "num_added_files": "num_target_files_added"}
 
 
 def _merge(table: DeltaTable, request: CommitRequest, props: CommitProperties) -> dict[str, Any]:

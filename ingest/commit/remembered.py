@@ -83,11 +83,15 @@ class RememberedDeletes:
             return read_all(delta, columns=columns)
         return lookup(delta, key_columns, keys, columns)
 
-    def record(self, key_columns: tuple[str, ...], key_types: Mapping[str, str], deletes: pa.Table) -> None:
+    def record(self, key_columns: tuple[str, ...], key_types: Mapping[str, str], deletes: pa.Table, *,
+               new_keys_only: bool = False) -> None:
         """Remember deleted keys, idempotently and guarded by position.
 
         Args:
             deletes: the key columns, ``_cdc_position`` and ``_cdc_source_ts`` of each delete.
+            new_keys_only: the caller read the remembered deletes of these keys since the last
+                record and found none: the MERGE would only insert, so they are appended (a
+                table written before ``_cdc_recorded_at`` existed still merges, which adds it).
         """
         if deletes.num_rows == 0:
             return
@@ -105,6 +109,13 @@ class RememberedDeletes:
         delta = self.open(key_types)
         if delta is None:
             write_table(self.path, source, mode="append")
+            return
+        schema = table_schema(delta)
+        if new_keys_only and set(source.column_names) == set(schema.names):
+            write_deltalake(delta, pa.Table.from_arrays([source[f.name].cast(f.type) for f in schema], schema=schema),
+                            mode="append")
+            delta.update_incremental()
+            pack_small_files(delta)
             return
         on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key_columns)
         # merge_schema: tombstone tables written before _cdc_recorded_at existed take the column on.

@@ -67,9 +67,15 @@ class TableState:
     history: bool = False
     #: how far into the source's transactions the table's changes reach (``cdc.state``'s ``source``)
     mark: SourceMark = field(default_factory=SourceMark)
+    #: the table's version when this state was read (``None``: the table's, whenever asked)
+    read_at: int | None = None
 
     @property
     def version(self) -> int | None:
+        """The version this state was read at: a writer that brings the same table handle forward
+        (delta-rs's) does not move it."""
+        if self.read_at is not None:
+            return self.read_at
         return self.table.version() if self.table is not None else None
 
     def applied_offset(self, topic: str, partition: int) -> int | None:
@@ -106,7 +112,7 @@ def load_state(path: Location, table: DeltaTable | None = None) -> TableState:
     log = [(p, datetime.fromisoformat(t) if t else None) for p, t in state.get("truncates") or []]
     return TableState(table, columns, key, state.get("truncate_position"), state.get("position_format"),
                       state.get("flattened"), offsets, log, any(f.name == "_cdc_is_current" for f in schema),
-                      SourceMark.from_json(state.get("source")))
+                      SourceMark.from_json(state.get("source")), table.version())
 
 
 class OpenTables:

@@ -112,6 +112,8 @@ class CommitRequest:
         new_keys_only: the table, at the version the plan read (``state``), stores none of the
             source's keys, and the batch has no truncate: every source row can only take the MERGE's
             insert clause, so the writer may append them instead (:func:`may_append`).
+        new_deletes_only: hard mode: none of the batch's keys has a remembered delete (the plan read
+            them), so its deletes may be appended to the remembered ones instead of merged.
     """
 
     table: str
@@ -135,6 +137,7 @@ class CommitRequest:
     updates: int = 0
     new_keys_only: bool = False
     mark: SourceMark | None = None
+    new_deletes_only: bool = False
 
     @property
     def history(self) -> bool:
@@ -181,22 +184,24 @@ def creates_with_rows(request: CommitRequest, state: TableState) -> bool:
     return state.table is None and not request.truncate and not request.schema.widened
 
 
-def may_append(request: CommitRequest, state: TableState, latest_version: int) -> bool:
+def may_append(request: CommitRequest, state: TableState, latest_version: int | None) -> bool:
     """Whether the batch's rows may be appended instead of merged: the same rows, one cheap commit.
 
     True when the plan found none of the batch's keys stored (``request.new_keys_only``) and
-    ``latest_version``, the table's version just before the commit, is still the one the plan read:
-    a MERGE would then insert exactly the rows :func:`~ingest.commit.delta_rs.initial_rows` gives,
-    and neither match nor delete a stored row. Any commit since -- another writer's, or this batch's
-    own preparation (a column added, a type widened, the change feed switched on) -- means a MERGE.
-    A writer that commits between that check and the append is still caught: it records the same
-    app transaction, and Delta refuses or skips the second of the two.
+    ``latest_version``, the table's version just before the commit (``None``: unknown), is still the
+    one the plan read: a MERGE would then insert exactly the rows
+    :func:`~ingest.commit.delta_rs.initial_rows` gives, and neither match nor delete a stored row.
+    Any commit since -- another writer's, or this batch's own preparation (a column added, a type
+    widened, the change feed switched on) -- means a MERGE. A writer that commits between that check
+    and the append is still caught when it records the same app transaction: Delta refuses or skips
+    the second of the two. A batch that adds a column merges too: delta-rs's MERGE adds it in the
+    same commit, where an append would need one first.
 
     The truncate and the table's existence are checked again though the flag implies both: a request
     built by other code than the pipeline's, with the flag set wrongly, then merges, which is always
     correct, instead of appending, which would not be.
     """
-    return (request.new_keys_only and not request.history and not request.truncate
+    return (request.new_keys_only and not request.history and not request.truncate and not request.schema.added
             and state.table is not None and latest_version == state.version)
 
 
@@ -226,7 +231,8 @@ def remember_deletes(request: CommitRequest) -> None:
         return
     assert isinstance(request.deletes, ArrowRows)
     key_types = {c.name: c.type for c in request.schema.columns if c.name in request.key_columns}
-    request.tombstones.record(request.key_columns, key_types, request.deletes.table)
+    request.tombstones.record(request.key_columns, key_types, request.deletes.table,
+                              new_keys_only=request.new_deletes_only)
     crashpoints.point("after-tombstones")
 
 

@@ -131,6 +131,16 @@ def unavailable(where: LakePath, exc: BaseException) -> str:
     return f"lake {where.uri}: {first}"
 
 
+def log_version(table: DeltaTable) -> int | None:
+    """The newest version in the table's log, read without bringing ``table`` forward (one listing).
+
+    delta-rs answers it on its inner handle only; ``None`` when that is missing (a later delta-rs),
+    which a caller must take as "unknown".
+    """
+    latest = getattr(getattr(table, "_table", None), "get_latest_version", None)
+    return int(latest()) if callable(latest) else None
+
+
 def latest_table(path: Location, table: DeltaTable | None = None) -> DeltaTable | None:
     """:func:`open_table`, or ``table`` -- the same table as opened before -- brought up to date.
 

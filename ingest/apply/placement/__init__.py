@@ -74,12 +74,15 @@ class CurrentPlan:
         source: one row per change to write (:func:`ingest.rules.plan.merge_source`).
         deletes: the deletes to remember (hard mode).
         stored_keys: winners whose key the table stores (none: the rows may be appended).
+        remembered_keys: winners whose key has a remembered delete (hard mode; none: the batch's
+            deletes may be appended to the remembered ones; ``None``: not counted).
     """
 
     counts: PlanCounts
     source: Rows
     deletes: Rows | None = None
     stored_keys: int = 0
+    remembered_keys: int | None = None
 
 
 @dataclass(slots=True)

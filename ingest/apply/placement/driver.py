@@ -169,7 +169,8 @@ class DriverPlacement:
             if hard and keys.num_rows else None
         plan = plan_merge(reduced, key_columns=key_columns, columns=columns, stored=stored, tombstones=tombs,
                           old_truncate=state.truncate_position, new_truncate=new_truncate, hard=hard)
-        return CurrentPlan(plan.counts, ArrowRows(plan.source), ArrowRows(plan.deletes), stored.num_rows)
+        return CurrentPlan(plan.counts, ArrowRows(plan.source), ArrowRows(plan.deletes), stored.num_rows,
+                           tombs.num_rows if tombs is not None else 0)
 
     def plan_versions(self, changes: pa.Table, *, key_columns: tuple[str, ...], columns: list[ColumnSpec],
                       tracked: list[str] | None, state: TableState) -> VersionsPlan:
