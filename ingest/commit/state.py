@@ -69,6 +69,8 @@ class TableState:
     mark: SourceMark = field(default_factory=SourceMark)
     #: the table's version when this state was read (``None``: the table's, whenever asked)
     read_at: int | None = None
+    #: the newest CDC commit's info (decoded) that the state was read from
+    newest: dict[str, Any] | None = None
 
     @property
     def version(self) -> int | None:
@@ -92,11 +94,13 @@ class TableState:
         return self.table is not None and has_deletion_vectors(self.table)
 
 
-def load_state(path: Location, table: DeltaTable | None = None) -> TableState:
+def load_state(path: Location, table: DeltaTable | None = None, *, known: NewestCommit | None = None) -> TableState:
     """The table's state at its latest version.
 
     Args:
         table: the table as opened before (brought up to date: only the commits since are read).
+        known: the newest CDC commit as of an earlier version of the same table (only the commits
+            since are searched: a continuous run's every batch would otherwise read 50 of them).
     """
     table = latest_table(path, table)
     if table is None:
@@ -105,14 +109,14 @@ def load_state(path: Location, table: DeltaTable | None = None) -> TableState:
     columns = [
         ColumnSpec(f.name, delta_type_name(f.type), True) for f in schema if f.name not in FRAMEWORK_NAMES
     ]
-    latest = latest_cdc_commit(table)
+    latest = latest_cdc_commit(table, known)
     state = latest.get(STATE_KEY, {}) if latest else {}
     key = tuple(state["primary_key"]) if state.get("primary_key") else None
     offsets = {str(k): int(v) for k, v in (latest.get(OFFSETS_KEY) or {}).items()} if latest else {}
     log = [(p, datetime.fromisoformat(t) if t else None) for p, t in state.get("truncates") or []]
     return TableState(table, columns, key, state.get("truncate_position"), state.get("position_format"),
                       state.get("flattened"), offsets, log, any(f.name == "_cdc_is_current" for f in schema),
-                      SourceMark.from_json(state.get("source")), table.version())
+                      SourceMark.from_json(state.get("source")), table.version(), latest)
 
 
 class OpenTables:
@@ -127,16 +131,34 @@ class OpenTables:
         self.path = paths.table
         self.target: DeltaTable | None = None
         self.tombstones = RememberedDeletes(paths.tombstones, table)
+        self._known: NewestCommit | None = None
 
     def state(self) -> TableState:
-        """The target table's state at its latest version (:func:`load_state`)."""
-        state = load_state(self.path, self.target)
+        """The target table's state at its latest version (:func:`load_state`), reading only the
+        commits since the last call."""
+        state = load_state(self.path, self.target, known=self._known)
         self.target = state.table
+        self._known = NewestCommit(state.read_at, state.newest) if state.read_at is not None else None
         return state
 
 
-def latest_cdc_commit(table: DeltaTable) -> dict[str, Any] | None:
-    """Commit info of the newest commit written by the engine (maintenance commits are skipped)."""
+@dataclass(frozen=True, slots=True)
+class NewestCommit:
+    """The newest CDC commit's info (``None``: none) of a table as of its version ``as_of``."""
+
+    as_of: int
+    info: dict[str, Any] | None
+
+
+def latest_cdc_commit(table: DeltaTable, known: NewestCommit | None = None) -> dict[str, Any] | None:
+    """Commit info of the newest commit written by the engine (maintenance commits are skipped).
+
+    ``known``: what an earlier version of the table had; only the commits since are read, unless the
+    table's version is below it (the table was replaced).
+    """
+    if known is not None and 0 <= (newer := table.version() - known.as_of) <= _HISTORY_PAGE:
+        found = newest_cdc_commit(table.history(newer)) if newer else None
+        return found if found is not None else known.info
     limit = _HISTORY_PAGE
     while True:
         history = table.history(limit)

@@ -6,6 +6,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from deltalake import CommitProperties, DeltaTable
 
 from ingest.apply.journey import apply_parts
 from ingest.commit.state import (
@@ -19,7 +20,7 @@ from ingest.commit.state import (
 )
 from ingest.config import TableSpec
 from ingest.errors import SchemaIncompatibleError
-from ingest.lake.delta import open_table, read_all
+from ingest.lake.delta import MAINTENANCE_KEY, open_table, read_all
 from ingest.lake.layout import TablePaths
 from ingest.model import UNAVAILABLE, ColumnSpec, ControlRecord
 from ingest.records import audit, quarantine
@@ -114,6 +115,29 @@ def test_kept_handles_follow_commits_made_elsewhere(tmp_path):
     # brought up to date, not opened again
     assert opened.target is target and opened.tombstones.open({"id": "integer"}) is remembered
     assert load_state(paths.table).applied_offset("t", 0) == 7
+
+
+@pytest.mark.rules_only
+def test_a_kept_state_reads_only_the_commits_since_the_last_batch(tmp_path, monkeypatch):
+    """A continuous run reads its table's state before every batch: the newest CDC commit is looked
+    for among the commits since the last read, another writer's and maintenance's included."""
+    paths = paths_in(tmp_path)
+    opened = OpenTables(paths, "customers")
+    for first, key in ((0, 1), (1, 2)):
+        apply_parts(HARD, paths, decoded_rows([change("c", key, 10 + key)], first_offset=first), opened=opened,
+                    batch_id=first, run_id="test", writer=current_writer())
+    apply(HARD, paths, [change("c", 3, 13)], first_offset=2, batch_id=2)  # another writer, its own handles
+    open_table(paths.table).optimize.compact(commit_properties=CommitProperties(
+        custom_metadata={MAINTENANCE_KEY: "pack"}))  # newer than any CDC commit
+    fresh = load_state(paths.table).applied_offset("t", 0)
+    asked: list[int | None] = []
+    history = DeltaTable.history
+    monkeypatch.setattr(DeltaTable, "history", lambda self, limit=None: asked.append(limit) or history(self, limit))
+    state = opened.state()
+    # read before the last batch's commit: that commit, the other writer's and the compaction, not 50
+    assert asked == [3]
+    assert state.applied_offset("t", 0) == 2 == fresh
+    assert opened.state().newest == state.newest and asked == [3]  # nothing new: nothing read
 
 
 @pytest.mark.rules_only
