@@ -11,6 +11,11 @@ starts until it ends. The counters count what this process did: Prometheus' ``ra
   the records received, as the audit table's balance does;
 * ``batches_total{table,status}``: committed, nothing-to-commit, failed;
 * ``batch_duration_seconds`` and ``commit_duration_seconds{table}``: histograms;
+* ``micro_batch_step_seconds{step}``: a histogram of where Spark's micro-batches spend their time,
+  by the steps Spark's progress names -- ``triggerExecution`` (the whole), ``latestOffset`` (asking
+  the source how far it reaches), ``walCommit`` and ``commitOffsets`` (the checkpoint's two writes),
+  ``queryPlanning``, ``getBatch``, ``addBatch`` (the tables' own work) -- of every micro-batch that
+  ran (a trigger that found nothing to read is left out), looked at every few seconds;
 * ``lag_records{table}``: records in the topic the table's Delta log does not hold yet, from the
   source's end offsets (asked at most every few seconds, when scraped); absent while the source does
   not answer, and ``source_up`` is then 0 -- never a lag of 0 that is not known;
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -59,6 +64,8 @@ OUTCOMES: Final = ("inserted", "updated", "deleted", "truncated", "superseded", 
 STATES: Final = ("running", "unavailable", "quality", "schema", "conflict", "failed")
 #: seconds: a small batch on a laptop takes a fraction of one; a first catch-up, minutes
 BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
+#: seconds: a micro-batch's steps take from a millisecond (an idle source's offsets) up
+STEP_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, float("inf"))
 #: the source's end offsets are asked at most this often, however often Prometheus scrapes
 LAG_REFRESH_SECONDS: Final = 5.0
 
@@ -120,6 +127,9 @@ class RunMetrics:
                                        labels, namespace=ns, registry=r, buckets=BUCKETS)
         self.commit_seconds = Histogram("commit_duration_seconds", "A table batch's Delta commit (the MERGE).",
                                         labels, namespace=ns, registry=r, buckets=BUCKETS)
+        self.micro_batch_steps = Histogram("micro_batch_step_seconds", "Spark's micro-batches: each step's "
+                                           "time, as Spark's progress reports it (triggerExecution: the whole).",
+                                           ["step"], namespace=ns, registry=r, buckets=STEP_BUCKETS)
         self.lag_seconds = Gauge("lag_seconds", "At the table's last commit: its Delta commit time minus the "
                                  "source commit time of the newest change it applied.", labels, namespace=ns,
                                  registry=r)
@@ -169,6 +179,11 @@ class RunMetrics:
             if tracked is not None:
                 for partition, last in record.last_offsets(tracked.topic).items():
                     tracked.applied[partition] = max(last, tracked.last(partition))
+
+    def micro_batch(self, durations_ms: Mapping[str, int]) -> None:
+        """One Spark micro-batch's steps, in milliseconds by the names Spark's progress gives them."""
+        for step, ms in durations_ms.items():
+            self.micro_batch_steps.labels(step).observe(ms / 1000)
 
     def stopped(self, table: str, exc: BaseException) -> None:
         """``table`` stopped on ``exc``: a failed batch."""

@@ -47,12 +47,14 @@ from ingest.stream.callback import AllTablesStopped, ForEachBatch, ProgressFn
 from ingest.stream.report import RunReport, TableRun
 
 if TYPE_CHECKING:
+    from ingest.metrics import RunMetrics
     from ingest.stream.runner import Runner
 
 log = logging.getLogger(__name__)
 _START_ATTEMPTS = 3  # restarts of a query that dies before its first batch (see StreamingRun._restart_failed)
 _UNAVAILABLE_WAIT = 30.0  # at most this many seconds between starts of a continuous query whose source did not answer
 _SOURCE_INIT_WAIT = 30.0  # seconds to let one query's source start before starting the next
+_PROGRESS_EVERY = 5.0  # seconds between two looks at the queries' progress, for the metrics
 Mode = Literal["available_now", "continuous"]
 
 
@@ -80,6 +82,16 @@ class _Query:
     query: Any = None
     restarts: int = 0  # restarts since it last ran a batch
     batches_seen: int = 0  # its handler's batches at its last restart
+    reported: int = -1  # the last micro-batch of ``query`` whose progress went to the metrics
+
+    def report_progress(self, metrics: RunMetrics) -> None:
+        """Hand the metrics the steps' durations of the micro-batches Spark ran since the last call
+        (from Spark's recent progress, which keeps the last 100 by default). A trigger that found
+        nothing to read reports progress too, without ``addBatch``: it is left out."""
+        for progress in self.query.recentProgress:
+            if progress.batchId > self.reported and "addBatch" in progress.durationMs:
+                metrics.micro_batch(progress.durationMs)
+                self.reported = progress.batchId
 
 
 class StreamingRun:
@@ -268,7 +280,7 @@ class StreamingRun:
             q.handler.settle()  # a batch applied in the background: it must have committed
             if not q.handler.batches:
                 checkpoints.discard(q.directory)
-            q.query = self._start_query(q, mode, run_id)
+            q.query, q.reported = self._start_query(q, mode, run_id), -1
             return True
         except Exception as exc:  # the original failure stays the tables' error (or the batch's, now)
             log.warning("query %s: the restart failed too: %s", q.name, secrets.describe(exc))
@@ -277,9 +289,11 @@ class StreamingRun:
     def _await(self, queries: list[_Query], report: RunReport, mode: Mode, stop_after: float | None,
                run_id: str, *, pick_up: Callable[[], list[_Query]] | None = None,
                refresh: float | None = None) -> None:
+        metrics = self.runner.metrics
         if mode == "continuous":
             deadline = time.monotonic() + stop_after if stop_after else None
             next_look = time.monotonic() + (refresh or 0)
+            next_progress = time.monotonic() + _PROGRESS_EVERY
             try:
                 while True:
                     restarted = False
@@ -295,6 +309,10 @@ class StreamingRun:
                     if pick_up is not None and refresh and time.monotonic() >= next_look:
                         queries.extend(pick_up())
                         next_look = time.monotonic() + refresh
+                    if metrics is not None and time.monotonic() >= next_progress:
+                        for q in queries:
+                            q.report_progress(metrics)
+                        next_progress = time.monotonic() + _PROGRESS_EVERY
                     time.sleep(0.5)
             except KeyboardInterrupt:
                 log.warning("interrupted: stopping the queries; a batch under way either commits or is cancelled "
@@ -312,6 +330,8 @@ class StreamingRun:
                         continue
                     failure = exc
                 break
+            if metrics is not None:
+                q.report_progress(metrics)
             try:
                 q.handler.settle()  # the last micro-batch may still be being applied
             except Exception as exc:

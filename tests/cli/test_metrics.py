@@ -145,6 +145,14 @@ def test_a_continuous_run_serves_metrics_that_agree_with_its_audit_rows(tmp_path
         assert value(samples, "cdc_ingest_records_total", table="notes", outcome="deleted") == 5
         assert value(samples, "cdc_ingest_records_total", table="notes", outcome="stale") == 1
         assert value(samples, "cdc_ingest_lag_records", table="notes") == 0
+        # Spark's micro-batches, each counted once: those that ran are those the audit rows name
+        ran = len({r["batch_id"] for r in rows})
+        steps = {step: value(samples, "cdc_ingest_micro_batch_step_seconds_count", step=step)
+                 for step in ("triggerExecution", "addBatch", "walCommit", "commitOffsets")}
+        assert steps == dict.fromkeys(steps, ran) and ran >= 2, (steps, ran)
+        whole, work = (value(samples, "cdc_ingest_micro_batch_step_seconds_sum", step=s) or 0
+                       for s in ("triggerExecution", "addBatch"))
+        assert 0 < work <= whole
     finally:
         run.send_signal(signal.SIGINT)
         try:
@@ -258,6 +266,7 @@ def test_the_dashboard_and_the_rules_ask_only_for_what_a_run_serves() -> None:
     try:
         metrics.track("notes", "app.notes", TableState(None, None, None, None))
         metrics.batch(_record("notes", received=1, inserted=1, offsets='{"app.notes:0": [0, 0]}'))
+        metrics.micro_batch({"triggerExecution": 250, "addBatch": 120})
         served = {name for name, _ in scrape(port)}
     finally:
         metrics.close()
