@@ -23,7 +23,11 @@ three), on a fresh schema (``benchlat``) and fresh tables:
 6. split each of those rows' latency into stages (capture, broker, waiting for the trigger, decode,
    plan, apply + commit) from the times its change carried: the envelope's and the Kafka record's,
    read back from the topic, and the audit record of the commit that made it visible
-   (:func:`harness.latency.stages_of`), and report each stage's median.
+   (:func:`harness.latency.stages_of`), and report each stage's median;
+7. report where Spark's micro-batches spent their time in the window, step by step as Spark's
+   progress names them (the engine's ``cdc_ingest_micro_batch_step_seconds``, scraped from its
+   ``--metrics-port`` as the window opens and as it closes: each step's mean; ``-`` for an engine
+   that does not serve it).
 
 Each run checks the freshness goal, p50 at most the trigger interval plus the median batch time
 (the ``order_items`` journey's ``total_ms``), and reports p99/p50 (its goal: at most 1.5). The interval
@@ -51,10 +55,13 @@ import itertools
 import math
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -67,6 +74,7 @@ from harness.postgres.load import LoadGenerator, LoadReport
 from harness.postgres.workload import WorkloadSpec, run_workload
 from harness.stack_proofs.setup import engine_environment, reset_source, stack_config
 from harness.torture.process import IngestProcess
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
@@ -89,6 +97,10 @@ TABLE_SETS = {"one": ("order_items",), "shop": ("customers", "products", "orders
 #: captures the same tables in the other format.
 MEASURED_CONNECTOR = {"avro": "pgavro", "json": "pgjson"}
 OTHER_CONNECTOR = {"avro": MEASURED_CONNECTOR["json"], "json": MEASURED_CONNECTOR["avro"]}
+#: The steps of a Spark micro-batch, in the order they come, as its progress names them.
+SPARK_STEPS = ("latestOffset", "walCommit", "queryPlanning", "getBatch", "addBatch", "commitOffsets",
+               "triggerExecution")
+_STEP_METRIC = "cdc_ingest_micro_batch_step_seconds"
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,8 @@ class RateResult:
     batch_ends: tuple[float, float] | None
     stages: dict[str, float | None]
     tail: dict[str, float | None]
+    #: each Spark micro-batch step's mean in the window, ms (empty: the engine does not report them)
+    spark_steps: dict[str, float]
 
     @property
     def fresh(self) -> bool:
@@ -219,7 +233,9 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         raw["source"]["trigger_seconds"] = args.trigger
         config_path.write_text(yaml.safe_dump(raw))
     config = load_config(config_path)
-    process = IngestProcess(config_path, workdir / "logs", engine_environment(stack), cwd=engine.cwd)
+    port = _free_port()
+    process = IngestProcess(config_path, workdir / "logs", engine_environment(stack), cwd=engine.cwd,
+                            args=("--metrics-port", str(port)))
     process.start()
     try:
         # the catalog's topics exist once Debezium has captured it: before, they have no end offsets to wait for
@@ -231,6 +247,7 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         generators = max(1, math.ceil(rate / args.per_generator))
         duration = args.warmup + args.measure
         start_at = time.time() + 3.0
+        steps = StepScrapes(port, (start_at + args.warmup, start_at + duration))
         console.print(f"{tables}, rate {rate:.0f}/s, run {run}: {generators} generator process(es) for "
                       f"{duration:.0f} s")
         # The stack captures the schema twice, in Avro and in JSON; a deployment has one connector, so
@@ -282,7 +299,7 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         batch_p50=statistics.median(totals) if totals else None,
         batch_ends=first_and_last(totals),
         stages={stage: statistics.median(v) if v else None for stage, v in stages.items()},
-        tail=slowest_stages(stages))
+        tail=slowest_stages(stages), spark_steps=step_means(*steps.taken()))
 
 
 def poll(stack: object, value_format: str, poll_ms: int | None) -> None:
@@ -294,6 +311,62 @@ def poll(stack: object, value_format: str, poll_ms: int | None) -> None:
         config["poll.interval.ms"] = str(poll_ms)
     stack.register_connector(name, config)  # type: ignore[attr-defined]
     stack.wait_connectors([name])  # type: ignore[attr-defined]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def step_totals(text: str) -> dict[str, tuple[float, float]]:
+    """``step -> (seconds, micro-batches)`` of a scrape's ``cdc_ingest_micro_batch_step_seconds``."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            step = sample.labels.get("step")
+            if step is not None and sample.name == f"{_STEP_METRIC}_sum":
+                sums[step] = sample.value
+            elif step is not None and sample.name == f"{_STEP_METRIC}_count":
+                counts[step] = sample.value
+    return {step: (sums[step], counts[step]) for step in sums if step in counts}
+
+
+def step_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Each step's mean, in ms, over the micro-batches between two scrapes (:func:`step_totals`); a
+    step no micro-batch between them reported is left out."""
+    out = {}
+    for step, (seconds, count) in after.items():
+        was_seconds, was_count = before.get(step, (0.0, 0.0))
+        if count > was_count:
+            out[step] = (seconds - was_seconds) / (count - was_count) * 1000
+    return out
+
+
+class StepScrapes:
+    """The engine's micro-batch steps scraped at two moments, in a thread (the load runs meanwhile)."""
+
+    def __init__(self, port: int, moments: tuple[float, float]) -> None:
+        self.port, self.moments = port, moments
+        self.scrapes: list[dict[str, tuple[float, float]]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for moment in self.moments:
+            time.sleep(max(0.0, moment - time.time()))
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as answer:
+                    self.scrapes.append(step_totals(answer.read().decode()))
+            except OSError as exc:
+                console.print(f"  the engine's metrics did not answer ({exc}): no micro-batch steps")
+                return
+
+    def taken(self) -> tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]]]:
+        """The two scrapes (empty ones if a scrape failed)."""
+        self._thread.join()
+        return (self.scrapes[0], self.scrapes[1]) if len(self.scrapes) == 2 else ({}, {})
 
 
 def first_and_last(times: list[float], share: float = 0.1) -> tuple[float, float] | None:
@@ -392,6 +465,8 @@ def main() -> None:
                     ("trigger", "interval", "median batch", "batch first / last tenth", "p50 <= interval + batch"))
     stages = table("Where the time goes: each stage's median, over all the rows measured and over the slowest 5 %",
                    ("rows", *STAGES))
+    spark = table("Spark's micro-batches in the window: each step's mean (addBatch: the tables' work; "
+                  "triggerExecution: the whole)", SPARK_STEPS)
     figures = []
     for r in results:
         name = f"{r.tables}, {r.target:,.0f}/s, " + (f"poll {r.poll_ms} ms, " if several["poll"] else "") + \
@@ -408,6 +483,7 @@ def main() -> None:
                         "-" if ends is None else f"{ends} s", "yes" if r.fresh else "NO")
         stages.add_row(*key(r), "all", *(_s(r.stages[stage]) for stage in STAGES))
         stages.add_row(*key(r), "slowest 5 %", *(_s(r.tail[stage]) for stage in STAGES), end_section=True)
+        spark.add_row(*key(r), *(_s(r.spark_steps.get(step)) for step in SPARK_STEPS))
         figures += [Figure(f"{name}: achieved source rate", round(r.achieved), "/s"),
                     *(Figure(f"{name}: latency {p}", None if v is None else round(v / 1000, 2), "s")
                       for p, v in (("p50", r.p50), ("p95", r.p95), ("p99", r.p99))),
@@ -423,8 +499,11 @@ def main() -> None:
                     Figure(f"{name}: stages of the slowest 5 % (median, s)", " / ".join(
                         f"{stage} {'-' if r.tail[stage] is None else f'{r.tail[stage] / 1000:.2f}'}"
                         for stage in STAGES)),
+                    Figure(f"{name}: Spark micro-batch steps (mean, s)", " / ".join(
+                        f"{step} {r.spark_steps[step] / 1000:.3f}" for step in SPARK_STEPS if step in r.spark_steps)
+                        or None),
                     Figure(f"{name}: caught up after the load", r.caught_up)]
-    for out in (latency, batches, stages):
+    for out in (latency, batches, stages, spark):
         console.print(out)
     console.print(f"trigger {results[0].trigger_ms / 1000:g} s; load average at the end: "
                   f"{os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")

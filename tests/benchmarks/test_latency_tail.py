@@ -54,7 +54,26 @@ def test_fresh_compares_p50_with_the_measured_interval_not_the_trigger() -> None
         tables="shop", run=1, poll_ms=50, engine="this checkout", target=500, generators=1, achieved=500,
         per_generator=[500], engine_rate=500, p50=740, p95=900, p99=1000, rows=1, unmatched=0, drain_seconds=1,
         caught_up=True, failed_transactions=0, trigger_ms=250, interval_ms=500, batch_p50=440, batch_ends=None,
-        stages={}, tail={})
+        stages={}, tail={}, spark_steps={})
     assert result.fresh  # 740 <= 500 + 440, though not within the trigger's 250 + 440
     assert not replace(result, interval_ms=250).fresh
     assert not replace(result, interval_ms=None).fresh
+
+
+def test_spark_step_means_are_taken_between_two_scrapes_of_the_engine_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from ingest.metrics import RunMetrics
+
+    metrics = RunMetrics()
+    metrics.micro_batch({"triggerExecution": 900, "addBatch": 800})  # before the window: left out
+    before = bench_latency.step_totals(generate_latest(metrics.registry).decode())
+    for whole, work in ((300, 100), (500, 300)):
+        metrics.micro_batch({"triggerExecution": whole, "addBatch": work, "walCommit": 20})
+    after = bench_latency.step_totals(generate_latest(metrics.registry).decode())
+    assert before == {"triggerExecution": (0.9, 1.0), "addBatch": (0.8, 1.0)}
+    means = bench_latency.step_means(before, after)
+    assert means.keys() == {"triggerExecution", "addBatch", "walCommit"}
+    assert [round(means[s]) for s in ("triggerExecution", "addBatch", "walCommit")] == [400, 200, 20]
+    assert bench_latency.step_means(after, after) == {}  # no micro-batch between them
+    assert bench_latency.step_means({}, {}) == {}  # an engine that does not serve them

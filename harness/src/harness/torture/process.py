@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
@@ -28,11 +29,12 @@ class IngestProcess:
         continuous: pass ``--continuous``.
         name: prefix of the log files.
         cwd: the child's working directory (default: this process's).
+        args: more options of ``ingest run`` (``--metrics-port``, say).
     """
 
     def __init__(self, config: Path, logs: Path, env: dict[str, str], *, continuous: bool = True,
-                 name: str = "ingest", cwd: Path | None = None) -> None:
-        self.config, self.logs, self.env, self.cwd = config, logs, dict(env), cwd
+                 name: str = "ingest", cwd: Path | None = None, args: Sequence[str] = ()) -> None:
+        self.config, self.logs, self.env, self.cwd, self.args = config, logs, dict(env), cwd, list(args)
         self.continuous, self.name = continuous, name
         self.starts = 0
         self._seq = 0
@@ -61,6 +63,7 @@ class IngestProcess:
         cmd = [sys.executable, "-m", "ingest.cli", "run", "-c", str(self.config)]
         if self.continuous:
             cmd.append("--continuous")
+        cmd += self.args
         self.started_at = time.monotonic()
         self._child = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
                                        cwd=self.cwd, start_new_session=True)
