@@ -166,3 +166,20 @@ def test_checkpoint_spark_cannot_read_falls_back_at_runtime(ingested: IngestConf
     assert _rows(ingested)[50] == "after"
     assert any("restarting it from the offsets" in r.getMessage() or "cannot start" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_truncated_offsets_file_says_what_became_of_its_checksum(tmp_path: Path) -> None:
+    """The engine writes local checkpoints without Hadoop's .crc files; earlier ones have them."""
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    (offsets / "0").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":5}}\n')
+    assert damage_checkpoint(tmp_path, "truncate-offsets", random.Random(1)).endswith("(no checksum)")
+    said = set()
+    for seed in range(20):
+        (offsets / "0").write_text('v1\n{"batchWatermarkMs":0}\n{"t":{"0":5}}\n')
+        (offsets / ".0.crc").write_bytes(b"crc")
+        text = damage_checkpoint(tmp_path, "truncate-offsets", random.Random(seed))
+        kept = (offsets / ".0.crc").exists()
+        assert text.endswith("(checksum kept)" if kept else "(checksum removed)"), text
+        said.add(kept)
+    assert said == {True, False}

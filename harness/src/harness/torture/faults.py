@@ -127,9 +127,8 @@ def damage_checkpoint(directory: Path, kind: str, rng: random.Random) -> str:
     if kind == "truncate-offsets":
         path = offsets[last]
         size = rng.randint(0, max(0, path.stat().st_size - 1))
-        keep_crc = rng.random() < 0.5
-        _write(path, path.read_bytes()[:size], drop_crc=not keep_crc)
-        return f"offsets/{last} truncated to {size} bytes (checksum {'kept' if keep_crc else 'removed'})"
+        checksum = _write(path, path.read_bytes()[:size], drop_crc=rng.random() >= 0.5)
+        return f"offsets/{last} truncated to {size} bytes ({checksum})"
     if kind == "garbage-commit" and commits:
         batch = max(commits)
         garbage = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 64)))
@@ -159,7 +158,14 @@ def _batches(folder: Path) -> dict[int, Path]:
     return {int(p.name): p for p in folder.iterdir() if p.name.isdigit()} if folder.exists() else {}
 
 
-def _write(path: Path, data: bytes, *, drop_crc: bool) -> None:
+def _write(path: Path, data: bytes, *, drop_crc: bool) -> str:
+    """Write ``data`` over ``path``; returns what became of its Hadoop checksum file: "checksum kept",
+    "checksum removed", or "no checksum" (the engine's local checkpoints are written without one)."""
     path.write_bytes(data)
+    crc = path.with_name(f".{path.name}.crc")
+    if not crc.exists():
+        return "no checksum"
     if drop_crc:
-        path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
+        crc.unlink()
+        return "checksum removed"
+    return "checksum kept"
