@@ -68,7 +68,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, starts: list[FakeQuery]) -> tuple[Stre
     discarded.clear()
     monkeypatch.setattr(queries, "_UNAVAILABLE_WAIT", 0.01)
     monkeypatch.setattr(queries.checkpoints, "discard", lambda _directory: discarded.append(_directory))
-    run = StreamingRun(SimpleNamespace(_stop=threading.Event()))  # type: ignore[arg-type]
+    run = StreamingRun(SimpleNamespace(_stop=threading.Event(), metrics=None))  # type: ignore[arg-type]
     started: list[FakeQuery] = []
 
     def start(_q: Any, _mode: Any, _run_id: Any) -> FakeQuery:
