@@ -99,10 +99,14 @@ def load_state(path: Location, table: DeltaTable | None = None, *, known: Newest
 
     Args:
         table: the table as opened before (brought up to date: only the commits since are read).
-        known: the newest CDC commit as of an earlier version of the same table (only the commits
-            since are searched: a continuous run's every batch would otherwise read 50 of them).
+        known: the newest CDC commit as of an earlier version of ``table`` (only the commits since
+            are searched: a continuous run's every batch would otherwise read 50 of them). It is
+            ignored when ``table``'s log could not be followed and the table was opened afresh.
     """
+    kept = table
     table = latest_table(path, table)
+    if table is not kept:
+        known = None
     if table is None:
         return TableState(None, None, None, None)
     schema = table_schema(table)

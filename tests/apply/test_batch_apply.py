@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import DeltaError
 
 from ingest.apply.journey import apply_parts
 from ingest.commit.state import (
@@ -138,6 +139,28 @@ def test_a_kept_state_reads_only_the_commits_since_the_last_batch(tmp_path, monk
     assert asked == [3]
     assert state.applied_offset("t", 0) == 2 == fresh
     assert opened.state().newest == state.newest and asked == [3]  # nothing new: nothing read
+
+
+@pytest.mark.rules_only
+def test_a_state_read_from_a_table_opened_afresh_searches_a_whole_page(tmp_path, monkeypatch):
+    """When the kept handle cannot follow the log, the table is opened again: what was known of the
+    old handle's log says nothing of the new one's."""
+    paths = paths_in(tmp_path)
+    opened = OpenTables(paths, "customers")
+    for first, key in ((0, 1), (1, 2)):
+        apply_parts(HARD, paths, decoded_rows([change("c", key, 10 + key)], first_offset=first), opened=opened,
+                    batch_id=first, run_id="test", writer=current_writer())
+
+    def lost(self: DeltaTable) -> None:
+        raise DeltaError("the log moved")
+
+    asked: list[int | None] = []
+    history = DeltaTable.history
+    monkeypatch.setattr(DeltaTable, "update_incremental", lost)
+    monkeypatch.setattr(DeltaTable, "history", lambda self, limit=None: asked.append(limit) or history(self, limit))
+    kept = opened.target
+    state = opened.state()
+    assert opened.target is not kept and asked == [50] and state.applied_offset("t", 0) == 1
 
 
 @pytest.mark.rules_only
