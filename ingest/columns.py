@@ -81,6 +81,14 @@ def delta_type_name(arrow: pa.DataType) -> str:
     return str(arrow)
 
 
+def laid_out(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` in ``schema``: each field's column found by name and cast to the field's type, nulls
+    for a field ``rows`` lacks; columns ``schema`` does not name are left out."""
+    have = set(rows.column_names)
+    return pa.Table.from_arrays([rows[f.name].cast(f.type) if f.name in have else pa.nulls(rows.num_rows, f.type)
+                                 for f in schema], schema=schema)
+
+
 def normalize(table: pa.Table) -> pa.Table:
     """Turn view/large string and binary types (also inside lists) into plain ones for comparisons and pylist."""
     fields = [pa.field(f.name, _plain(f.type), f.nullable) for f in table.schema]

@@ -49,7 +49,7 @@ from ingest.apply.placement import CurrentPlan, Placement, VersionsPlan, Withdra
 from ingest.apply.placement.driver import DriverPlacement
 from ingest.apply.rereads import find_suspect_reads
 from ingest.apply.stored import stored_rows
-from ingest.columns import arrow_type, normalize
+from ingest.columns import arrow_type, laid_out, normalize
 from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.commit.remembered import RememberedDeletes
 from ingest.commit.state import POSITION_FORMAT, OpenTables, TableState
@@ -318,9 +318,7 @@ def _tombstone_deletes(spec: TableSpec, batch: MicroBatch[Any], changes: Any, ke
     layout = placement.layout(changes)
     found = (placement.rows_of_keys(changes, named.select(list(key_columns)), read) if named.num_rows
              else pa.schema([layout.field(c) for c in read]).empty_table())
-    candidates = pa.Table.from_arrays(
-        [found[f.name].cast(f.type) if f.name in read else pa.nulls(found.num_rows, f.type) for f in layout],
-        schema=layout)
+    candidates = laid_out(found.select(read), layout)
     lookup = writer.lookup(paths.table)
     resolution = resolve(batch.tombstones, candidates, key_columns,
                          stored_of=lambda keys: stored_rows(state.table, key_columns, keys, lookup=lookup))

@@ -31,7 +31,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.schema import Schema
 
 from ingest import crashpoints
-from ingest.columns import FRAMEWORK_COLUMNS, arrow_type
+from ingest.columns import FRAMEWORK_COLUMNS, arrow_type, laid_out
 from ingest.commit.merge_sql import Dialect, MergeStatement, current_merge, history_merge
 from ingest.commit.state import STATE_KEY, TableState, app_id
 from ingest.commit.writer import (
@@ -224,8 +224,7 @@ def initial_rows(request: CommitRequest) -> pa.Table:
         source = source.filter(pc.invert(source["_cdc_deleted"]))
     if request.key_columns:
         source = source.sort_by([(k, "ascending") for k in request.key_columns])
-    schema = table_schema_of(request.schema.columns, request.history_mode)
-    return pa.Table.from_arrays([source[f.name].cast(f.type) for f in schema], schema=schema)
+    return laid_out(source, table_schema_of(request.schema.columns, request.history_mode))
 
 
 def _description(request: CommitRequest) -> str:
@@ -259,10 +258,8 @@ def _append(table: DeltaTable, request: CommitRequest, props: CommitProperties, 
     rows = initial_rows(request)
     if rows.num_rows == 0:
         return {}
-    schema = table_schema(table)
-    rows = pa.Table.from_arrays([rows[f.name].cast(f.type) if f.name in rows.column_names
-                                 else pa.nulls(rows.num_rows, f.type) for f in schema], schema=schema)
-    write_deltalake(table, rows, mode="append", commit_properties=props, target_file_size=target_file_size)
+    write_deltalake(table, laid_out(rows, table_schema(table)), mode="append", commit_properties=props,
+                    target_file_size=target_file_size)
     table.update_incremental()
     reported = table.history(1)[0].get("operationMetrics") or {}
     return {merged: int(reported[written]) for written, merged in _APPEND_METRICS.items() if written in reported}

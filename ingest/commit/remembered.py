@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from ingest.columns import arrow_type, delta_type_name
+from ingest.columns import arrow_type, delta_type_name, laid_out
 from ingest.errors import TableError
 from ingest.lake.delta import (
     latest_table,
@@ -112,8 +112,7 @@ class RememberedDeletes:
             return
         schema = table_schema(delta)
         if new_keys_only and set(source.column_names) == set(schema.names):
-            write_deltalake(delta, pa.Table.from_arrays([source[f.name].cast(f.type) for f in schema], schema=schema),
-                            mode="append")
+            write_deltalake(delta, laid_out(source, schema), mode="append")
             delta.update_incremental()
             pack_small_files(delta)
             return

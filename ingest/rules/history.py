@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.columns import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, arrow_type
+from ingest.columns import FRAMEWORK_COLUMNS, HISTORY_COLUMNS, arrow_type, laid_out
 from ingest.errors import TableError
 from ingest.model import ColumnSpec
 from ingest.rules.ordering import later_than_stored
@@ -325,7 +325,5 @@ def versions_source(changed: pa.Table, drops: pa.Table, columns: list[ColumnSpec
     rows = pa.Table.from_arrays(
         [now if f.name == "_cdc_ingested_at" else changed[f.name].cast(f.type) for f in schema]
         + [pa.array([False] * changed.num_rows, pa.bool_())], schema=schema.append(pa.field(DROP, pa.bool_())))
-    gone = pa.Table.from_arrays(
-        [drops[f.name].cast(f.type) if f.name in drops.column_names else pa.nulls(drops.num_rows, f.type)
-         for f in schema] + [pa.array([True] * drops.num_rows, pa.bool_())], schema=rows.schema)
+    gone = laid_out(drops, schema).append_column(DROP, pa.array([True] * drops.num_rows, pa.bool_()))
     return pa.concat_tables([rows, gone])

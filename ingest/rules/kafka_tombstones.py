@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.columns import laid_out
 from ingest.rules.ordering import after_sql
 from ingest.rules.sql import connect, ident, key_list, query
 
@@ -122,6 +123,5 @@ def _as_changes(deletes: pa.Table, schema: pa.Schema, key_columns: tuple[str, ..
         "_cdc_key_columns": pa.array([json.dumps(list(key_columns))] * n, pa.string()),
         **{k: deletes[k] for k in key_columns},
     }
-    arrays = [given[f.name].cast(f.type) if f.name in given else pa.nulls(n, f.type) for f in schema]
-    return pa.Table.from_arrays(arrays, schema=schema)
+    return laid_out(pa.table(given), schema)
 
