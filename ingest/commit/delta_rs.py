@@ -131,7 +131,7 @@ class DeltaRsWriter:
         before = table.version()
         try:
             # The handle stays at the plan's version; another writer's commit since shows in the log only.
-            if request.source.count and may_append(request, state, log_version(table)):
+            if request.source.count and may_append(request, state, lambda: log_version(table)):
                 outcome.metrics = _append(table, request, props, self.target_file_size)
             # A table without user columns (created by a truncate) holds no rows: nothing to merge.
             elif request.source.count or (request.truncate and state.columns):

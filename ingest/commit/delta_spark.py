@@ -180,7 +180,7 @@ class DeltaSparkWriter:
             with _markers(spark, app, txn, metadata):
                 if born:
                     self._write_new(_writer(spark, request, app, txn, metadata), request)
-                elif request.source.count and may_append(request, state, before):
+                elif request.source.count and may_append(request, state, lambda: before):
                     # Only new keys: the rows the MERGE would insert, without its join.
                     _writer(spark, request, app, txn, metadata).mode("append").save(path)
                 elif request.source.count or (request.truncate and state.columns):

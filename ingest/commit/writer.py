@@ -184,13 +184,14 @@ def creates_with_rows(request: CommitRequest, state: TableState) -> bool:
     return state.table is None and not request.truncate and not request.schema.widened
 
 
-def may_append(request: CommitRequest, state: TableState, latest_version: int | None) -> bool:
+def may_append(request: CommitRequest, state: TableState, latest_version: Callable[[], int | None]) -> bool:
     """Whether the batch's rows may be appended instead of merged: the same rows, one cheap commit.
 
     True when the plan found none of the batch's keys stored (``request.new_keys_only``) and
-    ``latest_version``, the table's version just before the commit (``None``: unknown), is still the
-    one the plan read: a MERGE would then insert exactly the rows
-    :func:`~ingest.commit.delta_rs.initial_rows` gives, and neither match nor delete a stored row.
+    ``latest_version()``, the table's version just before the commit (``None``: unknown; asked only
+    of a batch the flags let through, as it may list the log), is still the one the plan read: a
+    MERGE would then insert exactly the rows :func:`~ingest.commit.delta_rs.initial_rows` gives, and
+    neither match nor delete a stored row.
     Any commit since -- another writer's, or this batch's own preparation (a column added, a type
     widened, the change feed switched on) -- means a MERGE. A writer that commits between that check
     and the append is still caught when it records the same app transaction: Delta refuses or skips
@@ -202,7 +203,7 @@ def may_append(request: CommitRequest, state: TableState, latest_version: int | 
     correct, instead of appending, which would not be.
     """
     return (request.new_keys_only and not request.history and not request.truncate and not request.schema.added
-            and state.table is not None and latest_version == state.version)
+            and state.table is not None and latest_version() == state.version)
 
 
 def switches_feed_on(state: TableState, enabled: bool) -> bool:

@@ -192,6 +192,18 @@ def test_the_log_version_is_read_past_a_handle_left_behind(tmp_path):
     assert behind.version() + 1 == log_version(behind) == open_table(paths.table).version()
 
 
+def test_delta_rs_reads_the_log_version_only_for_a_batch_it_may_append(tmp_path, monkeypatch):
+    """The newest version is a listing of the table's log: a batch that touches a stored key merges
+    without it."""
+    paths, reads = paths_in(tmp_path), []
+    monkeypatch.setattr(delta_rs, "log_version", lambda table: reads.append(table.version()) or log_version(table))
+    _run(DeltaRsWriter(), paths, HARD, [(0, [change("c", k, 10 + k) for k in range(3)]),  # creates the table
+                                        (3, [change("u", 1, 20, name="one")]),  # a stored key: merges
+                                        (4, [change("c", 7, 21)])])  # a new key: appends
+    assert _operations(paths)[1:] == ["MERGE", "WRITE"]
+    assert reads == [1]  # once, for the append, at the version the merge left
+
+
 def test_deletes_of_keys_without_a_remembered_delete_are_appended_and_a_repeated_one_merged(tmp_path):
     """A key deleted, inserted again and deleted again keeps one remembered delete, the newest."""
     paths = paths_in(tmp_path)
