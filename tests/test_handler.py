@@ -156,6 +156,8 @@ def test_the_next_batch_is_decoded_while_the_last_is_applied_and_they_commit_in_
         return real_apply(*args, batch_id=batch_id, **kwargs)
 
     monkeypatch.setattr(ingest.stream.callback, "apply_batch", apply_batch)
+    # The run's start-up is frozen once the first batch was applied (ingest.heap), not earlier.
+    monkeypatch.setattr(ingest.stream.callback, "freeze_start_up", lambda: events.append("freeze"))
     real_to_arrow = _Frame.toArrow
     monkeypatch.setattr(_Frame, "toArrow", lambda self: events.append(f"decode {frames.index(self)}")
                         or real_to_arrow(self))
@@ -170,7 +172,7 @@ def test_the_next_batch_is_decoded_while_the_last_is_applied_and_they_commit_in_
     second.join(30)
     handler.settle()
     handler.close()
-    assert events == ["decode 0", "apply 0", "decode 1", "apply 1"]
+    assert events == ["decode 0", "apply 0", "decode 1", "freeze", "apply 1"]
     assert [r.batch_id for r in report.tables[TABLE].batches] == [0, 1]
     state = load_state(TablePaths.of(config, TABLE).table)
     assert {p: state.applied_offset(spec.topic, p) for p in end} == {p: e - 1 for p, e in end.items()}

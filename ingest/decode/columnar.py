@@ -38,6 +38,7 @@ from ingest.decode.envelope import snapshot_mark, transaction_of
 from ingest.decode.position import optional_int, source_position
 from ingest.decode.values import ConvertError
 from ingest.errors import DecodeError, RegistryUnavailableError
+from ingest.heap import freeze_start_up
 from ingest.model import SNAPSHOT, STREAMED, KafkaCoordinates
 
 if TYPE_CHECKING:
@@ -237,6 +238,7 @@ class BatchDecoder:
         for batch in batches:
             if batch.num_rows:
                 yield self.parts(batch)
+        freeze_start_up()  # the worker has read and decoded once: what it holds now stays (ingest.heap)
 
     def parts(self, batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
         """One input batch as a batch of IPC parts (one row per part)."""

@@ -35,6 +35,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from ingest import logs, secrets
 from ingest.config import KafkaSpec
 from ingest.errors import SourceUnavailableError, TopicLogError
+from ingest.heap import freeze_start_up
 from ingest.source.kafkalog import KafkaLog
 from ingest.source.topiclog import KAFKA_ROW_SCHEMA, TopicLog
 
@@ -219,6 +220,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for lo in range(begin, stop, READ_STEP):
                 for batch in log.read(topic, p, lo, min(stop, lo + READ_STEP)).to_batches(max_chunksize=DECODE_BATCH):
                     yield decoder.parts(batch) if decoder is not None else batch
+        freeze_start_up()  # the worker has read and decoded once: what it holds now stays (ingest.heap)
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: progress is recorded in the Delta tables, not in the log."""

@@ -126,8 +126,10 @@ def _import_decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
     import ingest.source.kafkalog
     import ingest.source.reader
     import ingest.source.topiclog  # noqa: F401
+    from ingest.heap import freeze_start_up
 
     yield from batches
+    freeze_start_up()  # what the worker imported stays for its life (ingest.heap)
 
 
 def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:

@@ -44,6 +44,7 @@ from ingest.decode.columnar import BatchDecoder, DecoderSpec
 from ingest.decode.parts import FRAME, PARTS_DDL, part_kind, read_parts
 from ingest.decode.registry import ConfluentSchemaRegistry, confluent_registry
 from ingest.errors import RegistryUnavailableError, is_cancellation, is_transient, is_unavailability
+from ingest.heap import freeze_start_up
 from ingest.lake.layout import TablePaths
 from ingest.model import SourceMark
 from ingest.quality import QualityGate
@@ -142,6 +143,8 @@ class ForEachBatch:
                 # the tables do next depends on how that ended, so it is awaited before anything else.
                 early = self._decoded(frame)
                 self.settle()
+            if self.batches:
+                freeze_start_up()  # a first batch was applied: what the run holds now stays (ingest.heap)
             now = time.monotonic()
             due = [s for s in self.specs if s.name in self.stopped and self.retry_at.get(s.name, now + 1) <= now]
             active = [s for s in self.specs if s.name not in self.stopped or s in due]

@@ -107,9 +107,10 @@ def test_a_task_reads_its_span_in_steps_and_covers_it_once(log, monkeypatch):
     assert rows == sorted((p, o) for p, lo, n in ((0, 3, 60), (1, 0, 30), (2, 0, 10)) for o in range(lo, n))
 
 
-def test_a_decoding_reader_yields_parts_and_the_log_gives_raw_messages_back(tmp_path):
+def test_a_decoding_reader_yields_parts_and_the_log_gives_raw_messages_back(tmp_path, monkeypatch):
     from ingest.decode.columnar import BatchDecoder, DecoderSpec
     from ingest.decode.parts import read_parts
+    from ingest.source import reader as module
     from ingest.source.embedded import EmbeddedSource
     from ingest.source.reader import encode_decoder
 
@@ -118,7 +119,14 @@ def test_a_decoding_reader_yields_parts_and_the_log_gives_raw_messages_back(tmp_
     log.append("t", [ProducerRecord(0, b"k", b"not json", 1), ProducerRecord(0, None, None, 2)])
     r = reader(log, decode=encode_decoder(BatchDecoder({"t": DecoderSpec("json")})))
     [task] = r.partitions({"t": {"0": 0}}, {"t": {"0": 2}})
-    parts = read_parts([blob for batch in r.read(task) for blob in batch.column("part").to_pylist()])
+    events: list[str] = []
+    monkeypatch.setattr(module, "freeze_start_up", lambda: events.append("freeze"))
+    read = r.read(task)
+    batches = [next(read)]
+    assert events == []  # the worker freezes what it holds once its first task has read everything
+    batches += list(read)
+    assert events == ["freeze"]
+    parts = read_parts([blob for batch in batches for blob in batch.column("part").to_pylist()])
     meta = [row for part in parts for row in part.select(["_cdc_kind", "_cdc_offset"]).to_pylist()]
     assert sorted((m["_cdc_offset"], m["_cdc_kind"]) for m in meta) == [(0, "error"), (1, "tombstone")]
     raw = EmbeddedSource(tmp_path).fetch([("t", 0, 0)])
