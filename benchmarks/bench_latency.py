@@ -27,7 +27,10 @@ three), on a fresh schema (``benchlat``) and fresh tables:
 7. report where Spark's micro-batches spent their time in the window, step by step as Spark's
    progress names them (the engine's ``cdc_ingest_micro_batch_step_seconds``, scraped from its
    ``--metrics-port`` as the window opens and as it closes: each step's mean; ``-`` for an engine
-   that does not serve it).
+   that does not serve it);
+8. report the full garbage collections of the engine's driver and of its Spark Python workers in the
+   window (:mod:`gc_probe`, loaded by the engine's ``PYTHONPATH``): how many a second, their mean
+   time, and the share of each process's window they paused it for.
 
 Each run checks the freshness goal, p50 at most the trigger interval plus the median batch time
 (the ``order_items`` journey's ``total_ms``), and reports p99/p50 (its goal: at most 1.5). The interval
@@ -86,6 +89,7 @@ from ingest.verify.capture import wait_for_capture
 from ingest.verify.source_db import wait_for_tables
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gc_probe import Collections, collections, environment
 from record import Figure, changed_options, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,6 +173,8 @@ class RateResult:
     tail: dict[str, float | None]
     #: each Spark micro-batch step's mean in the window, ms (empty: the engine does not report them)
     spark_steps: dict[str, float]
+    #: full garbage collections in the window, by kind of process: ``driver``, ``worker`` (:mod:`gc_probe`)
+    full_collections: dict[str, Collections]
 
     @property
     def fresh(self) -> bool:
@@ -234,8 +240,9 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         config_path.write_text(yaml.safe_dump(raw))
     config = load_config(config_path)
     port = _free_port()
-    process = IngestProcess(config_path, workdir / "logs", engine_environment(stack), cwd=engine.cwd,
-                            args=("--metrics-port", str(port)))
+    probe = workdir / "gc-probe"
+    process = IngestProcess(config_path, workdir / "logs", engine_environment(stack, **environment(probe)),
+                            cwd=engine.cwd, args=("--metrics-port", str(port)))
     process.start()
     try:
         # the catalog's topics exist once Debezium has captured it: before, they have no end offsets to wait for
@@ -299,7 +306,8 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         batch_p50=statistics.median(totals) if totals else None,
         batch_ends=first_and_last(totals),
         stages={stage: statistics.median(v) if v else None for stage, v in stages.items()},
-        tail=slowest_stages(stages), spark_steps=step_means(*steps.taken()))
+        tail=slowest_stages(stages), spark_steps=step_means(*steps.taken()),
+        full_collections=collections(probe, start_at + args.warmup, start_at + duration))
 
 
 def poll(stack: object, value_format: str, poll_ms: int | None) -> None:
@@ -394,6 +402,14 @@ def slowest_stages(stages: dict[str, list[float]], share: float = 0.05) -> dict[
             for i, stage in enumerate(stages)}
 
 
+def _pauses(seen: Collections | None, seconds: float) -> str:
+    """Full collections of one kind of process in a window of ``seconds``, as the table shows them."""
+    if seen is None:
+        return "none"
+    share = seen.milliseconds / 1000 / seconds / seen.processes
+    return f"{seen.count / seconds:.2f}/s, {seen.milliseconds / seen.count:.0f} ms, {share:.0%}"
+
+
 def _poll(ms: int) -> str:
     return f"{ms} ms"
 
@@ -467,6 +483,8 @@ def main() -> None:
                    ("rows", *STAGES))
     spark = table("Spark's micro-batches in the window: each step's mean (addBatch: the tables' work; "
                   "triggerExecution: the whole)", SPARK_STEPS)
+    pauses = table("Full garbage collections in the window (each pauses its process): count per second, mean "
+                   "time, and the share of the window they took (per process)", ("driver", "Python workers"))
     figures = []
     for r in results:
         name = f"{r.tables}, {r.target:,.0f}/s, " + (f"poll {r.poll_ms} ms, " if several["poll"] else "") + \
@@ -484,6 +502,7 @@ def main() -> None:
         stages.add_row(*key(r), "all", *(_s(r.stages[stage]) for stage in STAGES))
         stages.add_row(*key(r), "slowest 5 %", *(_s(r.tail[stage]) for stage in STAGES), end_section=True)
         spark.add_row(*key(r), *(_s(r.spark_steps.get(step)) for step in SPARK_STEPS))
+        pauses.add_row(*key(r), *(_pauses(r.full_collections.get(kind), args.measure) for kind in ("driver", "worker")))
         figures += [Figure(f"{name}: achieved source rate", round(r.achieved), "/s"),
                     *(Figure(f"{name}: latency {p}", None if v is None else round(v / 1000, 2), "s")
                       for p, v in (("p50", r.p50), ("p95", r.p95), ("p99", r.p99))),
@@ -502,8 +521,11 @@ def main() -> None:
                     Figure(f"{name}: Spark micro-batch steps (mean, s)", " / ".join(
                         f"{step} {r.spark_steps[step] / 1000:.3f}" for step in SPARK_STEPS if step in r.spark_steps)
                         or None),
+                    *(Figure(f"{name}: full garbage collections, {label}",
+                             _pauses(r.full_collections.get(kind), args.measure))
+                      for kind, label in (("driver", "driver"), ("worker", "Python workers"))),
                     Figure(f"{name}: caught up after the load", r.caught_up)]
-    for out in (latency, batches, stages, spark):
+    for out in (latency, batches, stages, spark, pauses):
         console.print(out)
     console.print(f"trigger {results[0].trigger_ms / 1000:g} s; load average at the end: "
                   f"{os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")

@@ -54,7 +54,7 @@ def test_fresh_compares_p50_with_the_measured_interval_not_the_trigger() -> None
         tables="shop", run=1, poll_ms=50, engine="this checkout", target=500, generators=1, achieved=500,
         per_generator=[500], engine_rate=500, p50=740, p95=900, p99=1000, rows=1, unmatched=0, drain_seconds=1,
         caught_up=True, failed_transactions=0, trigger_ms=250, interval_ms=500, batch_p50=440, batch_ends=None,
-        stages={}, tail={}, spark_steps={})
+        stages={}, tail={}, spark_steps={}, full_collections={})
     assert result.fresh  # 740 <= 500 + 440, though not within the trigger's 250 + 440
     assert not replace(result, interval_ms=250).fresh
     assert not replace(result, interval_ms=None).fresh
