@@ -32,17 +32,20 @@ three), on a fresh schema (``benchlat``) and fresh tables:
    window (:mod:`gc_probe`, loaded by the engine's ``PYTHONPATH``): how many a second, their mean
    time, and the share of each process's window they paused it for.
 
-Each run checks the freshness goal, p50 at most the trigger interval plus the median batch time
-(the ``order_items`` journey's ``total_ms``), and reports p99/p50 (its goal: at most 1.5). The interval
+Each run checks the freshness goal, p50 at most the trigger interval plus the median batch time (the
+``order_items`` journey's ``total_ms``), and reports p99/p50 (its goal: at most 1.5). The interval
 is measured: the median time between the starts of the window's consecutive batches. It is the
 trigger's while a micro-batch fits in the trigger; when one outlasts it, Spark starts the next at
-once, and the interval is the micro-batch's own time (the trigger is in the table beside it). The measured
-connector runs with Debezium's ``poll.interval.ms`` at 50 ms (the stack's keep Debezium's 500 ms: see
-``docs/operations.md``); ``--poll-ms 500,50`` runs each case once per value, taking turns, and the
-connector is registered as the stack configures it at the end. ``--baseline REV`` runs each case
-also with the engine of an earlier commit (checked out beside, in the work directory), taking turns
-with this checkout's: everything else -- the stack, the load and the measurement -- is this
-checkout's. The figures go to a result file (``benchmarks/results/``) for ``docs/benchmarks.md``.
+once, and the interval is the micro-batch's own time (the trigger is in the table beside it). The
+median batch time and the rows a batch's commit copied unchanged (copy-on-write) are also shown for
+the first and the last tenth of the window's batches: a batch that costs more as its table grows
+shows there. The measured connector runs with Debezium's ``poll.interval.ms`` at 50 ms (the stack's
+keep Debezium's 500 ms: see ``docs/operations.md``); ``--poll-ms 500,50`` runs each case once per
+value, taking turns, and the connector is registered as the stack configures it at the end.
+``--baseline REV`` runs each case also with the engine of an earlier commit (checked out beside, in
+the work directory), taking turns with this checkout's: everything else -- the stack, the load and
+the measurement -- is this checkout's. The figures go to a result file (``benchmarks/results/``) for
+``docs/benchmarks.md``.
 
     make bench-latency
     .venv/bin/python benchmarks/bench_latency.py --tables one --rates 500 --runs 1 --measure 30
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import os
 import shutil
@@ -169,6 +173,9 @@ class RateResult:
     #: median batch time in the first and in the last tenth of the window's batches: a batch that costs
     #: more as its tables grow shows here
     batch_ends: tuple[float, float] | None
+    #: median rows a batch's MERGE copied (rewrote unchanged) in the first and last tenth of the window's
+    #: batches: copy-on-write that grows with the file a MERGE keeps touching shows here
+    copied_ends: tuple[float, float] | None
     stages: dict[str, float | None]
     tail: dict[str, float | None]
     #: each Spark micro-batch step's mean in the window, ms (empty: the engine does not report them)
@@ -305,6 +312,7 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         interval_ms=median_interval([b["started_at"] for b in in_time if b["started_at"]]),
         batch_p50=statistics.median(totals) if totals else None,
         batch_ends=first_and_last(totals),
+        copied_ends=first_and_last([copied_rows(b) for b in sorted(in_time, key=lambda b: b["finished_at"])]),
         stages={stage: statistics.median(v) if v else None for stage, v in stages.items()},
         tail=slowest_stages(stages), spark_steps=step_means(*steps.taken()),
         full_collections=collections(probe, start_at + args.warmup, start_at + duration))
@@ -384,6 +392,13 @@ def first_and_last(times: list[float], share: float = 0.1) -> tuple[float, float
         return None
     n = max(1, int(len(times) * share))
     return statistics.median(times[:n]), statistics.median(times[-n:])
+
+
+def copied_rows(batch: dict) -> float:
+    """Rows the batch's commit copied unchanged into new files (its MERGE's
+    ``num_target_rows_copied``, delta-rs's or delta-spark's name; an append copies none)."""
+    metrics = json.loads(batch.get("merge_metrics") or "{}")
+    return float(metrics.get("num_target_rows_copied", metrics.get("numTargetRowsCopied", 0)))
 
 
 def median_interval(starts: list[datetime]) -> float | None:
@@ -478,7 +493,8 @@ def main() -> None:
                      "drain", "failed tx"))
     batches = table("Batches: the interval between their starts (the trigger's, or the batch's own when it "
                     "outlasts the trigger) and their time",
-                    ("trigger", "interval", "median batch", "batch first / last tenth", "p50 <= interval + batch"))
+                    ("trigger", "interval", "median batch", "batch first / last tenth",
+                     "rows copied first / last tenth", "p50 <= interval + batch"))
     stages = table("Where the time goes: each stage's median, over all the rows measured and over the slowest 5 %",
                    ("rows", *STAGES))
     spark = table("Spark's micro-batches in the window: each step's mean (addBatch: the tables' work; "
@@ -497,8 +513,9 @@ def main() -> None:
                         f"{r.rows:,}" + (f" ({r.unmatched} unmatched)" if r.unmatched else ""),
                         f"{r.drain_seconds:.0f} s" + ("" if r.caught_up else " (NOT caught up)"),
                         str(r.failed_transactions))
+        copied = None if r.copied_ends is None else f"{r.copied_ends[0]:,.0f} / {r.copied_ends[1]:,.0f}"
         batches.add_row(*key(r), _s(r.trigger_ms), _s(r.interval_ms), _s(r.batch_p50),
-                        "-" if ends is None else f"{ends} s", "yes" if r.fresh else "NO")
+                        "-" if ends is None else f"{ends} s", copied or "-", "yes" if r.fresh else "NO")
         stages.add_row(*key(r), "all", *(_s(r.stages[stage]) for stage in STAGES))
         stages.add_row(*key(r), "slowest 5 %", *(_s(r.tail[stage]) for stage in STAGES), end_section=True)
         spark.add_row(*key(r), *(_s(r.spark_steps.get(step)) for step in SPARK_STEPS))
@@ -511,6 +528,8 @@ def main() -> None:
                            None if r.interval_ms is None else round(r.interval_ms / 1000, 2), "s"),
                     Figure(f"{name}: median batch", None if r.batch_p50 is None else round(r.batch_p50 / 1000, 2), "s"),
                     Figure(f"{name}: median batch, first / last tenth of the window", ends, "s"),
+                    Figure(f"{name}: median rows copied by a batch's commit, first / last tenth of the window", copied,
+                           "rows"),
                     Figure(f"{name}: p50 within interval + median batch", r.fresh),
                     Figure(f"{name}: stages (median, s)", " / ".join(
                         f"{stage} {'-' if r.stages[stage] is None else f'{r.stages[stage] / 1000:.2f}'}"

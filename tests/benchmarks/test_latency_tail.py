@@ -54,7 +54,7 @@ def test_fresh_compares_p50_with_the_measured_interval_not_the_trigger() -> None
         tables="shop", run=1, poll_ms=50, engine="this checkout", target=500, generators=1, achieved=500,
         per_generator=[500], engine_rate=500, p50=740, p95=900, p99=1000, rows=1, unmatched=0, drain_seconds=1,
         caught_up=True, failed_transactions=0, trigger_ms=250, interval_ms=500, batch_p50=440, batch_ends=None,
-        stages={}, tail={}, spark_steps={}, full_collections={})
+        copied_ends=None, stages={}, tail={}, spark_steps={}, full_collections={})
     assert result.fresh  # 740 <= 500 + 440, though not within the trigger's 250 + 440
     assert not replace(result, interval_ms=250).fresh
     assert not replace(result, interval_ms=None).fresh
@@ -77,3 +77,10 @@ def test_spark_step_means_are_taken_between_two_scrapes_of_the_engine_metrics() 
     assert [round(means[s]) for s in ("triggerExecution", "addBatch", "walCommit")] == [400, 200, 20]
     assert bench_latency.step_means(after, after) == {}  # no micro-batch between them
     assert bench_latency.step_means({}, {}) == {}  # an engine that does not serve them
+
+
+def test_rows_copied_are_read_from_either_writers_merge_metrics() -> None:
+    assert bench_latency.copied_rows({"merge_metrics": '{"num_target_rows_copied": 9600, "x": 1}'}) == 9600
+    assert bench_latency.copied_rows({"merge_metrics": '{"numTargetRowsCopied": 12}'}) == 12  # delta-spark's
+    assert bench_latency.copied_rows({"merge_metrics": '{"num_target_rows_inserted": 5}'}) == 0  # an append
+    assert bench_latency.copied_rows({"merge_metrics": None}) == 0
