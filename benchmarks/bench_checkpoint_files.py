@@ -1,4 +1,4 @@
-"""Spark's checkpoint per micro-batch on local disk: with Hadoop's checksum files, or without (the engine's).
+"""Spark's checkpoint per micro-batch on local disk: how Hadoop writes its files, three ways (one is the engine's).
 
 Not a test: it measures. Every micro-batch of a streaming query writes its offsets to the checkpoint
 before it runs (``walCommit``) and its commit after (``commitOffsets``); a continuous run at a short
@@ -7,9 +7,13 @@ taking turns, a fresh process starts the engine's Spark session (:func:`ingest.s
 and runs a query of Spark's ``rate-micro-batch`` source into an empty ``foreachBatch`` at a 250 ms
 trigger for ``--seconds``, on a fresh local checkpoint:
 
-* ``checksummed``: the session with Hadoop's default local file system, which writes a ``.crc``
-  beside each file (and renames it with the file);
-* ``raw``: the session as the engine configures it, whose FileContexts write no checksum files.
+* ``checksummed``: Spark's default checkpoint files, through FileContexts, on Hadoop's default local
+  file system, which writes a ``.crc`` beside each file (and renames it with the file);
+* ``raw``: through FileContexts of the local file system the engine's session configures, which
+  writes no checksum files;
+* ``filesystem``: as the engine's session writes a local checkpoint, through FileSystems
+  (:data:`ingest.spark.session.LOCAL_CHECKPOINTS`): without Hadoop's native library a local
+  FileContext forks ``chmod`` for each file it creates and ``readlink`` for each rename.
 
 It reports the medians of Spark's own durations over the micro-batches after the first ten
 (``StreamingQueryProgress.durationMs``).
@@ -38,16 +42,17 @@ from record import Figure, changed_options, write_result
 console = Console(width=120)
 #: Hadoop's checksummed local file system for FileContexts (Hadoop's default)
 CHECKSUMMED = (("spark.hadoop.fs.AbstractFileSystem.file.impl", "org.apache.hadoop.fs.local.LocalFs"),)
-MODES = ("checksummed", "raw")
+MODES = ("checksummed", "raw", "filesystem")
 DURATIONS = ("walCommit", "commitOffsets", "triggerExecution")
 WARM_BATCHES = 10
 
 
 def child(mode: str, seconds: float, checkpoint: str) -> None:
     """One run in this process: print the micro-batches' ``durationMs`` as JSON lines."""
-    from ingest.spark.session import get_spark
+    from ingest.spark.session import LOCAL_CHECKPOINTS, get_spark
 
-    spark = get_spark(extra=CHECKSUMMED if mode == "checksummed" else ())
+    extra = {"checksummed": CHECKSUMMED, "filesystem": tuple(LOCAL_CHECKPOINTS.items())}.get(mode, ())
+    spark = get_spark(extra=extra)
     query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 100).load().writeStream
              .foreachBatch(lambda _df, _batch_id: None).option("checkpointLocation", checkpoint)
              .trigger(processingTime="250 milliseconds").start())
@@ -86,7 +91,7 @@ def main() -> None:
                 status.update(f"{mode}, run {n} of {args.runs}: a query for {args.seconds:.0f} s")
                 rows.append((mode, n, run(mode, args.seconds, Path(scratch))))
     out = Table(title="Spark's checkpoint on local disk, per micro-batch (medians, 250 ms trigger)")
-    for col in ("files", "run", "micro-batches", *DURATIONS):
+    for col in ("checkpoint files", "run", "micro-batches", *DURATIONS):
         out.add_column(col, justify="right")
     figures = []
     for mode, n, medians in rows:

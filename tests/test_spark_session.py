@@ -14,13 +14,15 @@ from ingest.spark.session import DRIVER_JAVA_OPTIONS, QUICK_JIT, driver_java_opt
 
 
 def _config(*, engine: str = "delta-rs", kafka_reader: str | None = None, jit: str = "auto",
-            java_options: str | None = None, workdir: str = "work") -> IngestConfig:
+            java_options: str | None = None, workdir: str = "work", target: dict[str, Any] | None = None,
+            conf: dict[str, str] | None = None) -> IngestConfig:
     source: dict[str, Any] = {"kind": "embedded"}
     if kafka_reader:
         source = {"kind": "kafka", "kafka": {"bootstrap_servers": "127.0.0.1:9092", "reader": kafka_reader}}
-    conf = {DRIVER_JAVA_OPTIONS: java_options} if java_options else {}
+    conf = {**(conf or {}), **({DRIVER_JAVA_OPTIONS: java_options} if java_options else {})}
     return IngestConfig.model_validate({
-        "workdir": workdir, "source": source, "target": {"engine": engine}, "spark": {"jit": jit, "conf": conf},
+        "workdir": workdir, "source": source, "target": {"engine": engine, **(target or {})},
+        "spark": {"jit": jit, "conf": conf},
         "tables": [{"name": "t", "topic": "db.public.t"}]})
 
 
@@ -110,15 +112,34 @@ def test_one_rule_for_the_snapshot_tasks_of_any_session(spark):
     assert spark_module.snapshot_tasks(chosen).conf.get(spark_module.SNAPSHOT_PARTITIONS) == "7"
 
 
-def test_a_streaming_checkpoint_is_written_without_checksum_files_and_resumes(spark, tmp_path):
-    """Every micro-batch writes an offsets and a commit file; Hadoop's checksummed local file system
-    wrote and renamed a .crc beside each, about half of the checkpoint's cost per micro-batch
-    (benchmarks/bench_checkpoint_files.py). Spark still resumes from what the raw one writes."""
+def test_a_local_checkpoint_is_written_through_filesystems_and_one_on_s3_as_spark_chooses(asked):
+    """A local FileContext forks chmod and readlink for every checkpoint file (no native Hadoop library)."""
+    [(key, value)] = spark_module.LOCAL_CHECKPOINTS.items()
+    session_for(_config())
+    assert asked[key] == value
+    asked.clear()
+    session_for(_config(target={"checkpoint_dir": "s3://bucket/checkpoints"}))
+    assert key not in asked
+    session_for(_config(conf={key: "my.Manager"}))
+    assert asked[key] == "my.Manager"  # a user's own value wins
+
+
+@pytest.mark.parametrize("through", ["file contexts", "file systems"])
+def test_a_streaming_checkpoint_resumes_however_its_files_are_written(spark, tmp_path, through):
+    """Every micro-batch writes an offsets and a commit file. Through FileContexts, Hadoop's
+    checksummed local file system wrote and renamed a .crc beside each, about half of the
+    checkpoint's cost per micro-batch; the engine's session writes none. A local checkpoint is
+    written through FileSystems, which write them, without forking chmod and readlink for each file
+    (benchmarks/bench_checkpoint_files.py). Spark resumes from either."""
+    [(key, value)] = spark_module.LOCAL_CHECKPOINTS.items()
+    session = spark.newSession()
+    if through == "file systems":
+        session.conf.set(key, value)
     checkpoint = tmp_path / "checkpoint"
     seen: list[int] = []
 
     def run(batches: int) -> None:
-        query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 5).load().writeStream
+        query = (session.readStream.format("rate-micro-batch").option("rowsPerBatch", 5).load().writeStream
                  .foreachBatch(lambda _df, batch_id: seen.append(batch_id))
                  .option("checkpointLocation", str(checkpoint)).trigger(processingTime="50 milliseconds").start())
         deadline = time.monotonic() + 120
@@ -136,4 +157,4 @@ def test_a_streaming_checkpoint_is_written_without_checksum_files_and_resumes(sp
     assert seen[first] in (seen[first - 1], seen[first - 1] + 1) and seen[first] > 0
     written = [p.name for p in checkpoint.rglob("*") if p.is_file()]
     assert {"0", "1"} <= set(written)
-    assert not [name for name in written if name.endswith(".crc")]
+    assert bool([name for name in written if name.endswith(".crc")]) is (through == "file systems")
