@@ -50,7 +50,7 @@ RAW_LOCAL_FS: Final = "org.apache.hadoop.fs.local.RawLocalFs"
 #: Spark's checkpoint files written through Hadoop's FileSystem API rather than FileContexts, for a
 #: local checkpoint. Without Hadoop's native library (pyspark ships none), a local FileContext forks
 #: ``chmod`` for each file it creates and ``readlink`` for each rename: the offsets and the commit of
-#: every micro-batch took 20-24 ms each on an idle machine, 10-12 ms this way
+#: every micro-batch took 20-24 ms each on an idle machine, 10-13 ms this way
 #: (``benchmarks/bench_checkpoint_files.py``). The FileSystem API renames with the operating system's
 #: rename, which is atomic on a local disk; its check that no other query wrote the same batch first
 #: is not, which the engine's table locks make moot, and checkpoints are disposable. Checkpoints on S3
