@@ -43,8 +43,9 @@ def driver_java_options(extra: tuple[tuple[str, str], ...]) -> str:
     return " ".join(o for o in [*own, *asked] if o)
 
 
-#: Hadoop's local file system without checksum files, for FileContexts (which Spark's checkpoint and
-#: Delta's log store use). Not for FileSystems: S3A casts the local one to the checksummed class.
+#: Hadoop's local file system without checksum files, for FileContexts (which Delta's log store uses,
+#: and Spark's checkpoint unless :data:`LOCAL_CHECKPOINTS` applies). Not for FileSystems: S3A casts
+#: the local one to the checksummed class.
 RAW_LOCAL_FS: Final = "org.apache.hadoop.fs.local.RawLocalFs"
 
 #: Spark's checkpoint files written through Hadoop's FileSystem API rather than FileContexts, for a
@@ -101,9 +102,10 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
         # however large the messages (the decode step bounds its own output the same way).
         .config("spark.sql.execution.arrow.maxBytesPerBatch", str(256 * 1024 * 1024))
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-        # Local files without Hadoop's checksum files: every micro-batch writes its offsets and its
-        # commit to the checkpoint, and with a .crc beside each file (written and renamed too) the two
-        # took 74-87 ms of an idle micro-batch, 39-43 ms without (benchmarks/bench_checkpoint_files.py).
+        # Local files through FileContexts without Hadoop's checksum files: a checkpoint written that
+        # way (a user's choice of manager; the engine's own go through FileSystems, LOCAL_CHECKPOINTS)
+        # took 41-47 ms of an idle micro-batch for its two writes, 76-82 ms with a .crc beside each
+        # (benchmarks/bench_checkpoint_files.py), and delta-spark's log store writes through them too.
         # Renames are the same; S3, HDFS and other schemes are untouched. A user's value wins (extra).
         .config("spark.hadoop.fs.AbstractFileSystem.file.impl", RAW_LOCAL_FS)
         .config("spark.driver.memory", "2g")

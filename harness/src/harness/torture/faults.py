@@ -160,7 +160,8 @@ def _batches(folder: Path) -> dict[int, Path]:
 
 def _write(path: Path, data: bytes, *, drop_crc: bool) -> str:
     """Write ``data`` over ``path``; returns what became of its Hadoop checksum file: "checksum kept",
-    "checksum removed", or "no checksum" (the engine's local checkpoints are written without one)."""
+    "checksum removed", or "no checksum" (a checkpoint written through the engine's FileContexts has
+    none; its local checkpoints, written through FileSystems, have one beside each file)."""
     path.write_bytes(data)
     crc = path.with_name(f".{path.name}.crc")
     if not crc.exists():
