@@ -150,9 +150,10 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
         if key_columns and facts.moved:  # primary-key moves: unchanged values from the old key's row
             changes = fill_moves(spec, placement, changes, key_columns, schema.columns, state, writer, paths.table,
                                  paths.moves)
-        suspects = find_suspect_reads(spec, placement, changes, key_columns, schema.columns, state, writer,
-                                      paths.table, opened.tombstones) \
-            if key_columns and facts.incremental and not replay else None
+        suspects = None
+        if key_columns and facts.incremental and not replay:
+            changes, suspects = find_suspect_reads(spec, placement, changes, key_columns, schema.columns, state,
+                                                   writer, paths.table, opened.tombstones)
         record.suspect_reads = len(suspects) if suspects is not None else 0
         reduced = placement.reduce(changes, key_columns, schema.columns, soft=spec.delete_mode == "soft") \
             if not keeps_history or spec.expectations else None

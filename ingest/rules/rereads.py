@@ -14,6 +14,12 @@ changed behind the engine's back, a topic that lost messages); either way readin
 right. So the rule names the keys whose incremental read differs from the key's previous event --
 a streamed image, on the columns both know, or a delete -- and the engine asks the connector to read
 those rows again (:func:`condition`). A read after a read is never suspect, so the re-reads end.
+
+A read again cannot undo a read that followed a delete: a row the source no longer holds is not read
+at all. So such a read is applied as that delete, at the read's own position (:attr:`SuspectReads.deleted`):
+the key stays deleted unless the read again finds the row. A delete at a read's position (phase
+:data:`~ingest.model.SNAPSHOT`, which no streamed delete has) counts as a read, so the read again
+that finds the row is not suspect and brings it back.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ingest.model import SNAPSHOT
 from ingest.rules.sql import connect, ident, key_list, keys_equal, literal, query
 
 #: A column name both PostgreSQL and MySQL/MariaDB read unquoted as itself.
@@ -39,6 +46,9 @@ class SuspectReads:
 
     key_columns: tuple[str, ...]
     keys: tuple[tuple[Any, ...], ...]
+    #: The suspect reads that follow a delete, to be applied as that delete: each its key values and
+    #: the read's ``_cdc_position``.
+    deleted: tuple[tuple[Any, ...], ...] = ()
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -46,12 +56,14 @@ class SuspectReads:
 
 def suspect_reads(images: pa.Table, stored: pa.Table | None, deletes: pa.Table | None,
                   key_columns: tuple[str, ...], columns: Sequence[str], *, history: bool) -> SuspectReads:
-    """The keys whose incremental snapshot read contradicts the key's previous event, in key order.
+    """The keys whose incremental snapshot read contradicts the key's previous event, in key order, and
+    of those reads the ones whose previous event is a delete (:attr:`SuspectReads.deleted`).
 
     A key's events are its batch's changes, its stored row (or scd2 versions) and its remembered
     delete; the previous event of a read is the last before the read's position (at one position: a
     stored image, then a delete, then the batch's changes by offset). It is contradicted when it is
-    a delete, or a streamed image (not a read) that differs from the read on a column it knows.
+    a delete, or a streamed image (not a read) that differs from the read on a column it knows. A
+    delete at a read's position is a read that followed a delete, applied as it: it counts as a read.
 
     Args:
         images: the batch's changes of the keys (no truncates): the key columns, ``_cdc_position``,
@@ -80,12 +92,16 @@ def suspect_reads(images: pa.Table, stored: pa.Table | None, deletes: pa.Table |
         if missing:
             unknown = f"list_concat({unknown}, [{', '.join(missing)}])"
         kept = "".join(f", CAST({ident(c) if c in has else 'NULL'} AS VARCHAR) AS v{i}" for i, c in enumerate(columns))
-        parts.append(f"SELECT {keys}, _cdc_position, 0, 0, false, _cdc_op = 'r', {unknown}{kept} FROM stored")
+        # An scd2 table keeps a delete of a deleted key as a row of its own (op d, ending nothing).
+        parts.append(f"SELECT {keys}, _cdc_position, 0, 0, _cdc_op = 'd', _cdc_op = 'r' OR (_cdc_op = 'd' AND "
+                     f"{_at_a_read('_cdc_position')}), {unknown}{kept} FROM stored")
         ended = ("_cdc_end_position", "_cdc_end_op = 'd'") if history else ("_cdc_position", "_cdc_deleted")
-        parts.append(f"SELECT {keys}, {ended[0]}, 0, 1, true, false, {empty}{nulls} FROM stored WHERE {ended[1]}")
+        parts.append(f"SELECT {keys}, {ended[0]}, 0, 1, true, {_at_a_read(ended[0])}, {empty}{nulls} FROM stored "
+                     f"WHERE {ended[1]}")
     if deletes is not None and deletes.num_rows:
         tables["deletes"] = deletes
-        parts.append(f"SELECT {keys}, _cdc_position, 0, 1, true, false, {empty}{nulls} FROM deletes")
+        parts.append(f"SELECT {keys}, _cdc_position, 0, 1, true, {_at_a_read('_cdc_position')}, {empty}{nulls} "
+                     "FROM deletes")
     agrees = " AND ".join(f"(list_contains(p.unknown, {literal(c)}) OR CAST(r.{ident(c)} AS VARCHAR) "
                           f"IS NOT DISTINCT FROM p.v{i})" for i, c in enumerate(columns)) or "true"
     sql = f"""
@@ -95,15 +111,24 @@ def suspect_reads(images: pa.Table, stored: pa.Table | None, deletes: pa.Table |
         prior AS (
             SELECT r.n, e.*, row_number() OVER (PARTITION BY r.n ORDER BY e.pos DESC, e.src DESC, e.ord DESC) AS rank
             FROM reads r JOIN events e ON {keys_equal("r", "e", key_columns)} AND e.pos < r._cdc_position)
-        SELECT DISTINCT {key_list(key_columns, "r")} FROM reads r JOIN prior p ON p.n = r.n AND p.rank = 1
+        SELECT DISTINCT {key_list(key_columns, "r")}, r._cdc_position AS __read_position, p.del AS __after_delete
+        FROM reads r JOIN prior p ON p.n = r.n AND p.rank = 1
         WHERE NOT p.rd AND (p.del OR NOT ({agrees}))
-        ORDER BY {key_list(key_columns, "r")}"""
+        ORDER BY {key_list(key_columns, "r")}, __read_position"""
     con = connect(**tables)
     try:
         found = query(con, sql)
     finally:
         con.close()
-    return SuspectReads(key_columns, tuple(zip(*(found[k].to_pylist() for k in key_columns), strict=True)))
+    reads = list(zip(*(found[k].to_pylist() for k in key_columns), found["__read_position"].to_pylist(),
+                     found["__after_delete"].to_pylist(), strict=True))
+    return SuspectReads(key_columns, tuple(dict.fromkeys(r[:-2] for r in reads)),
+                        tuple(r[:-1] for r in reads if r[-1]))
+
+
+def _at_a_read(position: str) -> str:
+    """SQL: the delete at ``position`` is a read that followed a delete, applied as it (its phase is a read's)."""
+    return f"suffix({position}, '{SNAPSHOT}')"
 
 
 def condition(suspects: SuspectReads) -> str | None:

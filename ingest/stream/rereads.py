@@ -33,7 +33,9 @@ def ask_again(config: IngestConfig, spec: TableSpec, suspects: SuspectReads, *, 
     keys = ", ".join(str(k[0] if len(k) == 1 else k) for k in suspects.keys[:_SHOWN])
     more = f" and {len(suspects) - _SHOWN:,} more" if len(suspects) > _SHOWN else ""
     what = (f"table {spec.name}: {len(suspects):,} incremental snapshot read(s) contradict the change streamed "
-            f"before them (read before that change was visible, or the lake lost the change), keys {keys}{more}")
+            f"before them (read before that change was visible, or the lake lost the change), keys {keys}{more}"
+            + (f"; {len(suspects.deleted):,} of the reads follow a delete and are applied as it"
+               if suspects.deleted else ""))
     kafka = config.source.kafka
     table = kafka.signal_table if kafka is not None else None
     through = f' --signal-table {table} --source-db "${kafka.signal_db_env}"' if kafka is not None and table else ""

@@ -46,6 +46,7 @@ from ingest.spark.session import arrow_frame
 from tests.apply.test_moves import SPECS as MOVE_SPECS
 from tests.apply.test_moves import story as moves_story
 from tests.apply.test_moves import table_rows as moved_rows
+from tests.apply.test_rereads import LIVE as REREAD_LIVE
 from tests.apply.test_rereads import story as rereads_story
 from tests.apply.test_spark_reduce import random_parts
 from tests.factories import change, decoded_rows
@@ -285,18 +286,20 @@ def test_the_executors_fill_primary_key_moves_as_the_driver_does(tmp_path: Any, 
 
 def test_the_executors_name_suspect_reads_as_the_driver_does(tmp_path: Any, spark: Any) -> None:
     """tests/apply/test_rereads.py's story on the executors, cut so that some reads meet the stored
-    rows and remembered deletes, others the batch's own changes."""
+    rows and remembered deletes, others the batch's own changes, and leaves the same rows."""
     topic, suspect = rereads_story()
     paths = paths_in(tmp_path)
     writer, opened = DeltaSparkWriter(spark), OpenTables(paths, "t")
     decoder = BatchDecoder(DecoderSpec("json", key_columns=("id",), keep_before=False))
     named: set[int] = set()
-    for batch_id, (start, end) in enumerate([(0, 12), (12, len(topic.messages))]):
+    n = len(topic.messages)
+    for batch_id, (start, end) in enumerate([(0, 12), (12, n - 1), (n - 1, n)]):
         parts = decoder.decode(kafka_rows("t", topic.messages[start:end]))
         frame = arrow_frame(spark, pa.Table.from_batches([write_parts(parts)]))
         result = on_the_executors(MOVE_SPECS["hard"], paths, frame, opened, writer, batch_id=batch_id)
         named |= {k[0] for k in result.suspect_reads.keys} if result.suspect_reads else set()
     assert named == suspect
+    assert {r["id"]: r["v"] for r in read_all(open_table(paths.table)).to_pylist()} == REREAD_LIVE
 
 
 def test_only_a_batch_with_deletes_writes_remembered_deletes(tmp_path: Any, spark: Any, monkeypatch: Any) -> None:
