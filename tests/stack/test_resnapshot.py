@@ -247,11 +247,14 @@ def _until(what: str, done: Callable[[], bool], seconds: float = 90) -> None:
         time.sleep(0.5)
 
 
-def _read_before_visible(gdb: str, dsn: str, schema: str, topic: str, path: Path, key: int, release: Path) -> None:
-    """Update row ``key`` and hold its backend in the moment its commit is in the WAL but not visible,
-    while ``ingest resnapshot`` reads the row's chunk; returns once the chunk's read is in the topic."""
+def _read_before_visible(gdb: str, dsn: str, schema: str, topic: str, path: Path, key: int, release: Path, *,
+                         delete: bool = False) -> None:
+    """Update row ``key`` (or delete it) and hold its backend in the moment its commit is in the WAL but
+    not visible, while ``ingest resnapshot`` reads the row's chunk; returns once the chunk's read is in
+    the topic."""
     held = psycopg.connect(dsn)
-    held.execute(f"UPDATE {schema}.t SET note = 'changed' WHERE id = {key}")
+    held.execute(f"DELETE FROM {schema}.t WHERE id = {key}" if delete
+                 else f"UPDATE {schema}.t SET note = 'changed' WHERE id = {key}")
     holder = subprocess.Popen(
         [gdb, "-p", str(held.info.backend_pid), "-batch", "-ex", "break ProcArrayEndTransaction", "-ex", "continue",
          "-ex", f"shell while [ ! -e {release} ]; do sleep 0.1; done", "-ex", "detach"],
@@ -268,7 +271,7 @@ def _read_before_visible(gdb: str, dsn: str, schema: str, topic: str, path: Path
         def history() -> list[dict[str, Any]]:
             return avro_history(topic, "id", {key})[key]
 
-        _until("Debezium to stream the held update", lambda: history()[-1]["op"] == "u")
+        _until("Debezium to stream the held change", lambda: history()[-1]["op"] == ("d" if delete else "u"))
         with psycopg.connect(dsn, autocommit=True) as other:  # committed in the WAL, not visible yet
             assert other.execute(f"SELECT note FROM {schema}.t WHERE id = {key}").fetchone() == (f"first {key}",)
         _resnapshot(path, "t")
@@ -292,7 +295,8 @@ def test_a_chunk_read_before_a_commit_is_visible_is_read_again(stack: Any, spark
     The engine names the read (it contradicts the update before it). By default it logs the command
     that reads the row again; the lake keeps the older row, ``verify --source-db`` names it, and that
     command (``--where``) repairs it. With ``reread_suspect_reads`` the run asks the connector itself,
-    and the next runs end equal to PostgreSQL."""
+    and the next runs end equal to PostgreSQL. A read held so after a delete brings back a row that
+    reading again cannot remove (PostgreSQL no longer holds it): the run applies it as the delete."""
     gdb = ensure_gdb(print)
     dsn, schema = stack.pg_dsn(), "resnap_visible"
     topic = f"{PREFIX['avro']}.{schema}.t"
@@ -338,6 +342,16 @@ def test_a_chunk_read_before_a_commit_is_visible_is_read_again(stack: Any, spark
     assert "asked the connector to read id IN (6) again" in caplog.text, caplog.text
     assert _audited(config, "t", "suspect_reads") == 2
     assert _audited(config, "t") == reads_before + 10 + 1  # the table's 10 rows, then row 6 again
+
+    # A read after a delete: reading the row again reads nothing, so the read is applied as the delete.
+    _read_before_visible(gdb, dsn, schema, topic, path, 7, tmp_path / "release-7", delete=True)
+    assert wait_for_capture(dsn, timeout=120).ok
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ingest.stream.rereads"):
+        assert not Runner(asking, spark=spark).run().failed
+    assert "1 of the reads follow a delete and are applied as it" in caplog.text, caplog.text
+    assert _audited(config, "t", "suspect_reads") == 3
+    assert verify_source_db(config, dsn, wait=10).ok  # row 7 is gone from the lake, as from PostgreSQL
 
 
 #: A composite key whose text the condition must quote (an apostrophe, a 4-byte character) and a date.
