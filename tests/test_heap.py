@@ -31,7 +31,7 @@ _WARM_UP = textwrap.dedent("""
 
     assert gc.get_freeze_count() == 0
     list(_import_decode(iter([])))
-    print(gc.get_freeze_count())
+    print(gc.get_freeze_count(), len(gc.get_objects()))
 """)
 
 
@@ -66,7 +66,8 @@ def test_the_frozen_objects_are_the_collectors_again_at_exit():
 
 
 def test_a_workers_warm_up_freezes_what_it_imported():
-    assert int(_run(_WARM_UP)) > 50_000
+    frozen, left = map(int, _run(_WARM_UP).split())
+    assert frozen > 10_000 and left < 0.01 * frozen  # the decoders' imports, nearly all of what is tracked
 
 
 def test_mapinarrows_decode_freezes_once_it_has_decoded_its_first_task(monkeypatch):
