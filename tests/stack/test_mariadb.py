@@ -26,6 +26,7 @@ import pymysql
 import pytest
 from confluent_kafka import KafkaException
 from deltalake import DeltaTable
+from harness.mariadb import capture as maria_capture
 
 from ingest.config import IngestConfig, TableSpec
 from ingest.lake.delta import open_table, read_all
@@ -201,3 +202,16 @@ def test_verify_finds_every_table_equal_to_mariadb_then_a_change_not_applied(pro
     verify = ingest_cli("verify", "-c", str(probe.path), "--source-db", url, "--wait", "3", "-t", "probe")
     assert verify.returncode == 1, verify.stdout + verify.stderr
     assert "1 different" in verify.stdout and "column 'c_set' expected 'b', got 'a,c'" in verify.stdout
+
+
+def test_a_stopped_stack_leaves_the_mariadb_connector_with_nothing_to_skip(stack: Any) -> None:
+    """docs/stack.md: the stack's connector takes a DDL's GTID as a transaction's begin and counts each
+    later event as one a restart must skip, so ``down`` first has it commit an offset at or past a row
+    transaction after the DDL (the capture marker), which ends the count."""
+    maria = stack.component("mariadb")
+    with maria.connect() as conn, conn.cursor() as cur:
+        cur.execute("CREATE DATABASE IF NOT EXISTS settle_probe")  # a standalone GTID: a count starts
+    after_ddl = maria_capture.binlog_position(*maria.admin("SHOW MASTER STATUS").split()[:2])
+    assert stack.settle_mariadb_offset()
+    offset = stack.component("connect").offsets("mariaavro")[0]["offset"]
+    assert maria_capture.binlog_position(offset["file"], offset["pos"]) >= after_ddl, offset
