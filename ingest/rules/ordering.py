@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from ingest.model import SNAPSHOT
+
 _KAFKA: Final = "k"
 _PARTITION_PREFIX: Final = 9  # "k" + 8 hex digits of the partition
 
@@ -80,3 +82,8 @@ def replaces_stored_sql(source: str = "s", target: str = "t") -> str:
 def after_sql(position: str) -> str:
     """SQL for :meth:`ingest.model.SourcePosition.after`: the same point, at phase 2 (the last character)."""
     return f"(left({position}, length({position}) - 1) || '2')"
+
+
+def at_snapshot_phase_sql(position: str) -> str:
+    """SQL: the encoded position is at phase :data:`~ingest.model.SNAPSHOT` (the last character), a read's."""
+    return f"suffix({position}, '{SNAPSHOT}')"

@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest.model import SNAPSHOT
+from ingest.rules.ordering import at_snapshot_phase_sql
 from ingest.rules.sql import connect, ident, key_list, keys_equal, literal, query
 
 #: A column name both PostgreSQL and MySQL/MariaDB read unquoted as itself.
@@ -94,14 +94,15 @@ def suspect_reads(images: pa.Table, stored: pa.Table | None, deletes: pa.Table |
         kept = "".join(f", CAST({ident(c) if c in has else 'NULL'} AS VARCHAR) AS v{i}" for i, c in enumerate(columns))
         # An scd2 table keeps a delete of a deleted key as a row of its own (op d, ending nothing).
         parts.append(f"SELECT {keys}, _cdc_position, 0, 0, _cdc_op = 'd', _cdc_op = 'r' OR (_cdc_op = 'd' AND "
-                     f"{_at_a_read('_cdc_position')}), {unknown}{kept} FROM stored")
+                     f"{at_snapshot_phase_sql('_cdc_position')}), {unknown}{kept} FROM stored")
         ended = ("_cdc_end_position", "_cdc_end_op = 'd'") if history else ("_cdc_position", "_cdc_deleted")
-        parts.append(f"SELECT {keys}, {ended[0]}, 0, 1, true, {_at_a_read(ended[0])}, {empty}{nulls} FROM stored "
-                     f"WHERE {ended[1]}")
+        # a delete at a read's phase is a read that followed a delete, applied as it: it counts as a read
+        parts.append(f"SELECT {keys}, {ended[0]}, 0, 1, true, {at_snapshot_phase_sql(ended[0])}, {empty}{nulls} "
+                     f"FROM stored WHERE {ended[1]}")
     if deletes is not None and deletes.num_rows:
         tables["deletes"] = deletes
-        parts.append(f"SELECT {keys}, _cdc_position, 0, 1, true, {_at_a_read('_cdc_position')}, {empty}{nulls} "
-                     "FROM deletes")
+        parts.append(f"SELECT {keys}, _cdc_position, 0, 1, true, {at_snapshot_phase_sql('_cdc_position')}, "
+                     f"{empty}{nulls} FROM deletes")
     agrees = " AND ".join(f"(list_contains(p.unknown, {literal(c)}) OR CAST(r.{ident(c)} AS VARCHAR) "
                           f"IS NOT DISTINCT FROM p.v{i})" for i, c in enumerate(columns)) or "true"
     sql = f"""
@@ -124,11 +125,6 @@ def suspect_reads(images: pa.Table, stored: pa.Table | None, deletes: pa.Table |
                      found["__after_delete"].to_pylist(), strict=True))
     return SuspectReads(key_columns, tuple(dict.fromkeys(r[:-2] for r in reads)),
                         tuple(r[:-1] for r in reads if r[-1]))
-
-
-def _at_a_read(position: str) -> str:
-    """SQL: the delete at ``position`` is a read that followed a delete, applied as it (its phase is a read's)."""
-    return f"suffix({position}, '{SNAPSHOT}')"
 
 
 def condition(suspects: SuspectReads) -> str | None:
