@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+from typing import Any
 
 import pytest
 import yaml
@@ -242,7 +243,7 @@ def test_produce_command_appends_json_lines(tmp_path):
     assert log.read("t.x", 1, 0, 2)["key"].to_pylist() == [b"k1", b"k3"]
 
 
-def test_continuous_mode_picks_up_records_appended_while_running(tmp_path, spark):
+def test_continuous_mode_picks_up_records_appended_while_running(tmp_path, spark, monkeypatch):
     import threading
     import time
 
@@ -262,6 +263,18 @@ def test_continuous_mode_picks_up_records_appended_while_running(tmp_path, spark
         while live_rows() < rows and time.monotonic() < deadline:
             time.sleep(0.5)
 
+    # Which micro-batches the driver read itself, from where Spark's offsets log says they start and end.
+    from ingest.stream.callback import ForEachBatch
+
+    read_here: list[tuple[int, int | None]] = []
+    real_read_here = ForEachBatch._read_here
+
+    def spy(self: ForEachBatch, batch_id: int) -> Any:
+        parts = real_read_here(self, batch_id)
+        read_here.append((batch_id, None if parts is None else sum(p.num_rows for p in parts)))
+        return parts
+
+    monkeypatch.setattr(ForEachBatch, "_read_here", spy)
     reports = []
     engine = Runner(config, spark=spark)
     runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=120)))
@@ -271,7 +284,13 @@ def test_continuous_mode_picks_up_records_appended_while_running(tmp_path, spark
     assert query._jsq.streamingQuery().trigger().toString() == "ProcessingTimeTrigger(500)"
     _produce(log, "app.live", [("c", {"id": 2, "body": "b"}, 20)], partition=1)
     wait_for(2)
+    _produce(log, "app.live", [("c", {"id": 3, "body": "c"}, 30), ("c", {"id": 4, "body": "d"}, 40)])
+    wait_for(4)
     engine.stop()
     runner.join(timeout=90)
     (report,) = reports
-    assert report.tables["live"].total("inserted") == 2 and not report.failed
+    assert report.tables["live"].total("inserted") == 4 and not report.failed
+    # The stream's first batch went through Spark; every later one the driver read, record for record.
+    batches = [b for b in report.tables["live"].batches if b.batch_id >= read_here[0][0]]
+    assert read_here[0][1] is None and [n for _, n in read_here[1:]] == [b.received for b in batches[1:]], read_here
+    assert len(read_here) >= 2

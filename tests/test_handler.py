@@ -239,3 +239,96 @@ def test_a_batch_retried_after_a_transient_failure_asks_for_its_suspect_reads_on
     assert len(commits) == 4 and report.tables[spec.name].error is None
     assert asked == [(((1,),), 1)]  # once, for the second batch, however often it was tried
     assert load_state(TablePaths.of(config, spec.name).table).applied_offset(spec.topic, 0) == 2
+
+
+def _offsets_log(directory: Path, topic: str, ends: list[dict[int, int]]) -> None:
+    """A query's offsets log as Spark writes it: batch ``i`` ends at ``ends[i]``."""
+    (directory / "offsets").mkdir(parents=True)
+    for batch, offsets in enumerate(ends):
+        meta = {"batchWatermarkMs": 0, "batchTimestampMs": 1_700_000_000_000, "conf": {}}
+        (directory / "offsets" / str(batch)).write_text(
+            "v1\n" + json.dumps(meta) + "\n" + json.dumps({topic: {str(p): o for p, o in offsets.items()}}))
+
+
+class _Counted(_Frame):
+    """A micro-batch frame that counts its Spark jobs (``toArrow``)."""
+
+    jobs = 0
+
+    def toArrow(self) -> pa.Table:
+        _Counted.jobs += 1
+        return super().toArrow()
+
+
+def _applied_parts(monkeypatch) -> list[Any]:
+    """Every part the callback hands the apply step, as it hands them."""
+    import ingest.stream.callback
+
+    seen: list[Any] = []
+    real_apply = ingest.stream.callback.apply_batch
+
+    def apply_batch(spec: TableSpec, paths: Any, parts: list[Any], **kwargs: Any) -> Any:
+        seen.extend(parts)
+        return real_apply(spec, paths, parts, **kwargs)
+
+    monkeypatch.setattr(ingest.stream.callback, "apply_batch", apply_batch)
+    return seen
+
+
+def _rows(parts: list[Any]) -> list[dict[str, Any]]:
+    rows = [row for part in parts for row in part.to_pylist()]
+    return sorted(rows, key=lambda r: (r["_cdc_partition"], r["_cdc_offset"]))
+
+
+def test_a_small_micro_batch_is_read_and_decoded_by_the_driver_without_a_spark_job(tmp_path, monkeypatch):
+    """The offsets log says where batch 1 starts (batch 0's end) and ends: the driver reads that range
+    and decodes it to the same parts the reader's tasks would have sent, and the frame is not read."""
+    config = _config(tmp_path)
+    spec = config.tables[0]
+    report = RunReport("r1", {spec.name: TableRun(spec.name)})
+    handler = ForEachBatch(config, [spec], report, "r1", None, {}, checkpoint=tmp_path / "checkpoint")
+    frames, end = _two_frames(config, handler)
+    half = {p: e // 2 for p, e in end.items()}
+    _offsets_log(tmp_path / "checkpoint", spec.topic, [half, end])
+    seen = _applied_parts(monkeypatch)
+    _Counted.jobs = 0
+    handler(_Counted(frames[1].parts), 1)
+    handler.settle()
+    handler.close()
+    assert _Counted.jobs == 0, "the micro-batch was read through Spark"
+    assert report.tables[TABLE].error is None
+    from ingest.decode.parts import read_parts
+
+    # what the reader's tasks decoded for the same range, as the frame carries it
+    assert _rows(seen) == _rows(read_parts(frames[1].toArrow().column("part").to_pylist()))
+    [record] = report.tables[TABLE].batches
+    assert record.received == sum(end[p] - half[p] for p in end)
+    state = load_state(TablePaths.of(config, TABLE).table)
+    assert {p: state.applied_offset(spec.topic, p) for p in end} == {p: e - 1 for p, e in end.items()}
+
+
+@pytest.mark.parametrize("case", ["first batch", "no end of the batch before", "not small"])
+def test_a_micro_batch_the_driver_cannot_place_or_that_is_not_small_is_read_through_spark(tmp_path, monkeypatch,
+                                                                                         case):
+    config = _config(tmp_path)
+    spec = config.tables[0]
+    report = RunReport("r1", {spec.name: TableRun(spec.name)})
+    handler = ForEachBatch(config, [spec], report, "r1", None, {}, checkpoint=tmp_path / "checkpoint")
+    frames, end = _two_frames(config, handler)
+    half = {p: e // 2 for p, e in end.items()}
+    if case == "first batch":
+        _offsets_log(tmp_path / "checkpoint", spec.topic, [half])
+        frame, batch = _Counted(frames[0].parts), 0
+    else:
+        _offsets_log(tmp_path / "checkpoint", spec.topic, [half, end])
+        frame, batch = _Counted(frames[1].parts), 1
+        if case == "no end of the batch before":
+            (tmp_path / "checkpoint" / "offsets" / "0").unlink()
+        else:  # a batch of MIN_PIECE records or more is Spark's
+            monkeypatch.setattr("ingest.stream.callback.MIN_PIECE", sum(end[p] - half[p] for p in end))
+    _Counted.jobs = 0
+    handler(frame, batch)
+    handler.settle()
+    handler.close()
+    assert _Counted.jobs == 1 and report.tables[TABLE].error is None
+    assert [r.batch_id for r in report.tables[TABLE].batches] == [batch]

@@ -24,7 +24,7 @@ import logging
 import pickle
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,11 +47,14 @@ FORMAT_NAME = "cdc_topiclog"
 EARLIEST, LATEST = -2, -1  # Kafka's sentinels in startingOffsets JSON
 
 Offsets = dict[str, dict[str, int]]  # {topic: {"partition": next offset}} as in Kafka's JSON
+_P = TypeVar("_P", str, int)  # a partition: as Kafka's JSON names it, or its number
 #: Records a task reads before it decodes them (and yields their parts).
 READ_STEP = 50_000
 #: Records decoded into one batch of parts.
 DECODE_BATCH = 10_000
-#: A partition's range of fewer records is not cut among the tasks.
+#: A partition's range of fewer records is not cut among the tasks; a micro-batch of fewer records in
+#: all is read and decoded by the driver (:mod:`ingest.stream.callback`): one core decodes it either
+#: way, and a Spark job's fixed cost (about 0.1 s on two cores) is more than its decoding.
 MIN_PIECE = 2_000
 
 log = logging.getLogger(__name__)
@@ -184,12 +187,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Ranges under :data:`MIN_PIECE` records stay whole and go to the emptiest task, since each
         piece costs a read of its own.
         """
-        spans = []
-        for topic, parts in end.items():
-            for p, stop in parts.items():
-                begin = start.get(topic, {}).get(p, 0)
-                if stop > begin:
-                    spans.append((topic, int(p), begin, stop))
+        spans = batch_spans(start, end)
         if not spans:
             return []
         tasks = max(1, self.min_partitions)
@@ -224,6 +222,20 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: progress is recorded in the Delta tables, not in the log."""
+
+
+def batch_spans(start: Mapping[str, Mapping[_P, int]], end: Mapping[str, Mapping[_P, int]]) \
+        -> list[tuple[str, int, int, int]]:
+    """The offset ranges ``(topic, partition, start, end)`` of a micro-batch from ``start`` to ``end``
+    (a partition absent from ``start`` begins at 0): what its tasks read, or the driver
+    (:mod:`ingest.stream.callback`)."""
+    spans = []
+    for topic, parts in end.items():
+        for p, stop in parts.items():
+            begin = start.get(topic, {}).get(p, 0)
+            if stop > begin:
+                spans.append((topic, int(p), begin, stop))
+    return spans
 
 
 def _share(lag: dict[tuple[str, str], int], budget: int) -> dict[tuple[str, str], int]:

@@ -3,7 +3,8 @@
 :class:`ForEachBatch` is the ``foreachBatch`` callback. It hands the executors the registry's
 schemas, collects the decoded parts (never raw rows), and applies each table's share in its own
 thread, with its own MERGE commit and offsets; a transient error is retried, any other stops that
-table alone. :class:`RunReport` is what a run did, table by table.
+table alone. A small micro-batch the driver reads and decodes itself, without a Spark job
+(:meth:`ForEachBatch._read_here`). :class:`RunReport` is what a run did, table by table.
 
 A stopped table, in a continuous run, is tried again when its error was transient (a registry or
 broker that did not answer, a concurrent writer): after ``source.retry_stopped_seconds``, doubling
@@ -46,6 +47,7 @@ from ingest.decode.registry import ConfluentSchemaRegistry, confluent_registry
 from ingest.errors import RegistryUnavailableError, is_cancellation, is_transient, is_unavailability
 from ingest.heap import freeze_start_up
 from ingest.lake.layout import TablePaths
+from ingest.lake.location import Location
 from ingest.model import SourceMark
 from ingest.quality import QualityGate
 from ingest.records import audit
@@ -53,7 +55,9 @@ from ingest.records.audit import AuditRecord
 from ingest.rules.rereads import SuspectReads
 from ingest.source.catalog import Catalog
 from ingest.source.consumer_group import GroupCommitter
+from ingest.source.reader import MIN_PIECE, batch_spans
 from ingest.source.sources import DecodingSource, decodes_at_read, source_for
+from ingest.stream import checkpoint as checkpoints
 from ingest.stream.caught_up import gap_of, say_retention_gap
 from ingest.stream.report import RunReport
 from ingest.stream.rereads import ask_again
@@ -78,8 +82,11 @@ class ForEachBatch:
 
     def __init__(self, config: IngestConfig, specs: list[TableSpec], report: RunReport, run_id: str,
                  progress: ProgressFn | None, gates: dict[str, QualityGate], *, retry_stopped: bool = False,
-                 cuts: Publisher | None = None, metrics: RunMetrics | None = None) -> None:
+                 cuts: Publisher | None = None, metrics: RunMetrics | None = None,
+                 checkpoint: Location | None = None) -> None:
         self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
+        #: the query's checkpoint, whose offsets log says where a micro-batch starts and ends (:meth:`_read_here`)
+        self.checkpoint = checkpoint
         #: the audit table, kept open from one micro-batch's append to the next
         self.audit = audit.AuditLog()
         self.metrics = metrics
@@ -141,7 +148,7 @@ class ForEachBatch:
             if self.overlap:
                 # This micro-batch is decoded while the previous one is still being applied; what
                 # the tables do next depends on how that ended, so it is awaited before anything else.
-                early = self._decoded(frame)
+                early = self._decoded(frame, batch_id=batch_id)
                 self.settle()
             if self.batches:
                 freeze_start_up()  # a first batch was applied: what the run holds now stays (ingest.heap)
@@ -161,7 +168,7 @@ class ForEachBatch:
                 self._parts_frame = self._parts(frame).persist()
             try:
                 parts = early if early is not None else self._decoded(
-                    frame, exclude={s.topic for s in active if s.name in self.on_executors})
+                    frame, exclude={s.topic for s in active if s.name in self.on_executors}, batch_id=batch_id)
                 if self.cuts is not None:
                     parts = self._aligned(active, frame, parts)
                 decode_ms = int((time.perf_counter() - t0) * 1000)
@@ -321,12 +328,43 @@ class ForEachBatch:
             return self._parts_frame
         return frame if self.source is not None else frame.mapInArrow(self.decoder, PARTS_DDL)
 
-    def _decoded(self, frame: DataFrame, exclude: set[str] | None = None) -> list[Any]:
-        """The micro-batch's parts on the driver, less those of the ``exclude`` topics (left on the executors)."""
+    def _decoded(self, frame: DataFrame, exclude: set[str] | None = None, *, batch_id: int | None = None) -> list[Any]:
+        """The micro-batch's parts on the driver, less those of the ``exclude`` topics (left on the
+        executors); ``batch_id``: the stream's micro-batch ``frame`` is (a small one is read here)."""
+        if batch_id is not None and not exclude and (here := self._read_here(batch_id)) is not None:
+            return here
         parts = self._parts(frame)
         if exclude:
             parts = parts.mapInArrow(_without_topics(exclude), PARTS_DDL)
         return read_parts(parts.toArrow().column("part").to_pylist())
+
+    def _read_here(self, batch_id: int) -> list[Any] | None:
+        """A small micro-batch read and decoded by the driver, without a Spark job; ``None`` when the
+        reader's tasks decode it instead.
+
+        The driver reads it when its source decodes as it reads, and the query's offsets log says
+        where it starts (the batch before it ends there) and ends, and it holds fewer than
+        :data:`~ingest.source.reader.MIN_PIECE` records. Such a batch is one task's work in Spark
+        too; the job around it (plan, schedule, a Python worker, the parts sent back) cost about
+        0.1 s on two cores, several times the reading and decoding, and shared the cores with the
+        batch being applied. The first batch of a checkpoint, and larger ones, are Spark's.
+        """
+        if self.source is None or self.checkpoint is None or batch_id == 0:
+            return None
+        topics = list(self.specs_by_topic)  # the tables' and the transaction topic
+        start = checkpoints.batch_offsets(self.checkpoint, batch_id - 1, topics)
+        end = checkpoints.batch_offsets(self.checkpoint, batch_id, topics) if start is not None else None
+        if start is None or end is None:
+            return None
+        spans = batch_spans(start, end)
+        if sum(stop - begin for _, _, begin, stop in spans) >= MIN_PIECE:
+            return None
+        ranges: dict[str, tuple[dict[int, int], dict[int, int]]] = {}
+        for topic, partition, begin, stop in spans:
+            lo, hi = ranges.setdefault(topic, ({}, {}))
+            lo[partition], hi[partition] = begin, stop
+        return [part for topic, (lo, hi) in ranges.items()
+                for part in self.decoder.decode(self.source.read_arrow(topic, lo, hi))]
 
     def prefetch_schemas(self, active: list[TableSpec]) -> None:
         """Hand the executors every schema of the active topics, so they need not call the registry:

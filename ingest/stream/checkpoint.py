@@ -100,6 +100,17 @@ def inspect(directory: Location, *, topic: str | None = None, applied: AppliedFn
     return Verdict()
 
 
+def batch_offsets(directory: Location, batch: int, topics: Collection[str]) -> dict[str, dict[int, int]] | None:
+    """Where micro-batch ``batch`` ends, as Spark wrote it in the offsets log before running it; ``None``
+    when that file is missing or unreadable. The file is read alone (the checkpoint is not listed):
+    the stream's own writer has just written it, so it is not checked against its ``.crc``."""
+    files = _Files(LakePath.of(directory), listed=False)
+    try:
+        return _read_offsets(files, f"offsets/{batch}", set(topics))
+    except _Damaged:  # missing or unreadable too (_verified_text)
+        return None
+
+
 def exists(directory: Location) -> bool:
     """Whether the checkpoint has any file (on an object store: any object under its prefix)."""
     return bool(_Files(LakePath.of(directory)).names)
@@ -122,9 +133,11 @@ def discard(directory: Location) -> None:
 class _Files:
     """The files of one checkpoint, by path relative to it (``offsets/3``), listed once."""
 
-    def __init__(self, directory: LakePath) -> None:
+    def __init__(self, directory: LakePath, *, listed: bool = True) -> None:
         self.directory = directory
-        if directory.is_local:
+        if not listed:  # to read a file whose name is known, without a listing (nor its checksum)
+            self.names: set[str] = set()
+        elif directory.is_local:
             root = directory.local
             self.names = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} \
                 if root.is_dir() else set()

@@ -142,7 +142,8 @@ class StreamingRun:
                     checkpoints.discard(directory)
                 self._check_checkpoint(group, directory)
                 handler = ForEachBatch(self.runner.config, group, report, run_id, progress, gates,
-                                       retry_stopped=mode == "continuous", cuts=cuts, metrics=self.runner.metrics)
+                                       retry_stopped=mode == "continuous", cuts=cuts, metrics=self.runner.metrics,
+                                       checkpoint=directory)
                 if cuts is not None and mode == "available_now":
                     catalog = catalog_for(self.runner.config)
                     handler.final_ends = {s.topic: catalog.end_offsets(s.topic) for s in group
