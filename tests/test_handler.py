@@ -282,7 +282,8 @@ def _rows(parts: list[Any]) -> list[dict[str, Any]]:
 
 def test_a_small_micro_batch_is_read_and_decoded_by_the_driver_without_a_spark_job(tmp_path, monkeypatch):
     """The offsets log says where batch 1 starts (batch 0's end) and ends: the driver reads that range
-    and decodes it to the same parts the reader's tasks would have sent, and the frame is not read."""
+    and decodes it to the same parts the reader's tasks would have sent, the frame is not read, and
+    the batch is applied before the callback returns (nothing is left to overlap)."""
     config = _config(tmp_path)
     spec = config.tables[0]
     report = RunReport("r1", {spec.name: TableRun(spec.name)})
@@ -293,6 +294,7 @@ def test_a_small_micro_batch_is_read_and_decoded_by_the_driver_without_a_spark_j
     seen = _applied_parts(monkeypatch)
     _Counted.jobs = 0
     handler(_Counted(frames[1].parts), 1)
+    assert handler._pending is None and report.tables[TABLE].batches, "applied before the callback returned"
     handler.settle()
     handler.close()
     assert _Counted.jobs == 0, "the micro-batch was read through Spark"

@@ -125,8 +125,9 @@ class ForEachBatch:
         self._stops: Counter[str] = Counter()
         self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)
         self.batches = 0
-        #: Apply a micro-batch in the background while Spark plans and decodes the next one. Only
-        #: with a source that decodes as it reads: applying then needs nothing of the micro-batch's
+        #: Apply a micro-batch Spark decoded in the background while Spark plans and decodes the next
+        #: one (one the driver read is applied at once: :meth:`_read_here`). Only with a source that
+        #: decodes as it reads: applying then needs nothing of the micro-batch's
         #: DataFrame (raw messages for quarantine are fetched from the source), which Spark may
         #: discard once the callback returns. Spark records the batch in its checkpoint before its
         #: tables commit; a crash in between leaves a checkpoint ahead of a table's Delta log, which
@@ -144,11 +145,12 @@ class ForEachBatch:
             t0 = time.perf_counter()
             if self.report.startup_seconds is None:
                 self.report.startup_seconds = t0 - self.report.started
-            early = None
+            early = here = None
             if self.overlap:
                 # This micro-batch is decoded while the previous one is still being applied; what
                 # the tables do next depends on how that ended, so it is awaited before anything else.
-                early = self._decoded(frame, batch_id=batch_id)
+                here = self._read_here(batch_id)
+                early = here if here is not None else self._decoded(frame)
                 self.settle()
             if self.batches:
                 freeze_start_up()  # a first batch was applied: what the run holds now stays (ingest.heap)
@@ -168,15 +170,15 @@ class ForEachBatch:
                 self._parts_frame = self._parts(frame).persist()
             try:
                 parts = early if early is not None else self._decoded(
-                    frame, exclude={s.topic for s in active if s.name in self.on_executors}, batch_id=batch_id)
+                    frame, exclude={s.topic for s in active if s.name in self.on_executors})
                 if self.cuts is not None:
                     parts = self._aligned(active, frame, parts)
                 decode_ms = int((time.perf_counter() - t0) * 1000)
                 self.batches += 1
-                if self.overlap:
+                if self.overlap and here is None:
                     self._pending = self._background.submit(self._apply_all, active, frame, parts, batch_id,
                                                             decode_ms)
-                else:
+                else:  # a batch the driver read took milliseconds to decode: nothing to overlap (_read_here)
                     self._apply_all(active, frame, parts, batch_id, decode_ms)
             finally:
                 if self._parts_frame is not None:
@@ -328,11 +330,8 @@ class ForEachBatch:
             return self._parts_frame
         return frame if self.source is not None else frame.mapInArrow(self.decoder, PARTS_DDL)
 
-    def _decoded(self, frame: DataFrame, exclude: set[str] | None = None, *, batch_id: int | None = None) -> list[Any]:
-        """The micro-batch's parts on the driver, less those of the ``exclude`` topics (left on the
-        executors); ``batch_id``: the stream's micro-batch ``frame`` is (a small one is read here)."""
-        if batch_id is not None and not exclude and (here := self._read_here(batch_id)) is not None:
-            return here
+    def _decoded(self, frame: DataFrame, exclude: set[str] | None = None) -> list[Any]:
+        """The micro-batch's parts on the driver, less those of the ``exclude`` topics (left on the executors)."""
         parts = self._parts(frame)
         if exclude:
             parts = parts.mapInArrow(_without_topics(exclude), PARTS_DDL)
@@ -348,6 +347,11 @@ class ForEachBatch:
         too; the job around it (plan, schedule, a Python worker, the parts sent back) cost about
         0.1 s on two cores, several times the reading and decoding, and shared the cores with the
         batch being applied. The first batch of a checkpoint, and larger ones, are Spark's.
+
+        A batch read here is applied before the callback returns, not beside the next micro-batch:
+        there is no decoding left to overlap. Spark's next micro-batch then takes in every record
+        that arrived while this one was applied; started beside it, it would have left them for the
+        one after, and waited for this apply before its own.
         """
         if self.source is None or self.checkpoint is None or batch_id == 0:
             return None
