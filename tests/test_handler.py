@@ -280,14 +280,20 @@ def _rows(parts: list[Any]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["_cdc_partition"], r["_cdc_offset"]))
 
 
+def _checkpointed(tmp_path: Path) -> tuple[IngestConfig, RunReport, ForEachBatch]:
+    """The one-table configuration and a handler whose query's checkpoint is ``tmp_path / "checkpoint"``."""
+    config = _config(tmp_path)
+    spec = config.tables[0]
+    report = RunReport("r1", {spec.name: TableRun(spec.name)})
+    return config, report, ForEachBatch(config, [spec], report, "r1", None, {}, checkpoint=tmp_path / "checkpoint")
+
+
 def test_a_small_micro_batch_is_read_and_decoded_by_the_driver_without_a_spark_job(tmp_path, monkeypatch):
     """The offsets log says where batch 1 starts (batch 0's end) and ends: the driver reads that range
     and decodes it to the same parts the reader's tasks would have sent, the frame is not read, and
     the batch is applied before the callback returns (nothing is left to overlap)."""
-    config = _config(tmp_path)
+    config, report, handler = _checkpointed(tmp_path)
     spec = config.tables[0]
-    report = RunReport("r1", {spec.name: TableRun(spec.name)})
-    handler = ForEachBatch(config, [spec], report, "r1", None, {}, checkpoint=tmp_path / "checkpoint")
     frames, end = _two_frames(config, handler)
     half = {p: e // 2 for p, e in end.items()}
     _offsets_log(tmp_path / "checkpoint", spec.topic, [half, end])
@@ -312,10 +318,8 @@ def test_a_small_micro_batch_is_read_and_decoded_by_the_driver_without_a_spark_j
 @pytest.mark.parametrize("case", ["first batch", "no end of the batch before", "not small"])
 def test_a_micro_batch_the_driver_cannot_place_or_that_is_not_small_is_read_through_spark(tmp_path, monkeypatch,
                                                                                          case):
-    config = _config(tmp_path)
+    config, report, handler = _checkpointed(tmp_path)
     spec = config.tables[0]
-    report = RunReport("r1", {spec.name: TableRun(spec.name)})
-    handler = ForEachBatch(config, [spec], report, "r1", None, {}, checkpoint=tmp_path / "checkpoint")
     frames, end = _two_frames(config, handler)
     half = {p: e // 2 for p, e in end.items()}
     if case == "first batch":
