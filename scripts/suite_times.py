@@ -4,10 +4,12 @@ Prints the worker seconds of the whole run (setup, call and teardown of every te
 xdist workers), the costliest modules, and the lines of ``MODULE_SECONDS`` in ``tests/conftest.py``
 that would schedule them. Given a second file (an earlier run, say of an earlier commit), it also
 compares the tests both runs have -- what got slower or faster on the same tests -- apart from the
-tests only one of them has.
+tests only one of them has. ``--memory`` lists instead the tests that raised their worker's peak
+resident memory most (``tests/memory.py`` records it).
 
     CI=true .venv/bin/python -m pytest -n 2 --junitxml=/tmp/after.xml
     .venv/bin/python scripts/suite_times.py /tmp/after.xml [--against /tmp/before.xml] [--top 20]
+    .venv/bin/python scripts/suite_times.py .test-results/suite.xml --memory
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ def test_seconds(junit: Path) -> dict[str, float]:
     return out
 
 
+def memory_rises(junit: Path) -> list[tuple[str, float, float]]:
+    """``(test, MiB it raised its worker's peak by, the peak after it)``, the largest rise first."""
+    out = []
+    for case in ET.parse(junit).iter("testcase"):
+        found = {p.get("name"): float(p.get("value", 0)) for p in case.iter("property")}
+        if "rss_rise_mib" in found:
+            module = case.get("classname", "").replace(".", "/") + ".py"
+            out.append((f"{module}::{case.get('name')}", found["rss_rise_mib"], found["peak_rss_mib"]))
+    return sorted(out, key=lambda row: -row[1])
+
+
 def by_module(seconds: dict[str, float]) -> Counter[str]:
     totals: Counter[str] = Counter()
     for test, spent in seconds.items():
@@ -44,7 +57,16 @@ def main() -> None:
     parser.add_argument("junit", type=Path)
     parser.add_argument("--against", type=Path, help="the JUnit XML of another run, to compare with")
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--memory", action="store_true", help="the tests that raised their worker's peak memory most")
     args = parser.parse_args()
+    if args.memory:
+        rises = Table(title=f"the {args.top} tests that raised their worker's peak resident memory most")
+        for col in ("test", "rise MiB", "peak after MiB"):
+            rises.add_column(col, justify="left" if col == "test" else "right")
+        for test, rise, peak in memory_rises(args.junit)[:args.top]:
+            rises.add_row(test, f"{rise:,.0f}", f"{peak:,.0f}")
+        console.print(rises)
+        return
     after = test_seconds(args.junit)
     modules = by_module(after)
     console.print(f"{len(after)} tests, {sum(after.values()):,.0f} worker seconds")

@@ -15,6 +15,9 @@ from typing import Any, Final
 import pytest
 from harness.stack.s3 import S3Server
 
+#: each test's peak memory in the JUnit XML, and the stacks of a worker grown too large (tests/memory.py)
+pytest_plugins = ["tests.memory"]
+
 #: What the suite writes at its peak (Kafka's logs, Delta tables, Spark's spill files, the packaging
 #: tests' virtualenvs): 5.1 GB in a clean-clone ``make test`` of 87c2273, free space sampled each
 #: minute from the tests' start (a one-off, not a repo script); the margin keeps a nearly full disk
