@@ -338,3 +338,27 @@ def test_a_micro_batch_the_driver_cannot_place_or_that_is_not_small_is_read_thro
     handler.close()
     assert _Counted.jobs == 1 and report.tables[TABLE].error is None
     assert [r.batch_id for r in report.tables[TABLE].batches] == [batch]
+
+
+def test_a_driver_read_that_fails_ends_the_query_with_the_sources_own_error(tmp_path, monkeypatch):
+    """As a reader's task that cannot read its range fails the micro-batch: nothing is applied, and
+    the query's error is the source's (one line with its cause), not a failure of some later step."""
+    from ingest.errors import SourceUnavailableError
+
+    config, report, handler = _checkpointed(tmp_path)
+    spec = config.tables[0]
+    frames, end = _two_frames(config, handler)
+    _offsets_log(tmp_path / "checkpoint", spec.topic, [{p: e // 2 for p, e in end.items()}, end])
+
+    def read_arrow(topic: str, start: dict[int, int], stop: dict[int, int]) -> Any:
+        raise SourceUnavailableError(f"kafka at 127.0.0.1:1: nothing from {topic}[0] after offset {start[0]} in 30 s")
+
+    assert handler.source is not None
+    monkeypatch.setattr(handler.source, "read_arrow", read_arrow)
+    _Counted.jobs = 0
+    with pytest.raises(SourceUnavailableError, match="nothing from"):
+        handler(_Counted(frames[1].parts), 1)
+    handler.close()
+    assert isinstance(handler.error, SourceUnavailableError) and _Counted.jobs == 0
+    assert report.tables[TABLE].batches == []
+    assert load_state(TablePaths.of(config, TABLE).table).applied_offset(spec.topic, 0) is None
