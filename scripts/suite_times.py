@@ -25,13 +25,14 @@ from rich.table import Table
 console = Console(width=140)
 
 
+def test_id(case: ET.Element) -> str:
+    """A JUnit ``testcase``'s test id (``path::name[case]``)."""
+    return f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+
+
 def test_seconds(junit: Path) -> dict[str, float]:
-    """Seconds per test id (``path::name[case]``) of one run."""
-    out = {}
-    for case in ET.parse(junit).iter("testcase"):
-        module = case.get("classname", "").replace(".", "/") + ".py"
-        out[f"{module}::{case.get('name')}"] = float(case.get("time", 0))
-    return out
+    """Seconds per test id of one run."""
+    return {test_id(case): float(case.get("time", 0)) for case in ET.parse(junit).iter("testcase")}
 
 
 def memory_rises(junit: Path) -> list[tuple[str, float, float]]:
@@ -40,8 +41,7 @@ def memory_rises(junit: Path) -> list[tuple[str, float, float]]:
     for case in ET.parse(junit).iter("testcase"):
         found = {p.get("name"): float(p.get("value", 0)) for p in case.iter("property")}
         if "rss_rise_mib" in found:
-            module = case.get("classname", "").replace(".", "/") + ".py"
-            out.append((f"{module}::{case.get('name')}", found["rss_rise_mib"], found["peak_rss_mib"]))
+            out.append((test_id(case), found["rss_rise_mib"], found["peak_rss_mib"]))
     return sorted(out, key=lambda row: -row[1])
 
 

@@ -28,7 +28,6 @@ import pytest
 ALARM_GIB: Final = float(os.environ.get("TEST_RSS_ALARM_GIB", "6"))
 ALARM_STEP_GIB: Final = 2.0
 RESULTS: Final = Path(__file__).resolve().parents[1] / ".test-results"
-_MIB = 1024 * 1024
 _PAGE = resource.getpagesize()
 
 #: the test this process runs now (read by the sampling thread)
@@ -90,4 +89,3 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     yield  # the teardown report, which JUnit takes a test's properties from, is made after this
     peak = peak_mib()
     item.user_properties += [("peak_rss_mib", f"{peak:.0f}"), ("rss_rise_mib", f"{peak - item.stash[_BEFORE]:.0f}")]
-
