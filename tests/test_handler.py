@@ -298,11 +298,15 @@ def test_a_small_micro_batch_is_read_and_decoded_by_the_driver_without_a_spark_j
     half = {p: e // 2 for p, e in end.items()}
     _offsets_log(tmp_path / "checkpoint", spec.topic, [half, end])
     seen = _applied_parts(monkeypatch)
+    closed: list[bool] = []
+    monkeypatch.setattr(handler.source, "close", lambda: closed.append(True))
     _Counted.jobs = 0
     handler(_Counted(frames[1].parts), 1)
     assert handler._pending is None and report.tables[TABLE].batches, "applied before the callback returned"
     handler.settle()
+    assert not closed
     handler.close()
+    assert closed == [True], "the source's reader (a Kafka consumer, kept between reads) is let go with the query"
     assert _Counted.jobs == 0, "the micro-batch was read through Spark"
     assert report.tables[TABLE].error is None
     from ingest.decode.parts import read_parts

@@ -23,6 +23,9 @@ class EmbeddedSource(EmbeddedCatalog):
 
         return read_ranges(TopicLog(self.log_dir), topic, start, end)
 
+    def close(self) -> None:
+        """Nothing is kept open between reads of the log."""
+
     def read_range(self, spark: SparkSession, topic: str, start: dict[int, int], end: dict[int, int]) -> DataFrame:
         return spark.createDataFrame(self.read_arrow(topic, start, end))
 

@@ -30,6 +30,8 @@ SPARK_DEFAULTS: Final = {"kafka.fetch.max.wait.ms": "50"}
 class KafkaSource(KafkaAdmin):
     """A Kafka cluster as a source: its admin API, and its topics read as a stream or by range."""
 
+    _reader: KafkaLog | None = None  # what read_arrow reads with, once it has
+
     def _options(self, reader: Any) -> Any:
         # includeHeaders: a primary-key update's new row names its old key in a header.
         reader = (reader.format("kafka").option("kafka.bootstrap.servers", self.spec.bootstrap_servers)
@@ -60,8 +62,16 @@ class KafkaSource(KafkaAdmin):
                 .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
 
     def read_arrow(self, topic: str, start: dict[int, int], end: dict[int, int]) -> Any:
-        """:meth:`read_range` as an Arrow table, read with librdkafka, without Spark."""
-        return read_ranges(KafkaLog(self.spec, self.secrets_file), topic, start, end)
+        """:meth:`read_range` as an Arrow table, read with librdkafka, without Spark, by one consumer
+        kept for the source's reads until :meth:`close` (a driver reads a range every micro-batch)."""
+        if self._reader is None:
+            self._reader = KafkaLog(self.spec, self.secrets_file, keep_open=True)
+        return read_ranges(self._reader, topic, start, end)
+
+    def close(self) -> None:
+        """Close the consumer :meth:`read_arrow` keeps, if it opened one."""
+        if self._reader is not None:
+            self._reader.close()
 
     def fetch(self, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
         """Raw key, value and timestamp of some messages, read again by their coordinates."""

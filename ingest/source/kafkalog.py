@@ -14,6 +14,7 @@ hold no record (transaction markers, compaction).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Final, cast
@@ -32,6 +33,8 @@ READ_TIMEOUT: Final = 60.0
 CHUNK: Final = 10_000
 #: librdkafka's own bound on the records it fetches ahead (``queued.min.messages``).
 _PREFETCH: Final = 100_000
+#: The same bound for a consumer kept open between reads (``keep_open``): the driver reads small ranges.
+_KEPT_PREFETCH: Final = 2_000
 
 
 class DataLossError(TopicLogError):
@@ -45,12 +48,28 @@ class KafkaLog:
         spec: the cluster connection, as configured.
         secrets_file: where the SASL credentials are, if not in the environment (looked up here, in
             the process that reads: nothing secret travels in Spark's plans).
+        keep_open: read with one consumer kept between reads (until :meth:`close`), each read
+            assigning it the range's partition and letting it go after. A consumer opened per read
+            first starts its threads and connects to the broker: milliseconds on an idle machine,
+            tens of them on a busy one, for each topic of every micro-batch the driver reads.
     """
 
-    def __init__(self, spec: KafkaSpec, secrets_file: str | None = None, *, timeout: float = READ_TIMEOUT) -> None:
+    def __init__(self, spec: KafkaSpec, secrets_file: str | None = None, *, timeout: float = READ_TIMEOUT,
+                 keep_open: bool = False) -> None:
         self.timeout = timeout
         self.source = KafkaAdmin(spec, secrets_file=secrets_file)  # holds the connection settings
         self._seen: set[str] = set()
+        self._keep_open = keep_open
+        self._kept: Any = None  # the consumer kept between reads (keep_open), once opened
+        self._reading = threading.Lock()  # one read at a time through the kept consumer
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy sent to another process holds: the settings, without the kept consumer or its lock
+        (Spark pickles a stream's reader, and with it this log, for its Python workers)."""
+        return {key: value for key, value in self.__dict__.items() if key not in ("_kept", "_reading")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _kept=None, _reading=threading.Lock())
 
     def exists(self, topic: str) -> bool:
         """Whether the topic exists; once it did, it is taken to (its end offsets then say ``{}``
@@ -89,10 +108,37 @@ class KafkaLog:
             DataLossError: the broker no longer holds records of the range (terminal).
             SourceUnavailableError: nothing arrived for ``timeout`` seconds (transient).
         """
-        return pa.Table.from_batches(list(self._chunks(topic, partition, start, end)), schema=KAFKA_ROW_SCHEMA)
+        with self._reading:
+            return pa.Table.from_batches(list(self._chunks(topic, partition, start, end)), schema=KAFKA_ROW_SCHEMA)
+
+    def close(self) -> None:
+        """Close the consumer kept between reads, if one is open (a later read opens another)."""
+        with self._reading:
+            kept, self._kept = self._kept, None
+            if kept is not None:
+                kept.close()
+
+    def _consumer(self, records: int) -> Any:
+        """A consumer to read ``records`` with: the kept one (``keep_open``), or a new one."""
+        # librdkafka: only for a Kafka source (the CLI starts without it)
+        from confluent_kafka import Consumer
+
+        # librdkafka fetches ahead until its queue holds queued.min.messages (100,000 by default) or
+        # 64 MB: past the range's end that is work for the broker and this worker, thrown away.
+        if not self._keep_open:
+            return Consumer({**self.consumer_config(), "queued.min.messages": min(_PREFETCH, records)})
+        if self._kept is None:
+            # The next read's fetch waits for the one still in flight from this read: a fetch that
+            # found nothing past the range waits at the broker for fetch.wait.max.ms (50 ms here
+            # otherwise, for every read but the first), and a partition whose fetch queue was full
+            # for fetch.queue.backoff.ms (1 s by default), even once assigned anew.
+            self._kept = Consumer({**self.consumer_config(), "queued.min.messages": _KEPT_PREFETCH,
+                                   "fetch.wait.max.ms": 1, "fetch.queue.backoff.ms": 10})
+        return self._kept
 
     def _chunks(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        """:meth:`read` in batches of at most ``CHUNK`` records, the consumer closed at the end.
+        """:meth:`read` in batches of at most ``CHUNK`` records; a consumer opened for it is closed
+        at the end, a kept one lets the partition go.
 
         The caller decodes only once the range is read: decoding between chunks, with the consumer
         open, was slower (``bench_compare.py --source kafka``, JSON: 10.7 and 10.8 s of decode
@@ -101,11 +147,9 @@ class KafkaLog:
         if start >= end:
             return
         # librdkafka: only for a Kafka source (the CLI starts without it)
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
-        # librdkafka fetches ahead until its queue holds queued.min.messages (100,000 by default) or
-        # 64 MB: past the range's end that is work for the broker and this worker, thrown away.
-        consumer = Consumer({**self.consumer_config(), "queued.min.messages": min(_PREFETCH, end - start)})
+        consumer = self._consumer(end - start)
         try:
             consumer.assign([TopicPartition(topic, partition, start)])
             position, waited_since = start, time.monotonic()
@@ -122,7 +166,10 @@ class KafkaLog:
                 if rows["offset"]:
                     yield _batch(rows, topic, partition)
         finally:
-            consumer.close()
+            if consumer is self._kept:
+                consumer.unassign()  # nothing fetched ahead until the next read
+            else:
+                consumer.close()
 
     def _records(self, consumer: Any, messages: list[Any], topic: str, partition: int,
                  span: tuple[int, int, int]) -> tuple[dict[str, list[Any]], int]:

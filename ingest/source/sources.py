@@ -56,6 +56,10 @@ class DecodingSource(Source, Protocol):
         """Raw key, value and timestamp of some messages, by their coordinates (for quarantine)."""
         ...
 
+    def close(self) -> None:
+        """Let go of what :meth:`read_arrow` keeps open between reads (a later read opens it again)."""
+        ...
+
 
 def decodes_at_read(config: IngestConfig) -> bool:
     """Whether the source decodes as it reads: Kafka with ``reader: python``, or the embedded log with

@@ -291,10 +291,13 @@ class ForEachBatch:
                 raise
 
     def close(self) -> None:
-        """Let the background applier go (after :meth:`settle`), and the consumer group's committer."""
+        """Let the background applier go (after :meth:`settle`), the consumer group's committer, and
+        the source's reader."""
         self._background.shutdown(wait=True)
         if self.group is not None:
             self.group.close()
+        if self.source is not None:
+            self.source.close()
 
     def _apply_all(self, active: list[TableSpec], frame: DataFrame, parts: list[Any], batch_id: int,
                    decode_ms: int) -> None:

@@ -427,3 +427,20 @@ def test_a_kafka_client_dropped_after_the_broker_did_not_answer_ends_its_threads
         assert threads() <= before
     finally:
         gc.enable()
+
+
+def test_a_kafka_log_sent_to_spark_workers_leaves_its_kept_consumer_behind():
+    """Spark pickles a stream's reader, and the log in it, for its Python workers: a copy holds the
+    settings, not the consumer (or lock) a driver's reads keep, and opens its own when it reads."""
+    import pickle
+
+    from ingest.config import KafkaSpec
+    from ingest.source.kafkalog import KafkaLog
+
+    kept = KafkaLog(KafkaSpec(bootstrap_servers="127.0.0.1:9"), keep_open=True)
+    kept._kept = object()  # as after a read: what no other process can use
+    copy = pickle.loads(pickle.dumps(kept))
+    assert copy._kept is None and copy._keep_open and copy.source.spec == kept.source.spec
+    with copy._reading:  # a lock of its own
+        assert not kept._reading.locked()
+    assert kept._kept is not None  # the original keeps its consumer

@@ -18,6 +18,7 @@ import pytest
 from harness.stack.process import wait_until
 
 from ingest.config import KafkaSpec
+from ingest.source.kafka import KafkaSource
 from ingest.source.kafka_admin import ADMIN_TIMEOUT
 from ingest.source.kafkalog import DataLossError, KafkaLog
 from ingest.source.reader import TopicLogStreamReader
@@ -160,3 +161,40 @@ def test_a_stream_meets_a_stopped_broker_with_nothing_new_and_goes_on_when_it_is
     # as Spark asks at every trigger: the broker's first answers after its start may still fail
     wait_until(lambda: reader.latestOffset(before, reader.getDefaultReadLimit()) == {topic: {"0": 3, "1": 2}},
                what="the stream's next end once the broker is back", timeout=90)
+
+
+def test_a_kept_consumer_reads_each_range_as_a_new_one_does(stack: Any, topic: str) -> None:
+    """The driver's reader keeps one consumer between reads: each range, whatever the one before it
+    read (another partition, a later range, up to the partition's end), is read exactly."""
+    producer = _producer(stack)
+    for i in range(60):
+        producer.produce(topic, value=f"p{i % 2}-{i // 2}".encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    spec = KafkaSpec(bootstrap_servers=stack.bootstrap_servers())
+    kept = KafkaLog(spec, keep_open=True)
+    # up to the end (librdkafka then holds its end-of-partition event), back, across, and the same again
+    ranges = [(0, 20, 30), (0, 5, 10), (1, 0, 30), (1, 12, 14), (0, 25, 30), (0, 25, 30), (1, 29, 30), (0, 0, 1)]
+    try:
+        for partition, start, end in ranges:
+            rows = kept.read(topic, partition, start, end)
+            assert rows.column("offset").to_pylist() == list(range(start, end)), (partition, start, end)
+            assert rows.column("value").to_pylist() == [f"p{partition}-{o}".encode() for o in range(start, end)]
+        opened = kept._kept
+        assert opened is not None and kept.read(topic, 1, 3, 6).num_rows == 3 and kept._kept is opened  # one, kept
+        with pytest.raises(DataLossError, match="ends at offset 30"):
+            kept.read(topic, 0, 28, 32)
+        assert kept.read(topic, 0, 28, 30).column("offset").to_pylist() == [28, 29]  # after an error too
+    finally:
+        kept.close()
+    assert kept._kept is None
+    assert kept.read(topic, 1, 0, 2).num_rows == 2  # a read after close opens another
+    kept.close()
+
+    source = KafkaSource(spec)  # the driver's reads of a Kafka source go through one such reader
+    assert source.read_arrow(topic, {0: 1, 1: 1}, {0: 3, 1: 2}).column("offset").to_pylist() == [1, 2, 1]
+    reader = source._reader
+    assert reader is not None and reader._kept is not None
+    source.read_arrow(topic, {0: 0}, {0: 1})
+    assert source._reader is reader
+    source.close()
+    assert reader._kept is None
