@@ -33,8 +33,11 @@ READ_TIMEOUT: Final = 60.0
 CHUNK: Final = 10_000
 #: librdkafka's own bound on the records it fetches ahead (``queued.min.messages``).
 _PREFETCH: Final = 100_000
-#: The same bound for a consumer kept open between reads (``keep_open``): the driver reads small ranges.
-_KEPT_PREFETCH: Final = 2_000
+#: The most records a read takes through a consumer kept open between reads (``keep_open``), and
+#: that consumer's ``queued.min.messages``: the driver's micro-batches hold fewer
+#: (:data:`ingest.source.reader.MIN_PIECE`); a larger range (a catch-up) gets a consumer of its own
+#: that fetches ahead as far as the range.
+KEPT_READ: Final = 2_000
 
 
 class DataLossError(TopicLogError):
@@ -48,8 +51,9 @@ class KafkaLog:
         spec: the cluster connection, as configured.
         secrets_file: where the SASL credentials are, if not in the environment (looked up here, in
             the process that reads: nothing secret travels in Spark's plans).
-        keep_open: read with one consumer kept between reads (until :meth:`close`), each read
-            assigning it the range's partition and letting it go after. A consumer opened per read
+        keep_open: read ranges of up to :data:`KEPT_READ` records with one consumer kept between
+            reads (until :meth:`close`), each read assigning it the range's partition and letting it
+            go after. A consumer opened per read
             first starts its threads and connects to the broker: milliseconds on an idle machine,
             tens of them on a busy one, for each topic of every micro-batch the driver reads.
     """
@@ -119,20 +123,21 @@ class KafkaLog:
                 kept.close()
 
     def _consumer(self, records: int) -> Any:
-        """A consumer to read ``records`` with: the kept one (``keep_open``), or a new one."""
+        """A consumer to read ``records`` with: the kept one (``keep_open``, at most :data:`KEPT_READ`
+        records), or a new one."""
         # librdkafka: only for a Kafka source (the CLI starts without it)
         from confluent_kafka import Consumer
 
         # librdkafka fetches ahead until its queue holds queued.min.messages (100,000 by default) or
         # 64 MB: past the range's end that is work for the broker and this worker, thrown away.
-        if not self._keep_open:
+        if not self._keep_open or records > KEPT_READ:
             return Consumer({**self.consumer_config(), "queued.min.messages": min(_PREFETCH, records)})
         if self._kept is None:
             # The next read's fetch waits for the one still in flight from this read: a fetch that
             # found nothing past the range waits at the broker for fetch.wait.max.ms (50 ms here
             # otherwise, for every read but the first), and a partition whose fetch queue was full
             # for fetch.queue.backoff.ms (1 s by default), even once assigned anew.
-            self._kept = Consumer({**self.consumer_config(), "queued.min.messages": _KEPT_PREFETCH,
+            self._kept = Consumer({**self.consumer_config(), "queued.min.messages": KEPT_READ,
                                    "fetch.wait.max.ms": 1, "fetch.queue.backoff.ms": 10})
         return self._kept
 

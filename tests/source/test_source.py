@@ -328,7 +328,7 @@ def test_a_kafka_read_fetches_ahead_no_more_than_its_range(monkeypatch):
     import confluent_kafka
 
     from ingest.config import KafkaSpec
-    from ingest.source.kafkalog import KafkaLog
+    from ingest.source.kafkalog import KEPT_READ, KafkaLog
 
     made = []
 
@@ -344,6 +344,15 @@ def test_a_kafka_read_fetches_ahead_no_more_than_its_range(monkeypatch):
             kafka.read("t", 0, start, end)
     # librdkafka keeps fetching until its queue holds queued.min.messages: at most the range
     assert [conf["queued.min.messages"] for conf in made] == [2_500, 100_000]
+
+    # The driver's reader keeps a consumer for small ranges only; a catch-up's gets one of its own.
+    made.clear()
+    kept = KafkaLog(KafkaSpec(bootstrap_servers="127.0.0.1:9"), keep_open=True)
+    for start, end in ((0, KEPT_READ), (0, KEPT_READ + 1)):
+        with pytest.raises(RuntimeError):
+            kept.read("t", 0, start, end)
+    assert [(conf["queued.min.messages"], conf["fetch.wait.max.ms"]) for conf in made] == [(KEPT_READ, 1),
+                                                                                          (KEPT_READ + 1, 50)]
 
 
 def test_the_readers_partitions_find_the_secrets_file_whatever_case_spark_gives_its_name(tmp_path):
