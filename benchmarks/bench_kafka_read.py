@@ -1,0 +1,152 @@
+"""A micro-batch's reads from Kafka on the driver: a consumer opened for each read, or one kept open.
+
+Not a test: it measures. A continuous run's small micro-batches are read by the driver, one range
+per topic (:meth:`ingest.source.kafka.KafkaSource.read_arrow`), each ending where the log ends
+(what arrived since the last batch). This script brings the stack's broker up (``harness.stack``,
+Kafka only), makes ``--topics`` topics of one partition, and then, batch after batch, writes
+``--records`` records the size of a Debezium change to every topic, reads them back as such a
+micro-batch would, in two modes taking turns (which goes first alternates), and waits ``--pause``
+seconds (the trigger) before the next:
+
+* ``opened per read``: :class:`~ingest.source.kafkalog.KafkaLog` without ``keep_open``, a new
+  librdkafka consumer for every range (as every read was before the driver kept one);
+* ``kept open``: one ``KafkaLog(keep_open=True)`` for the whole run, as the driver's source keeps.
+
+It checks that both read every record of each range, and reports each mode's median and 95th
+percentile time per range and per batch (the sum over the topics).
+
+    .venv/bin/python benchmarks/bench_kafka_read.py
+    .venv/bin/python benchmarks/bench_kafka_read.py --topics 1 --records 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from ingest.config import KafkaSpec
+from ingest.source.kafkalog import KafkaLog
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import Figure, changed_options, write_result
+
+console = Console(width=120)
+MODES = ("opened per read", "kept open")
+Write = Callable[[list[str], int], None]
+#: Bytes of a record's value: about a Debezium change of a few columns, with its envelope.
+VALUE_BYTES = 600
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def make_topics(bootstrap: str, topics: int) -> list[str]:
+    """``topics`` new topics of one partition."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    names = [f"bench-read-{uuid.uuid4().hex[:8]}-{i}" for i in range(topics)]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(n, num_partitions=1, replication_factor=1) for n in names]).values():
+        future.result(30)
+    return names
+
+
+def writer(bootstrap: str) -> Write:
+    """What writes ``records`` records to each of the topics and returns once the broker holds them."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+
+    def write(topics: list[str], records: int) -> None:
+        for topic in topics:
+            for i in range(records):
+                producer.produce(topic, key=str(i).encode(), value=bytes(VALUE_BYTES))
+        if producer.flush(60):
+            raise SystemExit("the broker did not take a batch's records within 60 s")
+
+    return write
+
+
+def read_batch(log: KafkaLog, topics: list[str], start: int, records: int) -> list[float]:
+    """Seconds of each topic's read of ``[start, start + records)``, after checking it is whole."""
+    times = []
+    for topic in topics:
+        began = time.perf_counter()
+        rows = log.read(topic, 0, start, start + records)
+        times.append(time.perf_counter() - began)
+        if rows.column("offset").to_pylist() != list(range(start, start + records)):
+            raise SystemExit(f"{topic}: the read of {start}..{start + records - 1} was not whole")
+    return times
+
+
+def measure(spec: KafkaSpec, topics: list[str], write: Write, batches: int, records: int, pause: float,
+            progress: Progress) -> dict[str, tuple[list[float], list[float]]]:
+    """Per mode, the time of every range and of every batch (the sum over the topics), taking turns."""
+    kept = KafkaLog(spec, keep_open=True)
+    reads: dict[str, tuple[list[float], list[float]]] = {mode: ([], []) for mode in MODES}
+    task = progress.add_task("batches", total=batches)
+    try:
+        for batch in range(batches):
+            write(topics, records)
+            for mode in (MODES if batch % 2 == 0 else MODES[::-1]):
+                log = kept if mode == "kept open" else KafkaLog(spec)
+                times = read_batch(log, topics, batch * records, records)
+                reads[mode][0].extend(times)
+                reads[mode][1].append(sum(times))
+            progress.advance(task)
+            time.sleep(pause)
+    finally:
+        kept.close()
+    return reads
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topics", type=int, default=4, help="topics a micro-batch reads (the shop tables: 4)")
+    parser.add_argument("--records", type=int, default=25, help="records of each topic per micro-batch")
+    parser.add_argument("--batches", type=int, default=200, help="micro-batches read in each mode")
+    parser.add_argument("--pause", type=float, default=0.25, help="seconds between batches (the trigger)")
+    args = parser.parse_args()
+
+    from harness.stack import Stack
+
+    stack = Stack.from_env()
+    stack.up(["kafka"])
+    bootstrap = stack.bootstrap_servers()
+    spec = KafkaSpec(bootstrap_servers=bootstrap)
+    topics = make_topics(bootstrap, args.topics)
+    try:
+        with Progress(console=console, transient=True) as progress:
+            reads = measure(spec, topics, writer(bootstrap), args.batches, args.records, args.pause, progress)
+    finally:
+        from ingest.verify.capture import delete_topics
+
+        delete_topics(bootstrap, topics)
+    out = Table(title=f"{args.batches} micro-batches of {args.records} records from each of {args.topics} "
+                      f"topic(s), read on the driver")
+    for col in ("mode", "range median", "range p95", "batch median", "batch p95"):
+        out.add_column(col, justify="right")
+    figures = []
+    for mode, (ranges, batches) in reads.items():
+        cells = [statistics.median(ranges), percentile(ranges, 0.95), statistics.median(batches),
+                 percentile(batches, 0.95)]
+        out.add_row(mode, *(f"{c * 1000:.1f} ms" for c in cells))
+        for label, value in zip(("range median", "range p95", "batch median", "batch p95"), cells, strict=True):
+            figures.append(Figure(f"{mode}: {label}", round(value * 1000, 1), "ms"))
+    console.print(out)
+    console.print(f"result: {write_result('bench_kafka_read', changed_options(parser, args), figures)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""bench_kafka_read reads every batch in both modes, taking turns, and refuses a read that is not whole."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pytest
+from rich.progress import Progress
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_kafka_read
+
+from ingest.config import KafkaSpec
+
+
+class _Log:
+    """A log holding every offset except ``missing``; it notes which consumer read what."""
+
+    made: ClassVar[list[_Log]] = []
+    missing: int | None = None
+
+    def __init__(self, spec: KafkaSpec, secrets_file: str | None = None, *, keep_open: bool = False) -> None:
+        self.keep_open, self.reads, self.closed = keep_open, [], False
+        _Log.made.append(self)
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
+        self.reads.append((topic, start, end))
+        return pa.table({"offset": [o for o in range(start, end) if o != _Log.missing]})
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_each_batch_is_read_in_both_modes_and_the_kept_log_is_one(monkeypatch: Any) -> None:
+    monkeypatch.setattr(bench_kafka_read, "KafkaLog", _Log)
+    _Log.made, _Log.missing = [], None
+    written: list[Any] = []
+    with Progress(transient=True, disable=True) as progress:
+        reads = bench_kafka_read.measure(KafkaSpec(bootstrap_servers="b:1"), ["a", "b"],
+                                         lambda topics, records: written.append((topics, records)), 3, 5, 0, progress)
+    for ranges, batches in reads.values():
+        assert len(ranges) == 6 and len(batches) == 3 and all(t >= 0 for t in ranges)
+    [kept] = [log for log in _Log.made if log.keep_open]
+    assert kept.closed and kept.reads == [(t, b * 5, b * 5 + 5) for b in range(3) for t in ("a", "b")]
+    assert len([log for log in _Log.made if not log.keep_open]) == 3  # one per batch, none kept
+    assert written == [(["a", "b"], 5)] * 3  # each batch's records written before they are read
+
+
+def test_a_read_that_is_not_whole_stops_the_benchmark(monkeypatch: Any) -> None:
+    monkeypatch.setattr(bench_kafka_read, "KafkaLog", _Log)
+    _Log.made, _Log.missing = [], 7
+    with Progress(transient=True, disable=True) as progress, pytest.raises(SystemExit, match="not whole"):
+        bench_kafka_read.measure(KafkaSpec(bootstrap_servers="b:1"), ["a"], lambda *_: None, 3, 5, 0, progress)
+    assert all(log.closed for log in _Log.made if log.keep_open)
+
+
+def test_percentile_takes_the_value_at_the_share() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert bench_kafka_read.percentile(values, 0.95) == 96.0 and bench_kafka_read.percentile(values, 0.5) == 51.0
