@@ -53,9 +53,9 @@ class KafkaLog:
             the process that reads: nothing secret travels in Spark's plans).
         keep_open: read ranges of up to :data:`KEPT_READ` records with one consumer kept between
             reads (until :meth:`close`), each read assigning it the range's partition and letting it
-            go after. A consumer opened per read
-            first starts its threads and connects to the broker, for each topic of every
-            micro-batch the driver reads (``benchmarks/bench_kafka_read.py`` times the two).
+            go after. A consumer opened per read first starts its threads and connects to the
+            broker, for each topic of every micro-batch the driver reads
+            (``benchmarks/bench_kafka_read.py`` times the two).
     """
 
     def __init__(self, spec: KafkaSpec, secrets_file: str | None = None, *, timeout: float = READ_TIMEOUT,
