@@ -6,7 +6,6 @@ import json
 import random
 import subprocess
 import sys
-import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from harness.latency import STAGES, CommitIndex, latencies_of, stages_of, summarize
+from harness.stack.process import wait_until
 from harness.stack.tls import TlsFiles
 from harness.stack_proofs.faults import KINDS, kill_at, schedule
 from harness.stack_proofs.setup import stack_config, topics_of
@@ -148,12 +148,12 @@ def test_ingest_process_kills_the_whole_group_and_numbers_its_logs(tmp_path: Pat
     # kill() takes the child's process group: a grandchild dies with it.
     process._child = subprocess.Popen([sys.executable, "-c", "import subprocess, time; "
                                        "subprocess.Popen(['sleep', '60']); time.sleep(60)"], start_new_session=True)
-    time.sleep(0.5)
     group = process._child.pid
-    assert len(_live_members(group)) == 2
+    # The interpreter needs a moment to start and spawn its grandchild; on loaded cores a fixed pause was short.
+    wait_until(lambda: len(_live_members(group)) == 2, what="the child and its grandchild", timeout=30,
+               pid=group, interval=0.05)
     assert process.kill() == -9
-    time.sleep(0.3)
-    assert _live_members(group) == []
+    wait_until(lambda: _live_members(group) == [], what="the group's end", timeout=30, interval=0.05)
 
 
 def _live_members(group: int) -> list[int]:
