@@ -34,9 +34,9 @@ CHUNK: Final = 10_000
 #: librdkafka's own bound on the records it fetches ahead (``queued.min.messages``).
 _PREFETCH: Final = 100_000
 #: The most records a read takes through a consumer kept open between reads (``keep_open``), and
-#: that consumer's ``queued.min.messages``: the driver's micro-batches hold fewer
-#: (:data:`ingest.source.reader.MIN_PIECE`); a larger range (a catch-up) gets a consumer of its own
-#: that fetches ahead as far as the range.
+#: that consumer's ``queued.min.messages``. The driver reads micro-batches of fewer records
+#: (:data:`ingest.source.reader.MIN_PIECE` is this value); a larger range (a catch-up) gets a
+#: consumer of its own that fetches ahead as far as the range.
 KEPT_READ: Final = 2_000
 
 

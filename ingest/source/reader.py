@@ -36,7 +36,7 @@ from ingest import logs, secrets
 from ingest.config import KafkaSpec
 from ingest.errors import SourceUnavailableError, TopicLogError
 from ingest.heap import freeze_start_up
-from ingest.source.kafkalog import KafkaLog
+from ingest.source.kafkalog import KEPT_READ, KafkaLog
 from ingest.source.topiclog import KAFKA_ROW_SCHEMA, TopicLog
 
 KAFKA_SCHEMA_DDL = (
@@ -54,8 +54,9 @@ READ_STEP = 50_000
 DECODE_BATCH = 10_000
 #: A partition's range of fewer records is not cut among the tasks; a micro-batch of fewer records in
 #: all is read and decoded by the driver (:mod:`ingest.stream.callback`): one core decodes it either
-#: way, and a Spark job's fixed cost (about 0.1 s on two cores) is more than its decoding.
-MIN_PIECE = 2_000
+#: way, and a Spark job's fixed cost (about 0.1 s on two cores) is more than its decoding. The same
+#: bound as the driver's kept Kafka consumer, so every micro-batch the driver reads goes through it.
+MIN_PIECE = KEPT_READ
 
 log = logging.getLogger(__name__)
 
