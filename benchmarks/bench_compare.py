@@ -87,6 +87,7 @@ import bare
 import spark_jobs
 from cpu_meter import KINDS, CpuMeter
 from harness.demo import prepare_workload, truth_dir, verify_all
+from harness.latency import nearest_rank
 from harness.simulator import Truth
 from kafka_copy import KafkaLog, kafka_config
 from record import Figure, changed_options, write_result
@@ -97,11 +98,6 @@ from ingest.stream.runner import Runner
 from ingest.verify.compare import verify_table
 
 console = Console()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def workload(root: Path, value_format: str, events: int, batch: int,
@@ -251,7 +247,7 @@ def cpu_rows(row: Any, meter: CpuMeter, bare_span: tuple[float, float] | None, r
 
 
 def p50_p95(batches: list[float]) -> str:
-    return f"{statistics.median(batches):.2f} / {percentile(batches, .95):.2f} s" if batches else "-"
+    return f"{statistics.median(batches):.2f} / {nearest_rank(batches, .95):.2f} s" if batches else "-"
 
 
 @dataclass
@@ -493,7 +489,7 @@ def result_figures(records: int, base: Baselines, run: EngineRun, meter: CpuMete
         Figure("bare script: batches", len(base.batches) if base.batches else None),
         Figure("engine: batches", len(run.batches)),
         Figure("engine: batch p50", round(statistics.median(run.batches), 2) if run.batches else None, "s"),
-        Figure("engine: batch p95", round(percentile(run.batches, .95), 2) if run.batches else None, "s"),
+        Figure("engine: batch p95", round(nearest_rank(run.batches, .95), 2) if run.batches else None, "s"),
         Figure("engine: first batch / median batch (per table, worst)",
                round(max(run.firsts) / statistics.median(run.batches), 2) if run.batches else None, "x"),
         Figure("engine: failed queries", run.failed),

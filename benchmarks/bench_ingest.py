@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 from harness.demo import prepare_workload, verify_all
+from harness.latency import nearest_rank
 from rich.console import Console
 from rich.table import Table
 
@@ -24,11 +25,6 @@ from ingest.config import load_config
 from ingest.stream.runner import Runner
 
 console = Console()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> None:
@@ -76,7 +72,7 @@ def main() -> None:
     out.add_row("wall time of the run", f"{run_s:.1f} s")
     out.add_row("throughput", f"{received / run_s:,.0f} events/s")
     out.add_row("batch latency median", f"{statistics.median(latencies):.2f} s")
-    out.add_row("batch latency p95", f"{percentile(latencies, 0.95):.2f} s")
+    out.add_row("batch latency p95", f"{nearest_rank(latencies, 0.95):.2f} s")
     out.add_row("Spark session start (excluded)", f"{startup_s:.1f} s")
     out.add_row("workload generation (excluded)", f"{generate_s:.1f} s")
     out.add_row("tables equal to source", "yes" if ok else "NO")

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.latency import nearest_rank
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -44,11 +45,6 @@ MODES = ("opened per read", "kept open")
 Write = Callable[[list[str], int], None]
 #: Bytes of a record's value: about a Debezium change of a few columns, with its envelope.
 VALUE_BYTES = 600
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 def make_topics(bootstrap: str, topics: int) -> list[str]:
@@ -139,8 +135,8 @@ def main() -> None:
         out.add_column(col, justify="right")
     figures = []
     for mode, (ranges, batches) in reads.items():
-        cells = [statistics.median(ranges), percentile(ranges, 0.95), statistics.median(batches),
-                 percentile(batches, 0.95)]
+        cells = [statistics.median(ranges), nearest_rank(ranges, 0.95), statistics.median(batches),
+                 nearest_rank(batches, 0.95)]
         out.add_row(mode, *(f"{c * 1000:.1f} ms" for c in cells))
         for label, value in zip(("range median", "range p95", "batch median", "batch p95"), cells, strict=True):
             figures.append(Figure(f"{mode}: {label}", round(value * 1000, 1), "ms"))

@@ -55,8 +55,3 @@ def test_a_read_that_is_not_whole_stops_the_benchmark(monkeypatch: Any) -> None:
     with Progress(transient=True, disable=True) as progress, pytest.raises(SystemExit, match="not whole"):
         bench_kafka_read.measure(KafkaSpec(bootstrap_servers="b:1"), ["a"], lambda *_: None, 3, 5, 0, progress)
     assert all(log.closed for log in _Log.made if log.keep_open)
-
-
-def test_percentile_takes_the_value_at_the_share() -> None:
-    values = [float(v) for v in range(1, 101)]
-    assert bench_kafka_read.percentile(values, 0.95) == 96.0 and bench_kafka_read.percentile(values, 0.5) == 51.0

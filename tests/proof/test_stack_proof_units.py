@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from harness.latency import STAGES, CommitIndex, latencies_of, stages_of, summarize
+from harness.latency import STAGES, CommitIndex, latencies_of, nearest_rank, stages_of, summarize
 from harness.stack.process import wait_until
 from harness.stack.tls import TlsFiles
 from harness.stack_proofs.faults import KINDS, kill_at, schedule
@@ -79,6 +79,17 @@ def test_latencies_take_the_rows_in_the_window_and_subtract_the_source_commit() 
     assert lat.unmatched == 1
     assert summarize(list(range(1, 101))) == {50: 50, 95: 95, 99: 99}
     assert summarize([]) == {50: None, 95: None, 99: None}
+
+
+def test_nearest_rank_is_the_smallest_value_a_share_does_not_exceed() -> None:
+    hundred = [float(v) for v in range(100, 0, -1)]  # unsorted on purpose
+    assert [nearest_rank(hundred, s) for s in (0.01, 0.5, 0.95, 0.99, 1.0)] == [1, 50, 95, 99, 100]
+    twenty = [float(v) for v in range(1, 21)]
+    assert nearest_rank(hundred, 0.07) == 7  # 0.07 * 100 is 7.000000000000001 in floating point
+    assert nearest_rank(twenty, 0.951) == 20 and nearest_rank(twenty, 0.0) == 1
+    assert nearest_rank([7.0], 0.5) == 7
+    with pytest.raises(ValueError, match="no values"):
+        nearest_rank([], 0.5)
 
 
 def test_stages_split_a_rows_latency_where_its_change_carried_times() -> None:

@@ -105,12 +105,18 @@ class Latencies:
     unmatched: int = 0
 
     def percentile(self, p: float) -> float | None:
-        """Nearest-rank percentile (``None`` without values)."""
-        if not self.values:
-            return None
-        ordered = sorted(self.values)
-        rank = max(1, math.ceil(p / 100 * len(ordered)))
-        return ordered[rank - 1]
+        """Nearest-rank percentile ``p`` (0-100] (``None`` without values)."""
+        return nearest_rank(self.values, p / 100) if self.values else None
+
+
+def nearest_rank(values: Sequence[float], share: float) -> float:
+    """The nearest-rank quantile: the smallest value that at least ``share`` (0-1] of ``values`` do not
+    exceed. The one percentile rule of the benchmarks and the latency report."""
+    if not values:
+        raise ValueError("no values to take a quantile of")
+    ordered = sorted(values)
+    rank = math.ceil(round(share * len(ordered), 9))  # 0.07 * 100 is 7.000000000000001 in floating point
+    return ordered[min(len(ordered), max(1, rank)) - 1]
 
 
 def measured_rows(path: str | Path) -> pa.Table | None:
