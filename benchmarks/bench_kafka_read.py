@@ -5,12 +5,15 @@ per topic (:meth:`ingest.source.kafka.KafkaSource.read_arrow`), each ending wher
 (what arrived since the last batch). This script brings the stack's broker up (``harness.stack``,
 Kafka only), makes ``--topics`` topics of one partition, and then, batch after batch, writes
 ``--records`` records the size of a Debezium change to every topic, reads them back as such a
-micro-batch would, in two modes taking turns (which goes first alternates), and waits ``--pause``
+micro-batch would, in three modes taking turns (which goes first rotates), and waits ``--pause``
 seconds (the trigger) before the next:
 
 * ``opened per read``: :class:`~ingest.source.kafkalog.KafkaLog` without ``keep_open``, a new
   librdkafka consumer for every range (as every read was before the driver kept one);
-* ``kept open``: one ``KafkaLog(keep_open=True)`` for the whole run, as the driver's source keeps.
+* ``kept open``: one ``KafkaLog(keep_open=True)`` for the whole run, as the driver's source keeps;
+* ``kept, no own settings``: the same without the kept consumer's own librdkafka settings
+  (:attr:`~ingest.source.kafkalog.KafkaLog.kept_settings`): the source's ``fetch.wait.max.ms`` and
+  librdkafka's ``fetch.queue.backoff.ms``.
 
 It checks that both read every record of each range, and reports each mode's median and 95th
 percentile time per range and per batch (the sum over the topics).
@@ -28,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 
 from harness.latency import nearest_rank
 from rich.console import Console
@@ -41,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import Figure, changed_options, write_result
 
 console = Console(width=120)
-MODES = ("opened per read", "kept open")
+MODES = ("opened per read", "kept open", "kept, no own settings")
 Write = Callable[[list[str], int], None]
 #: Bytes of a record's value: about a Debezium change of a few columns, with its envelope.
 VALUE_BYTES = 600
@@ -89,21 +93,25 @@ def read_batch(log: KafkaLog, topics: list[str], start: int, records: int) -> li
 def measure(spec: KafkaSpec, topics: list[str], write: Write, batches: int, records: int, pause: float,
             progress: Progress) -> dict[str, tuple[list[float], list[float]]]:
     """Per mode, the time of every range and of every batch (the sum over the topics), taking turns."""
-    kept = KafkaLog(spec, keep_open=True)
+    # The kept consumer with only the settings every other consumer of the source has.
+    plain = type("KeptPlain", (KafkaLog,), {"kept_settings": MappingProxyType({})})
+    kept = {"kept open": KafkaLog(spec, keep_open=True), "kept, no own settings": plain(spec, keep_open=True)}
     reads: dict[str, tuple[list[float], list[float]]] = {mode: ([], []) for mode in MODES}
     task = progress.add_task("batches", total=batches)
     try:
         for batch in range(batches):
             write(topics, records)
-            for mode in (MODES if batch % 2 == 0 else MODES[::-1]):
-                log = kept if mode == "kept open" else KafkaLog(spec)
+            turn = batch % len(MODES)
+            for mode in MODES[turn:] + MODES[:turn]:
+                log = kept.get(mode) or KafkaLog(spec)
                 times = read_batch(log, topics, batch * records, records)
                 reads[mode][0].extend(times)
                 reads[mode][1].append(sum(times))
             progress.advance(task)
             time.sleep(pause)
     finally:
-        kept.close()
+        for log in kept.values():
+            log.close()
     return reads
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any, Final, cast
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar, Final, cast
 
 import pyarrow as pa
 
@@ -57,6 +58,15 @@ class KafkaLog:
             broker, for each topic of every micro-batch the driver reads
             (``benchmarks/bench_kafka_read.py`` times the two).
     """
+
+    #: The kept consumer's own librdkafka settings. The next read's fetch waits for the one still in
+    #: flight from this read: a fetch that found nothing past the range waits at the broker for
+    #: ``fetch.wait.max.ms`` (the source's ``kafka.fetch.max.wait.ms``, 50 ms by default, for every read
+    #: but the first), and a partition whose fetch queue was full for ``fetch.queue.backoff.ms``
+    #: (librdkafka's 1 s by default), even once assigned anew. ``benchmarks/bench_kafka_read.py``
+    #: times the kept consumer with and without them.
+    kept_settings: ClassVar[Mapping[str, Any]] = MappingProxyType({"fetch.wait.max.ms": 1,
+                                                                    "fetch.queue.backoff.ms": 10})
 
     def __init__(self, spec: KafkaSpec, secrets_file: str | None = None, *, timeout: float = READ_TIMEOUT,
                  keep_open: bool = False) -> None:
@@ -133,12 +143,7 @@ class KafkaLog:
         if not self._keep_open or records > KEPT_READ:
             return Consumer({**self.consumer_config(), "queued.min.messages": min(_PREFETCH, records)})
         if self._kept is None:
-            # The next read's fetch waits for the one still in flight from this read: a fetch that
-            # found nothing past the range waits at the broker for fetch.wait.max.ms (50 ms here
-            # otherwise, for every read but the first), and a partition whose fetch queue was full
-            # for fetch.queue.backoff.ms (1 s by default), even once assigned anew.
-            self._kept = Consumer({**self.consumer_config(), "queued.min.messages": KEPT_READ,
-                                   "fetch.wait.max.ms": 1, "fetch.queue.backoff.ms": 10})
+            self._kept = Consumer({**self.consumer_config(), "queued.min.messages": KEPT_READ, **self.kept_settings})
         return self._kept
 
     def _chunks(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:

@@ -1,4 +1,4 @@
-"""bench_kafka_read reads every batch in both modes, taking turns, and refuses a read that is not whole."""
+"""bench_kafka_read reads every batch in every mode, taking turns, and refuses a read that is not whole."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class _Log:
     """A log holding every offset except ``missing``; it notes which consumer read what."""
 
     made: ClassVar[list[_Log]] = []
+    order: ClassVar[list[_Log]] = []  # the log of every read, in turn
     missing: int | None = None
 
     def __init__(self, spec: KafkaSpec, secrets_file: str | None = None, *, keep_open: bool = False) -> None:
@@ -28,25 +29,38 @@ class _Log:
 
     def read(self, topic: str, partition: int, start: int, end: int) -> pa.Table:
         self.reads.append((topic, start, end))
+        _Log.order.append(self)
         return pa.table({"offset": [o for o in range(start, end) if o != _Log.missing]})
 
     def close(self) -> None:
         self.closed = True
 
 
-def test_each_batch_is_read_in_both_modes_and_the_kept_log_is_one(monkeypatch: Any) -> None:
+def test_each_batch_is_read_in_every_mode_taking_turns_and_each_kept_log_is_one(monkeypatch: Any) -> None:
     monkeypatch.setattr(bench_kafka_read, "KafkaLog", _Log)
-    _Log.made, _Log.missing = [], None
+    _Log.made, _Log.missing, _Log.order = [], None, []
     written: list[Any] = []
     with Progress(transient=True, disable=True) as progress:
         reads = bench_kafka_read.measure(KafkaSpec(bootstrap_servers="b:1"), ["a", "b"],
                                          lambda topics, records: written.append((topics, records)), 3, 5, 0, progress)
+    assert list(reads) == list(bench_kafka_read.MODES)
     for ranges, batches in reads.values():
         assert len(ranges) == 6 and len(batches) == 3 and all(t >= 0 for t in ranges)
-    [kept] = [log for log in _Log.made if log.keep_open]
-    assert kept.closed and kept.reads == [(t, b * 5, b * 5 + 5) for b in range(3) for t in ("a", "b")]
+    kept = [log for log in _Log.made if log.keep_open]
+    assert len(kept) == 2 and all(log.closed for log in kept)
+    assert [getattr(log, "kept_settings", None) for log in kept] == [None, {}]  # the second without its own
+    for log in kept:
+        assert log.reads == [(t, b * 5, b * 5 + 5) for b in range(3) for t in ("a", "b")]
     assert len([log for log in _Log.made if not log.keep_open]) == 3  # one per batch, none kept
+    # Which mode reads first rotates: opened, kept, plain; then kept, plain, opened; then plain, ...
+    kinds = [_kind(log) for log in _Log.order]
+    assert kinds == ["opened"] * 2 + ["kept"] * 2 + ["plain"] * 2 + ["kept"] * 2 + ["plain"] * 2 + ["opened"] * 2 \
+        + ["plain"] * 2 + ["opened"] * 2 + ["kept"] * 2
     assert written == [(["a", "b"], 5)] * 3  # each batch's records written before they are read
+
+
+def _kind(log: _Log) -> str:
+    return "opened" if not log.keep_open else "plain" if hasattr(log, "kept_settings") else "kept"
 
 
 def test_a_read_that_is_not_whole_stops_the_benchmark(monkeypatch: Any) -> None:
