@@ -319,6 +319,88 @@ def test_a_small_micro_batch_is_read_and_decoded_by_the_driver_without_a_spark_j
     assert {p: state.applied_offset(spec.topic, p) for p in end} == {p: e - 1 for p, e in end.items()}
 
 
+def test_a_batchs_audit_rows_are_appended_after_the_callback_returns_and_awaited_before_the_next(tmp_path,
+                                                                                                  monkeypatch, caplog):
+    """The audit append is off the path between micro-batches: the callback of a batch the driver read
+    returns with its rows still being appended; :meth:`settle` (and the next batch's apply) waits for
+    them, and a failed append fails there. A handler closed without settling says the rows are missing."""
+    import threading
+
+    import ingest.stream.callback
+    from ingest.records import audit
+
+    config, report, handler = _checkpointed(tmp_path)
+    spec = config.tables[0]
+    frames, end = _two_frames(config, handler)
+    _offsets_log(tmp_path / "checkpoint", spec.topic, [{p: e // 2 for p, e in end.items()}, end])
+    appending, release, events = threading.Event(), threading.Event(), []
+    real_append = audit.AuditLog.append
+
+    def append(self: Any, path: Any, records: list[Any]) -> None:
+        events.append(f"append {[r.batch_id for r in records]}")
+        appending.set()
+        assert release.wait(30)
+        if tmp_path.joinpath("fail").exists():
+            raise OSError("audit table: disk full")
+        real_append(self, path, records)
+        events.append("appended")
+
+    monkeypatch.setattr(ingest.stream.callback.audit.AuditLog, "append", append)
+    handler(_Counted(frames[1].parts), 1)  # a batch the driver read: applied before the callback returns
+    assert report.tables[TABLE].batches and appending.wait(30) and events == ["append [1]"]
+    settling = threading.Thread(target=handler.settle)
+    settling.start()
+    settling.join(1)
+    assert settling.is_alive(), "settle did not wait for the audit append"
+    release.set()
+    settling.join(30)
+    assert events == ["append [1]", "appended"]
+    assert audit.read(TablePaths.of(config, TABLE).audit)["batch_id"].to_pylist() == [1]
+    handler.close()
+
+    # A failed append fails the settle after it (the next batch's, or the query's end).
+    config, report, handler = _checkpointed(tmp_path / "second")
+    frames, end = _two_frames(config, handler)
+    _offsets_log(tmp_path / "second" / "checkpoint", spec.topic, [{p: e // 2 for p, e in end.items()}, end])
+    tmp_path.joinpath("fail").touch()
+    handler(_Counted(frames[1].parts), 1)
+    with pytest.raises(OSError, match="disk full"):
+        handler.settle()
+    assert isinstance(handler.error, OSError)
+    handler.close()
+    # Closed without a settle: a warning, and the next run's reconcile restores the rows.
+    config, report, handler = _checkpointed(tmp_path / "third")
+    frames, end = _two_frames(config, handler)
+    _offsets_log(tmp_path / "third" / "checkpoint", spec.topic, [{p: e // 2 for p, e in end.items()}, end])
+    handler(_Counted(frames[1].parts), 1)
+    handler.close()
+    assert any("audit rows were not appended (OSError: audit table: disk full)" in m for m in caplog.messages)
+
+
+def test_a_failed_audit_append_fails_the_next_batch_before_it_applies_whatever_path_it_takes(tmp_path, monkeypatch):
+    """A query that applies in the callback (Spark's own Kafka source, tables planned on the executors)
+    has no settle between batches: the next batch's apply raises the failed append, applying nothing."""
+    import ingest.stream.callback
+    from ingest.decode.parts import read_parts
+
+    config = _config(tmp_path)
+    spec = config.tables[0]
+    report = RunReport("r1", {spec.name: TableRun(spec.name)})
+    handler = ForEachBatch(config, [spec], report, "r1", None, {})
+    frames, _end = _two_frames(config, handler)
+
+    def append(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError("audit table: disk full")
+
+    monkeypatch.setattr(ingest.stream.callback.audit.AuditLog, "append", append)
+    parts = [read_parts(frame.toArrow().column("part").to_pylist()) for frame in frames]
+    handler._apply_all([spec], frames[0], parts[0], 0, 1)  # returns: its rows are appended in the background
+    with pytest.raises(OSError, match="disk full"):
+        handler._apply_all([spec], frames[1], parts[1], 1, 1)
+    handler.close()
+    assert [r.batch_id for r in report.tables[TABLE].batches] == [0]
+
+
 @pytest.mark.parametrize("case", ["first batch", "no end of the batch before", "not small"])
 def test_a_micro_batch_the_driver_cannot_place_or_that_is_not_small_is_read_through_spark(tmp_path, monkeypatch,
                                                                                          case):

@@ -139,6 +139,11 @@ class ForEachBatch:
         self._parts_frame: DataFrame | None = None
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="apply")
         self._pending: Future[None] | None = None
+        #: The micro-batch's audit rows are appended in the background, while Spark commits the batch
+        #: and starts the next one (each table's commit already holds its row: ``reconcile`` restores
+        #: rows a stop loses); the next batch's apply, :meth:`settle` and :meth:`close` await it.
+        self._auditor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit")
+        self._audit_pending: Future[None] | None = None
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         try:
@@ -283,17 +288,28 @@ class ForEachBatch:
             Exception: whatever else that batch failed with (the audit append, say).
         """
         pending, self._pending = self._pending, None
-        if pending is not None:
-            try:
+        try:
+            if pending is not None:
                 pending.result()
-            except BaseException as exc:
-                self.error = exc
-                raise
+            self._settle_audit()
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def _settle_audit(self) -> None:
+        """Wait for the last micro-batch's audit append, if any; raises what it failed with."""
+        pending, self._audit_pending = self._audit_pending, None
+        if pending is not None:
+            pending.result()
 
     def close(self) -> None:
-        """Let the background applier go (after :meth:`settle`), the consumer group's committer, and
-        the source's reader."""
+        """Let the background applier and auditor go (after :meth:`settle`), the consumer group's
+        committer, and the source's reader."""
         self._background.shutdown(wait=True)
+        self._auditor.shutdown(wait=True)
+        if self._audit_pending is not None and (failed := self._audit_pending.exception()) is not None:
+            log.warning("the last micro-batch's audit rows were not appended (%s); the next run restores them "
+                        "from the tables' Delta logs", secrets.describe(failed))
         if self.group is not None:
             self.group.close()
         if self.source is not None:
@@ -301,6 +317,7 @@ class ForEachBatch:
 
     def _apply_all(self, active: list[TableSpec], frame: DataFrame, parts: list[Any], batch_id: int,
                    decode_ms: int) -> None:
+        self._settle_audit()  # the batch before's rows first (a failed append fails this batch)
         by_topic: dict[str, list[Any]] = {}
         for part in parts:
             if part.num_rows:
@@ -321,7 +338,8 @@ class ForEachBatch:
         # One audit commit for the micro-batch's tables, not one each (200 tables: 200 commits of a
         # shared table, one at a time). Each table's commit holds its row already (reconcile).
         if records:
-            self.audit.append(TablePaths.of(self.config, records[0].table).audit, records)
+            self._audit_pending = self._auditor.submit(self.audit.append,
+                                                       TablePaths.of(self.config, records[0].table).audit, records)
         if self.cuts is not None:
             self.report.cuts = self.cuts.attempt({n: secrets.describe(e) for n, e in self.stopped.items()})
         if len(self.stopped) == len(self.specs) and not self.retry_at:
