@@ -36,7 +36,10 @@ Each run checks the freshness goal, p50 at most the trigger interval plus the me
 ``order_items`` journey's ``total_ms``), and reports p99/p50 (its goal: at most 1.5). The interval
 is measured: the median time between the starts of the window's consecutive batches. It is the
 trigger's while a micro-batch fits in the trigger; when one outlasts it, Spark starts the next at
-once, and the interval is the micro-batch's own time (the trigger is in the table beside it). The
+once, and the interval is the micro-batch's own time (the trigger is in the table beside it); its
+95th percentile is shown too, and the part of it outside the tables' journey: the time from a
+table's Delta commit to its next batch's start (the callback's work after the commit, Spark's own
+steps between micro-batches, the next batch's read and decode). The
 median batch time and the rows a batch's commit copied unchanged (copy-on-write) are also shown for
 the first and the last tenth of the window's batches: a batch that costs more as its table grows
 shows there. The measured connector runs with Debezium's ``poll.interval.ms`` at 50 ms (the stack's
@@ -74,9 +77,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import yaml
-from harness.latency import STAGES, CommitIndex, latencies_of, measured_rows, stages_of
+from harness.latency import STAGES, CommitIndex, latencies_of, measured_rows, nearest_rank, stages_of
 from harness.postgres.load import LoadGenerator, LoadReport
 from harness.postgres.workload import WorkloadSpec, run_workload
 from harness.stack_proofs.setup import engine_environment, reset_source, stack_config
@@ -182,6 +186,11 @@ class RateResult:
     spark_steps: dict[str, float]
     #: full garbage collections in the window, by kind of process: ``driver``, ``worker`` (:mod:`gc_probe`)
     full_collections: dict[str, Collections]
+    #: 95th percentile of the time between the starts of consecutive batches, ms
+    interval_p95: float | None = None
+    #: median and 95th percentile, ms, of the time from a batch's Delta commit to the next batch's
+    #: start: the part of the interval outside the tables' journey (:func:`commit_to_next_start`)
+    between: tuple[float, float] | None = None
 
     @property
     def fresh(self) -> bool:
@@ -298,6 +307,8 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
     in_time = [b for b in batches.values() if b["finished_at"] and since <= b["finished_at"] < until]
     timed = sorted((b["finished_at"], float(b["total_ms"])) for b in in_time)
     totals = [total for _, total in timed]
+    starts = [b["started_at"] for b in in_time if b["started_at"]]
+    gaps = intervals(starts)
     received = sum(row["received"] for row in in_window)
     committed = sum(r.committed_changes for r in reports)
     seconds = max(r.seconds for r in reports)
@@ -309,7 +320,8 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         unmatched=lat.unmatched, drain_seconds=drain_seconds, caught_up=capture.ok and drained.ok,
         failed_transactions=sum(r.failed_transactions for r in reports),
         trigger_ms=config.source.trigger_seconds * 1000,
-        interval_ms=median_interval([b["started_at"] for b in in_time if b["started_at"]]),
+        interval_ms=median_interval(starts), interval_p95=nearest_rank(gaps, 0.95) if gaps else None,
+        between=_median_p95(commit_to_next_start(in_time, index.times)),
         batch_p50=statistics.median(totals) if totals else None,
         batch_ends=first_and_last(totals),
         copied_ends=first_and_last([copied_rows(b) for b in sorted(in_time, key=lambda b: b["finished_at"])]),
@@ -401,11 +413,28 @@ def copied_rows(batch: dict) -> float:
     return float(metrics.get("num_target_rows_copied", metrics.get("numTargetRowsCopied", 0)))
 
 
+def intervals(starts: list[datetime]) -> list[float]:
+    """The times, in ms, between consecutive ``starts`` (given in any order)."""
+    return [(b - a).total_seconds() * 1000 for a, b in itertools.pairwise(sorted(starts))]
+
+
 def median_interval(starts: list[datetime]) -> float | None:
     """The median time, in ms, between consecutive ``starts`` (``None``: fewer than two)."""
-    ordered = sorted(starts)
-    gaps = [(b - a).total_seconds() * 1000 for a, b in itertools.pairwise(ordered)]
+    gaps = intervals(starts)
     return statistics.median(gaps) if gaps else None
+
+
+def commit_to_next_start(batches: list[dict[str, Any]], commit_times: dict[int, int]) -> list[float]:
+    """For each batch whose table's previous version is an engine commit, the time in ms from that
+    commit to the batch's start (its audit row's ``started_at``): the callback's work after the
+    commit (the audit append), Spark's own steps between micro-batches, and the next batch's read
+    and decode."""
+    return [b["started_at"].timestamp() * 1000 - commit_times[b["delta_version"] - 1] for b in batches
+            if b.get("started_at") and b.get("delta_version") is not None and b["delta_version"] - 1 in commit_times]
+
+
+def _median_p95(values: list[float]) -> tuple[float, float] | None:
+    return (statistics.median(values), nearest_rank(values, 0.95)) if values else None
 
 
 def slowest_stages(stages: dict[str, list[float]], share: float = 0.05) -> dict[str, float | None]:
@@ -493,7 +522,8 @@ def main() -> None:
                      "drain", "failed tx"))
     batches = table("Batches: the interval between their starts (the trigger's, or the batch's own when it "
                     "outlasts the trigger) and their time",
-                    ("trigger", "interval", "median batch", "batch first / last tenth",
+                    ("trigger", "interval", "interval p95", "commit to next start (median / p95)", "median batch",
+                     "batch first / last tenth",
                      "rows copied first / last tenth", "p50 <= interval + batch"))
     stages = table("Where the time goes: each stage's median, over all the rows measured and over the slowest 5 %",
                    ("rows", *STAGES))
@@ -514,7 +544,9 @@ def main() -> None:
                         f"{r.drain_seconds:.0f} s" + ("" if r.caught_up else " (NOT caught up)"),
                         str(r.failed_transactions))
         copied = None if r.copied_ends is None else f"{r.copied_ends[0]:,.0f} / {r.copied_ends[1]:,.0f}"
-        batches.add_row(*key(r), _s(r.trigger_ms), _s(r.interval_ms), _s(r.batch_p50),
+        between = None if r.between is None else f"{r.between[0] / 1000:.2f} / {r.between[1] / 1000:.2f}"
+        batches.add_row(*key(r), _s(r.trigger_ms), _s(r.interval_ms), _s(r.interval_p95),
+                        "-" if between is None else f"{between} s", _s(r.batch_p50),
                         "-" if ends is None else f"{ends} s", copied or "-", "yes" if r.fresh else "NO")
         stages.add_row(*key(r), "all", *(_s(r.stages[stage]) for stage in STAGES))
         stages.add_row(*key(r), "slowest 5 %", *(_s(r.tail[stage]) for stage in STAGES), end_section=True)
@@ -526,6 +558,9 @@ def main() -> None:
                     Figure(f"{name}: p99 / p50", None if ratio is None else round(ratio, 2), "x"),
                     Figure(f"{name}: interval between batches (median)",
                            None if r.interval_ms is None else round(r.interval_ms / 1000, 2), "s"),
+                    Figure(f"{name}: interval between batches (p95)",
+                           None if r.interval_p95 is None else round(r.interval_p95 / 1000, 2), "s"),
+                    Figure(f"{name}: a commit to the next batch's start (median / p95)", between, "s"),
                     Figure(f"{name}: median batch", None if r.batch_p50 is None else round(r.batch_p50 / 1000, 2), "s"),
                     Figure(f"{name}: median batch, first / last tenth of the window", ends, "s"),
                     Figure(f"{name}: median rows copied by a batch's commit, first / last tenth of the window", copied,

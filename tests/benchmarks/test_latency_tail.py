@@ -8,6 +8,10 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from harness.latency import CommitIndex
+
+from ingest.commit.state import BATCH_KEY
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_latency
 
@@ -47,6 +51,25 @@ def test_the_interval_is_the_median_time_between_consecutive_batch_starts() -> N
     starts = [t0 + timedelta(seconds=s) for s in (0.8, 0.0, 0.4, 1.4, 1.1)]  # in any order
     assert bench_latency.median_interval(starts) == 350.0  # gaps 400, 400, 300, 300 ms
     assert bench_latency.median_interval(starts[:1]) is None
+
+
+def test_the_time_from_a_commit_to_the_next_batchs_start_pairs_each_batch_with_the_version_before() -> None:
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
+    ms = int(t0.timestamp() * 1000)
+    commit_times = {4: ms + 100, 5: ms + 400, 7: ms + 900}
+    batches = [{"delta_version": 5, "started_at": t0 + timedelta(milliseconds=220)},  # 120 ms after version 4
+               {"delta_version": 6, "started_at": t0 + timedelta(milliseconds=550)},  # 150 ms after version 5
+               {"delta_version": 4, "started_at": t0},  # version 3 is not an engine commit: left out
+               {"delta_version": 8, "started_at": None},  # no start: left out
+               {"delta_version": None, "started_at": t0}]  # committed nothing: left out
+    assert sorted(bench_latency.commit_to_next_start(batches, commit_times)) == [120.0, 150.0]
+    assert bench_latency.intervals([t0 + timedelta(seconds=s) for s in (0.4, 0.0, 1.0)]) == [400.0, 600.0]
+
+
+def test_a_commit_index_keeps_each_commits_time_by_version() -> None:
+    index = CommitIndex.from_commits([{"version": 3, "timestamp": 1_000, BATCH_KEY: {"offsets": "{}"}},
+                                      {"version": 4, "timestamp": 1_250, BATCH_KEY: {"offsets": '{"t:0": [0, 9]}'}}])
+    assert index.times == {3: 1_000, 4: 1_250} and index.visible("t", 0, 5) == (4, 1_250)
 
 
 def test_fresh_compares_p50_with_the_measured_interval_not_the_trigger() -> None:

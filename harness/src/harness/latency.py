@@ -55,6 +55,8 @@ class CommitIndex:
 
     firsts: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     spans: dict[tuple[str, int], list[tuple[int, int, int, int]]] = field(default_factory=dict)
+    #: each engine commit's time in ms, by version
+    times: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def from_commits(cls, commits: Iterable[dict]) -> CommitIndex:
@@ -62,6 +64,7 @@ class CommitIndex:
         index = cls()
         raw: dict[tuple[str, int], list[tuple[int, int, int, int]]] = {}
         for commit in commits:
+            index.times[int(commit["version"])] = int(commit["timestamp"])
             batch = commit[BATCH_KEY]
             offsets = batch.get("offsets") or "{}"
             for name, (first, last) in (json.loads(offsets) if isinstance(offsets, str) else offsets).items():
