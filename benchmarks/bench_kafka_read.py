@@ -15,11 +15,17 @@ seconds (the trigger) before the next:
   (:attr:`~ingest.source.kafkalog.KafkaLog.kept_settings`): the source's ``fetch.wait.max.ms`` and
   librdkafka's ``fetch.queue.backoff.ms``.
 
-It checks that both read every record of each range, and reports each mode's median and 95th
+It checks that each mode reads every record of each range, and reports each mode's median and 95th
 percentile time per range and per batch (the sum over the topics).
+
+``--behind N`` writes N more records to each topic before the first batch, so that every range ends
+that far before the log's end, as a run catching up reads: librdkafka then fetches past the range
+until its queue holds ``queued.min.messages``, and a full queue makes it wait
+``fetch.queue.backoff.ms`` before it fetches that partition again.
 
     .venv/bin/python benchmarks/bench_kafka_read.py
     .venv/bin/python benchmarks/bench_kafka_read.py --topics 1 --records 100
+    .venv/bin/python benchmarks/bench_kafka_read.py --behind 5000 --batches 60
 """
 
 from __future__ import annotations
@@ -91,13 +97,16 @@ def read_batch(log: KafkaLog, topics: list[str], start: int, records: int) -> li
 
 
 def measure(spec: KafkaSpec, topics: list[str], write: Write, batches: int, records: int, pause: float,
-            progress: Progress) -> dict[str, tuple[list[float], list[float]]]:
-    """Per mode, the time of every range and of every batch (the sum over the topics), taking turns."""
+            progress: Progress, *, behind: int = 0) -> dict[str, tuple[list[float], list[float]]]:
+    """Per mode, the time of every range and of every batch (the sum over the topics), taking turns;
+    each range ends ``behind`` records before the log's end."""
     # The kept consumer with only the settings every other consumer of the source has.
     plain = type("KeptPlain", (KafkaLog,), {"kept_settings": MappingProxyType({})})
     kept = {"kept open": KafkaLog(spec, keep_open=True), "kept, no own settings": plain(spec, keep_open=True)}
     reads: dict[str, tuple[list[float], list[float]]] = {mode: ([], []) for mode in MODES}
     task = progress.add_task("batches", total=batches)
+    if behind:
+        write(topics, behind)
     try:
         for batch in range(batches):
             write(topics, records)
@@ -121,6 +130,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=25, help="records of each topic per micro-batch")
     parser.add_argument("--batches", type=int, default=200, help="micro-batches read in each mode")
     parser.add_argument("--pause", type=float, default=0.25, help="seconds between batches (the trigger)")
+    parser.add_argument("--behind", type=int, default=0,
+                        help="records each topic's log holds past every range (0: ranges end at the log's end)")
     args = parser.parse_args()
 
     from harness.stack import Stack
@@ -132,13 +143,15 @@ def main() -> None:
     topics = make_topics(bootstrap, args.topics)
     try:
         with Progress(console=console, transient=True) as progress:
-            reads = measure(spec, topics, writer(bootstrap), args.batches, args.records, args.pause, progress)
+            reads = measure(spec, topics, writer(bootstrap), args.batches, args.records, args.pause, progress,
+                            behind=args.behind)
     finally:
         from ingest.verify.capture import delete_topics
 
         delete_topics(bootstrap, topics)
+    where = f", each {args.behind:,} records before the log's end" if args.behind else ""
     out = Table(title=f"{args.batches} micro-batches of {args.records} records from each of {args.topics} "
-                      f"topic(s), read on the driver")
+                      f"topic(s), read on the driver{where}")
     for col in ("mode", "range median", "range p95", "batch median", "batch p95"):
         out.add_column(col, justify="right")
     figures = []

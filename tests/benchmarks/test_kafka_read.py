@@ -59,6 +59,34 @@ def test_each_batch_is_read_in_every_mode_taking_turns_and_each_kept_log_is_one(
     assert written == [(["a", "b"], 5)] * 3  # each batch's records written before they are read
 
 
+def test_behind_writes_the_records_past_every_range_first_and_reads_the_same_ranges(monkeypatch: Any) -> None:
+    monkeypatch.setattr(bench_kafka_read, "KafkaLog", _Log)
+    _Log.made, _Log.missing, _Log.order = [], None, []
+    events: list[Any] = []
+    monkeypatch.setattr(_Log, "read", _noting(_Log.read, events))
+    with Progress(transient=True, disable=True) as progress:
+        bench_kafka_read.measure(KafkaSpec(bootstrap_servers="b:1"), ["a"],
+                                 lambda topics, records: events.append(("write", records)), 2, 5, 0, progress,
+                                 behind=40)
+    writes = [e for e in events if e[0] == "write"]
+    assert writes == [("write", 40), ("write", 5), ("write", 5)]
+    # every read ends 40 records before what was written by then: the log runs ahead of each range
+    written = 0
+    for event in events:
+        if event[0] == "write":
+            written += event[1]
+        else:
+            assert event[1] + 40 <= written, event
+    assert [e[1] for e in events if e[0] == "read"] == [5] * 3 + [10] * 3
+
+
+def _noting(read: Any, events: list[Any]) -> Any:
+    def noted(self: _Log, topic: str, partition: int, start: int, end: int) -> pa.Table:
+        events.append(("read", end))
+        return read(self, topic, partition, start, end)
+    return noted
+
+
 def _kind(log: _Log) -> str:
     return "opened" if not log.keep_open else "plain" if hasattr(log, "kept_settings") else "kept"
 
