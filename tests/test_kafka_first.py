@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +54,10 @@ def runner(tmp_path: Path) -> Runner:
 
 
 @pytest.fixture
-def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+def sleeps(runner: Runner, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The runner's pauses, which wait on its stop request (only this test's: not the process's ``time.sleep``)."""
     pauses: list[float] = []
-    monkeypatch.setattr(runner_module.time, "sleep", pauses.append)
+    monkeypatch.setattr(runner._stop, "wait", pauses.append)
     return pauses
 
 
@@ -88,6 +91,28 @@ def test_a_continuous_run_waits_no_longer_than_it_runs(runner: Runner, sleeps: l
     with pytest.raises(SourceUnavailableError):
         runner._ask_kafka("continuous", stop_after=5)
     assert sleeps == [1, 2, 4] and catalog.asked == 4  # 7 s waited: past 5
+
+
+def test_a_stop_request_ends_the_wait_with_the_clusters_reason(runner: Runner, monkeypatch: Any) -> None:
+    catalog = _use(monkeypatch, FlakyCatalog(10**6))
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            runner._ask_kafka("continuous")
+        except SourceUnavailableError as exc:
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=wait)
+    waiting.start()
+    while catalog.asked < 2:  # in its second pause (2 s) or about to be
+        time.sleep(0.05)
+    stopped = time.monotonic()
+    runner.stop()
+    waiting.join(timeout=5)
+    # The pause ends at once (not 2 s later); the run asks once more, then ends with the cluster's reason.
+    assert not waiting.is_alive() and time.monotonic() - stopped < 1.0 and catalog.asked == 3
+    assert len(outcome) == 1 and "did not list its topics" in str(outcome[0])
 
 
 def test_a_cluster_that_does_not_answer_has_not_refused() -> None:

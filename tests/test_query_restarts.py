@@ -77,7 +77,8 @@ def _run(monkeypatch: pytest.MonkeyPatch, starts: list[FakeQuery]) -> tuple[Stre
         return query
 
     monkeypatch.setattr(run, "_start_query", start)
-    monkeypatch.setattr(queries.time, "sleep", lambda _s: None)  # the loop's pause between looks
+    # The pauses (between restarts, between the loop's looks) wait on the run's stop request: none is made.
+    monkeypatch.setattr(run.runner._stop, "wait", lambda _s: False)
     q = _Query("q", [], "checkpoint", FakeHandler(), None, FakeQuery(UNAVAILABLE))  # type: ignore[arg-type]
     return run, q, started
 

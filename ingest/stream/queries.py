@@ -314,7 +314,7 @@ class StreamingRun:
                         for q in queries:
                             q.report_progress(metrics)
                         next_progress = time.monotonic() + _PROGRESS_EVERY
-                    time.sleep(0.5)
+                    self.runner._stop.wait(0.5)
             except KeyboardInterrupt:
                 log.warning("interrupted: stopping the queries; a batch under way either commits or is cancelled "
                             "before its commit, and the next run applies it")

@@ -185,7 +185,7 @@ class Runner:
         source has waited out its own timeouts and the query's restarts. So does a cluster that does
         not answer a run that drains (a scheduler starts the next one); a continuous run waits for
         it instead, as it rides out an outage once running (docs/operations.md), saying so now and then,
-        for ``stop_after`` seconds at most (``None``: until the cluster answers or the process is stopped).
+        for ``stop_after`` seconds at most (``None``: until the cluster answers or the run is stopped).
 
         Raises:
             SourceUnavailableError: the cluster refused the run, did not answer a draining run, or did
@@ -202,8 +202,11 @@ class Runner:
                 log.warning("%s; the continuous run waits for the cluster (asking every %.0f s at most)",
                             failure, KAFKA_WAIT_MAX)
 
-        Retrying(stop=lambda state: stop_after is not None and state.idle_for >= stop_after,
-                 wait=wait_exponential(max=KAFKA_WAIT_MAX), before_sleep=warn, reraise=True,
+        def pause(seconds: float) -> None:  # ``stop()`` ends it at once, and the wait after one more question
+            self._stop.wait(seconds)
+
+        Retrying(stop=lambda state: self._stop.is_set() or (stop_after is not None and state.idle_for >= stop_after),
+                 wait=wait_exponential(max=KAFKA_WAIT_MAX), sleep=pause, before_sleep=warn, reraise=True,
                  retry=retry_if_exception(lambda exc: isinstance(exc, SourceUnavailableError) and not exc.refused),
                  )(catalog.topics)
 
