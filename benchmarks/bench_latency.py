@@ -42,9 +42,12 @@ table's Delta commit to its next batch's start (the callback's work after the co
 steps between micro-batches, the next batch's read and decode). The
 median batch time and the rows a batch's commit copied unchanged (copy-on-write) are also shown for
 the first and the last tenth of the window's batches: a batch that costs more as its table grows
-shows there. The measured connector runs with Debezium's ``poll.interval.ms`` at 50 ms (the stack's
-keep Debezium's 500 ms: see ``docs/operations.md``); ``--poll-ms 500,50`` runs each case once per
-value, taking turns, and the connector is registered as the stack configures it at the end.
+shows there. So are the batches whose commit also wrote a Delta checkpoint (every
+``delta.checkpointInterval`` commits, inside the commit): how many, and their median time beside
+that of their neighbours (the batches within five versions). The measured connector runs with
+Debezium's ``poll.interval.ms`` at 50 ms (the stack's keep Debezium's 500 ms: see
+``docs/operations.md``); ``--poll-ms 500,50`` runs each case once per value, taking turns, and the
+connector is registered as the stack configures it at the end.
 ``--baseline REV`` runs each case also with the engine of an earlier commit (checked out beside, in
 the work directory), taking turns with this checkout's: everything else -- the stack, the load and
 the measurement -- is this checkout's. The figures go to a result file (``benchmarks/results/``) for
@@ -191,6 +194,9 @@ class RateResult:
     #: median and 95th percentile, ms, of the time from a batch's Delta commit to the next batch's
     #: start: the part of the interval outside the tables' journey (:func:`commit_to_next_start`)
     between: tuple[float, float] | None = None
+    #: batches in the window whose commit also wrote a Delta checkpoint (every ``delta.checkpointInterval``
+    #: commits, inside the commit), and the median batch time, ms, of those and of their neighbours
+    checkpointed: tuple[int, float, float] | None = None
 
     @property
     def fresh(self) -> bool:
@@ -322,6 +328,7 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         trigger_ms=config.source.trigger_seconds * 1000,
         interval_ms=median_interval(starts), interval_p95=nearest_rank(gaps, 0.95) if gaps else None,
         between=_median_p95(commit_to_next_start(in_time, index.times)),
+        checkpointed=checkpoint_batches(in_time, checkpoint_versions(items.local)),
         batch_p50=statistics.median(totals) if totals else None,
         batch_ends=first_and_last(totals),
         copied_ends=first_and_last([copied_rows(b) for b in sorted(in_time, key=lambda b: b["finished_at"])]),
@@ -433,6 +440,26 @@ def commit_to_next_start(batches: list[dict[str, Any]], commit_times: dict[int, 
             if b.get("started_at") and b.get("delta_version") is not None and b["delta_version"] - 1 in commit_times]
 
 
+def checkpoint_versions(table: Path) -> set[int]:
+    """The versions of a local Delta table whose commit wrote a checkpoint (one file or several parts)."""
+    return {int(part.name[:20]) for part in (table / "_delta_log").glob("*.checkpoint*.parquet")}
+
+
+def checkpoint_batches(batches: list[dict[str, Any]], versions: set[int], near: int = 5
+                       ) -> tuple[int, float, float] | None:
+    """How many ``batches`` wrote a Delta checkpoint with their commit (their ``delta_version`` is in
+    ``versions``), the median time, ms, of those batches, and that of the batches within ``near``
+    versions of one that did not (the neighbours: a table's batches grow slower as it grows, so the
+    window's median would not compare like with like); ``None``: none did, or none has a neighbour."""
+    times = {b["delta_version"]: float(b["total_ms"]) for b in batches
+             if b.get("delta_version") is not None and b.get("total_ms") is not None}
+    wrote = sorted(v for v in times if v in versions)
+    neighbours = {v for c in wrote for v in range(c - near, c + near + 1) if v in times and v not in versions}
+    if not wrote or not neighbours:
+        return None
+    return len(wrote), statistics.median(times[v] for v in wrote), statistics.median(times[v] for v in neighbours)
+
+
 def _median_p95(values: list[float]) -> tuple[float, float] | None:
     return (statistics.median(values), nearest_rank(values, 0.95)) if values else None
 
@@ -524,7 +551,8 @@ def main() -> None:
                     "outlasts the trigger) and their time",
                     ("trigger", "interval", "interval p95", "commit to next start (median / p95)", "median batch",
                      "batch first / last tenth",
-                     "rows copied first / last tenth", "p50 <= interval + batch"))
+                     "rows copied first / last tenth", "batches with a Delta checkpoint: n, median / neighbours'",
+                     "p50 <= interval + batch"))
     stages = table("Where the time goes: each stage's median, over all the rows measured and over the slowest 5 %",
                    ("rows", *STAGES))
     spark = table("Spark's micro-batches in the window: each step's mean (addBatch: the tables' work; "
@@ -545,9 +573,12 @@ def main() -> None:
                         str(r.failed_transactions))
         copied = None if r.copied_ends is None else f"{r.copied_ends[0]:,.0f} / {r.copied_ends[1]:,.0f}"
         between = None if r.between is None else f"{r.between[0] / 1000:.2f} / {r.between[1] / 1000:.2f}"
+        checkpointed = None if r.checkpointed is None else \
+            f"{r.checkpointed[0]}: {r.checkpointed[1] / 1000:.2f} / {r.checkpointed[2] / 1000:.2f}"
         batches.add_row(*key(r), _s(r.trigger_ms), _s(r.interval_ms), _s(r.interval_p95),
                         "-" if between is None else f"{between} s", _s(r.batch_p50),
-                        "-" if ends is None else f"{ends} s", copied or "-", "yes" if r.fresh else "NO")
+                        "-" if ends is None else f"{ends} s", copied or "-",
+                        "-" if checkpointed is None else f"{checkpointed} s", "yes" if r.fresh else "NO")
         stages.add_row(*key(r), "all", *(_s(r.stages[stage]) for stage in STAGES))
         stages.add_row(*key(r), "slowest 5 %", *(_s(r.tail[stage]) for stage in STAGES), end_section=True)
         spark.add_row(*key(r), *(_s(r.spark_steps.get(step)) for step in SPARK_STEPS))
@@ -565,6 +596,8 @@ def main() -> None:
                     Figure(f"{name}: median batch, first / last tenth of the window", ends, "s"),
                     Figure(f"{name}: median rows copied by a batch's commit, first / last tenth of the window", copied,
                            "rows"),
+                    Figure(f"{name}: batches whose commit wrote a Delta checkpoint: count, median batch / their "
+                           "neighbours' (5 versions either side)", checkpointed, "s"),
                     Figure(f"{name}: p50 within interval + median batch", r.fresh),
                     Figure(f"{name}: stages (median, s)", " / ".join(
                         f"{stage} {'-' if r.stages[stage] is None else f'{r.stages[stage] / 1000:.2f}'}"

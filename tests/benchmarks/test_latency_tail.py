@@ -66,6 +66,24 @@ def test_the_time_from_a_commit_to_the_next_batchs_start_pairs_each_batch_with_t
     assert bench_latency.intervals([t0 + timedelta(seconds=s) for s in (0.4, 0.0, 1.0)]) == [400.0, 600.0]
 
 
+def test_batches_that_wrote_a_delta_checkpoint_are_told_from_the_others(tmp_path: Path) -> None:
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    for name in ("00000000000000000099.checkpoint.parquet", "00000000000000000099.json", "_last_checkpoint",
+                 "00000000000000000199.checkpoint.0000000001.0000000002.parquet",
+                 "00000000000000000199.checkpoint.0000000002.0000000002.parquet", "00000000000000000200.json"):
+        (log / name).touch()
+    versions = bench_latency.checkpoint_versions(tmp_path)
+    assert versions == {99, 199}
+    batches = [{"delta_version": 98, "total_ms": 200}, {"delta_version": 99, "total_ms": 450},
+               {"delta_version": 100, "total_ms": 180}, {"delta_version": 199, "total_ms": 350},
+               {"delta_version": 197, "total_ms": 240}, {"delta_version": None, "total_ms": 900},
+               {"delta_version": 150, "total_ms": 10}]  # no checkpoint's neighbour: left out
+    assert bench_latency.checkpoint_batches(batches, versions) == (2, 400.0, 200.0)
+    assert bench_latency.checkpoint_batches(batches, versions, near=1) == (2, 400.0, 190.0)
+    assert bench_latency.checkpoint_batches(batches, {5}) is None  # none in the window wrote one
+
+
 def test_a_commit_index_keeps_each_commits_time_by_version() -> None:
     index = CommitIndex.from_commits([{"version": 3, "timestamp": 1_000, BATCH_KEY: {"offsets": "{}"}},
                                       {"version": 4, "timestamp": 1_250, BATCH_KEY: {"offsets": '{"t:0": [0, 9]}'}}])
