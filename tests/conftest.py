@@ -3,6 +3,7 @@ API server on loopback for the tests of a lake on object storage."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -81,16 +82,25 @@ def spark():
 @pytest.fixture(autouse=True)
 def _log_settings_stay_in_their_test() -> Iterator[None]:
     """The CLI leaves its log format and level in the environment for the processes it starts
-    (ingest.logs.export); a test that runs it in this process must not hand them to the next test's."""
+    (ingest.logs.export), and a handler on the root logger writing to the stderr it had
+    (ingest.logs.configure); a test that runs it in this process must not hand them to the next
+    test's. Run by click's CliRunner, that stderr is closed after the test: the next test's log
+    records would each print a "Logging error" traceback into its captured output."""
     from ingest import logs
 
     kept = {name: os.environ.get(name) for name in (logs.FORMAT_VARIABLE, logs.LEVEL_VARIABLE)}
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     yield
     for name, value in kept.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    for handler in list(root.handlers):  # pytest's own capture handlers come and go with each phase
+        if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(params=["delta-rs", "delta-spark"])
