@@ -178,7 +178,9 @@ def test_the_next_batch_is_decoded_while_the_last_is_applied_and_they_commit_in_
     assert {p: state.applied_offset(spec.topic, p) for p in end} == {p: e - 1 for p, e in end.items()}
 
 
-def test_a_failure_of_the_batch_applied_in_the_background_stops_the_query_at_the_next_step(tmp_path, monkeypatch):
+def _whose_audit_append_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                              ) -> tuple[TableSpec, RunReport, ForEachBatch, list[_Frame]]:
+    """A handler of the table's two micro-batches (:func:`_two_frames`) whose audit appends fail."""
     import ingest.stream.callback
 
     config = _config(tmp_path)
@@ -191,6 +193,11 @@ def test_a_failure_of_the_batch_applied_in_the_background_stops_the_query_at_the
         raise OSError("audit table: disk full")
 
     monkeypatch.setattr(ingest.stream.callback.audit.AuditLog, "append", append)  # the run's, kept open
+    return spec, report, handler, frames
+
+
+def test_a_failure_of_the_batch_applied_in_the_background_stops_the_query_at_the_next_step(tmp_path, monkeypatch):
+    _spec, report, handler, frames = _whose_audit_append_fails(tmp_path, monkeypatch)
     handler(frames[0], 0)  # the audit append fails in the background
     with pytest.raises(OSError, match="disk full"):
         handler(frames[1], 1)  # decodes, then finds the last batch failed: batch 1 is not applied
@@ -380,19 +387,9 @@ def test_a_batchs_audit_rows_are_appended_after_the_callback_returns_and_awaited
 def test_a_failed_audit_append_fails_the_next_batch_before_it_applies_whatever_path_it_takes(tmp_path, monkeypatch):
     """A query that applies in the callback (Spark's own Kafka source, tables planned on the executors)
     has no settle between batches: the next batch's apply raises the failed append, applying nothing."""
-    import ingest.stream.callback
     from ingest.decode.parts import read_parts
 
-    config = _config(tmp_path)
-    spec = config.tables[0]
-    report = RunReport("r1", {spec.name: TableRun(spec.name)})
-    handler = ForEachBatch(config, [spec], report, "r1", None, {})
-    frames, _end = _two_frames(config, handler)
-
-    def append(*_args: Any, **_kwargs: Any) -> None:
-        raise OSError("audit table: disk full")
-
-    monkeypatch.setattr(ingest.stream.callback.audit.AuditLog, "append", append)
+    spec, report, handler, frames = _whose_audit_append_fails(tmp_path, monkeypatch)
     parts = [read_parts(frame.toArrow().column("part").to_pylist()) for frame in frames]
     handler._apply_all([spec], frames[0], parts[0], 0, 1)  # returns: its rows are appended in the background
     with pytest.raises(OSError, match="disk full"):
