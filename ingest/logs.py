@@ -113,6 +113,16 @@ def event(log: logging.Logger, name: str, message: str, *, table: str | None = N
 _WRAPPED: list[threading.Thread] = []
 
 
+def level_of_line(text: str) -> str:
+    """The level of a line written to stderr as text: the CLI's own ``error:`` line (why a command
+    failed) is an error, and so is a log line saying ERROR near its start (Spark's, the JVM's);
+    WARN likewise; anything else is information."""
+    head = text[:40]
+    if text.startswith("error:") or ("ERROR" in head and "WARN" not in head):
+        return "ERROR"
+    return "WARNING" if "WARN" in head else "INFO"
+
+
 def json_stderr() -> None:
     """Make every line written to file descriptor 2 -- by this process or a child it starts later,
     such as Spark's JVM -- one JSON object: lines that are one already pass, others become
@@ -133,8 +143,8 @@ def json_stderr() -> None:
                 if not text.strip():
                     continue
                 if not (text.startswith("{") and text.endswith("}")):
-                    level = "WARNING" if "WARN" in text[:40] else "ERROR" if "ERROR" in text[:40] else "INFO"
-                    text = json.dumps({"time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S%z"), "level": level,
+                    text = json.dumps({"time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                       "level": level_of_line(text),
                                        "logger": "stderr", "message": secrets.redact(text)})
                 original.write(text + "\n")
 

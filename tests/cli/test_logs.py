@@ -120,3 +120,15 @@ def test_the_cli_leaves_its_log_settings_to_the_processes_it_starts(tmp_path: Pa
     finally:
         logs.configure()
     assert (os.environ.get(logs.FORMAT_VARIABLE), os.environ.get(logs.LEVEL_VARIABLE)) == ("text", "info")
+
+
+def test_a_commands_error_line_is_an_error_in_json(tmp_path: Path) -> None:
+    """``--log-format json`` turns the CLI's own ``error:`` line (why the command failed) into a JSON line
+    whose level is ERROR: a pipeline that keeps errors must not find it at INFO."""
+    done = _ingest("--log-format", "json", "check", "-c", str(tmp_path / "missing.yaml"))
+    assert done.returncode == 2
+    (line,) = [json.loads(ln) for ln in done.stderr.splitlines() if ln.strip()]
+    assert line["level"] == "ERROR" and line["message"].startswith("error:") and "missing.yaml" in line["message"]
+    assert [logs.level_of_line(text) for text in ("24/12/04 03:00:00 WARN TaskSetManager: lost", "ERROR Executor: x",
+                                                  "error: no such table", "Ivy resolution report")] == [
+        "WARNING", "ERROR", "ERROR", "INFO"]
