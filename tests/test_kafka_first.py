@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.stack.process import wait_until
 
 from ingest.config import IngestConfig
 from ingest.config.source import KafkaSpec
@@ -105,11 +106,12 @@ def test_a_stop_request_ends_the_wait_with_the_clusters_reason(runner: Runner, m
 
     waiting = threading.Thread(target=wait)
     waiting.start()
-    while catalog.asked < 2:  # in its second pause (2 s) or about to be
-        time.sleep(0.05)
-    stopped = time.monotonic()
-    runner.stop()
-    waiting.join(timeout=5)
+    try:  # in its second pause (2 s) or about to be
+        wait_until(lambda: catalog.asked >= 2, what="the second question", timeout=10, interval=0.05)
+    finally:
+        stopped = time.monotonic()
+        runner.stop()
+        waiting.join(timeout=5)
     # The pause ends at once (not 2 s later); the run asks once more, then ends with the cluster's reason.
     assert not waiting.is_alive() and time.monotonic() - stopped < 1.0 and catalog.asked == 3
     assert len(outcome) == 1 and "did not list its topics" in str(outcome[0])
