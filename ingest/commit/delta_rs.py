@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -47,6 +47,7 @@ from ingest.commit.writer import (
     switches_feed_on,
 )
 from ingest.errors import CommitConflictError, TableError
+from ingest.lake.checkpoints import AFTER_COMMIT, Checkpoints
 from ingest.lake.delta import (
     CHANGE_DATA_FEED,
     log_version,
@@ -80,6 +81,8 @@ class DeltaRsWriter:
     #: tables this writer creates record the change data feed
     change_data_feed: bool = True
     name: str = "delta-rs"
+    #: the data tables' checkpoints, written after their commits return (:mod:`ingest.lake.checkpoints`)
+    checkpoints: Checkpoints = field(default_factory=Checkpoints)
 
     def _properties(self) -> dict[str, str]:
         """The table properties of the tables this writer creates."""
@@ -87,6 +90,10 @@ class DeltaRsWriter:
         if self.change_data_feed:
             out[CHANGE_DATA_FEED] = "true"
         return out
+
+    def settle(self) -> None:
+        """Return once the checkpoints of the commits so far are written."""
+        self.checkpoints.wait()
 
     def lookup(self, path: LakePath) -> KeyLookup:
         """:func:`~ingest.apply.stored.rows_of_keys`: the stored rows are read here, on the driver."""
@@ -141,10 +148,12 @@ class DeltaRsWriter:
                 table.update_incremental()
             if table.version() == before:
                 # MERGE writes no commit when it changes nothing; progress must still be recorded.
-                table.create_write_transaction([], "append", table.schema(), commit_properties=props)
+                table.create_write_transaction([], "append", table.schema(), commit_properties=props,
+                                               post_commithook_properties=AFTER_COMMIT)
         except CommitFailedError as exc:
             raise CommitConflictError(request.table, f"commit failed, another writer changed the table: {exc}") from exc
         table.update_incremental()
+        self.checkpoints.after_commit(table, request.path)
         outcome.committed = True
         outcome.delta_version = table.version()
         outcome.merge_ms = int((time.perf_counter() - started) * 1000)
@@ -259,7 +268,7 @@ def _append(table: DeltaTable, request: CommitRequest, props: CommitProperties, 
     if rows.num_rows == 0:
         return {}
     write_deltalake(table, laid_out(rows, table_schema(table)), mode="append", commit_properties=props,
-                    target_file_size=target_file_size)
+                    post_commithook_properties=AFTER_COMMIT, target_file_size=target_file_size)
     table.update_incremental()
     reported = table.history(1)[0].get("operationMetrics") or {}
     return {merged: int(reported[written]) for written, merged in _APPEND_METRICS.items() if written in reported}
@@ -299,7 +308,7 @@ def run_merge(table: DeltaTable, source: pa.Table, statement: MergeStatement, pr
               ) -> dict[str, Any]:
     """Run ``statement`` with delta-rs's merge builder; returns its metrics."""
     merger = table.merge(source, statement.on, source_alias="s", target_alias="t", merge_schema=True,
-                         commit_properties=props)
+                         commit_properties=props, post_commithook_properties=AFTER_COMMIT)
     for clause in statement.clauses:
         if clause.kind == "matched_delete":
             merger = merger.when_matched_delete(clause.condition)

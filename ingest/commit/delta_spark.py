@@ -126,6 +126,9 @@ class DeltaSparkWriter:
     name: str = "delta-spark"
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
+    def settle(self) -> None:
+        """Nothing to wait for: delta-spark writes a checkpoint inside the commit that reaches it."""
+
     def session(self) -> SparkSession:
         """This thread's session: the commit markers are session settings, and tables commit in parallel."""
         session = getattr(self._local, "session", None)

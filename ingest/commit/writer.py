@@ -174,6 +174,10 @@ class Writer(Protocol):
         """
         ...
 
+    def settle(self) -> None:
+        """Return once what the writer still does after its commits returned (a checkpoint) is done."""
+        ...
+
 
 def creates_with_rows(request: CommitRequest, state: TableState) -> bool:
     """Whether the batch creates its table and writes its rows in the same commit.

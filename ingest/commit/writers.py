@@ -24,6 +24,13 @@ class Writers:
                 self._built[name] = build(name, self.config)
             return self._built[name]
 
+    def settle(self) -> None:
+        """Return once the writers built so far have finished what they do after their commits."""
+        with self._lock:
+            built = list(self._built.values())
+        for writer in built:
+            writer.settle()
+
 
 def build(name: WriterName, config: IngestConfig) -> Writer:
     """A new writer of kind ``name`` with the configuration's target settings."""

@@ -303,10 +303,11 @@ class ForEachBatch:
             pending.result()
 
     def close(self) -> None:
-        """Let the background applier and auditor go (after :meth:`settle`), the consumer group's
-        committer, and the source's reader."""
+        """Let the background applier and auditor go (after :meth:`settle`), the writers' checkpoints,
+        the consumer group's committer, and the source's reader."""
         self._background.shutdown(wait=True)
         self._auditor.shutdown(wait=True)
+        self.writers.settle()
         if self._audit_pending is not None and (failed := self._audit_pending.exception()) is not None:
             log.warning("the last micro-batch's audit rows were not appended (%s); the next run restores them "
                         "from the tables' Delta logs", secrets.describe(failed))
