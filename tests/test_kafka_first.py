@@ -58,7 +58,7 @@ def runner(tmp_path: Path) -> Runner:
 def sleeps(runner: Runner, monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The runner's pauses, which wait on its stop request (only this test's: not the process's ``time.sleep``)."""
     pauses: list[float] = []
-    monkeypatch.setattr(runner._stop, "wait", pauses.append)
+    monkeypatch.setattr(runner, "pause", pauses.append)
     return pauses
 
 

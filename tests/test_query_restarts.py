@@ -6,7 +6,6 @@ initialOffset and at its latestOffset."""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -68,7 +67,8 @@ def _run(monkeypatch: pytest.MonkeyPatch, starts: list[FakeQuery]) -> tuple[Stre
     discarded.clear()
     monkeypatch.setattr(queries, "_UNAVAILABLE_WAIT", 0.01)
     monkeypatch.setattr(queries.checkpoints, "discard", lambda _directory: discarded.append(_directory))
-    run = StreamingRun(SimpleNamespace(_stop=threading.Event(), metrics=None))  # type: ignore[arg-type]
+    # The pauses (between restarts, between the loop's looks) end at a stop request: none is made.
+    run = StreamingRun(SimpleNamespace(pause=lambda _s: False, stopping=False, metrics=None))  # type: ignore[arg-type]
     started: list[FakeQuery] = []
 
     def start(_q: Any, _mode: Any, _run_id: Any) -> FakeQuery:
@@ -77,8 +77,6 @@ def _run(monkeypatch: pytest.MonkeyPatch, starts: list[FakeQuery]) -> tuple[Stre
         return query
 
     monkeypatch.setattr(run, "_start_query", start)
-    # The pauses (between restarts, between the loop's looks) wait on the run's stop request: none is made.
-    monkeypatch.setattr(run.runner._stop, "wait", lambda _s: False)
     q = _Query("q", [], "checkpoint", FakeHandler(), None, FakeQuery(UNAVAILABLE))  # type: ignore[arg-type]
     return run, q, started
 

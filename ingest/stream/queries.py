@@ -275,7 +275,7 @@ class StreamingRun:
             log.warning("query %s: it failed before its first batch (%s); restarting it from the offsets in the "
                         "Delta logs, without its Spark checkpoint (attempt %d of %d)", q.name,
                         _short(failure), q.restarts, _START_ATTEMPTS)
-        if self.runner._stop.wait(wait):
+        if self.runner.pause(wait):
             return False
         try:
             q.handler.settle()  # a batch applied in the background: it must have committed
@@ -305,7 +305,7 @@ class StreamingRun:
                     # discovery the run goes on without a table, waiting for topics to appear.
                     if pick_up is None and not restarted and not any(q.query.isActive for q in queries):
                         break
-                    if self.runner._stop.is_set() or (deadline and time.monotonic() > deadline):
+                    if self.runner.stopping or (deadline and time.monotonic() > deadline):
                         break
                     if pick_up is not None and refresh and time.monotonic() >= next_look:
                         queries.extend(pick_up())
@@ -314,7 +314,7 @@ class StreamingRun:
                         for q in queries:
                             q.report_progress(metrics)
                         next_progress = time.monotonic() + _PROGRESS_EVERY
-                    self.runner._stop.wait(0.5)
+                    self.runner.pause(0.5)
             except KeyboardInterrupt:
                 log.warning("interrupted: stopping the queries; a batch under way either commits or is cancelled "
                             "before its commit, and the next run applies it")

@@ -65,6 +65,15 @@ class Runner:
         self._stop.set()
 
     @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was asked for."""
+        return self._stop.is_set()
+
+    def pause(self, seconds: float) -> bool:
+        """Wait ``seconds``, less if :meth:`stop` is asked for meanwhile; whether it was."""
+        return self._stop.wait(seconds)
+
+    @property
     def spark_started(self) -> bool:
         """Whether this runner has a Spark session (one given to it, or one a run of it started)."""
         return self._spark is not None
@@ -203,9 +212,9 @@ class Runner:
                             failure, KAFKA_WAIT_MAX)
 
         def pause(seconds: float) -> None:  # ``stop()`` ends it at once, and the wait after one more question
-            self._stop.wait(seconds)
+            self.pause(seconds)
 
-        Retrying(stop=lambda state: self._stop.is_set() or (stop_after is not None and state.idle_for >= stop_after),
+        Retrying(stop=lambda state: self.stopping or (stop_after is not None and state.idle_for >= stop_after),
                  wait=wait_exponential(max=KAFKA_WAIT_MAX), sleep=pause, before_sleep=warn, reraise=True,
                  retry=retry_if_exception(lambda exc: isinstance(exc, SourceUnavailableError) and not exc.refused),
                  )(catalog.topics)
