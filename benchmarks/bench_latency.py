@@ -42,12 +42,12 @@ table's Delta commit to its next batch's start (the callback's work after the co
 steps between micro-batches, the next batch's read and decode). The
 median batch time and the rows a batch's commit copied unchanged (copy-on-write) are also shown for
 the first and the last tenth of the window's batches: a batch that costs more as its table grows
-shows there. So are the batches whose commit also wrote a Delta checkpoint (every
-``delta.checkpointInterval`` commits, inside the commit): how many, and their median time beside
-that of their neighbours (the batches within five versions). The measured connector runs with
-Debezium's ``poll.interval.ms`` at 50 ms (the stack's keep Debezium's 500 ms: see
-``docs/operations.md``); ``--poll-ms 500,50`` runs each case once per value, taking turns, and the
-connector is registered as the stack configures it at the end.
+shows there. So are the batches at whose version a Delta checkpoint was written (every
+``delta.checkpointInterval`` commits; inside the commit, or after it where the writer does that):
+how many, and their median time beside that of their neighbours (the batches within five versions).
+The measured connector runs with Debezium's ``poll.interval.ms`` at 50 ms (the stack's keep
+Debezium's 500 ms: see ``docs/operations.md``); ``--poll-ms 500,50`` runs each case once per value,
+taking turns, and the connector is registered as the stack configures it at the end.
 ``--baseline REV`` runs each case also with the engine of an earlier commit (checked out beside, in
 the work directory), taking turns with this checkout's: everything else -- the stack, the load and
 the measurement -- is this checkout's. The figures go to a result file (``benchmarks/results/``) for
@@ -194,8 +194,8 @@ class RateResult:
     #: median and 95th percentile, ms, of the time from a batch's Delta commit to the next batch's
     #: start: the part of the interval outside the tables' journey (:func:`commit_to_next_start`)
     between: tuple[float, float] | None = None
-    #: batches in the window whose commit also wrote a Delta checkpoint (every ``delta.checkpointInterval``
-    #: commits, inside the commit), and the median batch time, ms, of those and of their neighbours
+    #: batches in the window at whose version a Delta checkpoint was written (every
+    #: ``delta.checkpointInterval`` commits), and the median batch time, ms, of those and of their neighbours
     checkpointed: tuple[int, float, float] | None = None
 
     @property
