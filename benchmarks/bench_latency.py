@@ -83,7 +83,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from harness.latency import STAGES, CommitIndex, latencies_of, measured_rows, nearest_rank, stages_of
+from harness.latency import (
+    STAGES,
+    CommitIndex,
+    checkpoint_versions,
+    latencies_of,
+    measured_rows,
+    nearest_rank,
+    stages_of,
+)
 from harness.postgres.load import LoadGenerator, LoadReport
 from harness.postgres.workload import WorkloadSpec, run_workload
 from harness.stack_proofs.setup import engine_environment, reset_source, stack_config
@@ -440,14 +448,9 @@ def commit_to_next_start(batches: list[dict[str, Any]], commit_times: dict[int, 
             if b.get("started_at") and b.get("delta_version") is not None and b["delta_version"] - 1 in commit_times]
 
 
-def checkpoint_versions(table: Path) -> set[int]:
-    """The versions of a local Delta table whose commit wrote a checkpoint (one file or several parts)."""
-    return {int(part.name[:20]) for part in (table / "_delta_log").glob("*.checkpoint*.parquet")}
-
-
 def checkpoint_batches(batches: list[dict[str, Any]], versions: set[int], near: int = 5
                        ) -> tuple[int, float, float] | None:
-    """How many ``batches`` wrote a Delta checkpoint with their commit (their ``delta_version`` is in
+    """How many ``batches`` reached a Delta checkpoint with their commit (their ``delta_version`` is in
     ``versions``), the median time, ms, of those batches, and that of the batches within ``near``
     versions of one that did not (the neighbours: a table's batches grow slower as it grows, so the
     window's median would not compare like with like); ``None``: none did, or none has a neighbour."""

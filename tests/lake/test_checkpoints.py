@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from harness.latency import checkpoint_versions
 
 from ingest.apply.journey import apply_parts
 from ingest.commit.delta_rs import DeltaRsWriter
@@ -35,10 +36,9 @@ def _log(table: Path) -> list[str]:
     return sorted(p.name for p in (table / "_delta_log").iterdir() if not p.name.startswith("."))
 
 
-def _checkpointed(table: Path | LakePath) -> set[int]:
-    where = table.local if isinstance(table, LakePath) else table
-    assert where is not None
-    return {int(p.name[:20]) for p in (where / "_delta_log").glob("*.checkpoint*.parquet")}
+def _local(paths: Any) -> Path:
+    assert paths.table.local is not None
+    return paths.table.local
 
 
 def _batch(writer: DeltaRsWriter, paths: Any, i: int) -> int:
@@ -68,11 +68,11 @@ def test_the_commit_that_reaches_a_checkpoint_returns_before_it_is_written(tmp_p
     try:
         versions = [_batch(writer, paths, i) for i in range(1, 6)]
         assert 4 in versions, versions  # a batch's commit reached the checkpoint's version
-        assert _checkpointed(paths.table) == set(), "the checkpoint was written inside the commit"
+        assert checkpoint_versions(_local(paths)) == set(), "the checkpoint was written inside the commit"
     finally:
         release.set()
     writer.settle()
-    assert _checkpointed(paths.table) == {4, 9} & set(range(versions[-1] + 1))
+    assert checkpoint_versions(_local(paths)) == {4, 9} & set(range(versions[-1] + 1))
     assert DeltaTable(paths.table.uri).version() == versions[-1]
     assert sorted(r["id"] for r in read_all(open_table(paths.table)).to_pylist()) == list(range(6))
 
@@ -115,6 +115,7 @@ def test_a_checkpoint_that_fails_is_logged_and_the_commits_go_on(tmp_path, monke
     failed = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
     assert failed and all("was not written" in m and "the store refused the write" in m for m in failed), failed
     assert versions == [2, 3, 4]
-    assert _checkpointed(paths.table) == {1}  # the property change's own commit wrote one; the writer's at 3 failed
+    # the property change's own commit wrote one (delta-rs's hook); the writer's at 3 failed
+    assert checkpoint_versions(_local(paths)) == {1}
     assert open_table(paths.table).version() == versions[-1]
     assert len(read_all(open_table(paths.table))) == 4

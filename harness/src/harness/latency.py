@@ -122,6 +122,11 @@ def nearest_rank(values: Sequence[float], share: float) -> float:
     return ordered[min(len(ordered), max(1, rank)) - 1]
 
 
+def checkpoint_versions(table: Path) -> set[int]:
+    """The versions of a local Delta table that have a checkpoint (one file or several parts)."""
+    return {int(part.name[:20]) for part in (table / "_delta_log").glob("*.checkpoint*.parquet")}
+
+
 def measured_rows(path: str | Path) -> pa.Table | None:
     """The columns of a table's rows that latencies are measured from (``None``: no table there)."""
     table = open_table(path)
