@@ -30,7 +30,9 @@ three), on a fresh schema (``benchlat``) and fresh tables:
    that does not serve it);
 8. report the full garbage collections of the engine's driver and of its Spark Python workers in the
    window (:mod:`gc_probe`, loaded by the engine's ``PYTHONPATH``): how many a second, their mean
-   time, and the share of each process's window they paused it for.
+   time, and the share of each process's window they paused it for; and every collection of the
+   stack's Kafka and Connect (:mod:`harness.stack.gclog`: each stops its server, and the changes in
+   it wait), with the longest.
 
 Each run checks the freshness goal, p50 at most the trigger interval plus the median batch time (the
 ``order_items`` journey's ``total_ms``), and reports p99/p50 (its goal: at most 1.5). The interval
@@ -76,7 +78,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
@@ -94,6 +96,7 @@ from harness.latency import (
 )
 from harness.postgres.load import LoadGenerator, LoadReport
 from harness.postgres.workload import WorkloadSpec, run_workload
+from harness.stack.gclog import Pauses, pauses
 from harness.stack_proofs.setup import engine_environment, reset_source, stack_config
 from harness.torture.process import IngestProcess
 from prometheus_client.parser import text_string_to_metric_families
@@ -124,6 +127,8 @@ OTHER_CONNECTOR = {"avro": MEASURED_CONNECTOR["json"], "json": MEASURED_CONNECTO
 SPARK_STEPS = ("latestOffset", "walCommit", "queryPlanning", "getBatch", "addBatch", "commitOffsets",
                "triggerExecution")
 _STEP_METRIC = "cdc_ingest_micro_batch_step_seconds"
+#: The stack's Java servers a change passes through, whose garbage-collection pauses the run counts.
+STACK_JVMS = ("kafka", "connect")
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,9 @@ class RateResult:
     #: batches in the window at whose version a Delta checkpoint was written (every
     #: ``delta.checkpointInterval`` commits), and the median batch time, ms, of those and of their neighbours
     checkpointed: tuple[int, float, float] | None = None
+    #: every garbage-collection pause in the window of the stack's Kafka and Connect (``None``: the
+    #: server keeps no log of them, :mod:`harness.stack.gclog`)
+    stack_pauses: dict[str, Pauses | None] = field(default_factory=dict)
 
     @property
     def fresh(self) -> bool:
@@ -342,7 +350,9 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         copied_ends=first_and_last([copied_rows(b) for b in sorted(in_time, key=lambda b: b["finished_at"])]),
         stages={stage: statistics.median(v) if v else None for stage, v in stages.items()},
         tail=slowest_stages(stages), spark_steps=step_means(*steps.taken()),
-        full_collections=collections(probe, start_at + args.warmup, start_at + duration))
+        full_collections=collections(probe, start_at + args.warmup, start_at + duration),
+        stack_pauses={server: pauses(stack.component(server).dir,  # type: ignore[attr-defined]
+                                     start_at + args.warmup, start_at + duration) for server in STACK_JVMS})
 
 
 def poll(stack: object, value_format: str, poll_ms: int | None) -> None:
@@ -484,6 +494,17 @@ def _pauses(seen: Collections | None, seconds: float) -> str:
     return f"{seen.count / seconds:.2f}/s, {seen.milliseconds / seen.count:.0f} ms, {share:.0%}"
 
 
+def _stack_pauses(seen: Pauses | None, seconds: float) -> str:
+    """A stack server's pauses in a window of ``seconds``, as the table shows them: like :func:`_pauses`,
+    and the longest, which is what a change that waits for one sees."""
+    if seen is None:
+        return "not logged"
+    if not seen.count:
+        return "none"
+    return (f"{seen.count / seconds:.2f}/s, {seen.milliseconds / seen.count:.0f} ms (longest "
+            f"{seen.longest:.0f}), {seen.milliseconds / 1000 / seconds:.0%}")
+
+
 def _poll(ms: int) -> str:
     return f"{ms} ms"
 
@@ -560,8 +581,9 @@ def main() -> None:
                    ("rows", *STAGES))
     spark = table("Spark's micro-batches in the window: each step's mean (addBatch: the tables' work; "
                   "triggerExecution: the whole)", SPARK_STEPS)
-    pauses = table("Full garbage collections in the window (each pauses its process): count per second, mean "
-                   "time, and the share of the window they took (per process)", ("driver", "Python workers"))
+    pauses = table("Garbage collections in the window (each pauses its process): count per second, mean time, "
+                   "and the share of the window they took (per process); the engine's full collections, and every "
+                   "collection of the stack's Kafka and Connect", ("driver", "Python workers", "Kafka", "Connect"))
     figures = []
     for r in results:
         name = f"{r.tables}, {r.target:,.0f}/s, " + (f"poll {r.poll_ms} ms, " if several["poll"] else "") + \
@@ -585,7 +607,8 @@ def main() -> None:
         stages.add_row(*key(r), "all", *(_s(r.stages[stage]) for stage in STAGES))
         stages.add_row(*key(r), "slowest 5 %", *(_s(r.tail[stage]) for stage in STAGES), end_section=True)
         spark.add_row(*key(r), *(_s(r.spark_steps.get(step)) for step in SPARK_STEPS))
-        pauses.add_row(*key(r), *(_pauses(r.full_collections.get(kind), args.measure) for kind in ("driver", "worker")))
+        pauses.add_row(*key(r), *(_pauses(r.full_collections.get(kind), args.measure) for kind in ("driver", "worker")),
+                       *(_stack_pauses(r.stack_pauses.get(server), args.measure) for server in STACK_JVMS))
         figures += [Figure(f"{name}: achieved source rate", round(r.achieved), "/s"),
                     *(Figure(f"{name}: latency {p}", None if v is None else round(v / 1000, 2), "s")
                       for p, v in (("p50", r.p50), ("p95", r.p95), ("p99", r.p99))),
@@ -614,6 +637,9 @@ def main() -> None:
                     *(Figure(f"{name}: full garbage collections, {label}",
                              _pauses(r.full_collections.get(kind), args.measure))
                       for kind, label in (("driver", "driver"), ("worker", "Python workers"))),
+                    *(Figure(f"{name}: garbage collections of the stack's {label}",
+                             _stack_pauses(r.stack_pauses.get(server), args.measure))
+                      for server, label in zip(STACK_JVMS, ("Kafka", "Connect"), strict=True)),
                     Figure(f"{name}: caught up after the load", r.caught_up)]
     for out in (latency, batches, stages, spark, pauses):
         console.print(out)

@@ -66,7 +66,7 @@ class Connect(Component):
 
     def launch(self) -> Launch:
         log4j = self.settings.infra_dir / "log4j2.properties"
-        cmd = [str(kafka_java(self.progress)), *jvm_options("1g"), f"-Dlog4j2.configurationFile={log4j}",
+        cmd = [str(kafka_java(self.progress)), *jvm_options("1g", self.dir), f"-Dlog4j2.configurationFile={log4j}",
                "-cp", str(self.settings.jars_dir / "kafka" / "*"),
                "org.apache.kafka.connect.cli.ConnectDistributed", str(self.properties)]
         return Launch(cmd=cmd, cwd=self.dir)

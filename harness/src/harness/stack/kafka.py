@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harness.stack import tls
+from harness.stack import gclog, tls
 from harness.stack.component import Component, Launch
 from harness.stack.errors import StackError
 from harness.stack.process import port_in_use
@@ -48,9 +48,10 @@ def admin_client(config: dict[str, Any]) -> Any:
     return AdminClient(full)
 
 
-def jvm_options(heap: str) -> list[str]:
-    """JVM flags for Kafka and Connect: a bounded heap and :data:`LEAN_JVM`."""
-    return [f"-Xms{heap}", f"-Xmx{heap}", *LEAN_JVM, "-Djava.awt.headless=true"]
+def jvm_options(heap: str, directory: Path) -> list[str]:
+    """JVM flags for Kafka and Connect: a bounded heap, :data:`LEAN_JVM`, and their pauses logged in
+    ``directory`` (:mod:`harness.stack.gclog`)."""
+    return [f"-Xms{heap}", f"-Xmx{heap}", *LEAN_JVM, gclog.option(directory), "-Djava.awt.headless=true"]
 
 
 class Kafka(Component):
@@ -113,7 +114,8 @@ class Kafka(Component):
             raise StackError(f"kafka: kafka.tools.StorageTool format failed: {last.replace(password, '***')}")
 
     def launch(self) -> Launch:
-        return Launch(cmd=[*self._java(*jvm_options("1g")), "kafka.Kafka", str(self.properties)], cwd=self.dir)
+        cmd = [*self._java(*jvm_options("1g", self.dir)), "kafka.Kafka", str(self.properties)]
+        return Launch(cmd=cmd, cwd=self.dir)
 
     def healthy(self) -> bool:
         if not port_in_use(self.settings.kafka_port):

@@ -22,7 +22,7 @@ import secrets
 
 import requests
 
-from harness.stack import tls
+from harness.stack import gclog, tls
 from harness.stack.component import Component, Launch
 from harness.stack.tools import LEAN_JVM, ensure_nginx, registry_java, render
 
@@ -50,7 +50,7 @@ class Registry(Component):
             "port": s.registry_port, "management_port": s.registry_mgmt_port, "data_dir": self.dir / "data"}))
 
     def launch(self) -> Launch:
-        cmd = [str(registry_java(self.progress)), "-Xms128m", "-Xmx768m", *LEAN_JVM,
+        cmd = [str(registry_java(self.progress)), "-Xms128m", "-Xmx768m", *LEAN_JVM, gclog.option(self.dir),
                f"-Djava.io.tmpdir={self.dir / 'tmp'}",
                f"-Dquarkus.config.locations={self.dir / 'application.properties'}",
                "-jar", str(self.settings.jars_dir / "registry" / "quarkus-run.jar")]
