@@ -10,7 +10,9 @@ collects the frame's parts).
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -396,6 +398,70 @@ def test_a_failed_audit_append_fails_the_next_batch_before_it_applies_whatever_p
         handler._apply_all([spec], frames[1], parts[1], 1, 1)
     handler.close()
     assert [r.batch_id for r in report.tables[TABLE].batches] == [0]
+
+
+def _audit_appends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: float
+                   ) -> tuple[IngestConfig, ForEachBatch, list[tuple[_Frame, list[Any]]], list[list[Any]]]:
+    """A handler whose audit rows go in one commit every ``interval`` seconds, the table's records as
+    three micro-batches (frame and parts), and the batch ids of each audit append as it is made."""
+    import ingest.stream.callback
+    from ingest.decode.parts import read_parts
+    from ingest.records import audit
+
+    config = _config(tmp_path)
+    config = config.model_copy(update={"target": config.target.model_copy(update={"audit_interval_seconds": interval})})
+    spec = config.tables[0]
+    handler = ForEachBatch(config, [spec], RunReport("r1", {spec.name: TableRun(spec.name)}), "r1", None, {})
+    assert handler.source is not None
+    end = handler.source.end_offsets(spec.topic)
+    cuts = [{p: e * i // 3 for p, e in end.items()} for i in range(4)]
+    frames = [_Frame(handler.decoder.parts(handler.source.read_arrow(spec.topic, lo, hi)))
+              for lo, hi in itertools.pairwise(cuts)]
+    batches = [(frame, read_parts(frame.toArrow().column("part").to_pylist())) for frame in frames]
+    appends: list[list[Any]] = []
+    real_append = audit.AuditLog.append
+
+    def append(self: Any, path: Any, records: list[Any]) -> None:
+        appends.append([r.batch_id for r in records])
+        real_append(self, path, records)
+
+    monkeypatch.setattr(ingest.stream.callback.audit.AuditLog, "append", append)
+    return config, handler, batches, appends
+
+
+def test_the_audit_rows_of_an_interval_go_in_one_commit_the_first_batchs_at_once(tmp_path, monkeypatch):
+    from ingest.records import audit
+
+    config, handler, batches, appends = _audit_appends(tmp_path, monkeypatch, 30)
+    spec = config.tables[0]
+    for batch_id, (frame, parts) in enumerate(batches):
+        handler._apply_all([spec], frame, parts, batch_id, 1)
+        handler._settle_audit()
+    assert appends == [[0]]  # the first at once, the next two wait for the interval
+    handler.close()  # and go when the run ends
+    assert appends == [[0], [1, 2]]
+    assert sorted(audit.read(TablePaths.of(config, TABLE).audit)["batch_id"].to_pylist()) == [0, 1, 2]
+
+    config, handler, batches, appends = _audit_appends(tmp_path / "each", monkeypatch, 0)
+    for batch_id, (frame, parts) in enumerate(batches):
+        handler._apply_all([spec], frame, parts, batch_id, 1)
+    handler.close()
+    assert appends == [[0], [1], [2]]  # 0: a commit per micro-batch, as before the setting
+
+
+def test_audit_rows_waiting_for_their_interval_go_when_it_ends_without_another_batch(tmp_path, monkeypatch):
+    config, handler, batches, appends = _audit_appends(tmp_path, monkeypatch, 3.0)
+    spec = config.tables[0]
+    handler._apply_all([spec], *batches[0], 0, 1)
+    handler._apply_all([spec], *batches[1], 1, 1)
+    assert appends == [[0]]
+    deadline = time.monotonic() + 30
+    while appends == [[0]] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert appends == [[0], [1]]  # the stream went quiet: the interval's end appended them
+    handler._apply_all([spec], *batches[2], 2, 1)
+    handler.close()
+    assert appends == [[0], [1], [2]]
 
 
 @pytest.mark.parametrize("case", ["first batch", "no end of the batch before", "not small"])

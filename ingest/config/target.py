@@ -81,6 +81,10 @@ class TargetSpec(Model):
     storage: StorageSpec = Field(default_factory=StorageSpec, description="object-store lake: endpoint, region, "
                                  "addressing, lease")
     audit_table: str = Field("_cdc_audit", description="name of the audit Delta table under root")
+    audit_interval_seconds: float = Field(
+        10.0, ge=0, description="continuous runs: the audit rows of the micro-batches that end within this many "
+        "seconds go to the audit table in one commit, the first micro-batch's at once (0: a commit per micro-batch). "
+        "Each table's Delta commit holds its row too: rows a stop loses, the next run restores")
     quarantine_table: str = Field("_cdc_quarantine", description="name of the quarantine Delta table under root")
     cuts_table: str = Field("_cdc_cuts", description="name of the Delta table of published cuts under root "
                             "(source.transactions)")

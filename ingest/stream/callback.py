@@ -20,6 +20,7 @@ incompatible schema, a bad configuration) stops the table until the run is resta
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -139,11 +140,18 @@ class ForEachBatch:
         self._parts_frame: DataFrame | None = None
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="apply")
         self._pending: Future[None] | None = None
-        #: The micro-batch's audit rows are appended in the background, while Spark commits the batch
-        #: and starts the next one (each table's commit already holds its row: ``reconcile`` restores
-        #: rows a stop loses); the next batch's apply, :meth:`settle` and :meth:`close` await it.
+        #: The micro-batches' audit rows are appended in the background, while Spark commits the batch
+        #: and starts the next one, those of ``target.audit_interval_seconds`` in one commit (each
+        #: table's commit already holds its row: ``reconcile`` restores rows a stop loses); the next
+        #: batch's apply, :meth:`settle` and :meth:`close` await the appends under way.
         self._auditor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit")
-        self._audit_pending: Future[None] | None = None
+        self._audit_pending: list[Future[None]] = []
+        #: rows waiting for their commit, when it is due (``time.monotonic``), and the timer that makes
+        #: it when no micro-batch comes by then; the lock keeps the timer and the batches apart
+        self._audit_rows: list[AuditRecord] = []
+        self._audit_due = float("-inf")
+        self._audit_timer: threading.Timer | None = None
+        self._audit_lock = threading.Lock()
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         try:
@@ -297,20 +305,51 @@ class ForEachBatch:
             raise
 
     def _settle_audit(self) -> None:
-        """Wait for the last micro-batch's audit append, if any; raises what it failed with."""
-        pending, self._audit_pending = self._audit_pending, None
-        if pending is not None:
-            pending.result()
+        """Wait for the audit appends under way, if any; raises what the first that failed failed with."""
+        with self._audit_lock:
+            pending, self._audit_pending = self._audit_pending, []
+        for future in pending:
+            future.result()
+
+    def _audit(self, records: list[AuditRecord]) -> None:
+        """Have ``records`` appended to the audit table: now, when the last append is
+        ``target.audit_interval_seconds`` ago, else with the rows that come until then."""
+        with self._audit_lock:
+            self._audit_rows += records
+            wait = self._audit_due - time.monotonic()
+            if wait <= 0:
+                self._flush_audit_locked()
+            elif self._audit_timer is None:  # no micro-batch may come by then: the rows go anyway
+                self._audit_timer = threading.Timer(wait, self._flush_audit)
+                self._audit_timer.daemon = True
+                self._audit_timer.start()
+
+    def _flush_audit(self) -> None:
+        with self._audit_lock:
+            self._flush_audit_locked()
+
+    def _flush_audit_locked(self) -> None:
+        if self._audit_timer is not None:
+            self._audit_timer.cancel()
+            self._audit_timer = None
+        if not self._audit_rows:
+            return
+        rows, self._audit_rows = self._audit_rows, []
+        self._audit_due = time.monotonic() + self.config.target.audit_interval_seconds
+        path = TablePaths.of(self.config, rows[0].table).audit
+        self._audit_pending.append(self._auditor.submit(self.audit.append, path, rows))
 
     def close(self) -> None:
-        """Let the background applier and auditor go (after :meth:`settle`), the writers' checkpoints,
-        the consumer group's committer, and the source's reader."""
+        """Let the background applier and auditor go (after :meth:`settle`, and once the audit rows
+        still waiting are appended), the writers' checkpoints, the consumer group's committer, and
+        the source's reader."""
         self._background.shutdown(wait=True)
+        self._flush_audit()
         self._auditor.shutdown(wait=True)
         self.writers.settle()
-        if self._audit_pending is not None and (failed := self._audit_pending.exception()) is not None:
-            log.warning("the last micro-batch's audit rows were not appended (%s); the next run restores them "
-                        "from the tables' Delta logs", secrets.describe(failed))
+        if failed := [exc for f in self._audit_pending if (exc := f.exception()) is not None]:
+            log.warning("the last micro-batches' audit rows were not appended (%s); the next run restores them "
+                        "from the tables' Delta logs", secrets.describe(failed[0]))
         if self.group is not None:
             self.group.close()
         if self.source is not None:
@@ -336,11 +375,10 @@ class ForEachBatch:
                 self.stop_table(spec, exc)
             elif (record := futures[spec.name].result()) is not None:
                 records.append(record)
-        # One audit commit for the micro-batch's tables, not one each (200 tables: 200 commits of a
+        # One audit commit for the micro-batches' tables, not one each (200 tables: 200 commits of a
         # shared table, one at a time). Each table's commit holds its row already (reconcile).
         if records:
-            self._audit_pending = self._auditor.submit(self.audit.append,
-                                                       TablePaths.of(self.config, records[0].table).audit, records)
+            self._audit(records)
         if self.cuts is not None:
             self.report.cuts = self.cuts.attempt({n: secrets.describe(e) for n, e in self.stopped.items()})
         if len(self.stopped) == len(self.specs) and not self.retry_at:
