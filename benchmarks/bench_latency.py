@@ -486,23 +486,22 @@ def slowest_stages(stages: dict[str, list[float]], share: float = 0.05) -> dict[
             for i, stage in enumerate(stages)}
 
 
-def _pauses(seen: Collections | None, seconds: float) -> str:
-    """Full collections of one kind of process in a window of ``seconds``, as the table shows them."""
-    if seen is None:
+def _pauses(seen: Collections | None, seconds: float, longest: float | None = None) -> str:
+    """Collections of one kind of process in a window of ``seconds``, as the table shows them (with
+    the longest, when given)."""
+    if seen is None or not seen.count:
         return "none"
     share = seen.milliseconds / 1000 / seconds / seen.processes
-    return f"{seen.count / seconds:.2f}/s, {seen.milliseconds / seen.count:.0f} ms, {share:.0%}"
+    most = "" if longest is None else f" (longest {longest:.0f})"
+    return f"{seen.count / seconds:.2f}/s, {seen.milliseconds / seen.count:.0f} ms{most}, {share:.0%}"
 
 
 def _stack_pauses(seen: Pauses | None, seconds: float) -> str:
-    """A stack server's pauses in a window of ``seconds``, as the table shows them: like :func:`_pauses`,
-    and the longest, which is what a change that waits for one sees."""
+    """A stack server's pauses in a window of ``seconds``, as :func:`_pauses` shows them, with the
+    longest, which is what a change that waits for one sees."""
     if seen is None:
         return "not logged"
-    if not seen.count:
-        return "none"
-    return (f"{seen.count / seconds:.2f}/s, {seen.milliseconds / seen.count:.0f} ms (longest "
-            f"{seen.longest:.0f}), {seen.milliseconds / 1000 / seconds:.0%}")
+    return _pauses(Collections(seen.count, seen.milliseconds, 1), seconds, seen.longest)
 
 
 def _poll(ms: int) -> str:

@@ -126,14 +126,15 @@ def test_a_registry_that_stays_down_stops_the_table_with_nothing_committed(tmp_p
     assert load_state(TablePaths.of(config, TABLE).table).table is None
 
 
-def _two_frames(config: IngestConfig, handler: ForEachBatch) -> tuple[list[_Frame], dict[int, int]]:
-    """The table's records as two micro-batches (first and second half of every partition), decoded."""
+def _two_frames(config: IngestConfig, handler: ForEachBatch, pieces: int = 2) -> tuple[list[_Frame], dict[int, int]]:
+    """The table's records as two micro-batches (first and second half of every partition), decoded;
+    or as ``pieces`` such micro-batches."""
     assert handler.source is not None
     topic = config.tables[0].topic
     end = handler.source.end_offsets(topic)
-    half = {p: e // 2 for p, e in end.items()}
+    cuts = [{p: e * i // pieces for p, e in end.items()} for i in range(pieces + 1)]
     frames = [_Frame(handler.decoder.parts(handler.source.read_arrow(topic, lo, hi)))
-              for lo, hi in (({p: 0 for p in end}, half), (half, end))]
+              for lo, hi in itertools.pairwise(cuts)]
     return frames, end
 
 
@@ -412,11 +413,7 @@ def _audit_appends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: fl
     config = config.model_copy(update={"target": config.target.model_copy(update={"audit_interval_seconds": interval})})
     spec = config.tables[0]
     handler = ForEachBatch(config, [spec], RunReport("r1", {spec.name: TableRun(spec.name)}), "r1", None, {})
-    assert handler.source is not None
-    end = handler.source.end_offsets(spec.topic)
-    cuts = [{p: e * i // 3 for p, e in end.items()} for i in range(4)]
-    frames = [_Frame(handler.decoder.parts(handler.source.read_arrow(spec.topic, lo, hi)))
-              for lo, hi in itertools.pairwise(cuts)]
+    frames, _end = _two_frames(config, handler, pieces=3)
     batches = [(frame, read_parts(frame.toArrow().column("part").to_pylist())) for frame in frames]
     appends: list[list[Any]] = []
     real_append = audit.AuditLog.append
