@@ -212,8 +212,14 @@ def apply_parts(spec: TableSpec, paths: TablePaths, parts: Sequence[pa.RecordBat
                 opened: OpenTables | None = None, **kwargs: Any) -> BatchResult:
     """:func:`apply_batch` of the decode step's parts, on the driver (``writer``: default delta-rs)."""
     writer = writer or DeltaRsWriter()
-    return apply_batch(spec, paths, parts, placement=DriverPlacement(writer, paths.table), writer=writer,
-                       opened=opened or OpenTables(paths, spec.name), **kwargs)
+    own = opened is None  # nothing keeps the handles for a next batch: what they left behind is awaited here
+    handles = OpenTables(paths, spec.name) if opened is None else opened
+    try:
+        return apply_batch(spec, paths, parts, placement=DriverPlacement(writer, paths.table), writer=writer,
+                           opened=handles, **kwargs)
+    finally:
+        if own:
+            handles.settle()
 
 
 def placement_for(name: PlacementName, writer: Writer, path: LakePath, *, shares: int | None = None

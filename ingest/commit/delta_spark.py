@@ -362,6 +362,7 @@ def remember_on_executors(spark: SparkSession, remembered: RememberedDeletes, ke
         F.col("_cdc_position"), F.col("_cdc_source_ts").cast("timestamp").alias("_cdc_deleted_at"),
         F.lit(now).cast("timestamp").alias("_cdc_recorded_at"))
     location = spark_location(spark, LakePath.of(remembered.path))
+    remembered.settle()  # the packing behind the last record, before this one writes
     if remembered.open(key_types) is None:
         source.write.format("delta").mode("append").save(location)
         return

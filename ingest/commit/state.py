@@ -145,6 +145,11 @@ class OpenTables:
         self._known = NewestCommit(state.read_at, state.newest) if state.read_at is not None else None
         return state
 
+    def settle(self) -> None:
+        """Return once the work left behind the table's last batch is done (the packing of its
+        remembered deletes: :class:`~ingest.commit.remembered.RememberedDeletes`)."""
+        self.tombstones.settle()
+
 
 @dataclass(frozen=True, slots=True)
 class NewestCommit:

@@ -341,12 +341,14 @@ class ForEachBatch:
 
     def close(self) -> None:
         """Let the background applier and auditor go (after :meth:`settle`, and once the audit rows
-        still waiting are appended), the writers' checkpoints, the consumer group's committer, and
-        the source's reader."""
+        still waiting are appended), the writers' checkpoints, the tables' packing of their remembered
+        deletes, the consumer group's committer, and the source's reader."""
         self._background.shutdown(wait=True)
         self._flush_audit()
         self._auditor.shutdown(wait=True)
         self.writers.settle()
+        for opened in self.opened.values():
+            opened.settle()
         if failed := [exc for f in self._audit_pending if (exc := f.exception()) is not None]:
             log.warning("the last micro-batches' audit rows were not appended (%s); the next run restores them "
                         "from the tables' Delta logs", secrets.describe(failed[0]))

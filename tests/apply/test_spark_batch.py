@@ -348,6 +348,7 @@ def test_remembered_deletes_merged_on_the_executors_are_packed(tmp_path: Any, sp
             "_cdc_recorded_at": pa.array([now], pa.timestamp("us", tz="UTC"))}), mode="append")
     delta_spark.remember_on_executors(spark, remembered, ("id",), {"id": "long"},
                                       arrow_frame(spark, deletes([PACK_AFTER_FILES])))
+    remembered.settle()  # the packing runs behind the MERGE
     stones = open_table(paths.tombstones)
     assert stones is not None and len(stones.file_uris()) == 1
     assert positions(paths.tombstones, ("id",), {"id": "long"}, "t") == {

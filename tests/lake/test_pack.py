@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.table import TableOptimizer
 
+from ingest.commit import remembered as remembered_module
+from ingest.commit.remembered import RememberedDeletes, positions
 from ingest.lake.delta import MAINTENANCE_KEY, PACK_AFTER_FILES, pack_small_files, read_all
 
 
@@ -68,3 +72,65 @@ def test_each_tier_packs_what_the_tier_below_it_packed(tmp_path):
     tiers = (3 * one + 1, 1 << 30)
     assert pack_small_files(table, after=2, tiers=tiers) == 9 + 3
     assert len(_sizes(table)) == 1 and _ids(table) == list(range(9))
+
+
+# -- the remembered deletes, packed behind the batch that recorded them --------------------------------
+def _deletes(*ids: int) -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "_cdc_position": [f"{i:020d}" for i in ids],
+                     "_cdc_source_ts": pa.array([0] * len(ids), pa.timestamp("ms", tz="UTC"))})
+
+
+class _HeldPacking:
+    """``pack_small_files`` that waits to be let go, and says when it has packed."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.started, self.released, self.fail = threading.Event(), threading.Event(), fail
+        self.order: list[str] = []
+
+    def __call__(self, table, **kwargs) -> int:
+        self.started.set()
+        assert self.released.wait(10), "the packing was never let go"
+        if self.fail is not None:
+            raise self.fail
+        self.order.append("packed")
+        return pack_small_files(table, **kwargs)
+
+
+def test_a_record_returns_before_its_packing_and_the_next_record_waits_for_it(tmp_path, monkeypatch):
+    packing = _HeldPacking()
+    monkeypatch.setattr(remembered_module, "pack_small_files", packing)
+    stones = RememberedDeletes(tmp_path / "stones", "t")
+    stones.record(("id",), {"id": "long"}, _deletes(1))  # creates the table: nothing to pack
+    stones.record(("id",), {"id": "long"}, _deletes(2), new_keys_only=True)
+    assert packing.started.wait(5) and packing.order == []  # returned while its packing waits
+    before = DeltaTable(str(tmp_path / "stones")).version()
+
+    def third() -> None:
+        stones.record(("id",), {"id": "long"}, _deletes(3), new_keys_only=True)
+        packing.order.append("recorded")
+
+    writer = threading.Thread(target=third)
+    writer.start()
+    writer.join(0.5)
+    assert writer.is_alive() and DeltaTable(str(tmp_path / "stones")).version() == before  # it waits
+    packing.released.set()
+    writer.join(10)
+    stones.settle()
+    assert packing.order[:2] == ["packed", "recorded"]
+    assert sorted(positions(tmp_path / "stones", ("id",), {"id": "long"}, "t")) == [(1,), (2,), (3,)]
+
+
+def test_a_packing_that_fails_is_a_warning_and_the_deletes_are_kept(tmp_path, monkeypatch, caplog):
+    packing = _HeldPacking(fail=OSError("the disk went away"))
+    packing.released.set()
+    monkeypatch.setattr(remembered_module, "pack_small_files", packing)
+    stones = RememberedDeletes(tmp_path / "stones", "t")
+    stones.record(("id",), {"id": "long"}, _deletes(1))
+    with caplog.at_level(logging.WARNING, logger=remembered_module.__name__):
+        stones.record(("id",), {"id": "long"}, _deletes(2), new_keys_only=True)
+        stones.record(("id",), {"id": "long"}, _deletes(3), new_keys_only=True)  # not refused by the failure
+        stones.settle()
+    assert [r.getMessage() for r in caplog.records].count(
+        "table t: its remembered deletes' small files were not packed (OSError: the disk went away); the next "
+        "batch that deletes tries again") == 2
+    assert sorted(positions(tmp_path / "stones", ("id",), {"id": "long"}, "t")) == [(1,), (2,), (3,)]
