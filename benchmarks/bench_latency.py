@@ -46,7 +46,9 @@ median batch time and the rows a batch's commit copied unchanged (copy-on-write)
 the first and the last tenth of the window's batches: a batch that costs more as its table grows
 shows there. So are the batches at whose version a Delta checkpoint was written (every
 ``delta.checkpointInterval`` commits; inside the commit, or after it where the writer does that):
-how many, and their median time beside that of their neighbours (the batches within five versions).
+how many, and their median time beside that of their neighbours (the batches within five versions);
+and alike the batches during which the table's remembered deletes were packed (a compaction of
+``_cdc_tombstones/order_items`` committed between the batch's start and end).
 The measured connector runs with Debezium's ``poll.interval.ms`` at 50 ms (the stack's keep
 Debezium's 500 ms: see ``docs/operations.md``); ``--poll-ms 500,50`` runs each case once per value,
 taking turns, and the connector is registered as the stack configures it at the end.
@@ -89,6 +91,7 @@ from harness.latency import (
     STAGES,
     CommitIndex,
     checkpoint_versions,
+    compaction_times,
     latencies_of,
     measured_rows,
     nearest_rank,
@@ -105,6 +108,7 @@ from rich.table import Table
 
 from ingest.config import IngestConfig, load_config
 from ingest.decode.columnar import DecoderSpec
+from ingest.lake.layout import TablePaths
 from ingest.records import audit
 from ingest.source.kafkalog import KafkaLog
 from ingest.verify.capture import wait_for_capture
@@ -210,6 +214,8 @@ class RateResult:
     #: batches in the window at whose version a Delta checkpoint was written (every
     #: ``delta.checkpointInterval`` commits), and the median batch time, ms, of those and of their neighbours
     checkpointed: tuple[int, float, float] | None = None
+    #: alike, the batches during which a compaction of the table's remembered deletes was committed
+    packed: tuple[int, float, float] | None = None
     #: every garbage-collection pause in the window of the stack's Kafka and Connect (``None``: the
     #: server keeps no log of them, :mod:`harness.stack.gclog`)
     stack_pauses: dict[str, Pauses | None] = field(default_factory=dict)
@@ -344,7 +350,9 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         trigger_ms=config.source.trigger_seconds * 1000,
         interval_ms=median_interval(starts), interval_p95=nearest_rank(gaps, 0.95) if gaps else None,
         between=_median_p95(commit_to_next_start(in_time, index.times)),
-        checkpointed=checkpoint_batches(in_time, checkpoint_versions(items.local)),
+        checkpointed=marked_batches(in_time, checkpoint_versions(items.local)),
+        packed=marked_batches(in_time, batches_during(in_time, compaction_times(
+            TablePaths.of(config, "order_items").tombstones))),
         batch_p50=statistics.median(totals) if totals else None,
         batch_ends=first_and_last(totals),
         copied_ends=first_and_last([copied_rows(b) for b in sorted(in_time, key=lambda b: b["finished_at"])]),
@@ -458,12 +466,13 @@ def commit_to_next_start(batches: list[dict[str, Any]], commit_times: dict[int, 
             if b.get("started_at") and b.get("delta_version") is not None and b["delta_version"] - 1 in commit_times]
 
 
-def checkpoint_batches(batches: list[dict[str, Any]], versions: set[int], near: int = 5
-                       ) -> tuple[int, float, float] | None:
-    """How many ``batches`` reached a Delta checkpoint with their commit (their ``delta_version`` is in
-    ``versions``), the median time, ms, of those batches, and that of the batches within ``near``
-    versions of one that did not (the neighbours: a table's batches grow slower as it grows, so the
-    window's median would not compare like with like); ``None``: none did, or none has a neighbour."""
+def marked_batches(batches: list[dict[str, Any]], versions: set[int], near: int = 5
+                   ) -> tuple[int, float, float] | None:
+    """How many ``batches`` are marked (their ``delta_version`` is in ``versions``: they reached a Delta
+    checkpoint with their commit, say), the median time, ms, of those batches, and that of the batches
+    within ``near`` versions of one that are not (the neighbours: a table's batches grow slower as it
+    grows, so the window's median would not compare like with like); ``None``: none is, or none has
+    a neighbour."""
     times = {b["delta_version"]: float(b["total_ms"]) for b in batches
              if b.get("delta_version") is not None and b.get("total_ms") is not None}
     wrote = sorted(v for v in times if v in versions)
@@ -471,6 +480,18 @@ def checkpoint_batches(batches: list[dict[str, Any]], versions: set[int], near: 
     if not wrote or not neighbours:
         return None
     return len(wrote), statistics.median(times[v] for v in wrote), statistics.median(times[v] for v in neighbours)
+
+
+def batches_during(batches: list[dict[str, Any]], times: list[datetime]) -> set[int]:
+    """The versions of the ``batches`` that were under way (started, not yet finished) at one of ``times``."""
+    return {b["delta_version"] for b in batches
+            if b.get("delta_version") is not None and b.get("started_at") and b.get("finished_at")
+            and any(b["started_at"] <= t <= b["finished_at"] for t in times)}
+
+
+def _marked(marked: tuple[int, float, float] | None) -> str | None:
+    """:func:`marked_batches`' figures as the table shows them."""
+    return None if marked is None else f"{marked[0]}: {marked[1] / 1000:.2f} / {marked[2] / 1000:.2f}"
 
 
 def _median_p95(values: list[float]) -> tuple[float, float] | None:
@@ -575,6 +596,7 @@ def main() -> None:
                     ("trigger", "interval", "interval p95", "commit to next start (median / p95)", "median batch",
                      "batch first / last tenth",
                      "rows copied first / last tenth", "batches with a Delta checkpoint: n, median / neighbours'",
+                     "batches during a pack of remembered deletes: n, median / neighbours'",
                      "p50 <= interval + batch"))
     stages = table("Where the time goes: each stage's median, over all the rows measured and over the slowest 5 %",
                    ("rows", *STAGES))
@@ -597,12 +619,12 @@ def main() -> None:
                         str(r.failed_transactions))
         copied = None if r.copied_ends is None else f"{r.copied_ends[0]:,.0f} / {r.copied_ends[1]:,.0f}"
         between = None if r.between is None else f"{r.between[0] / 1000:.2f} / {r.between[1] / 1000:.2f}"
-        checkpointed = None if r.checkpointed is None else \
-            f"{r.checkpointed[0]}: {r.checkpointed[1] / 1000:.2f} / {r.checkpointed[2] / 1000:.2f}"
+        checkpointed, packed = (_marked(marked) for marked in (r.checkpointed, r.packed))
         batches.add_row(*key(r), _s(r.trigger_ms), _s(r.interval_ms), _s(r.interval_p95),
                         "-" if between is None else f"{between} s", _s(r.batch_p50),
                         "-" if ends is None else f"{ends} s", copied or "-",
-                        "-" if checkpointed is None else f"{checkpointed} s", "yes" if r.fresh else "NO")
+                        "-" if checkpointed is None else f"{checkpointed} s", "-" if packed is None else f"{packed} s",
+                        "yes" if r.fresh else "NO")
         stages.add_row(*key(r), "all", *(_s(r.stages[stage]) for stage in STAGES))
         stages.add_row(*key(r), "slowest 5 %", *(_s(r.tail[stage]) for stage in STAGES), end_section=True)
         spark.add_row(*key(r), *(_s(r.spark_steps.get(step)) for step in SPARK_STEPS))
@@ -623,6 +645,8 @@ def main() -> None:
                            "rows"),
                     Figure(f"{name}: batches whose commit wrote a Delta checkpoint: count, median batch / their "
                            "neighbours' (5 versions either side)", checkpointed, "s"),
+                    Figure(f"{name}: batches during a pack of the remembered deletes: count, median batch / "
+                           "their neighbours' (5 versions either side)", packed, "s"),
                     Figure(f"{name}: p50 within interval + median batch", r.fresh),
                     Figure(f"{name}: stages (median, s)", " / ".join(
                         f"{stage} {'-' if r.stages[stage] is None else f'{r.stages[stage] / 1000:.2f}'}"

@@ -8,7 +8,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from harness.latency import CommitIndex
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from harness.latency import CommitIndex, compaction_times
 
 from ingest.commit.state import BATCH_KEY
 
@@ -79,9 +81,28 @@ def test_batches_that_wrote_a_delta_checkpoint_are_told_from_the_others(tmp_path
                {"delta_version": 100, "total_ms": 180}, {"delta_version": 199, "total_ms": 350},
                {"delta_version": 197, "total_ms": 240}, {"delta_version": None, "total_ms": 900},
                {"delta_version": 150, "total_ms": 10}]  # no checkpoint's neighbour: left out
-    assert bench_latency.checkpoint_batches(batches, versions) == (2, 400.0, 200.0)
-    assert bench_latency.checkpoint_batches(batches, versions, near=1) == (2, 400.0, 190.0)
-    assert bench_latency.checkpoint_batches(batches, {5}) is None  # none in the window wrote one
+    assert bench_latency.marked_batches(batches, versions) == (2, 400.0, 200.0)
+    assert bench_latency.marked_batches(batches, versions, near=1) == (2, 400.0, 190.0)
+    assert bench_latency.marked_batches(batches, {5}) is None  # none in the window wrote one
+
+
+def test_batches_under_way_when_the_remembered_deletes_were_packed_are_told_from_the_others(tmp_path: Path) -> None:
+    stones = tmp_path / "stones"
+    for i in range(3):
+        write_deltalake(str(stones), pa.table({"id": [i]}), mode="append")
+    DeltaTable(str(stones)).optimize.compact()
+    packed = compaction_times(stones)
+    assert len(packed) == 1 and compaction_times(tmp_path / "none") == []
+    t0 = packed[0]
+    batches = [{"delta_version": 7, "started_at": t0 - timedelta(milliseconds=90), "finished_at": t0 + timedelta(
+                   milliseconds=10), "total_ms": 100},
+               {"delta_version": 8, "started_at": t0 + timedelta(milliseconds=20), "finished_at": t0 + timedelta(
+                   milliseconds=90), "total_ms": 70},  # started after it
+               {"delta_version": 6, "started_at": t0 - timedelta(milliseconds=200), "finished_at": t0 - timedelta(
+                   milliseconds=100), "total_ms": 100},  # ended before it
+               {"delta_version": None, "started_at": t0, "finished_at": t0, "total_ms": 5}]  # committed nothing
+    assert bench_latency.batches_during(batches, packed) == {7}
+    assert bench_latency.marked_batches(batches, {7}) == (1, 100.0, 85.0)
 
 
 def test_a_commit_index_keeps_each_commits_time_by_version() -> None:

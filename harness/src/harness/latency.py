@@ -38,7 +38,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -125,6 +125,16 @@ def nearest_rank(values: Sequence[float], share: float) -> float:
 def checkpoint_versions(table: Path) -> set[int]:
     """The versions of a local Delta table that have a checkpoint (one file or several parts)."""
     return {int(part.name[:20]) for part in (table / "_delta_log").glob("*.checkpoint*.parquet")}
+
+
+def compaction_times(path: str | Path) -> list[datetime]:
+    """When each compaction of a Delta table was committed (delta-rs's and Spark's ``OPTIMIZE``; none:
+    no table there)."""
+    table = open_table(path)
+    if table is None:
+        return []
+    return sorted(datetime.fromtimestamp(commit["timestamp"] / 1000, UTC) for commit in table.history()
+                  if commit.get("operation") == "OPTIMIZE" and commit.get("timestamp") is not None)
 
 
 def measured_rows(path: str | Path) -> pa.Table | None:
