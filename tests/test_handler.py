@@ -126,9 +126,9 @@ def test_a_registry_that_stays_down_stops_the_table_with_nothing_committed(tmp_p
     assert load_state(TablePaths.of(config, TABLE).table).table is None
 
 
-def _two_frames(config: IngestConfig, handler: ForEachBatch, pieces: int = 2) -> tuple[list[_Frame], dict[int, int]]:
-    """The table's records as two micro-batches (first and second half of every partition), decoded;
-    or as ``pieces`` such micro-batches."""
+def _frames(config: IngestConfig, handler: ForEachBatch, pieces: int = 2) -> tuple[list[_Frame], dict[int, int]]:
+    """The table's records as ``pieces`` micro-batches, decoded: every partition cut into that many
+    equal parts (two by default: its first and second half)."""
     assert handler.source is not None
     topic = config.tables[0].topic
     end = handler.source.end_offsets(topic)
@@ -147,7 +147,7 @@ def test_the_next_batch_is_decoded_while_the_last_is_applied_and_they_commit_in_
     spec = config.tables[0]
     report = RunReport("r1", {spec.name: TableRun(spec.name)})
     handler = ForEachBatch(config, [spec], report, "r1", None, {})
-    frames, end = _two_frames(config, handler)
+    frames, end = _frames(config, handler)
     applying, release, events = threading.Event(), threading.Event(), []
     real_apply = ingest.stream.callback.apply_batch
 
@@ -183,14 +183,14 @@ def test_the_next_batch_is_decoded_while_the_last_is_applied_and_they_commit_in_
 
 def _whose_audit_append_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                               ) -> tuple[TableSpec, RunReport, ForEachBatch, list[_Frame]]:
-    """A handler of the table's two micro-batches (:func:`_two_frames`) whose audit appends fail."""
+    """A handler of the table's two micro-batches (:func:`_frames`) whose audit appends fail."""
     import ingest.stream.callback
 
     config = _config(tmp_path)
     spec = config.tables[0]
     report = RunReport("r1", {spec.name: TableRun(spec.name)})
     handler = ForEachBatch(config, [spec], report, "r1", None, {})
-    frames, _end = _two_frames(config, handler)
+    frames, _end = _frames(config, handler)
 
     def append(*_args: Any, **_kwargs: Any) -> None:
         raise OSError("audit table: disk full")
@@ -304,7 +304,7 @@ def test_a_small_micro_batch_is_read_and_decoded_by_the_driver_without_a_spark_j
     the batch is applied before the callback returns (nothing is left to overlap)."""
     config, report, handler = _checkpointed(tmp_path)
     spec = config.tables[0]
-    frames, end = _two_frames(config, handler)
+    frames, end = _frames(config, handler)
     half = {p: e // 2 for p, e in end.items()}
     _offsets_log(tmp_path / "checkpoint", spec.topic, [half, end])
     seen = _applied_parts(monkeypatch)
@@ -341,7 +341,7 @@ def test_a_batchs_audit_rows_are_appended_after_the_callback_returns_and_awaited
 
     config, report, handler = _checkpointed(tmp_path)
     spec = config.tables[0]
-    frames, end = _two_frames(config, handler)
+    frames, end = _frames(config, handler)
     _offsets_log(tmp_path / "checkpoint", spec.topic, [{p: e // 2 for p, e in end.items()}, end])
     appending, release, events = threading.Event(), threading.Event(), []
     real_append = audit.AuditLog.append
@@ -370,7 +370,7 @@ def test_a_batchs_audit_rows_are_appended_after_the_callback_returns_and_awaited
 
     # A failed append fails the settle after it (the next batch's, or the query's end).
     config, report, handler = _checkpointed(tmp_path / "second")
-    frames, end = _two_frames(config, handler)
+    frames, end = _frames(config, handler)
     _offsets_log(tmp_path / "second" / "checkpoint", spec.topic, [{p: e // 2 for p, e in end.items()}, end])
     tmp_path.joinpath("fail").touch()
     handler(_Counted(frames[1].parts), 1)
@@ -380,7 +380,7 @@ def test_a_batchs_audit_rows_are_appended_after_the_callback_returns_and_awaited
     handler.close()
     # Closed without a settle: a warning, and the next run's reconcile restores the rows.
     config, report, handler = _checkpointed(tmp_path / "third")
-    frames, end = _two_frames(config, handler)
+    frames, end = _frames(config, handler)
     _offsets_log(tmp_path / "third" / "checkpoint", spec.topic, [{p: e // 2 for p, e in end.items()}, end])
     handler(_Counted(frames[1].parts), 1)
     handler.close()
@@ -413,7 +413,7 @@ def _audit_appends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: fl
     config = config.model_copy(update={"target": config.target.model_copy(update={"audit_interval_seconds": interval})})
     spec = config.tables[0]
     handler = ForEachBatch(config, [spec], RunReport("r1", {spec.name: TableRun(spec.name)}), "r1", None, {})
-    frames, _end = _two_frames(config, handler, pieces=3)
+    frames, _end = _frames(config, handler, pieces=3)
     batches = [(frame, read_parts(frame.toArrow().column("part").to_pylist())) for frame in frames]
     appends: list[list[Any]] = []
     real_append = audit.AuditLog.append
@@ -466,7 +466,7 @@ def test_a_micro_batch_the_driver_cannot_place_or_that_is_not_small_is_read_thro
                                                                                          case):
     config, report, handler = _checkpointed(tmp_path)
     spec = config.tables[0]
-    frames, end = _two_frames(config, handler)
+    frames, end = _frames(config, handler)
     half = {p: e // 2 for p, e in end.items()}
     if case == "first batch":
         _offsets_log(tmp_path / "checkpoint", spec.topic, [half])
@@ -493,7 +493,7 @@ def test_a_driver_read_that_fails_ends_the_query_with_the_sources_own_error(tmp_
 
     config, report, handler = _checkpointed(tmp_path)
     spec = config.tables[0]
-    frames, end = _two_frames(config, handler)
+    frames, end = _frames(config, handler)
     _offsets_log(tmp_path / "checkpoint", spec.topic, [{p: e // 2 for p, e in end.items()}, end])
 
     def read_arrow(topic: str, start: dict[int, int], stop: dict[int, int]) -> Any:
