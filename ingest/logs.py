@@ -152,8 +152,12 @@ def json_stderr() -> None:
     pumping.start()
     _WRAPPED.append(pumping)
 
-    def drain() -> None:  # the lines written last reach the real stderr before the process ends
+    def drain() -> None:
+        """The lines written last reach the real stderr before the process ends. File descriptor 2
+        goes back to the real stderr, which closes this process's end of the pipe: the pump then
+        reads to the pipe's end at once, unless a child still holds it (then it gets half a second)."""
         sys.stderr.flush()
+        os.dup2(original.fileno(), 2)
         pumping.join(timeout=0.5)
         original.flush()
 

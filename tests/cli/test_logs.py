@@ -132,3 +132,17 @@ def test_a_commands_error_line_is_an_error_in_json(tmp_path: Path) -> None:
     assert [logs.level_of_line(text) for text in ("24/12/04 03:00:00 WARN TaskSetManager: lost", "ERROR Executor: x",
                                                   "error: no such table", "Ivy resolution report")] == [
         "WARNING", "ERROR", "ERROR", "INFO"]
+
+
+def test_json_lines_reach_stderr_at_the_end_without_waiting_for_the_pipe() -> None:
+    """At the process's end the last lines are drained to the real stderr, and the pump that makes them
+    JSON finishes then, instead of waiting out its timeout for a pipe that this process still held."""
+    code = ("import atexit, sys\n"
+            "from ingest import logs\n"
+            "atexit.register(lambda: print('pump running after the drain:', logs._WRAPPED[0].is_alive()))\n"
+            "logs.json_stderr()\n"
+            "print('the last line', file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "pump running after the drain: False"
+    (line,) = [json.loads(ln) for ln in done.stderr.splitlines() if ln.strip()]
+    assert line["message"] == "the last line"
