@@ -22,6 +22,9 @@ starts until it ends. The counters count what this process did: Prometheus' ``ra
 * ``lag_seconds{table}``: at the table's last commit, its Delta commit time minus the source commit
   time of the newest change it applied;
 * ``last_commit_timestamp_seconds{table}``;
+* ``maintenance_failures_total{work}``: the Delta checkpoints (``checkpoint``) and packs of the
+  remembered deletes' small files (``pack``) done behind the batches that failed in this process;
+  the rows are unaffected, but a lake that keeps refusing them makes reads slower;
 * ``table_state{table,table_state}``: a state set -- running, or stopped and why: ``unavailable``
   (source, registry or lake did not answer; a continuous run tries again), ``quality`` (a
   ``fail``-policy expectation failed), ``schema`` (an incompatible schema change), ``conflict``
@@ -37,9 +40,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ingest.behind import maintenance_failures
 from ingest.errors import (
     CommitConflictError,
     EnvironmentProblem,
@@ -138,6 +142,7 @@ class RunMetrics:
         self.state = Enum("table_state", "Running, or stopped and why.", labels, states=list(STATES),
                           namespace=ns, registry=r)
         r.register(_Lag(self))
+        r.register(_Maintenance())
 
     def track(self, table: str, topic: str, state: TableState) -> None:
         """Report on ``table`` from now on, whose Delta log is at ``state``."""
@@ -250,3 +255,16 @@ class _Lag(Collector):
                                "its end offsets.", value=1 if answered else 0)
         return [records, up]
 
+
+class _Maintenance(Collector):
+    """``maintenance_failures_total{work}``: the process's background checkpoints and packs that failed
+    (:func:`ingest.behind.maintenance_failed`), every kind from 0."""
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        failures = CounterMetricFamily(f"{NAMESPACE}_maintenance_failures", "Maintenance done behind the "
+                                       "batches that failed (the rows are unaffected; the next batch tries "
+                                       "again): Delta checkpoints, packs of the remembered deletes' small files.",
+                                       labels=["work"])
+        for work, count in maintenance_failures().items():
+            failures.add_metric([work], count)
+        return [failures]

@@ -311,8 +311,10 @@ def test_a_small_micro_batch_is_read_and_decoded_by_the_driver_without_a_spark_j
     closed: list[bool] = []
     monkeypatch.setattr(handler.source, "close", lambda: closed.append(True))
     _Counted.jobs = 0
+    left_behind: list[Any] = []
+    monkeypatch.setattr(handler._applier, "submit", lambda *work: left_behind.append(work))
     handler(_Counted(frames[1].parts), 1)
-    assert handler._pending is None and report.tables[TABLE].batches, "applied before the callback returned"
+    assert not left_behind and report.tables[TABLE].batches, "applied before the callback returned"
     handler.settle()
     assert not closed
     handler.close()

@@ -10,16 +10,16 @@ deletes purgeable at once. The table follows the primary key's safe type widenin
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from ingest import secrets
+from ingest.behind import Behind, maintenance_failed
 from ingest.columns import arrow_type, delta_type_name, laid_out
 from ingest.errors import TableError
 from ingest.lake.delta import (
@@ -42,17 +42,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[Any, ...]
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
-#: Packs the tables' remembered deletes behind their batches, one at a time (started with the first).
-_PACKER: ThreadPoolExecutor | None = None
-_PACKER_LOCK = threading.Lock()
-
-
-def _packer() -> ThreadPoolExecutor:
-    global _PACKER
-    with _PACKER_LOCK:
-        if _PACKER is None:
-            _PACKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pack-deletes")
-        return _PACKER
+#: Packs the tables' remembered deletes behind their batches, one at a time.
+_PACKER: Final = Behind("pack-deletes")
 
 
 def key_array(table: str, column: str, values: Sequence[Any], delta_type: str) -> pa.Array:
@@ -99,7 +90,7 @@ class RememberedDeletes:
 
     def _pack_behind(self) -> None:
         self.settle()
-        self._packing = _packer().submit(self._pack)
+        self._packing = _PACKER.submit(self._pack)
 
     def _pack(self) -> None:
         try:
@@ -107,8 +98,8 @@ class RememberedDeletes:
             if self._packed is not None:
                 pack_small_files(self._packed)
         except Exception as exc:  # maintenance: the rows are there either way, and the next record tries again
-            log.warning("table %s: its remembered deletes' small files were not packed (%s); the next batch "
-                        "that deletes tries again", self.table, secrets.describe(exc))
+            maintenance_failed(log, "pack", "table %s: its remembered deletes' small files were not packed (%s); the "
+                               "next batch that deletes tries again", self.table, secrets.describe(exc))
 
     def read(self, key_columns: tuple[str, ...], key_types: Mapping[str, str],
              keys: pa.Table | None = None, *, lookup: KeyLookup = rows_of_keys) -> pa.Table | None:

@@ -7,20 +7,20 @@ micro-batch and the next that is a tenth of a second on every hundredth batch (`
 checkpoint figure). :class:`Checkpoints` lets the commit return first and writes the same
 checkpoint, at the same version, in a background thread. Until it is there a reader replays the JSON
 commits since the one before, as it does between any two checkpoints; a checkpoint that fails is
-logged, and the next is written as usual (delta-rs does not repair a missed one either).
+logged and counted (:func:`~ingest.behind.maintenance_failed`), and the next is written as usual
+(delta-rs does not repair a missed one either).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final
 
 from deltalake import DeltaTable
 from deltalake.transaction import PostCommitHookProperties
 
 from ingest import secrets
+from ingest.behind import Behind, maintenance_failed
 from ingest.lake.location import LakePath
 
 log = logging.getLogger(__name__)
@@ -50,33 +50,22 @@ class Checkpoints:
     """Writes the checkpoints of the commits it is told about, one at a time, in a background thread."""
 
     def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: list[Future[None]] = []
-        self._lock = threading.Lock()
+        self._behind = Behind("delta-checkpoint")
 
     def after_commit(self, table: DeltaTable, where: LakePath) -> None:
         """Write the checkpoint of the commit ``table`` is at, if one is due, after returning."""
-        if not due(table):
-            return
-        version = table.version()
-        with self._lock:
-            if self._pool is None:  # most writers never reach a checkpoint: no thread until one does
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delta-checkpoint")
-            self._pending = [f for f in self._pending if not f.done()]
-            self._pending.append(self._pool.submit(self._write, where, version))
+        if due(table):
+            self._behind.submit(self._write, where, table.version())
 
     @staticmethod
     def _write(where: LakePath, version: int) -> None:
         try:
             write_checkpoint(where, version)
         except Exception as exc:
-            log.warning("lake %s: the Delta checkpoint of version %d was not written (%s); readers replay the "
-                        "log from the checkpoint before, and the next one is written as usual",
-                        where.uri, version, secrets.describe(exc))
+            maintenance_failed(log, "checkpoint", "lake %s: the Delta checkpoint of version %d was not written (%s); "
+                               "readers replay the log from the checkpoint before, and the next one is written "
+                               "as usual", where.uri, version, secrets.describe(exc))
 
     def wait(self) -> None:
         """Return once every checkpoint asked for so far is written (or has failed, and said so)."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
+        self._behind.wait()

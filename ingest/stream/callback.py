@@ -24,7 +24,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -37,6 +37,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from ingest import logs, secrets
 from ingest.apply.batch import BatchResult
 from ingest.apply.journey import apply_batch, placement_for
+from ingest.behind import Behind
 from ingest.commit.state import OpenTables, TableState, load_state
 from ingest.commit.writers import Writers
 from ingest.config import IngestConfig, TableSpec
@@ -138,14 +139,12 @@ class ForEachBatch:
         self.overlap = self.source is not None and not self.on_executors  # they read the micro-batch's frame
         #: this micro-batch's decoded parts as a DataFrame, persisted, while tables read it on the executors
         self._parts_frame: DataFrame | None = None
-        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="apply")
-        self._pending: Future[None] | None = None
+        self._applier = Behind("apply")
         #: The micro-batches' audit rows are appended in the background, while Spark commits the batch
         #: and starts the next one, those of ``target.audit_interval_seconds`` in one commit (each
         #: table's commit already holds its row: ``reconcile`` restores rows a stop loses); the next
         #: batch's apply, :meth:`settle` and :meth:`close` await the appends under way.
-        self._auditor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit")
-        self._audit_pending: list[Future[None]] = []
+        self._auditor = Behind("audit")
         #: rows waiting for their commit, when it is due (``time.monotonic``), and the timer that makes
         #: it when no micro-batch comes by then; the lock keeps the timer and the batches apart
         self._audit_rows: list[AuditRecord] = []
@@ -189,8 +188,7 @@ class ForEachBatch:
                 decode_ms = int((time.perf_counter() - t0) * 1000)
                 self.batches += 1
                 if self.overlap and here is None:
-                    self._pending = self._background.submit(self._apply_all, active, frame, parts, batch_id,
-                                                            decode_ms)
+                    self._applier.submit(self._apply_all, active, frame, parts, batch_id, decode_ms)
                 else:  # a batch the driver read took milliseconds to decode: nothing to overlap (_read_here)
                     self._apply_all(active, frame, parts, batch_id, decode_ms)
             finally:
@@ -295,10 +293,8 @@ class ForEachBatch:
             AllTablesStopped: that batch stopped the query's last table.
             Exception: whatever else that batch failed with (the audit append, say).
         """
-        pending, self._pending = self._pending, None
         try:
-            if pending is not None:
-                pending.result()
+            self._applier.wait()
             self._settle_audit()
         except BaseException as exc:
             self.error = exc
@@ -306,10 +302,7 @@ class ForEachBatch:
 
     def _settle_audit(self) -> None:
         """Wait for the audit appends under way, if any; raises what the first that failed failed with."""
-        with self._audit_lock:
-            pending, self._audit_pending = self._audit_pending, []
-        for future in pending:
-            future.result()
+        self._auditor.wait()
 
     def _audit(self, records: list[AuditRecord]) -> None:
         """Have ``records`` appended to the audit table: now, when the last append is
@@ -337,19 +330,19 @@ class ForEachBatch:
         rows, self._audit_rows = self._audit_rows, []
         self._audit_due = time.monotonic() + self.config.target.audit_interval_seconds
         path = TablePaths.of(self.config, rows[0].table).audit
-        self._audit_pending.append(self._auditor.submit(self.audit.append, path, rows))
+        self._auditor.submit(self.audit.append, path, rows)
 
     def close(self) -> None:
         """Let the background applier and auditor go (after :meth:`settle`, and once the audit rows
         still waiting are appended), the writers' checkpoints, the tables' packing of their remembered
         deletes, the consumer group's committer, and the source's reader."""
-        self._background.shutdown(wait=True)
+        self._applier.close()  # what a batch there failed with reaches the query through settle
         self._flush_audit()
-        self._auditor.shutdown(wait=True)
+        failed = self._auditor.close()
         self.writers.settle()
         for opened in self.opened.values():
             opened.settle()
-        if failed := [exc for f in self._audit_pending if (exc := f.exception()) is not None]:
+        if failed:
             log.warning("the last micro-batches' audit rows were not appended (%s); the next run restores them "
                         "from the tables' Delta logs", secrets.describe(failed[0]))
         if self.group is not None:

@@ -9,6 +9,7 @@ table's state, a source that does not answer, a port already taken.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -29,6 +30,7 @@ from deltalake import DeltaTable, write_deltalake
 from harness.stack.tools import apt_install
 from prometheus_client.parser import text_string_to_metric_families
 
+from ingest.behind import maintenance_failed
 from ingest.commit.state import TableState
 from ingest.config import load_config
 from ingest.errors import EnvironmentProblem, QualityGateError, SourceUnavailableError
@@ -217,6 +219,11 @@ def test_lag_states_and_outcomes_as_a_scrape_shows_them(monkeypatch: pytest.Monk
         assert value(samples, "cdc_ingest_batches_total", table="notes", status="failed") == 1
         metrics.running("notes")
         assert value(scrape(port), "cdc_ingest_table_state", table="notes", cdc_ingest_table_state="running") == 1
+
+        failed = {w: value(samples, "cdc_ingest_maintenance_failures_total", work=w) for w in ("checkpoint", "pack")}
+        assert None not in failed.values()  # every kind from 0 (this process may have failed some already)
+        maintenance_failed(logging.getLogger("test"), "pack", "a pack failed")
+        assert value(scrape(port), "cdc_ingest_maintenance_failures_total", work="pack") == failed["pack"] + 1
 
         catalog.ends = None  # the lag is then not known: no sample, and the source is down
         samples = scrape(port)

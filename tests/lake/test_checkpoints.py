@@ -18,6 +18,7 @@ from deltalake import DeltaTable, write_deltalake
 from harness.latency import checkpoint_versions
 
 from ingest.apply.journey import apply_parts
+from ingest.behind import maintenance_failures
 from ingest.commit.delta_rs import DeltaRsWriter
 from ingest.config import TableSpec
 from ingest.lake import checkpoints
@@ -112,11 +113,13 @@ def test_a_checkpoint_that_fails_is_logged_and_the_commits_go_on(tmp_path, monke
     created = open_table(paths.table)
     assert created is not None
     created.alter.set_table_properties({"delta.checkpointInterval": "2"})
+    counted = maintenance_failures()["checkpoint"]
     with caplog.at_level(logging.WARNING, logger="ingest.lake.checkpoints"):
         versions = [_batch(writer, paths, i) for i in range(1, 4)]
         writer.settle()
     failed = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
     assert failed and all("was not written" in m and "the store refused the write" in m for m in failed), failed
+    assert maintenance_failures()["checkpoint"] == counted + len(failed)  # what --metrics-port shows
     assert versions == [2, 3, 4]
     # the property change's own commit wrote one (delta-rs's hook); the writer's at 3 failed
     assert checkpoint_versions(_local(paths)) == {1}

@@ -10,6 +10,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.table import TableOptimizer
 
+from ingest.behind import maintenance_failures
 from ingest.commit import remembered as remembered_module
 from ingest.commit.remembered import RememberedDeletes, positions
 from ingest.lake.delta import MAINTENANCE_KEY, PACK_AFTER_FILES, pack_small_files, read_all
@@ -126,6 +127,7 @@ def test_a_packing_that_fails_is_a_warning_and_the_deletes_are_kept(tmp_path, mo
     monkeypatch.setattr(remembered_module, "pack_small_files", packing)
     stones = RememberedDeletes(tmp_path / "stones", "t")
     stones.record(("id",), {"id": "long"}, _deletes(1))
+    counted = maintenance_failures()["pack"]
     with caplog.at_level(logging.WARNING, logger=remembered_module.__name__):
         stones.record(("id",), {"id": "long"}, _deletes(2), new_keys_only=True)
         stones.record(("id",), {"id": "long"}, _deletes(3), new_keys_only=True)  # not refused by the failure
@@ -133,4 +135,5 @@ def test_a_packing_that_fails_is_a_warning_and_the_deletes_are_kept(tmp_path, mo
     assert [r.getMessage() for r in caplog.records].count(
         "table t: its remembered deletes' small files were not packed (OSError: the disk went away); the next "
         "batch that deletes tries again") == 2
+    assert maintenance_failures()["pack"] == counted + 2  # what --metrics-port shows
     assert sorted(positions(tmp_path / "stones", ("id",), {"id": "long"}, "t")) == [(1,), (2,), (3,)]
