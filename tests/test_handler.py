@@ -331,6 +331,33 @@ def test_a_small_micro_batch_is_read_and_decoded_by_the_driver_without_a_spark_j
     assert {p: state.applied_offset(spec.topic, p) for p in end} == {p: e - 1 for p, e in end.items()}
 
 
+def test_the_offsets_log_is_read_once_per_micro_batch(tmp_path, monkeypatch):
+    """Where a micro-batch starts is where the one before ends: read for that one, it is not read again
+    (on an object store each is a request between micro-batches)."""
+    import ingest.stream.callback
+
+    config, report, handler = _checkpointed(tmp_path)
+    spec = config.tables[0]
+    frames, end = _frames(config, handler, pieces=3)
+    _offsets_log(tmp_path / "checkpoint", spec.topic,
+                 [{p: e * i // 3 for p, e in end.items()} for i in (1, 2, 3)])
+    read: list[int] = []
+    real = ingest.stream.callback.checkpoints.batch_offsets
+
+    def batch_offsets(directory: Any, batch: int, topics: Any) -> Any:
+        read.append(batch)
+        return real(directory, batch, topics)
+
+    monkeypatch.setattr(ingest.stream.callback.checkpoints, "batch_offsets", batch_offsets)
+    handler(_Counted(frames[1].parts), 1)
+    handler(_Counted(frames[2].parts), 2)
+    handler.settle()
+    handler.close()
+    assert read == [0, 1, 2]
+    assert [r.received for r in report.tables[TABLE].batches] == \
+        [sum(e * (i + 1) // 3 - e * i // 3 for e in end.values()) for i in (1, 2)]
+
+
 def test_a_batchs_audit_rows_are_appended_after_the_callback_returns_and_awaited_before_the_next(tmp_path,
                                                                                                   monkeypatch, caplog):
     """The audit append is off the path between micro-batches: the callback of a batch the driver read

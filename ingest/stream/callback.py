@@ -89,6 +89,8 @@ class ForEachBatch:
         self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
         #: the query's checkpoint, whose offsets log says where a micro-batch starts and ends (:meth:`_read_here`)
         self.checkpoint = checkpoint
+        #: the last micro-batch whose offsets were read there, and where it ends (where the next starts)
+        self._last_end: tuple[int, dict[str, dict[int, int]]] | None = None
         #: the audit table, kept open from one micro-batch's append to the next
         self.audit = audit.AuditLog()
         self.metrics = metrics
@@ -411,10 +413,13 @@ class ForEachBatch:
         if self.source is None or self.checkpoint is None or batch_id == 0:
             return None
         topics = list(self.specs_by_topic)  # the tables' and the transaction topic
-        start = checkpoints.batch_offsets(self.checkpoint, batch_id - 1, topics)
+        last, self._last_end = self._last_end, None
+        start = last[1] if last is not None and last[0] == batch_id - 1 else \
+            checkpoints.batch_offsets(self.checkpoint, batch_id - 1, topics)
         end = checkpoints.batch_offsets(self.checkpoint, batch_id, topics) if start is not None else None
         if start is None or end is None:
             return None
+        self._last_end = batch_id, end  # where the next batch starts (an object store's read saved)
         spans = batch_spans(start, end)
         if sum(stop - begin for _, _, begin, stop in spans) >= MIN_PIECE:
             return None
