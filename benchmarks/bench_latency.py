@@ -219,6 +219,8 @@ class RateResult:
     #: every garbage-collection pause in the window of the stack's Kafka and Connect (``None``: the
     #: server keeps no log of them, :mod:`harness.stack.gclog`)
     stack_pauses: dict[str, Pauses | None] = field(default_factory=dict)
+    #: the machine's CPU in the window: the share of the cores' time busy, and stolen by the hypervisor
+    cpu: tuple[float, float] | None = None
 
     @property
     def fresh(self) -> bool:
@@ -357,7 +359,7 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         batch_ends=first_and_last(totals),
         copied_ends=first_and_last([copied_rows(b) for b in sorted(in_time, key=lambda b: b["finished_at"])]),
         stages={stage: statistics.median(v) if v else None for stage, v in stages.items()},
-        tail=slowest_stages(stages), spark_steps=step_means(*steps.taken()),
+        tail=slowest_stages(stages), spark_steps=step_means(*steps.taken()), cpu=steps.cpu_window(),
         full_collections=collections(probe, start_at + args.warmup, start_at + duration),
         stack_pauses={server: pauses(stack.component(server).dir,  # type: ignore[attr-defined]
                                      start_at + args.warmup, start_at + duration) for server in STACK_JVMS})
@@ -405,18 +407,39 @@ def step_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[fl
     return out
 
 
+def cpu_ticks(text: str) -> tuple[int, int, int]:
+    """The machine's CPU time since boot from ``/proc/stat``'s text, in ticks: all of it, the busy part
+    (everything but idle and I/O wait), and the part the hypervisor gave to other machines (steal)."""
+    fields = [int(v) for v in text.splitlines()[0].split()[1:9]]
+    total = sum(fields)
+    return total, total - fields[3] - fields[4], fields[7]
+
+
+def cpu_shares(before: tuple[int, int, int], after: tuple[int, int, int]) -> tuple[float, float] | None:
+    """Between two :func:`cpu_ticks`: the share of the cores' time that was busy, and the share stolen
+    (``None``: no time passed). A window with much stolen time ran beside another machine's work."""
+    total = after[0] - before[0]
+    if total <= 0:
+        return None
+    return (after[1] - before[1]) / total, (after[2] - before[2]) / total
+
+
 class StepScrapes:
-    """The engine's micro-batch steps scraped at two moments, in a thread (the load runs meanwhile)."""
+    """The engine's micro-batch steps scraped at two moments, in a thread (the load runs meanwhile), and
+    the machine's CPU time at each (:func:`cpu_ticks`)."""
 
     def __init__(self, port: int, moments: tuple[float, float]) -> None:
         self.port, self.moments = port, moments
         self.scrapes: list[dict[str, tuple[float, float]]] = []
+        self.cpu: list[tuple[int, int, int]] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         for moment in self.moments:
             time.sleep(max(0.0, moment - time.time()))
+            with open("/proc/stat") as stat:
+                self.cpu.append(cpu_ticks(stat.read()))
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as answer:
                     self.scrapes.append(step_totals(answer.read().decode()))
@@ -428,6 +451,11 @@ class StepScrapes:
         """The two scrapes (empty ones if a scrape failed)."""
         self._thread.join()
         return (self.scrapes[0], self.scrapes[1]) if len(self.scrapes) == 2 else ({}, {})
+
+    def cpu_window(self) -> tuple[float, float] | None:
+        """:func:`cpu_shares` between the two moments."""
+        self._thread.join()
+        return cpu_shares(self.cpu[0], self.cpu[1]) if len(self.cpu) == 2 else None
 
 
 def first_and_last(times: list[float], share: float = 0.1) -> tuple[float, float] | None:
@@ -604,7 +632,8 @@ def main() -> None:
                   "triggerExecution: the whole)", SPARK_STEPS)
     pauses = table("Garbage collections in the window (each pauses its process): count per second, mean time, "
                    "and the share of the window they took (per process); the engine's full collections, and every "
-                   "collection of the stack's Kafka and Connect", ("driver", "Python workers", "Kafka", "Connect"))
+                   "collection of the stack's Kafka and Connect; and the machine's CPU, busy / stolen by the "
+                   "hypervisor", ("driver", "Python workers", "Kafka", "Connect", "CPU"))
     figures = []
     for r in results:
         name = f"{r.tables}, {r.target:,.0f}/s, " + (f"poll {r.poll_ms} ms, " if several["poll"] else "") + \
@@ -629,7 +658,8 @@ def main() -> None:
         stages.add_row(*key(r), "slowest 5 %", *(_s(r.tail[stage]) for stage in STAGES), end_section=True)
         spark.add_row(*key(r), *(_s(r.spark_steps.get(step)) for step in SPARK_STEPS))
         pauses.add_row(*key(r), *(_pauses(r.full_collections.get(kind), args.measure) for kind in ("driver", "worker")),
-                       *(_stack_pauses(r.stack_pauses.get(server), args.measure) for server in STACK_JVMS))
+                       *(_stack_pauses(r.stack_pauses.get(server), args.measure) for server in STACK_JVMS),
+                       "-" if r.cpu is None else f"{r.cpu[0]:.0%} / {r.cpu[1]:.1%}")
         figures += [Figure(f"{name}: achieved source rate", round(r.achieved), "/s"),
                     *(Figure(f"{name}: latency {p}", None if v is None else round(v / 1000, 2), "s")
                       for p, v in (("p50", r.p50), ("p95", r.p95), ("p99", r.p99))),
@@ -663,6 +693,8 @@ def main() -> None:
                     *(Figure(f"{name}: garbage collections of the stack's {label}",
                              _stack_pauses(r.stack_pauses.get(server), args.measure))
                       for server, label in zip(STACK_JVMS, ("Kafka", "Connect"), strict=True)),
+                    Figure(f"{name}: the machine's CPU in the window: busy / stolen by the hypervisor",
+                           None if r.cpu is None else f"{r.cpu[0]:.0%} / {r.cpu[1]:.1%}"),
                     Figure(f"{name}: caught up after the load", r.caught_up)]
     for out in (latency, batches, stages, spark, pauses):
         console.print(out)

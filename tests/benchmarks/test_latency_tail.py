@@ -146,3 +146,13 @@ def test_rows_copied_are_read_from_either_writers_merge_metrics() -> None:
     assert bench_latency.copied_rows({"merge_metrics": '{"numTargetRowsCopied": 12}'}) == 12  # delta-spark's
     assert bench_latency.copied_rows({"merge_metrics": '{"num_target_rows_inserted": 5}'}) == 0  # an append
     assert bench_latency.copied_rows({"merge_metrics": None}) == 0
+
+
+def test_the_machines_cpu_in_the_window_is_taken_from_two_readings_of_proc_stat() -> None:
+    # user nice system idle iowait irq softirq steal (guest fields follow and are in user already)
+    before = bench_latency.cpu_ticks("cpu  1000 0 500 8000 100 0 50 10 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    after = bench_latency.cpu_ticks("cpu  1600 0 800 8300 100 0 100 110 0 0\n")
+    assert before == (9660, 1560, 10)
+    # 1,350 ticks in all: 300 idle, the rest busy, 100 of those stolen
+    assert bench_latency.cpu_shares(before, after) == (1050 / 1350, 100 / 1350)
+    assert bench_latency.cpu_shares(after, after) is None
