@@ -59,3 +59,21 @@ def test_a_wait_for_some_slots_does_not_wait_for_a_paused_connectors_slot(stack:
         everything = wait_for_capture(pg_dsn, timeout=5)
         assert not everything.ok and "pgjson_slot" in (everything.problem or ""), everything.problem
     assert wait_for_capture(pg_dsn, timeout=120).ok  # resumed, it catches up
+
+
+def test_bringing_the_stack_up_resumes_a_connector_a_killed_process_left_paused(stack: Any) -> None:
+    # A benchmark killed inside connectors_paused never resumes its other connector; the next `stack up`
+    # found it PAUSED and waited three minutes for it to run, then failed.
+    connect = stack._connect()
+    connect.pause("pgjson")
+    try:
+        for _ in range(60):  # the pause reaches the connector asynchronously
+            if stack.connector_status("pgjson")["connector"]["state"] == "PAUSED":
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"pgjson did not pause: {stack.connector_status('pgjson')}")
+        stack.up(["connect"])
+        assert stack.connector_status("pgjson")["connector"]["state"] == "RUNNING"
+    finally:
+        connect.resume("pgjson")  # for the tests after this one, whatever happened

@@ -184,6 +184,9 @@ class Connect(Component):
     def after_start(self) -> None:
         for name in self.settings.connectors:
             self.register(name, self.connector_template(name))
+            # one left paused by a process that was killed inside connectors_paused (a benchmark's
+            # other-format connector) stays paused across restarts: an up stack runs them all
+            self.resume(name)
         self.wait_running(list(self.settings.connectors), self.settings.timeout or self.start_timeout)
 
     def ready(self) -> bool:
