@@ -23,7 +23,8 @@ starts until it ends. The counters count what this process did: Prometheus' ``ra
   time of the newest change it applied;
 * ``last_commit_timestamp_seconds{table}``;
 * ``maintenance_failures_total{work}``: the Delta checkpoints (``checkpoint``) and packs of the
-  remembered deletes' small files (``pack``) done behind the batches that failed in this process;
+  side tables' small files (``pack``: remembered deletes, moves) done behind the batches that failed
+  in this process;
   the rows are unaffected, but a lake that keeps refusing them makes reads slower;
 * ``table_state{table,table_state}``: a state set -- running, or stopped and why: ``unavailable``
   (source, registry or lake did not answer; a continuous run tries again), ``quality`` (a
@@ -263,7 +264,7 @@ class _Maintenance(Collector):
     def collect(self) -> Iterable[CounterMetricFamily]:
         failures = CounterMetricFamily(f"{NAMESPACE}_maintenance_failures", "Maintenance done behind the "
                                        "batches that failed (the rows are unaffected; the next batch tries "
-                                       "again): Delta checkpoints, packs of the remembered deletes' small files.",
+                                       "again): Delta checkpoints, packs of the side tables' small files.",
                                        labels=["work"])
         for work, count in maintenance_failures().items():
             failures.add_metric([work], count)

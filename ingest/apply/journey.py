@@ -149,7 +149,7 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
             changes = placement.nulls_as_unchanged(changes, key_columns, schema.columns)
         if key_columns and facts.moved:  # primary-key moves: unchanged values from the old key's row
             changes = fill_moves(spec, placement, changes, key_columns, schema.columns, state, writer, paths.table,
-                                 paths.moves)
+                                 opened.moves)
         suspects = None
         if key_columns and facts.incremental and not replay:
             changes, suspects = find_suspect_reads(spec, placement, changes, key_columns, schema.columns, state,

@@ -4,7 +4,8 @@ The rule is :mod:`ingest.rules.moved`; here its inputs are read where they are: 
 of the old keys (through the placement, so only those come to the driver), the table's stored rows
 or versions of them (through the writer's lookup) and, for a table whose deletes remove rows
 (``delete_mode: hard``, current rows only), the *moves table* ``_cdc_moves/<table>``: for each
-delete of a move, the old key, the delete's position and the row it removed (an Arrow IPC image).
+delete of a move, the old key, the delete's position and the row it removed (an Arrow IPC image). It
+is a :class:`~ingest.lake.side.SideTable`: a stream keeps it open and packs it behind its batches.
 A soft delete or an scd2 version keeps those values in the table itself; a hard delete would lose
 them when the new key's create comes in a later batch, so the step records them before the commit,
 idempotently (a replay finds them there).
@@ -25,9 +26,10 @@ from ingest.commit.state import TableState
 from ingest.commit.writer import Writer
 from ingest.config import TableSpec
 from ingest.decode.parts import read_parts, write_parts
-from ingest.lake.delta import open_table, pack_small_files, quote, table_schema, utc_literal, write_table
+from ingest.lake.delta import open_table, quote, table_schema, utc_literal, write_table
 from ingest.lake.location import LakePath
 from ingest.lake.lookup import rows_of_keys
+from ingest.lake.side import SideTable
 from ingest.model import ColumnSpec
 from ingest.rules.moved import (
     HISTORY_COLUMNS,
@@ -49,7 +51,7 @@ MOVES_SCHEMA = pa.schema([("old_key", pa.string()), ("position", pa.string()), (
 
 def fill_moves(spec: TableSpec, placement: Placement[Any], changes: Any, key_columns: tuple[str, ...],
                columns: list[ColumnSpec], state: TableState, writer: Writer, table_path: LakePath,
-               moves_path: LakePath) -> Any:
+               moves: SideTable) -> Any:
     """``changes`` with moved rows' unchanged values filled from their old keys' rows; in hard-delete
     mode the rows the batch's move deletes remove are recorded."""
     found = placement.moved(changes)
@@ -75,10 +77,10 @@ def fill_moves(spec: TableSpec, placement: Placement[Any], changes: Any, key_col
     if state.table is not None:
         history = merged(history, _stored(spec, state, writer, table_path, key_columns, olds, wanted))
     if records:
-        history = merged(history, _recorded(moves_path, olds, key_columns))
+        history = merged(history, _recorded(moves, olds, key_columns))
     filled, count = fill_moved(creates, history, key_columns, key_types)
     if deletes.num_rows:
-        _record(moves_path, deletes, history, key_columns)
+        _record(moves, deletes, history, key_columns)
     return placement.replaced(changes, filled) if count else changes
 
 
@@ -96,9 +98,9 @@ def _stored(spec: TableSpec, state: TableState, writer: Writer, table_path: Lake
     return stored_events(stored, key_columns, [c for c in wanted if c in names], history=scd2)
 
 
-def _recorded(path: LakePath, olds: pa.Table, key_columns: tuple[str, ...]) -> Histories:
+def _recorded(moves: SideTable, olds: pa.Table, key_columns: tuple[str, ...]) -> Histories:
     """The rows earlier move deletes of the old keys removed, each with its delete, as events."""
-    table = open_table(path)
+    table = moves.latest()
     if table is None:
         return {}
     texts = {key_text(tuple(r[k] for k in key_columns)): tuple(r[k] for k in key_columns) for r in olds.to_pylist()}
@@ -112,7 +114,7 @@ def _recorded(path: LakePath, olds: pa.Table, key_columns: tuple[str, ...]) -> H
     return out
 
 
-def _record(path: LakePath, deletes: pa.Table, history: Histories, key_columns: tuple[str, ...]) -> None:
+def _record(moves: SideTable, deletes: pa.Table, history: Histories, key_columns: tuple[str, ...]) -> None:
     """Record, for each move delete whose row is known, the row it removes (idempotently)."""
     out = []
     for row in deletes.to_pylist():
@@ -128,13 +130,14 @@ def _record(path: LakePath, deletes: pa.Table, history: Histories, key_columns: 
     if not out:
         return
     source = pa.Table.from_pylist(out, schema=MOVES_SCHEMA)
-    table = open_table(path)
+    moves.settle()  # two writers of one table would conflict: the packing behind the last record first
+    table = moves.latest()
     if table is None:
-        write_table(path, source, mode="append")
+        write_table(moves.path, source, mode="append")
         return
     on = " AND ".join(f"t.{quote(c)} = s.{quote(c)}" for c in ("old_key", "position"))
     DeltaTable.merge(table, source, on, source_alias="s", target_alias="t").when_not_matched_insert_all().execute()
-    pack_small_files(table)
+    moves.wrote()
 
 
 def purge_moves(path: LakePath, older_than: datetime) -> int:

@@ -9,23 +9,17 @@ deletes purgeable at once. The table follows the primary key's safe type widenin
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from ingest import secrets
-from ingest.behind import Behind, maintenance_failed
 from ingest.columns import arrow_type, delta_type_name, laid_out
 from ingest.errors import TableError
 from ingest.lake.delta import (
-    latest_table,
     open_table,
-    pack_small_files,
     query,
     quote,
     read_all,
@@ -35,15 +29,12 @@ from ingest.lake.delta import (
 )
 from ingest.lake.location import Location
 from ingest.lake.lookup import KeyLookup, rows_of_keys
+from ingest.lake.side import SideTable
 from ingest.rules.ordering import later_than_stored_sql
 from ingest.rules.schema import holds
 
-log = logging.getLogger(__name__)
-
 Key = tuple[Any, ...]
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
-#: Packs the tables' remembered deletes behind their batches, one at a time.
-_PACKER: Final = Behind("pack-deletes")
 
 
 def key_array(table: str, column: str, values: Sequence[Any], delta_type: str) -> pa.Array:
@@ -56,50 +47,22 @@ def key_array(table: str, column: str, values: Sequence[Any], delta_type: str) -
 
 
 class RememberedDeletes:
-    """One table's remembered deletes, opened once and brought up to date before each use.
-
-    A stream keeps one per table for as long as it runs (it holds the table's lease, so nothing
-    else replaces the table meanwhile): opening a Delta table replays its log, which grows by a
-    commit with every batch that deletes; bringing an open one up to date reads only the new commits.
-
-    The small file each record adds is packed (:func:`~ingest.lake.delta.pack_small_files`) behind
-    the batch, in a background thread with a handle of its own, while the batch commits its table and
-    the next one is read and planned: on every sixteenth or so batch that deletes, the packing took
-    about a quarter of the batch's time on two cores. Reading meanwhile is safe (packing changes no
-    row); the next write waits for it (:meth:`settle`), and so does whoever ends the run.
-    """
+    """One table's remembered deletes: a :class:`~ingest.lake.side.SideTable`, kept open by a stream
+    for as long as it runs, and packed behind each record."""
 
     def __init__(self, path: Location, table: str) -> None:
         self.path = path
         self.table = table
-        self._delta: DeltaTable | None = None
-        self._packed: DeltaTable | None = None  # the background packing's own handle
-        self._packing: Future[None] | None = None
+        self._side = SideTable(path, table, "remembered deletes")
 
     def open(self, key_types: Mapping[str, str]) -> DeltaTable | None:
         """The tombstone table at its latest version, its key columns widened to ``key_types``
         (``None``: none yet)."""
-        self._delta = _aligned(latest_table(self.path, self._delta), key_types, self.table, before_write=self.settle)
-        return self._delta
+        return _aligned(self._side.latest(), key_types, self.table, before_write=self.settle)
 
     def settle(self) -> None:
         """Return once the packing behind the last record is done (one that failed has said so)."""
-        packing, self._packing = self._packing, None
-        if packing is not None:
-            packing.result()
-
-    def _pack_behind(self) -> None:
-        self.settle()
-        self._packing = _PACKER.submit(self._pack)
-
-    def _pack(self) -> None:
-        try:
-            self._packed = latest_table(self.path, self._packed)
-            if self._packed is not None:
-                pack_small_files(self._packed)
-        except Exception as exc:  # maintenance: the rows are there either way, and the next record tries again
-            maintenance_failed(log, "pack", "table %s: its remembered deletes' small files were not packed (%s); the "
-                               "next batch that deletes tries again", self.table, secrets.describe(exc))
+        self._side.settle()
 
     def read(self, key_columns: tuple[str, ...], key_types: Mapping[str, str],
              keys: pa.Table | None = None, *, lookup: KeyLookup = rows_of_keys) -> pa.Table | None:
@@ -149,8 +112,7 @@ class RememberedDeletes:
         schema = table_schema(delta)
         if new_keys_only and set(source.column_names) == set(schema.names):
             write_deltalake(delta, laid_out(source, schema), mode="append")
-            delta.update_incremental()
-            self._pack_behind()
+            self._side.wrote()
             return
         on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in key_columns)
         # merge_schema: tombstone tables written before _cdc_recorded_at existed take the column on.
@@ -158,13 +120,13 @@ class RememberedDeletes:
          .when_matched_update_all(later_than_stored_sql("s._cdc_position", "t._cdc_position"))
          .when_not_matched_insert_all()
          .execute())
-        self._pack_behind()
+        self._side.wrote()
 
     def pack(self) -> None:
         """Bin-pack the small files that the batches' deletes add (:func:`~ingest.lake.delta.pack_small_files`),
         behind a MERGE of them that another writer (delta-spark's) made: each such MERGE writes one,
         and every batch reads them all. That writer calls :meth:`settle` before its MERGE."""
-        self._pack_behind()
+        self._side.wrote()
 
 
 def positions(path: Location, key_columns: tuple[str, ...], key_types: Mapping[str, str], table: str) -> dict[Key, str]:

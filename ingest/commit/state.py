@@ -23,6 +23,7 @@ from ingest.columns import FRAMEWORK_NAMES, delta_type_name
 from ingest.commit.remembered import RememberedDeletes
 from ingest.lake.delta import has_deletion_vectors, latest_table, table_schema
 from ingest.lake.location import Location
+from ingest.lake.side import SideTable
 from ingest.model import ColumnSpec, SourceMark
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ class OpenTables:
         self.path = paths.table
         self.target: DeltaTable | None = None
         self.tombstones = RememberedDeletes(paths.tombstones, table)
+        self.moves = SideTable(paths.moves, table, "moves")
         self._known: NewestCommit | None = None
 
     def state(self) -> TableState:
@@ -146,9 +148,10 @@ class OpenTables:
         return state
 
     def settle(self) -> None:
-        """Return once the work left behind the table's last batch is done (the packing of its
-        remembered deletes: :class:`~ingest.commit.remembered.RememberedDeletes`)."""
+        """Return once the work left behind the table's last batch is done (the packing of its side
+        tables: :class:`~ingest.lake.side.SideTable`)."""
         self.tombstones.settle()
+        self.moves.settle()
 
 
 @dataclass(frozen=True, slots=True)

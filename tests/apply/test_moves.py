@@ -207,3 +207,47 @@ def test_the_moves_of_many_batches_stay_in_few_files(tmp_path: Any) -> None:
     assert len(moves.file_uris()) <= PACK_AFTER_FILES < batches
     assert sorted(r["old_key"] for r in read_all(moves).to_pylist()) == sorted(f"[{i}]" for i in range(1, batches + 1))
     assert {k: (r["v"], r["note"]) for k, r in table_rows(paths, spec).items()} == {batches + 1: (batches, NOTE[1])}
+
+
+def test_a_stream_keeps_the_moves_table_open_and_packs_it_behind_its_batches(tmp_path: Any, monkeypatch: Any) -> None:
+    """Batches that share the stream's handles open the moves table once, bring it up to date after,
+    and leave its packing to the background thread."""
+    import threading
+
+    from ingest.commit.state import OpenTables
+    from ingest.lake import delta as delta_module
+    from ingest.lake import side as side_module
+    from ingest.lake.location import LakePath
+
+    spec, topic, paths = SPECS["hard"], Topic(), paths_in(tmp_path)
+    opened = OpenTables(paths, spec.name)
+    moves_opened, packed_on = [], []
+    real_open, real_pack = delta_module.open_table, side_module.pack_small_files
+
+    def counting_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if LakePath.of(path).uri == paths.moves.uri:
+            moves_opened.append(path)
+        return real_open(path, *args, **kwargs)
+
+    def noting_pack(table: Any, **kwargs: Any) -> int:
+        packed_on.append(threading.current_thread().name)
+        return real_pack(table, **kwargs)
+
+    monkeypatch.setattr(delta_module, "open_table", counting_open)
+    monkeypatch.setattr(side_module, "pack_small_files", noting_pack)
+    topic.send(key(1), pg("c", {"id": 1, "v": 0, "note": NOTE[1]}, lsn=10))
+    ingest_batch(spec, paths, topic, topic.messages[:], batch_id=0, opened=opened)
+    batches, opens = 5, []
+    for i in range(1, batches + 1):  # batch i moves key i to key i + 1
+        start = len(topic.messages)
+        move(topic, i, i + 1, {"v": i, "note": PLACEHOLDER}, lsn=10 + 10 * i)
+        ingest_batch(spec, paths, topic, topic.messages[start:], batch_id=i, opened=opened)
+        opened.settle()
+        opens.append(len(moves_opened))
+    # The first batch with moves finds no table (twice) and creates it; the second opens it, and so
+    # does the packing's own handle behind it. From then on both are brought up to date.
+    assert opens[1] == opens[-1] <= 4
+    assert packed_on and all(name.startswith("pack-side-tables") for name in packed_on)
+    recorded = sorted(r["old_key"] for r in read_all(open_table(paths.moves)).to_pylist())
+    assert recorded == [f"[{i}]" for i in range(1, batches + 1)]
+    assert {k: (r["v"], r["note"]) for k, r in table_rows(paths, spec).items()} == {batches + 1: (batches, NOTE[1])}

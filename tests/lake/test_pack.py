@@ -11,8 +11,8 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.table import TableOptimizer
 
 from ingest.behind import maintenance_failures
-from ingest.commit import remembered as remembered_module
 from ingest.commit.remembered import RememberedDeletes, positions
+from ingest.lake import side as side_module
 from ingest.lake.delta import MAINTENANCE_KEY, PACK_AFTER_FILES, pack_small_files, read_all
 
 
@@ -99,7 +99,7 @@ class _HeldPacking:
 
 def test_a_record_returns_before_its_packing_and_the_next_record_waits_for_it(tmp_path, monkeypatch):
     packing = _HeldPacking()
-    monkeypatch.setattr(remembered_module, "pack_small_files", packing)
+    monkeypatch.setattr(side_module, "pack_small_files", packing)
     stones = RememberedDeletes(tmp_path / "stones", "t")
     stones.record(("id",), {"id": "long"}, _deletes(1))  # creates the table: nothing to pack
     stones.record(("id",), {"id": "long"}, _deletes(2), new_keys_only=True)
@@ -124,16 +124,16 @@ def test_a_record_returns_before_its_packing_and_the_next_record_waits_for_it(tm
 def test_a_packing_that_fails_is_a_warning_and_the_deletes_are_kept(tmp_path, monkeypatch, caplog):
     packing = _HeldPacking(fail=OSError("the disk went away"))
     packing.released.set()
-    monkeypatch.setattr(remembered_module, "pack_small_files", packing)
+    monkeypatch.setattr(side_module, "pack_small_files", packing)
     stones = RememberedDeletes(tmp_path / "stones", "t")
     stones.record(("id",), {"id": "long"}, _deletes(1))
     counted = maintenance_failures()["pack"]
-    with caplog.at_level(logging.WARNING, logger=remembered_module.__name__):
+    with caplog.at_level(logging.WARNING, logger=side_module.__name__):
         stones.record(("id",), {"id": "long"}, _deletes(2), new_keys_only=True)
         stones.record(("id",), {"id": "long"}, _deletes(3), new_keys_only=True)  # not refused by the failure
         stones.settle()
     assert [r.getMessage() for r in caplog.records].count(
         "table t: its remembered deletes' small files were not packed (OSError: the disk went away); the next "
-        "batch that deletes tries again") == 2
+        "batch that writes them tries again") == 2
     assert maintenance_failures()["pack"] == counted + 2  # what --metrics-port shows
     assert sorted(positions(tmp_path / "stones", ("id",), {"id": "long"}, "t")) == [(1,), (2,), (3,)]
