@@ -87,6 +87,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from harness.cpu import cpu_shares, cpu_ticks
 from harness.latency import (
     STAGES,
     CommitIndex,
@@ -407,23 +408,6 @@ def step_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[fl
     return out
 
 
-def cpu_ticks(text: str) -> tuple[int, int, int]:
-    """The machine's CPU time since boot from ``/proc/stat``'s text, in ticks: all of it, the busy part
-    (everything but idle and I/O wait), and the part the hypervisor gave to other machines (steal)."""
-    fields = [int(v) for v in text.splitlines()[0].split()[1:9]]
-    total = sum(fields)
-    return total, total - fields[3] - fields[4], fields[7]
-
-
-def cpu_shares(before: tuple[int, int, int], after: tuple[int, int, int]) -> tuple[float, float] | None:
-    """Between two :func:`cpu_ticks`: the share of the cores' time that was busy, and the share stolen
-    (``None``: no time passed). A window with much stolen time ran beside another machine's work."""
-    total = after[0] - before[0]
-    if total <= 0:
-        return None
-    return (after[1] - before[1]) / total, (after[2] - before[2]) / total
-
-
 class StepScrapes:
     """The engine's micro-batch steps scraped at two moments, in a thread (the load runs meanwhile), and
     the machine's CPU time at each (:func:`cpu_ticks`)."""
@@ -438,8 +422,7 @@ class StepScrapes:
     def _run(self) -> None:
         for moment in self.moments:
             time.sleep(max(0.0, moment - time.time()))
-            with open("/proc/stat") as stat:
-                self.cpu.append(cpu_ticks(stat.read()))
+            self.cpu.append(cpu_ticks())
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as answer:
                     self.scrapes.append(step_totals(answer.read().decode()))

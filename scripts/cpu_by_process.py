@@ -25,10 +25,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.cpu import TICKS, busy_seconds
 from rich.console import Console
 from rich.table import Table
 
-TICKS = os.sysconf("SC_CLK_TCK")
 #: Java main classes (or jar names) of the servers and of Spark's driver, by kind.
 JAVA_KINDS = (("SparkSubmit", "Spark driver JVM"), ("kafka.Kafka", "Kafka broker"),
               ("ConnectDistributed", "Kafka Connect"), ("quarkus", "schema registry"), ("apicurio", "schema registry"))
@@ -110,13 +110,6 @@ def _argv(pid: str) -> tuple[str, ...]:
         return tuple(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
 
 
-def _busy() -> float:
-    """The machine's busy CPU seconds since boot (everything but idle and iowait)."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / TICKS
-
-
 class Sampler:
     def __init__(self) -> None:
         self.seen: dict[tuple[int, int], Seen] = {}
@@ -168,12 +161,12 @@ def main() -> int:
         parser.error("no command given (put it after --)")
     sampler = Sampler()
     sampler.sample(first=True)
-    busy, started = _busy(), time.monotonic()
+    busy, started = busy_seconds(), time.monotonic()
     child = subprocess.Popen(command)
     while child.poll() is None:
         time.sleep(args.interval)
         sampler.sample()
-    wall, busy = time.monotonic() - started, _busy() - busy
+    wall, busy = time.monotonic() - started, busy_seconds() - busy
     totals = sampler.by_kind()
     sampled = sum(totals.values())
     table = Table(title=f"CPU by kind of process: {' '.join(command)} (exit {child.returncode})")

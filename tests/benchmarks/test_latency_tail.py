@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from harness.cpu import busy_seconds, cpu_shares, cpu_ticks
 from harness.latency import CommitIndex, compaction_times
 
 from ingest.commit.state import BATCH_KEY
@@ -150,9 +151,11 @@ def test_rows_copied_are_read_from_either_writers_merge_metrics() -> None:
 
 def test_the_machines_cpu_in_the_window_is_taken_from_two_readings_of_proc_stat() -> None:
     # user nice system idle iowait irq softirq steal (guest fields follow and are in user already)
-    before = bench_latency.cpu_ticks("cpu  1000 0 500 8000 100 0 50 10 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
-    after = bench_latency.cpu_ticks("cpu  1600 0 800 8300 100 0 100 110 0 0\n")
+    before = cpu_ticks("cpu  1000 0 500 8000 100 0 50 10 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    after = cpu_ticks("cpu  1600 0 800 8300 100 0 100 110 0 0\n")
     assert before == (9660, 1560, 10)
     # 1,350 ticks in all: 300 idle, the rest busy, 100 of those stolen
-    assert bench_latency.cpu_shares(before, after) == (1050 / 1350, 100 / 1350)
-    assert bench_latency.cpu_shares(after, after) is None
+    assert cpu_shares(before, after) == (1050 / 1350, 100 / 1350)
+    assert cpu_shares(after, after) is None
+    total, busy, steal = cpu_ticks()  # this machine's, now
+    assert 0 <= steal <= busy <= total and busy_seconds() >= 0
