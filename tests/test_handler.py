@@ -372,14 +372,14 @@ def test_a_batchs_audit_rows_are_appended_after_the_callback_returns_and_awaited
     spec = config.tables[0]
     frames, end = _frames(config, handler)
     _offsets_log(tmp_path / "checkpoint", spec.topic, [{p: e // 2 for p, e in end.items()}, end])
-    appending, release, events = threading.Event(), threading.Event(), []
+    appending, release, failing, events = threading.Event(), threading.Event(), threading.Event(), []
     real_append = audit.AuditLog.append
 
     def append(self: Any, path: Any, records: list[Any]) -> None:
         events.append(f"append {[r.batch_id for r in records]}")
         appending.set()
         assert release.wait(30)
-        if tmp_path.joinpath("fail").exists():
+        if failing.is_set():
             raise OSError("audit table: disk full")
         real_append(self, path, records)
         events.append("appended")
@@ -401,13 +401,14 @@ def test_a_batchs_audit_rows_are_appended_after_the_callback_returns_and_awaited
     config, report, handler = _checkpointed(tmp_path / "second")
     frames, end = _frames(config, handler)
     _offsets_log(tmp_path / "second" / "checkpoint", spec.topic, [{p: e // 2 for p, e in end.items()}, end])
-    tmp_path.joinpath("fail").touch()
+    failing.set()
     handler(_Counted(frames[1].parts), 1)
     with pytest.raises(OSError, match="disk full"):
         handler.settle()
     assert isinstance(handler.error, OSError)
     handler.close()
-    # Closed without a settle: a warning, and the next run's reconcile restores the rows.
+    # Closed without a settle (the appends still fail): a warning, and the next run's reconcile restores the rows.
+    assert failing.is_set()
     config, report, handler = _checkpointed(tmp_path / "third")
     frames, end = _frames(config, handler)
     _offsets_log(tmp_path / "third" / "checkpoint", spec.topic, [{p: e // 2 for p, e in end.items()}, end])
