@@ -2,10 +2,10 @@
 
 Four things run this way: the Delta checkpoint a commit reached (:mod:`ingest.lake.checkpoints`), the
 packing of the small files the side tables gained (the remembered deletes and the moves:
-:mod:`ingest.lake.side`), and, in :mod:`ingest.stream.callback`, the micro-batches' audit rows and
-the apply of a micro-batch Spark decoded while the next one is planned. Each has a :class:`Behind`,
-one thread that does what it is given in order, and whoever needs the work done (the next batch, the
-next write of the same table, the run's end) waits for it.
+:mod:`ingest.lake.side`), the micro-batches' audit rows (:mod:`ingest.stream.audit_rows`), and the
+apply of a micro-batch Spark decoded while the next one is planned (:mod:`ingest.stream.callback`).
+Each has a :class:`Behind`, one thread that does what it is given in order, and whoever needs the
+work done (the next batch, the next write of the same table, the run's end) waits for it.
 
 Maintenance (a checkpoint, a pack) changes no row: when it fails, :func:`maintenance_failed` says so
 in a warning and counts it, and ``ingest run --metrics-port`` shows the count as

@@ -107,7 +107,7 @@ def test_the_driver_reads_and_decodes_again_until_the_registry_answers(tmp_path,
     registry_down["down"] = 2
     handler, report, end, reads = _run_one_batch(config, monkeypatch)
     run = report.tables[TABLE]
-    assert run.error is None and not handler.stopped
+    assert run.error is None and not handler.stops
     # once on the driver right away, once more on the retry; both the batch's whole span
     assert reads == [({p: 0 for p in end}, end)] * 2
     [record] = run.batches
@@ -120,7 +120,7 @@ def test_a_registry_that_stays_down_stops_the_table_with_nothing_committed(tmp_p
     config = _config(tmp_path)
     registry_down["down"] = 10**6
     handler, report, _end, reads = _run_one_batch(config, monkeypatch, stops=True)
-    assert TABLE in handler.stopped
+    assert TABLE in handler.stops
     assert "registry" in (report.tables[TABLE].error or "") and not report.tables[TABLE].batches
     assert len(reads) == 3  # the driver's own decode, then each of the two retries
     assert load_state(TablePaths.of(config, TABLE).table).table is None
@@ -195,7 +195,7 @@ def _whose_audit_append_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     def append(*_args: Any, **_kwargs: Any) -> None:
         raise OSError("audit table: disk full")
 
-    monkeypatch.setattr(ingest.stream.callback.audit.AuditLog, "append", append)  # the run's, kept open
+    monkeypatch.setattr(ingest.records.audit.AuditLog, "append", append)  # the run's, kept open
     return spec, report, handler, frames
 
 
@@ -384,7 +384,7 @@ def test_a_batchs_audit_rows_are_appended_after_the_callback_returns_and_awaited
         real_append(self, path, records)
         events.append("appended")
 
-    monkeypatch.setattr(ingest.stream.callback.audit.AuditLog, "append", append)
+    monkeypatch.setattr(ingest.records.audit.AuditLog, "append", append)
     handler(_Counted(frames[1].parts), 1)  # a batch the driver read: applied before the callback returns
     assert report.tables[TABLE].batches and appending.wait(30) and events == ["append [1]"]
     settling = threading.Thread(target=handler.settle)
@@ -452,7 +452,7 @@ def _audit_appends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: fl
         appends.append([r.batch_id for r in records])
         real_append(self, path, records)
 
-    monkeypatch.setattr(ingest.stream.callback.audit.AuditLog, "append", append)
+    monkeypatch.setattr(ingest.records.audit.AuditLog, "append", append)
     return config, handler, batches, appends
 
 
@@ -463,7 +463,7 @@ def test_the_audit_rows_of_an_interval_go_in_one_commit_the_first_batchs_at_once
     spec = config.tables[0]
     for batch_id, (frame, parts) in enumerate(batches):
         handler._apply_all([spec], frame, parts, batch_id, 1)
-        handler._settle_audit()
+        handler.audit.wait()
     assert appends == [[0]]  # the first at once, the next two wait for the interval
     handler.close()  # and go when the run ends
     assert appends == [[0], [1, 2]]

@@ -6,23 +6,19 @@ thread, with its own MERGE commit and offsets; a transient error is retried, any
 table alone. A small micro-batch the driver reads and decodes itself, without a Spark job
 (:meth:`ForEachBatch._read_here`). :class:`RunReport` is what a run did, table by table.
 
-A stopped table, in a continuous run, is tried again when its error was transient (a registry or
-broker that did not answer, a concurrent writer): after ``source.retry_stopped_seconds``, doubling
-up to :data:`RETRY_MAX_SECONDS`, at the next micro-batch. It first catches up -- the records from the
-offsets its own Delta log records up to the source's end, in batches of ``max_records_per_batch`` (or
-``max_records_per_table``, if smaller) --
-and then takes its share of the micro-batch again; what the catch-up applied is recognised there by
-its offsets and skipped. Nothing is lost and nothing applied twice, although the shared query's
-checkpoint moved on while the table stood still. Any other error (quality policy ``fail``, an
-incompatible schema, a bad configuration) stops the table until the run is restarted.
+A table whose batch fails stops alone (:mod:`ingest.stream.stops`). In a continuous run, one that
+stopped on a transient error is tried again at a later micro-batch. It first catches up -- the
+records from the offsets its own Delta log records up to the source's end, in batches of
+``max_records_per_batch`` (or ``max_records_per_table``, if smaller) -- and then takes its share of
+the micro-batch again; what the catch-up applied is recognised there by its offsets and skipped.
+Nothing is lost and nothing applied twice, although the shared query's checkpoint moved on while the
+table stood still.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -38,38 +34,36 @@ from ingest import logs, secrets
 from ingest.apply.batch import BatchResult
 from ingest.apply.journey import apply_batch, placement_for
 from ingest.behind import Behind
-from ingest.commit.state import OpenTables, TableState, load_state
+from ingest.commit.state import OpenTables, load_state
 from ingest.commit.writers import Writers
 from ingest.config import IngestConfig, TableSpec
-from ingest.cuts.align import Reach, boundary, newest_mark, tail_starts, trim
 from ingest.cuts.publish import Publisher
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
-from ingest.decode.parts import FRAME, PARTS_DDL, part_kind, read_parts
+from ingest.decode.parts import PARTS_DDL, part_kind, read_parts
 from ingest.decode.registry import ConfluentSchemaRegistry, confluent_registry
-from ingest.errors import RegistryUnavailableError, is_cancellation, is_transient, is_unavailability
+from ingest.errors import RegistryUnavailableError, is_transient
 from ingest.heap import freeze_start_up
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import Location
-from ingest.model import SourceMark
 from ingest.quality import QualityGate
-from ingest.records import audit
 from ingest.records.audit import AuditRecord
 from ingest.rules.rereads import SuspectReads
-from ingest.source.catalog import Catalog
 from ingest.source.consumer_group import GroupCommitter
 from ingest.source.reader import MIN_PIECE, batch_spans
 from ingest.source.sources import DecodingSource, decodes_at_read, source_for
 from ingest.stream import checkpoint as checkpoints
-from ingest.stream.caught_up import gap_of, say_retention_gap
+from ingest.stream.audit_rows import AuditRows
+from ingest.stream.caught_up import backlog, chunks
 from ingest.stream.report import RunReport
 from ingest.stream.rereads import ask_again
+from ingest.stream.stops import Stops
+from ingest.stream.tails import Tails
 
 if TYPE_CHECKING:
     from ingest.metrics import RunMetrics
 
 log = logging.getLogger(__name__)
 _RETRIES = 3  # attempts at a table's batch when its error is transient
-RETRY_MAX_SECONDS = 600.0  # longest wait before a stopped table is tried again (continuous runs)
 
 
 ProgressFn = Callable[[str, AuditRecord | None, BatchResult], None]
@@ -91,17 +85,12 @@ class ForEachBatch:
         self.checkpoint = checkpoint
         #: the last micro-batch whose offsets were read there, and where it ends (where the next starts)
         self._last_end: tuple[int, dict[str, dict[int, int]]] | None = None
-        #: the audit table, kept open from one micro-batch's append to the next
-        self.audit = audit.AuditLog()
+        #: the micro-batches' audit rows, appended behind them (those of an interval in one commit)
+        self.audit = AuditRows(config)
         self.metrics = metrics
         self.progress, self.gates = progress, gates
         #: publishes the cuts of the tables' transaction group after each micro-batch (shared by the run's queries)
         self.cuts = cuts
-        #: available_now runs: where each topic ended when the run began (its last batch leaves no tail)
-        self.final_ends: dict[str, dict[int, int]] | None = None
-        #: per group topic and partition, the end of the tail the last batch left out
-        self._tails: dict[str, dict[int, int]] = {}
-        self._warned: set[str] = set()
         self.specs_by_topic = {s.topic: DecoderSpec.for_table(config, s) for s in specs}
         self.decoder = BatchDecoder(self.specs_by_topic)
         self.registry = _driver_registry(config)
@@ -115,6 +104,8 @@ class ForEachBatch:
             self.decoder = BatchDecoder(self.specs_by_topic)
         #: the source, when it decodes as it reads (the stream's rows are then parts)
         self.source = cast(DecodingSource, source_for(config)) if decodes_at_read(config) else None
+        #: what the transaction group's tables left out of their last micro-batch, to read again with the next
+        self.tails = Tails(config, cuts, self.source) if cuts is not None else None
         self.writers = Writers(config)
         kafka = config.source.kafka if config.source.kind == "kafka" else None
         #: the consumer group the applied offsets are committed to (``source.kafka.commit_group``)
@@ -122,11 +113,7 @@ class ForEachBatch:
             if kafka is not None and kafka.commit_group else None
         #: each table's Delta handles, kept open from one batch to the next
         self.opened = {s.name: OpenTables(TablePaths.of(config, s.name), s.name) for s in specs}
-        self.stopped: dict[str, BaseException] = {}
-        #: when each stopped table may be tried again (``time.monotonic``); only with ``retry_stopped``
-        self.retry_at: dict[str, float] = {}
-        self.retry_stopped = retry_stopped
-        self._stops: Counter[str] = Counter()
+        self.stops = Stops(config, report, metrics, retry_stopped=retry_stopped)
         self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)
         self.batches = 0
         #: Apply a micro-batch Spark decoded in the background while Spark plans and decodes the next
@@ -142,37 +129,27 @@ class ForEachBatch:
         #: this micro-batch's decoded parts as a DataFrame, persisted, while tables read it on the executors
         self._parts_frame: DataFrame | None = None
         self._applier = Behind("apply")
-        #: The micro-batches' audit rows are appended in the background, while Spark commits the batch
-        #: and starts the next one, those of ``target.audit_interval_seconds`` in one commit (each
-        #: table's commit already holds its row: ``reconcile`` restores rows a stop loses); the next
-        #: batch's apply, :meth:`settle` and :meth:`close` await the appends under way.
-        self._auditor = Behind("audit")
-        #: rows waiting for their commit, when it is due (``time.monotonic``), and the timer that makes
-        #: it when no micro-batch comes by then; the lock keeps the timer and the batches apart
-        self._audit_rows: list[AuditRecord] = []
-        self._audit_due = float("-inf")
-        self._audit_timer: threading.Timer | None = None
-        self._audit_lock = threading.Lock()
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
         try:
             t0 = time.perf_counter()
             if self.report.startup_seconds is None:
                 self.report.startup_seconds = t0 - self.report.started
-            early = here = None
+            early, behind = None, False
             if self.overlap:
                 # This micro-batch is decoded while the previous one is still being applied; what
                 # the tables do next depends on how that ended, so it is awaited before anything else.
+                # It is applied behind the callback too, unless the driver read it: that took
+                # milliseconds, and leaves nothing to overlap (_read_here).
                 here = self._read_here(batch_id)
-                early = here if here is not None else self._decoded(frame)
+                early, behind = (here, False) if here is not None else (self._decoded(frame), True)
                 self.settle()
             if self.batches:
                 freeze_start_up()  # a first batch was applied: what the run holds now stays (ingest.heap)
-            now = time.monotonic()
-            due = [s for s in self.specs if s.name in self.stopped and self.retry_at.get(s.name, now + 1) <= now]
-            active = [s for s in self.specs if s.name not in self.stopped or s in due]
+            due = self.stops.due(self.specs)
+            active = [s for s in self.specs if s.name not in self.stops or s in due]
             if not active:
-                if self.retry_at:
+                if self.stops.waiting:
                     return  # every table waits for its next try; the query goes on
                 raise AllTablesStopped
             if self.source is None:  # a reader that decodes as it reads got them when its stream started
@@ -189,9 +166,9 @@ class ForEachBatch:
                     parts = self._aligned(active, frame, parts)
                 decode_ms = int((time.perf_counter() - t0) * 1000)
                 self.batches += 1
-                if self.overlap and here is None:
+                if behind:
                     self._applier.submit(self._apply_all, active, frame, parts, batch_id, decode_ms)
-                else:  # a batch the driver read took milliseconds to decode: nothing to overlap (_read_here)
+                else:
                     self._apply_all(active, frame, parts, batch_id, decode_ms)
             finally:
                 if self._parts_frame is not None:
@@ -202,91 +179,14 @@ class ForEachBatch:
             raise
 
     def _aligned(self, active: list[TableSpec], frame: DataFrame, parts: list[Any]) -> list[Any]:
-        """The micro-batch's parts with each group table ending at one transaction boundary
-        (:mod:`ingest.cuts.align`): the tail the last batch left out read again, this batch's tail left out."""
-        assert self.cuts is not None
+        """The micro-batch's parts with each group table that the driver plans ending at one transaction
+        boundary (:class:`~ingest.stream.tails.Tails`)."""
+        assert self.tails is not None
         names = {s.name for s in active}
-        group = [s for s in self.cuts.group if s.name in names and s.name not in self.on_executors]
+        group = [s for s in self.tails.cuts.group if s.name in names and s.name not in self.on_executors]
         if not group:
             return parts
-        try:
-            transactions = self.cuts.transactions()
-        except Exception as exc:  # no order to align to: the tables apply what they read (the publisher says why)
-            self._warn("align", f"tables not aligned to transactions: {secrets.describe(exc)}")
-            return parts
-        topics = {s.topic for s in group}
-        by_topic: dict[str, list[Any]] = {t: [] for t in topics}
-        others: list[Any] = []
-        for part in parts:
-            topic = part.column("_cdc_topic")[0].as_py() if part.num_rows else None
-            (by_topic[topic] if topic in topics else others).append(part)
-        reaches: dict[str, Reach] = {}
-        rows: dict[str, pa.Table] = {}
-        stored: dict[str, SourceMark] = {}
-        for spec in list(group):
-            state = self.opened[spec.name].state()
-            try:
-                again = self._tail_again(spec, state, frame, by_topic[spec.topic])
-            except Exception as exc:
-                # Without its tail, the table's records would leave a hole in its offsets: it stops
-                # (a transient error is tried again, catching up from its Delta log), the others go on.
-                self.stop_table(spec, exc)
-                by_topic[spec.topic] = []
-                group.remove(spec)
-                continue
-            by_topic[spec.topic] = again + by_topic[spec.topic]
-            stored[spec.name] = state.mark
-            rows[spec.name] = _frame_rows(by_topic[spec.topic])
-            reaches[spec.name] = Reach(self.cuts.collection(spec), state.mark,
-                                       newest_mark(rows[spec.name], state.mark))
-        reach = boundary(transactions, reaches)
-        # A tail grows while another table of the group lags (each is read up to its own bound): up to a
-        # micro-batch of it is read again, beyond that the table goes on without waiting.
-        bound = self.config.source.max_records_per_batch
-        for spec in group:
-            starts = tail_starts(rows[spec.name], stored[spec.name], transactions, reach)
-            final = (self.final_ends or {}).get(spec.topic)
-            if final is not None:  # an available_now run's last batch of a partition: nothing reads it again
-                ends = _ends(rows[spec.name])
-                starts = {p: o for p, o in starts.items() if ends.get(p, 0) < final.get(p, 0)}
-            kept, left_out = trim(by_topic[spec.topic], starts)
-            if left_out > bound:
-                self._warn(spec.name, f"table {spec.name}: a transaction larger than a micro-batch ({left_out} "
-                                      f"records) is applied in parts; the next cut waits for its last part")
-                continue
-            by_topic[spec.topic] = kept
-            if starts:
-                self._tails[spec.topic] = _ends(rows[spec.name])
-            else:
-                self._tails.pop(spec.topic, None)
-        return others + [p for t in sorted(topics) for p in by_topic[t]]
-
-    def _tail_again(self, spec: TableSpec, state: Any, frame: DataFrame, mine: list[Any]) -> list[Any]:
-        """The records between the table's Delta offsets and this batch's first: the tail the last batch
-        left out (or one a restart forgot), read from the source again and decoded."""
-        first: dict[int, int] = {}
-        for part in mine:
-            if part.num_rows:
-                grouped = pa.table({"p": part["_cdc_partition"], "o": part["_cdc_offset"]}).group_by(
-                    "p", use_threads=False).aggregate([("o", "min")])
-                for p, o in zip(grouped["p"].to_pylist(), grouped["o_min"].to_pylist(), strict=True):
-                    first[p] = min(first.get(p, o), o)
-        upto = {**self._tails.get(spec.topic, {}), **first}
-        start = {p: _after(state.applied_offset(spec.topic, p)) for p in upto}
-        gap_end = {p: o for p, o in upto.items() if o > start[p]}
-        if not gap_end:
-            return []
-        floor = source_for(self.config).start_offsets(spec.topic)  # what retention has kept
-        lo = {p: max(start[p], floor.get(p, 0)) for p in gap_end}
-        if self.source is not None:
-            return list(self.decoder.decode(self.source.read_arrow(spec.topic, lo, gap_end)))
-        gap = source_for(self.config).read_range(frame.sparkSession, spec.topic, lo, gap_end)
-        return read_parts(gap.mapInArrow(self.decoder, PARTS_DDL).toArrow().column("part").to_pylist())
-
-    def _warn(self, key: str, text: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning("%s", text)
+        return self.tails.aligned(group, self.opened, frame, parts, self.decoder, self.stops.stop)
 
     def settle(self) -> None:
         """Wait for the micro-batch still being applied, if any (see ``overlap``).
@@ -297,50 +197,17 @@ class ForEachBatch:
         """
         try:
             self._applier.wait()
-            self._settle_audit()
+            self.audit.wait()
         except BaseException as exc:
             self.error = exc
             raise
-
-    def _settle_audit(self) -> None:
-        """Wait for the audit appends under way, if any; raises what the first that failed failed with."""
-        self._auditor.wait()
-
-    def _audit(self, records: list[AuditRecord]) -> None:
-        """Have ``records`` appended to the audit table: now, when the last append is
-        ``target.audit_interval_seconds`` ago, else with the rows that come until then."""
-        with self._audit_lock:
-            self._audit_rows += records
-            wait = self._audit_due - time.monotonic()
-            if wait <= 0:
-                self._flush_audit_locked()
-            elif self._audit_timer is None:  # no micro-batch may come by then: the rows go anyway
-                self._audit_timer = threading.Timer(wait, self._flush_audit)
-                self._audit_timer.daemon = True
-                self._audit_timer.start()
-
-    def _flush_audit(self) -> None:
-        with self._audit_lock:
-            self._flush_audit_locked()
-
-    def _flush_audit_locked(self) -> None:
-        if self._audit_timer is not None:
-            self._audit_timer.cancel()
-            self._audit_timer = None
-        if not self._audit_rows:
-            return
-        rows, self._audit_rows = self._audit_rows, []
-        self._audit_due = time.monotonic() + self.config.target.audit_interval_seconds
-        path = TablePaths.of(self.config, rows[0].table).audit
-        self._auditor.submit(self.audit.append, path, rows)
 
     def close(self) -> None:
         """Let the background applier and auditor go (after :meth:`settle`, and once the audit rows
         still waiting are appended), the writers' checkpoints, the tables' packing of their remembered
         deletes, the consumer group's committer, and the source's reader."""
         self._applier.close()  # what a batch there failed with reaches the query through settle
-        self._flush_audit()
-        failed = self._auditor.close()
+        failed = self.audit.close()
         self.writers.settle()
         for opened in self.opened.values():
             opened.settle()
@@ -354,7 +221,7 @@ class ForEachBatch:
 
     def _apply_all(self, active: list[TableSpec], frame: DataFrame, parts: list[Any], batch_id: int,
                    decode_ms: int) -> None:
-        self._settle_audit()  # the batch before's rows first (a failed append fails this batch)
+        self.audit.wait()  # the batch before's rows first (a failed append fails this batch)
         by_topic: dict[str, list[Any]] = {}
         for part in parts:
             if part.num_rows:
@@ -369,16 +236,16 @@ class ForEachBatch:
         for spec in work:
             exc = futures[spec.name].exception()
             if exc is not None:
-                self.stop_table(spec, exc)
+                self.stops.stop(spec, exc)
             elif (record := futures[spec.name].result()) is not None:
                 records.append(record)
         # One audit commit for the micro-batches' tables, not one each (200 tables: 200 commits of a
         # shared table, one at a time). Each table's commit holds its row already (reconcile).
         if records:
-            self._audit(records)
+            self.audit.add(records)
         if self.cuts is not None:
-            self.report.cuts = self.cuts.attempt({n: secrets.describe(e) for n, e in self.stopped.items()})
-        if len(self.stopped) == len(self.specs) and not self.retry_at:
+            self.report.cuts = self.cuts.attempt({n: secrets.describe(e) for n, e in self.stops.errors.items()})
+        if self.stops.all_for_good(self.specs):
             raise AllTablesStopped
 
     def _parts(self, frame: DataFrame) -> DataFrame:
@@ -458,8 +325,8 @@ class ForEachBatch:
         waits twice as long, if the error is transient again).
         """
         paths = TablePaths.of(self.config, spec.name)
-        run = self.report.tables[spec.name]
-        log.warning("table %s: trying again after %s; catching up from its Delta log", spec.name, run.error)
+        log.warning("table %s: trying again after %s; catching up from its Delta log", spec.name,
+                    self.report.tables[spec.name].error)
         try:
             source = source_for(self.config)
             start, end = backlog(source, spec, load_state(paths.table))
@@ -471,18 +338,11 @@ class ForEachBatch:
                     parts = self._decoded(gap)
                 record = self._apply(spec, gap, parts, batch_id, 0)
                 if record is not None:
-                    self.audit.append(paths.audit, [record])
+                    self.audit.table.append(paths.audit, [record])
         except Exception as exc:
-            self.stop_table(spec, exc)
+            self.stops.stop(spec, exc)
             return False
-        del self.stopped[spec.name]
-        self.retry_at.pop(spec.name, None)
-        self._stops.pop(spec.name, None)  # a later outage waits from the first step again
-        run.recovered.append(run.error or "")
-        run.error, run.unavailable = None, False
-        if self.metrics is not None:
-            self.metrics.running(spec.name)
-        log.warning("table %s: caught up and running again", spec.name)
+        self.stops.running_again(spec)
         return True
 
     def apply(self, spec: TableSpec, parts: list[Any], batch_id: int, decode_ms: int) -> AuditRecord | None:
@@ -566,30 +426,6 @@ class ForEachBatch:
                     end[partition] = max(end.get(partition, offset + 1), offset + 1)
         return self.decoder.decode(self.source.read_arrow(spec.topic, start, end)) if start else parts
 
-    def stop_table(self, spec: TableSpec, exc: BaseException) -> None:
-        """The table stops; its offsets stay where its Delta log has them, and the next run resumes there."""
-        self.stopped[spec.name] = exc
-        if is_cancellation(exc):  # the run is being stopped: not the table's failure
-            self.report.tables[spec.name].interrupted = True
-            logs.event(log, "table-interrupted", f"table {spec.name}: its batch was cancelled before its commit as "
-                       "the run stops; the next run applies it", table=spec.name, level=logging.WARNING)
-            return
-        if self.metrics is not None:
-            self.metrics.stopped(spec.name, exc)
-        self.report.tables[spec.name].error = secrets.redact(f"{type(exc).__name__}: {exc}")
-        self.report.tables[spec.name].unavailable = is_unavailability(exc)
-        if self.retry_stopped and is_transient(exc):
-            self._stops[spec.name] += 1
-            wait = min(RETRY_MAX_SECONDS, self.config.source.retry_stopped_seconds * 2 ** (self._stops[spec.name] - 1))
-            self.retry_at[spec.name] = time.monotonic() + wait
-            logs.event(log, "table-stopped", f"table {spec.name} stopped: {secrets.describe(exc)}; trying again in "
-                       f"{wait:.0f} s", table=spec.name, level=logging.ERROR, retry_seconds=wait)
-        else:
-            self.retry_at.pop(spec.name, None)
-            logs.event(log, "table-stopped", f"table {spec.name} stopped: {secrets.describe(exc)}", table=spec.name,
-                       level=logging.ERROR)
-
-
 
 def _without_topics(topics: set[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """A ``mapInArrow`` function that drops the parts of ``topics``."""
@@ -622,45 +458,6 @@ def _failure(state: Any) -> str:
     """What a tenacity attempt failed with, for the retry's log line."""
     exc = state.outcome.exception() if state.outcome is not None else None
     return secrets.describe(exc) if exc is not None else "no exception"
-
-
-def _frame_rows(parts: list[Any]) -> pa.Table:
-    """The framework columns the alignment reads, of every row of ``parts``."""
-    names = ["_cdc_partition", "_cdc_offset", "_cdc_position", "_cdc_txn", "_cdc_txn_order"]
-    tables = [pa.Table.from_batches([part]).select(names) for part in parts if part.num_rows]
-    return pa.concat_tables(tables) if tables else pa.table({n: pa.array([], FRAME.field(n).type) for n in names})
-
-
-def _ends(rows: pa.Table) -> dict[int, int]:
-    """Per partition, the offset after the last of ``rows``."""
-    if not rows.num_rows:
-        return {}
-    grouped = pa.table({"p": rows["_cdc_partition"], "o": rows["_cdc_offset"]}).group_by(
-        "p", use_threads=False).aggregate([("o", "max")])
-    return {p: o + 1 for p, o in zip(grouped["p"].to_pylist(), grouped["o_max"].to_pylist(), strict=True)}
-
-
-def _after(applied: int | None) -> int:
-    return 0 if applied is None else applied + 1
-
-
-def backlog(source: Catalog, spec: TableSpec, state: TableState) -> tuple[dict[int, int], dict[int, int]]:
-    """Per partition, where the table's records not applied yet start and where they end, as the source
-    holds them now; the records retention took before the table applied them are said once."""
-    end = source.end_offsets(spec.topic)
-    first = source.start_offsets(spec.topic)
-    say_retention_gap(spec, gap_of(spec.topic, state, first))
-    return {p: max(first.get(p, 0), _after(state.applied_offset(spec.topic, p))) for p in end}, end
-
-
-def chunks(start: dict[int, int], end: dict[int, int], limit: int) -> Iterator[tuple[dict[int, int], dict[int, int]]]:
-    """``[start, end)`` per partition in pieces of about ``limit`` records, the partitions side by side."""
-    pos = {p: o for p, o in start.items() if p in end}
-    while live := [p for p in sorted(pos) if pos[p] < end[p]]:
-        share = max(1, limit // len(live))
-        stop = {p: min(end[p], pos[p] + share) for p in live}
-        yield {p: pos[p] for p in live}, stop
-        pos.update(stop)
 
 
 def fetch_raw(frame: DataFrame, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:

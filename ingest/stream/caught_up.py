@@ -4,12 +4,14 @@ A table has work when its topic holds a record past the last offset its Delta lo
 applied, and still holds it (Kafka's retention may have dropped records no run ever read). Every
 record a run reads ends in that log -- applied, superseded, stale, quarantined or skipped as
 already applied -- so a table with no such record would only start Spark to learn it has nothing
-to do (docs/architecture.md#progress-lives-in-the-table).
+to do (docs/architecture.md#progress-lives-in-the-table). A table that caught up after a stop reads
+the same span (:func:`backlog`), in pieces (:func:`chunks`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 from ingest.commit.state import TableState, load_state
 from ingest.config import IngestConfig, TableSpec
@@ -31,7 +33,7 @@ def pending(config: IngestConfig, specs: list[TableSpec], catalog: Catalog | Non
     for spec in specs:
         state = load_state(TablePaths.of(config, spec.name).table)
         ends = catalog.end_offsets(spec.topic)
-        nexts = {p: (-1 if (done := state.applied_offset(spec.topic, p)) is None else done) + 1 for p in ends}
+        nexts = {p: after_applied(state.applied_offset(spec.topic, p)) for p in ends}
         if any(nexts[p] < end for p, end in ends.items()):
             starts = catalog.start_offsets(spec.topic)  # asked only when it matters: one more request
             found[spec.name] = sum(max(0, end - max(nexts[p], starts.get(p, 0))) for p, end in ends.items())
@@ -45,8 +47,7 @@ def gap_of(topic: str, state: TableState, first_held: dict[int, int]) -> dict[in
     given the first offset it still holds per partition: partition -> (first, last) missing."""
     gaps = {}
     for p, first in sorted(first_held.items()):
-        done = state.applied_offset(topic, p)
-        wanted = 0 if done is None else done + 1
+        wanted = after_applied(state.applied_offset(topic, p))
         if first > wanted:
             gaps[p] = (wanted, first - 1)
     return gaps
@@ -79,3 +80,27 @@ def say_retention_gap(spec: TableSpec, gaps: dict[int, tuple[int, int]]) -> None
                     "changes were only there are missing; re-read the table from the database with "
                     "`ingest resnapshot %s` (docs/operations.md, adding a table)", spec.name, spec.topic, where,
                     spec.name)
+
+
+def after_applied(applied: int | None) -> int:
+    """The first offset after ``applied``, the last one a table applied (``None``: none yet)."""
+    return 0 if applied is None else applied + 1
+
+
+def backlog(source: Catalog, spec: TableSpec, state: TableState) -> tuple[dict[int, int], dict[int, int]]:
+    """Per partition, where the table's records not applied yet start and where they end, as the source
+    holds them now; the records retention took before the table applied them are said once."""
+    end = source.end_offsets(spec.topic)
+    first = source.start_offsets(spec.topic)
+    say_retention_gap(spec, gap_of(spec.topic, state, first))
+    return {p: max(first.get(p, 0), after_applied(state.applied_offset(spec.topic, p))) for p in end}, end
+
+
+def chunks(start: dict[int, int], end: dict[int, int], limit: int) -> Iterator[tuple[dict[int, int], dict[int, int]]]:
+    """``[start, end)`` per partition in pieces of about ``limit`` records, the partitions side by side."""
+    pos = {p: o for p, o in start.items() if p in end}
+    while live := [p for p in sorted(pos) if pos[p] < end[p]]:
+        share = max(1, limit // len(live))
+        stop = {p: min(end[p], pos[p] + share) for p in live}
+        yield {p: pos[p] for p in live}, stop
+        pos.update(stop)

@@ -39,7 +39,8 @@ from ingest.quality import QualityGate
 from ingest.records import audit
 from ingest.source.sources import DecodingSource, EmbeddedSource, decodes_at_read, source_for
 from ingest.stream import checkpoint as checkpoints
-from ingest.stream.callback import ForEachBatch, backlog, chunks
+from ingest.stream.callback import ForEachBatch
+from ingest.stream.caught_up import backlog, chunks
 from ingest.stream.queries import query_groups, query_name
 from ingest.stream.report import RunReport, TableRun
 
@@ -160,7 +161,7 @@ class DriverRun:
         ctrl_c = _FirstCtrlC()
         try:
             for piece, parts, decode_ms in decoding:
-                if piece.spec.name not in handler.stopped:
+                if piece.spec.name not in handler.stops:
                     try:
                         if isinstance(parts, BaseException):
                             raise parts
@@ -168,7 +169,7 @@ class DriverRun:
                         if record is not None:
                             records.append(record)
                     except Exception as exc:
-                        handler.stop_table(piece.spec, exc)
+                        handler.stops.stop(piece.spec, exc)
                 if ctrl_c.pressed:
                     raise KeyboardInterrupt
                 batch_id += 1
@@ -266,7 +267,7 @@ class _Decoding:
             self._window.append((piece, self.pool.submit(_read_decoded, piece.spec.topic, piece.start, piece.end)))
 
     def __iter__(self) -> Iterator[tuple[_Piece, Any, int]]:
-        stopped = self.handler.stopped
+        stopped = self.handler.stops
         if self.pool is None:
             for piece in self.pieces:
                 if piece.spec.name in stopped:

@@ -144,10 +144,11 @@ class StreamingRun:
                 handler = ForEachBatch(self.runner.config, group, report, run_id, progress, gates,
                                        retry_stopped=mode == "continuous", cuts=cuts, metrics=self.runner.metrics,
                                        checkpoint=directory)
-                if cuts is not None and mode == "available_now":
+                if handler.tails is not None and mode == "available_now":
                     catalog = catalog_for(self.runner.config)
-                    handler.final_ends = {s.topic: catalog.end_offsets(s.topic) for s in group
-                                          if s.name in {g.name for g in cuts.group}}
+                    grouped = {g.name for g in handler.tails.cuts.group}
+                    handler.tails.final_ends = {s.topic: catalog.end_offsets(s.topic) for s in group
+                                                if s.name in grouped}
                 q = _Query(name, group, directory, handler, None)
                 q.starting = None if from_beginning else self.runner.starting_offsets(group)
                 q.query = self._start(q, mode, run_id)

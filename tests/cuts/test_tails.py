@@ -70,5 +70,5 @@ def test_a_tail_that_cannot_be_read_again_stops_its_table_only(handler: ForEachB
     monkeypatch.setattr(handler.source, "read_arrow", away)
     parts = handler._aligned(specs, None, _batch(handler.config, {bank.ACCOUNTS: (2, 6)}))
     # ledger cannot have its tail back: it stops rather than skip it, and accounts goes on
-    assert "ledger" in handler.stopped and "did not answer" in (handler.report.tables["ledger"].error or "")
+    assert "ledger" in handler.stops and "did not answer" in (handler.report.tables["ledger"].error or "")
     assert _offsets(parts, bank.LEDGER) == [] and _offsets(parts, bank.ACCOUNTS) == [2, 3, 4, 5]

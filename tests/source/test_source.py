@@ -194,7 +194,7 @@ def test_a_range_read_is_exactly_the_asked_offsets_in_the_stream_shape(spark, lo
 
 
 def test_a_catch_up_is_read_in_pieces_of_the_batch_size_covering_the_gap_once():
-    from ingest.stream.callback import chunks
+    from ingest.stream.caught_up import chunks
 
     start, end = {0: 5, 1: 0, 2: 7}, {0: 105, 1: 30, 2: 7}
     pieces = list(chunks(start, end, 40))
