@@ -123,6 +123,17 @@ def test_fresh_compares_p50_with_the_measured_interval_not_the_trigger() -> None
     assert not replace(result, interval_ms=None).fresh
 
 
+def test_a_tail_is_bounded_when_p99_waited_at_most_one_interval_and_one_batch_more_than_p50() -> None:
+    result = bench_latency.RateResult(
+        tables="one", run=1, poll_ms=50, engine="this checkout", target=500, generators=1, achieved=500,
+        per_generator=[500], engine_rate=500, p50=470, p95=800, p99=960, rows=1, unmatched=0, drain_seconds=1,
+        caught_up=True, failed_transactions=0, trigger_ms=250, interval_ms=290, batch_p50=240, batch_ends=None,
+        copied_ends=None, stages={}, tail={}, spark_steps={}, full_collections={})
+    assert result.tail_bounded  # 960 <= 470 + 290 + 240 = 1,000, though 960 / 470 = 2.04
+    assert not replace(result, p99=1010).tail_bounded
+    assert not replace(result, batch_p50=None).tail_bounded
+
+
 def test_spark_step_means_are_taken_between_two_scrapes_of_the_engine_metrics() -> None:
     from prometheus_client import generate_latest
 
