@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -112,23 +113,24 @@ def test_a_commit_index_keeps_each_commits_time_by_version() -> None:
     assert index.times == {3: 1_000, 4: 1_250} and index.visible("t", 0, 5) == (4, 1_250)
 
 
+def _result(**figures: Any) -> Any:
+    """A run's result with its latency and batch figures (ms) as given, the rest of no concern."""
+    return bench_latency.RateResult(
+        tables="one", run=1, poll_ms=50, engine="this checkout", target=500, generators=1, achieved=500,
+        per_generator=[500], engine_rate=500, p95=900, rows=1, unmatched=0, drain_seconds=1, caught_up=True,
+        failed_transactions=0, trigger_ms=250, batch_ends=None, copied_ends=None, stages={}, tail={},
+        spark_steps={}, full_collections={}, **figures)
+
+
 def test_fresh_compares_p50_with_the_measured_interval_not_the_trigger() -> None:
-    result = bench_latency.RateResult(
-        tables="shop", run=1, poll_ms=50, engine="this checkout", target=500, generators=1, achieved=500,
-        per_generator=[500], engine_rate=500, p50=740, p95=900, p99=1000, rows=1, unmatched=0, drain_seconds=1,
-        caught_up=True, failed_transactions=0, trigger_ms=250, interval_ms=500, batch_p50=440, batch_ends=None,
-        copied_ends=None, stages={}, tail={}, spark_steps={}, full_collections={})
+    result = _result(p50=740, p99=1000, interval_ms=500, batch_p50=440)
     assert result.fresh  # 740 <= 500 + 440, though not within the trigger's 250 + 440
     assert not replace(result, interval_ms=250).fresh
     assert not replace(result, interval_ms=None).fresh
 
 
 def test_a_tail_is_bounded_when_p99_waited_at_most_one_interval_and_one_batch_more_than_p50() -> None:
-    result = bench_latency.RateResult(
-        tables="one", run=1, poll_ms=50, engine="this checkout", target=500, generators=1, achieved=500,
-        per_generator=[500], engine_rate=500, p50=470, p95=800, p99=960, rows=1, unmatched=0, drain_seconds=1,
-        caught_up=True, failed_transactions=0, trigger_ms=250, interval_ms=290, batch_p50=240, batch_ends=None,
-        copied_ends=None, stages={}, tail={}, spark_steps={}, full_collections={})
+    result = _result(p50=470, p99=960, interval_ms=290, batch_p50=240)
     assert result.tail_bounded  # 960 <= 470 + 290 + 240 = 1,000, though 960 / 470 = 2.04
     assert not replace(result, p99=1010).tail_bounded
     assert not replace(result, batch_p50=None).tail_bounded
