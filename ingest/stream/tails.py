@@ -112,14 +112,7 @@ class Tails:
                decoder: BatchDecoder) -> list[Any]:
         """The records between the table's Delta offsets and this batch's first: the tail the last batch
         left out (or one a restart forgot), read from the source again and decoded."""
-        first: dict[int, int] = {}
-        for part in mine:
-            if part.num_rows:
-                grouped = pa.table({"p": part["_cdc_partition"], "o": part["_cdc_offset"]}).group_by(
-                    "p", use_threads=False).aggregate([("o", "min")])
-                for p, o in zip(grouped["p"].to_pylist(), grouped["o_min"].to_pylist(), strict=True):
-                    first[p] = min(first.get(p, o), o)
-        upto = {**self._ends.get(spec.topic, {}), **first}
+        upto = {**self._ends.get(spec.topic, {}), **_offsets(_frame_rows(mine), "min")}
         start = {p: after_applied(state.applied_offset(spec.topic, p)) for p in upto}
         gap_end = {p: o for p, o in upto.items() if o > start[p]}
         if not gap_end:
@@ -147,8 +140,13 @@ def _frame_rows(parts: list[Any]) -> pa.Table:
 
 def _ends(rows: pa.Table) -> dict[int, int]:
     """Per partition, the offset after the last of ``rows``."""
+    return {p: o + 1 for p, o in _offsets(rows, "max").items()}
+
+
+def _offsets(rows: pa.Table, how: str) -> dict[int, int]:
+    """Per partition, the first (``how``: ``min``) or last (``max``) offset of ``rows``."""
     if not rows.num_rows:
         return {}
     grouped = pa.table({"p": rows["_cdc_partition"], "o": rows["_cdc_offset"]}).group_by(
-        "p", use_threads=False).aggregate([("o", "max")])
-    return {p: o + 1 for p, o in zip(grouped["p"].to_pylist(), grouped["o_max"].to_pylist(), strict=True)}
+        "p", use_threads=False).aggregate([("o", how)])
+    return dict(zip(grouped["p"].to_pylist(), grouped[f"o_{how}"].to_pylist(), strict=True))
