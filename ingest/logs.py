@@ -123,10 +123,18 @@ def level_of_line(text: str) -> str:
     return "WARNING" if "WARN" in head else "INFO"
 
 
+def _on_descriptor_2(stream: Any) -> bool:
+    try:
+        return bool(stream.fileno() == 2)
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return False
+
+
 def json_stderr() -> None:
     """Make every line written to file descriptor 2 -- by this process or a child it starts later,
     such as Spark's JVM -- one JSON object: lines that are one already pass, others become
-    ``{"time", "level", "logger": "stderr", "message"}`` (redacted). For ``--log-format json``."""
+    ``{"time", "level", "logger": "stderr", "message"}`` (redacted). For ``--log-format json``.
+    ``sys.stderr`` is reopened on the rewired descriptor only if it wrote to descriptor 2 before."""
     if _WRAPPED:
         return
     sys.stderr.flush()
@@ -134,7 +142,10 @@ def json_stderr() -> None:
     read, write = os.pipe()
     os.dup2(write, 2)
     os.close(write)
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    if _on_descriptor_2(sys.stderr):
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    # else a caller captures Python's stderr (a test's CLI runner): its stream stays, and only what
+    # reaches descriptor 2 becomes JSON -- replacing it would drop the caller's last reference and close it
 
     def pump() -> None:
         with os.fdopen(read, "r", encoding="utf-8", errors="replace") as lines:

@@ -146,3 +146,21 @@ def test_json_lines_reach_stderr_at_the_end_without_waiting_for_the_pipe() -> No
     assert done.stdout.strip() == "pump running after the drain: False"
     (line,) = [json.loads(ln) for ln in done.stderr.splitlines() if ln.strip()]
     assert line["message"] == "the last line"
+
+
+def test_json_logging_leaves_a_callers_captured_stderr_open() -> None:
+    """Under a CLI runner that captures Python's stderr (a test's, a notebook's), ``--log-format json``
+    rewires descriptor 2 and leaves the caller's stream in place: replacing it dropped the runner's last
+    reference, closed it, and the runner's second look at it failed with "I/O operation on closed file".
+    In a subprocess: the rewiring is the whole process's."""
+    code = ("from typer.testing import CliRunner\n"
+            "from ingest.cli.commands import app\n"
+            "runner = CliRunner()\n"
+            "for _ in range(2):\n"
+            "    done = runner.invoke(app, ['--log-format', 'json', 'check', '-c', '/nowhere/missing.yaml'])\n"
+            "    print(done.exit_code, repr(done.exception), done.stderr.strip())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 2, done.stdout + done.stderr
+    said = "error: /nowhere/missing.yaml: configuration file not found"
+    assert all(ln.startswith("2 SystemExit(") and ln.endswith(said) for ln in lines), lines
