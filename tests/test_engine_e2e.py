@@ -264,17 +264,17 @@ def test_continuous_mode_picks_up_records_appended_while_running(tmp_path, spark
             time.sleep(0.5)
 
     # Which micro-batches the driver read itself, from where Spark's offsets log says they start and end.
-    from ingest.stream.callback import ForEachBatch
+    from ingest.stream.decoding import Decoding
 
     read_here: list[tuple[int, int | None]] = []
-    real_read_here = ForEachBatch._read_here
+    real_read_here = Decoding.read_here
 
-    def spy(self: ForEachBatch, batch_id: int) -> Any:
+    def spy(self: Decoding, batch_id: int) -> Any:
         parts = real_read_here(self, batch_id)
         read_here.append((batch_id, None if parts is None else sum(p.num_rows for p in parts)))
         return parts
 
-    monkeypatch.setattr(ForEachBatch, "_read_here", spy)
+    monkeypatch.setattr(Decoding, "read_here", spy)
     reports = []
     engine = Runner(config, spark=spark)
     runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=120)))

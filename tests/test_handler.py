@@ -74,21 +74,21 @@ def _run_one_batch(config: IngestConfig, monkeypatch, *,
     spec = config.tables[0]
     report = RunReport("r1", {spec.name: TableRun(spec.name)})
     handler = ForEachBatch(config, [spec], report, "r1", None, {})
-    assert handler.source is not None  # the embedded log decodes as it reads
+    assert handler.read.source is not None  # the embedded log decodes as it reads
     reads: list[Any] = []
-    real_read = handler.source.read_arrow
+    real_read = handler.read.source.read_arrow
 
     def read_arrow(topic: str, start: dict[int, int], end: dict[int, int]) -> Any:
         reads.append((dict(start), dict(end)))
         return real_read(topic, start, end)
 
-    monkeypatch.setattr(handler.source, "read_arrow", read_arrow)
+    monkeypatch.setattr(handler.read.source, "read_arrow", read_arrow)
     monkeypatch.setattr("ingest.stream.callback.wait_exponential", lambda **_: lambda _state: 0)  # no back-off
-    end = handler.source.end_offsets(spec.topic)
+    end = handler.read.source.end_offsets(spec.topic)
     start = {p: 0 for p in end}
     # What the reader's workers hand over: the batch decoded there (the registry is down for it too).
     batch = real_read(spec.topic, start, end)
-    frame = _Frame(handler.decoder.parts(batch))
+    frame = _Frame(handler.read.decoder.parts(batch))
     assert handler.overlap  # the batch is applied in the background; settle() waits for it
     if stops:
         with pytest.raises(AllTablesStopped):  # its only table stopped: the query ends
@@ -129,11 +129,11 @@ def test_a_registry_that_stays_down_stops_the_table_with_nothing_committed(tmp_p
 def _frames(config: IngestConfig, handler: ForEachBatch, pieces: int = 2) -> tuple[list[_Frame], dict[int, int]]:
     """The table's records as ``pieces`` micro-batches, decoded: every partition cut into that many
     equal parts (two by default: its first and second half)."""
-    assert handler.source is not None
+    assert handler.read.source is not None
     topic = config.tables[0].topic
-    end = handler.source.end_offsets(topic)
+    end = handler.read.source.end_offsets(topic)
     cuts = [{p: e * i // pieces for p, e in end.items()} for i in range(pieces + 1)]
-    frames = [_Frame(handler.decoder.parts(handler.source.read_arrow(topic, lo, hi)))
+    frames = [_Frame(handler.read.decoder.parts(handler.read.source.read_arrow(topic, lo, hi)))
               for lo, hi in itertools.pairwise(cuts)]
     return frames, end
 
@@ -227,7 +227,7 @@ def test_a_batch_retried_after_a_transient_failure_asks_for_its_suspect_reads_on
     log.append(spec.topic, [change("c", 0, 10), change("u", 1, 20), change("r", 0, 30, "incremental")])
     report = RunReport("r1", {spec.name: TableRun(spec.name)})
     handler = ForEachBatch(config, [spec], report, "r1", None, {})
-    assert handler.source is not None
+    assert handler.read.source is not None
     asked: list[Any] = []
     monkeypatch.setattr("ingest.stream.callback.ask_again",
                         lambda _config, _spec, suspects, batch: asked.append((suspects.keys, batch)) or True)
@@ -243,7 +243,7 @@ def test_a_batch_retried_after_a_transient_failure_asks_for_its_suspect_reads_on
 
     monkeypatch.setattr(DeltaRsWriter, "commit", commit)
     for batch, (lo, hi) in enumerate(((0, 1), (1, 3))):
-        handler(_Frame(handler.decoder.parts(handler.source.read_arrow(spec.topic, {0: lo}, {0: hi}))), batch)
+        handler(_Frame(handler.read.decoder.parts(handler.read.source.read_arrow(spec.topic, {0: lo}, {0: hi}))), batch)
         handler.settle()
     handler.close()
     assert len(commits) == 4 and report.tables[spec.name].error is None
@@ -309,7 +309,7 @@ def test_a_small_micro_batch_is_read_and_decoded_by_the_driver_without_a_spark_j
     _offsets_log(tmp_path / "checkpoint", spec.topic, [half, end])
     seen = _applied_parts(monkeypatch)
     closed: list[bool] = []
-    monkeypatch.setattr(handler.source, "close", lambda: closed.append(True))
+    monkeypatch.setattr(handler.read.source, "close", lambda: closed.append(True))
     _Counted.jobs = 0
     left_behind: list[Any] = []
     monkeypatch.setattr(handler._applier, "submit", lambda *work: left_behind.append(work))
@@ -342,13 +342,13 @@ def test_the_offsets_log_is_read_once_per_micro_batch(tmp_path, monkeypatch):
     _offsets_log(tmp_path / "checkpoint", spec.topic,
                  [{p: e * i // 3 for p, e in end.items()} for i in (1, 2, 3)])
     read: list[int] = []
-    real = ingest.stream.callback.checkpoints.batch_offsets
+    real = ingest.stream.decoding.checkpoints.batch_offsets
 
     def batch_offsets(directory: Any, batch: int, topics: Any) -> Any:
         read.append(batch)
         return real(directory, batch, topics)
 
-    monkeypatch.setattr(ingest.stream.callback.checkpoints, "batch_offsets", batch_offsets)
+    monkeypatch.setattr(ingest.stream.decoding.checkpoints, "batch_offsets", batch_offsets)
     handler(_Counted(frames[1].parts), 1)
     handler(_Counted(frames[2].parts), 2)
     handler.settle()
@@ -507,7 +507,7 @@ def test_a_micro_batch_the_driver_cannot_place_or_that_is_not_small_is_read_thro
         if case == "no end of the batch before":
             (tmp_path / "checkpoint" / "offsets" / "0").unlink()
         else:  # a batch of MIN_PIECE records or more is Spark's
-            monkeypatch.setattr("ingest.stream.callback.MIN_PIECE", sum(end[p] - half[p] for p in end))
+            monkeypatch.setattr("ingest.stream.decoding.MIN_PIECE", sum(end[p] - half[p] for p in end))
     _Counted.jobs = 0
     handler(frame, batch)
     handler.settle()
@@ -529,8 +529,8 @@ def test_a_driver_read_that_fails_ends_the_query_with_the_sources_own_error(tmp_
     def read_arrow(topic: str, start: dict[int, int], stop: dict[int, int]) -> Any:
         raise SourceUnavailableError(f"kafka at 127.0.0.1:1: nothing from {topic}[0] after offset {start[0]} in 30 s")
 
-    assert handler.source is not None
-    monkeypatch.setattr(handler.source, "read_arrow", read_arrow)
+    assert handler.read.source is not None
+    monkeypatch.setattr(handler.read.source, "read_arrow", read_arrow)
     _Counted.jobs = 0
     with pytest.raises(SourceUnavailableError, match="nothing from"):
         handler(_Counted(frames[1].parts), 1)

@@ -62,14 +62,14 @@ def test_a_batch_cancelled_by_the_runs_stop_leaves_the_table_interrupted_not_fai
     prepare_workload(config, events=200, seed=3, malformed_fraction=0.0)
     report = RunReport("r1", {spec.name: TableRun(spec.name)})
     handler = ForEachBatch(config, [spec], report, "r1", None, {})
-    assert handler.source is not None
+    assert handler.read.source is not None
 
     def cancelled(*_args: Any, **_kwargs: Any) -> Any:
         raise RuntimeError("MERGE failed") from _Captured("SPARK_JOB_CANCELLED", "Job 7 cancelled")
 
     monkeypatch.setattr(ingest.stream.callback, "apply_batch", cancelled)
-    end = handler.source.end_offsets(spec.topic)
-    frame = _Frame(handler.decoder.parts(handler.source.read_arrow(spec.topic, dict.fromkeys(end, 0), end)))
+    end = handler.read.source.end_offsets(spec.topic)
+    frame = _Frame(handler.read.decoder.parts(handler.read.source.read_arrow(spec.topic, dict.fromkeys(end, 0), end)))
     with pytest.raises(AllTablesStopped):  # its only table: the query ends, as the run does
         handler(frame, 0)
         handler.settle()

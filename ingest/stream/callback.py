@@ -1,10 +1,10 @@
 """One query's micro-batch on the driver: decode in the executors, then apply it table by table.
 
 :class:`ForEachBatch` is the ``foreachBatch`` callback. It hands the executors the registry's
-schemas, collects the decoded parts (never raw rows), and applies each table's share in its own
+schemas, collects the decoded parts (never raw rows: :mod:`ingest.stream.decoding`, which also reads
+a small micro-batch on the driver, without a Spark job), and applies each table's share in its own
 thread, with its own MERGE commit and offsets; a transient error is retried, any other stops that
-table alone. A small micro-batch the driver reads and decodes itself, without a Spark job
-(:meth:`ForEachBatch._read_here`). :class:`RunReport` is what a run did, table by table.
+table alone. :class:`RunReport` is what a run did, table by table.
 
 A table whose batch fails stops alone (:mod:`ingest.stream.stops`). In a continuous run, one that
 stopped on a transient error is tried again at a later micro-batch. It first catches up -- the
@@ -19,15 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ingest import logs, secrets
@@ -38,10 +34,8 @@ from ingest.commit.state import OpenTables, load_state
 from ingest.commit.writers import Writers
 from ingest.config import IngestConfig, TableSpec
 from ingest.cuts.publish import Publisher
-from ingest.decode.columnar import BatchDecoder, DecoderSpec
-from ingest.decode.parts import PARTS_DDL, part_kind, read_parts
-from ingest.decode.registry import ConfluentSchemaRegistry, confluent_registry
-from ingest.errors import RegistryUnavailableError, is_transient
+from ingest.decode.columnar import DecoderSpec
+from ingest.errors import is_transient
 from ingest.heap import freeze_start_up
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import Location
@@ -49,11 +43,10 @@ from ingest.quality import QualityGate
 from ingest.records.audit import AuditRecord
 from ingest.rules.rereads import SuspectReads
 from ingest.source.consumer_group import GroupCommitter
-from ingest.source.reader import MIN_PIECE, batch_spans
-from ingest.source.sources import DecodingSource, decodes_at_read, source_for
-from ingest.stream import checkpoint as checkpoints
+from ingest.source.sources import source_for
 from ingest.stream.audit_rows import AuditRows
 from ingest.stream.caught_up import backlog, chunks
+from ingest.stream.decoding import Decoding, unavailable
 from ingest.stream.report import RunReport
 from ingest.stream.rereads import ask_again
 from ingest.stream.stops import Stops
@@ -81,31 +74,23 @@ class ForEachBatch:
                  cuts: Publisher | None = None, metrics: RunMetrics | None = None,
                  checkpoint: Location | None = None) -> None:
         self.config, self.specs, self.report, self.run_id = config, specs, report, run_id
-        #: the query's checkpoint, whose offsets log says where a micro-batch starts and ends (:meth:`_read_here`)
-        self.checkpoint = checkpoint
-        #: the last micro-batch whose offsets were read there, and where it ends (where the next starts)
-        self._last_end: tuple[int, dict[str, dict[int, int]]] | None = None
+        #: how the micro-batches' parts reach the driver
+        self.read = Decoding(config, specs, checkpoint)
         #: the micro-batches' audit rows, appended behind them (those of an interval in one commit)
         self.audit = AuditRows(config)
         self.metrics = metrics
         self.progress, self.gates = progress, gates
         #: publishes the cuts of the tables' transaction group after each micro-batch (shared by the run's queries)
         self.cuts = cuts
-        self.specs_by_topic = {s.topic: DecoderSpec.for_table(config, s) for s in specs}
-        self.decoder = BatchDecoder(self.specs_by_topic)
-        self.registry = _driver_registry(config)
         #: topics the query reads for no table: the transaction topic, whose END records trigger the
         #: micro-batch that applies a tail left out to wait for them
         self.extra_topics: list[str] = []
         if cuts is not None and config.source.transactions is not None and \
                 {s.name for s in cuts.group} & {s.name for s in specs}:
             self.extra_topics = [config.source.transactions.topic]
-            self.specs_by_topic[config.source.transactions.topic] = DecoderSpec.for_source(config)
-            self.decoder = BatchDecoder(self.specs_by_topic)
-        #: the source, when it decodes as it reads (the stream's rows are then parts)
-        self.source = cast(DecodingSource, source_for(config)) if decodes_at_read(config) else None
+            self.read.also(config.source.transactions.topic, DecoderSpec.for_source(config))
         #: what the transaction group's tables left out of their last micro-batch, to read again with the next
-        self.tails = Tails(config, cuts, self.source) if cuts is not None else None
+        self.tails = Tails(config, cuts, self.read.source) if cuts is not None else None
         self.writers = Writers(config)
         kafka = config.source.kafka if config.source.kind == "kafka" else None
         #: the consumer group the applied offsets are committed to (``source.kafka.commit_group``)
@@ -116,16 +101,16 @@ class ForEachBatch:
         self.stops = Stops(config, report, metrics, retry_stopped=retry_stopped)
         self.error: BaseException | None = None  # what stopped the whole query (Spark only hands back a string)
         self.batches = 0
-        #: Apply a micro-batch Spark decoded in the background while Spark plans and decodes the next
-        #: one (one the driver read is applied at once: :meth:`_read_here`). Only with a source that
-        #: decodes as it reads: applying then needs nothing of the micro-batch's
-        #: DataFrame (raw messages for quarantine are fetched from the source), which Spark may
-        #: discard once the callback returns. Spark records the batch in its checkpoint before its
-        #: tables commit; a crash in between leaves a checkpoint ahead of a table's Delta log, which
-        #: the next run discards (``Runner._check_checkpoint``), resuming from the Delta logs.
         #: tables whose batches are assembled, reduced and planned on the executors (``target.plan_on``)
         self.on_executors = {s.name for s in specs if config.placement_of(s) == "executors"}
-        self.overlap = self.source is not None and not self.on_executors  # they read the micro-batch's frame
+        #: Apply a micro-batch Spark decoded in the background while Spark plans and decodes the next
+        #: one (one the driver read is applied at once: ``Decoding.read_here``). Only with a source that
+        #: decodes as it reads, and no table planned on the executors: applying then needs nothing of
+        #: the micro-batch's DataFrame (raw messages for quarantine are fetched from the source), which
+        #: Spark may discard once the callback returns. Spark records the batch in its checkpoint before
+        #: its tables commit; a crash in between leaves a checkpoint ahead of a table's Delta log, which
+        #: the next run discards (``Runner._check_checkpoint``), resuming from the Delta logs.
+        self.overlap = self.read.source is not None and not self.on_executors
         #: this micro-batch's decoded parts as a DataFrame, persisted, while tables read it on the executors
         self._parts_frame: DataFrame | None = None
         self._applier = Behind("apply")
@@ -140,8 +125,8 @@ class ForEachBatch:
                 # This micro-batch is decoded while the previous one is still being applied; what
                 # the tables do next depends on how that ended, so it is awaited before anything else.
                 # It is applied behind the callback too, unless the driver read it: that took
-                # milliseconds, and leaves nothing to overlap (_read_here).
-                here = self._read_here(batch_id)
+                # milliseconds, and leaves nothing to overlap (Decoding.read_here).
+                here = self.read.read_here(batch_id)
                 early, behind = (here, False) if here is not None else (self._decoded(frame), True)
                 self.settle()
             if self.batches:
@@ -152,8 +137,8 @@ class ForEachBatch:
                 if self.stops.waiting:
                     return  # every table waits for its next try; the query goes on
                 raise AllTablesStopped
-            if self.source is None:  # a reader that decodes as it reads got them when its stream started
-                self.prefetch_schemas(active)
+            if self.read.source is None:  # a reader that decodes as it reads got them when its stream started
+                self.read.prefetch_schemas(active)
             active = [s for s in active if s not in due or self._catch_up(s, frame, batch_id)]
             # The executors decode the Kafka rows into typed columnar parts; the driver gets those only
             # (of the tables it plans: the others read them where they are).
@@ -186,7 +171,7 @@ class ForEachBatch:
         group = [s for s in self.tails.cuts.group if s.name in names and s.name not in self.on_executors]
         if not group:
             return parts
-        return self.tails.aligned(group, self.opened, frame, parts, self.decoder, self.stops.stop)
+        return self.tails.aligned(group, self.opened, frame, parts, self.read.decoder, self.stops.stop)
 
     def settle(self) -> None:
         """Wait for the micro-batch still being applied, if any (see ``overlap``).
@@ -216,8 +201,7 @@ class ForEachBatch:
                         "from the tables' Delta logs", secrets.describe(failed[0]))
         if self.group is not None:
             self.group.close()
-        if self.source is not None:
-            self.source.close()
+        self.read.close()
 
     def _apply_all(self, active: list[TableSpec], frame: DataFrame, parts: list[Any], batch_id: int,
                    decode_ms: int) -> None:
@@ -249,74 +233,12 @@ class ForEachBatch:
             raise AllTablesStopped
 
     def _parts(self, frame: DataFrame) -> DataFrame:
-        """The micro-batch's parts as a DataFrame: decoded as the source read them, or by ``mapInArrow``."""
-        if self._parts_frame is not None:
-            return self._parts_frame
-        return frame if self.source is not None else frame.mapInArrow(self.decoder, PARTS_DDL)
+        """The micro-batch's parts as a DataFrame: persisted for the executors' tables, or as decoded."""
+        return self._parts_frame if self._parts_frame is not None else self.read.parts(frame)
 
     def _decoded(self, frame: DataFrame, exclude: set[str] | None = None) -> list[Any]:
         """The micro-batch's parts on the driver, less those of the ``exclude`` topics (left on the executors)."""
-        parts = self._parts(frame)
-        if exclude:
-            parts = parts.mapInArrow(_without_topics(exclude), PARTS_DDL)
-        return read_parts(parts.toArrow().column("part").to_pylist())
-
-    def _read_here(self, batch_id: int) -> list[Any] | None:
-        """A small micro-batch read and decoded by the driver, without a Spark job; ``None`` when the
-        reader's tasks decode it instead.
-
-        The driver reads it when its source decodes as it reads, and the query's offsets log says
-        where it starts (the batch before it ends there) and ends, and it holds fewer than
-        :data:`~ingest.source.reader.MIN_PIECE` records. Such a batch is one task's work in Spark
-        too; the job around it (plan, schedule, a Python worker, the parts sent back) cost about
-        0.1 s on two cores, several times the reading and decoding, and shared the cores with the
-        batch being applied. The first batch of a checkpoint, and larger ones, are Spark's.
-
-        A batch read here is applied before the callback returns, not beside the next micro-batch:
-        there is no decoding left to overlap. Spark's next micro-batch then takes in every record
-        that arrived while this one was applied; started beside it, it would have left them for the
-        one after, and waited for this apply before its own.
-        """
-        if self.source is None or self.checkpoint is None or batch_id == 0:
-            return None
-        topics = list(self.specs_by_topic)  # the tables' and the transaction topic
-        last, self._last_end = self._last_end, None
-        start = last[1] if last is not None and last[0] == batch_id - 1 else \
-            checkpoints.batch_offsets(self.checkpoint, batch_id - 1, topics)
-        end = checkpoints.batch_offsets(self.checkpoint, batch_id, topics) if start is not None else None
-        if start is None or end is None:
-            return None
-        self._last_end = batch_id, end  # where the next batch starts (an object store's read saved)
-        spans = batch_spans(start, end)
-        if sum(stop - begin for _, _, begin, stop in spans) >= MIN_PIECE:
-            return None
-        ranges: dict[str, tuple[dict[int, int], dict[int, int]]] = {}
-        for topic, partition, begin, stop in spans:
-            lo, hi = ranges.setdefault(topic, ({}, {}))
-            lo[partition], hi[partition] = begin, stop
-        return [part for topic, (lo, hi) in ranges.items()
-                for part in self.decoder.decode(self.source.read_arrow(topic, lo, hi))]
-
-    def prefetch_schemas(self, active: list[TableSpec]) -> None:
-        """Hand the executors every schema of the active topics, so they need not call the registry:
-        with each micro-batch's ``mapInArrow``, or, for a reader that decodes as it reads, once in
-        the decoder its stream starts with (a schema registered later, the workers fetch themselves).
-
-        A registry the driver cannot read is not an error here: the workers then try themselves, and
-        a table whose schemas stay unreachable fails its batch as before (retried, then stopped).
-        """
-        if self.registry is None:
-            return
-        for spec in active:
-            try:
-                found = self.registry.subject_schemas([f"{spec.topic}-key", f"{spec.topic}-value"])
-            except RegistryUnavailableError as exc:
-                log.warning("table %s: schemas not prefetched (%s); the executors will ask the registry",
-                            spec.name, secrets.describe(exc))
-                continue
-            known = self.specs_by_topic[spec.topic]
-            self.specs_by_topic[spec.topic] = replace(known, schemas=tuple(sorted(found.items())))
-        self.decoder = BatchDecoder(self.specs_by_topic)
+        return self.read.collect(self._parts(frame), exclude)
 
     def _catch_up(self, spec: TableSpec, frame: DataFrame, batch_id: int) -> bool:
         """A stopped table's next try: apply what it missed, from its Delta log's offsets to the source's end.
@@ -331,8 +253,8 @@ class ForEachBatch:
             source = source_for(self.config)
             start, end = backlog(source, spec, load_state(paths.table))
             for lo, hi in chunks(start, end, self.config.source.table_batch_records):
-                if self.source is not None:  # a source decoding as it reads: read and decoded here
-                    gap, parts = None, self.decoder.decode(self.source.read_arrow(spec.topic, lo, hi))
+                if self.read.source is not None:  # a source decoding as it reads: read and decoded here
+                    gap, parts = None, self.read.decoder.decode(self.read.source.read_arrow(spec.topic, lo, hi))
                 else:
                     gap = source.read_range(frame.sparkSession, spec.topic, lo, hi)
                     parts = self._decoded(gap)
@@ -354,13 +276,13 @@ class ForEachBatch:
                decode_ms: int) -> AuditRecord | None:
         """Apply one table's share of the micro-batch; returns its audit row, for the caller to append."""
         paths = TablePaths.of(self.config, spec.name)
-        if self.source is not None and _unavailable(parts):
+        if self.read.source is not None and unavailable(parts):
             # The reader's workers could not reach the registry (no route or credentials on the
             # executors): the driver, which may, decodes the table's share itself.
             log.warning("table %s: the workers could not read the schema registry; decoding batch %d on the "
                         "driver (source.kafka.reader: spark lets the driver hand them the schemas)",
                         spec.name, batch_id)
-            parts = self._redecoded(spec, frame, parts)
+            parts = self.read.redecoded(spec, frame, parts)
         asked: list[bool] = []
 
         def ask(suspects: SuspectReads) -> None:  # before the commit; once, however often the batch is retried
@@ -375,9 +297,8 @@ class ForEachBatch:
             with attempt:
                 if attempt.retry_state.attempt_number > 1:
                     # decode the table's records again (the registry may answer now)
-                    parts = self._redecoded(spec, frame, parts)
-                fetch: Any = (self.source.fetch if self.source is not None
-                              else lambda coords: fetch_raw(frame, coords))  # type: ignore[arg-type]
+                    parts = self.read.redecoded(spec, frame, parts)
+                fetch = self.read.raw_fetch(frame)
                 writer = self.writers.for_table(spec)
                 on_executors = spec.name in self.on_executors and self._parts_frame is not None
                 result = apply_batch(spec, paths, self._parts_frame if on_executors else parts,
@@ -405,71 +326,9 @@ class ForEachBatch:
             self.progress(spec.name, result.record, result)
         return result.record
 
-    def _redecoded(self, spec: TableSpec, frame: DataFrame | None, parts: list[Any]) -> list[Any]:
-        """The table's share decoded again, for a retry: by ``mapInArrow``, or, where the source decoded
-        as it read and some message found the registry unavailable, here from the same offsets read
-        again."""
-        if self.source is None:
-            if frame is None:
-                return parts
-            mine = frame.filter(frame.topic == spec.topic).mapInArrow(self.decoder, PARTS_DDL)
-            return read_parts(mine.toArrow().column("part").to_pylist())
-        if not _unavailable(parts):
-            return parts  # decoded without the registry's help, or with it: reading again changes nothing
-        start: dict[int, int] = {}
-        end: dict[int, int] = {}
-        for part in parts:
-            if part.num_rows:
-                for partition, offset in zip(part.column("_cdc_partition").to_pylist(),
-                                             part.column("_cdc_offset").to_pylist(), strict=True):
-                    start[partition] = min(start.get(partition, offset), offset)
-                    end[partition] = max(end.get(partition, offset + 1), offset + 1)
-        return self.decoder.decode(self.source.read_arrow(spec.topic, start, end)) if start else parts
-
-
-def _without_topics(topics: set[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """A ``mapInArrow`` function that drops the parts of ``topics``."""
-
-    def keep(batches: Iterator[Any]) -> Iterator[Any]:
-        for batch in batches:
-            blobs = [b for b in batch.column(0).to_pylist()
-                     if not any(p.num_rows and p.column("_cdc_topic")[0].as_py() in topics for p in read_parts([b]))]
-            yield pa.RecordBatch.from_pydict({"part": blobs}, schema=pa.schema([("part", pa.binary())]))
-    return keep
-
-
-def _unavailable(parts: list[Any]) -> bool:
-    """Whether some message of the parts could not be decoded because the registry did not answer."""
-    return any(part.num_rows and part_kind(part.schema) == "meta"
-               and pc.any(pc.equal(part.column("_cdc_kind"), "unavailable")).as_py() for part in parts)
-
-
-def _driver_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:
-    """The driver's client of a Confluent-compatible registry (None for the embedded one)."""
-    try:
-        return confluent_registry(config)
-    except RegistryUnavailableError as exc:
-        log.warning("schema registry client not created on the driver (%s); the executors will ask it",
-                    secrets.describe(exc))
-        return None
-
 
 def _failure(state: Any) -> str:
     """What a tenacity attempt failed with, for the retry's log line."""
     exc = state.outcome.exception() if state.outcome is not None else None
     return secrets.describe(exc) if exc is not None else "no exception"
 
-
-def fetch_raw(frame: DataFrame, coords: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[Any, Any, Any]]:
-    """Raw key, value and timestamp of some messages of a micro-batch, read again from the source."""
-
-    by_topic_partition: dict[tuple[str, int], list[int]] = {}
-    for topic, partition, offset in coords:
-        by_topic_partition.setdefault((topic, partition), []).append(offset)
-    condition: Any = None
-    for (topic, partition), offsets in by_topic_partition.items():
-        clause = (F.col("topic") == topic) & (F.col("partition") == partition) & F.col("offset").isin(offsets)
-        condition = clause if condition is None else condition | clause
-    rows = frame.filter(condition).select("topic", "partition", "offset", "key", "value", "timestamp").toArrow()
-    return {(t, p, o): (k, v, ts) for t, p, o, k, v, ts in zip(*(rows[c].to_pylist() for c in rows.column_names),
-                                                               strict=True)}

@@ -117,7 +117,7 @@ class DriverRun:
                                metrics=self.runner.metrics)
         decoding = None
         try:
-            handler.prefetch_schemas(self.specs)
+            handler.read.prefetch_schemas(self.specs)
             states = {spec.name: load_state(TablePaths.of(config, spec.name).table) for spec in self.specs}
             pieces = self._pieces(handler, states)
             logs.event(log, "driver-run", f"run {self.report.run_id}: {sum(p.records for p in pieces)} records "
@@ -143,10 +143,10 @@ class DriverRun:
         tables' Delta logs, read once for the run)."""
         config = self.runner.config
         limit = config.source.table_batch_records
-        assert handler.source is not None
+        assert handler.read.source is not None
         pieces = []
         for spec in self.specs:
-            start, end = backlog(handler.source, spec, states[spec.name])
+            start, end = backlog(handler.read.source, spec, states[spec.name])
             pieces += [_Piece(spec, lo, hi, sum(hi[p] - lo[p] for p in hi)) for lo, hi in chunks(start, end, limit)]
         return pieces
 
@@ -246,8 +246,8 @@ class _Decoding:
     """
 
     def __init__(self, config: IngestConfig, handler: ForEachBatch, pieces: list[_Piece]) -> None:
-        assert handler.source is not None  # refusal() lets only a source that decodes as it reads through
-        self.handler, self.source, self.pieces = handler, handler.source, pieces
+        assert handler.read.source is not None  # refusal() lets only a source that decodes as it reads through
+        self.handler, self.source, self.pieces = handler, handler.read.source, pieces
         self.pool: ProcessPoolExecutor | None = None
         self.size = max(1, min(os.cpu_count() or 1, DECODERS_MAX, len(pieces)))
         self._todo = iter(pieces)
@@ -258,7 +258,7 @@ class _Decoding:
             # survive. The children only read files and decode (no Delta table, whose runtime's
             # threads are not theirs, and not Great Expectations, which loads after the fork).
             self.pool = ProcessPoolExecutor(self.size, mp_context=multiprocessing.get_context("fork"),
-                                            initializer=_start_decoder, initargs=(config, handler.decoder))
+                                            initializer=_start_decoder, initargs=(config, handler.read.decoder))
             self._top_up()
 
     def _top_up(self) -> None:
@@ -274,7 +274,7 @@ class _Decoding:
                     continue
                 began = time.perf_counter()
                 try:
-                    parts: Any = self.handler.decoder.decode(
+                    parts: Any = self.handler.read.decoder.decode(
                         self.source.read_arrow(piece.spec.topic, piece.start, piece.end))
                 except Exception as exc:  # the table stops; the others go on
                     parts = exc

@@ -203,9 +203,9 @@ class StreamingRun:
 
     def _start_query(self, q: _Query, mode: Mode, run_id: str) -> Any:
         decoder = None
-        if q.handler.source is not None:  # the reader decodes: its decoder starts with the schemas known now
-            q.handler.prefetch_schemas(q.specs)
-            decoder = q.handler.decoder
+        if q.handler.read.source is not None:  # the reader decodes: its decoder starts with the schemas known now
+            q.handler.read.prefetch_schemas(q.specs)
+            decoder = q.handler.read.decoder
         starting = q.starting
         if starting is not None and q.handler.extra_topics:  # read from now on: they only wake the query
             starting = {**starting, **{t: {"0": LATEST} for t in q.handler.extra_topics}}

@@ -62,12 +62,12 @@ def test_a_tail_that_cannot_be_read_again_stops_its_table_only(handler: ForEachB
     specs = list(handler.config.tables)
     first = handler._aligned(specs, None, _batch(handler.config, {bank.ACCOUNTS: (0, 2), bank.LEDGER: (0, 6)}))
     handler._apply_all(specs, None, first, 0, 0)
-    assert handler.source is not None
+    assert handler.read.source is not None
 
     def away(*_args: Any) -> Any:
         raise SourceUnavailableError("Kafka at b:9092 did not answer")
 
-    monkeypatch.setattr(handler.source, "read_arrow", away)
+    monkeypatch.setattr(handler.read.source, "read_arrow", away)
     parts = handler._aligned(specs, None, _batch(handler.config, {bank.ACCOUNTS: (2, 6)}))
     # ledger cannot have its tail back: it stops rather than skip it, and accounts goes on
     assert "ledger" in handler.stops and "did not answer" in (handler.report.tables["ledger"].error or "")
