@@ -23,7 +23,8 @@ from ingest.config import IngestConfig, load_config
 from ingest.errors import SourceUnavailableError
 from ingest.lake.delta import open_table, read_all
 from ingest.lake.layout import TablePaths
-from ingest.ops.maintain import MaintenanceOptions, maintain_tables
+from ingest.ops.maintain import MaintenanceOptions
+from ingest.ops.maintain_tables import maintain_tables
 from tests.factories import hold_lock_in_another_process
 from tests.harness import Topic, ingest_in_batches, key, pg, user_columns
 

@@ -19,7 +19,7 @@ from ingest.config import load_config
 from ingest.errors import SourceUnavailableError
 
 if TYPE_CHECKING:
-    from ingest.ops.maintain import TableOutcome
+    from ingest.ops.maintain_tables import TableOutcome
 
 class Layout(StrEnum):
     compact = "compact"
@@ -60,7 +60,8 @@ def maintain(
     4 a table failed or was skipped because a run held it (its row says which and why).
     """
     # Delta, and Spark for tables with deletion vectors: loaded when the command runs
-    from ingest.ops.maintain import MaintenanceOptions, maintain_tables
+    from ingest.ops.maintain import MaintenanceOptions
+    from ingest.ops.maintain_tables import maintain_tables
 
     cfg = load_config(config, workdir=workdir)
     left_out = None

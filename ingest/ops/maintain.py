@@ -31,10 +31,9 @@ defence, as for two runs. The tables every run appends to (audit, quarantine) ar
 their shared lock, which a run takes only for each append: they are maintained beside a live run,
 whose appends wait for the compaction.
 
-**Dry run.** :func:`plan_cdc_table` and :func:`plan` read a table's snapshot and say what
-maintenance would do -- the files compaction would rewrite (delta-rs's bin-packing, estimated from
-the file sizes), the files vacuum would delete (Delta's own dry run), the tombstones older than the
-retention -- without a lock and without writing anything.
+**Dry run** and **many tables**: :mod:`ingest.ops.maintain_plan` says what this would do to a table
+without writing anything; :mod:`ingest.ops.maintain_tables` maintains (or plans) a configuration's
+tables one after the other, as ``ingest maintain`` does.
 
 A table with deletion vectors (written by the delta-spark engine) is maintained with Spark SQL
 instead -- ``OPTIMIZE`` (``ZORDER BY`` the key), ``VACUUM`` -- since delta-rs cannot write it; Delta
@@ -51,7 +50,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -59,13 +57,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import unquote
 
-import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 
-from ingest import secrets
 from ingest.apply.moves import purge_moves
 from ingest.commit.remembered import purge as purge_tombstones
-from ingest.commit.remembered import purgeable
 from ingest.commit.state import latest_cdc_commit, load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import TableLockedError
@@ -125,45 +120,6 @@ class TableMaintenance:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
 
 
-@dataclass(frozen=True, slots=True)
-class DataFile:
-    """One data file of a table's snapshot."""
-
-    path: str
-    size: int
-
-
-@dataclass(slots=True)
-class MaintenancePlan:
-    """What maintenance would do to one Delta table (a dry run).
-
-    Attributes:
-        maintained_by: ``delta-rs``, or ``delta-spark`` for a table with deletion vectors.
-        compact: the files compaction would rewrite (an estimate for ``compact``: see :func:`plan`).
-        vacuum: the files vacuum would delete now.
-        tombstones_to_purge: remembered deletes older than the table's ``tombstone_retention``.
-    """
-
-    path: str
-    exists: bool = True
-    version: int | None = None
-    maintained_by: str = "delta-rs"
-    compact: list[DataFile] = field(default_factory=list)
-    vacuum: list[str] = field(default_factory=list)
-    tombstones_to_purge: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def compact_bytes(self) -> int:
-        return sum(f.size for f in self.compact)
-
-    def as_dict(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
-        out["compact"] = [{"path": f.path, "size": f.size} for f in self.compact]
-        out["compact_bytes"] = self.compact_bytes
-        return out
-
-
 def maintain(path: Location, options: MaintenanceOptions, *, key_columns: tuple[str, ...] | None = None,
              now: datetime | None = None, spark: Callable[[], SparkSession] | None = None,
              guard: Callable[[], None] | None = None) -> TableMaintenance:
@@ -182,7 +138,7 @@ def maintain(path: Location, options: MaintenanceOptions, *, key_columns: tuple[
     report.version_before = table.version()
     if has_deletion_vectors(table):
         return _maintain_with_spark(table, LakePath.of(path), options, key_columns, report,
-                                    _session_factory(path, spark), check)
+                                    session_factory(path, spark), check)
     commit = CommitProperties(custom_metadata={MAINTENANCE_KEY: options.layout})
     target = options.target_file_size_mb * 1024 * 1024
     metrics: dict[str, Any] = {}
@@ -194,7 +150,7 @@ def maintain(path: Location, options: MaintenanceOptions, *, key_columns: tuple[
     report.files_removed = int(metrics.get("numFilesRemoved", 0))
     report.files_added = int(metrics.get("numFilesAdded", 0))
     if options.vacuum_retention_hours is not None:
-        present = _data_files(LakePath.of(path))
+        present = data_files(LakePath.of(path))
         check()
         removed = table.vacuum(retention_hours=options.vacuum_retention_hours, dry_run=False,
                                enforce_retention_duration=False,
@@ -214,7 +170,7 @@ def maintain(path: Location, options: MaintenanceOptions, *, key_columns: tuple[
     return report
 
 
-def _session_factory(path: Location, spark: Callable[[], SparkSession] | None) -> Callable[[], SparkSession]:
+def session_factory(path: Location, spark: Callable[[], SparkSession] | None) -> Callable[[], SparkSession]:
     if spark is not None:
         return spark
     # pyspark only for tables that need it
@@ -223,7 +179,7 @@ def _session_factory(path: Location, spark: Callable[[], SparkSession] | None) -
     return partial(delta_session, s3=not LakePath.of(path).is_local)
 
 
-def _spark_sql(where: LakePath, options: MaintenanceOptions,
+def spark_sql(where: LakePath, options: MaintenanceOptions,
                session: Callable[[], SparkSession]) -> tuple[SparkSession, str]:
     """A session of its own for maintaining ``where`` with Spark SQL, and the table's name in it."""
     # pyspark only for tables that need it
@@ -248,7 +204,7 @@ def _maintain_with_spark(table: DeltaTable, where: LakePath, options: Maintenanc
     # pyspark only for tables that need it
     from ingest.spark.sql import ident
 
-    spark, name = _spark_sql(where, options, session)
+    spark, name = spark_sql(where, options, session)
     if options.layout != "none":
         spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", json.dumps({MAINTENANCE_KEY: options.layout}))
         zorder = (f" ZORDER BY ({', '.join(ident(k) for k in key_columns)})"
@@ -258,17 +214,17 @@ def _maintain_with_spark(table: DeltaTable, where: LakePath, options: Maintenanc
         report.files_removed, report.files_added = int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"])
     if options.vacuum_retention_hours is not None:
         spark.conf.set("spark.databricks.delta.commitInfo.userMetadata", json.dumps({MAINTENANCE_KEY: "vacuum"}))
-        before = _data_files(where)
+        before = data_files(where)
         check()
         spark.sql(f"VACUUM {name} RETAIN {options.vacuum_retention_hours} HOURS")
-        report.vacuumed_files = len(before - _data_files(where))
+        report.vacuumed_files = len(before - data_files(where))
     report.log_cleanup = "done by Delta (delta-spark checkpoints and expires the log itself)"
     table.update_incremental()
     report.version_after = table.version()
     return report
 
 
-def _data_files(where: LakePath) -> set[str]:
+def data_files(where: LakePath) -> set[str]:
     """The table's files outside its log, relative to the table's root: what a vacuum may delete."""
     if where.is_local:
         return {p.relative_to(where.local).as_posix() for p in where.local.rglob("*")
@@ -277,12 +233,6 @@ def _data_files(where: LakePath) -> set[str]:
     pages = s3_client(where).get_paginator("list_objects_v2").paginate(Bucket=where.bucket, Prefix=prefix)
     return {o["Key"].removeprefix(prefix) for page in pages for o in page.get("Contents", [])
             if not o["Key"].startswith(prefix + "_delta_log/")}
-
-
-def _relative(where: LakePath, path: str) -> str:
-    """A file path Spark gives (a URI) relative to the table's root."""
-    root = (where.local.as_posix() if where.is_local else where.key).rstrip("/") + "/"
-    return unquote(path).split(root, 1)[-1]
 
 
 def acquire_writer_lock(config: IngestConfig, table: str, *, wait: float = 0.0) -> list[locks.WriterLock]:
@@ -346,170 +296,6 @@ def maintain_shared_table(path: Location, options: MaintenanceOptions) -> TableM
     """Maintain a table every run appends to (audit, quarantine), under its shared writer lock."""
     with locks.shared(path):
         return maintain(path, options)
-
-
-# -- dry run -----------------------------------------------------------------------------------------
-
-def plan(path: Location, options: MaintenanceOptions, *, key_columns: tuple[str, ...] | None = None,
-         spark: Callable[[], SparkSession] | None = None) -> MaintenancePlan:
-    """What :func:`maintain` would do to one table now, without writing anything or taking a lock.
-
-    Compaction's files are those delta-rs's bin-packing picks: per partition, the files no larger
-    than the target size, packed largest first into bins of at most the target size, a bin of one
-    file left alone (delta-spark's ``OPTIMIZE`` packs the same way and also rewrites a file whose
-    deletion vector it folds in). Z-order rewrites every file. Vacuum's files come from Delta's
-    own dry run (``VACUUM ... DRY RUN`` for a table with deletion vectors).
-    """
-    where = LakePath.of(path)
-    out = MaintenancePlan(str(path))
-    table = open_table(where)
-    if table is None:
-        out.exists = False
-        return out
-    out.version = table.version()
-    spark_table = has_deletion_vectors(table)
-    out.maintained_by = "delta-spark" if spark_table else "delta-rs"
-    files, with_vectors, partitions = _snapshot_files(table)
-    target = options.target_file_size_mb * 1024 * 1024
-    if options.layout == "zorder" and key_columns:
-        out.compact = files
-    elif options.layout != "none":
-        out.compact = _compaction_candidates(files, partitions, target, with_vectors if spark_table else set())
-    if options.vacuum_retention_hours is not None:
-        if spark_table:
-            session, name = _spark_sql(where, options, _session_factory(where, spark))
-            rows = session.sql(f"VACUUM {name} RETAIN {options.vacuum_retention_hours} HOURS DRY RUN").collect()
-            out.vacuum = sorted(_data_files(where) & {_relative(where, str(r[0])) for r in rows})  # not directories
-        else:
-            listed = table.vacuum(retention_hours=options.vacuum_retention_hours, dry_run=True,
-                                  enforce_retention_duration=False)
-            out.vacuum = sorted(_data_files(where) & {unquote(f) for f in listed})  # files still there
-    return out
-
-
-def plan_cdc_table(config: IngestConfig, spec: TableSpec, options: MaintenanceOptions, *,
-                   now: datetime | None = None) -> MaintenancePlan:
-    """:func:`plan` for a CDC target table, with its tombstones older than ``tombstone_retention``."""
-    now = now or datetime.now(UTC)
-    paths = TablePaths.of(config, spec.name)
-    state = load_state(paths.table)
-    # pyspark: a session for tables with deletion vectors only, with the configuration's master and settings
-    from ingest.spark.session import session_for
-
-    out = plan(paths.table, options, key_columns=state.key_columns, spark=lambda: session_for(config))
-    out.tombstones_to_purge = purgeable(paths.tombstones, now - spec.tombstone_retention)
-    stones = plan(paths.tombstones, options, key_columns=state.key_columns)
-    if stones.exists:
-        out.notes.append(f"tombstones: {len(stones.compact)} files to compact, {len(stones.vacuum)} to vacuum")
-    return out
-
-
-def plan_shared_table(path: Location, options: MaintenanceOptions) -> MaintenancePlan:
-    """:func:`plan` for the audit or the quarantine table."""
-    return plan(path, options)
-
-
-def _snapshot_files(table: DeltaTable) -> tuple[list[DataFile], set[str], list[tuple[Any, ...]]]:
-    """The snapshot's data files, those with a deletion vector, and each file's partition values."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    rows = actions.to_pylist()
-    partition_columns = [c for c in actions.column_names if c.startswith("partition.")]
-    vector_column = next((c for c in actions.column_names if c.startswith("deletionVector.")), None)
-    files = [DataFile(str(r["path"]), int(r["size_bytes"] or 0)) for r in rows]
-    vectors = {str(r["path"]) for r in rows if vector_column and r[vector_column] is not None}
-    partitions = [tuple(r[c] for c in partition_columns) for r in rows]
-    return files, vectors, partitions
-
-
-def _compaction_candidates(files: list[DataFile], partitions: list[tuple[Any, ...]], target: int,
-                           with_vectors: set[str]) -> list[DataFile]:
-    """The files a bin-packing compaction rewrites (see :func:`plan`)."""
-    by_partition: dict[tuple[Any, ...], list[DataFile]] = defaultdict(list)
-    for f, part in zip(files, partitions, strict=True):
-        if f.size <= target or f.path in with_vectors:
-            by_partition[part].append(f)
-    picked: list[DataFile] = []
-    for small in by_partition.values():
-        bins: list[list[DataFile]] = []
-        for f in sorted(small, key=lambda f: f.size, reverse=True):
-            fits = next((b for b in bins if sum(g.size for g in b) + f.size <= target), None)
-            if fits is None:
-                bins.append([f])
-            else:
-                fits.append(f)
-        picked += [f for b in bins for f in b if len(b) > 1 or f.path in with_vectors]
-    return picked
-
-
-# -- many tables, as a command runs them ---------------------------------------------------------------
-
-Status = Literal["done", "planned", "absent", "skipped", "failed"]
-
-
-@dataclass(slots=True)
-class TableOutcome:
-    """What became of one table in :func:`maintain_tables`.
-
-    ``status``: ``done`` (maintained), ``planned`` (a dry run's plan), ``absent`` (no table yet),
-    ``skipped`` (a run kept the writer lock: ``reason`` names it), ``failed`` (``reason`` says why).
-    """
-
-    table: str
-    status: Status
-    seconds: float = 0.0
-    reason: str | None = None
-    report: TableMaintenance | None = None
-    plan: MaintenancePlan | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"table": self.table, "status": self.status, "seconds": round(self.seconds, 3), "reason": self.reason,
-                "report": self.report.as_dict() if self.report else None,
-                "plan": self.plan.as_dict() if self.plan else None}
-
-
-def maintain_tables(config: IngestConfig, options: MaintenanceOptions, *, tables: list[str] | None = None,
-                    dry_run: bool = False, wait: float = 0.0, now: datetime | None = None,
-                    on_table: Callable[[TableOutcome], None] | None = None) -> list[TableOutcome]:
-    """Maintain (or, ``dry_run``, plan) ``tables`` -- by default every configured table and the shared
-    audit and quarantine tables -- one after the other; a table that fails or is held does not stop
-    the others.
-
-    Raises:
-        ConfigError: a name in ``tables`` is not a configured table (before anything is done).
-    """
-    specs = [config.table(name) for name in tables] if tables else list(config.tables)
-    shared = [] if tables else [config.target.audit_table, config.target.quarantine_table]
-    jobs: list[tuple[str, Callable[[], TableMaintenance | MaintenancePlan]]] = []
-    for spec in specs:
-        if dry_run:
-            jobs.append((spec.name, partial(plan_cdc_table, config, spec, options, now=now)))
-        else:
-            jobs.append((spec.name, partial(maintain_cdc_table, config, spec, options, now=now, wait=wait)))
-    for name in shared:
-        path = config.tables_root / name
-        jobs.append((name, partial(plan_shared_table if dry_run else maintain_shared_table, path, options)))
-    outcomes = []
-    for name, job in jobs:
-        outcome = _run(name, job)
-        outcomes.append(outcome)
-        if on_table is not None:
-            on_table(outcome)
-    return outcomes
-
-
-def _run(name: str, job: Callable[[], TableMaintenance | MaintenancePlan]) -> TableOutcome:
-    started = time.perf_counter()
-    try:
-        result = job()
-    except TableLockedError as exc:
-        return TableOutcome(name, "skipped", time.perf_counter() - started,
-                            secrets.redact(f"another writer holds the table ({exc.holder})"))
-    except Exception as exc:  # one table's failure is reported in its row; the others go on
-        return TableOutcome(name, "failed", time.perf_counter() - started, secrets.describe(exc))
-    seconds = time.perf_counter() - started
-    if isinstance(result, MaintenancePlan):
-        return TableOutcome(name, "planned" if result.exists else "absent", seconds, plan=result)
-    return TableOutcome(name, "done" if result.exists else "absent", seconds, report=result)
 
 
 def log_retention(table: DeltaTable) -> timedelta:

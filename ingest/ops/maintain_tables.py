@@ -1,0 +1,86 @@
+"""Maintenance of many tables, as ``ingest maintain`` runs it: one after the other, each table's outcome
+reported as it ends, and a table that fails or is held by a run leaving the others to go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any, Literal
+
+from ingest import secrets
+from ingest.config import IngestConfig
+from ingest.errors import TableLockedError
+from ingest.ops.maintain import MaintenanceOptions, TableMaintenance, maintain_cdc_table, maintain_shared_table
+from ingest.ops.maintain_plan import MaintenancePlan, plan_cdc_table, plan_shared_table
+
+Status = Literal["done", "planned", "absent", "skipped", "failed"]
+
+
+@dataclass(slots=True)
+class TableOutcome:
+    """What became of one table in :func:`maintain_tables`.
+
+    ``status``: ``done`` (maintained), ``planned`` (a dry run's plan), ``absent`` (no table yet),
+    ``skipped`` (a run kept the writer lock: ``reason`` names it), ``failed`` (``reason`` says why).
+    """
+
+    table: str
+    status: Status
+    seconds: float = 0.0
+    reason: str | None = None
+    report: TableMaintenance | None = None
+    plan: MaintenancePlan | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "status": self.status, "seconds": round(self.seconds, 3), "reason": self.reason,
+                "report": self.report.as_dict() if self.report else None,
+                "plan": self.plan.as_dict() if self.plan else None}
+
+
+def maintain_tables(config: IngestConfig, options: MaintenanceOptions, *, tables: list[str] | None = None,
+                    dry_run: bool = False, wait: float = 0.0, now: datetime | None = None,
+                    on_table: Callable[[TableOutcome], None] | None = None) -> list[TableOutcome]:
+    """Maintain (or, ``dry_run``, plan) ``tables`` -- by default every configured table and the shared
+    audit and quarantine tables -- one after the other; a table that fails or is held does not stop
+    the others.
+
+    Raises:
+        ConfigError: a name in ``tables`` is not a configured table (before anything is done).
+    """
+    specs = [config.table(name) for name in tables] if tables else list(config.tables)
+    shared = [] if tables else [config.target.audit_table, config.target.quarantine_table]
+    jobs: list[tuple[str, Callable[[], TableMaintenance | MaintenancePlan]]] = []
+    for spec in specs:
+        if dry_run:
+            jobs.append((spec.name, partial(plan_cdc_table, config, spec, options, now=now)))
+        else:
+            jobs.append((spec.name, partial(maintain_cdc_table, config, spec, options, now=now, wait=wait)))
+    for name in shared:
+        path = config.tables_root / name
+        jobs.append((name, partial(plan_shared_table if dry_run else maintain_shared_table, path, options)))
+    outcomes = []
+    for name, job in jobs:
+        outcome = _run(name, job)
+        outcomes.append(outcome)
+        if on_table is not None:
+            on_table(outcome)
+    return outcomes
+
+
+def _run(name: str, job: Callable[[], TableMaintenance | MaintenancePlan]) -> TableOutcome:
+    started = time.perf_counter()
+    try:
+        result = job()
+    except TableLockedError as exc:
+        return TableOutcome(name, "skipped", time.perf_counter() - started,
+                            secrets.redact(f"another writer holds the table ({exc.holder})"))
+    except Exception as exc:  # one table's failure is reported in its row; the others go on
+        return TableOutcome(name, "failed", time.perf_counter() - started, secrets.describe(exc))
+    seconds = time.perf_counter() - started
+    if isinstance(result, MaintenancePlan):
+        return TableOutcome(name, "planned" if result.exists else "absent", seconds, plan=result)
+    return TableOutcome(name, "done" if result.exists else "absent", seconds, report=result)
