@@ -35,7 +35,7 @@ from ingest.rules.rereads import SuspectReads
 from ingest.rules.schema import combine
 
 if TYPE_CHECKING:
-    from ingest.quality.gate import QualityReport
+    from ingest.quality.verdict import QualityReport
     from ingest.records.audit import AuditRecord
 
 #: Control kinds that carry no row change, as the decode step names them.

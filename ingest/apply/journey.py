@@ -60,7 +60,8 @@ from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
 from ingest.model import SourceMark
-from ingest.quality.gate import QualityGate, QualityReport
+from ingest.quality.gate import QualityGate
+from ingest.quality.verdict import QualityReport
 from ingest.records import audit, quarantine
 from ingest.records.audit import AuditRecord
 from ingest.rules.history import REBUILD_STEPS, check_history_mode, count_history

@@ -25,7 +25,8 @@ expectation, so a batch with few rows to validate (``quality.driver_rows``, unde
 records; ``quarantine`` holds back the failing rows -- for an aggregate expectation, or one GX could
 not evaluate, that is every validated row of the batch; ``fail`` raises
 :class:`~ingest.errors.QualityGateError` before anything is written. An expectation that passes
-thanks to ``mostly`` has passed: its few unexpected rows are applied.
+thanks to ``mostly`` has passed: its few unexpected rows are applied. The verdict -- holds, their
+reasons, the status -- is :mod:`ingest.quality.verdict`'s.
 
 **Cost.** GX runs with one ephemeral context, one data source (pandas on the driver, or Spark)
 and one batch definition per table, all made once per process; per batch only the frame is new,
@@ -44,28 +45,26 @@ import json
 import threading
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.columns import arrow_type, delta_type_name, normalize
-from ingest.config import IngestConfig, QualityPolicy, TableSpec
+from ingest.config import IngestConfig, TableSpec
 from ingest.errors import QualityGateError, TableError
 from ingest.model import ColumnSpec
 from ingest.quality.gx_shim import memoized_configurations
 from ingest.quality.results import ResultStore
 from ingest.quality.spark_rows import build_spark_frame, frame_of_winners, positions_by_key, rows_named, rows_of_keys
 from ingest.quality.suites import (
-    ExpectationInfo,
     LoadedSuite,
     check_columns,
     effective_policies,
     gx_context,
     load_suite,
 )
-from ingest.records.audit import QualityStatus
+from ingest.quality.verdict import Outcome, QualityReport, exception_message, gate_message, judge
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -74,65 +73,7 @@ FIRST_PASS: Final = {"result_format": "BASIC", "partial_unexpected_count": 5}
 RESULT_FORMAT: Final = {"result_format": "COMPLETE", "partial_unexpected_count": 5}
 DATASOURCE: Final = "cdc_micro_batches"
 SPARK_DATASOURCE: Final = "cdc_micro_batches_spark"
-_SAMPLES: Final = 5
 _GX_LOCK = threading.Lock()
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What one expectation found in one batch."""
-
-    info: ExpectationInfo
-    policy: QualityPolicy
-    success: bool
-    unexpected: int = 0
-    rows: list[int] = field(default_factory=list)  # positions in the validated frame (map expectations)
-    observed: Any = None  # aggregate expectations: GX's observed value
-    error: str | None = None  # GX could not evaluate it
-
-    @property
-    def names_rows(self) -> bool:
-        """The failure points at rows (otherwise it is about the whole batch)."""
-        # A map expectation that failed without naming rows cannot say which: the batch answers for it.
-        return self.info.row_level and self.error is None and (bool(self.rows) or not self.unexpected)
-
-
-@dataclass(slots=True)
-class Hold:
-    """Why one validated row is held back: the expectations (names) and their observed values."""
-
-    expectations: list[str] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)
-
-    @property
-    def reason(self) -> str:
-        return "; ".join(self.reasons)
-
-
-@dataclass(slots=True)
-class QualityReport:
-    """The gate's verdict on one batch.
-
-    Attributes:
-        status: ``passed``, ``warned``, ``quarantined``, ``failed`` or ``skipped`` (nothing to validate).
-        evaluated: expectations evaluated.
-        failed: expectations that failed.
-        failures: unexpected count per failed expectation (an aggregate one counts every row).
-        held: winners to hold back, by their index in the winners list given to :meth:`QualityGate.check`.
-        rows_validated: rows in the validated frame.
-        outcomes: per-expectation details.
-    """
-
-    status: QualityStatus = "skipped"
-    evaluated: int = 0
-    failed: int = 0
-    failures: dict[str, int] = field(default_factory=dict)
-    held: dict[int, Hold] = field(default_factory=dict)
-    rows_validated: int = 0
-    outcomes: list[Outcome] = field(default_factory=list)
-
-    def failures_json(self) -> str:
-        return json.dumps(self.failures, sort_keys=True)
 
 
 class QualityGate:
@@ -276,27 +217,12 @@ class QualityGate:
 
     def _judge(self, result: Any, outcomes: list[Outcome], rows: pa.Table, total: int, validated: Sequence[int], *,
                batch_id: int, run_id: str) -> QualityReport:
-        """The report of a validation ``result`` and its ``outcomes`` (row positions in ``rows``):
-        holds (``validated[pos]`` for the row at ``pos``), status; stored; raises for a failure
-        under policy ``fail``. ``total``: rows validated (``rows`` may hold only the failing ones)."""
-        report = QualityReport(rows_validated=total)
-        report.outcomes = outcomes
-        report.evaluated = len(report.outcomes)
-        failing = [o for o in report.outcomes if not o.success]
-        report.failed = len(failing)
-        report.failures = {o.info.name: o.unexpected if o.names_rows else total for o in failing}
-        for o in failing:
-            if o.policy != "quarantine":
-                continue
-            for pos in (o.rows if o.names_rows else range(rows.num_rows)):
-                hold = report.held.setdefault(validated[pos], Hold())
-                hold.expectations.append(o.info.name)
-                hold.reasons.append(_describe_row(o, _row(rows, pos)))
-        gate = [o for o in failing if o.policy == "fail"]
-        report.status = ("failed" if gate else "quarantined" if report.held else "warned" if failing else "passed")
+        """:func:`~ingest.quality.verdict.judge`'s report, stored; raises for a failure under policy ``fail``."""
+        report = judge(outcomes, rows, total, validated)
         self._store(report, result, batch_id=batch_id, run_id=run_id)
-        if gate:
-            raise QualityGateError(self.spec.name, _gate_message(batch_id, gate, rows, total),
+        if report.status == "failed":
+            gate = [o for o in report.outcomes if not o.success and o.policy == "fail"]
+            raise QualityGateError(self.spec.name, gate_message(batch_id, gate, rows, total),
                                    [o.info.name for o in gate])
         return report
 
@@ -328,7 +254,7 @@ class QualityGate:
             {"unexpected_index_column_names": list(keys)} if on_spark else {})
         for n, r in enumerate(result.results):
             expectation_id = r.expectation_config.id
-            if r.success or not self._infos[expectation_id].row_level or _exception(r.exception_info):
+            if r.success or not self._infos[expectation_id].row_level or exception_message(r.exception_info):
                 continue
             result.results[n] = validator.validate_expectation(self._expectations[expectation_id])
 
@@ -338,7 +264,7 @@ class QualityGate:
         for r in result.results:
             info = self._infos[r.expectation_config.id]
             res = r.result or {}
-            error = _exception(r.exception_info)
+            error = exception_message(r.exception_info)
             named = list(res.get("unexpected_index_list") or [])
             if on_spark and named:  # named by key; without a key none is: the batch answers
                 if by_key is None and keys:
@@ -412,54 +338,3 @@ def build_frame(rows: pa.Table, columns: dict[str, str]) -> Any:
         arrays[name] = array
     # One Arrow table converted at once builds pandas' blocks far faster than column by column.
     return pa.table(arrays).to_pandas() if arrays else pa.table({"_": pa.nulls(rows.num_rows)}).to_pandas()[[]]
-
-
-def _row(rows: pa.Table, pos: int) -> dict[str, Any]:
-    """One validated row's values (a held row, to describe)."""
-    return rows.slice(pos, 1).to_pylist()[0]
-
-
-def _exception(info: Any) -> str | None:
-    """GX's exception info (flat, or nested per metric) as one message, if it raised."""
-    if not info:
-        return None
-    entries = [info] if "raised_exception" in info else [v for v in info.values() if isinstance(v, dict)]
-    for entry in entries:
-        if entry.get("raised_exception"):
-            return str(entry.get("exception_message") or "GX could not evaluate the expectation")[:300]
-    return None
-
-
-def _value(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _describe_row(outcome: Outcome, row: dict[str, Any]) -> str:
-    name = outcome.info.name
-    if outcome.error is not None:
-        return f"{name}: could not be evaluated ({outcome.error}); the whole batch is held"
-    if not outcome.info.row_level:
-        return f"{name}: observed {_value(outcome.observed)} for the batch; the whole batch is held"
-    observed = ", ".join(f"{c}={_value(row.get(c))}" for c in outcome.info.columns)
-    return f"{name}: observed {observed}"
-
-
-def _gate_message(batch_id: int, gate: list[Outcome], rows: pa.Table, total: int) -> str:
-    parts = []
-    for o in gate:
-        if o.error is not None:
-            parts.append(f"{o.info.name} could not be evaluated: {o.error}")
-        elif not o.info.row_level:
-            parts.append(f"{o.info.name} failed for the batch: observed {_value(o.observed)}")
-        else:
-            samples = []
-            for pos in o.rows[:_SAMPLES]:
-                row = _row(rows, pos)
-                keys = json.loads(row["_cdc_key_columns"] or "[]")
-                key = ", ".join(f"{k}={_value(row.get(k))}" for k in keys)
-                values = ", ".join(f"{c}={_value(row.get(c))}" for c in o.info.columns)
-                samples.append(f"({key}) {values}")
-            parts.append(f"{o.info.name} failed for {o.unexpected} of {total} rows, e.g. " + "; ".join(samples))
-    return (f"batch {batch_id}: expectations under policy 'fail' failed; nothing was committed and the offsets "
-            f"did not advance: " + " | ".join(parts))

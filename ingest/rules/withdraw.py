@@ -21,7 +21,7 @@ from ingest.rules.sql import connect, ident, literal, query
 
 
 class Hold(Protocol):
-    """Why the gate holds one winner (:class:`ingest.quality.gate.Hold`)."""
+    """Why the gate holds one winner (:class:`ingest.quality.verdict.Hold`)."""
 
     expectations: list[str]
 

@@ -35,7 +35,8 @@ from ingest.rules.plan import PlanCounts
 from ingest.rules.reduce import TruncateMark
 
 if TYPE_CHECKING:
-    from ingest.quality.gate import QualityGate, QualityReport
+    from ingest.quality.gate import QualityGate
+    from ingest.quality.verdict import QualityReport
 
 R = TypeVar("R")
 

@@ -36,7 +36,8 @@ from ingest.rules.sql import connect, ident, query
 from ingest.rules.withdraw import withdraw
 
 if TYPE_CHECKING:
-    from ingest.quality.gate import QualityGate, QualityReport
+    from ingest.quality.gate import QualityGate
+    from ingest.quality.verdict import QualityReport
 
 
 class DriverPlacement:

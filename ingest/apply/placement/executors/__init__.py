@@ -45,7 +45,8 @@ from ingest.spark.sql import ident
 
 if TYPE_CHECKING:
     from ingest.lake.location import LakePath
-    from ingest.quality.gate import QualityGate, QualityReport
+    from ingest.quality.gate import QualityGate
+    from ingest.quality.verdict import QualityReport
 
 
 class ExecutorsPlacement:
