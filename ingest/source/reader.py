@@ -53,7 +53,7 @@ READ_STEP = 50_000
 #: Records decoded into one batch of parts.
 DECODE_BATCH = 10_000
 #: A partition's range of fewer records is not cut among the tasks; a micro-batch of fewer records in
-#: all is read and decoded by the driver (:mod:`ingest.stream.callback`): one core decodes it either
+#: all is read and decoded by the driver (:mod:`ingest.stream.decoding`): one core decodes it either
 #: way, and a Spark job's fixed cost (about 0.1 s on two cores) is more than its decoding. The same
 #: bound as the driver's kept Kafka consumer, so every micro-batch the driver reads goes through it.
 MIN_PIECE = KEPT_READ
@@ -229,7 +229,7 @@ def batch_spans(start: Mapping[str, Mapping[_P, int]], end: Mapping[str, Mapping
         -> list[tuple[str, int, int, int]]:
     """The offset ranges ``(topic, partition, start, end)`` of a micro-batch from ``start`` to ``end``
     (a partition absent from ``start`` begins at 0): what its tasks read, or the driver
-    (:mod:`ingest.stream.callback`)."""
+    (:mod:`ingest.stream.decoding`)."""
     spans = []
     for topic, parts in end.items():
         for p, stop in parts.items():
