@@ -115,7 +115,7 @@ class DriverRun:
         gates: dict[str, QualityGate] = {}  # filled below, while the first pieces are decoded
         handler = ForEachBatch(config, self.specs, self.report, self.report.run_id, self.progress, gates,
                                metrics=self.runner.metrics)
-        decoding = None
+        decoded = None
         try:
             handler.read.prefetch_schemas(self.specs)
             states = {spec.name: load_state(TablePaths.of(config, spec.name).table) for spec in self.specs}
@@ -123,15 +123,15 @@ class DriverRun:
             logs.event(log, "driver-run", f"run {self.report.run_id}: {sum(p.records for p in pieces)} records "
                        f"to apply on the driver, without Spark", run=self.report.run_id,
                        records=sum(p.records for p in pieces))
-            decoding = _Decoding(config, handler, pieces)
+            decoded = _DecodedPieces(config, handler, pieces)
             for spec in self.specs:  # Great Expectations' import: seconds, beside the decoders
                 gate = QualityGate.for_table(config, spec, table_columns=states[spec.name].columns)
                 if gate is not None:
                     gates[spec.name] = gate
-            finished = self._apply(handler, pieces, decoding)
+            finished = self._apply(handler, pieces, decoded)
         finally:
-            if decoding is not None:
-                decoding.close()
+            if decoded is not None:
+                decoded.close()
             handler.close()
         self.report.seconds = time.perf_counter() - self.report.started
         if any(t.batches for t in self.report.tables.values()):
@@ -150,7 +150,7 @@ class DriverRun:
             pieces += [_Piece(spec, lo, hi, sum(hi[p] - lo[p] for p in hi)) for lo, hi in chunks(start, end, limit)]
         return pieces
 
-    def _apply(self, handler: ForEachBatch, pieces: list[_Piece], decoding: _Decoding) -> bool:
+    def _apply(self, handler: ForEachBatch, pieces: list[_Piece], decoded: _DecodedPieces) -> bool:
         """Apply the pieces in order, the next ones read and decoded while one is applied; ``False``
         when the rest was left to Spark."""
         budget = self.runner.config.source.driver_seconds
@@ -160,7 +160,7 @@ class DriverRun:
         warm: tuple[int, float] | None = None  # records done and time when the first batch ended
         ctrl_c = _FirstCtrlC()
         try:
-            for piece, parts, decode_ms in decoding:
+            for piece, parts, decode_ms in decoded:
                 if piece.spec.name not in handler.stops:
                     try:
                         if isinstance(parts, BaseException):
@@ -235,7 +235,7 @@ class _FirstCtrlC:
             self._installed = False
 
 
-class _Decoding:
+class _DecodedPieces:
     """The pieces with their decoded parts (or what reading or decoding them raised) and the
     milliseconds that took, in order.
 
