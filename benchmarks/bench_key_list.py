@@ -1,6 +1,6 @@
 """What listing a batch's keys in delta-spark's MERGE condition saves and costs (not a test).
 
-``delta_spark.dialect_for`` lists a random batch's keys (``t.id IN (...)``) when the table is large
+``spark_merge.dialect_for`` lists a random batch's keys (``t.id IN (...)``) when the table is large
 enough to repay it. This script gives the figures behind that choice, on one table of ``--rows``
 rows (laid out by key, deletion vectors on, as ``bench_merge.py`` builds it):
 
@@ -39,11 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_merge
+from record import Figure, changed_options, write_result
 from rich.console import Console
 from rich.table import Table
 
 from ingest.apply.journey import apply_parts
-from ingest.commit import delta_spark
+from ingest.commit import spark_merge
 from ingest.commit.delta_spark import DeltaSparkWriter
 from ingest.lake.location import LakePath
 from ingest.spark.session import get_spark, session_conf, spark_location
@@ -102,12 +103,12 @@ def _choice(kind: str) -> ExitStack:
     """The engine patched for ``kind`` (not settings)."""
     stack = ExitStack()
     if kind.startswith("listed"):
-        stack.enter_context(patch.object(delta_spark, "ROWS_PER_LISTED_KEY", 0))
+        stack.enter_context(patch.object(spark_merge, "ROWS_PER_LISTED_KEY", 0))
     if kind == "listed, untyped literals":
-        untyped = replace(delta_spark.DIALECT, integer=lambda value, _type: str(value))
-        stack.enter_context(patch.object(delta_spark, "DIALECT", untyped))
+        untyped = replace(spark_merge.DIALECT, integer=lambda value, _type: str(value))
+        stack.enter_context(patch.object(spark_merge, "DIALECT", untyped))
     if kind == "unlisted":
-        stack.enter_context(patch.object(delta_spark, "DIALECT", replace(delta_spark.DIALECT, key_list_limit=0)))
+        stack.enter_context(patch.object(spark_merge, "DIALECT", replace(spark_merge.DIALECT, key_list_limit=0)))
     return stack
 
 
@@ -174,12 +175,19 @@ def main() -> None:
         out.add_row(kind, f"{statistics.median(times[kind]):.2f} s",
                     f"{statistics.median(shuffled[kind]) / 2**20:,.1f} MiB")
     console.print(out)
+    figures = [figure for kind in KINDS for figure in (
+        Figure(f"{kind}: batch time", round(statistics.median(times[kind]), 2), "s"),
+        Figure(f"{kind}: shuffle bytes written", round(statistics.median(shuffled[kind]) / 2**20, 1), "MiB"))]
     for kind in KINDS[1:]:
         ratio = statistics.median(times["listed"]) / statistics.median(times[kind])
         console.print(f"listed / {kind}: {ratio:.2f}x the time")
+        figures.append(Figure(f"listed / {kind}: time", round(ratio, 2), "x"))
     with_types, without = statistics.median(analysis[True]), statistics.median(analysis[False])
     console.print(f"analysis and optimization of a {args.batch:,}-key list: typed literals {with_types:.3f} s, "
                   f"untyped {without:.3f} s ({without / with_types:.2f}x), median of {len(analysis[True])}")
+    figures += [Figure("analysis of the list, typed literals", round(with_types, 3), "s"),
+                Figure("analysis of the list, untyped literals", round(without, 3), "s")]
+    console.print(f"result: {write_result('bench_key_list', changed_options(parser, args, ['workdir']), figures)}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ through the engine's whole driver path (parts -> reduce -> plan -> delta-rs MERG
   turn, to show what the append saves.
 
 With ``--engine delta-spark`` the random batches also take turns with **random, unlisted**: the
-same MERGE without the batch's keys listed in its condition (``delta_spark.KEY_LIST_LIMIT``; patched
+same MERGE without the batch's keys listed in its condition (``spark_merge.KEY_LIST_LIMIT``; patched
 here, not a setting), to show what the list saves, with **random, bare MERGE**: the same after-images
 merged by a plain delta-spark MERGE a user would write (update all by key, insert the rest; no
 reduce, position guard, audit or progress), the floor delta-spark itself sets, and with
@@ -66,6 +66,7 @@ from unittest.mock import patch
 
 import pyarrow as pa
 from deltalake import write_deltalake
+from record import Figure, changed_options, write_result
 from rich.console import Console
 from rich.table import Table
 
@@ -206,12 +207,12 @@ def _baseline(kind: str, engine: Writer) -> AbstractContextManager[object]:
     every batch, new keys only included (the baseline of the append); *random, unlisted* lists no
     keys in the MERGE's condition (the baseline of the list); *random, driver lookup* reads the
     batch's stored rows on the driver however large their range (the baseline of the executors')."""
-    from ingest.commit import delta_spark
+    from ingest.commit import delta_spark, spark_merge
 
     if kind.endswith("merged"):
         return patch.object(delta_spark, "may_append", lambda *_args, **_kwargs: False)
     if kind.endswith("unlisted"):
-        return patch.object(delta_spark, "DIALECT", replace(delta_spark.DIALECT, key_list_limit=0))
+        return patch.object(spark_merge, "DIALECT", replace(spark_merge.DIALECT, key_list_limit=0))
     if kind.endswith("driver lookup"):
         return patch.object(engine, "driver_lookup_rows", 10**18)
     return nullcontext()
@@ -313,13 +314,16 @@ def main() -> None:
         else:
             create_bucket(endpoint, BUCKET)
     try:
-        _run(args, variants, endpoint)
+        figures = _run(args, variants, endpoint)
     finally:
         if server is not None:
             server.stop()
+    variant = changed_options(parser, args, ["workdir", "s3_endpoint"])
+    console.print(f"result: {write_result('bench_merge', variant, figures)}")
 
 
-def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None) -> None:
+def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None) -> list[Figure]:
+    """Every variant's batches, their table printed; returns the figures it printed."""
     results: dict[tuple[int, str], list[float]] = {}
     files: dict[tuple[int, str], list[int]] = {}
     vectors: dict[tuple[int, str], list[int]] = {}
@@ -370,8 +374,7 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
             if variant.lake == "local":
                 shutil.rmtree(args.workdir / str(rows), ignore_errors=True)
     if len(variants) > 1:
-        _compare(results, sizes, args, [v.label for v in variants])
-        return
+        return _compare(results, sizes, args, [v.label for v in variants])
     out = Table(title=f"A {args.batch:,}-change batch through the engine's {args.engine} path "
                       f"(median of {args.rounds})")
     news = [k for k in ("new keys", "new keys, merged") if (sizes[0], k) in results]
@@ -393,26 +396,42 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
                                                          _mib(memory[(rows, k)]))),
                     *(f"{statistics.median(results[(rows, k)]):.2f} s" for k in (*bare, *news)))
     console.print(out)
+    figures = [figure for (rows, kind), seconds in results.items() for figure in (
+        Figure(f"{rows:,} rows, {kind}: batch time", round(statistics.median(seconds), 2), "s"),
+        Figure(f"{rows:,} rows, {kind}: files rewritten", int(statistics.median(files[(rows, kind)]))),
+        Figure(f"{rows:,} rows, {kind}: driver memory", round(statistics.median(memory[(rows, kind)])), "MiB"))]
+
+    def ratio(name: str, value: float) -> float:
+        figures.append(Figure(name, round(value, 2), "x"))
+        return value
+
     first, last = sizes[0], sizes[-1]
     for kind in ("hot set", "random", *unlisted, *bare, *news[:1]):
-        growth = statistics.median(results[(last, kind)]) / statistics.median(results[(first, kind)])
+        growth = ratio(f"{kind}, {last:,} rows / {first:,} rows",
+                       statistics.median(results[(last, kind)]) / statistics.median(results[(first, kind)]))
         target = " (target <= 1.5x)" if kind == "hot set" or (kind == "random" and args.engine == "delta-spark") else ""
         console.print(f"{kind}, {last:,} rows / {first:,} rows: {growth:.2f}x{target}")
     for rows in sizes if unlisted else []:
-        listed = statistics.median(results[(rows, "random")]) / statistics.median(results[(rows, unlisted[0])])
+        listed = ratio(f"random keys into {rows:,} rows: keys listed / unlisted",
+                       statistics.median(results[(rows, "random")]) / statistics.median(results[(rows, unlisted[0])]))
         console.print(f"random keys into {rows:,} rows: keys listed / unlisted {listed:.2f}x")
     for rows in sizes if bare else []:
-        over = statistics.median(results[(rows, "random")]) / statistics.median(results[(rows, bare[0])])
+        over = ratio(f"random keys into {rows:,} rows: the engine / a bare delta-spark MERGE",
+                     statistics.median(results[(rows, "random")]) / statistics.median(results[(rows, bare[0])]))
         console.print(f"random keys into {rows:,} rows: the engine / a bare delta-spark MERGE {over:.2f}x")
     for rows in sizes if lookups else []:
-        on_executors = statistics.median(results[(rows, "random")]) / statistics.median(results[(rows, lookups[0])])
+        on_executors = ratio(f"random keys into {rows:,} rows: stored rows read on the executors / on the driver",
+                             statistics.median(results[(rows, "random")])
+                             / statistics.median(results[(rows, lookups[0])]))
         console.print(f"random keys into {rows:,} rows: stored rows read on the executors / on the driver "
                       f"{on_executors:.2f}x the time, driver memory {_mib(memory[(rows, 'random')])} against "
                       f"{_mib(memory[(rows, lookups[0])])}")
     if len(news) == 2:
         for rows in sizes:
-            saved = statistics.median(results[(rows, news[1])]) / statistics.median(results[(rows, news[0])])
+            saved = ratio(f"new keys into {rows:,} rows: merged / appended",
+                          statistics.median(results[(rows, news[1])]) / statistics.median(results[(rows, news[0])]))
             console.print(f"new keys into {rows:,} rows: merged / appended {saved:.2f}x")
+    return figures
 
 
 def _mib(samples: list[float]) -> str:
@@ -420,8 +439,9 @@ def _mib(samples: list[float]) -> str:
 
 
 def _compare(results: dict[tuple[int, str], list[float]], sizes: list[int], args: argparse.Namespace,
-             labels: list[str]) -> None:
+             labels: list[str]) -> list[Figure]:
     """The variants' batches side by side (scd1/scd2, local/s3), each against the first one."""
+    figures: list[Figure] = []
     out = Table(title=f"A {args.batch:,}-change batch, {', '.join(labels)}, through the engine's {args.engine} "
                       f"path (median of {args.rounds})")
     for col in ("table rows", "keys", *labels, *(f"{label} / {labels[0]}" for label in labels[1:])):
@@ -431,7 +451,13 @@ def _compare(results: dict[tuple[int, str], list[float]], sizes: list[int], args
             medians = [statistics.median(results[(rows, f"{kind} {label}")]) for label in labels]
             out.add_row(f"{rows:,}", kind, *(f"{m:.2f} s" for m in medians),
                         *(f"{m / medians[0]:.2f}x" for m in medians[1:]))
+            for label, m in zip(labels, medians, strict=True):
+                figures.append(Figure(f"{rows:,} rows, {kind}, {label}", round(m, 2), "s"))
+                if label != labels[0]:
+                    share = round(m / medians[0], 2)
+                    figures.append(Figure(f"{rows:,} rows, {kind}, {label} / {labels[0]}", share, "x"))
     console.print(out)
+    return figures
 
 
 if __name__ == "__main__":

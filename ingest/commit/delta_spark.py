@@ -21,13 +21,9 @@ delta-spark records one app transaction per commit (``spark.databricks.delta.wri
 commit, and the writer reports it as a conflict. Those settings are per Spark session, so every
 thread that commits has its own session (``SparkSession.newSession``: same context and jars).
 
-With deletion vectors a MERGE that deletes or updates rows marks them in a small vector file instead
-of rewriting the Parquet file holding them; the audit record gets the MERGE's own metrics. Such a
-MERGE still joins the batch with the rows of every file it touches to write the changed rows, and a
-batch of keys spread over the table touches every file: so a batch of up to :data:`KEY_LIST_LIMIT`
-keys into a table much larger than it (:func:`dialect_for`) also lists them in the MERGE's condition
-(``t.key IN (...)``, implied by the key equality), and Spark drops the other rows before that join
-instead of shuffling them all to it.
+The MERGE itself, its Spark SQL and which batches list their keys in its condition, is
+:mod:`ingest.commit.spark_merge`'s; the audit record gets the MERGE's own metrics (deletion-vector
+ones included).
 
 The plan looks up the stored rows of the batch's keys before the MERGE (their positions, soft-delete
 flags and unknown columns; scd2: every column of their versions). Where the files the keys' range
@@ -43,31 +39,29 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from delta.exceptions import DeltaConcurrentModificationException
 from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import DeltaTable
 from pyspark.errors import AnalysisException
-from pyspark.sql import Column, DataFrame, DataFrameWriter, SparkSession
+from pyspark.sql import DataFrame, DataFrameWriter, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
 from ingest import crashpoints
 from ingest.columns import arrow_type
 from ingest.commit.delta_rs import initial_rows, table_schema_of
-from ingest.commit.merge_sql import Clause, Dialect, FrameSource, MergeStatement, current_merge, history_merge
 from ingest.commit.remembered import RememberedDeletes
+from ingest.commit.spark_merge import merge
 from ingest.commit.state import STATE_KEY, TableState, table_app_id
 from ingest.commit.writer import (
     ArrowRows,
     CommitOutcome,
     CommitRequest,
-    Rows,
     SparkRows,
     commit_info,
     creates_with_rows,
@@ -187,7 +181,7 @@ class DeltaSparkWriter:
                     # Only new keys: the rows the MERGE would insert, without its join.
                     _writer(spark, request, app, txn, metadata).mode("append").save(path)
                 elif request.source.count or (request.truncate and state.columns):
-                    _merge(spark, request, dialect_for(existing, request.source, request.key_columns))
+                    merge(spark, request, existing)
                 else:
                     # Nothing to change: an empty append records the progress markers.
                     spark.read.format("delta").load(path).limit(0).write.format("delta").mode("append").save(path)
@@ -295,20 +289,6 @@ def _widen(spark: SparkSession, path: str, columns: list[ColumnSpec], describe: 
      .option("userMetadata", json.dumps({"cdc.schema_change": describe})).save(path))
 
 
-def _merge(spark: SparkSession, request: CommitRequest, dialect: Dialect) -> None:
-    """The batch's MERGE (:mod:`ingest.commit.merge_sql`), the statement delta-rs runs too: current rows
-    by key, or scd2 versions by key and position."""
-    source = request.source
-    shape = source.table if isinstance(source, ArrowRows) else FrameSource(source.columns, source.bounds)
-    if request.history:
-        statement = history_merge(shape, dialect, key_columns=request.key_columns, columns=request.schema.columns,
-                                  truncate=request.truncate, truncate_ts=request.truncate_ts)
-    else:
-        statement = current_merge(shape, dialect, key_columns=request.key_columns, columns=request.schema.columns,
-                                  delete_mode=request.delete_mode, truncate=request.truncate)
-    run_merge(spark, request, source.table if isinstance(source, ArrowRows) else source.frame, statement)
-
-
 def _initial(spark: SparkSession, request: CommitRequest) -> DataFrame:
     """The rows a new table starts with, or a batch of new keys appends
     (:func:`~ingest.commit.delta_rs.initial_rows`), as a DataFrame: from the driver's plan, or
@@ -372,76 +352,3 @@ def remember_on_executors(spark: SparkSession, remembered: RememberedDeletes, ke
      .whenNotMatchedInsertAll()
      .execute())
     remembered.pack()
-
-
-def dialect_for(table: DeltaTable | None, rows: Rows, key_columns: tuple[str, ...]) -> Dialect:
-    """:data:`DIALECT`, listing the batch's keys in the MERGE's condition only where that pays: the
-    files their range reaches hold at least :data:`ROWS_PER_LISTED_KEY` rows per key (the rows the
-    list keeps out of the join). How many keys a list may hold, :func:`~ingest.commit.merge_sql.key_list`
-    decides with the dialect's ``key_list_limit``. Rows on the executors list nothing: the driver
-    does not hold their keys."""
-    unlisted = replace(DIALECT, key_list_limit=0)
-    if not isinstance(rows, ArrowRows):
-        return unlisted
-    source = rows.table
-    if table is None or not key_columns or key_columns[0] not in source.column_names:
-        return unlisted
-    keys = pc.count_distinct(source[key_columns[0]]).as_py()
-    if keys == 0:
-        return unlisted
-    return DIALECT if rows_in_range(table, source, key_columns[0]) >= ROWS_PER_LISTED_KEY * keys else unlisted
-
-
-def _timestamp(value: datetime | None) -> str:
-    if value is None:
-        return "CAST(NULL AS TIMESTAMP)"
-    return f"CAST({string(value.astimezone(UTC).isoformat())} AS TIMESTAMP)"
-
-
-#: A batch of at most this many keys lists them in the MERGE's condition (``merge_sql._on``): its
-#: rewrite join then takes only the batch's rows of the touched files, not all of them.
-KEY_LIST_LIMIT: Final = 20_000
-#: A batch lists its keys only when the files its key range reaches hold at least this many rows per
-#: key: the list costs Spark its analysis, which the rows kept out of the join repay only in a large
-#: table (``benchmarks/bench_key_list.py`` at 200k and 2M rows, ``bench_merge.py --engine delta-spark``).
-ROWS_PER_LISTED_KEY: Final = 100
-
-
-def _integer(value: int, kind: pa.DataType) -> str:
-    """An integer literal of Spark's type for ``kind`` (``7L`` a BIGINT), so a list of them needs no
-    cast per value against a column of that type: at most slightly faster than an untyped list
-    (``benchmarks/bench_key_list.py``: 0.90x the MERGE's time at 200k rows, 1.04x at 2M)."""
-    if pa.types.is_unsigned_integer(kind):  # Spark has no unsigned types: let it type the value
-        return str(value)
-    suffix = {8: "Y", 16: "S", 32: ""}.get(kind.bit_width, "L")
-    return f"{value}{suffix}"
-
-
-#: Spark SQL, as delta-spark's MERGE reads it.
-DIALECT: Final = Dialect(ident=ident, string=string, timestamp=_timestamp, key_list_limit=KEY_LIST_LIMIT,
-                         integer=_integer)
-
-
-def run_merge(spark: SparkSession, request: CommitRequest, source: pa.Table | DataFrame,
-              statement: MergeStatement) -> None:
-    """Run ``statement`` with delta-spark's merge builder, ``source`` as a DataFrame."""
-
-    def sets(clause: Clause) -> dict[str, str | Column]:
-        assert clause.sets is not None
-        return dict(clause.sets)
-
-    merger = SparkDeltaTable.forPath(spark, request.path.spark_uri).alias("t").merge(
-        (source if isinstance(source, DataFrame) else arrow_frame(spark, source)).alias("s"), statement.on)
-    for clause in statement.clauses:
-        if clause.kind == "matched_delete":
-            merger = merger.whenMatchedDelete(clause.condition)
-        elif clause.kind == "matched_update":
-            merger = merger.whenMatchedUpdate(clause.condition, sets(clause))
-        elif clause.kind == "not_matched_insert":
-            merger = (merger.whenNotMatchedInsert(values=sets(clause)) if clause.condition is None
-                      else merger.whenNotMatchedInsert(clause.condition, sets(clause)))
-        elif clause.kind == "not_matched_by_source_delete":
-            merger = merger.whenNotMatchedBySourceDelete(clause.condition)
-        else:
-            merger = merger.whenNotMatchedBySourceUpdate(clause.condition, sets(clause))
-    merger.execute()

@@ -14,10 +14,11 @@ import pyarrow as pa
 import pytest
 
 from ingest.apply.journey import apply_parts
-from ingest.commit import delta_spark
+from ingest.commit import spark_merge
 from ingest.commit.delta_rs import DeltaRsWriter
-from ingest.commit.delta_spark import DeltaSparkWriter, dialect_for
+from ingest.commit.delta_spark import DeltaSparkWriter
 from ingest.commit.merge_sql import key_list
+from ingest.commit.spark_merge import dialect_for
 from ingest.commit.writer import ArrowRows
 from ingest.config import TableSpec
 from ingest.lake.delta import open_table, read_all, write_table
@@ -51,7 +52,7 @@ def test_a_merge_with_listed_keys_of_each_type_writes_what_delta_rs_writes(tmp_p
                # a stored key updated, another deleted, a new one inserted: the listed MERGE, not the append
                [_change("u", a, 3, key_type, "a2"), _change("d", b, 4, key_type, "b"),
                 _change("c", c, 5, key_type, "c")]]
-    monkeypatch.setattr(delta_spark, "ROWS_PER_LISTED_KEY", 0)  # list the keys however small the table
+    monkeypatch.setattr(spark_merge, "ROWS_PER_LISTED_KEY", 0)  # list the keys however small the table
     tables = {}
     for name, engine in (("ds", DeltaSparkWriter(spark)), ("rs", DeltaRsWriter())):
         paths = paths_in(tmp_path / name)
@@ -85,8 +86,8 @@ def test_the_keys_are_listed_only_where_the_rows_they_keep_out_of_the_join_repay
     assert not dialect_for(None, ArrowRows(pa.table({"k": [1]})), ("k",)).key_list_limit
 
     # However many rows each key would keep out, a batch of more keys than the limit lists none.
-    monkeypatch.setattr(delta_spark, "ROWS_PER_LISTED_KEY", 0)
-    for keys, lists in ((delta_spark.KEY_LIST_LIMIT, True), (delta_spark.KEY_LIST_LIMIT + 1, False)):
+    monkeypatch.setattr(spark_merge, "ROWS_PER_LISTED_KEY", 0)
+    for keys, lists in ((spark_merge.KEY_LIST_LIMIT, True), (spark_merge.KEY_LIST_LIMIT + 1, False)):
         batch = pa.table({"k": pa.array(range(keys), pa.int64())})
         assert (key_list(batch, "k", dialect_for(table, ArrowRows(batch), ("k",))) is not None) is lists
 
@@ -95,7 +96,7 @@ def test_an_scd2_merge_with_listed_keys_keeps_the_versions_delta_rs_keeps(tmp_pa
     spec = SPEC.model_copy(update={"history_mode": "scd2"})
     batches = [[_change("c", 1, 1, "long", "a"), _change("c", 2, 2, "long", "b")],
                [_change("u", 1, 3, "long", "a2"), _change("d", 2, 4, "long", "b"), _change("c", 3, 5, "long", "c")]]
-    monkeypatch.setattr(delta_spark, "ROWS_PER_LISTED_KEY", 0)
+    monkeypatch.setattr(spark_merge, "ROWS_PER_LISTED_KEY", 0)
     versions = {}
     for name, engine in (("ds", DeltaSparkWriter(spark)), ("rs", DeltaRsWriter())):
         paths = paths_in(tmp_path / name)

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pytest
 
 from ingest.commit.delta_rs import DIALECT as RS
-from ingest.commit.delta_spark import DIALECT as SPARK
 from ingest.commit.merge_sql import Dialect, MergeStatement, current_merge, history_merge
+from ingest.commit.spark_merge import DIALECT as SPARK
 from ingest.model import ColumnSpec
 from ingest.rules.history import DROP
 from ingest.rules.plan import TOAST_FLAG
