@@ -24,8 +24,10 @@ reduce, position guard, audit or progress), the floor delta-spark itself sets, a
 **random, driver lookup**: the batch's
 stored rows read on the driver however many rows their key range reaches
 (``target.driver_lookup_rows``, patched likewise), the baseline of reading them on the
-executors. Every batch's **driver memory** is reported too: how far the driver process's resident
-memory rose above where it was when the batch began (sampled every 10 ms, Linux's ``/proc``).
+executors. Each table's first round of batches warms it and the session up and is not counted
+(the first table's would carry the JVM's warm-up). Every batch's **driver memory** is reported
+too: how far the driver process's resident memory rose above where it was when the batch began
+(sampled every 10 ms, Linux's ``/proc``).
 
 ``--history-mode scd2`` keeps every version (the table starts with one current version per key);
 ``--history-mode both`` runs scd1 and scd2 on tables of each size side by side and prints what
@@ -81,7 +83,7 @@ from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath, delta_storage_options
 from ingest.model import ChangeEvent, ColumnSpec, SourcePosition
 
-console = Console()
+console = Console(width=200)  # the table's many columns, also when written to a file
 COLUMNS = (ColumnSpec("id", "long", False), ColumnSpec("customer_id", "integer"), ColumnSpec("amount", "decimal(12,2)"),
            ColumnSpec("status", "string"), ColumnSpec("note", "string"))
 SPEC = TableSpec(name="orders", topic="orders")
@@ -345,7 +347,7 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
                 groups[1] += ["random, unlisted", "random, driver lookup", "random, bare MERGE"]
                 groups[-1].append("new keys, merged")
             for group in groups:
-                for n in range(args.rounds):
+                for n in range(args.rounds + 1):  # round 0 warms the table and session up, not counted
                     for kind in group:  # the kinds of a group take turns, round by round
                         label = f"{kind} {variant.label}".strip()
                         parts = source.parts(batch_keys(kind, rows, source, args.batch, rng))
@@ -363,14 +365,16 @@ def _run(args: argparse.Namespace, variants: list[Variant], endpoint: str | None
                         assert table is not None
                         newest = table.history(1)[0]
                         touched, dvs = rewritten(newest.get("operationMetrics", {}))
-                        results.setdefault((rows, label), []).append(seconds)
-                        files.setdefault((rows, label), []).append(touched)
-                        vectors.setdefault((rows, label), []).append(dvs)
-                        memory.setdefault((rows, label), []).append(driver.rose_mib)
+                        if n:
+                            results.setdefault((rows, label), []).append(seconds)
+                            files.setdefault((rows, label), []).append(touched)
+                            vectors.setdefault((rows, label), []).append(dvs)
+                            memory.setdefault((rows, label), []).append(driver.rose_mib)
                         counted = f"{record.updated} updated, {record.inserted} inserted" if record else "not counted"
                         console.print(f"  {label}: {seconds:.2f} s ({newest['operation']}), {counted}, "
                                       f"files rewritten {touched} of {table_files}, "
-                                      f"deletion vectors {dvs}, driver memory +{driver.rose_mib:,.0f} MiB")
+                                      f"deletion vectors {dvs}, driver memory +{driver.rose_mib:,.0f} MiB"
+                                      + ("" if n else " (warm-up)"))
             if variant.lake == "local":
                 shutil.rmtree(args.workdir / str(rows), ignore_errors=True)
     if len(variants) > 1:
