@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_merge
 import pyarrow as pa
+from record import Figure, changed_options, write_result
 from rich.console import Console
 from rich.table import Table
 
@@ -106,13 +107,21 @@ def main() -> None:
     for col in ("table rows", "batch", "driver", "executors", "executors / driver", "driver memory: driver",
                 "driver memory: executors"):
         out.add_column(col, justify="right")
+    figures: list[Figure] = []
     for rows in sizes:
         for kind in ("hot set", "random"):
             d, e = (statistics.median(times[(rows, kind, w)]) for w in WAYS)
             md, me = (statistics.median(memory[(rows, kind, w)]) for w in WAYS)
             out.add_row(f"{rows:,}", kind, f"{d:.2f} s", f"{e:.2f} s", f"{e / d:.2f}x", f"+{md:,.0f} MiB",
                         f"+{me:,.0f} MiB")
+            figures += [Figure(f"{rows:,} rows, {kind}: driver", round(d, 2), "s"),
+                        Figure(f"{rows:,} rows, {kind}: executors", round(e, 2), "s"),
+                        Figure(f"{rows:,} rows, {kind}: executors / driver", round(e / d, 2), "x"),
+                        Figure(f"{rows:,} rows, {kind}: driver memory, driver", round(md), "MiB"),
+                        Figure(f"{rows:,} rows, {kind}: driver memory, executors", round(me), "MiB")]
     console.print(out)
+    variant = changed_options(parser, args, ["workdir"])
+    console.print(f"result: {write_result('bench_executor_apply', variant, figures)}")
 
 
 def _rows(path: Path | LakePath) -> list[tuple[object, ...]]:

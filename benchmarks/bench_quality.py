@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from record import Figure, changed_options, write_result
 from rich.console import Console
 from rich.table import Table
 
@@ -242,25 +243,35 @@ def main() -> None:
     out = Table(title=f"Quality validation cost ({args.events}-event batches, suite expectations/orders.json)")
     out.add_column("measure")
     out.add_column("value", justify="right")
+    figures: list[Figure] = []
+
+    def row(name: str, shown: str, value: float, unit: str = "") -> None:
+        out.add_row(name, shown)
+        figures.append(Figure(name, value, unit))
+
     for unit, label in (("wall", "wall"), ("cpu", "CPU")) if cost else ():
-        out.add_row(f"batch time without validation (median, {label})", f"{cost[f'plain_{unit}']:.2f} s")
-        out.add_row(f"batch time with validation (median, {label})", f"{cost[f'checked_{unit}']:.2f} s")
-        out.add_row(f"validation itself: frame + GX + result file (median, {label})",
-                    f"{cost[f'validation_{unit}']:.3f} s")
-        out.add_row(f"overhead = validation / batch time without it ({label})", f"{cost[f'share_{unit}']:.1%}")
-        out.add_row(f"difference of the two medians ({label}; noisy on a busy machine)",
-                    f"{cost[f'diff_{unit}']:+.1%}")
+        plain, checked = cost[f"plain_{unit}"], cost[f"checked_{unit}"]
+        row(f"batch time without validation (median, {label})", f"{plain:.2f} s", round(plain, 2), "s")
+        row(f"batch time with validation (median, {label})", f"{checked:.2f} s", round(checked, 2), "s")
+        validation = cost[f"validation_{unit}"]
+        row(f"validation itself: frame + GX + result file (median, {label})", f"{validation:.3f} s",
+            round(validation, 3), "s")
+        share, diff = cost[f"share_{unit}"], cost[f"diff_{unit}"]
+        row(f"overhead = validation / batch time without it ({label})", f"{share:.1%}", round(share * 100, 1), "%")
+        row(f"difference of the two medians ({label}; noisy on a busy machine)", f"{diff:+.1%}",
+            round(diff * 100, 1), "%")
     if cost:
-        out.add_row("rows quarantined per batch (injected violations)", f"{cost['held']:.0f}")
-    out.add_row("GX import + context + first suite (once per process)", f"{first:.1f} s")
-    out.add_row("second suite load (same process)", f"{second * 1000:.0f} ms")
+        row("rows quarantined per batch (injected violations)", f"{cost['held']:.0f}", round(cost["held"]))
+    row("GX import + context + first suite (once per process)", f"{first:.1f} s", round(first, 1), "s")
+    row("second suite load (same process)", f"{second * 1000:.0f} ms", round(second * 1000), "ms")
     runs = [(label, samples) for label, samples in (("gate only", gate_mem), ("full apply_parts", full_mem),
                                                     ("full, no suite (control)", control_mem)) if samples]
     for label, samples in runs:
         points = [(n, mb) for n, mb in samples if n > 0]
         base = next((mb for n, mb in points if n >= 100), points[0][1])
-        out.add_row(f"RSS growth, {label}, batch #100 -> #{points[-1][0]}", f"{points[-1][1] - base:+.1f} MB")
-        out.add_row(f"pandas DataFrames alive after {label}", str(int(samples[-1][1])))
+        growth = points[-1][1] - base
+        row(f"RSS growth, {label}, batch #100 -> #{points[-1][0]}", f"{growth:+.1f} MB", round(growth, 1), "MB")
+        row(f"pandas DataFrames alive after {label}", str(int(samples[-1][1])), int(samples[-1][1]))
     console.print(out)
     rss = Table(title="RSS (MB) after batch")
     rss.add_column("batch", justify="right")
@@ -270,6 +281,7 @@ def main() -> None:
         rss.add_row(str(n), *(f"{samples[i][1]:.0f}" for _, samples in runs))
     if runs:
         console.print(rss)
+    console.print(f"result: {write_result('bench_quality', changed_options(parser, args), figures)}")
 
 
 if __name__ == "__main__":

@@ -29,9 +29,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import pyarrow as pa
+from record import Figure, changed_options, write_result
 from rich.console import Console
 from rich.table import Table
 
@@ -101,6 +103,7 @@ def main() -> None:
     for name in ("changes", "driver (collect + reduce)", "executors (group by key hash)", "executors / driver",
                  "winners equal"):
         table.add_column(name, justify="right")
+    figures: list[Figure] = []
     for size in (int(s) for s in args.sizes.split(",")):
         rows = changes(size, seed=size)
         schema = reduce_changes(rows.slice(0, 100), KEY, COLUMNS).winners.schema
@@ -122,7 +125,12 @@ def main() -> None:
         frame.unpersist()
         d, e = statistics.median(driver), statistics.median(executors)
         table.add_row(f"{size:,}", f"{d:.3f} s", f"{e:.3f} s", f"{e / d:.1f}x", str(equal))
+        figures += [Figure(f"{size:,} changes: driver (collect + reduce)", round(d, 3), "s"),
+                    Figure(f"{size:,} changes: executors (group by key hash)", round(e, 3), "s"),
+                    Figure(f"{size:,} changes: executors / driver", round(e / d, 1), "x"),
+                    Figure(f"{size:,} changes: winners equal", equal)]
     console.print(table)
+    console.print(f"result: {write_result('bench_reduce_where', changed_options(parser, args), figures)}")
 
 
 if __name__ == "__main__":

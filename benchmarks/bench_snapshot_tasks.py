@@ -22,6 +22,9 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import Figure, changed_options, write_result
+
 from ingest.apply.journey import apply_parts
 from ingest.commit.delta_spark import DeltaSparkWriter
 from ingest.config import TableSpec
@@ -72,9 +75,13 @@ def main() -> None:
     table.add_column("statement")
     for way in WAYS:
         table.add_column(f"{way} ({WAYS[way] or cores} tasks)", justify="right")
+    figures: list[Figure] = []
     for statement in ("OPTIMIZE", "VACUUM"):
         table.add_row(statement, *(f"{statistics.median(seconds[(way, statement)]):.1f} s" for way in WAYS))
+        figures += [Figure(f"{statement}, {way} ({WAYS[way] or cores} tasks)",
+                           round(statistics.median(seconds[(way, statement)]), 2), "s") for way in WAYS]
     Console().print(table)
+    console.print(f"result: {write_result('bench_snapshot_tasks', changed_options(parser, args), figures)}")
 
 
 if __name__ == "__main__":
