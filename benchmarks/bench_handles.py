@@ -23,6 +23,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compare import workload
+from record import Figure, changed_options, write_result
 
 from ingest.apply.journey import apply_parts
 from ingest.commit.state import OpenTables
@@ -45,6 +46,7 @@ def main() -> None:
     source = source_for(config)
     lakes = {way: config.workdir / f"handles-{way}" for way in WAYS}
     results = Table("table", "batches", *(f"{way}: CPU s" for way in WAYS), "kept / fresh")
+    figures: list[Figure] = []
     for spec in config.tables:
         decoder = BatchDecoder({spec.topic: DecoderSpec.for_table(config, spec)})
         end = source.end_offsets(spec.topic)
@@ -68,9 +70,13 @@ def main() -> None:
         console.print()
         results.add_row(spec.name, str(len(batches)), *(f"{cpu[w]:.2f}" for w in WAYS),
                         f"{cpu['kept'] / cpu['fresh']:.2f}")
+        figures += [Figure(f"{spec.name}: batches", len(batches)),
+                    *(Figure(f"{spec.name}: {way}, CPU", round(cpu[way], 2), "s") for way in WAYS),
+                    Figure(f"{spec.name}: kept / fresh", round(cpu["kept"] / cpu["fresh"], 2), "x")]
     for root in lakes.values():
         shutil.rmtree(root, ignore_errors=True)
     console.print(results)
+    console.print(f"result: {write_result('bench_handles', changed_options(parser, args, ['workdir']), figures)}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 from harness.demo import prepare_workload, verify_all
 from harness.latency import nearest_rank
+from record import Figure, changed_options, write_result
 from rich.console import Console
 from rich.table import Table
 
@@ -77,6 +78,15 @@ def main() -> None:
     out.add_row("workload generation (excluded)", f"{generate_s:.1f} s")
     out.add_row("tables equal to source", "yes" if ok else "NO")
     console.print(out)
+    figures = [Figure("messages ingested", received), Figure("micro-batches (table batches)", len(batches)),
+               Figure("wall time of the run", round(run_s, 1), "s"),
+               Figure("throughput", round(received / run_s), "events/s"),
+               Figure("batch latency median", round(statistics.median(latencies), 2), "s"),
+               Figure("batch latency p95", round(nearest_rank(latencies, 0.95), 2), "s"),
+               Figure("Spark session start (excluded)", round(startup_s, 1), "s"),
+               Figure("workload generation (excluded)", round(generate_s, 1), "s"),
+               Figure("tables equal to source", ok)]
+    console.print(f"result: {write_result('bench_ingest', changed_options(parser, args, ['workdir']), figures)}")
     raise SystemExit(0 if ok and not report.failed else 1)
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import spark_jobs
+from record import Figure, changed_options, write_result
 from rich.console import Console
 from rich.table import Table
 
@@ -105,6 +106,7 @@ def main() -> None:
                    "jobs per MERGE"):
         table.add_column(column, justify="left" if column == "variant" else "right",
                          overflow="fold", min_width=24 if column == "variant" else None)
+    figures: list[Figure] = []
     for name, conf in variants:
         console.print(f"running: {name}")
         done = subprocess.run([sys.executable, __file__, "--rows", str(args.rows), "--batch", str(args.batch),
@@ -118,7 +120,12 @@ def main() -> None:
         median_wall, median_jobs = statistics.median(wall), statistics.median(jobs)
         table.add_row(name, f"{result['wall'][0]:.2f} s", f"{median_wall:.2f} s", f"{median_jobs:.2f} s",
                       f"{1 - median_jobs / median_wall:.0%}", f"{statistics.median(result['count'][1:]):.0f}")
+        figures += [Figure(f"{name}: first MERGE", round(result["wall"][0], 2), "s"),
+                    Figure(f"{name}: later MERGEs, median", round(median_wall, 2), "s"),
+                    Figure(f"{name}: of which Spark jobs", round(median_jobs, 2), "s"),
+                    Figure(f"{name}: jobs per MERGE", round(statistics.median(result["count"][1:])))]
     console.print(table)
+    console.print(f"result: {write_result('bench_spark_merge', changed_options(parser, args, ['child']), figures)}")
 
 
 if __name__ == "__main__":

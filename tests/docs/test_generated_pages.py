@@ -77,6 +77,13 @@ def test_the_benchmarks_page_has_every_benchmark() -> None:
         assert f"## `{script.name}`" in page
 
 
+def test_every_benchmark_writes_a_result_file() -> None:
+    """A figure the code or a page cites must come from a result file, so no script only prints."""
+    silent = [script.name for script in sorted((ROOT / "benchmarks").glob("bench_*.py"))
+              if f"write_result({script.stem!r}" not in script.read_text()]
+    assert not silent, f"these benchmarks print but write no result file (record.write_result): {silent}"
+
+
 def test_a_result_file_holds_the_run_and_renders_on_the_page(tmp_path: Path) -> None:
     figures = [record.Figure("engine: wall time (batches)", 12.345, "s"), record.Figure("ratio engine/bare", 1.06),
                record.Figure("tables equal to the source", True), record.Figure("Spark JVM peak RSS", None, "MB")]
