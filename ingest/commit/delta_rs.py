@@ -32,7 +32,7 @@ from deltalake.schema import Schema
 
 from ingest import crashpoints
 from ingest.columns import FRAMEWORK_COLUMNS, arrow_type, laid_out
-from ingest.commit.merge_sql import Dialect, MergeStatement, current_merge, history_merge
+from ingest.commit.merge_sql import Dialect, MergeStatement
 from ingest.commit.state import STATE_KEY, TableState, app_id
 from ingest.commit.writer import (
     ArrowRows,
@@ -42,6 +42,7 @@ from ingest.commit.writer import (
     commit_info,
     creates_with_rows,
     may_append,
+    merge_statement,
     remember_deletes,
     state_metadata,
     switches_feed_on,
@@ -285,13 +286,7 @@ def _merge(table: DeltaTable, request: CommitRequest, props: CommitProperties) -
     source = request.source.table
     if request.key_columns:
         source = source.sort_by([(k, "ascending") for k in request.key_columns])
-    if request.history:
-        statement = history_merge(source, DIALECT, key_columns=request.key_columns, columns=request.schema.columns,
-                                  truncate=request.truncate, truncate_ts=request.truncate_ts)
-    else:
-        statement = current_merge(source, DIALECT, key_columns=request.key_columns, columns=request.schema.columns,
-                                  delete_mode=request.delete_mode, truncate=request.truncate)
-    return run_merge(table, source, statement, props)
+    return run_merge(table, source, merge_statement(request, source, DIALECT), props)
 
 
 def _timestamp(value: datetime | None) -> str:

@@ -4,9 +4,9 @@ A :class:`MergeStatement` is the join condition and the ordered ``WHEN`` clauses
 inserts, updates, deletes, TOAST fill, the position guard and the truncate -- with every predicate
 and value as SQL. delta-rs (DataFusion SQL) and delta-spark (Spark SQL) run the same statement
 through their own builders (:func:`ingest.commit.delta_rs.run_merge`,
-:func:`ingest.commit.spark_merge.run_merge`); only a :class:`Dialect` tells them apart: how an
-identifier is quoted, how a string and a timestamp are written. So the two writers cannot drift
-apart in what a batch does to a table.
+:func:`ingest.commit.spark_merge.run_merge`), as :func:`ingest.commit.writer.merge_statement` writes
+it for a batch; only a :class:`Dialect` tells them apart: how an identifier is quoted, how a string
+and a timestamp are written. So the two writers cannot drift apart in what a batch does to a table.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from delta.tables import DeltaTable as SparkDeltaTable
 from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 
-from ingest.commit.merge_sql import Clause, Dialect, FrameSource, MergeStatement, current_merge, history_merge
-from ingest.commit.writer import ArrowRows, CommitRequest, Rows
+from ingest.commit.merge_sql import Clause, Dialect, FrameSource, MergeStatement
+from ingest.commit.writer import ArrowRows, CommitRequest, Rows, merge_statement
 from ingest.lake.delta import rows_in_range
 from ingest.spark.session import arrow_frame
 from ingest.spark.sql import ident, string
@@ -35,12 +35,7 @@ def merge(spark: SparkSession, request: CommitRequest, table: DeltaTable | None)
     dialect = dialect_for(table, request.source, request.key_columns)
     source = request.source
     shape = source.table if isinstance(source, ArrowRows) else FrameSource(source.columns, source.bounds)
-    if request.history:
-        statement = history_merge(shape, dialect, key_columns=request.key_columns, columns=request.schema.columns,
-                                  truncate=request.truncate, truncate_ts=request.truncate_ts)
-    else:
-        statement = current_merge(shape, dialect, key_columns=request.key_columns, columns=request.schema.columns,
-                                  delete_mode=request.delete_mode, truncate=request.truncate)
+    statement = merge_statement(request, shape, dialect)
     run_merge(spark, request, source.table if isinstance(source, ArrowRows) else source.frame, statement)
 
 

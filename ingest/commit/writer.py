@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from ingest import crashpoints
 from ingest.commit import remembered
+from ingest.commit.merge_sql import Dialect, FrameSource, MergeStatement, current_merge, history_merge
 from ingest.commit.state import BATCH_KEY, OFFSETS_KEY, POSITION_FORMAT, STATE_KEY, TableState
 from ingest.lake.delta import records_change_feed
 from ingest.lake.location import LakePath
@@ -208,6 +209,17 @@ def may_append(request: CommitRequest, state: TableState, latest_version: Callab
     """
     return (request.new_keys_only and not request.history and not request.truncate and not request.schema.added
             and state.table is not None and latest_version() == state.version)
+
+
+def merge_statement(request: CommitRequest, source: pa.Table | FrameSource, dialect: Dialect) -> MergeStatement:
+    """The batch's MERGE in ``dialect``, the same for both writers (:mod:`ingest.commit.merge_sql`):
+    current rows by key, or scd2 versions by key and position. ``source``: the planned rows, or the
+    shape of rows on Spark's executors."""
+    if request.history:
+        return history_merge(source, dialect, key_columns=request.key_columns, columns=request.schema.columns,
+                             truncate=request.truncate, truncate_ts=request.truncate_ts)
+    return current_merge(source, dialect, key_columns=request.key_columns, columns=request.schema.columns,
+                         delete_mode=request.delete_mode, truncate=request.truncate)
 
 
 def switches_feed_on(state: TableState, enabled: bool) -> bool:
