@@ -41,6 +41,8 @@ the local disk and S3 side by side on the same batches: what a MERGE costs on an
 (the table is built by delta-rs, then ``delta.enableDeletionVectors`` is set with Spark SQL, as a
 user converting a delta-rs table would): an update or delete marks the old row in a vector file
 instead of rewriting its file. Its target is the random batch: at most 1.5x from 200k to 20M rows.
+On two cores that is beyond delta-spark itself: compare the growth of **random, bare MERGE**, the
+floor a plain delta-spark MERGE of the same batches sets.
 
     .venv/bin/python benchmarks/bench_merge.py [--sizes 200000,2000000,20000000] [--rounds 3]
                                                [--engine delta-rs|delta-spark]
