@@ -1,7 +1,9 @@
-"""Apply: one table's columnar micro-batch to its Delta table, on the driver.
+"""Apply: one table's micro-batch, from the decode step's parts to an audited Delta commit.
 
-:mod:`.microbatch` unifies the decode step's parts; :mod:`.kafka_tombstones` turns tombstones of
-flattened streams into deletes; :mod:`.reduce` keeps the latest change per key; :mod:`.plan`
-classifies the winners against the stored rows; :mod:`.delta_rs` commits; :mod:`.pipeline` is the
-journey from parts to an audited commit. Reduce, tombstones and plan are SQL over Arrow (DuckDB).
+:mod:`.journey` is the one sequence every table's batch goes through (hold back, gate, reduce, plan,
+commit, audit); :mod:`.batch` unifies the decode step's parts and holds what the journey keeps back;
+:mod:`.placement` decides where the steps that touch change rows run (the driver with Arrow, or
+Spark's executors); :mod:`.stored`, :mod:`.moves` and :mod:`.rereads` are the steps that read what a
+table already holds. The per-key rules themselves are :mod:`ingest.rules`'s, and the commit is
+:mod:`ingest.commit`'s.
 """
