@@ -32,7 +32,8 @@ class StorageSpec(Model):
         "every third of this; a run that died holding it blocks the table this long at most")
     retry_seconds: float = Field(
         120.0, ge=0, description="how long a request to the store is retried, with growing pauses, before it "
-        "fails: a restart or stall of the store shorter than this is ridden out (0: fail at the first error)")
+        "fails: a restart or stall of the store shorter than this is ridden out (0: fail at the first error; "
+        "`ingest check` always asks once)")
 
     @field_validator("endpoint_url")
     @classmethod

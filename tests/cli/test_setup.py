@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,23 @@ def test_check_finds_a_lake_whose_bucket_does_not_exist(tmp_path: Path, s3: Any)
     found = {c.name: c for c in run_checks(load_config(path), only=lambda name: name in ("lake", "tables"))}
     assert not found["lake"].ok and "the bucket does not exist" in found["lake"].detail
     assert "s3://no-such-bucket/lake" in found["lake"].detail
+
+
+def test_check_asks_a_store_that_does_not_answer_once_instead_of_riding_it_out(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    path = _embedded(tmp_path, root="s3://lake/cdc", storage={"endpoint_url": f"http://127.0.0.1:{port}",
+                                                               "retry_seconds": 600})
+    started = time.monotonic()
+    found = list(run_checks(load_config(path), only=lambda name: name in ("lake", "checkpoints", "tables")))
+    assert time.monotonic() - started < 120  # a run rides out each request for retry_seconds (600 s)
+    assert [(c.name, c.ok) for c in found] == [("lake", False), ("checkpoints", True), ("tables", False)]
+    assert "s3://lake/cdc" in found[0].detail and "cannot write" in found[0].detail
+    assert found[2].detail == "not checked: the lake did not answer"  # one line, however many tables
 
 
 def test_check_finds_a_machine_without_java(tmp_path: Path) -> None:
