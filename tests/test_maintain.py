@@ -6,6 +6,7 @@ Beside a live continuous run (a subprocess), locally and on S3: tests/proof/tort
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -156,6 +157,24 @@ def test_a_table_that_fails_is_reported_in_its_row_and_the_others_are_maintained
     assert out["notes"]["status"] == "done" and out["notes"]["report"]["files_removed"] > 1
     table = CliRunner().invoke(app, ["maintain", "-c", str(path)])
     assert table.exit_code == 4 and "failed" in table.stdout and "done" in table.stdout
+
+
+def test_a_lake_that_does_not_answer_fails_the_first_table_and_the_others_are_not_tried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    path, _ = _config(tmp_path, [{"name": "notes", "topic": "app.notes"}, {"name": "other", "topic": "app.other"}],
+                      target={"root": "s3://lake/cdc", "storage": {"endpoint_url": f"http://127.0.0.1:{port}",
+                                                                   "retry_seconds": 1}})
+    code, out = _maintain(path, "--dry-run")
+    assert code == 4 and list(out) == ["notes", "other", "_cdc_audit", "_cdc_quarantine"]
+    assert out["notes"]["status"] == "failed" and "the store's endpoint does not answer" in out["notes"]["reason"]
+    for name in ("other", "_cdc_audit", "_cdc_quarantine"):  # the same store: each would ride it out in turn
+        assert out[name] == {"table": name, "status": "failed", "seconds": 0.0, "report": None, "plan": None,
+                             "reason": "not tried: the lake failed table notes"}
 
 
 def test_only_the_named_tables_and_an_unknown_name_is_refused(tmp_path: Path) -> None:

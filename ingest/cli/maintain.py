@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, FormatOpt, TableOrJson, WorkdirOpt, console, err, print_json
@@ -75,11 +76,13 @@ def maintain(
                                  target_file_size_mb=target_file_size_mb or cfg.target.target_file_size_mb,
                                  vacuum_retention_hours=vacuum_retention_hours if vacuum else None,
                                  checkpoint=checkpoint, cleanup_log=cleanup_log)
-    if output is TableOrJson.json:
-        with _stdout_on_stderr():  # the JVM's own messages (Delta prints what VACUUM deleted) keep off the JSON
-            outcomes = maintain_tables(cfg, options, tables=table, dry_run=dry_run, wait=wait)
-    else:
-        outcomes = maintain_tables(cfg, options, tables=table, dry_run=dry_run, wait=wait)
+    total = len(table) if table else len(cfg.tables) + 2  # and the audit and quarantine tables
+    with _progress("planning" if dry_run else "maintaining", total) as on_table:
+        if output is TableOrJson.json:
+            with _stdout_on_stderr():  # the JVM's own messages (Delta prints what VACUUM deleted) keep off the JSON
+                outcomes = maintain_tables(cfg, options, tables=table, dry_run=dry_run, wait=wait, on_table=on_table)
+        else:
+            outcomes = maintain_tables(cfg, options, tables=table, dry_run=dry_run, wait=wait, on_table=on_table)
     if output is TableOrJson.json:
         print_json({"dry_run": dry_run, "discovered_tables_left_out": left_out,
                     "tables": [o.as_dict() for o in outcomes]})
@@ -91,6 +94,15 @@ def maintain(
         raise typer.Exit(Exit.TABLE_FAILED)
     if left_out is not None:
         raise typer.Exit(Exit.UNAVAILABLE)
+
+
+@contextmanager
+def _progress(doing: str, total: int) -> Iterator[Callable[[TableOutcome], None]]:
+    """A bar on stderr, in a terminal, that counts the tables as they end (a table may take minutes)."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task(f"{doing} {total} tables", total=total)
+        yield lambda outcome: bar.update(task, advance=1, description=f"{doing}: {outcome.table} {outcome.status}")
 
 
 @contextmanager

@@ -1,5 +1,7 @@
 """Maintenance of many tables, as ``ingest maintain`` runs it: one after the other, each table's outcome
-reported as it ends, and a table that fails or is held by a run leaving the others to go on.
+reported as it ends, and a table that fails or is held by a run leaving the others to go on -- unless
+the lake itself failed it (its store's endpoint, credentials or bucket): every table lives there, so
+the others are not tried, rather than each riding out ``target.storage.retry_seconds`` in turn.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Literal
 
 from ingest import secrets
 from ingest.config import IngestConfig
-from ingest.errors import TableLockedError
+from ingest.errors import LakeUnavailableError, TableLockedError
 from ingest.ops.maintain import MaintenanceOptions, TableMaintenance, maintain_cdc_table, maintain_shared_table
 from ingest.ops.maintain_plan import MaintenancePlan, plan_cdc_table, plan_shared_table
 
@@ -46,7 +48,8 @@ def maintain_tables(config: IngestConfig, options: MaintenanceOptions, *, tables
                     on_table: Callable[[TableOutcome], None] | None = None) -> list[TableOutcome]:
     """Maintain (or, ``dry_run``, plan) ``tables`` -- by default every configured table and the shared
     audit and quarantine tables -- one after the other; a table that fails or is held does not stop
-    the others.
+    the others. A table the lake failed (:class:`~ingest.errors.LakeUnavailableError`) leaves the
+    tables after it ``failed`` without trying them: they live in the same store.
 
     Raises:
         ConfigError: a name in ``tables`` is not a configured table (before anything is done).
@@ -62,25 +65,32 @@ def maintain_tables(config: IngestConfig, options: MaintenanceOptions, *, tables
     for name in shared:
         path = config.tables_root / name
         jobs.append((name, partial(plan_shared_table if dry_run else maintain_shared_table, path, options)))
-    outcomes = []
+    outcomes: list[TableOutcome] = []
+    lake_failed: str | None = None  # the table whose attempt found the lake unavailable
     for name, job in jobs:
-        outcome = _run(name, job)
+        if lake_failed is not None:
+            outcome = TableOutcome(name, "failed", reason=f"not tried: the lake failed table {lake_failed}")
+        else:
+            outcome, lake = _run(name, job)
+            lake_failed = name if lake else None
         outcomes.append(outcome)
         if on_table is not None:
             on_table(outcome)
     return outcomes
 
 
-def _run(name: str, job: Callable[[], TableMaintenance | MaintenancePlan]) -> TableOutcome:
+def _run(name: str, job: Callable[[], TableMaintenance | MaintenancePlan]) -> tuple[TableOutcome, bool]:
+    """The table's outcome, and whether the lake was unavailable to it."""
     started = time.perf_counter()
     try:
         result = job()
     except TableLockedError as exc:
         return TableOutcome(name, "skipped", time.perf_counter() - started,
-                            secrets.redact(f"another writer holds the table ({exc.holder})"))
+                            secrets.redact(f"another writer holds the table ({exc.holder})")), False
     except Exception as exc:  # one table's failure is reported in its row; the others go on
-        return TableOutcome(name, "failed", time.perf_counter() - started, secrets.describe(exc))
+        return (TableOutcome(name, "failed", time.perf_counter() - started, secrets.describe(exc)),
+                isinstance(exc, LakeUnavailableError))
     seconds = time.perf_counter() - started
     if isinstance(result, MaintenancePlan):
-        return TableOutcome(name, "planned" if result.exists else "absent", seconds, plan=result)
-    return TableOutcome(name, "done" if result.exists else "absent", seconds, report=result)
+        return TableOutcome(name, "planned" if result.exists else "absent", seconds, plan=result), False
+    return TableOutcome(name, "done" if result.exists else "absent", seconds, report=result), False
