@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ingest.cli.outcome import Exit
 from ingest.config import KafkaSpec, load_config
 from ingest.errors import ConfigError, SourceUnavailableError
 from ingest.lake.delta import has_deletion_vectors, open_table, read_all
@@ -92,6 +95,18 @@ def test_readers_keep_the_listed_tables_when_kafka_cannot_list_topics(tmp_path):
     assert [t.name for t in with_discovered(config, kafka, strict=False).tables] == ["listed"]
     with pytest.raises(SourceUnavailableError, match="did not list its topics"):
         with_discovered(config, kafka)
+
+
+def test_a_run_whose_kafka_cannot_list_topics_says_so_in_one_line(tmp_path):
+    path = write_config(tmp_path, tables=[{"name": "listed", "topic": "shop.public.listed"}])
+    raw = yaml.safe_load(path.read_text())
+    raw["source"].update(kind="kafka", kafka={"bootstrap_servers": "127.0.0.1:9"})  # nothing listens there
+    path.write_text(yaml.safe_dump(raw))
+    done = subprocess.run([sys.executable, "-m", "ingest.cli", "run", "-c", str(path)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, check=False)
+    lines = done.stderr.splitlines()
+    assert done.returncode == Exit.UNAVAILABLE, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: Kafka at 127.0.0.1:9 did not list its topics"), lines
 
 
 def test_embedded_topics_are_discovered(tmp_path):

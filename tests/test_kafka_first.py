@@ -30,15 +30,16 @@ from ingest.stream.runner import Runner
 class FlakyCatalog:
     """A cluster that does not answer the first ``failures`` questions (or refuses them)."""
 
-    def __init__(self, failures: int, *, refused: bool = False) -> None:
+    def __init__(self, failures: int, *, refused: bool = False, topics: list[str] | None = None) -> None:
         self.failures, self.refused, self.asked = failures, refused, 0
+        self.names = topics or ["app.notes"]
 
     def topics(self) -> list[str]:
         self.asked += 1
         if self.asked <= self.failures:
             raise SourceUnavailableError("Kafka at 127.0.0.1:1 did not list its topics: no answer",
                                          refused=self.refused)
-        return ["app.notes"]
+        return self.names
 
 
 def _dead_port() -> int:
@@ -85,6 +86,29 @@ def test_a_draining_run_and_a_refused_login_end_at_once(runner: Runner, sleeps: 
             runner._ask_kafka(mode)  # type: ignore[arg-type]
         assert catalog.asked == 1
     assert not sleeps
+
+
+def test_a_continuous_run_that_discovers_its_tables_waits_for_the_cluster_then_discovers(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    runner = Runner(IngestConfig.model_validate({
+        "workdir": str(tmp_path), "discover": {"topic_pattern": r"shop\.[^.]+\.[^.]+"},
+        "source": {"kind": "kafka", "kafka": {"bootstrap_servers": f"127.0.0.1:{_dead_port()}"}}}))
+    pauses: list[float] = []
+    monkeypatch.setattr(runner, "pause", pauses.append)
+    catalog = _use(monkeypatch, FlakyCatalog(3, topics=["shop.public.notes"]))
+    monkeypatch.setattr("ingest.source.discovery.catalog_for", lambda config: catalog)
+
+    class Discovered(Exception):
+        pass
+
+    def stop_here(root: Any, names: list[str], **kwargs: Any) -> Any:  # the step after discovery
+        raise Discovered(names)
+
+    monkeypatch.setattr(runner_module.locks, "acquire_all", stop_here)
+    with pytest.raises(Discovered) as stopped:
+        runner.run(mode="continuous")
+    assert pauses == [1, 2, 4] and catalog.asked == 5  # three unanswered, the answer, discovery's listing
+    assert stopped.value.args[0] == ["public_notes"]
 
 
 def test_a_continuous_run_waits_no_longer_than_it_runs(runner: Runner, sleeps: list[float], monkeypatch: Any) -> None:

@@ -134,7 +134,9 @@ def run(
     A run whose tables already hold every record of their topics says so and ends without starting Spark."""
     from ingest.stream.runner import Runner  # Delta reads and the locks: loaded when a run starts
 
-    cfg = load(config, workdir)
+    # A draining run needs the topics now: a source that cannot list them is its one error line. A
+    # continuous one waits for the cluster (Runner._ask_kafka), then discovers.
+    cfg = load(config, workdir, strict=not continuous)
     metrics = None
     if metrics_port is not None:
         from ingest.metrics import RunMetrics  # the Prometheus client: only for a run that serves it

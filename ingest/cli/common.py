@@ -79,11 +79,15 @@ def print_json_rows(rows: Any) -> None:
         print(json.dumps(row, default=str))
 
 
-def load(path: Path, workdir: Path | None = None) -> IngestConfig:
-    """The configuration, with the tables ``discover`` finds now (``run`` looks again itself)."""
+def load(path: Path, workdir: Path | None = None, *, strict: bool = False) -> IngestConfig:
+    """The configuration, with the tables ``discover`` finds now (``run`` looks again itself).
+
+    ``strict``: a source that cannot list its topics raises (a run, which needs them) instead of a
+    warning and the listed tables only (the commands that read).
+    """
     from ingest.source.discovery import with_discovered  # loads Arrow: not before a command runs
 
-    return with_discovered(load_config(path, workdir=workdir), strict=False)
+    return with_discovered(load_config(path, workdir=workdir), strict=strict)
 
 
 def print_table(rows: Any, title: str, limit: int) -> None:

@@ -132,14 +132,14 @@ class Runner:
         """
         self._draining = mode != "continuous"
         discovering = not tables and self.config.discover is not None
-        if discovering:
-            self.config = with_discovered(self.config)  # the topics the pattern matches now
-        specs = [self.config.table(n) for n in tables] if tables else list(self.config.tables)
         source = self.config.source
         secrets.prepare([source.registry.credentials_env, *([source.kafka.credentials_env] if source.kafka else [])],
                         self.config.secrets_path)
-        if source.kind == "kafka" and not discovering:
-            self._ask_kafka(mode, stop_after)
+        if source.kind == "kafka" and (mode == "continuous" or not discovering):
+            self._ask_kafka(mode, stop_after)  # a continuous run waits for the cluster, discovering or not
+        if discovering:
+            self.config = with_discovered(self.config)  # the topics the pattern matches now
+        specs = [self.config.table(n) for n in tables] if tables else list(self.config.tables)
         if source.kafka is not None and source.kafka.reader == "spark" and source.kafka.tls is not None:
             tls.check_java_key(source.kafka.tls)  # a key Spark's Java client cannot read: refused before it starts
         # One writer per table: a second run on any of these tables fails here, before Spark starts.
@@ -189,7 +189,7 @@ class Runner:
         return report
 
     def _ask_kafka(self, mode: Mode, stop_after: float | None = None) -> None:
-        """One question to the cluster before Spark starts (discovery has just asked one): a refused
+        """One question to the cluster before Spark starts (a draining run's discovery asks it instead): a refused
         login or TLS handshake fails here in seconds with librdkafka's reason, not after Spark's Kafka
         source has waited out its own timeouts and the query's restarts. So does a cluster that does
         not answer a run that drains (a scheduler starts the next one); a continuous run waits for
