@@ -103,6 +103,20 @@ def _log_settings_stay_in_their_test() -> Iterator[None]:
     root.setLevel(level)
 
 
+@pytest.fixture(autouse=True)
+def _secrets_seen_stay_in_their_test() -> Iterator[None]:
+    """ingest.secrets remembers every secret value the process has seen, to redact it from then on;
+    a test that sets a credential to a word ("secret") must not mask that word in the messages a
+    later test on the same worker asserts on."""
+    from ingest import secrets
+
+    kept = set(secrets._known)
+    yield
+    with secrets._lock:
+        secrets._known.clear()
+        secrets._known.update(kept)
+
+
 @pytest.fixture(params=["delta-rs", "delta-spark"])
 def apply_engine(request: pytest.FixtureRequest) -> Any:
     """Runs the test once per apply engine; tests/harness.py (and helpers that ask it) commit with it.
