@@ -187,7 +187,7 @@ def test_only_the_named_tables_and_an_unknown_name_is_refused(tmp_path: Path) ->
     assert refused.exit_code == 2 and "no table named 'nope'" in refused.output
     cli = subprocess.run([sys.executable, "-m", "ingest.cli", "maintain", "-c", str(path), "-t", "nope"],
                          capture_output=True, text=True, timeout=120)
-    assert cli.returncode == 2 and "no table named 'nope'" in cli.stderr
+    assert cli.returncode == 2 and "no table named 'nope' in the configuration (its tables: notes, other)" in cli.stderr
 
 
 def test_discovered_tables_are_maintained_and_a_source_that_cannot_list_them_exits_3(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Final, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -92,6 +93,8 @@ class RegistrySpec(Model):
         if value and URL_USERINFO.match(value.strip()):
             raise ValueError("must not contain credentials (user:password@); put 'user:password' in the "
                              "environment variable named by credentials_env or in the secrets file")
+        if value is not None and urlsplit(value.strip()).scheme not in ("http", "https"):
+            raise ValueError(f"expected an http:// or https:// URL, not {value!r}")
         return value
 
 
@@ -137,6 +140,13 @@ class KafkaSpec(Model):
         "(faster; understands only the options " + ", ".join(sorted(f"kafka.{o}" for o in READER_KAFKA_OPTIONS))
         + ")"
     )
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers(cls, value: str) -> str:
+        if not all(server.strip() for server in value.split(",")):
+            raise ValueError(f"expected host:port[,host:port...], not {value!r}")
+        return value
 
     @field_validator("options")
     @classmethod

@@ -88,6 +88,13 @@ class TableSpec(Model):
         "Debezium topic name <prefix>.<schema>.<table>"
     )
 
+    @field_validator("primary_key")
+    @classmethod
+    def _key(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and (not value or not all(column.strip() for column in value)):
+            raise ValueError("name at least one column, or leave primary_key out to key by the message key")
+        return value
+
     @field_validator("source_table")
     @classmethod
     def _schema_dot_table(cls, value: str | None) -> str | None:

@@ -70,6 +70,8 @@ def _lake_uri(value: str) -> str:
         if not rest:
             raise ValueError("expected s3://bucket[/prefix]")
         return f"s3://{rest}"  # delta-rs and boto3 name it s3; Spark's s3a is derived where needed
+    if not value:
+        raise ValueError("is empty: give a directory (relative to workdir) or s3://bucket[/prefix]")
     return value
 
 

@@ -35,6 +35,14 @@ def test_relative_paths_resolve_against_the_file(tmp_path):
         ("tables: []", "(top level)", "no tables: list them under 'tables' or find them with 'discover"),
         ("source: {kind: kafka}\ntables: [{name: a, topic: t}]", "source", "bootstrap_servers"),
         ("tables: [{name: a, topic: t}, {name: b, topic: t}]", "(top level)", "same topic"),
+        ("target: {quarantine_table: a}\ntables: [{name: a, topic: t}]", "(top level)",
+         "a table is named 'a', the name of target.quarantine_table"),
+        ("source: {kind: kafka, kafka: {bootstrap_servers: ''}}\ntables: [{name: a, topic: t}]",
+         "source.kafka.bootstrap_servers", "expected host:port"),
+        ("tables: [{name: a, topic: t, primary_key: []}]", "tables[0].primary_key", "name at least one column"),
+        ("target: {root: ''}\ntables: [{name: a, topic: t}]", "target.root", "is empty"),
+        ("source: {registry: {kind: confluent, url: 'registry:8081'}}\ntables: [{name: a, topic: t}]",
+         "source.registry.url", "expected an http:// or https:// URL"),
         ("source: {max_records_per_batch: 0}\ntables: [{name: a, topic: t}]", "source.max_records_per_batch",
          "greater than 0"),
         ("target: {driver_lookup_rows: -1}\ntables: [{name: a, topic: t}]", "target.driver_lookup_rows",
@@ -57,6 +65,25 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(write(tmp_path, "tables: [unclosed"))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("tables: [{name: a, topic: t}\nworkdir: w\n", "not valid YAML: line 2, column 1: expected ',' or ']'"),
+    ("tables: [{name: a, topic: t}]\nworkdir: w\ntables: [{name: b, topic: u}]\n",
+     "not valid YAML: line 3, column 1: the key 'tables' is given twice"),
+    ("tables: [{name: a, topic: t, name: b}]\n", "line 1, column 30: the key 'name' is given twice"),
+])
+def test_a_yaml_mistake_is_one_line_with_where_it_is(tmp_path, text, message):
+    """PyYAML keeps the last of two equal keys without a word: a second `tables:` replaced the first."""
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    assert "\n" not in str(info.value) and message in str(info.value), str(info.value)
+
+
+def test_a_merge_key_may_be_overridden(tmp_path):
+    text = "tables: [&a {name: a, topic: t, delete_mode: soft}, {<<: *a, name: b, topic: u}]\n"
+    config = load_config(write(tmp_path, text))
+    assert [(t.name, t.topic, t.delete_mode) for t in config.tables] == [("a", "t", "soft"), ("b", "u", "soft")]
 
 
 def test_column_selection_takes_exactly_one_list(tmp_path):
