@@ -11,7 +11,6 @@ are not returned). Both read the same snapshot version.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -23,7 +22,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from ingest.columns import normalize
 from ingest.errors import LakeUnavailableError
-from ingest.lake.location import LakePath, Location, reader_options
+from ingest.lake.location import LakePath, Location, reader_options, say_if_away, unavailable
 
 
 def utc_literal(value: datetime) -> str:
@@ -100,35 +99,13 @@ def open_table(path: Location) -> DeltaTable | None:
         LakeUnavailableError: the object store refused or did not answer (the cause in one line).
     """
     where = LakePath.of(path)
+    say_if_away(where)
     try:
         return DeltaTable(where.uri, storage_options=where.storage_options)
     except TableNotFoundError:
         return None
     except OSError as exc:  # delta-rs's object store: credentials, endpoint, bucket
         raise LakeUnavailableError(unavailable(where, exc)) from None
-
-
-_ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
-#: What delta-rs's object store says, and what to do about it.
-_STORE_CAUSES: Final = (
-    (("169.254.169.254", "imds", "credential", "no valid credential", "invalidaccesskeyid"),
-     "no usable S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (environment or secrets_file)"),
-    (("signaturedoesnotmatch", "accessdenied", "403"), "the store refused the credentials (access denied)"),
-    (("nosuchbucket",), "the bucket does not exist"),
-    (("connection refused", "error sending request", "dns error", "timed out", "tcp connect"),
-     "the store's endpoint does not answer (target.storage.endpoint_url)"),
-)
-
-
-def unavailable(where: LakePath, exc: BaseException) -> str:
-    """One line naming ``where`` and why the store failed (delta-rs's message is several lines)."""
-    text = _ANSI.sub("", str(exc))
-    lowered = text.lower()
-    for needles, cause in _STORE_CAUSES:
-        if any(n in lowered for n in needles):
-            return f"lake {where.uri}: {cause}"
-    first = next((line.strip(" ↳") for line in text.splitlines() if line.strip(" ↳")), type(exc).__name__)
-    return f"lake {where.uri}: {first}"
 
 
 def log_version(table: DeltaTable) -> int | None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ingest.errors import IngestError, LakeUnavailableError, TableLockedError
-from ingest.lake.location import LakePath, s3_client
+from ingest.lake.location import LakePath, s3_client, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +92,10 @@ class Lease:
 
         Raises:
             TableLockedError: another run holds a lease that has not expired; names the holder.
+            LakeUnavailableError: the store refused the lease or did not answer.
         """
         # botocore: only for a lake on S3
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             self._etag = self._put(IfNoneMatch="*")
@@ -102,6 +103,8 @@ class Lease:
             if _code(exc) not in _LOST_RACE:
                 raise self._refused(exc, "s3:PutObject") from None
             self._take_over_expired()
+        except BotoCoreError as exc:  # the store did not answer for target.storage.retry_seconds
+            raise LakeUnavailableError(unavailable(self.location, exc)) from None
         self._renewed_at = time.monotonic()
         self._renewer = threading.Thread(target=self._renew_loop, name=f"lease-{self.table}", daemon=True)
         self._renewer.start()

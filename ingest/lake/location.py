@@ -13,7 +13,10 @@ reads, listings.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +27,8 @@ from typing import Any, Final, TypeAlias
 from urllib.parse import urlsplit
 
 from ingest.errors import EnvironmentProblem
+
+log = logging.getLogger(__name__)
 
 #: URI schemes of the object stores the lake can live on (``s3a`` is Hadoop's name for ``s3``).
 OBJECT_STORE_SCHEMES: Final = frozenset({"s3", "s3a"})
@@ -176,11 +181,15 @@ def s3_client(where: LakePath) -> Any:
     building a boto3 client costs far more than the lease's two requests.
     """
     options = where.options
-    retry = int(options.get("retry_timeout", "0s").removesuffix("s") or 0)  # as delta_storage_options writes it
     return _client(options.get("AWS_ENDPOINT_URL"), options.get("AWS_REGION"),
                    options.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "false") == "true",
                    os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY"),
-                   os.environ.get("AWS_SESSION_TOKEN"), retry)
+                   os.environ.get("AWS_SESSION_TOKEN"), _retry_seconds(options))
+
+
+def _retry_seconds(options: Mapping[str, str]) -> int:
+    """``retry_seconds`` back from the storage options, as :func:`delta_storage_options` wrote it."""
+    return int(options.get("retry_timeout", "0s").removesuffix("s") or 0)
 
 
 @lru_cache(maxsize=16)
@@ -202,7 +211,7 @@ def _client(endpoint: str | None, region: str | None, virtual: bool, key: str | 
         # botocore counts attempts, and its pauses between them are drawn at random (from 50 ms up): so
         # many attempts may last well under a second. The lease and the checkpoint reads must ride out
         # a store that restarts for as long as delta-rs does, so their retries are bounded by time.
-        client.meta.events.register_first("needs-retry.s3", _RideOut(retry_seconds))
+        client.meta.events.register_first("needs-retry.s3", _RideOut(retry_seconds, endpoint or "AWS S3"))
     return client
 
 
@@ -218,6 +227,9 @@ class _RideOut:
     ``seconds`` have passed since its first failure. Anything else it leaves to botocore's own retries."""
 
     seconds: float
+    endpoint: str
+    #: when this client last said that the store is away (once per ``seconds`` at most)
+    _said: list[float] = field(default_factory=lambda: [-float("inf")])
 
     def __call__(self, attempts: int, request_dict: dict[str, Any], response: Any = None,
                  caught_exception: Exception | None = None, **_: Any) -> float | None:
@@ -230,5 +242,60 @@ class _RideOut:
         if not away:
             return None
         first = request_dict["context"].setdefault("ingest_first_failure", time.monotonic())
+        if attempts == 1 and first - self._said[0] >= self.seconds:  # a wait the user should hear of
+            self._said[0] = first
+            why = type(caught_exception).__name__ if caught_exception is not None else f"HTTP {response[0].status_code}"
+            _say_away(self.endpoint, why, self.seconds)
         left = first + self.seconds - time.monotonic()
         return min(0.2 * 2 ** (attempts - 1), 10.0, left) if left > 0 else None
+
+
+def say_if_away(where: LakePath) -> None:
+    """Warn, once per endpoint and process, when ``where``'s S3 endpoint takes no connection: delta-rs
+    then retries each request for ``retry_seconds`` (two minutes by default) without a word, and a
+    command against a wrong ``endpoint_url`` would seem to hang. AWS's own endpoints are not asked."""
+    if where.is_local:
+        return
+    endpoint, retry = where.options.get("AWS_ENDPOINT_URL"), _retry_seconds(where.options)
+    if endpoint and retry > 0:
+        _say_if_away(endpoint, retry)
+
+
+@lru_cache(maxsize=16)
+def _say_if_away(endpoint: str, retry_seconds: int) -> None:
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=2).close()
+    except OSError as exc:
+        _say_away(endpoint, exc.strerror or type(exc).__name__, retry_seconds)
+
+
+def _say_away(endpoint: str, why: str, seconds: float) -> None:
+    log.warning("the object store at %s does not answer (%s); trying again for up to %.0f s "
+                "(target.storage.retry_seconds)", endpoint, why, seconds)
+
+
+_ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
+#: What delta-rs's object store says, and what to do about it.
+_STORE_CAUSES: Final = (
+    (("169.254.169.254", "imds", "credential", "no valid credential", "invalidaccesskeyid"),
+     "no usable S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (environment or secrets_file)"),
+    (("signaturedoesnotmatch", "accessdenied", "403"), "the store refused the credentials (access denied)"),
+    (("nosuchbucket",), "the bucket does not exist"),
+    (("connection refused", "error sending request", "dns error", "timed out", "tcp connect",
+      "could not connect to the endpoint"),
+     "the store's endpoint does not answer (target.storage.endpoint_url)"),
+)
+
+
+def unavailable(where: LakePath, exc: BaseException) -> str:
+    """One line naming ``where`` and why the store failed (delta-rs's message is several lines; botocore's
+    names the URL, not the setting)."""
+    text = _ANSI.sub("", str(exc))
+    lowered = text.lower()
+    for needles, cause in _STORE_CAUSES:
+        if any(n in lowered for n in needles):
+            return f"lake {where.uri}: {cause}"
+    first = next((line.strip(" ↳") for line in text.splitlines() if line.strip(" ↳")), type(exc).__name__)
+    return f"lake {where.uri}: {first}"

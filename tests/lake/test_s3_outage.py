@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pytest
 from harness.stack.s3 import S3Server
 
+from ingest.errors import LakeUnavailableError
 from ingest.lake.delta import open_table, write_table
 from ingest.lake.lease import Lease
 from ingest.lake.location import LakePath, delta_storage_options, s3_client
@@ -83,6 +85,62 @@ def test_the_boto3_client_retries_for_retry_seconds_not_for_a_number_of_attempts
         assert within[0] <= took < within[1], (seconds, took)
 
 
+def test_a_lease_the_store_does_not_answer_for_is_one_line_naming_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run ended in botocore's "EndpointConnectionError: Could not connect to the endpoint URL"."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{s.getsockname()[1]}"
+    root = LakePath("s3://b/lake", delta_storage_options(endpoint_url=nobody, region="us-east-1", path_style=True,
+                                                         allow_http=True, retry_seconds=0))
+    with pytest.raises(LakeUnavailableError) as info:
+        Lease(root, "t", ttl=60).acquire()
+    assert str(info.value) == ("lake s3://b/lake/_cdc_locks/t.lease: the store's endpoint does not answer "
+                               "(target.storage.endpoint_url)")
+
+
+def test_a_store_that_does_not_answer_is_said_once_while_it_is_waited_for(caplog: pytest.LogCaptureFixture) -> None:
+    """A run against a wrong endpoint printed nothing for retry_seconds (two minutes by default)."""
+    from botocore.exceptions import EndpointConnectionError
+
+    from ingest.lake.location import _RideOut
+
+    ride, away = _RideOut(60.0, "http://store:9000"), EndpointConnectionError(endpoint_url="http://store:9000/b")
+    with caplog.at_level(logging.WARNING, logger="ingest.lake.location"):
+        assert ride(1, {"context": {}}, caught_exception=away) == pytest.approx(0.2)
+        assert ride(2, {"context": {"ingest_first_failure": time.monotonic()}}, caught_exception=away)
+        assert ride(1, {"context": {}}, caught_exception=away)  # another request, the same outage
+    assert [r.getMessage() for r in caplog.records] == [
+        "the object store at http://store:9000 does not answer (EndpointConnectionError); trying again for up "
+        "to 60 s (target.storage.retry_seconds)"]
+
+
+def test_a_table_on_an_endpoint_that_takes_no_connection_is_said_before_delta_rs_waits(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """delta-rs retries silently: `ingest status` against a wrong endpoint_url seemed to hang for two minutes."""
+    from ingest.lake.location import say_if_away
+
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))
+        up, down = (f"http://127.0.0.1:{s.getsockname()[1]}" for s in (listening, closed))
+
+        def at(endpoint: str, seconds: int) -> LakePath:
+            return LakePath("s3://b/lake/t", delta_storage_options(
+                endpoint_url=endpoint, region="us-east-1", path_style=True, allow_http=True, retry_seconds=seconds))
+
+        with caplog.at_level(logging.WARNING, logger="ingest.lake.location"):
+            say_if_away(at(up, 30))
+            say_if_away(at(down, 0))  # no wait to announce: the command fails at once
+            say_if_away(at(down, 30))
+            say_if_away(at(down, 30))  # once per endpoint and process
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the object store at {down} does not answer (Connection refused); trying again for up to 30 s "
+        "(target.storage.retry_seconds)"]
+
+
 def test_a_store_that_answers_not_implemented_is_not_waited_for() -> None:
     """A 503 is a store restarting or overloaded: it is waited for. A 501 is what a store says of what
     it will never do (a conditional put it does not support): that fails at once, not after minutes."""
@@ -92,7 +150,7 @@ def test_a_store_that_answers_not_implemented_is_not_waited_for() -> None:
         def __init__(self, status: int) -> None:
             self.status_code = status
 
-    ride = _RideOut(60.0)
+    ride = _RideOut(60.0, "http://store")
     assert ride(1, {"context": {}}, response=(Answer(503), {})) == pytest.approx(0.2)
     assert ride(1, {"context": {}}, response=(Answer(501), {})) is None
     assert ride(1, {"context": {}}, response=(Answer(404), {})) is None
