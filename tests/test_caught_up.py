@@ -136,6 +136,31 @@ def test_records_retention_dropped_before_any_run_read_them_are_no_work(config: 
     assert retention_gap(spec, state, catalog_for(cfg)) == {}
 
 
+def test_a_table_whose_topic_does_not_exist_is_no_work_and_says_so(config: tuple[Path, IngestConfig],
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A misspelled topic ended a run with "every table was caught up" and not a word more."""
+    _, cfg = config
+    with caplog.at_level(logging.WARNING, logger="ingest.stream.caught_up"):
+        assert pending(cfg, list(cfg.tables)) == {"notes": 0}
+    assert len(caplog.records) == 1 and f"table notes: topic {TOPIC} does not exist" in caplog.text
+    caplog.clear()
+    produce(cfg, TOPIC, _changes(0, 1))
+    with caplog.at_level(logging.WARNING, logger="ingest.stream.caught_up"):
+        assert pending(cfg, list(cfg.tables)) == {"notes": 1}
+    assert not caplog.records
+
+
+def test_a_run_that_starts_spark_says_which_topics_do_not_exist(tmp_path: Path, spark: Any,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A continuous run (or a replay) on a misspelled topic waited without a word."""
+    tables = [{"name": "notes", "topic": TOPIC}, {"name": "typo", "topic": "app.nots"}]
+    cfg = IngestConfig.model_validate({"workdir": str(tmp_path), "source": {"value_format": "json"}, "tables": tables})
+    produce(cfg, TOPIC, _changes(0, 1))
+    with caplog.at_level(logging.WARNING, logger="ingest.stream.caught_up"):
+        Runner(cfg, spark=spark).run(reset_checkpoints=True)
+    assert [r.getMessage().split(",")[0] for r in caplog.records] == ["table typo: topic app.nots does not exist"]
+
+
 def test_a_caught_up_table_another_run_holds_is_still_refused(config: tuple[Path, IngestConfig]) -> None:
     path, cfg = config
     held = locks.acquire_all(cfg.tables_root, ["notes"], lease_seconds=cfg.target.storage.lease_seconds)

@@ -146,6 +146,27 @@ class KafkaAdmin:
                 f"{self.describe()} did not list its topics: {self._why(exc)}"), refused=self._refused()) from None
         return sorted(t for t in metadata.topics if not t.startswith("__"))
 
+    def create_topic(self, topic: str, partitions: int) -> None:
+        """Create ``topic`` with ``partitions`` unless the cluster has it.
+
+        Raises:
+            SourceUnavailableError: the cluster did not answer, refused the credentials or the topic.
+        """
+        if topic in self.topics():
+            return
+        # librdkafka: only for a Kafka source (the CLI starts without it)
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        try:
+            self._client().create_topics([NewTopic(topic, partitions)], request_timeout=self.timeout)[topic].result()
+        except KafkaException as exc:
+            if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return  # another client created it meanwhile
+            raise SourceUnavailableError(secrets.redact(
+                f"{self.describe()} did not create topic {topic!r}: {self._why(exc)}"),
+                refused=self._refused()) from None
+
     def end_offsets(self, topic: str) -> dict[int, int]:
         """Next offset of every partition of ``topic`` (``{}`` if the topic does not exist yet).
 

@@ -15,7 +15,7 @@ from typing import Any
 from ingest import secrets
 from ingest.config import IngestConfig
 from ingest.errors import SourceUnavailableError
-from ingest.source.kafka_admin import ADMIN_TIMEOUT, admin_config
+from ingest.source.kafka_admin import ADMIN_TIMEOUT, KafkaAdmin, admin_config
 from ingest.source.topiclog import ProducerRecord, TopicLog, partition_for_key
 
 #: ``(partition) -> (first offset, next offset)`` of what one call wrote.
@@ -59,18 +59,14 @@ def _partition(record: Outgoing, count: int, n: int) -> int:
 def _to_kafka(config: IngestConfig, topic: str, records: list[Outgoing], partitions: int) -> Written:
     # librdkafka: only for a Kafka source (the CLI starts without it)
     from confluent_kafka import KafkaException, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     spec = config.source.kafka
     assert spec is not None
-    where = f"Kafka at {spec.bootstrap_servers}"
-    conf = admin_config(spec, config.secrets_path)
-    conf.pop("logger", None)
+    admin = KafkaAdmin(spec, secrets_file=str(config.secrets_path) if config.secrets_path else None)
+    admin.create_topic(topic, partitions)
+    where = admin.describe()
     try:
-        admin = AdminClient(conf)
-        if topic not in admin.list_topics(timeout=ADMIN_TIMEOUT).topics:
-            created = admin.create_topics([NewTopic(topic, partitions)], request_timeout=ADMIN_TIMEOUT)
-            created[topic].result()
+        conf = admin_config(spec, config.secrets_path)
         producer = Producer({**conf, "partitioner": "murmur2_random", "enable.idempotence": True})
     except KafkaException as exc:
         raise SourceUnavailableError(secrets.redact(f"{where}: cannot write to topic {topic!r}: {exc}")) from None

@@ -33,6 +33,8 @@ def pending(config: IngestConfig, specs: list[TableSpec], catalog: Catalog | Non
     for spec in specs:
         state = load_state(TablePaths.of(config, spec.name).table)
         ends = catalog.end_offsets(spec.topic)
+        if not ends:
+            say_no_topic(spec)
         nexts = {p: after_applied(state.applied_offset(spec.topic, p)) for p in ends}
         if any(nexts[p] < end for p, end in ends.items()):
             starts = catalog.start_offsets(spec.topic)  # asked only when it matters: one more request
@@ -40,6 +42,13 @@ def pending(config: IngestConfig, specs: list[TableSpec], catalog: Catalog | Non
         else:
             found[spec.name] = 0
     return found
+
+
+def say_no_topic(spec: TableSpec) -> None:
+    """Warn that ``spec``'s topic does not exist: a misspelled name would otherwise look caught up."""
+    log.warning("table %s: topic %s does not exist, so there is nothing to read until it does (Debezium creates "
+                "a table's topic with its first change; if the source table has rows, check the name)",
+                spec.name, spec.topic)
 
 
 def gap_of(topic: str, state: TableState, first_held: dict[int, int]) -> dict[int, tuple[int, int]]:

@@ -28,7 +28,7 @@ from ingest.lake.layout import TablePaths
 from ingest.records import audit
 from ingest.source.catalog import catalog_for
 from ingest.source.discovery import with_discovered
-from ingest.stream.caught_up import pending, warn_retention_gap
+from ingest.stream.caught_up import pending, say_no_topic, warn_retention_gap
 from ingest.stream.report import RunReport, TableRun
 
 if TYPE_CHECKING:
@@ -168,6 +168,7 @@ class Runner:
                         report = on_driver.report
             else:
                 self._ask_registry(specs)
+                self._say_missing_topics(specs)
             if report is None:
                 from ingest.stream.queries import StreamingRun  # Spark and GX: only for a run that needs them
 
@@ -241,6 +242,17 @@ class Runner:
                 raise
             log.warning("the schema registry did not answer at the start (%s); the run goes on and its tables "
                         "wait for it", secrets.describe(exc))
+
+    def _say_missing_topics(self, specs: list[TableSpec]) -> None:
+        """Warn about each table whose topic does not exist (a source that does not answer just now is
+        left to the stream, which waits for it)."""
+        try:
+            topics = set(catalog_for(self.config).topics())
+        except SourceUnavailableError:
+            return
+        for spec in specs:
+            if spec.topic not in topics:
+                say_no_topic(spec)
 
     def _caught_up(self, specs: list[TableSpec], started: float) -> RunReport:
         """The report of a run whose tables hold every record of their topics: nothing started, nothing
