@@ -62,7 +62,7 @@ def maintain(
     """
     # Delta, and Spark for tables with deletion vectors: loaded when the command runs
     from ingest.ops.maintain import MaintenanceOptions
-    from ingest.ops.maintain_tables import maintain_tables
+    from ingest.ops.maintain_tables import maintain_tables, tables_to_maintain
 
     cfg = load_config(config, workdir=workdir)
     left_out = None
@@ -76,7 +76,7 @@ def maintain(
                                  target_file_size_mb=target_file_size_mb or cfg.target.target_file_size_mb,
                                  vacuum_retention_hours=vacuum_retention_hours if vacuum else None,
                                  checkpoint=checkpoint, cleanup_log=cleanup_log)
-    total = len(table) if table else len(cfg.tables) + 2  # and the audit and quarantine tables
+    total = len(tables_to_maintain(cfg, table))
     with _progress("planning" if dry_run else "maintaining", total) as on_table:
         if output is TableOrJson.json:
             with _stdout_on_stderr():  # the JVM's own messages (Delta prints what VACUUM deleted) keep off the JSON

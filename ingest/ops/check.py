@@ -2,8 +2,9 @@
 
 Each check asks the real thing -- the broker for its topics with the configured credentials, the
 registry for the topics' subjects, the object store for a put and a delete, Java for its version,
-Maven Central (or the configured classpath) for the JVM artifacts -- and says, in one line, what it
-found or why it failed and what to do. Nothing a check writes is left behind; nothing is ingested.
+Maven Central (or the configured classpath) for the JVM artifacts, Great Expectations for each
+table's suite -- and says, in one line, what it found or why it failed and what to do.
+Nothing a check writes is left behind; nothing is ingested.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig
-from ingest.errors import IngestError, first_line
+from ingest.errors import ConfigError, IngestError, SuiteError, first_line
 from ingest.lake.location import LakePath, s3_client
 from ingest.ops.resnapshot import signals_for
 from ingest.source.kafka_admin import KafkaAdmin
@@ -50,7 +51,8 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
     steps: list[tuple[str, Callable[[IngestConfig], Check | list[Check]]]] = [
         ("java", _java), ("jvm artifacts", _artifacts), ("source", functools.partial(_source, names=names)),
         ("topics", functools.partial(_topics, names=names)), ("registry", _registry), ("lake", _lake),
-        ("checkpoints", _checkpoints), ("tables", _tables), ("signals", functools.partial(_signals, names=names))]
+        ("checkpoints", _checkpoints), ("tables", _tables), ("quality", _quality),
+        ("signals", functools.partial(_signals, names=names))]
     failed: set[str] = set()
     for name, step in steps:
         if not only(name):
@@ -84,6 +86,7 @@ def _fix(name: str) -> str:
         "lake": "check target.root, target.storage and the store's credentials (AWS_ACCESS_KEY_ID, ...)",
         "checkpoints": "check target.checkpoint_dir, target.storage and the store's credentials",
         "tables": "see the cause: a table's Delta log must be readable with the lake's credentials",
+        "quality": "correct the suite (quality.expectations_dir/<suite>.json) or the table's expectations",
         "signals": "let the connectors take signals from Kafka (signal.kafka.topic; source.kafka.signal_topic), or "
                    "name their signal table in source.kafka.signal_table and its database's address in the "
                    "variable source.kafka.signal_db_env names",
@@ -210,6 +213,29 @@ def _tables(config: IngestConfig) -> list[Check]:
     return out
 
 
+def _quality(config: IngestConfig) -> list[Check]:
+    """Each table's quality gate builds as a run builds it at start-up: the suite loads with Great
+    Expectations, strictly, its policy overrides name its expectations and, once the table exists, it
+    reads only columns the table has (the same as ``ingest quality check``)."""
+    specs = [spec for spec in config.tables if spec.expectations]
+    if not specs:
+        return [Check("quality", True, "no table names an expectations suite")]
+    # Great Expectations (seconds to import): only for a configuration with suites
+    from ingest.quality import QualityGate
+
+    out = []
+    for spec in specs:
+        try:
+            gate = QualityGate.for_table(config, spec, table_columns=load_state(config.table_path(spec.name)).columns)
+        except SuiteError as exc:
+            out.append(Check("quality", False, f"{spec.name}: {exc}", _fix("quality")))
+            continue
+        assert gate is not None
+        out.append(Check("quality", True, f"{spec.name}: suite {spec.expectations}, "
+                                          f"{len(gate.suite.expectations)} expectations"))
+    return out
+
+
 def _signal_topics(config: IngestConfig) -> bool:
     """Whether the runs send their signals to the connectors' Kafka signal topics."""
     spec = config.source.kafka
@@ -235,10 +261,13 @@ def _signals(config: IngestConfig, *, names: Callable[[], list[str]]) -> list[Ch
         return [Check("signals", False, f"signal table {spec.signal_table}: {spec.signal_db_env} (the environment or "
                                         "the secrets file) names no database", _fix("signals"))]
     source = source_database(dsn)
-    where = source.describe(dsn)
     try:
+        where = source.describe(dsn)
         with source.connect(dsn):
             pass
+    except ConfigError as exc:
+        return [Check("signals", False, f"signal table {spec.signal_table}: {spec.signal_db_env}: {exc}",
+                      _fix("signals"))]
     except source.Error as exc:
         return [Check("signals", False, secrets.redact(f"signal table {spec.signal_table}: {where}: {first_line(exc)}"),
                       _fix("signals"))]

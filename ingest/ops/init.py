@@ -44,7 +44,8 @@ def write_pipeline(path: Path, stack: Stack, *, force: bool = False, dagster: Pa
     """Write the configuration at ``path`` (and its suite; and a Dagster code location in ``dagster``).
 
     Raises:
-        ConfigError: a file exists (without ``force``), or what was written does not load.
+        ConfigError: a file exists (without ``force``), or what was written does not load (the files
+            are then taken back: those that existed get their content again).
     """
     example_table, example_topic = _example(stack.topic_pattern)
     values = {
@@ -63,11 +64,24 @@ def write_pipeline(path: Path, stack: Stack, *, force: bool = False, dagster: Pa
     existing = [p for p in outputs if p.exists()]
     if existing and not force:
         raise ConfigError(f"{existing[0]} exists; choose another path or pass --force to replace it")
-    for target, text in outputs.items():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-    json.loads(outputs[path.parent / "expectations" / f"{example_table}.json"])  # the suite is JSON
-    return Written(list(outputs), load_config(path))
+    before = {target: target.read_bytes() if target.exists() else None for target in outputs}
+    made = sorted({d for target in outputs for d in (target.parent, *target.parent.parents) if not d.exists()},
+                  key=lambda d: len(d.parts), reverse=True)
+    try:
+        for target, text in outputs.items():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        json.loads(outputs[path.parent / "expectations" / f"{example_table}.json"])  # the suite is JSON
+        return Written(list(outputs), load_config(path))
+    except ConfigError:  # a value the configuration refuses: leave the directory as it was
+        for target, content in before.items():
+            if content is None:
+                target.unlink(missing_ok=True)
+            else:
+                target.write_bytes(content)
+        for directory in made:
+            directory.rmdir()
+        raise
 
 
 def _example(pattern: str) -> tuple[str, str]:

@@ -43,6 +43,18 @@ class TableOutcome:
                 "plan": self.plan.as_dict() if self.plan else None}
 
 
+def tables_to_maintain(config: IngestConfig, tables: list[str] | None = None) -> list[str]:
+    """The tables :func:`maintain_tables` works on, in its order: ``tables``, or every configured
+    table and then the shared audit and quarantine tables.
+
+    Raises:
+        ConfigError: a name in ``tables`` is not a configured table.
+    """
+    if tables:
+        return [config.table(name).name for name in tables]
+    return [*(spec.name for spec in config.tables), config.target.audit_table, config.target.quarantine_table]
+
+
 def maintain_tables(config: IngestConfig, options: MaintenanceOptions, *, tables: list[str] | None = None,
                     dry_run: bool = False, wait: float = 0.0, now: datetime | None = None,
                     on_table: Callable[[TableOutcome], None] | None = None) -> list[TableOutcome]:
@@ -54,17 +66,16 @@ def maintain_tables(config: IngestConfig, options: MaintenanceOptions, *, tables
     Raises:
         ConfigError: a name in ``tables`` is not a configured table (before anything is done).
     """
-    specs = [config.table(name) for name in tables] if tables else list(config.tables)
-    shared = [] if tables else [config.target.audit_table, config.target.quarantine_table]
+    shared = {config.target.audit_table, config.target.quarantine_table}
     jobs: list[tuple[str, Callable[[], TableMaintenance | MaintenancePlan]]] = []
-    for spec in specs:
-        if dry_run:
-            jobs.append((spec.name, partial(plan_cdc_table, config, spec, options, now=now)))
+    for name in tables_to_maintain(config, tables):
+        if name in shared:
+            path = config.tables_root / name
+            jobs.append((name, partial(plan_shared_table if dry_run else maintain_shared_table, path, options)))
+        elif dry_run:
+            jobs.append((name, partial(plan_cdc_table, config, config.table(name), options, now=now)))
         else:
-            jobs.append((spec.name, partial(maintain_cdc_table, config, spec, options, now=now, wait=wait)))
-    for name in shared:
-        path = config.tables_root / name
-        jobs.append((name, partial(plan_shared_table if dry_run else maintain_shared_table, path, options)))
+            jobs.append((name, partial(maintain_cdc_table, config, config.table(name), options, now=now, wait=wait)))
     outcomes: list[TableOutcome] = []
     lake_failed: str | None = None  # the table whose attempt found the lake unavailable
     for name, job in jobs:

@@ -59,6 +59,18 @@ def test_init_replaces_nothing_unless_asked(tmp_path: Path) -> None:
     assert load_config(tmp_path / "ingest.yaml").source.value_format == "json"
 
 
+def test_init_refusing_a_value_leaves_the_directory_as_it_was(tmp_path: Path) -> None:
+    """It wrote the files, found the configuration invalid, and left them for the next init to refuse."""
+    refused = _ingest("init", "--lake", "ftp://host/lake", "--dagster", "dg/location", cwd=tmp_path)
+    assert refused.returncode == Exit.USAGE and "object store 'ftp' is not supported" in refused.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert _ingest("init", cwd=tmp_path).returncode == 0
+    kept = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    again = _ingest("init", "--force", "--topic-pattern", "([", cwd=tmp_path)
+    assert again.returncode == Exit.USAGE and "not a regular expression" in again.stderr
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == kept
+
+
 def test_init_writes_a_dagster_code_location_over_the_configuration(tmp_path: Path) -> None:
     done = _ingest("init", "--dagster", "location", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -82,7 +94,7 @@ def test_check_on_the_embedded_default_says_what_is_missing_line_by_line(tmp_pat
     assert done.returncode == Exit.UNAVAILABLE  # no topic yet
     assert [line.split(":")[0] for line in lines] == ["ok   java", "ok   jvm artifacts", "ok   source",
                                                       "FAIL topics", "ok   registry", "ok   lake",
-                                                      "ok   checkpoints", "ok   tables"]
+                                                      "ok   checkpoints", "ok   tables", "ok   quality"]
     assert "topic t is missing" in lines[3] and "->" in lines[3]
     subprocess.run([sys.executable, "-m", "ingest.cli", "produce", "t", "-c", str(path)], input='{"key": null}\n',
                    text=True, check=True, capture_output=True, cwd=tmp_path)
@@ -113,6 +125,24 @@ def test_check_asks_a_store_that_does_not_answer_once_instead_of_riding_it_out(
     assert [(c.name, c.ok) for c in found] == [("lake", False), ("checkpoints", True), ("tables", False)]
     assert "s3://lake/cdc" in found[0].detail and "cannot write" in found[0].detail
     assert found[2].detail == "not checked: the lake did not answer"  # one line, however many tables
+
+
+def test_check_loads_each_tables_suite_as_a_run_would(tmp_path: Path) -> None:
+    """A missing or invalid suite passed check, and the run then stopped on it."""
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "good.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "id"}}]}))
+    (suites / "bad.json").write_text(json.dumps({"expectations": [{"type": "expect_column_to_be_lovely"}]}))
+    path = tmp_path / "ingest.yaml"
+    path.write_text(yaml.safe_dump({"quality": {"expectations_dir": "suites"}, "tables": [
+        {"name": "a", "topic": "a", "expectations": "good"}, {"name": "b", "topic": "b", "expectations": "bad"},
+        {"name": "c", "topic": "c", "expectations": "absent"}, {"name": "d", "topic": "d"}]}))
+    found = [c for c in run_checks(load_config(path), only=lambda name: name == "quality")]
+    assert [(c.ok, c.detail.split(":")[0]) for c in found] == [(True, "a"), (False, "b"), (False, "c")]
+    assert found[0].detail == "a: suite good, 1 expectations"
+    assert "expect_column_to_be_lovely is not a valid expectation" in found[1].detail
+    assert f"file {suites / 'absent.json'} not found" in found[2].detail and "expectations_dir" in found[2].fix
 
 
 def test_check_finds_a_machine_without_java(tmp_path: Path) -> None:
