@@ -298,6 +298,9 @@ def verify(
         if not verify_source(load(config, workdir), source_db, wait=wait, tables=table):
             raise typer.Exit(Exit.MISMATCH)
         return
+    if table:
+        raise typer.BadParameter("only with --source-db (the simulated source's truth is compared whole)",
+                                 param_hint="--table")
     truth = plugins.truth_verifier()
     if truth is None:
         raise typer.BadParameter("name the source database to compare with; the simulated source's truth "
@@ -320,12 +323,17 @@ app.command(rich_help_panel=READ)(query)
 app.command(rich_help_panel=READ)(cuts)
 
 
+#: The fields of a line ``ingest produce`` reads.
+_RECORD_FIELDS = frozenset({"partition", "key", "value", "timestamp", "headers"})
+
+
 @app.command(rich_help_panel=OPERATE)
 def produce(
     topic: Annotated[str, typer.Argument(help="topic to append to (created if missing)")],
     config: ConfigOpt = DEFAULT_CONFIG,
     workdir: WorkdirOpt = None,
-    file: Annotated[Path | None, typer.Option("--file", "-f", help="JSON lines file; default: stdin")] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", exists=True, dir_okay=False,
+                                              help="JSON lines file; default: stdin")] = None,
     partitions: Annotated[int, typer.Option(help="partitions when the topic is created")] = 3,
 ) -> None:
     """Write records from JSON lines to a topic of the configuration's source: the embedded topic log, or Kafka.
@@ -345,6 +353,11 @@ def produce(
             continue
         try:
             obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+            if unknown := sorted(set(obj) - _RECORD_FIELDS):
+                raise ValueError(f"unknown field(s) {', '.join(unknown)}; "
+                                 f"a record has {', '.join(sorted(_RECORD_FIELDS))}")
             key = base64.b64decode(obj["key"], validate=True) if obj.get("key") is not None else None
             value = base64.b64decode(obj["value"], validate=True) if obj.get("value") is not None else None
             partition = obj.get("partition")

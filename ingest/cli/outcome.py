@@ -2,15 +2,17 @@
 
 Every command exits with one of :class:`Exit`'s codes, documented in ``ingest --help``, so a deploy
 script or a scheduler can tell a data mismatch from an outage. An operational error -- missing or
-refused credentials, an endpoint that does not answer, bad SQL, a missing or locked table -- ends in
-one line naming the cause and the endpoint or object it concerns, redacted; ``--debug`` shows the
-traceback instead. What no rule here recognises is an internal error: one line too, and the
-traceback with ``--debug``.
+refused credentials, an endpoint that does not answer, a path the file system refuses, bad SQL, a
+missing or locked table -- ends in one line naming the cause and the endpoint or object it concerns,
+redacted; ``--debug`` shows the traceback instead. What no rule here recognises is an internal
+error: one line too, and the traceback with ``--debug``.
 """
 
 from __future__ import annotations
 
+import errno
 from enum import IntEnum
+from typing import Final
 
 from ingest import secrets
 from ingest.errors import (
@@ -69,12 +71,22 @@ def _code(exc: BaseException) -> Exit:
     return Exit.INTERNAL
 
 
+#: What a file system answers when it refuses a path the configuration names: a lake or checkpoint
+#: directory that is a file, not writable, read-only or full.
+_REFUSED_PATH: Final = frozenset({errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EROFS,
+                                  errno.ENOSPC, errno.EDQUOT})
+
+
 def _third_party_unavailable(exc: BaseException) -> bool:
     """An outage a library reported in its own type, outside the stages that wrap theirs."""
     module = type(exc).__module__ or ""
     if module.startswith(("confluent_kafka", "cimpl", "botocore", "psycopg", "requests", "urllib3")):
         return True
-    return isinstance(exc, ConnectionError | TimeoutError)
+    return isinstance(exc, ConnectionError | TimeoutError) or _refused_path(exc)
+
+
+def _refused_path(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.filename is not None and exc.errno in _REFUSED_PATH
 
 
 def _line(exc: BaseException) -> str:
@@ -82,6 +94,9 @@ def _line(exc: BaseException) -> str:
     first = text.splitlines()[0] if text else ""
     if isinstance(exc, IngestError):
         return first or type(exc).__name__
+    if _refused_path(exc):
+        assert isinstance(exc, OSError)
+        return f"unavailable: {exc.filename}: {exc.strerror}"
     if _code(exc) == Exit.UNAVAILABLE:
         return f"unavailable: {type(exc).__name__}: {first}"
     return f"internal error: {type(exc).__name__}: {first} (run again with --debug for the traceback)"

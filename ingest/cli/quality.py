@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 from rich.table import Table
@@ -152,11 +152,14 @@ def quarantine_list(
     table: Annotated[str | None, typer.Option("--table", "-t", help="only this table")] = None,
     stage: Annotated[str | None, typer.Option(help="only this stage: decode, key, quality")] = None,
     all_: Annotated[bool, typer.Option("--all", help="include rows already replayed")] = False,
-    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="rows to print in table format")] = 50,
     output: FormatOpt = TableOrJson.table,
 ) -> None:
     """Quarantined messages (pending ones unless --all)."""
     cfg = load(config, workdir)
+    if table is not None:
+        cfg.table(table)  # an unknown name is refused, not answered with an empty list
+    _check_stage(stage)
     path = TablePaths.of(cfg, cfg.tables[0].name).quarantine
     rows = _quarantined(path, table=table, stage=stage, pending=not all_)
     rows.sort(key=lambda r: (r["table"], r["topic"], r["partition"], r["offset"]))
@@ -174,6 +177,13 @@ def quarantine_list(
         out.add_row(r["table"], _message_id(r), r["stage"], str(r["batch_id"]), r["row_key"] or "",
                     _short(_names(r["expectations"]) or r["reason"], 60), replayed)
     console.print(out)
+
+
+def _check_stage(stage: str | None) -> None:
+    from ingest.records.quarantine import Stage  # loads delta-rs: only when a command reads the quarantine
+
+    if stage is not None and stage not in get_args(Stage):
+        raise typer.BadParameter(f"{stage!r} is not a stage: {', '.join(get_args(Stage))}", param_hint="--stage")
 
 
 def _quarantined(path: Any, **filters: Any) -> list[dict[str, Any]]:
@@ -239,6 +249,7 @@ def quarantine_replay(
     from ingest.ops.replay import replay_quarantine
 
     cfg = load(config, workdir)
+    _check_stage(stage)
     ids = [_parse_id(m) for m in message] if message else None
     report = replay_quarantine(cfg, table, stage=stage, batch_id=batch, ids=ids, recheck=recheck)
     rec = report.record

@@ -34,7 +34,7 @@ def cuts(
     config: ConfigOpt = DEFAULT_CONFIG,
     workdir: WorkdirOpt = None,
     output: FormatOpt = TableOrJson.table,
-    limit: Annotated[int, typer.Option(help="newest cuts to list")] = 20,
+    limit: Annotated[int, typer.Option(min=1, help="newest cuts to list")] = 20,
 ) -> None:
     """List the published cuts: source transactions at which every table of the group is read at one version."""
     # the Delta reads: loaded when the command runs, not when the CLI starts
@@ -69,7 +69,7 @@ def changes(
     since: Annotated[str | None, typer.Option(help="read the commits made at or after this time (ISO 8601)")] = None,
     to_version: Annotated[int | None, typer.Option(help="last commit version to read (inclusive)")] = None,
     output: RowsFormatOpt = TableJsonOrCsv.table,
-    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="rows to print in table format")] = 50,
 ) -> None:
     """Print or export a table's change data feed: inserts, update pre/post images and deletes, by version."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
@@ -101,7 +101,7 @@ def history(
     table: OptionalTableOpt = None,
     config: ConfigOpt = DEFAULT_CONFIG,
     workdir: WorkdirOpt = None,
-    limit: Annotated[int | None, typer.Option(help="newest commits only")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="newest commits only")] = None,
     output: FormatOpt = TableOrJson.table,
 ) -> None:
     """List a table's commits: version, time, batch, offsets, counts and quality status."""
@@ -132,7 +132,7 @@ def query(
     config: ConfigOpt = DEFAULT_CONFIG,
     workdir: WorkdirOpt = None,
     output: RowsFormatOpt = TableJsonOrCsv.table,
-    limit: Annotated[int, typer.Option(help="rows to print in table format")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="rows to print in table format")] = 50,
     as_of: Annotated[list[str] | None, typer.Option(
         "--as-of", help="read as of a VERSION (of the one table the query reads), a TIMESTAMP (every "
         "table), or TABLE@VERSION / TABLE@TIMESTAMP; repeatable")] = None,

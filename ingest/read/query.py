@@ -193,6 +193,15 @@ def queryable(config: IngestConfig) -> list[str]:
     return [t.name for t in config.tables] + [config.target.audit_table, config.target.quarantine_table]
 
 
+def _tables_held(con: duckdb.DuckDBPyConnection, config: IngestConfig) -> str:
+    """Which tables a query can name, and which it cannot yet (no run has created them)."""
+    views = {row[0] for row in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    held = [name for name in queryable(config) if name in views]
+    missing = [name for name in queryable(config) if name not in views]
+    note = f"tables: {', '.join(held) or 'none'}"
+    return note + (f"; no run has created {', '.join(missing)} yet" if missing else "")
+
+
 def run_sql(config: IngestConfig, sql: str, as_of: list[AsOf] | None = None, *, absent: Collection[str] = ()
             ) -> pa.Table:
     """Run one SQL statement and return its result as Arrow; ``as_of`` reads tables as they were
@@ -211,8 +220,7 @@ def run_sql(config: IngestConfig, sql: str, as_of: list[AsOf] | None = None, *, 
     try:
         return normalize(con.sql(sql).to_arrow_table())
     except duckdb.Error as exc:  # the analyst's SQL: its first line says what and where
-        known = ", ".join(queryable(config))
-        raise QueryError(f"the query failed: {first_line(exc)} (tables: {known})") from None
+        raise QueryError(f"the query failed: {first_line(exc)} ({_tables_held(con, config)})") from None
     finally:
         con.close()
         del keep

@@ -72,18 +72,28 @@ WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' ORDE
 
 
 def _parts(dsn: str) -> dict[str, Any]:
-    url = urlsplit(dsn)
-    return {"host": url.hostname or "localhost", "port": url.port or 3306, "user": unquote(url.username or ""),
+    """pymysql's connection arguments from a ``mysql://user:password@host:port/database`` URL.
+
+    Raises:
+        ConfigError: the URL is malformed (its message never shows the password).
+    """
+    try:
+        url = urlsplit(dsn)
+        port = url.port
+    except ValueError as exc:
+        raise ConfigError(f"the source database's mysql:// URL is not valid: {exc}") from None
+    return {"host": url.hostname or "localhost", "port": port or 3306, "user": unquote(url.username or ""),
             "password": unquote(url.password or ""), "database": unquote(url.path.lstrip("/")) or None}
 
 
 def describe(dsn: str) -> str:
     """``host:port/database`` of a ``mysql://`` URL (never its password); registers the password with
-    :mod:`ingest.secrets` so no error message can echo it."""
-    try:
-        parts = _parts(dsn)
-    except ValueError:  # a malformed URL: the client's own error comes later, redacted
-        return "the source database"
+    :mod:`ingest.secrets` so no error message can echo it.
+
+    Raises:
+        ConfigError: the URL is malformed.
+    """
+    parts = _parts(dsn)
     secrets.register(parts["password"] or None)
     return f"{parts['host']}:{parts['port']}/{parts['database'] or ''}"
 

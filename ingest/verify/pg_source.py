@@ -77,11 +77,15 @@ ORDER BY array_position(i.indkey::int2[], a.attnum)
 
 def describe(dsn: str) -> str:
     """``host:port/dbname`` of a libpq connection string (never its password); registers the password
-    with :mod:`ingest.secrets` so no error message can echo it."""
+    with :mod:`ingest.secrets` so no error message can echo it.
+
+    Raises:
+        ConfigError: ``dsn`` is not a connection string libpq can parse.
+    """
     try:
         info = conninfo_to_dict(dsn)
-    except Exception:  # a malformed DSN: psycopg's own error comes later, redacted
-        return "the source database"
+    except psycopg.ProgrammingError as exc:  # libpq's parse error, which never quotes a password
+        raise ConfigError(f"the source database's connection string is not valid: {exc}") from None
     secrets.register(str(info["password"]) if info.get("password") else None)
     return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 

@@ -102,6 +102,9 @@ def test_a_table_is_named_with_table_or_as_the_argument_of_history_and_changes(l
     (SchemaIncompatibleError("t", "c", "integer", "string"), Exit.TABLE_FAILED),
     (TableLockedError("t", "held by pid 7", "pid 7"), Exit.TABLE_FAILED),
     (ConnectionRefusedError("refused"), Exit.UNAVAILABLE),
+    (NotADirectoryError(20, "Not a directory", "/data/lake/_cdc_locks"), Exit.UNAVAILABLE),
+    (PermissionError(13, "Permission denied", "/data/checkpoints/t"), Exit.UNAVAILABLE),
+    (FileNotFoundError(2, "No such file or directory", "/opt/ingest/x.py"), Exit.INTERNAL),
     (KeyError("boom"), Exit.INTERNAL),
 ])
 def test_each_kind_of_error_has_its_exit_code_and_one_line(error: Exception, code: Exit) -> None:
@@ -129,15 +132,78 @@ def test_kafka_without_its_sasl_credentials_is_one_line_and_exit_3(tmp_path: Pat
     assert "Traceback" not in done.stderr
 
 
+def test_writing_to_a_kafka_that_does_not_answer_is_one_line_naming_the_cause(tmp_path: Path) -> None:
+    """librdkafka printed each failed connection attempt of ``ingest produce`` (and ``resnapshot``'s
+    signal) straight to stderr, about 50 lines in 15 s before the engine's own."""
+    (tmp_path / "k.yaml").write_text("source: {kind: kafka, kafka: {bootstrap_servers: '127.0.0.1:9'}}\n"
+                                     "tables: [{name: t, topic: t}]\n")
+    (tmp_path / "r.jsonl").write_text('{"key": null, "value": "eA=="}\n')
+    done = _cli("produce", "t", "-c", "k.yaml", "-f", "r.jsonl", cwd=tmp_path)
+    assert done.returncode == Exit.UNAVAILABLE, done.stdout + done.stderr
+    problems = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(problems) == 1, done.stderr
+    assert "Kafka at 127.0.0.1:9" in problems[0] and "Connection refused" in problems[0], problems
+
+
+def test_a_lake_directory_that_is_a_file_is_one_line_naming_it_and_exit_3(tmp_path: Path) -> None:
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "lake").write_text("")
+    (tmp_path / "c.yaml").write_text("workdir: w\ntarget: {root: lake}\ntables: [{name: t, topic: t}]\n")
+    done = _cli("run", "-c", "c.yaml", cwd=tmp_path)
+    assert done.returncode == Exit.UNAVAILABLE, done.stdout + done.stderr
+    problems = [line for line in done.stderr.splitlines() if line.strip()]
+    assert problems == [f"error: unavailable: {tmp_path / 'w' / 'lake'}/_cdc_locks: Not a directory"], problems
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["verify", "--source-db", "mysql://u:pw@127.0.0.1:noport/db"], "mysql:// URL is not valid: Port could not be"),
+    (["verify", "--source-db", "dbname"], "connection string is not valid: missing \"=\" after \"dbname\""),
+    (["produce", "t", "-f", "no-such.jsonl"], "'no-such.jsonl' does not exist"),
+    (["history", "t", "--limit", "-1"], "greater than or equal to 1"),
+    (["query", "SELECT 1", "--limit", "0"], "greater than or equal to 1"),
+    (["verify", "-t", "t"], "Invalid value for --table: only with --source-db"),
+    (["quarantine", "list", "-t", "nosuch"], "no table named 'nosuch' in the configuration (its tables: t)"),
+    (["quarantine", "list", "--stage", "decod"], "'decod' is not a stage: decode, key, quality"),
+    (["quarantine", "replay", "-t", "t", "--stage", "keys"], "'keys' is not a stage"),
+])
+def test_a_malformed_argument_is_a_usage_error_naming_it(lake: Path, args: list[str], says: str) -> None:
+    done = runner.invoke(app, [*args, "-c", str(lake)])
+    assert done.exit_code == Exit.USAGE, done.output
+    assert says in _unboxed(done.output), done.output
+
+
+def _unboxed(output: str) -> str:
+    """A usage error's text without the lines and borders of the box typer prints it in."""
+    return " ".join(output.replace("│", " ").split())
+
+
+def test_produce_refuses_a_line_that_is_not_a_record(tmp_path: Path) -> None:
+    """A misspelled field used to leave key and value empty: a tombstone was written instead."""
+    config = tmp_path / "c.yaml"
+    config.write_text("tables: [{name: t, topic: t}]\n")
+    done = runner.invoke(app, ["produce", "t", "-c", str(config)], input='{"key": null, "vlaue": "eA=="}\n')
+    assert done.exit_code == Exit.USAGE, done.output
+    assert "unknown field(s) vlaue" in _unboxed(done.output), done.output
+    assert not (tmp_path / "w").exists() and not list(tmp_path.rglob("*.log")), list(tmp_path.rglob("*"))
+
+
 def test_an_s3_lake_without_credentials_is_one_line_naming_the_location(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text("target: {root: 's3://nobucket/lake', storage: {endpoint_url: "
                                      "'http://127.0.0.1:9', region: us-east-1}}\ntables: [{name: t, topic: t}]\n")
     done = _cli("history", "-t", "t", "-c", "s.yaml", cwd=tmp_path,
                 unset=("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"))
     assert done.returncode == Exit.UNAVAILABLE, done.stdout + done.stderr
-    problems = [line for line in done.stderr.splitlines() if line.strip()]
+    problems = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("WARNING")]
     assert len(problems) == 1 and "lake s3://nobucket/lake/t" in problems[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_query_before_the_first_run_says_no_run_has_created_the_table(tmp_path: Path) -> None:
+    """It said "Table with name t does not exist! (tables: t, ...)", naming t among the tables."""
+    (tmp_path / "c.yaml").write_text("tables: [{name: t, topic: t}]\n")
+    done = runner.invoke(app, ["query", "SELECT * FROM t", "-c", str(tmp_path / "c.yaml")])
+    assert done.exit_code == Exit.USAGE
+    assert "(tables: none; no run has created t, _cdc_audit, _cdc_quarantine yet)" in _unboxed(done.output)
 
 
 def test_bad_sql_is_one_line_and_exit_2_and_debug_shows_the_traceback(lake: Path) -> None:
