@@ -26,6 +26,7 @@ from typing import Any, Final
 
 import yaml
 
+from ingest import yaml_file
 from ingest.errors import ConfigError
 
 #: Object-store credentials delta-rs reads from the environment (it never needs them in the config).
@@ -106,10 +107,12 @@ def read_secrets_file(path: str | os.PathLike[str]) -> dict[str, str]:
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         logging.getLogger(__name__).warning("secrets file %s is readable by group or others; chmod 600 it", file)
     try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError:
-        # The parser's message quotes the offending line, which may hold a secret.
-        raise ConfigError(f"secrets file {file}: not valid YAML") from None
+        data = yaml_file.load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        # Only where, and a repeated name: the parser's own words may quote a line, which may hold a secret.
+        repeated = isinstance(exc, yaml.constructor.ConstructorError) and "given twice" in str(exc.problem)
+        said = f"{yaml_file.where(exc)}: {exc.problem}" if repeated else yaml_file.where(exc)
+        raise ConfigError(f"secrets file {file}: not valid YAML" + (f" ({said})" if said else "")) from None
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         raise ConfigError(f"secrets file {file}: expected a mapping of NAME: \"value\" (strings)")
     for value in data.values():

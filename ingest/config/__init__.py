@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ingest import secrets
+from ingest import secrets, yaml_file
 from ingest.config.base import Duration, Model, PlacementName, QualityPolicy, WriterName
 from ingest.config.source import KafkaSpec, RegistrySpec, SourceSpec, TlsSpec, TransactionsSpec
 from ingest.config.tables import ColumnSelection, DiscoverySpec, TableSpec
@@ -282,40 +282,15 @@ def _format_location(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one
-    silently: a second ``tables:`` would replace the first)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # `<<: *base` brings keys a mapping may override
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
-                                                        key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """One line for a YAML error: where (line and column, from 1) and what."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return f"not valid YAML: {where}{problem}"
-
-
 def _read_raw(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:
     """The file's mapping; ``extends: other.yaml`` (relative to the file) is read first and overridden
     key by key (mappings merged, anything else replaced), so a variant states only what differs."""
     try:
-        raw = yaml.load(path.read_text(), Loader=_StrictLoader)  # a SafeLoader
+        raw = yaml_file.load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: configuration file not found") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: {_yaml_problem(exc)}") from exc
+        raise ConfigError(f"{path}: {yaml_file.problem(exc)}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     _rename_old_keys(raw, path)

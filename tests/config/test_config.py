@@ -4,6 +4,7 @@ import pytest
 
 from ingest.config import load_config
 from ingest.errors import ConfigError
+from ingest.secrets import read_secrets_file
 
 
 def write(tmp_path, text):
@@ -78,6 +79,22 @@ def test_a_yaml_mistake_is_one_line_with_where_it_is(tmp_path, text, message):
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, text))
     assert "\n" not in str(info.value) and message in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('TOKEN: "first"\nOTHER: "x"\nTOKEN: "second"\n',
+     "not valid YAML (line 3, column 1: the key 'TOKEN' is given twice)"),
+    ('TOKEN: "s3cr3t-value\nOTHER: x\n', "not valid YAML (line 3, column 1)"),
+])
+def test_a_secrets_file_mistake_says_where_and_never_quotes_a_value(tmp_path, text, message):
+    """A name given twice in the secrets file used whichever came last, without a word."""
+    path = tmp_path / "secrets.yaml"
+    path.write_text(text)
+    path.chmod(0o600)
+    with pytest.raises(ConfigError) as info:
+        read_secrets_file(path)
+    said = str(info.value)
+    assert said == f"secrets file {path}: {message}" and "first" not in said and "s3cr3t" not in said
 
 
 def test_a_merge_key_may_be_overridden(tmp_path):
