@@ -289,6 +289,8 @@ def _read_raw(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:
         raw = yaml_file.load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: configuration file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: a directory, not a configuration file") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: {yaml_file.problem(exc)}") from exc
     if not isinstance(raw, dict):

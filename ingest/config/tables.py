@@ -41,7 +41,8 @@ class TableSpec(Model):
     name: str = Field(description="table name: letters, digits and underscores; also its directory name")
     topic: str = Field(description="Debezium topic carrying this table's changes")
     primary_key: tuple[str, ...] | None = Field(
-        None, description="primary-key columns; default: the fields of the Kafka message key"
+        None, description="primary-key columns (one column may be given as a name); default: the fields of the "
+        "Kafka message key"
     )
     delete_mode: Literal["hard", "soft"] = Field(
         "hard", description="hard: readers see live rows only; soft: deleted rows stay, flagged _cdc_deleted"
@@ -87,6 +88,16 @@ class TableSpec(Model):
         None, description="schema.table in the source database, for verify --source-db; default from a "
         "Debezium topic name <prefix>.<schema>.<table>"
     )
+
+    @field_validator("primary_key", mode="before")
+    @classmethod
+    def _one_column(cls, value: object) -> object:
+        """``primary_key: id`` is the one-column key ``[id]``, as people write it."""
+        if isinstance(value, str):
+            if "," in value:
+                raise ValueError(f"give the columns as a list, [{value}], not as one string")
+            return (value,)
+        return value
 
     @field_validator("primary_key")
     @classmethod

@@ -41,6 +41,8 @@ def test_relative_paths_resolve_against_the_file(tmp_path):
         ("source: {kind: kafka, kafka: {bootstrap_servers: ''}}\ntables: [{name: a, topic: t}]",
          "source.kafka.bootstrap_servers", "expected host:port"),
         ("tables: [{name: a, topic: t, primary_key: []}]", "tables[0].primary_key", "name at least one column"),
+        ("tables: [{name: a, topic: t, primary_key: 'id, tenant'}]", "tables[0].primary_key",
+         "give the columns as a list, [id, tenant], not as one string"),
         ("target: {root: ''}\ntables: [{name: a, topic: t}]", "target.root", "is empty"),
         ("source: {registry: {kind: confluent, url: 'registry:8081'}}\ntables: [{name: a, topic: t}]",
          "source.registry.url", "expected an http:// or https:// URL"),
@@ -64,8 +66,16 @@ def test_errors_name_the_file_and_the_field(tmp_path, text, field, message):
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="a directory, not a configuration file"):
+        load_config(tmp_path)
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(write(tmp_path, "tables: [unclosed"))
+
+
+def test_a_one_column_key_may_be_written_as_its_name(tmp_path):
+    """`primary_key: id` was refused with pydantic's "Input should be a valid tuple"."""
+    config = load_config(write(tmp_path, "tables: [{name: a, topic: t, primary_key: id}]"))
+    assert config.table("a").primary_key == ("id",)
 
 
 @pytest.mark.parametrize(("text", "message"), [
