@@ -75,6 +75,17 @@ def test_as_of_a_version_or_a_time_shows_the_table_as_it_was(tmp_path: Path) -> 
         assert _rows(config, LIVE, (times[v1] + timedelta(milliseconds=1)).isoformat()) == first
 
 
+def test_history_of_a_table_says_whether_it_is_configured_or_not_yet_created(tmp_path: Path) -> None:
+    """Both said "no table 'x' under <root>", for a misspelled name and for a table before its first run."""
+    _, config = _config(tmp_path, tables=("t", "u"))
+    _three_batches(config)
+    assert history(config, "t")
+    with pytest.raises(TimeTravelError, match=r"^table u: no run has created it yet \(under "):
+        history(config, "u")
+    with pytest.raises(TimeTravelError, match=r"^no table 'nope' in the configuration \(its tables: t, u, _cdc_"):
+        history(config, "nope")
+
+
 def test_an_as_of_outside_the_history_is_a_clear_error(tmp_path: Path) -> None:
     _, config = _config(tmp_path)
     seen = _three_batches(config)

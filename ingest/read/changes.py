@@ -30,7 +30,7 @@ from ingest.config import IngestConfig
 from ingest.errors import QueryError
 from ingest.lake.delta import has_deletion_vectors, open_table, records_change_feed
 from ingest.lake.location import LakePath
-from ingest.read.query import commit_times
+from ingest.read.query import absent_table, commit_times
 
 #: The change types of Delta's change data feed, in the order a commit's changes are listed.
 CHANGE_TYPES = ("delete", "update_preimage", "update_postimage", "insert")
@@ -65,7 +65,7 @@ def changes(config: IngestConfig, name: str, which: ChangeRange,
     """
     table = open_table(config.tables_root / name)
     if table is None:
-        raise ChangeFeedError(f"no table {name!r} under {config.tables_root}")
+        raise ChangeFeedError(absent_table(config, name))
     if not records_change_feed(table):
         raise ChangeFeedError(
             f"{name}: its change data feed is not enabled (with target.change_data_feed: true, the default, "

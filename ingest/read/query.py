@@ -193,6 +193,13 @@ def queryable(config: IngestConfig) -> list[str]:
     return [t.name for t in config.tables] + [config.target.audit_table, config.target.quarantine_table]
 
 
+def absent_table(config: IngestConfig, name: str) -> str:
+    """Why ``name`` has no Delta table: not in the configuration, or no run has created it yet."""
+    if name in queryable(config):
+        return f"table {name}: no run has created it yet (under {config.tables_root})"
+    return f"no table {name!r} in the configuration (its tables: {', '.join(queryable(config))})"
+
+
 def _tables_held(con: duckdb.DuckDBPyConnection, config: IngestConfig) -> str:
     """Which tables a query can name, and which it cannot yet (no run has created them)."""
     views = {row[0] for row in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
@@ -261,7 +268,7 @@ def history(config: IngestConfig, name: str, *, limit: int | None = None) -> lis
     """
     table = open_table(config.tables_root / name)
     if table is None:
-        raise TimeTravelError(f"no table {name!r} under {config.tables_root}")
+        raise TimeTravelError(absent_table(config, name))
     out = []
     for raw in table.history(limit):
         info = decoded_commit(raw)

@@ -162,6 +162,7 @@ def test_a_lake_directory_that_is_a_file_is_one_line_naming_it_and_exit_3(tmp_pa
     (["history", "t", "--limit", "-1"], "greater than or equal to 1"),
     (["query", "SELECT 1", "--limit", "0"], "greater than or equal to 1"),
     (["verify", "-t", "t"], "Invalid value for --table: only with --source-db"),
+    (["verify"], "no simulated source under"),  # was exit 5, FileNotFoundError: .../truth/truth.json
     (["quarantine", "list", "-t", "nosuch"], "no table named 'nosuch' in the configuration (its tables: t)"),
     (["quarantine", "list", "--stage", "decod"], "'decod' is not a stage: decode, key, quality"),
     (["quarantine", "replay", "-t", "t", "--stage", "keys"], "'keys' is not a stage"),

@@ -23,6 +23,7 @@ from rich.table import Table
 from harness.cli_stack import add_consistency_rows, exit_unless, stack_lake, torture_stack
 from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, WorkdirOpt, console, load, progress_printer, say
 from ingest.config import IngestConfig, load_config
+from ingest.errors import ConfigError
 
 #: The ``ingest --help`` panel the harness's commands are listed under.
 PANEL = "Demo and proofs (development harness)"
@@ -38,8 +39,12 @@ def register(app: typer.Typer) -> None:
 
 def verify_truth(config: IngestConfig) -> bool:
     """``ingest verify`` against the simulated source's truth: prints the report, returns whether all equal."""
-    from harness.demo import verify_all
+    from harness.demo import truth_dir, verify_all
+    from harness.simulator.truth import TRUTH_FILE
 
+    if not (truth_dir(config) / TRUTH_FILE).exists():
+        raise ConfigError(f"no simulated source under {config.workdir} (ingest demo writes its truth there): "
+                          "give --source-db to compare the tables with their source database")
     results = verify_all(config)
     out = Table(title="Verification against the simulated source")
     for col in ("table", "expected", "actual", "missing", "unexpected", "different", "result"):
