@@ -110,7 +110,7 @@ def read_secrets_file(path: str | os.PathLike[str]) -> dict[str, str]:
         data = yaml_file.load(file.read_text()) or {}
     except yaml.YAMLError as exc:
         # Only where, and a repeated name: the parser's own words may quote a line, which may hold a secret.
-        repeated = isinstance(exc, yaml.constructor.ConstructorError) and "given twice" in str(exc.problem)
+        repeated = isinstance(exc, yaml_file.RepeatedKeyError)
         said = f"{yaml_file.where(exc)}: {exc.problem}" if repeated else yaml_file.where(exc)
         raise ConfigError(f"secrets file {file}: not valid YAML" + (f" ({said})" if said else "")) from None
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):

@@ -14,6 +14,10 @@ from typing import Any
 import yaml
 
 
+class RepeatedKeyError(yaml.constructor.ConstructorError):
+    """A key given twice in one mapping; its ``problem`` names the key and nothing else of the file."""
+
+
 class _StrictLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a key given twice in one mapping."""
 
@@ -24,8 +28,7 @@ class _StrictLoader(yaml.SafeLoader):
                 continue  # `<<: *base` brings keys a mapping may override
             key = self.construct_object(key_node, deep=True)
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
-                                                        key_node.start_mark)
+                raise RepeatedKeyError(None, None, f"the key {key!r} is given twice", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -34,7 +37,7 @@ def load(text: str) -> Any:
     """``text``'s document, as :func:`yaml.safe_load` reads it but refusing a repeated key.
 
     Raises:
-        yaml.YAMLError: not valid YAML, or a key given twice in one mapping (:func:`where`, :func:`problem`).
+        yaml.YAMLError: not valid YAML, or :class:`RepeatedKeyError` (see :func:`where`, :func:`problem`).
     """
     return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader
 
