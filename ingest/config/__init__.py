@@ -302,6 +302,8 @@ def _read_raw(path: Path, *, seen: tuple[Path, ...]) -> dict[str, Any]:
     parent = (path.parent / str(base)).resolve()
     if parent in seen or parent == path.resolve():
         raise ConfigError(f"{path}: extends {base} again (a cycle)")
+    if not parent.is_file():
+        raise ConfigError(f"{path}: extends: {parent} is not a file")
     return _merged(_read_raw(parent, seen=(*seen, path.resolve())), raw)
 
 

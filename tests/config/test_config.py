@@ -138,6 +138,10 @@ def test_a_configuration_extends_another_and_states_only_what_differs(tmp_path):
     (tmp_path / "base.yaml").write_text("extends: variant.yaml\n")
     with pytest.raises(ConfigError, match="a cycle"):
         load_config(tmp_path / "variant.yaml")
+    (tmp_path / "typo.yaml").write_text("extends: bsae.yaml\n")  # it said "bsae.yaml: configuration file not found"
+    said = f"^{tmp_path / 'typo.yaml'}: extends: {tmp_path / 'bsae.yaml'} is not a file$"
+    with pytest.raises(ConfigError, match=said):
+        load_config(tmp_path / "typo.yaml")
 
 
 def test_the_s3_demo_configuration_is_the_demo_on_the_stacks_minio():
