@@ -104,7 +104,7 @@ class KafkaAdmin:
             reason += f" ({self._client_error})"
         if tls.is_tls_failure(reason):
             return self._tls_reason() or reason
-        return reason
+        return _plain(reason)
 
     def _tls_reason(self) -> str | None:
         """Why the TLS handshake with the first bootstrap server fails, as Python's ``ssl`` sees it."""
@@ -251,6 +251,24 @@ def _error_callback(owner: KafkaAdmin) -> Any:
             alive._on_error(error)
 
     return on_error
+
+
+#: What librdkafka says when no connection could be made, after a request's generic "_TRANSPORT: Failed
+#: to get metadata": the address and the system's own words, without its codes and connection states.
+_NO_CONNECTION: Final = (
+    (re.compile(r"Connect to (?:ipv[46]#)?(?P<at>\S+) failed: (?P<why>.+?) \(after "), "{at}: {why}"),
+    (re.compile(r"Failed to resolve '(?P<at>[^']+)': (?P<why>.+?) \(after "),
+     "{at}: the name does not resolve ({why})"),
+)
+
+
+def _plain(reason: str) -> str:
+    """``reason`` as a person reads it when the cause is that nothing answered at an address; else as it is."""
+    if "Broker transport failure" in reason or reason.startswith("_TRANSPORT"):
+        for pattern, say in _NO_CONNECTION:
+            if found := pattern.search(reason):
+                return say.format(**found.groupdict())
+    return reason
 
 
 def _reason(exc: Exception) -> str:

@@ -453,3 +453,20 @@ def test_a_kafka_log_sent_to_spark_workers_leaves_its_kept_consumer_behind():
     with copy._reading:  # a lock of its own
         assert not kept._reading.locked()
     assert kept._kept is not None  # the original keeps its consumer
+
+
+@pytest.mark.parametrize(("servers", "says"), [
+    ("127.0.0.1:9", "Kafka at 127.0.0.1:9 did not list its topics: 127.0.0.1:9: Connection refused"),
+    ("no-such-broker.invalid:9092", "Kafka at no-such-broker.invalid:9092 did not list its topics: "
+                                    "no-such-broker.invalid:9092: the name does not resolve ("),
+])
+def test_a_broker_that_takes_no_connection_is_named_with_the_systems_own_words(servers, says):
+    """It read "_TRANSPORT: Failed to get metadata: Local: Broker transport failure (_TRANSPORT:
+    127.0.0.1:9/bootstrap: Connect to ipv4#127.0.0.1:9 failed: Connection refused (after 0ms in state
+    CONNECT))"."""
+    from ingest.config import KafkaSpec
+    from ingest.source.kafka_admin import KafkaAdmin
+
+    with pytest.raises(SourceUnavailableError) as info:
+        KafkaAdmin(KafkaSpec(bootstrap_servers=servers), timeout=3).topics()
+    assert str(info.value).startswith(says), str(info.value)
