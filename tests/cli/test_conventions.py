@@ -214,3 +214,16 @@ def test_bad_sql_is_one_line_and_exit_2_and_debug_shows_the_traceback(lake: Path
                                                 '"SELEC" (tables: t, _cdc_audit, _cdc_quarantine)']
     debug = _cli("--debug", "query", "SELEC 1", "-c", str(lake), cwd=lake.parent)
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "QueryError" in debug.stderr
+
+
+def test_status_shows_no_offset_as_a_dash_not_minus_one(tmp_path: Path) -> None:
+    """An empty partition read "p1:-/-1", and a table no run had created "Delta version None"."""
+    path = tmp_path / "ingest.yaml"
+    path.write_text("tables: [{name: a, topic: t}]\n")
+    produced = runner.invoke(app, ["produce", "t", "-c", str(path), "--partitions", "3"],
+                             input='{"partition": 0, "key": null, "value": "e30="}\n')
+    assert produced.exit_code == 0, produced.output
+    done = runner.invoke(app, ["status", "-c", str(path)])
+    assert done.exit_code == 0, done.output
+    row = next(line for line in done.output.splitlines() if line.startswith("│ a "))
+    assert [cell.strip() for cell in row.strip("│").split("│")][2:5] == ["p0:-/0, p1:-/-, p2:-/-", "1", "-"], row
