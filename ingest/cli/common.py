@@ -123,6 +123,6 @@ def progress_printer() -> Any:
             f"  {table}: batch {record.batch_id} received {record.received:>6}  "
             f"+{record.inserted} ~{record.updated} -{record.deleted}  superseded {record.superseded}  "
             f"stale {record.stale}  quarantined {record.quarantined}  quality {record.quality_status}  "
-            f"-> v{record.delta_version} ({record.total_ms} ms)"
+            f"-> {'no commit' if record.delta_version is None else f'v{record.delta_version}'} ({record.total_ms} ms)"
         )
     return show

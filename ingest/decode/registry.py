@@ -60,7 +60,8 @@ def unframe(message: bytes) -> tuple[int, memoryview]:
         raise DecodeError(f"confluent framing: message of {len(message)} bytes is shorter than the 5-byte header")
     magic, schema_id = _HEADER.unpack_from(message)
     if magic != MAGIC_BYTE:
-        raise DecodeError(f"confluent framing: magic byte is {magic & 0xFF:#04x}, expected 0x00")
+        looks = "; it starts like JSON: is source.value_format json?" if message[:1] in (b"{", b"[") else ""
+        raise DecodeError(f"confluent framing: magic byte is {magic & 0xFF:#04x}, expected 0x00{looks}")
     return schema_id, memoryview(message)[_HEADER.size :]
 
 

@@ -227,3 +227,18 @@ def test_status_shows_no_offset_as_a_dash_not_minus_one(tmp_path: Path) -> None:
     assert done.exit_code == 0, done.output
     row = next(line for line in done.output.splitlines() if line.startswith("│ a "))
     assert [cell.strip() for cell in row.strip("│").split("│")][2:5] == ["p0:-/0, p1:-/-, p2:-/-", "1", "-"], row
+
+
+def test_a_batch_that_commits_nothing_says_so_and_json_sent_to_an_avro_table_is_named(tmp_path: Path) -> None:
+    """The batch line ended "-> vNone", and the quarantine said only "magic byte is 0x7b"."""
+    path = tmp_path / "ingest.yaml"
+    path.write_text("tables: [{name: a, topic: t, primary_key: [id]}]\n")
+    produced = runner.invoke(app, ["produce", "t", "-c", str(path), "--partitions", "1"],
+                             input='{"key": null, "value": "eyJpZCI6IDF9"}\n')  # {"id": 1}, not Avro
+    assert produced.exit_code == 0, produced.output
+    done = runner.invoke(app, ["run", "-c", str(path)])
+    assert done.exit_code == 0, done.output
+    assert "quarantined 1" in done.output and "-> no commit (" in done.output, done.output
+    held = runner.invoke(app, ["quarantine", "list", "-c", str(path), "--format", "json"])
+    assert held.exit_code == 0, held.output
+    assert "it starts like JSON: is source.value_format json?" in held.output, held.output

@@ -277,6 +277,8 @@ def test_errors(decoder: MessageDecoder, registry: EmbeddedSchemaRegistry) -> No
     cases = [
         (k, b"\x01" + good[1:], r"^confluent framing: magic byte is 0x01, expected 0x00$"),
         (k, b"\x00\x00", r"^confluent framing: message of 2 bytes is shorter than the 5-byte header$"),
+        (k, b'{"before": null, "after": {"id": 7}}',
+         r"^confluent framing: magic byte is 0x7b, expected 0x00; it starts like JSON: is source.value_format json\?$"),
         (k, frame(9999, good[5:]), r"^avro: unknown schema id 9999$"),
         (k, good[:-9], r"^avro: truncated or corrupt payload for schema id 1: EOFError: "),
         (k, good + b"\x00\x00", r"^avro: 2 bytes left after the record for schema id 1 \(wrong schema\?\)$"),
