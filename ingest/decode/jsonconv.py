@@ -128,12 +128,13 @@ class _PlanCache(Generic[_Plan]):
         try:
             text = str(message, "utf-8")
         except UnicodeDecodeError as exc:
-            raise DecodeError(f"{what}: {self._noun} is not valid UTF-8 (byte {exc.start})") from exc
+            raise DecodeError(f"{what}: {self._noun} is not valid UTF-8 (byte {exc.start})"
+                              f"{_if_framed(message)}") from exc
         try:
             document = json.loads(text)
         except json.JSONDecodeError as exc:
             where = f"line {exc.lineno} column {exc.colno}"
-            raise DecodeError(f"{what}: invalid JSON at {where}: {exc.msg}") from exc
+            raise DecodeError(f"{what}: invalid JSON at {where}: {exc.msg}{_if_framed(message)}") from exc
         wrapped = isinstance(document, dict) and len(document) == 2 and "schema" in document
         if not (wrapped and "payload" in document):
             return document, None
@@ -275,3 +276,10 @@ for _base in _INT_BITS:
 columns.register(_json_float, columns.number)
 columns.register(_json_bool, columns.plain(bool))
 columns.register(_json_str, columns.plain(str))
+
+
+def _if_framed(message: bytes) -> str:
+    """A hint for a message that is not JSON: a Confluent-framed one (Avro from a registry) starts with 0."""
+    if message[:1] == b"\x00" and len(message) >= 5:
+        return "; it starts like Avro in the Confluent framing: is source.value_format avro?"
+    return ""

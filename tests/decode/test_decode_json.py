@@ -390,3 +390,14 @@ def test_float_and_double_as_jsonconverter_names_them_including_non_finite_value
         assert {c.name: c.type for c in event.columns} == {"id": "integer", "r": "float", "d": "double"}
     assert got[0] == {"id": 1, "r": 1.5, "d": -2.25}
     assert math.isnan(got[1]["r"]) and got[1]["d"] == math.inf and got[2]["d"] == -math.inf
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (b"\x00\x00\x00\x00\x01\x02\xff\xfe",
+     r"value is not valid UTF-8 \(byte 6\); it starts like Avro in the Confluent framing"),
+    (b"\x00\x00\x00\x00\x01\x02", r"invalid JSON at line 1 column 1: Expecting value; it starts like Avro"),
+])
+def test_avro_read_as_json_is_named_in_the_reason(value: bytes, reason: str) -> None:
+    """A table read as JSON from an Avro topic quarantined each message as "not valid UTF-8"."""
+    with pytest.raises(DecodeError, match=r"^json: " + reason):
+        json_decoder().decode(json_key(7), value, COORDS)
