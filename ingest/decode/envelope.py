@@ -309,9 +309,9 @@ def resolve_key(image: Mapping[str, Any] | None, key_columns: tuple[str, ...] | 
     if kafka_key is _UNREAD:
         kafka_key = read_key(key)
     if kafka_key is None:
-        raise DecodeError("key: the message has no Kafka key and no key_columns are configured for its table")
+        raise DecodeError("key: the message has no Kafka key, and its table has no primary_key configured")
     if not kafka_key:
-        raise DecodeError("key: the Kafka key has no columns; configure key_columns for this table")
+        raise DecodeError("key: the Kafka key has no columns; configure the table's primary_key")
     for name, value in kafka_key.items():
         if value is None:
             raise DecodeError(f"key: null primary key column '{name}'")

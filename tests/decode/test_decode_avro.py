@@ -285,7 +285,7 @@ def test_errors(decoder: MessageDecoder, registry: EmbeddedSchemaRegistry) -> No
         (b"\x05" + k[1:], good, r"^key: confluent framing: magic byte is 0x05, expected 0x00$"),
         (k[:-1], good, r"^key: avro: truncated or corrupt payload for schema id 2: "),
         (frame(4242, k[5:]), good, r"^key: avro: unknown schema id 4242$"),
-        (None, good, r"^key: the message has no Kafka key and no key_columns"),
+        (None, good, r"^key: the message has no Kafka key, and its table has no primary_key configured$"),
     ]
     for key_bytes, value_bytes, reason in cases:
         with pytest.raises(DecodeError, match=reason):

@@ -276,7 +276,7 @@ def test_key_columns_override_falls_back_to_kafka_key() -> None:
             json_message(envelope("c", after={"id": 1}, source={})),
             None,
             None,
-            r"^key: the message has no Kafka key and no key_columns",
+            r"^key: the message has no Kafka key, and its table has no primary_key configured$",
         ),
         (
             json_message(envelope("c", after={"id": 1}, source={})),

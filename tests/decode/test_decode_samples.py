@@ -107,7 +107,7 @@ EXPECTED: dict[str, tuple[tuple[str, ...] | None, list[dict[str, Any] | ControlR
     ),
     "mysql-tutorial-delete-value.json": (ID, [{"op": "d", "position": SourcePosition(3, 725, 0, 1)}]),
     "mysql-tutorial-tombstone-value.json": (None, [ControlRecord("tombstone", key_error=(
-        "key: the message has no Kafka key and no key_columns are configured for its table"))]),
+        "key: the message has no Kafka key, and its table has no primary_key configured"))]),
     "mysql-fixture-serde-with-schema.json": (ID, [{"op": "c", "position": SourcePosition(3, 154, 0, 1)}]),
     "mysql-fixture-serde-update.json": (
         ID,
