@@ -180,6 +180,8 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
         check_position_format(spec.name, state)
         check_history_mode(spec.name, spec.history_mode, state)
         record.engine = writer.name  # before the commit: the commit info carries the record
+        if replay:
+            record.status = "replayed"  # so `ingest history` tells a replay's commit from the stream's
         mark = state.mark if replay else state.mark.merged(facts.mark)
         request = _plan(spec, paths, placement, changes, reduced, withdrawn, schema, key_columns, state, record,
                         batch, facts.flattened, opened.tombstones, mark, replay=replay)

@@ -8,6 +8,7 @@ from ingest.commit.state import load_state
 from ingest.errors import QualityGateError
 from ingest.lake.delta import open_table, read_all
 from ingest.ops.replay import REPLAY_BATCH, replay_quarantine
+from ingest.read.query import history
 from ingest.records import audit, quarantine
 from tests.quality.helpers import ACCOUNTS_SUITE, TOPIC, accounts_paths, ingest, live, pending, write_suite
 
@@ -50,6 +51,8 @@ def test_replay_after_a_fix_applies_and_a_second_replay_is_a_no_op(accounts):
     assert stamped["replayed_at"] is not None and stamped["replay_version"] == table.version()
     replays = [r for r in audit.read(accounts_paths(config).audit).to_pylist() if r["batch_id"] == REPLAY_BATCH]
     assert len(replays) == 1 and replays[0]["status"] == "replayed" and replays[0]["balanced"]
+    # `ingest history` tells the replay's commit from the stream's (it listed it as kind "cdc")
+    assert [c.kind for c in history(config, "accounts")[:2]] == ["replay", "cdc"]
 
     again = replay_quarantine(config, "accounts")
     assert again.selected == 0 and open_table(accounts_paths(config).table).version() == version + 1
