@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest.config import IngestConfig, load_config
+from ingest.errors import ConfigError
 
 # Piped output (CI logs, files) gets a width that fits the summary tables instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -87,7 +88,19 @@ def load(path: Path, workdir: Path | None = None, *, strict: bool = False) -> In
     """
     from ingest.source.discovery import with_discovered  # loads Arrow: not before a command runs
 
-    return with_discovered(load_config(path, workdir=workdir), strict=strict)
+    return with_discovered(load_config(given(path), workdir=workdir), strict=strict)
+
+
+def given(path: Path) -> Path:
+    """``path``, unless it is the default (the demo's configuration in a checkout) and that is not here.
+
+    Raises:
+        ConfigError: the default is not here; the message says how to name a configuration.
+    """
+    if path == DEFAULT_CONFIG and not path.exists():
+        raise ConfigError(f"{DEFAULT_CONFIG}: configuration file not found; it is the default, the demo's in a "
+                          f"checkout: give -c FILE or set {CONFIG_ENV} (ingest init writes one)")
+    return path
 
 
 def print_table(rows: Any, title: str, limit: int) -> None:

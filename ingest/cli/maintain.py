@@ -14,7 +14,17 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ingest.cli.common import DEFAULT_CONFIG, ConfigOpt, FormatOpt, TableOrJson, WorkdirOpt, console, err, print_json
+from ingest.cli.common import (
+    DEFAULT_CONFIG,
+    ConfigOpt,
+    FormatOpt,
+    TableOrJson,
+    WorkdirOpt,
+    console,
+    err,
+    given,
+    print_json,
+)
 from ingest.cli.outcome import Exit
 from ingest.config import load_config
 from ingest.errors import SourceUnavailableError
@@ -64,7 +74,7 @@ def maintain(
     from ingest.ops.maintain import MaintenanceOptions
     from ingest.ops.maintain_tables import maintain_tables, tables_to_maintain
 
-    cfg = load_config(config, workdir=workdir)
+    cfg = load_config(given(config), workdir=workdir)
     left_out = None
     try:
         from ingest.source.discovery import with_discovered  # loads Arrow: not before a command runs

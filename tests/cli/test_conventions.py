@@ -242,3 +242,13 @@ def test_a_batch_that_commits_nothing_says_so_and_json_sent_to_an_avro_table_is_
     held = runner.invoke(app, ["quarantine", "list", "-c", str(path), "--format", "json"])
     assert held.exit_code == 0, held.output
     assert "it starts like JSON: is source.value_format json?" in held.output, held.output
+
+
+@pytest.mark.parametrize("command", [["status"], ["maintain", "--dry-run"]])
+def test_no_configuration_outside_a_checkout_says_how_to_give_one(tmp_path: Path, command: list[str]) -> None:
+    """Away from the checkout, "configs/demo.yaml: configuration file not found" named a file the user never chose."""
+    done = _cli(*command, cwd=tmp_path, unset=("CDC_INGEST_CONFIG",))
+    assert done.returncode == Exit.USAGE, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: configs/demo.yaml: configuration file not found; it is the default, the demo's in a checkout: "
+        "give -c FILE or set CDC_INGEST_CONFIG (ingest init writes one)"], done.stderr
