@@ -235,8 +235,8 @@ def retype(
                   f"rewritten with {done.rewritten_by} (Delta version {done.version})")
 
 
-def _offset(value: int | None) -> str:
-    """An offset or version as ``status`` prints it: ``-`` for none (nothing applied, an empty partition)."""
+def _or_dash(value: int | None) -> str:
+    """An offset or a version as ``status`` prints it: ``-`` for none (nothing applied, an empty partition)."""
     return "-" if value is None or value < 0 else str(value)
 
 
@@ -269,13 +269,13 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
     for col in ("table", "topic", "offsets applied/newest", "lag", "Delta version", "live rows", "last batch"):
         out.add_column(col)
     for s in statuses:
-        applied = ", ".join(f"p{p}:{_offset(o)}/{_offset(s.end[p] - 1)}" for p, o in sorted(s.applied.items()))
+        applied = ", ".join(f"p{p}:{_or_dash(o)}/{_or_dash(s.end[p] - 1)}" for p, o in sorted(s.applied.items()))
         last = "-"
         if s.last_batch and s.last_batch.get("finished_at"):
             b = s.last_batch
             last = f"#{b['batch_id']} {b['status']} at {b['finished_at']:%Y-%m-%d %H:%M:%S}"
         lag = str(s.lag) if s.lag is not None else "[red]unknown[/]"
-        out.add_row(s.table, s.topic, applied or "-", lag, _offset(s.delta_version), str(s.rows), last)
+        out.add_row(s.table, s.topic, applied or "-", lag, _or_dash(s.delta_version), str(s.rows), last)
     console.print(out)
     if cut is not None:
         console.print(escape(cut.describe()), highlight=False)
