@@ -39,15 +39,14 @@ def _short(value: Any, limit: int = 70) -> str:
 def quality_check(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
     """Load every table's suite with GX and check it against the table (what `run` does at start-up)."""
     # the gate brings Great Expectations: loaded when the command runs
-    from ingest.commit.state import load_state
-    from ingest.quality import QualityGate
+    from ingest.ops.check import gate_at_start
 
     cfg = load(config, workdir)
     out = Table(title="Expectations per table")
     for col in ("table", "expectation (name)", "kind", "policy"):
         out.add_column(col)
     for spec in cfg.tables:
-        gate = QualityGate.for_table(cfg, spec, table_columns=load_state(cfg.table_path(spec.name)).columns)
+        gate = gate_at_start(cfg, spec)
         if gate is None:
             out.add_row(spec.name, "(no suite)", "", "")
             continue
