@@ -200,6 +200,16 @@ def absent_table(config: IngestConfig, name: str) -> str:
     return f"no table {name!r} in the configuration (its tables: {', '.join(queryable(config))})"
 
 
+def _why_absent(config: IngestConfig, name: str, point: AsOf | None) -> str:
+    """Why a time-travel query found no view of ``name``: created after the time read (and when it
+    was), or no commit at the consistent point read."""
+    try:
+        load_at(config.tables_root / name, name, point)
+    except NotYetCreated as exc:
+        return str(exc)
+    return f"{name}: no commit yet at the point asked for"
+
+
 def _tables_held(con: duckdb.DuckDBPyConnection, config: IngestConfig) -> str:
     """Which tables a query can name, and which it cannot yet (no run has created them)."""
     views = {row[0] for row in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
@@ -223,7 +233,8 @@ def run_sql(config: IngestConfig, sql: str, as_of: list[AsOf] | None = None, *, 
             named = set()
         if named:
             con.close()
-            raise TimeTravelError(f"{', '.join(sorted(named))}: no commit yet at the point asked for")
+            raise TimeTravelError("; ".join(_why_absent(config, name, (points or {}).get(name))
+                                            for name in sorted(named)))
     try:
         return normalize(con.sql(sql).to_arrow_table())
     except duckdb.Error as exc:  # the analyst's SQL: its first line says what and where
