@@ -49,7 +49,8 @@ def check(
     output: FormatOpt = TableOrJson.table,
 ) -> None:
     """Check a deployment before its first run: Java and the JVM artifacts, the broker (and its credentials),
-    the topics, the registry, the lake and checkpoint locations (a real write), each table's state and suite.
+    the topics, the registry and the columns each table names, the lake and checkpoint locations (a real write),
+    each table's state and suite.
     Exit 0: ready; 3: something is missing or refused (each line says what to do)."""
     from ingest.ops.check import run_checks  # loads delta-rs: not before a command runs
 

@@ -18,7 +18,7 @@ from typing import Any, Final
 import fastavro
 from fastavro.schema import expand_schema
 
-from ingest.decode.envelope import ValuePlan, classify, make_value_plan
+from ingest.decode.envelope import RecordKind, ValuePlan, classify, make_value_plan
 from ingest.decode.registry import SchemaRegistry, unframe
 from ingest.decode.semantic import FieldPlan, as_key_field, convert_image, field_plan
 from ingest.errors import DecodeError, SchemaRegistryError
@@ -103,20 +103,8 @@ class AvroCodec:
 
     def _value_entry(self, schema_id: int) -> tuple[Any, ValuePlan]:
         schema, parsed = self._load(schema_id, "avro")
-        fields = _record_fields(schema, schema_id, "avro")
-        names = [f["name"] for f in fields]
-        kind = classify(names, schema.get("connect.name") or schema.get("name"))
-        image: tuple[FieldPlan, ...] = ()
-        meta: tuple[str, ...] = ()
-        if kind == "envelope":
-            by_name = {f["name"]: f for f in fields}
-            struct = _image_record(by_name.get("after")) or _image_record(by_name.get("before"))
-            if struct is not None:
-                image = tuple(_field(f) for f in struct["fields"])
-        elif kind == "flattened":
-            image = tuple(_field(f) for f in fields if not f["name"].startswith("__"))
-            meta = tuple(n for n in names if n.startswith("__"))
-        return parsed, make_value_plan(kind, image, f"avro:{schema_id}", meta)
+        kind, row, meta = _row_fields(schema, schema_id)
+        return parsed, make_value_plan(kind, tuple(_field(f) for f in row), f"avro:{schema_id}", meta)
 
     def _key_entry(self, schema_id: int) -> tuple[Any, tuple[FieldPlan, ...]]:
         schema, parsed = self._load(schema_id, "key: avro")
@@ -167,6 +155,37 @@ def _record_fields(schema: Mapping[str, Any], schema_id: int, what: str) -> list
     if schema.get("type") not in ("record", "error") or not isinstance(fields, list):
         raise DecodeError(f"{what}: schema id {schema_id} is not a record schema")
     return fields
+
+
+def row_columns(schema: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The names of the row columns a Debezium value schema carries, in its order: the envelope's
+    ``after`` struct, or a flattened row without its ``__`` fields (``None``: its records carry no row).
+
+    Raises:
+        DecodeError: ``schema`` is not a record schema.
+    """
+    _check_shape(schema, 0, "avro")
+    expanded = expand_schema(dict(schema))
+    if not isinstance(expanded, dict):
+        raise DecodeError("avro: not a record schema")
+    kind, row, _ = _row_fields(expanded, 0)
+    return tuple(f["name"] for f in row) if kind in ("envelope", "flattened") else None
+
+
+def _row_fields(schema: Mapping[str, Any], schema_id: int) -> tuple[RecordKind, list[dict[str, Any]], tuple[str, ...]]:
+    """What records of the (expanded) value ``schema`` are, the fields of their row and a flattened
+    row's ``__`` metadata fields."""
+    fields = _record_fields(schema, schema_id, "avro")
+    names = [f["name"] for f in fields]
+    kind = classify(names, schema.get("connect.name") or schema.get("name"))
+    if kind == "envelope":
+        by_name = {f["name"]: f for f in fields}
+        struct = _image_record(by_name.get("after")) or _image_record(by_name.get("before"))
+        return kind, list(struct["fields"]) if struct is not None else [], ()
+    if kind == "flattened":
+        meta = tuple(n for n in names if n.startswith("__"))
+        return kind, [f for f in fields if f["name"] not in meta], meta
+    return kind, [], ()
 
 
 def _image_record(field: Mapping[str, Any] | None) -> dict[str, Any] | None:

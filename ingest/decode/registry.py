@@ -121,6 +121,11 @@ class EmbeddedSchemaRegistry:
             return {}
         return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
 
+    def newest_schema(self, subject: str) -> dict[str, Any] | None:
+        """The schema last registered under ``subject`` (``None``: nothing is)."""
+        ids = self.subjects().get(_safe_name(subject))
+        return self.get_schema(ids[-1]) if ids else None
+
 
 @lru_cache(maxsize=4096)
 def _load_embedded(root: str, schema_id: int) -> dict[str, Any]:
@@ -212,6 +217,28 @@ class ConfluentSchemaRegistry:
 
         return int(self._client.register_schema(subject, Schema(json.dumps(schema), "AVRO")))
 
+    def newest_schema(self, subject: str) -> dict[str, Any] | None:
+        """The schema last registered under ``subject`` (``None``: nothing is).
+
+        Raises:
+            RegistryUnavailableError: the registry did not answer, or refused (401/403, 5xx).
+        """
+        # the registry client (about 1 s to import): only for a Confluent-compatible registry
+        from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
+
+        try:
+            registered = self._client.get_latest_version(subject)
+        except ClientError as exc:
+            if exc.http_status_code == 404:
+                return None
+            raise _refused(subject, exc) from None
+        except Exception as exc:  # httpx transport errors and the like: the registry is not there
+            raise self._unreachable(f"reading subject {subject}", exc) from None
+        try:
+            return json.loads(registered.schema.schema_str or "")
+        except ValueError:
+            raise SchemaRegistryError(f"subject {subject}: the registry returned a schema that is not JSON") from None
+
     def subject_schemas(self, subjects: Iterable[str]) -> dict[int, str]:
         """Every schema registered under ``subjects`` as ``{id: schema JSON}`` (a missing subject is empty).
 
@@ -239,12 +266,17 @@ class ConfluentSchemaRegistry:
             except ClientError as exc:
                 if exc.http_status_code == 404:
                     continue
-                raise RegistryUnavailableError(secrets.redact(
-                    f"schema registry refused subject {subject}: HTTP {exc.http_status_code} {exc.error_message}"
-                ), status=exc.http_status_code) from None
+                raise _refused(subject, exc) from None
             except Exception as exc:
                 raise self._unreachable(f"listing subject {subject}", exc) from None
         return found
+
+
+def _refused(subject: str, exc: Any) -> RegistryUnavailableError:
+    """The registry answered a question about ``subject`` with an error other than "not found"."""
+    return RegistryUnavailableError(secrets.redact(
+        f"schema registry refused subject {subject}: HTTP {exc.http_status_code} {exc.error_message}"
+    ), status=exc.http_status_code)
 
 
 def confluent_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import ConfigError, IngestError, SuiteError, first_line
+from ingest.decode.avro import row_columns
+from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, confluent_registry
+from ingest.errors import ConfigError, DecodeError, IngestError, SuiteError, first_line
 from ingest.lake.location import LakePath, s3_client
 from ingest.ops.resnapshot import signals_for
 from ingest.source.kafka_admin import KafkaAdmin
@@ -54,7 +56,8 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
     names = functools.cache(functools.partial(_topic_names, config))  # one listing for three checks
     steps: list[tuple[str, Callable[[IngestConfig], Check | list[Check]]]] = [
         ("java", _java), ("jvm artifacts", _artifacts), ("source", functools.partial(_source, names=names)),
-        ("topics", functools.partial(_topics, names=names)), ("registry", _registry), ("lake", _lake),
+        ("topics", functools.partial(_topics, names=names)), ("registry", _registry), ("columns", _columns),
+        ("lake", _lake),
         ("checkpoints", _checkpoints), ("tables", _tables), ("quality", _quality),
         ("signals", functools.partial(_signals, names=names))]
     failed: set[str] = set()
@@ -87,6 +90,8 @@ def _fix(name: str) -> str:
         "topics": "check the topic names (tables[].topic, discover.topic_pattern) and that Debezium has written",
         "registry": "check source.registry.url, its credentials (source.registry.credentials_env) and, over "
                     "https, source.registry.tls",
+        "columns": "name the source's columns, as the schema spells them, in tables[].primary_key, columns and "
+                   "track_history",
         "lake": "check target.root, target.storage and the store's credentials (AWS_ACCESS_KEY_ID, ...)",
         "checkpoints": "check target.checkpoint_dir, target.storage and the store's credentials",
         "tables": "see the cause: a table's Delta log must be readable with the lake's credentials",
@@ -156,8 +161,6 @@ def _topics(config: IngestConfig, *, names: Callable[[], list[str]]) -> list[Che
 
 def _registry(config: IngestConfig) -> Check:
     registry = config.source.registry
-    from ingest.decode.registry import confluent_registry  # the registry client: only when the check runs
-
     client = confluent_registry(config)
     if client is None:
         return Check("registry", True, f"{registry.kind} registry: nothing to reach")
@@ -169,6 +172,59 @@ def _registry(config: IngestConfig) -> Check:
                                         f"({subjects[0]}, ...) has a schema", "check that Debezium's Avro "
                                         "converter writes to this registry and has sent a record")
     return Check("registry", True, f"{where} answered: {len(found)} schemas for {len(subjects)} subjects")
+
+
+def _columns(config: IngestConfig) -> list[Check]:
+    """The columns each table names -- ``primary_key``, ``columns``, ``track_history`` -- against the newest
+    value schema of its topic: a misspelled key sends every change to quarantine, a misspelled
+    ``include`` leaves a column out and a misspelled ``exclude`` keeps the column it meant to drop."""
+    named = {spec.name: _named_columns(spec) for spec in config.tables}
+    if not any(named.values()):
+        return []
+    if config.source.value_format != "avro":
+        return [Check("columns", True, "not checked: JSON messages carry their schema, no registry holds it")]
+    registry: EmbeddedSchemaRegistry | ConfluentSchemaRegistry | None = confluent_registry(config)
+    if registry is None:
+        registry = EmbeddedSchemaRegistry(config.registry_dir)
+    out = []
+    for spec in config.tables:
+        if not named[spec.name]:
+            continue
+        subject = f"{spec.topic}-value"
+        schema = registry.newest_schema(subject)
+        if schema is None:
+            out.append(Check("columns", True, f"{spec.name}: not checked, no schema under {subject} yet"))
+            continue
+        try:
+            columns = row_columns(schema)
+        except DecodeError:
+            columns = None
+        if columns is None:
+            out.append(Check("columns", False, f"{spec.name}: the newest schema under {subject} is not a "
+                                               "Debezium change's", "check tables[].topic"))
+            continue
+        missing = [f"{setting} names {', '.join(absent)}" for setting, names in named[spec.name].items()
+                   if (absent := [n for n in names if n not in columns])]
+        if missing:
+            out.append(Check("columns", False, f"{spec.name}: {'; '.join(missing)}, not in the newest schema "
+                                               f"under {subject} (its columns: {', '.join(columns)})",
+                             _fix("columns")))
+        else:
+            found = ", ".join(f"{setting} ({', '.join(names)})" for setting, names in named[spec.name].items())
+            out.append(Check("columns", True, f"{spec.name}: {found} found in the newest schema under {subject}"))
+    return out
+
+
+def _named_columns(spec: TableSpec) -> dict[str, tuple[str, ...]]:
+    """The source columns ``spec``'s settings name, by setting."""
+    named: dict[str, tuple[str, ...]] = {}
+    if spec.primary_key:
+        named["primary_key"] = spec.primary_key
+    for setting, selection in (("columns", spec.columns), ("track_history", spec.track_history)):
+        if selection is not None:
+            names = selection.include if selection.include is not None else selection.exclude
+            named[f"{setting}.{'include' if selection.include is not None else 'exclude'}"] = tuple(names or ())
+    return named
 
 
 def _writable(name: str, where: LakePath) -> Check:

@@ -21,7 +21,9 @@ import yaml
 
 from ingest.cli.outcome import Exit
 from ingest.config import load_config
+from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.ops.check import run_checks
+from tests.decode.fixtures import AVRO_ORDER_FIELDS, avro_envelope_schema, optional
 
 
 def _ingest(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -143,6 +145,34 @@ def test_check_loads_each_tables_suite_as_a_run_would(tmp_path: Path) -> None:
     assert found[0].detail == "a: suite good, 1 expectations"
     assert "expect_column_to_be_lovely is not a valid expectation" in found[1].detail
     assert f"file {suites / 'absent.json'} not found" in found[2].detail and "expectations_dir" in found[2].fix
+
+
+def test_check_finds_columns_a_table_names_that_its_source_does_not_have(tmp_path: Path) -> None:
+    """A misspelled primary_key sent every change to quarantine and a misspelled exclude kept the column;
+    check passed both. ``after`` names its struct by reference, as AvroConverter writes it."""
+    path = tmp_path / "ingest.yaml"
+    path.write_text(yaml.safe_dump({"tables": [
+        {"name": "orders", "topic": "orders", "primary_key": "idd", "columns": {"exclude": ["Notes"]}},
+        {"name": "flat", "topic": "flat", "primary_key": ["id"], "columns": {"include": ["customer"]}},
+        {"name": "plain", "topic": "plain"}, {"name": "later", "topic": "later", "primary_key": "id"}]}))
+    config = load_config(path)
+    registry = EmbeddedSchemaRegistry(config.registry_dir)
+    registry.register("orders-value", avro_envelope_schema(AVRO_ORDER_FIELDS[:1]))
+    registry.register("orders-value", avro_envelope_schema(AVRO_ORDER_FIELDS))  # the newest is checked
+    registry.register("flat-value", {"type": "record", "name": "Row", "fields": [
+        *AVRO_ORDER_FIELDS, {"name": "__op", "type": optional("string"), "default": None}]})
+    found = [c for c in run_checks(config, only=lambda name: name == "columns")]
+    assert [(c.ok, c.detail.split(":")[0]) for c in found] == [(False, "orders"), (True, "flat"), (True, "later")]
+    assert found[0].detail == ("orders: primary_key names idd; columns.exclude names Notes, not in the newest "
+                               "schema under orders-value (its columns: id, customer, amount, placed_at, notes)")
+    assert "primary_key" in found[0].fix
+    assert found[1].detail == ("flat: primary_key (id), columns.include (customer) found in the newest schema "
+                               "under flat-value")
+    assert found[2].detail == "later: not checked, no schema under later-value yet"
+    json_config = path.parent / "json.yaml"
+    json_config.write_text(path.read_text() + "source: {value_format: json}\n")
+    assert [(c.ok, c.detail) for c in run_checks(load_config(json_config), only=lambda n: n == "columns")] == [
+        (True, "not checked: JSON messages carry their schema, no registry holds it")]
 
 
 def test_check_finds_a_machine_without_java(tmp_path: Path) -> None:

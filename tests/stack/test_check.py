@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from harness.postgres.workload import WorkloadSpec, run_workload
 from harness.stack_proofs.setup import reset_source, stack_config
 
@@ -56,6 +57,26 @@ def test_a_deployment_that_reaches_everything_passes_every_check(stack: Any, con
     assert set(lines) >= {"java", "jvm artifacts", "source", "topics", "registry", "lake", "checkpoints", "tables"}
     assert all(line.startswith("ok") for found in lines.values() for line in found), lines
     assert "SASL_PLAINTEXT" in lines["source"][0]
+
+
+def test_a_misspelled_key_column_fails_the_columns_check(stack: Any, config: Path, tmp_path: Path) -> None:
+    """The registry's newest schema of each topic says which columns a table may name."""
+    settings = yaml.safe_load(config.read_text())
+    orders = next(t for t in settings["tables"] if t["name"] == "orders")
+    customers = next(t for t in settings["tables"] if t["name"] == "customers")
+    orders["primary_key"] = ["idd"]
+    customers["primary_key"] = "id"
+    misspelled = tmp_path / "misspelled.yaml"
+    misspelled.write_text(yaml.safe_dump({**settings, "workdir": str(config.parent)}))
+    code, lines = _check(misspelled, _env(stack))
+    assert code == 3
+    assert lines["columns"] == [
+        f"ok columns: customers: primary_key (id) found in the newest schema under {customers['topic']}-value",
+        f"FAIL columns: orders: primary_key names idd, not in the newest schema under {orders['topic']}-value "
+        "(its columns: id, customer_id, status, ordered_at, total, shipping_address, coupon_code, tags) -> name "
+        "the source's columns, as the schema spells them, in tables[].primary_key, columns and track_history"
+    ], lines["columns"]
+    assert all(line.startswith("ok") for name, found in lines.items() if name != "columns" for line in found)
 
 
 def test_a_wrong_kafka_password_fails_the_source_check_with_its_cause(stack: Any, config: Path) -> None:
