@@ -1,9 +1,10 @@
 """A deployment's pre-flight (``ingest check``): can a run start, reach everything and write where it must?
 
 Each check asks the real thing -- the broker for its topics with the configured credentials, the
-registry for the topics' subjects, the object store for a put and a delete, Java for its version,
-Maven Central (or the configured classpath) for the JVM artifacts, Great Expectations for each
-table's suite -- and says, in one line, what it found or why it failed and what to do.
+registry for the topics' subjects, the newest schema (or JSON change) of each topic for the columns
+its table names, the object store for a put and a delete, Java for its version, Maven Central (or
+the configured classpath) for the JVM artifacts, Great Expectations for each table's suite -- and
+says, in one line, what it found or why it failed and what to do.
 Nothing a check writes is left behind; nothing is ingested.
 """
 
@@ -15,17 +16,22 @@ import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
+
+import pyarrow as pa
 
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode.avro import row_columns
+from ingest.decode.columnar import DecoderSpec
 from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, confluent_registry
 from ingest.errors import ConfigError, DecodeError, IngestError, SuiteError, first_line
 from ingest.lake.location import LakePath, s3_client
+from ingest.model import ChangeEvent, KafkaCoordinates
 from ingest.ops.resnapshot import signals_for
 from ingest.source.kafka_admin import KafkaAdmin
+from ingest.source.kafkalog import KafkaLog
 from ingest.source.topiclog import TopicLog
 from ingest.spark.jars import classpath_conf
 from ingest.spark.java import check_java, java_binary
@@ -66,6 +72,10 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
             continue
         if "source" in failed and (name == "topics" or (name == "signals" and _signal_topics(config))):
             yield Check(name, False, "not checked: the source did not answer", _fix("source"))
+            continue
+        if name == "columns" and _columns_from(config) in failed:
+            yield Check(name, False, f"not checked: the {_columns_from(config)} did not answer",
+                        _fix(_columns_from(config)))
             continue
         if "lake" in failed and name == "tables":  # they live in the lake: one line, not one per table
             yield Check(name, False, "not checked: the lake did not answer", _fix("lake"))
@@ -181,38 +191,103 @@ def _columns(config: IngestConfig) -> list[Check]:
     named = {spec.name: _named_columns(spec) for spec in config.tables}
     if not any(named.values()):
         return []
-    if config.source.value_format != "avro":
-        return [Check("columns", True, "not checked: JSON messages carry their schema, no registry holds it")]
-    registry: EmbeddedSchemaRegistry | ConfluentSchemaRegistry | None = confluent_registry(config)
-    if registry is None:
-        registry = EmbeddedSchemaRegistry(config.registry_dir)
+    newest = _newest_schema_columns(config) if _columns_from(config) == "registry" else _newest_change_columns(config)
     out = []
     for spec in config.tables:
         if not named[spec.name]:
             continue
-        subject = f"{spec.topic}-value"
-        schema = registry.newest_schema(subject)
-        if schema is None:
-            out.append(Check("columns", True, f"{spec.name}: not checked, no schema under {subject} yet"))
-            continue
         try:
-            columns = row_columns(schema)
-        except DecodeError:
-            columns = None
+            where, columns = newest(spec)
+        except IngestError as exc:
+            fix = ("check tables[].topic and source.value_format" if isinstance(exc, DecodeError)
+                   else _fix(_columns_from(config)))
+            out.append(Check("columns", False, secrets.redact(f"{spec.name}: {exc}"), fix))
+            continue
         if columns is None:
-            out.append(Check("columns", False, f"{spec.name}: the newest schema under {subject} is not a "
-                                               "Debezium change's", "check tables[].topic"))
+            out.append(Check("columns", True, f"{spec.name}: not checked, no {where} yet"))
             continue
         missing = [f"{setting} names {', '.join(absent)}" for setting, names in named[spec.name].items()
                    if (absent := [n for n in names if n not in columns])]
         if missing:
-            out.append(Check("columns", False, f"{spec.name}: {'; '.join(missing)}, not in the newest schema "
-                                               f"under {subject} (its columns: {', '.join(columns)})",
-                             _fix("columns")))
+            out.append(Check("columns", False, f"{spec.name}: {'; '.join(missing)}, not in the newest {where} "
+                                               f"(its columns: {', '.join(columns)})", _fix("columns")))
         else:
             found = ", ".join(f"{setting} ({', '.join(names)})" for setting, names in named[spec.name].items())
-            out.append(Check("columns", True, f"{spec.name}: {found} found in the newest schema under {subject}"))
+            out.append(Check("columns", True, f"{spec.name}: {found} found in the newest {where}"))
     return out
+
+
+def _columns_from(config: IngestConfig) -> str:
+    """Which check's subject says a table's source columns: the registry (Avro) or the source (JSON)."""
+    return "registry" if config.source.value_format == "avro" else "source"
+
+
+#: Where a table's source columns were read (the newest "schema under <subject>"), and the columns
+#: (``None``: nothing holds them yet).
+ColumnsOf = Callable[[TableSpec], tuple[str, tuple[str, ...] | None]]
+
+
+def _newest_schema_columns(config: IngestConfig) -> ColumnsOf:
+    """Avro: the row columns of the schema last registered under the topic's value subject.
+
+    Raises:
+        DecodeError: the newest schema is not a Debezium change's (a wrong topic).
+    """
+    registry: EmbeddedSchemaRegistry | ConfluentSchemaRegistry | None = confluent_registry(config)
+    if registry is None:
+        registry = EmbeddedSchemaRegistry(config.registry_dir)
+
+    def columns(spec: TableSpec) -> tuple[str, tuple[str, ...] | None]:
+        subject = f"{spec.topic}-value"
+        schema = registry.newest_schema(subject)
+        try:
+            found = None if schema is None else row_columns(schema)
+        except DecodeError:
+            found = None
+        if schema is not None and found is None:
+            raise DecodeError(f"the newest schema under {subject} is not a Debezium change's")
+        return f"schema under {subject}", found
+    return columns
+
+
+def _newest_change_columns(config: IngestConfig) -> ColumnsOf:
+    """JSON: the row columns of the newest change among the last records of each partition of the topic
+    (a JSON message names its own columns; no registry holds them)."""
+    kafka = config.source.kafka
+    secrets_file = str(config.secrets_path) if config.secrets_path else None
+    log: KafkaLog | TopicLog = KafkaLog(kafka, secrets_file) if kafka is not None else TopicLog(config.log_dir)
+    decoder = DecoderSpec.for_source(config)()  # no key override: the check is whether the key is there
+
+    def columns(spec: TableSpec) -> tuple[str, tuple[str, ...] | None]:
+        where = f"change in topic {spec.topic}"
+        if not log.exists(spec.topic):
+            return where, None
+        starts = log.start_offsets(spec.topic)
+        tails = [log.read(spec.topic, p, max(starts.get(p, 0), end - _TAIL), end)
+                 for p, end in log.end_offsets(spec.topic).items() if end > starts.get(p, 0)]
+        if not tails:
+            return where, None
+        records = pa.concat_tables(tails).sort_by([("timestamp", "descending"), ("offset", "descending")])
+        refused: list[DecodeError] = []
+        for record in records.select(["key", "value", "partition", "offset"]).to_pylist():
+            try:
+                event = decoder.decode(record["key"], record["value"],
+                                       KafkaCoordinates(spec.topic, record["partition"], record["offset"]))
+            except DecodeError as exc:
+                refused.append(exc)
+                continue
+            if isinstance(event, ChangeEvent) and event.columns:
+                return where, tuple(c.name for c in event.columns)
+        if refused:
+            raise DecodeError(f"none of the newest {records.num_rows} records of topic {spec.topic} is a change "
+                              f"as a run decodes it ({len(refused)} refused: {refused[0].reason})")
+        return where, None
+    return columns
+
+
+#: Records read from the end of each partition to find the newest change (heartbeats, tombstones
+#: and schema changes sit among them).
+_TAIL: Final = 20
 
 
 def _named_columns(spec: TableSpec) -> dict[str, tuple[str, ...]]:

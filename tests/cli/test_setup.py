@@ -23,7 +23,18 @@ from ingest.cli.outcome import Exit
 from ingest.config import load_config
 from ingest.decode.registry import EmbeddedSchemaRegistry
 from ingest.ops.check import run_checks
-from tests.decode.fixtures import AVRO_ORDER_FIELDS, avro_envelope_schema, optional
+from ingest.source.topiclog import ProducerRecord, TopicLog
+from tests.decode.fixtures import (
+    AVRO_ORDER_FIELDS,
+    ORDERS_SCHEMA,
+    avro_envelope_schema,
+    envelope,
+    json_key,
+    json_message,
+    optional,
+    order_row,
+    pg_source,
+)
 
 
 def _ingest(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -169,10 +180,35 @@ def test_check_finds_columns_a_table_names_that_its_source_does_not_have(tmp_pat
     assert found[1].detail == ("flat: primary_key (id), columns.include (customer) found in the newest schema "
                                "under flat-value")
     assert found[2].detail == "later: not checked, no schema under later-value yet"
-    json_config = path.parent / "json.yaml"
-    json_config.write_text(path.read_text() + "source: {value_format: json}\n")
-    assert [(c.ok, c.detail) for c in run_checks(load_config(json_config), only=lambda n: n == "columns")] == [
-        (True, "not checked: JSON messages carry their schema, no registry holds it")]
+
+
+def test_check_reads_the_columns_of_a_json_topic_from_its_newest_change(tmp_path: Path) -> None:
+    """JSON messages name their own columns: the newest change of the topic's partitions says them, past a
+    tombstone, whether the message carries its schema or not."""
+    path = tmp_path / "ingest.yaml"
+    path.write_text(yaml.safe_dump({"source": {"value_format": "json"}, "tables": [
+        {"name": "orders", "topic": "orders", "primary_key": "idd"},
+        {"name": "later", "topic": "later", "primary_key": "id"}]}))
+    config = load_config(path)
+    log = TopicLog(config.log_dir)
+    log.create_topic("orders", 2)
+    row = {"id": 1, "customer": "Ada"}
+    older = json_message(envelope("c", after=row, source=pg_source(lsn=10, committed=1_000)), wrap=False)
+    log.append("orders", [ProducerRecord(0, json_key(1), older, 1_000)])
+    newest = json_message(envelope("c", after=order_row(2), source=pg_source(lsn=20, committed=2_000)), ORDERS_SCHEMA)
+    log.append("orders", [ProducerRecord(1, json_key(2), newest, 2_000), ProducerRecord(1, json_key(2), None, 3_000)])
+    found = [(c.ok, c.detail) for c in run_checks(config, only=lambda name: name == "columns")]
+    assert found == [(False, "orders: primary_key names idd, not in the newest change in topic orders (its columns: "
+                             "id, customer, amount, placed_at, notes)"),
+                     (True, "later: not checked, no change in topic later yet")]
+    log.append("orders", [ProducerRecord(0, json_key(1), older, 4_000)])  # newer than the rest: it decides
+    assert next(run_checks(config, only=lambda name: name == "columns")).detail.endswith("(its columns: id, customer)")
+    log.create_topic("later", 1)  # Avro where JSON is configured: nothing decodes, and check says so
+    log.append("later", [ProducerRecord(0, None, b"\x00\x00\x00\x00\x01\x02", 5_000)])
+    late = [c for c in run_checks(config, only=lambda name: name == "columns")][1]
+    assert not late.ok and late.detail.startswith("later: none of the newest 1 records of topic later is a change "
+                                                  "as a run decodes it (1 refused: "), late.detail
+    assert late.fix == "check tables[].topic and source.value_format"
 
 
 def test_check_finds_a_machine_without_java(tmp_path: Path) -> None:
@@ -247,3 +283,8 @@ def test_check_lists_the_topics_once_and_skips_what_needs_a_source_that_did_not_
     found = {c.name: c for c in run_checks(config, only=lambda name: name in wanted)}
     assert len(listings) == 1 and not any(c.ok for c in found.values()), (listings, found)
     assert found["signals"].detail == found["topics"].detail == "not checked: the source did not answer"
+    path.write_text(yaml.safe_dump({"workdir": str(tmp_path / "w"), "source": {
+        "kind": "kafka", "kafka": kafka, "value_format": "json"}, "tables": [
+        {"name": "t", "topic": "db.public.t", "primary_key": "id"}]}))
+    found = {c.name: c for c in run_checks(load_config(path), only=lambda name: name in ("source", "columns"))}
+    assert found["columns"].detail == "not checked: the source did not answer"  # its newest change is in Kafka

@@ -79,6 +79,19 @@ def test_a_misspelled_key_column_fails_the_columns_check(stack: Any, config: Pat
     assert all(line.startswith("ok") for name, found in lines.items() if name != "columns" for line in found)
 
 
+def test_a_json_topics_newest_change_says_its_columns(stack: Any, config: Path, tmp_path: Path) -> None:
+    """JSON messages carry their own schema: the check reads the newest change of the topic from Kafka."""
+    path = stack_config(stack, tmp_path / "work", value_format="json", schema=SCHEMA, sasl=True,
+                        table_options={"orders": {"primary_key": ["id", "idd"]}})
+    code, lines = _check(path, _env(stack))
+    assert code == 3
+    topic = next(t["topic"] for t in yaml.safe_load(path.read_text())["tables"] if t["name"] == "orders")
+    assert lines["columns"] == [
+        f"FAIL columns: orders: primary_key names idd, not in the newest change in topic {topic} (its columns: id, "
+        "customer_id, status, ordered_at, total, shipping_address, coupon_code, tags) -> name the source's "
+        "columns, as the schema spells them, in tables[].primary_key, columns and track_history"], lines["columns"]
+
+
 def test_a_wrong_kafka_password_fails_the_source_check_with_its_cause(stack: Any, config: Path) -> None:
     jaas = stack.engine_env()["KAFKA_SASL_JAAS_CONFIG"]
     right = stack.settings.credentials.kafka_sasl_password
