@@ -185,13 +185,29 @@ def _registry(config: IngestConfig) -> Check:
 
 
 def _columns(config: IngestConfig) -> list[Check]:
-    """The columns each table names -- ``primary_key``, ``columns``, ``track_history`` -- against the newest
-    value schema of its topic: a misspelled key sends every change to quarantine, a misspelled
+    """The columns each table names -- ``primary_key``, ``columns``, ``track_history`` -- against its topic's
+    newest value schema (Avro) or newest change (JSON): a misspelled key sends every change to quarantine, a misspelled
     ``include`` leaves a column out and a misspelled ``exclude`` keeps the column it meant to drop."""
     named = {spec.name: _named_columns(spec) for spec in config.tables}
     if not any(named.values()):
         return []
-    newest = _newest_schema_columns(config) if _columns_from(config) == "registry" else _newest_change_columns(config)
+    if _columns_from(config) == "registry":
+        return _check_columns(config, named, _newest_schema_columns(config))
+    kafka = config.source.kafka
+    secrets_file = str(config.secrets_path) if config.secrets_path else None
+    # one consumer for every read (a table's partitions, the tables), closed at the end
+    log: KafkaLog | TopicLog = (KafkaLog(kafka, secrets_file, keep_open=True) if kafka is not None
+                                else TopicLog(config.log_dir))
+    try:
+        return _check_columns(config, named, _newest_change_columns(config, log))
+    finally:
+        if isinstance(log, KafkaLog):
+            log.close()
+
+
+def _check_columns(config: IngestConfig, named: dict[str, dict[str, tuple[str, ...]]], newest: ColumnsOf
+                   ) -> list[Check]:
+    """Each table's named columns against the columns ``newest`` finds for it."""
     out = []
     for spec in config.tables:
         if not named[spec.name]:
@@ -250,12 +266,9 @@ def _newest_schema_columns(config: IngestConfig) -> ColumnsOf:
     return columns
 
 
-def _newest_change_columns(config: IngestConfig) -> ColumnsOf:
+def _newest_change_columns(config: IngestConfig, log: KafkaLog | TopicLog) -> ColumnsOf:
     """JSON: the row columns of the newest change among the last records of each partition of the topic
-    (a JSON message names its own columns; no registry holds them)."""
-    kafka = config.source.kafka
-    secrets_file = str(config.secrets_path) if config.secrets_path else None
-    log: KafkaLog | TopicLog = KafkaLog(kafka, secrets_file) if kafka is not None else TopicLog(config.log_dir)
+    in ``log`` (a JSON message names its own columns; no registry holds them)."""
     decoder = DecoderSpec.for_source(config)()  # no key override: the check is whether the key is there
 
     def columns(spec: TableSpec) -> tuple[str, tuple[str, ...] | None]:
