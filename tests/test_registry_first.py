@@ -12,6 +12,7 @@ behind basic auth does (``tests/stack/test_security.py`` checks the real one,
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -22,12 +23,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
 import yaml
 
 from ingest.config import load_config
+from ingest.decode.registry import EmbeddedSchemaRegistry, frame
+from ingest.source.topiclog import ProducerRecord, TopicLog
 from ingest.stream.runner import Runner
 from tests.dagster.conftest import produce
+from tests.decode.fixtures import avro_envelope_schema, optional
 from tests.fake_registry import FakeRegistry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,3 +115,33 @@ def test_a_run_with_nothing_to_do_does_not_ask_the_registry(tmp_path: Path, refu
     result = _run(path, ENV)
     assert result["code"] == 0 and "Spark was not started" in result["output"], result["output"]
     assert asked == []
+
+
+def test_a_run_names_a_key_column_the_newest_schema_lacks(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A misspelled primary_key sent every change to quarantine, and the run said nothing until a user
+    read the quarantine's reasons; it now warns as it starts, as ``ingest check`` does."""
+    raw = {"workdir": str(tmp_path / "work"), "source": {"value_format": "avro"},
+           "tables": [{"name": "notes", "topic": TOPIC, "primary_key": "idd"},
+                      {"name": "other", "topic": "app.public.other", "primary_key": "id"}]}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    config = load_config(path)
+    value = avro_envelope_schema([{"name": "id", "type": "long"}, {"name": "body", "type": optional("string")}],
+                                 namespace="app.public.notes")
+    schema_id = EmbeddedSchemaRegistry(config.registry_dir).register(f"{TOPIC}-value", value)
+    change = {"before": None, "after": {"id": 1, "body": "a note"}, "op": "c", "ts_ms": 1_700_000_000_000,
+              "transaction": None, "source": {"version": "2.7", "connector": "postgresql", "name": "app",
+                                              "ts_ms": 1_700_000_000_000, "snapshot": "false", "db": "app",
+                                              "sequence": None, "schema": "public", "table": "notes",
+                                              "txId": 7, "lsn": 100, "xmin": None}}
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(value), change)
+    log = TopicLog(config.log_dir)
+    log.create_topic(TOPIC, 1)
+    log.append(TOPIC, [ProducerRecord(0, None, frame(schema_id, body.getvalue()), 1_700_000_000_000)])
+    with caplog.at_level(logging.WARNING, logger="ingest.stream.runner"):
+        report = Runner(config).run()
+    assert [r.getMessage() for r in caplog.records if "newest schema" in r.getMessage()] == [
+        f"table notes: primary_key names idd, not in the newest schema under {TOPIC}-value (its columns: id, "
+        "body); a change without its key columns goes to quarantine (see ingest check)"]
+    assert report.tables["notes"].total("quarantined") == 1  # what the warning said would happen

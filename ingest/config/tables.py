@@ -89,6 +89,25 @@ class TableSpec(Model):
         "Debezium topic name <prefix>.<schema>.<table>"
     )
 
+    def named_columns(self) -> dict[str, tuple[str, ...]]:
+        """The source columns this table's settings name, by setting (``primary_key``,
+        ``columns.include`` ...)."""
+        named: dict[str, tuple[str, ...]] = {}
+        if self.primary_key:
+            named["primary_key"] = self.primary_key
+        for setting, selection in (("columns", self.columns), ("track_history", self.track_history)):
+            if selection is not None:
+                which = "include" if selection.include is not None else "exclude"
+                named[f"{setting}.{which}"] = tuple(getattr(selection, which) or ())
+        return named
+
+    def not_in(self, columns: Iterable[str]) -> list[str]:
+        """What this table's settings name that ``columns`` (the source's) lack, one phrase per setting:
+        ``["primary_key names idd"]``."""
+        have = set(columns)
+        return [f"{setting} names {', '.join(absent)}" for setting, names in self.named_columns().items()
+                if (absent := [n for n in names if n not in have])]
+
     @field_validator("primary_key", mode="before")
     @classmethod
     def _one_column(cls, value: object) -> object:

@@ -19,7 +19,7 @@ import fastavro
 from fastavro.schema import expand_schema
 
 from ingest.decode.envelope import RecordKind, ValuePlan, classify, make_value_plan
-from ingest.decode.registry import SchemaRegistry, unframe
+from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, SchemaRegistry, unframe
 from ingest.decode.semantic import FieldPlan, as_key_field, convert_image, field_plan
 from ingest.errors import DecodeError, SchemaRegistryError
 
@@ -170,6 +170,27 @@ def row_columns(schema: Mapping[str, Any]) -> tuple[str, ...] | None:
         raise DecodeError("avro: not a record schema")
     kind, row, _ = _row_fields(expanded, 0)
     return tuple(f["name"] for f in row) if kind in ("envelope", "flattened") else None
+
+
+def newest_row_columns(registry: ConfluentSchemaRegistry | EmbeddedSchemaRegistry, topic: str
+                       ) -> tuple[str, ...] | None:
+    """The row columns of the schema last registered under ``<topic>-value`` (``None``: none is).
+
+    Raises:
+        DecodeError: that schema is not a Debezium change's (a wrong topic).
+        RegistryUnavailableError: the registry did not answer, or refused.
+    """
+    subject = f"{topic}-value"
+    schema = registry.newest_schema(subject)
+    if schema is None:
+        return None
+    try:
+        found = row_columns(schema)
+    except DecodeError:
+        found = None
+    if found is None:
+        raise DecodeError(f"the newest schema under {subject} is not a Debezium change's")
+    return found
 
 
 def _row_fields(schema: Mapping[str, Any], schema_id: int) -> tuple[RecordKind, list[dict[str, Any]], tuple[str, ...]]:

@@ -293,6 +293,16 @@ def confluent_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:
                                                  secrets_file=config.secrets_path, tls=registry.tls)
 
 
+def driver_registry(config: IngestConfig) -> ConfluentSchemaRegistry | EmbeddedSchemaRegistry:
+    """The registry of an Avro source, as the driver asks it: the Confluent-compatible one the
+    configuration names, else the embedded one in the workdir.
+
+    Raises:
+        RegistryUnavailableError: the client cannot be created.
+    """
+    return confluent_registry(config) or EmbeddedSchemaRegistry(config.registry_dir)
+
+
 class PrefetchedSchemaRegistry:
     """Schemas the driver fetched, handed to a worker; an id outside them goes to ``fallback``.
 

@@ -23,9 +23,9 @@ import pyarrow as pa
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
-from ingest.decode.avro import row_columns
+from ingest.decode.avro import newest_row_columns
 from ingest.decode.columnar import DecoderSpec
-from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry, confluent_registry
+from ingest.decode.registry import confluent_registry, driver_registry
 from ingest.errors import ConfigError, DecodeError, IngestError, SuiteError, first_line
 from ingest.lake.location import LakePath, s3_client
 from ingest.model import ChangeEvent, KafkaCoordinates
@@ -188,7 +188,7 @@ def _columns(config: IngestConfig) -> list[Check]:
     """The columns each table names -- ``primary_key``, ``columns``, ``track_history`` -- against its topic's
     newest value schema (Avro) or newest change (JSON): a misspelled key sends every change to quarantine, a misspelled
     ``include`` leaves a column out and a misspelled ``exclude`` keeps the column it meant to drop."""
-    named = {spec.name: _named_columns(spec) for spec in config.tables}
+    named = {spec.name: spec.named_columns() for spec in config.tables}
     if not any(named.values()):
         return []
     if _columns_from(config) == "registry":
@@ -222,9 +222,7 @@ def _check_columns(config: IngestConfig, named: dict[str, dict[str, tuple[str, .
         if columns is None:
             out.append(Check("columns", True, f"{spec.name}: not checked, no {where} yet"))
             continue
-        missing = [f"{setting} names {', '.join(absent)}" for setting, names in named[spec.name].items()
-                   if (absent := [n for n in names if n not in columns])]
-        if missing:
+        if missing := spec.not_in(columns):
             out.append(Check("columns", False, f"{spec.name}: {'; '.join(missing)}, not in the newest {where} "
                                                f"(its columns: {', '.join(columns)})", _fix("columns")))
         else:
@@ -249,20 +247,10 @@ def _newest_schema_columns(config: IngestConfig) -> ColumnsOf:
     Raises:
         DecodeError: the newest schema is not a Debezium change's (a wrong topic).
     """
-    registry: EmbeddedSchemaRegistry | ConfluentSchemaRegistry | None = confluent_registry(config)
-    if registry is None:
-        registry = EmbeddedSchemaRegistry(config.registry_dir)
+    registry = driver_registry(config)
 
     def columns(spec: TableSpec) -> tuple[str, tuple[str, ...] | None]:
-        subject = f"{spec.topic}-value"
-        schema = registry.newest_schema(subject)
-        try:
-            found = None if schema is None else row_columns(schema)
-        except DecodeError:
-            found = None
-        if schema is not None and found is None:
-            raise DecodeError(f"the newest schema under {subject} is not a Debezium change's")
-        return f"schema under {subject}", found
+        return f"schema under {spec.topic}-value", newest_row_columns(registry, spec.topic)
     return columns
 
 
@@ -301,18 +289,6 @@ def _newest_change_columns(config: IngestConfig, log: KafkaLog | TopicLog) -> Co
 #: Records read from the end of each partition to find the newest change (heartbeats, tombstones
 #: and schema changes sit among them).
 _TAIL: Final = 20
-
-
-def _named_columns(spec: TableSpec) -> dict[str, tuple[str, ...]]:
-    """The source columns ``spec``'s settings name, by setting."""
-    named: dict[str, tuple[str, ...]] = {}
-    if spec.primary_key:
-        named["primary_key"] = spec.primary_key
-    for setting, selection in (("columns", spec.columns), ("track_history", spec.track_history)):
-        if selection is not None:
-            names = selection.include if selection.include is not None else selection.exclude
-            named[f"{setting}.{'include' if selection.include is not None else 'exclude'}"] = tuple(names or ())
-    return named
 
 
 def _writable(name: str, where: LakePath) -> Check:

@@ -22,7 +22,7 @@ from ingest import logs, secrets, tls
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.cuts.publish import Publisher
-from ingest.errors import RegistryUnavailableError, SourceUnavailableError
+from ingest.errors import IngestError, RegistryUnavailableError, SourceUnavailableError
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.records import audit
@@ -159,6 +159,7 @@ class Runner:
                     report = self._caught_up(specs, started)
                 else:
                     self._ask_registry(specs)
+                    self._say_missing_columns(specs)
                     # The journey loads only when some table has work (Spark's session and Great
                     # Expectations only when the driver does not apply it alone).
                     from ingest.stream.driver_run import DriverRun
@@ -168,6 +169,7 @@ class Runner:
                         report = on_driver.report
             else:
                 self._ask_registry(specs)
+                self._say_missing_columns(specs)
                 self._say_missing_topics(specs)
             if report is None:
                 from ingest.stream.queries import StreamingRun  # Spark and GX: only for a run that needs them
@@ -242,6 +244,28 @@ class Runner:
                 raise
             log.warning("the schema registry did not answer at the start (%s); the run goes on and its tables "
                         "wait for it", secrets.describe(exc))
+
+    def _say_missing_columns(self, specs: list[TableSpec]) -> None:
+        """Warn about each table whose settings name a column the newest Avro schema of its topic lacks
+        (as ``ingest check`` finds it): a misspelled key sends every change to quarantine. A registry
+        that does not answer is :meth:`_ask_registry`'s to say; JSON topics are ``ingest check``'s only
+        (their columns are in the records)."""
+        naming = [spec for spec in specs if spec.named_columns()]
+        if self.config.source.value_format != "avro" or not naming:
+            return
+        from ingest.decode.avro import newest_row_columns  # fastavro: only for a run with work
+        from ingest.decode.registry import driver_registry
+
+        try:
+            registry = driver_registry(self.config)
+            for spec in naming:
+                columns = newest_row_columns(registry, spec.topic)
+                if columns is not None and (missing := spec.not_in(columns)):
+                    log.warning("table %s: %s, not in the newest schema under %s-value (its columns: %s); a "
+                                "change without its key columns goes to quarantine (see ingest check)",
+                                spec.name, "; ".join(missing), spec.topic, ", ".join(columns))
+        except IngestError:
+            return
 
     def _say_missing_topics(self, specs: list[TableSpec]) -> None:
         """Warn about each table whose topic does not exist (a source that does not answer just now is
