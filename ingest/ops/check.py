@@ -185,32 +185,32 @@ def _registry(config: IngestConfig) -> Check:
 
 
 def _columns(config: IngestConfig) -> list[Check]:
-    """The columns each table names -- ``primary_key``, ``columns``, ``track_history`` -- against its topic's
-    newest value schema (Avro) or newest change (JSON): a misspelled key sends every change to quarantine, a misspelled
-    ``include`` leaves a column out and a misspelled ``exclude`` keeps the column it meant to drop."""
-    named = {spec.name: spec.named_columns() for spec in config.tables}
-    if not any(named.values()):
+    """The columns each table names -- ``primary_key``, ``columns``, ``track_history`` -- against its
+    topic's newest value schema (Avro) or newest change (JSON): a misspelled key sends every change to
+    quarantine, a misspelled ``include`` leaves a column out and a misspelled ``exclude`` keeps the
+    column it meant to drop."""
+    if not any(spec.named_columns() for spec in config.tables):
         return []
     if _columns_from(config) == "registry":
-        return _check_columns(config, named, _newest_schema_columns(config))
+        return _check_columns(config, _newest_schema_columns(config))
     kafka = config.source.kafka
     secrets_file = str(config.secrets_path) if config.secrets_path else None
     # one consumer for every read (a table's partitions, the tables), closed at the end
     log: KafkaLog | TopicLog = (KafkaLog(kafka, secrets_file, keep_open=True) if kafka is not None
                                 else TopicLog(config.log_dir))
     try:
-        return _check_columns(config, named, _newest_change_columns(config, log))
+        return _check_columns(config, _newest_change_columns(config, log))
     finally:
         if isinstance(log, KafkaLog):
             log.close()
 
 
-def _check_columns(config: IngestConfig, named: dict[str, dict[str, tuple[str, ...]]], newest: ColumnsOf
-                   ) -> list[Check]:
+def _check_columns(config: IngestConfig, newest: ColumnsOf) -> list[Check]:
     """Each table's named columns against the columns ``newest`` finds for it."""
     out = []
     for spec in config.tables:
-        if not named[spec.name]:
+        named = spec.named_columns()
+        if not named:
             continue
         try:
             where, columns = newest(spec)
@@ -226,7 +226,7 @@ def _check_columns(config: IngestConfig, named: dict[str, dict[str, tuple[str, .
             out.append(Check("columns", False, f"{spec.name}: {'; '.join(missing)}, not in the newest {where} "
                                                f"(its columns: {', '.join(columns)})", _fix("columns")))
         else:
-            found = ", ".join(f"{setting} ({', '.join(names)})" for setting, names in named[spec.name].items())
+            found = ", ".join(f"{setting} ({', '.join(names)})" for setting, names in named.items())
             out.append(Check("columns", True, f"{spec.name}: {found} found in the newest {where}"))
     return out
 
