@@ -122,13 +122,20 @@ def test_a_run_names_a_key_column_the_newest_schema_lacks(tmp_path: Path, caplog
     read the quarantine's reasons; it now warns as it starts, as ``ingest check`` does."""
     raw = {"workdir": str(tmp_path / "work"), "source": {"value_format": "avro"},
            "tables": [{"name": "notes", "topic": TOPIC, "primary_key": "idd"},
-                      {"name": "other", "topic": "app.public.other", "primary_key": "id"}]}
+                      {"name": "other", "topic": "app.public.other", "primary_key": "id"},
+                      {"name": "third", "topic": "app.public.third", "columns": {"exclude": ["SSN"]}}]}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
     config = load_config(path)
     value = avro_envelope_schema([{"name": "id", "type": "long"}, {"name": "body", "type": optional("string")}],
                                  namespace="app.public.notes")
-    schema_id = EmbeddedSchemaRegistry(config.registry_dir).register(f"{TOPIC}-value", value)
+    registry = EmbeddedSchemaRegistry(config.registry_dir)
+    schema_id = registry.register(f"{TOPIC}-value", value)
+    # not a change's schema: that table is left to its batches, and the next is still looked at
+    registry.register("app.public.other-value", {"type": "record", "name": "Beat", "fields": [
+        {"name": "ts_ms", "type": "long"}]})
+    registry.register("app.public.third-value", avro_envelope_schema(
+        [{"name": "id", "type": "long"}, {"name": "ssn", "type": optional("string")}], namespace="app.public.third"))
     change = {"before": None, "after": {"id": 1, "body": "a note"}, "op": "c", "ts_ms": 1_700_000_000_000,
               "transaction": None, "source": {"version": "2.7", "connector": "postgresql", "name": "app",
                                               "ts_ms": 1_700_000_000_000, "snapshot": "false", "db": "app",
@@ -143,5 +150,7 @@ def test_a_run_names_a_key_column_the_newest_schema_lacks(tmp_path: Path, caplog
         report = Runner(config).run()
     assert [r.getMessage() for r in caplog.records if "newest schema" in r.getMessage()] == [
         f"table notes: primary_key names idd, not in the newest schema under {TOPIC}-value (its columns: id, "
-        "body); a change without its key columns goes to quarantine (see ingest check)"]
+        "body); a change without its key columns goes to quarantine (see ingest check)",
+        "table third: columns.exclude names SSN, not in the newest schema under app.public.third-value (its "
+        "columns: id, ssn) (see ingest check)"]
     assert report.tables["notes"].total("quarantined") == 1  # what the warning said would happen
