@@ -38,15 +38,15 @@ def _short(value: Any, limit: int = 70) -> str:
 @quality_app.command("check")
 def quality_check(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None) -> None:
     """Load every table's suite with GX and check it against the table (what `run` does at start-up)."""
-    # the gate brings Great Expectations: loaded when the command runs
-    from ingest.ops.check import gate_at_start
+    # the gate (Arrow; Great Expectations on its first suite load): loaded when the command runs
+    from ingest.quality import QualityGate
 
     cfg = load(config, workdir)
     out = Table(title="Expectations per table")
     for col in ("table", "expectation (name)", "kind", "policy"):
         out.add_column(col)
     for spec in cfg.tables:
-        gate = gate_at_start(cfg, spec)
+        gate = QualityGate.at_start(cfg, spec)
         if gate is None:
             out.add_row(spec.name, "(no suite)", "", "")
             continue

@@ -16,7 +16,7 @@ import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import pyarrow as pa
 
@@ -30,15 +30,13 @@ from ingest.errors import ConfigError, DecodeError, IngestError, SuiteError, fir
 from ingest.lake.location import LakePath, s3_client
 from ingest.model import ChangeEvent, KafkaCoordinates
 from ingest.ops.resnapshot import signals_for
+from ingest.quality import QualityGate
 from ingest.source.kafka_admin import KafkaAdmin
 from ingest.source.kafkalog import KafkaLog
 from ingest.source.topiclog import TopicLog
 from ingest.spark.jars import classpath_conf
 from ingest.spark.java import check_java, java_binary
 from ingest.verify.source_db import source_database
-
-if TYPE_CHECKING:
-    from ingest.quality import QualityGate
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,19 +335,6 @@ def _tables(config: IngestConfig) -> list[Check]:
     return out
 
 
-def gate_at_start(config: IngestConfig, spec: TableSpec) -> QualityGate | None:
-    """``spec``'s quality gate as a run builds it at start-up: its suite loaded strictly and, once the
-    table exists, checked against the table's columns (``None``: the table names no suite).
-
-    Raises:
-        SuiteError: the suite does not load, or reads a column the table lacks.
-    """
-    # Great Expectations (seconds to import): only when a gate is asked for
-    from ingest.quality import QualityGate
-
-    return QualityGate.for_table(config, spec, table_columns=load_state(config.table_path(spec.name)).columns)
-
-
 def _quality(config: IngestConfig) -> list[Check]:
     """Each table's quality gate builds as a run builds it at start-up: the suite loads with Great
     Expectations, strictly, its policy overrides name its expectations and, once the table exists, it
@@ -360,7 +345,7 @@ def _quality(config: IngestConfig) -> list[Check]:
     out = []
     for spec in specs:
         try:
-            gate = gate_at_start(config, spec)
+            gate = QualityGate.at_start(config, spec)
         except SuiteError as exc:
             out.append(Check("quality", False, f"{spec.name}: {exc}", _fix("quality")))
             continue

@@ -28,7 +28,6 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from ingest.apply.journey import apply_parts
-from ingest.commit.state import load_state
 from ingest.commit.writers import Writers
 from ingest.config import IngestConfig
 from ingest.decode.columnar import BatchDecoder, DecoderSpec
@@ -102,8 +101,7 @@ def replay_quarantine(config: IngestConfig, table: str, *, stage: str | None = N
         "value": pa.array([r["raw_value"] for r in picked], pa.binary()),
     })
     parts = BatchDecoder(DecoderSpec.for_table(config, spec)).decode(kafka)
-    gate = QualityGate.for_table(config, spec, table_columns=load_state(paths.table).columns) \
-        if recheck and spec.expectations else None
+    gate = QualityGate.at_start(config, spec) if recheck and spec.expectations else None
     replay_spec = spec if gate is not None else spec.model_copy(update={"expectations": None})
     # The stream's own journey, on the driver: the held messages sit below the table's offsets, so a
     # replay assembles them as if nothing were applied, and records no offsets.

@@ -51,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.columns import arrow_type, delta_type_name, normalize
+from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import QualityGateError, TableError
 from ingest.model import ColumnSpec
@@ -131,6 +132,17 @@ class QualityGate:
         if table_columns is not None:
             check_columns(spec, suite, [c.name for c in table_columns], where="table")
         return gate
+
+    @classmethod
+    def at_start(cls, config: IngestConfig, spec: TableSpec, *, spark: Any = None) -> QualityGate | None:
+        """:meth:`for_table` against the table's columns as its Delta log holds them now (none before its
+        first commit): the gate a run, a replay, ``ingest check`` and ``ingest quality check`` build.
+
+        Raises:
+            SuiteError: as :meth:`for_table`.
+        """
+        return cls.for_table(config, spec, spark=spark,
+                             table_columns=load_state(config.table_path(spec.name)).columns)
 
     def check(self, winners: pa.Table, table_columns: Sequence[ColumnSpec] | None, *,
               batch_id: int, run_id: str) -> QualityReport:

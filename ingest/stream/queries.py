@@ -116,8 +116,7 @@ class StreamingRun:
         gates = {}
         for spec in specs:
             spark = self.runner.spark if self.runner.config.validates_on_spark(spec) else None
-            gate = QualityGate.for_table(self.runner.config, spec, spark=spark,
-                                         table_columns=load_state(self.runner.config.table_path(spec.name)).columns)
+            gate = QualityGate.at_start(self.runner.config, spec, spark=spark)
             if gate is not None:
                 gates[spec.name] = gate
         return gates
