@@ -100,8 +100,8 @@ class EmbeddedSchemaRegistry:
             raise SchemaRegistryError(f"subject {subject!r}: not a valid Avro schema: {exc}") from exc
         canonical = _canonical(schema)
         with self._locked():
-            subject_file = self.root / "subjects" / f"{_safe_name(subject)}.json"
-            versions: list[int] = json.loads(subject_file.read_text()) if subject_file.exists() else []
+            subject_file = self._subject_file(subject)
+            versions = self._versions(subject)
             for existing in versions:
                 if _canonical(self.get_schema(existing)) == canonical:
                     return existing
@@ -123,8 +123,16 @@ class EmbeddedSchemaRegistry:
 
     def newest_schema(self, subject: str) -> dict[str, Any] | None:
         """The schema last registered under ``subject`` (``None``: nothing is)."""
-        ids = self.subjects().get(_safe_name(subject))
+        ids = self._versions(subject)
         return self.get_schema(ids[-1]) if ids else None
+
+    def _subject_file(self, subject: str) -> Path:
+        return self.root / "subjects" / f"{_safe_name(subject)}.json"
+
+    def _versions(self, subject: str) -> list[int]:
+        """The ids registered under ``subject``, oldest first."""
+        path = self._subject_file(subject)
+        return json.loads(path.read_text()) if path.exists() else []
 
 
 @lru_cache(maxsize=4096)
