@@ -64,19 +64,17 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
         ("lake", _lake),
         ("checkpoints", _checkpoints), ("tables", _tables), ("quality", _quality),
         ("signals", functools.partial(_signals, names=names))]
+    # what a step asks: when that failed, the step says so in one line instead of asking again (each
+    # question waiting its timeout) or failing once per table
+    asks = {"topics": "source", "columns": _columns_from(config), "tables": "lake"}
+    if _signal_topics(config):
+        asks["signals"] = "source"
     failed: set[str] = set()
     for name, step in steps:
         if not only(name):
             continue
-        if "source" in failed and (name == "topics" or (name == "signals" and _signal_topics(config))):
-            yield Check(name, False, "not checked: the source did not answer", _fix("source"))
-            continue
-        if name == "columns" and _columns_from(config) in failed:
-            yield Check(name, False, f"not checked: the {_columns_from(config)} did not answer",
-                        _fix(_columns_from(config)))
-            continue
-        if "lake" in failed and name == "tables":  # they live in the lake: one line, not one per table
-            yield Check(name, False, "not checked: the lake did not answer", _fix("lake"))
+        if (needed := asks.get(name)) in failed:
+            yield Check(name, False, f"not checked: the {needed} did not answer", _fix(needed))
             continue
         try:
             found = step(config)
