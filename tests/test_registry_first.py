@@ -108,6 +108,39 @@ def test_a_registry_outage_at_the_start_is_left_to_the_run(tmp_path: Path, answe
     assert f"{TOPIC}-value" in warning and ("unreachable" in warning if answer == "none" else "HTTP 502" in warning)
 
 
+class _Started(Exception):
+    """Raised where a run's start has asked its questions and would begin to apply."""
+
+
+def test_a_registry_outage_is_met_once_however_many_tables_name_columns(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each table that names columns is asked for its newest schema; once the registry has not answered,
+    the others are not asked (each would wait out the client's retries before the run begins)."""
+    from ingest.stream import driver_run
+
+    def started(*args: Any) -> bool:
+        raise _Started
+
+    monkeypatch.setattr(driver_run.DriverRun, "wanted", started)
+    fake = FakeRegistry(tmp_path, user="ingest", password="the-password", answer=502)
+    try:
+        raw = {"workdir": str(tmp_path / "work"),
+               "source": {"value_format": "avro", "registry": {"kind": "confluent", "url": fake.url}},
+               "tables": [{"name": f"t{i}", "topic": f"app.public.t{i}", "primary_key": "id"} for i in range(3)]}
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        config = load_config(path)
+        log = TopicLog(config.log_dir)
+        log.create_topic("app.public.t0", 1)
+        log.append("app.public.t0", [ProducerRecord(0, None, frame(1, b"\x02"), 1_700_000_000_000)])  # work
+        with caplog.at_level(logging.WARNING, logger="ingest.stream.runner"), pytest.raises(_Started):
+            Runner(config).run()
+    finally:
+        fake.close()
+    assert fake.asked and all(p.startswith("/subjects/app.public.t0-value") for p in fake.asked), fake.asked
+    assert len([r for r in caplog.records if "did not answer at the start" in r.getMessage()]) == 1
+
+
 def test_a_run_with_nothing_to_do_does_not_ask_the_registry(tmp_path: Path, refusing: FakeRegistry) -> None:
     path, asked = _config(tmp_path, refusing.url), refusing.asked
     produce(load_config(path), TOPIC, [])  # the topic exists and is empty: every table is caught up

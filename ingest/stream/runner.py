@@ -22,7 +22,7 @@ from ingest import logs, secrets, tls
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.cuts.publish import Publisher
-from ingest.errors import IngestError, RegistryUnavailableError, SourceUnavailableError
+from ingest.errors import DecodeError, RegistryUnavailableError, SchemaRegistryError, SourceUnavailableError
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.records import audit
@@ -34,6 +34,7 @@ from ingest.stream.report import RunReport, TableRun
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from ingest.decode.registry import ConfluentSchemaRegistry, EmbeddedSchemaRegistry
     from ingest.metrics import RunMetrics
     from ingest.quality import QualityGate
     from ingest.source.sources import Offsets
@@ -159,7 +160,6 @@ class Runner:
                     report = self._caught_up(specs, started)
                 else:
                     self._ask_registry(specs)
-                    self._say_missing_columns(specs)
                     # The journey loads only when some table has work (Spark's session and Great
                     # Expectations only when the driver does not apply it alone).
                     from ingest.stream.driver_run import DriverRun
@@ -169,7 +169,6 @@ class Runner:
                         report = on_driver.report
             else:
                 self._ask_registry(specs)
-                self._say_missing_columns(specs)
                 self._say_missing_topics(specs)
             if report is None:
                 from ingest.stream.queries import StreamingRun  # Spark and GX: only for a run that needs them
@@ -223,53 +222,32 @@ class Runner:
                  )(catalog.topics)
 
     def _ask_registry(self, specs: list[TableSpec]) -> None:
-        """One question to a Confluent-compatible registry of Avro records before Spark starts: a refused
-        login fails the run here, in a second, with the registry's answer, instead of after the session's
-        start and the first batch's retries. A registry that does not answer (or answers 5xx) is an
-        outage, which the run rides out as any other (docs/operations.md): it goes on, with a warning.
+        """A question to the registry of Avro records before Spark starts: a refused login fails the run
+        here, in a second, with the registry's answer, instead of after the session's start and the
+        first batch's retries. A registry that does not answer (or answers 5xx) is an outage, which the
+        run rides out as any other (docs/operations.md): it goes on, with a warning. The question is the
+        newest schema of each table that names columns, and a column it lacks is said at once
+        (:func:`_say_missing_columns`).
 
         Raises:
             RegistryUnavailableError: the registry refused the credentials (HTTP 401 or 403).
         """
         if self.config.source.value_format != "avro" or not specs:
             return
-        from ingest.decode.registry import confluent_registry  # its client: only for a run with work
+        from ingest.decode.registry import driver_registry  # its client: only for a run with work
 
+        # each table that names columns is asked about them; without one, the first table (a subject
+        # not registered yet is an answer too)
+        asked = [spec for spec in specs if spec.named_columns()] or specs[:1]
         try:
-            client = confluent_registry(self.config)
-            if client is not None:  # a subject not registered yet is an answer too
-                client.subject_schemas([f"{specs[0].topic}-value"])
+            registry = driver_registry(self.config)
+            for spec in asked:
+                _say_missing_columns(spec, registry)
         except RegistryUnavailableError as exc:
             if exc.refused:
                 raise
             log.warning("the schema registry did not answer at the start (%s); the run goes on and its tables "
                         "wait for it", secrets.describe(exc))
-
-    def _say_missing_columns(self, specs: list[TableSpec]) -> None:
-        """Warn about each table whose settings name a column the newest Avro schema of its topic lacks
-        (as ``ingest check`` finds it): a misspelled key sends every change to quarantine. A registry
-        that does not answer is :meth:`_ask_registry`'s to say; JSON topics are ``ingest check``'s only
-        (their columns are in the records)."""
-        naming = [spec for spec in specs if spec.named_columns()]
-        if self.config.source.value_format != "avro" or not naming:
-            return
-        from ingest.decode.avro import newest_row_columns  # fastavro: only for a run with work
-        from ingest.decode.registry import driver_registry
-
-        try:
-            registry = driver_registry(self.config)
-        except IngestError:
-            return
-        for spec in naming:
-            try:
-                columns = newest_row_columns(registry, spec.topic)
-            except IngestError:
-                continue  # an unreachable registry, or no change's schema: the stream says it per batch
-            if columns is not None and (missing := spec.not_in(columns)):
-                then = ("; a change without its key columns goes to quarantine" if spec.primary_key
-                        and any(c not in columns for c in spec.primary_key) else "")
-                log.warning("table %s: %s, not in the newest schema under %s-value (its columns: %s)%s (see "
-                            "ingest check)", spec.name, "; ".join(missing), spec.topic, ", ".join(columns), then)
 
     def _say_missing_topics(self, specs: list[TableSpec]) -> None:
         """Warn about each table whose topic does not exist (a source that does not answer just now is
@@ -315,3 +293,24 @@ class Runner:
         from ingest.stream.queries import StreamingRun  # Great Expectations: loaded when asked for
 
         return StreamingRun(self).quality_gates(specs)
+
+
+def _say_missing_columns(spec: TableSpec, registry: ConfluentSchemaRegistry | EmbeddedSchemaRegistry) -> None:
+    """Warn when ``spec`` names a column the newest Avro schema of its topic lacks (as ``ingest check``
+    finds it): a misspelled key sends every change to quarantine. A schema that is not a change's is
+    left to the table's batches; JSON topics are ``ingest check``'s only (their columns are in the records).
+
+    Raises:
+        RegistryUnavailableError: the registry did not answer, or refused.
+    """
+    from ingest.decode.avro import newest_row_columns  # fastavro: only for a run with work
+
+    try:
+        columns = newest_row_columns(registry, spec.topic)
+    except (DecodeError, SchemaRegistryError):
+        return
+    if columns is not None and (missing := spec.not_in(columns)):
+        then = ("; a change without its key columns goes to quarantine" if spec.primary_key
+                and any(c not in columns for c in spec.primary_key) else "")
+        log.warning("table %s: %s, not in the newest schema under %s-value (its columns: %s)%s (see "
+                    "ingest check)", spec.name, "; ".join(missing), spec.topic, ", ".join(columns), then)
