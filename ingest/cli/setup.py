@@ -50,7 +50,7 @@ def check(
 ) -> None:
     """Check a deployment before its first run: Java and the JVM artifacts, the broker (and its credentials),
     the topics, the registry and the columns each table names, the lake and checkpoint locations (a real write),
-    each table's state and suite.
+    each table's state, its suite and the columns the suite reads.
     Exit 0: ready; 3: something is missing or refused (each line says what to do)."""
     from ingest.ops.check import run_checks  # loads delta-rs: not before a command runs
 

@@ -29,6 +29,11 @@ class ColumnSelection(Model):
             raise ValueError("give exactly one of include or exclude")
         return self
 
+    @property
+    def selects(self) -> str:
+        """Which list is given: ``include`` or ``exclude``."""
+        return "include" if self.include is not None else "exclude"
+
     def keeps(self, name: str, key_columns: Iterable[str] = ()) -> bool:
         if name in key_columns:
             return True
@@ -97,8 +102,7 @@ class TableSpec(Model):
             named["primary_key"] = self.primary_key
         for setting, selection in (("columns", self.columns), ("track_history", self.track_history)):
             if selection is not None:
-                which = "include" if selection.include is not None else "exclude"
-                named[f"{setting}.{which}"] = tuple(getattr(selection, which) or ())
+                named[f"{setting}.{selection.selects}"] = tuple(getattr(selection, selection.selects) or ())
         return named
 
     def not_in(self, columns: Iterable[str]) -> list[str]:
@@ -107,6 +111,14 @@ class TableSpec(Model):
         have = set(columns)
         return [f"{setting} names {', '.join(absent)}" for setting, names in self.named_columns().items()
                 if (absent := [n for n in names if n not in have])]
+
+    def kept(self, columns: Iterable[str]) -> list[str]:
+        """The columns the table keeps of its source's ``columns`` (``columns.include``/``exclude``). The
+        key's are always kept; without ``primary_key`` the key is the message key's, unknown from the
+        row, so then every column counts as kept."""
+        if self.columns is None or self.primary_key is None:
+            return list(columns)
+        return [c for c in columns if self.columns.keeps(c, self.primary_key)]
 
     @field_validator("primary_key", mode="before")
     @classmethod

@@ -2,8 +2,9 @@
 
 Each check asks the real thing -- the broker for its topics with the configured credentials, the
 registry for the topics' subjects, the newest schema (or JSON change) of each topic for the columns
-its table names, the object store for a put and a delete, Java for its version, Maven Central (or
-the configured classpath) for the JVM artifacts, Great Expectations for each table's suite -- and
+its table names and its suite reads, the object store for a put and a delete, Java for its version,
+Maven Central (or the configured classpath) for the JVM artifacts, Great Expectations for each
+table's suite -- and
 says, in one line, what it found or why it failed and what to do.
 Nothing a check writes is left behind; nothing is ingested.
 """
@@ -14,7 +15,7 @@ import functools
 import re
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -31,6 +32,7 @@ from ingest.lake.location import LakePath, s3_client
 from ingest.model import ChangeEvent, KafkaCoordinates
 from ingest.ops.resnapshot import signals_for
 from ingest.quality import QualityGate
+from ingest.quality.suites import LoadedSuite, check_columns
 from ingest.source.kafka_admin import KafkaAdmin
 from ingest.source.kafkalog import KafkaLog
 from ingest.source.topiclog import TopicLog
@@ -58,33 +60,38 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
     storage = config.target.storage.model_copy(update={"retry_seconds": 0})
     config = config.model_copy(update={"target": config.target.model_copy(update={"storage": storage})})
     names = functools.cache(functools.partial(_topic_names, config))  # one listing for three checks
+    failed: set[str] = set()
+    source_columns = _SourceColumns(config, failed)  # asked by two checks, once per table
     steps: list[tuple[str, Callable[[IngestConfig], Check | list[Check]]]] = [
         ("java", _java), ("jvm artifacts", _artifacts), ("source", functools.partial(_source, names=names)),
-        ("topics", functools.partial(_topics, names=names)), ("registry", _registry), ("columns", _columns),
-        ("lake", _lake),
-        ("checkpoints", _checkpoints), ("tables", _tables), ("quality", _quality),
+        ("topics", functools.partial(_topics, names=names)), ("registry", _registry),
+        ("columns", functools.partial(_columns, newest=source_columns)), ("lake", _lake),
+        ("checkpoints", _checkpoints), ("tables", _tables),
+        ("quality", functools.partial(_quality, newest=source_columns)),
         ("signals", functools.partial(_signals, names=names))]
     # what a step asks: when that failed, the step says so in one line instead of asking again (each
     # question waiting its timeout) or failing once per table
-    asks = {"topics": "source", "columns": _columns_from(config), "tables": "lake"}
+    asks = {"topics": "source", "columns": source_columns.subject, "tables": "lake"}
     if _signal_topics(config):
         asks["signals"] = "source"
-    failed: set[str] = set()
-    for name, step in steps:
-        if not only(name):
-            continue
-        if (needed := asks.get(name)) in failed:
-            yield Check(name, False, f"not checked: the {needed} did not answer", _fix(needed))
-            continue
-        try:
-            found = step(config)
-        except IngestError as exc:
-            found = Check(name, False, secrets.redact(str(exc)), _fix(name))
-        except Exception as exc:  # a check must report, never stop the others
-            found = Check(name, False, secrets.redact(f"{type(exc).__name__}: {first_line(exc)}"), _fix(name))
-        results = found if isinstance(found, list) else [found]
-        failed.update(c.name for c in results if not c.ok)
-        yield from results
+    try:
+        for name, step in steps:
+            if not only(name):
+                continue
+            if (needed := asks.get(name)) in failed:
+                yield Check(name, False, f"not checked: the {needed} did not answer", _fix(needed))
+                continue
+            try:
+                found = step(config)
+            except IngestError as exc:
+                found = Check(name, False, secrets.redact(str(exc)), _fix(name))
+            except Exception as exc:  # a check must report, never stop the others
+                found = Check(name, False, secrets.redact(f"{type(exc).__name__}: {first_line(exc)}"), _fix(name))
+            results = found if isinstance(found, list) else [found]
+            failed.update(c.name for c in results if not c.ok)
+            yield from results
+    finally:
+        source_columns.close()
 
 
 def _fix(name: str) -> str:
@@ -180,29 +187,11 @@ def _registry(config: IngestConfig) -> Check:
     return Check("registry", True, f"{where} answered: {len(found)} schemas for {len(subjects)} subjects")
 
 
-def _columns(config: IngestConfig) -> list[Check]:
+def _columns(config: IngestConfig, *, newest: ColumnsOf) -> list[Check]:
     """The columns each table names -- ``primary_key``, ``columns``, ``track_history`` -- against its
     topic's newest value schema (Avro) or newest change (JSON): a misspelled key sends every change to
     quarantine, a misspelled ``include`` leaves a column out and a misspelled ``exclude`` keeps the
     column it meant to drop."""
-    if not any(spec.named_columns() for spec in config.tables):
-        return []
-    if _columns_from(config) == "registry":
-        return _check_columns(config, _newest_schema_columns(config))
-    kafka = config.source.kafka
-    secrets_file = str(config.secrets_path) if config.secrets_path else None
-    # one consumer for every read (a table's partitions, the tables), closed at the end
-    log: KafkaLog | TopicLog = (KafkaLog(kafka, secrets_file, keep_open=True) if kafka is not None
-                                else TopicLog(config.log_dir))
-    try:
-        return _check_columns(config, _newest_change_columns(config, log))
-    finally:
-        if isinstance(log, KafkaLog):
-            log.close()
-
-
-def _check_columns(config: IngestConfig, newest: ColumnsOf) -> list[Check]:
-    """Each table's named columns against the columns ``newest`` finds for it."""
     out = []
     for spec in config.tables:
         named = spec.named_columns()
@@ -230,6 +219,56 @@ def _check_columns(config: IngestConfig, newest: ColumnsOf) -> list[Check]:
 def _columns_from(config: IngestConfig) -> str:
     """Which check's subject says a table's source columns: the registry (Avro) or the source (JSON)."""
     return "registry" if config.source.value_format == "avro" else "source"
+
+
+class _SourceColumns:
+    """The columns each table's source has now -- its topic's newest value schema (Avro) or newest
+    change (JSON) -- asked once per table for the checks that need them (``columns``, ``quality``),
+    through one registry client or one consumer, made at the first question and closed by :meth:`close`.
+    """
+
+    def __init__(self, config: IngestConfig, failed: Container[str]) -> None:
+        self._config = config
+        #: the check whose failure means nothing can be asked: ``registry`` (Avro) or ``source`` (JSON)
+        self.subject = _columns_from(config)
+        self._failed = failed  # the checks failed so far
+        self._log: KafkaLog | TopicLog | None = None
+        self._found: dict[str, tuple[str, tuple[str, ...] | None] | IngestError] = {}
+
+    def __call__(self, spec: TableSpec) -> tuple[str, tuple[str, ...] | None]:
+        """Where the columns were read (``schema under <subject>``) and the columns (``None``: none yet).
+
+        Raises:
+            IngestError: the registry or the source did not answer a check before, or this table's
+                first question.
+        """
+        if self.subject in self._failed:
+            raise IngestError(f"the {self.subject} did not answer")
+        if spec.name not in self._found:
+            try:
+                self._found[spec.name] = self._newest(spec)
+            except IngestError as exc:
+                self._found[spec.name] = exc
+        found = self._found[spec.name]
+        if isinstance(found, IngestError):
+            raise found
+        return found
+
+    @functools.cached_property
+    def _newest(self) -> ColumnsOf:
+        config = self._config
+        if self.subject == "registry":
+            return _newest_schema_columns(config)
+        kafka = config.source.kafka
+        secrets_file = str(config.secrets_path) if config.secrets_path else None
+        # one consumer for every read (a table's partitions, the tables)
+        self._log = (KafkaLog(kafka, secrets_file, keep_open=True) if kafka is not None
+                     else TopicLog(config.log_dir))
+        return _newest_change_columns(config, self._log)
+
+    def close(self) -> None:
+        if isinstance(self._log, KafkaLog):
+            self._log.close()
 
 
 #: Where a table's source columns were read (the newest "schema under <subject>"), and the columns
@@ -333,24 +372,49 @@ def _tables(config: IngestConfig) -> list[Check]:
     return out
 
 
-def _quality(config: IngestConfig) -> list[Check]:
+def _quality(config: IngestConfig, *, newest: ColumnsOf) -> list[Check]:
     """Each table's quality gate builds as a run builds it at start-up: the suite loads with Great
-    Expectations, strictly, its policy overrides name its expectations and, once the table exists, it
-    reads only columns the table has (the same as ``ingest quality check``)."""
+    Expectations, strictly, and its policy overrides name its expectations. The columns it reads must be
+    the table's, as a run asks at its start, or, before the table's first commit, the columns the table
+    will take from its source's newest schema or change (``newest``), which a run would otherwise find
+    missing at its first batch."""
     specs = [spec for spec in config.tables if spec.expectations]
     if not specs:
         return [Check("quality", True, "no table names an expectations suite")]
     out = []
     for spec in specs:
+        state = load_state(config.table_path(spec.name))
         try:
-            gate = QualityGate.at_start(config, spec)
+            gate = QualityGate.for_table(config, spec, table_columns=state.columns)
+            assert gate is not None
+            fits = ("; the table has the columns it reads" if state.columns is not None
+                    else _suite_fits_source(spec, gate.suite, newest))
         except SuiteError as exc:
             out.append(Check("quality", False, f"{spec.name}: {exc}", _fix("quality")))
             continue
-        assert gate is not None
         out.append(Check("quality", True, f"{spec.name}: suite {spec.expectations}, "
-                                          f"{len(gate.suite.expectations)} expectations"))
+                                          f"{len(gate.suite.expectations)} expectations{fits}"))
     return out
+
+
+def _suite_fits_source(spec: TableSpec, suite: LoadedSuite, newest: ColumnsOf) -> str:
+    """Before a table's first commit: what its suite's columns were checked against, or why not.
+
+    Raises:
+        SuiteError: the suite reads a column the table will not have.
+    """
+    try:
+        where, columns = newest(spec)
+    except IngestError as exc:
+        return secrets.redact(f"; the columns it reads not checked: {first_line(exc)}")
+    if columns is None:
+        return f"; the columns it reads are checked at the table's first batch (no {where} yet)"
+    kept = spec.kept(columns)
+    less = ""
+    if spec.columns is not None and len(kept) < len(columns):
+        less = f" (less what columns.{spec.columns.selects} leaves out)"
+    check_columns(spec, suite, kept, where=f"newest {where}{less}")
+    return f"; the columns it reads are in the newest {where}"
 
 
 def _signal_topics(config: IngestConfig) -> bool:

@@ -245,7 +245,8 @@ def check_columns(spec: TableSpec, suite: LoadedSuite, columns: Iterable[str], *
     """Raise if the suite reads a column the table (or batch) does not have.
 
     Raises:
-        SuiteError: at start-up, against the Delta table's schema (``where='table'``).
+        SuiteError: before a batch, against the Delta table's schema (``where='table'``) or, before the
+            table exists, the columns its source has now (``where`` names them).
         SuiteMismatchError: on a batch, before anything is committed (``where='batch'``).
     """
     have = set(columns)
@@ -256,6 +257,6 @@ def check_columns(spec: TableSpec, suite: LoadedSuite, columns: Iterable[str], *
     detail = "; ".join(f"{name} reads {cols}" for name, cols in missing.items())
     message = (f"suite {suite.name!r} ({suite.path}) names columns the {where} does not have: {detail} "
                f"(columns: {sorted(have)})")
-    if where == "table":
+    if where != "batch":
         raise SuiteError(f"table {spec.name!r}: {message}")
     raise SuiteMismatchError(spec.name, message + "; nothing was committed")

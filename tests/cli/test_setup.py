@@ -153,7 +153,8 @@ def test_check_loads_each_tables_suite_as_a_run_would(tmp_path: Path) -> None:
         {"name": "c", "topic": "c", "expectations": "absent"}, {"name": "d", "topic": "d"}]}))
     found = [c for c in run_checks(load_config(path), only=lambda name: name == "quality")]
     assert [(c.ok, c.detail.split(":")[0]) for c in found] == [(True, "a"), (False, "b"), (False, "c")]
-    assert found[0].detail == "a: suite good, 1 expectations"
+    assert found[0].detail == ("a: suite good, 1 expectations; the columns it reads are checked at the table's "
+                               "first batch (no schema under a-value yet)")
     assert "expect_column_to_be_lovely is not a valid expectation" in found[1].detail
     assert f"file {suites / 'absent.json'} not found" in found[2].detail and "expectations_dir" in found[2].fix
 
@@ -209,6 +210,46 @@ def test_check_reads_the_columns_of_a_json_topic_from_its_newest_change(tmp_path
     assert not late.ok and late.detail.startswith("later: none of the newest 1 records of topic later is a change "
                                                   "as a run decodes it (1 refused: "), late.detail
     assert late.fix == "check tables[].topic and source.value_format"
+
+
+def test_check_finds_a_suite_reading_a_column_the_new_tables_source_does_not_have(tmp_path: Path) -> None:
+    """Before a table's first commit, check passed a suite that read a misspelled column, and the first run
+    then stopped the table at its first batch. Now the suite's columns are checked against the columns the
+    table will take from its topic's newest schema, as ``columns.include``/``exclude`` leave them."""
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    for name, column in (("typo", "amout"), ("dropped", "notes"), ("fine", "amount"), ("key", "id")):
+        (suites / f"{name}.json").write_text(json.dumps({"expectations": [
+            {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": column}}]}))
+    path = tmp_path / "ingest.yaml"
+    path.write_text(yaml.safe_dump({"quality": {"expectations_dir": "suites"}, "tables": [
+        {"name": "orders", "topic": "orders", "expectations": "typo"},
+        {"name": "private", "topic": "private", "primary_key": "id", "columns": {"exclude": ["notes"]},
+         "expectations": "dropped"},
+        {"name": "amounts", "topic": "amounts", "primary_key": "id", "columns": {"include": ["amount"]},
+         "expectations": "fine"},
+        # keyed by the message key, which the row does not say: a column include leaves out may be the key's
+        {"name": "keyed", "topic": "keyed", "columns": {"include": ["amount"]}, "expectations": "key"},
+        {"name": "later", "topic": "later", "expectations": "fine"}]}))
+    config = load_config(path)
+    registry = EmbeddedSchemaRegistry(config.registry_dir)
+    for topic in ("orders", "private", "amounts", "keyed"):
+        registry.register(f"{topic}-value", avro_envelope_schema(AVRO_ORDER_FIELDS))
+    found = [c for c in run_checks(config, only=lambda name: name == "quality")]
+    assert [(c.ok, c.detail.split(":")[0]) for c in found] == [
+        (False, "orders"), (False, "private"), (True, "amounts"), (True, "keyed"), (True, "later")]
+    assert found[0].detail == (
+        f"orders: table 'orders': suite 'typo' ({suites / 'typo.json'}) names columns the newest schema under "
+        "orders-value does not have: expect_column_values_to_not_be_null(amout) reads ['amout'] (columns: ['amount', "
+        "'customer', 'id', 'notes', 'placed_at'])")
+    assert "correct the suite" in found[0].fix
+    assert ("names columns the newest schema under private-value (less what columns.exclude leaves out) does not "
+            "have: expect_column_values_to_not_be_null(notes) reads ['notes'] (columns: ['amount', 'customer', 'id', "
+            "'placed_at'])") in found[1].detail
+    assert found[2].detail == ("amounts: suite fine, 1 expectations; the columns it reads are in the newest schema "
+                               "under amounts-value")
+    assert found[3].detail.endswith("the columns it reads are in the newest schema under keyed-value")
+    assert found[4].detail.endswith("checked at the table's first batch (no schema under later-value yet)")
 
 
 def test_check_finds_a_machine_without_java(tmp_path: Path) -> None:
@@ -283,8 +324,16 @@ def test_check_lists_the_topics_once_and_skips_what_needs_a_source_that_did_not_
     found = {c.name: c for c in run_checks(config, only=lambda name: name in wanted)}
     assert len(listings) == 1 and not any(c.ok for c in found.values()), (listings, found)
     assert found["signals"].detail == found["topics"].detail == "not checked: the source did not answer"
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "t.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "id"}}]}))
     path.write_text(yaml.safe_dump({"workdir": str(tmp_path / "w"), "source": {
         "kind": "kafka", "kafka": kafka, "value_format": "json"}, "tables": [
-        {"name": "t", "topic": "db.public.t", "primary_key": "id"}]}))
-    found = {c.name: c for c in run_checks(load_config(path), only=lambda name: name in ("source", "columns"))}
+        {"name": "t", "topic": "db.public.t", "primary_key": "id", "expectations": "t"}],
+        "quality": {"expectations_dir": str(tmp_path / "suites")}}))
+    found = {c.name: c for c in run_checks(load_config(path),
+                                           only=lambda name: name in ("source", "columns", "quality"))}
     assert found["columns"].detail == "not checked: the source did not answer"  # its newest change is in Kafka
+    # the suite still loads; the columns it reads are not asked of the source again
+    assert found["quality"].ok and found["quality"].detail == (
+        "t: suite t, 1 expectations; the columns it reads not checked: the source did not answer")

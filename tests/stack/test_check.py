@@ -7,6 +7,7 @@ while the others still pass (exit 3). No secret appears in what is printed.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -80,16 +81,28 @@ def test_a_misspelled_key_column_fails_the_columns_check(stack: Any, config: Pat
 
 
 def test_a_json_topics_newest_change_says_its_columns(stack: Any, config: Path, tmp_path: Path) -> None:
-    """JSON messages carry their own schema: the check reads the newest change of the topic from Kafka."""
+    """JSON messages carry their own schema: the check reads the newest change of the topic from Kafka, for
+    the columns a table names and, before its first run, the columns its suite reads."""
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "orders.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "totl"}}]}))
     path = stack_config(stack, tmp_path / "work", value_format="json", schema=SCHEMA, sasl=True,
-                        table_options={"orders": {"primary_key": ["id", "idd"]}})
+                        table_options={"orders": {"primary_key": ["id", "idd"], "expectations": "orders"}})
+    settings = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**settings, "quality": {"expectations_dir": str(suites)}}))
     code, lines = _check(path, _env(stack))
     assert code == 3
-    topic = next(t["topic"] for t in yaml.safe_load(path.read_text())["tables"] if t["name"] == "orders")
+    topic = next(t["topic"] for t in settings["tables"] if t["name"] == "orders")
     assert lines["columns"] == [
         f"FAIL columns: orders: primary_key names idd, not in the newest change in topic {topic} (its columns: id, "
         "customer_id, status, ordered_at, total, shipping_address, coupon_code, tags) -> name the source's "
         "columns, as the schema spells them, in tables[].primary_key, columns and track_history"], lines["columns"]
+    assert lines["quality"] == [
+        f"FAIL quality: orders: table 'orders': suite 'orders' ({suites / 'orders.json'}) names columns the newest "
+        f"change in topic {topic} does not have: expect_column_values_to_not_be_null(totl) reads ['totl'] (columns: "
+        "['coupon_code', 'customer_id', 'id', 'ordered_at', 'shipping_address', 'status', 'tags', 'total']) -> "
+        "correct the suite (quality.expectations_dir/<suite>.json) or the table's expectations"], lines["quality"]
 
 
 def test_a_wrong_kafka_password_fails_the_source_check_with_its_cause(stack: Any, config: Path) -> None:
