@@ -84,6 +84,30 @@ class OffsetsConflictError(TableError):
     """A batch would move the recorded source offsets of a table backwards."""
 
 
+class TopicBehindTableError(TableError):
+    """The table's topic ends before offsets the table applied. A Kafka topic never takes records back --
+    retention and compaction drop records but keep their offsets -- so it was deleted and created again
+    (or it is another cluster's, or an unclean leader election lost its tail): the records at those
+    offsets now are not the ones the table read, and a resume by offset would skip them, and as many
+    new ones after them.
+
+    Args:
+        behind: partition -> (the last offset the table applied, the partition's end offset).
+    """
+
+    def __init__(self, table: str, topic: str, behind: dict[int, tuple[int, int]]) -> None:
+        where = "; ".join(f"partition {p} {f'ends at offset {end - 1}' if end else 'is empty'}, the table applied "
+                          f"up to {applied}" for p, (applied, end) in sorted(behind.items()))
+        super().__init__(table, (
+            f"topic {topic} ends before the offsets the table applied: {where}. A topic keeps its offsets, so it "
+            "was deleted and created again, or it is another cluster's; its records are not the ones the table "
+            "read, and none of them is applied. Point tables[].topic and source.kafka at the table's source or, "
+            "if this topic is its source now, rebuild the table from it "
+            "(docs/operations.md#a-topic-that-ends-before-its-table)"))
+        self.topic = topic
+        self.behind = behind
+
+
 class CommitConflictError(TableError):
     """Another writer committed to the table concurrently (transient: the retry re-reads the table)."""
 

@@ -153,7 +153,8 @@ def run(
     finally:
         if metrics is not None:
             metrics.close()
-    caught_up = ("; every table was caught up, Spark was not started" if report.caught_up
+    caught_up = ("; every table was caught up, Spark was not started" if report.caught_up and not report.failed
+                 else "; the tables that ran were caught up, Spark was not started" if report.caught_up
                  else "; applied on the driver, Spark was not started" if report.on_driver else "")
     out = Table(title=f"run {report.run_id} ({report.seconds:.1f} s{caught_up})")
     for col in ("table", "batches", "received", "inserted", "updated", "deleted", "quarantined", "replayed", "error"):
@@ -243,7 +244,8 @@ def _or_dash(value: int | None) -> str:
 @app.command(rich_help_panel=OPERATE)
 def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
            output: FormatOpt = TableOrJson.table) -> None:
-    """Per table: applied offsets, lag, Delta version, last batch (exit 3: the source did not answer)."""
+    """Per table: applied offsets, lag, Delta version, last batch (exit 3: the source did not answer; 4: a
+    topic ends before the offsets its table applied)."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.ops.status import cut_status, table_status
 
@@ -255,7 +257,7 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
         for s in statuses:
             print_json({"table": s.table, "topic": s.topic, "applied": s.applied, "end": s.end, "lag": s.lag,
                         "delta_version": s.delta_version, "rows": s.rows, "last_batch": s.last_batch,
-                        "source_error": s.source_error})
+                        "source_error": s.source_error, "topic_behind": s.behind})
         if cut is not None:
             latest = cut.latest
             print_json({"cut": latest.cut if latest else None, "txn": latest.txn if latest else None,
@@ -264,6 +266,8 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
                         "waiting": cut.waiting, "error": cut.error})
         if unreachable:
             raise typer.Exit(Exit.UNAVAILABLE)
+        if any(s.behind for s in statuses):
+            raise typer.Exit(Exit.TABLE_FAILED)
         return
     out = Table(title="Table status")
     for col in ("table", "topic", "offsets applied/newest", "lag", "Delta version", "live rows", "last batch"):
@@ -274,15 +278,20 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
         if s.last_batch and s.last_batch.get("finished_at"):
             b = s.last_batch
             last = f"#{b['batch_id']} {b['status']} at {b['finished_at']:%Y-%m-%d %H:%M:%S}"
-        lag = str(s.lag) if s.lag is not None else "[red]unknown[/]"
+        lag = str(s.lag) if s.lag is not None else "[red]topic behind[/]" if s.behind else "[red]unknown[/]"
         out.add_row(s.table, s.topic, applied or "-", lag, _or_dash(s.delta_version), str(s.rows), last)
     console.print(out)
     if cut is not None:
         console.print(escape(cut.describe()), highlight=False)
     for problem in sorted(unreachable):
         err.print(f"[red]source unavailable:[/] {escape(problem)}", soft_wrap=True)
+    for s in statuses:
+        if s.behind:
+            err.print(f"[red]topic behind:[/] {escape(s.behind)}", soft_wrap=True)
     if unreachable:
         raise typer.Exit(Exit.UNAVAILABLE)
+    if any(s.behind for s in statuses):
+        raise typer.Exit(Exit.TABLE_FAILED)
 
 
 @app.command(rich_help_panel=OPERATE)

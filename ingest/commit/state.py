@@ -89,6 +89,13 @@ class TableState:
         recorded = self.offsets.get(f"{topic}:{partition}")
         return recorded if recorded is not None else self.table.transaction_version(app_id(topic, partition))
 
+    def ends_before(self, topic: str, ends: dict[int, int]) -> dict[int, tuple[int, int]]:
+        """The partitions of ``topic`` that end (``ends``: next offset per partition) at or before an offset
+        this table applied, as a deleted and recreated topic does (:class:`~ingest.errors.TopicBehindTableError`):
+        partition -> (the last offset applied, the end offset)."""
+        return {p: (applied, end) for p, end in sorted(ends.items())
+                if (applied := self.applied_offset(topic, p)) is not None and end <= applied}
+
     @property
     def deletion_vectors(self) -> bool:
         """Whether the table's protocol has deletion vectors (delta-rs can then neither read nor write it)."""

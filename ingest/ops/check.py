@@ -27,12 +27,13 @@ from ingest.config import IngestConfig, TableSpec
 from ingest.decode.avro import newest_row_columns
 from ingest.decode.columnar import DecoderSpec
 from ingest.decode.registry import confluent_registry, driver_registry
-from ingest.errors import ConfigError, DecodeError, IngestError, SuiteError, first_line
+from ingest.errors import ConfigError, DecodeError, IngestError, SuiteError, TopicBehindTableError, first_line
 from ingest.lake.location import LakePath, s3_client
 from ingest.model import ChangeEvent, KafkaCoordinates
 from ingest.ops.resnapshot import signals_for
 from ingest.quality import QualityGate
 from ingest.quality.suites import LoadedSuite, check_columns
+from ingest.source.catalog import Catalog, catalog_for
 from ingest.source.kafka_admin import KafkaAdmin
 from ingest.source.kafkalog import KafkaLog
 from ingest.source.topiclog import TopicLog
@@ -66,7 +67,8 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
         ("java", _java), ("jvm artifacts", _artifacts), ("source", functools.partial(_source, names=names)),
         ("topics", functools.partial(_topics, names=names)), ("registry", _registry),
         ("columns", functools.partial(_columns, newest=source_columns)), ("lake", _lake),
-        ("checkpoints", _checkpoints), ("tables", _tables),
+        ("checkpoints", _checkpoints),
+        ("tables", functools.partial(_tables, source=lambda: None if "source" in failed else catalog_for(config))),
         ("quality", functools.partial(_quality, newest=source_columns)),
         ("signals", functools.partial(_signals, names=names))]
     # what a step asks: when that failed, the step says so in one line instead of asking again (each
@@ -360,12 +362,21 @@ def _checkpoints(config: IngestConfig) -> Check:
     return _writable("checkpoints", config.checkpoint_location)
 
 
-def _tables(config: IngestConfig) -> list[Check]:
+def _tables(config: IngestConfig, *, source: Callable[[], Catalog | None]) -> list[Check]:
+    """Each table's Delta log, and whether its topic (``source``: ``None`` when the source did not answer
+    its check) still reaches the offsets the table applied: a recreated topic stops the table."""
     out = []
+    catalog = None
     for spec in config.tables:
         state = load_state(config.table_path(spec.name))
         if state.table is None:
             out.append(Check("tables", True, f"{spec.name}: not created yet (its first run creates it)"))
+            continue
+        catalog = catalog or source()
+        behind = state.ends_before(spec.topic, catalog.end_offsets(spec.topic)) if catalog is not None else {}
+        if behind:
+            # the error says what to do, as a run says it
+            out.append(Check("tables", False, f"{spec.name}: {TopicBehindTableError(spec.name, spec.topic, behind)}"))
             continue
         out.append(Check("tables", True, f"{spec.name}: Delta version {state.version}, "
                                          f"{len(state.offsets)} partitions applied"))

@@ -1,7 +1,8 @@
 """Per-table status: applied offsets, lag, Delta version, last batch.
 
 End offsets come from the configured source (Kafka's admin API or the embedded log). A source that
-cannot answer leaves the lag unknown and says why (``source_error``); it is never reported as 0.
+cannot answer leaves the lag unknown and says why (``source_error``); it is never reported as 0. Nor is
+a topic that ends before the offsets its table applied (``behind``): it is not the topic the table read.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pyarrow.compute as pc
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig
 from ingest.cuts.publish import Outcome, Publisher
-from ingest.errors import SourceUnavailableError
+from ingest.errors import SourceUnavailableError, TopicBehindTableError
 from ingest.lake.delta import open_table, query
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import Location
@@ -32,13 +33,18 @@ class TableStatus:
     last_batch: dict | None
     #: why the source's end offsets are unknown (``None``: they are known)
     source_error: str | None = None
+    #: why the topic is not the one the table read: it ends before offsets the table applied
+    #: (:class:`~ingest.errors.TopicBehindTableError`; a run stops the table)
+    behind: str | None = None
 
     @property
     def lag(self) -> int | None:
-        """Records in the topic the table has not applied; ``None`` when the source did not answer."""
-        if self.source_error is not None:
+        """Records in the topic the table has not applied; ``None`` when the source did not answer or the
+        topic ends before the table (:attr:`behind`)."""
+        if self.source_error is not None or self.behind is not None:
             return None
-        return sum(end - ((self.applied.get(p) or -1) + 1) for p, end in self.end.items())
+        return sum(end - (-1 if (applied := self.applied.get(p)) is None else applied) - 1
+                   for p, end in self.end.items())
 
 
 def table_status(config: IngestConfig, *, source: Catalog | None = None) -> list[TableStatus]:
@@ -59,8 +65,9 @@ def table_status(config: IngestConfig, *, source: Catalog | None = None) -> list
         last = None
         if batches.num_rows:
             last = max(batches.to_pylist(), key=lambda r: (r["delta_version"] or -1, r["finished_at"]))
+        behind = state.ends_before(spec.topic, end)
         out.append(TableStatus(spec.name, spec.topic, applied, end, state.version, live_row_count(paths.table), last,
-                               error))
+                               error, str(TopicBehindTableError(spec.name, spec.topic, behind)) if behind else None))
     return out
 
 

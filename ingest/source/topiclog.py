@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -137,6 +138,14 @@ class TopicLog:
             for p in range(partitions):
                 (folder / str(p)).mkdir(parents=True, exist_ok=True)
             _write_json_atomic(meta, {"partitions": partitions})
+
+    def delete_topic(self, topic: str) -> None:
+        """Delete ``topic`` and its records, as Kafka's topic deletion does; a no-op if it does not exist.
+        A topic created again under its name starts at offset 0."""
+        with self._locked(topic):
+            folder = self._topic_dir(topic)
+            (folder / "topic.json").unlink(missing_ok=True)  # first: a half-deleted topic does not exist
+            shutil.rmtree(folder, ignore_errors=True)
 
     def topics(self) -> list[str]:
         folder = self.root / "topics"

@@ -22,8 +22,10 @@ from ingest.source.catalog import Catalog, catalog_for
 log = logging.getLogger(__name__)
 
 
-def pending(config: IngestConfig, specs: list[TableSpec], catalog: Catalog | None = None) -> dict[str, int]:
-    """Per table, the records its topic holds that its Delta log does not record as read.
+def pending(config: IngestConfig, specs: list[TableSpec], catalog: Catalog | None = None,
+            states: dict[str, TableState] | None = None) -> dict[str, int]:
+    """Per table, the records its topic holds that its Delta log does not record as read (``states``:
+    the tables' as read already).
 
     Raises:
         SourceUnavailableError: the source cannot say where its partitions end.
@@ -31,7 +33,7 @@ def pending(config: IngestConfig, specs: list[TableSpec], catalog: Catalog | Non
     catalog = catalog or catalog_for(config)
     found = {}
     for spec in specs:
-        state = load_state(TablePaths.of(config, spec.name).table)
+        state = states[spec.name] if states is not None else load_state(TablePaths.of(config, spec.name).table)
         ends = catalog.end_offsets(spec.topic)
         if not ends:
             say_no_topic(spec)

@@ -19,14 +19,20 @@ from typing import TYPE_CHECKING, Final
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 from ingest import logs, secrets, tls
-from ingest.commit.state import load_state
+from ingest.commit.state import TableState, load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.cuts.publish import Publisher
-from ingest.errors import DecodeError, RegistryUnavailableError, SchemaRegistryError, SourceUnavailableError
+from ingest.errors import (
+    DecodeError,
+    RegistryUnavailableError,
+    SchemaRegistryError,
+    SourceUnavailableError,
+    TopicBehindTableError,
+)
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.records import audit
-from ingest.source.catalog import catalog_for
+from ingest.source.catalog import Catalog, catalog_for
 from ingest.source.discovery import with_discovered
 from ingest.stream.caught_up import pending, say_no_topic, warn_retention_gap
 from ingest.stream.report import RunReport, TableRun
@@ -152,10 +158,16 @@ class Runner:
         logs.event(log, "run-started", f"run ({mode}) of tables {', '.join(s.name for s in specs)}", mode=mode,
                    tables=[s.name for s in specs])
         try:
+            started = time.perf_counter()
+            catalog = catalog_for(self.config)  # one client for the start's questions
+            states = {s.name: load_state(TablePaths.of(self.config, s.name).table) for s in specs}
+            behind = self._topics_behind(specs, states, catalog)
+            specs = [s for s in specs if s.name not in behind]
             report, on_driver = None, None
-            if mode == "available_now" and not (reset_checkpoints or from_beginning or self._full_start):
-                started = time.perf_counter()
-                work = pending(self.config, specs)
+            if not specs:
+                report = RunReport(uuid.uuid4().hex[:12], {})
+            elif mode == "available_now" and not (reset_checkpoints or from_beginning or self._full_start):
+                work = pending(self.config, specs, catalog, states)
                 if not any(work.values()):
                     report = self._caught_up(specs, started)
                 else:
@@ -180,6 +192,9 @@ class Runner:
                                        discover=discovering, run_id=on_driver.report.run_id if on_driver else None)
                 if on_driver is not None:  # what the driver applied before it handed the rest to Spark
                     report.add_before(on_driver.report)
+            for name, error in behind.items():
+                report.tables[name] = TableRun(name, error=secrets.redact(f"{type(error).__name__}: {error}"))
+            report.seconds = report.seconds or time.perf_counter() - started
         finally:
             locks.release_all(held)
         received = sum(t.total("received") for t in report.tables.values())
@@ -189,6 +204,28 @@ class Runner:
                    batches=sum(len(t.batches) for t in report.tables.values()), caught_up=report.caught_up,
                    failed=sorted(report.failed))
         return report
+
+    def _topics_behind(self, specs: list[TableSpec], states: dict[str, TableState], catalog: Catalog
+                       ) -> dict[str, TopicBehindTableError]:
+        """The tables whose topic ends before offsets they applied (:class:`TopicBehindTableError`): each stops at
+        the start, in one line, and the others run. A source that does not answer is left to the run,
+        which meets it as it always has."""
+        behind = {}
+        for spec in specs:
+            state = states[spec.name]
+            if state.table is None:
+                continue
+            try:
+                ends = catalog.end_offsets(spec.topic)
+            except SourceUnavailableError:
+                break
+            if ends_before := state.ends_before(spec.topic, ends):
+                behind[spec.name] = error = TopicBehindTableError(spec.name, spec.topic, ends_before)
+                if self.metrics is not None:
+                    self.metrics.stopped(spec.name, error)
+                logs.event(log, "table-stopped", f"table {spec.name} stopped: {error}", table=spec.name,
+                           level=logging.ERROR)
+        return behind
 
     def _ask_kafka(self, mode: Mode, stop_after: float | None = None) -> None:
         """One question to the cluster before Spark starts (a draining run's discovery asks it instead): a refused

@@ -470,3 +470,13 @@ def test_a_broker_that_takes_no_connection_is_named_with_the_systems_own_words(s
     with pytest.raises(SourceUnavailableError) as info:
         KafkaAdmin(KafkaSpec(bootstrap_servers=servers), timeout=3).topics()
     assert str(info.value).startswith(says), str(info.value)
+
+
+def test_the_lag_counts_the_records_after_the_last_applied_offset():
+    """A partition applied up to offset 0 counted that record as lag too (``0 or -1``)."""
+    from ingest.ops.status import TableStatus
+
+    def lag(applied: dict[int, int | None], end: dict[int, int]) -> int | None:
+        return TableStatus("t", "t", applied, end, 0, 0, None).lag
+
+    assert lag({0: 0, 1: None, 2: 4}, {0: 1, 1: 3, 2: 9}) == 0 + 3 + 4
