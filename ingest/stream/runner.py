@@ -152,15 +152,15 @@ class Runner:
         # One writer per table: a second run on any of these tables fails here, before Spark starts.
         held = locks.acquire_all(self.config.tables_root, [s.name for s in specs],
                                  lease_seconds=self.config.target.storage.lease_seconds)
-        if self.metrics is not None:
-            for spec in specs:
-                self.metrics.track(spec.name, spec.topic, load_state(TablePaths.of(self.config, spec.name).table))
         logs.event(log, "run-started", f"run ({mode}) of tables {', '.join(s.name for s in specs)}", mode=mode,
                    tables=[s.name for s in specs])
         try:
             started = time.perf_counter()
-            catalog = catalog_for(self.config)  # one client for the start's questions
             states = {s.name: load_state(TablePaths.of(self.config, s.name).table) for s in specs}
+            if self.metrics is not None:
+                for spec in specs:
+                    self.metrics.track(spec.name, spec.topic, states[spec.name])
+            catalog = catalog_for(self.config)  # one client for the start's questions
             behind = self._topics_behind(specs, states, catalog)
             specs = [s for s in specs if s.name not in behind]
             report, on_driver = None, None
