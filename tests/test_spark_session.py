@@ -65,7 +65,7 @@ def test_a_delta_spark_run_asks_for_the_quick_jit_when_it_drains(asked, monkeypa
         run.spark  # noqa: B018
         raise Stop
 
-    monkeypatch.setattr(runner_module, "pending", lambda config, specs: {s.name: 1 for s in specs})
+    monkeypatch.setattr(runner_module, "pending", lambda config, specs, *asked: {s.name: 1 for s in specs})
     monkeypatch.setattr("ingest.stream.driver_run.DriverRun.wanted", staticmethod(lambda *a: False))
     monkeypatch.setattr("ingest.stream.queries.StreamingRun", streaming_run)
     config = _config(engine="delta-spark", workdir=str(tmp_path))
