@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 import warnings
@@ -248,3 +249,13 @@ def bucket(s3: S3Server) -> str:
     name = f"lake-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(name)
     return name
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses every connection for the whole test. Its socket stays bound and never
+    listens: a port bound and closed again may be taken meanwhile by a server another test worker starts
+    (it was: a lake that was to "not answer" answered "access denied")."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]

@@ -5,7 +5,6 @@ runs wherever a test needs a connector (tests/conftest.py's session, tests/packa
 from __future__ import annotations
 
 import shutil
-import socket
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -139,10 +138,9 @@ def test_copy_jars_gathers_them_in_one_directory(cache: Path, tmp_path: Path, mo
     assert sorted(p.name for p in (tmp_path / "flat").iterdir()) == ["a.jar", "d.jar", "shared.jar"]
 
 
-def test_an_unreachable_repository_is_one_line_saying_what_to_do(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def test_an_unreachable_repository_is_one_line_saying_what_to_do(cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 refused_port: int) -> None:
+    port = refused_port
     monkeypatch.setenv(jars.REPOSITORY_ENV, f"http://127.0.0.1:{port}/maven2")
     with pytest.raises(EnvironmentProblem) as caught:
         jars.connector_jars("spark-kafka")

@@ -10,7 +10,6 @@ is checked in ``tests/stack/test_security.py``, a port nothing listens on here.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from pathlib import Path
@@ -42,17 +41,11 @@ class FlakyCatalog:
         return self.names
 
 
-def _dead_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed again: nothing listens there
-
-
 @pytest.fixture
-def runner(tmp_path: Path) -> Runner:
+def runner(tmp_path: Path, refused_port: int) -> Runner:
     return Runner(IngestConfig.model_validate({
         "workdir": str(tmp_path), "tables": [{"name": "notes", "topic": "app.notes"}],
-        "source": {"kind": "kafka", "kafka": {"bootstrap_servers": f"127.0.0.1:{_dead_port()}"}}}))
+        "source": {"kind": "kafka", "kafka": {"bootstrap_servers": f"127.0.0.1:{refused_port}"}}}))
 
 
 @pytest.fixture
@@ -89,10 +82,10 @@ def test_a_draining_run_and_a_refused_login_end_at_once(runner: Runner, sleeps: 
 
 
 def test_a_continuous_run_that_discovers_its_tables_waits_for_the_cluster_then_discovers(
-        tmp_path: Path, monkeypatch: Any) -> None:
+        tmp_path: Path, monkeypatch: Any, refused_port: int) -> None:
     runner = Runner(IngestConfig.model_validate({
         "workdir": str(tmp_path), "discover": {"topic_pattern": r"shop\.[^.]+\.[^.]+"},
-        "source": {"kind": "kafka", "kafka": {"bootstrap_servers": f"127.0.0.1:{_dead_port()}"}}}))
+        "source": {"kind": "kafka", "kafka": {"bootstrap_servers": f"127.0.0.1:{refused_port}"}}}))
     pauses: list[float] = []
     monkeypatch.setattr(runner, "pause", pauses.append)
     catalog = _use(monkeypatch, FlakyCatalog(3, topics=["shop.public.notes"]))
@@ -141,8 +134,8 @@ def test_a_stop_request_ends_the_wait_with_the_clusters_reason(runner: Runner, m
     assert len(outcome) == 1 and "did not list its topics" in str(outcome[0])
 
 
-def test_a_cluster_that_does_not_answer_has_not_refused() -> None:
-    admin = KafkaAdmin(KafkaSpec(bootstrap_servers=f"127.0.0.1:{_dead_port()}"), timeout=2)
+def test_a_cluster_that_does_not_answer_has_not_refused(refused_port: int) -> None:
+    admin = KafkaAdmin(KafkaSpec(bootstrap_servers=f"127.0.0.1:{refused_port}"), timeout=2)
     with pytest.raises(SourceUnavailableError) as caught:
         admin.topics()
     assert not caught.value.refused, caught.value

@@ -6,7 +6,6 @@ Beside a live continuous run (a subprocess), locally and on S3: tests/proof/tort
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -160,10 +159,8 @@ def test_a_table_that_fails_is_reported_in_its_row_and_the_others_are_maintained
 
 
 def test_a_lake_that_does_not_answer_fails_the_first_table_and_the_others_are_not_tried(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_port: int) -> None:
+    port = refused_port
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     path, _ = _config(tmp_path, [{"name": "notes", "topic": "app.notes"}, {"name": "other", "topic": "app.other"}],

@@ -16,7 +16,6 @@ import io
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -90,12 +89,10 @@ def test_a_refused_registry_login_ends_the_run_before_spark(tmp_path: Path, refu
 
 @pytest.mark.parametrize("answer", ["none", 502])
 def test_a_registry_outage_at_the_start_is_left_to_the_run(tmp_path: Path, answer: str | int,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+                                                          caplog: pytest.LogCaptureFixture, refused_port: int) -> None:
     with contextlib.ExitStack() as stack:
         if answer == "none":
-            with socket.socket() as sock:  # a port nothing listens on
-                sock.bind(("127.0.0.1", 0))
-                url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+            url = f"http://127.0.0.1:{refused_port}"
         else:
             fake = FakeRegistry(tmp_path, user="ingest", password="the-password", answer=int(answer))
             stack.callback(fake.close)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -124,10 +123,8 @@ def test_check_finds_a_lake_whose_bucket_does_not_exist(tmp_path: Path, s3: Any)
 
 
 def test_check_asks_a_store_that_does_not_answer_once_instead_of_riding_it_out(
-        tmp_path: Path, monkeypatch: Any) -> None:
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        tmp_path: Path, monkeypatch: Any, refused_port: int) -> None:
+    port = refused_port
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     path = _embedded(tmp_path, root="s3://lake/cdc", storage={"endpoint_url": f"http://127.0.0.1:{port}",

@@ -64,7 +64,7 @@ def test_commits_and_the_lease_ride_out_a_restart_shorter_than_retry_seconds(s3:
 
 
 def test_the_boto3_client_retries_for_retry_seconds_not_for_a_number_of_attempts(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, refused_port: int) -> None:
     """botocore's own pauses start at 50 ms and are drawn at random: a count of attempts can last well
     under a second. Against an address nobody answers, the lease's client keeps trying for
     ``retry_seconds`` and then fails; without retry seconds it fails at once."""
@@ -72,9 +72,7 @@ def test_the_boto3_client_retries_for_retry_seconds_not_for_a_number_of_attempts
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")  # a request is signed before it connects
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        nobody = f"http://127.0.0.1:{s.getsockname()[1]}"
+    nobody = f"http://127.0.0.1:{refused_port}"
     for seconds, within in ((3, (3.0, 15.0)), (3, (3.0, 15.0)), (0, (0.0, 2.0))):  # twice: the same client
         where = LakePath(f"s3://b{seconds}/lake", delta_storage_options(
             endpoint_url=nobody, region="us-east-1", path_style=True, allow_http=True, retry_seconds=seconds))
@@ -85,13 +83,12 @@ def test_the_boto3_client_retries_for_retry_seconds_not_for_a_number_of_attempts
         assert within[0] <= took < within[1], (seconds, took)
 
 
-def test_a_lease_the_store_does_not_answer_for_is_one_line_naming_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lease_the_store_does_not_answer_for_is_one_line_naming_the_setting(monkeypatch: pytest.MonkeyPatch,
+                                                                             refused_port: int) -> None:
     """The run ended in botocore's "EndpointConnectionError: Could not connect to the endpoint URL"."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        nobody = f"http://127.0.0.1:{s.getsockname()[1]}"
+    nobody = f"http://127.0.0.1:{refused_port}"
     root = LakePath("s3://b/lake", delta_storage_options(endpoint_url=nobody, region="us-east-1", path_style=True,
                                                          allow_http=True, retry_seconds=0))
     with pytest.raises(LakeUnavailableError) as info:

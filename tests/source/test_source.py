@@ -404,21 +404,17 @@ def test_a_source_that_does_not_answer_has_nothing_new_and_the_stream_goes_on(lo
         assert "answers again" in caplog.messages[-1]
 
 
-def test_a_kafka_client_dropped_after_the_broker_did_not_answer_ends_its_threads():
+def test_a_kafka_client_dropped_after_the_broker_did_not_answer_ends_its_threads(refused_port):
     """During an outage the reader drops its Kafka client after each failed request and asks with a
     new one (one about every 15 s): each dropped client must end librdkafka's threads. On the real
     broker, kept away 4 minutes, the stream's process had grown from 7 to 75 threads (by hand)."""
     import gc
     import os
-    import socket
 
     from ingest.config import KafkaSpec
     from ingest.source.kafka_admin import KafkaAdmin
 
-    with socket.socket() as probe:  # a loopback port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    spec = KafkaSpec(bootstrap_servers=f"127.0.0.1:{port}")
+    spec = KafkaSpec(bootstrap_servers=f"127.0.0.1:{refused_port}")
 
     def threads() -> int:
         return len(os.listdir("/proc/self/task"))
