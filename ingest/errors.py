@@ -10,6 +10,7 @@ batch failed expectations under policy ``fail``. Record-level failures are :clas
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 
@@ -211,6 +212,18 @@ def unavailability_in(text: str) -> str | None:
             if name in line:
                 return line[line.index(name) + len("ingest.errors."):].strip()
     return None
+
+
+def engine_error_in(text: str) -> str | None:
+    """The line of ``text`` (a Spark error carrying a Python traceback from the source runner) that
+    raised one of the engine's own errors, as ``<class>: <message>``; ``None`` if none did."""
+    for line in text.splitlines():
+        if found := _ENGINE_ERROR.search(line):
+            return line[found.start(1):].strip()
+    return None
+
+
+_ENGINE_ERROR = re.compile(r"\bingest(?:\.\w+)+\.(\w+Error): ")
 
 
 def is_transient(exc: BaseException) -> bool:

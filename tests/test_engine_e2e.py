@@ -294,3 +294,39 @@ def test_continuous_mode_picks_up_records_appended_while_running(tmp_path, spark
     batches = [b for b in report.tables["live"].batches if b.batch_id >= read_here[0][0]]
     assert read_here[0][1] is None and [n for _, n in read_here[1:]] == [b.received for b in batches[1:]], read_here
     assert len(read_here) >= 2
+
+
+def test_a_topic_created_again_under_a_continuous_run_stops_it_and_the_next_start_names_the_table(tmp_path, spark):
+    """A continuous run read on by offset from a topic deleted and created again: it waited, then skipped
+    as many of the new topic's records as the old one had. Now the stream stops in one line, and the next
+    run's start stops that table alone (docs/operations.md#a-topic-that-ends-before-its-table)."""
+    import threading
+    import time
+
+    from ingest.lake.delta import open_table, read_all
+
+    config = make_config(tmp_path, value_format="json", extra_tables=[{"name": "live", "topic": "app.live"}])
+    config = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name == "live"),
+                                       "source": config.source.model_copy(update={"trigger_seconds": 0.5})})
+    log = TopicLog(config.log_dir)
+    _produce(log, "app.live", [("c", {"id": i, "body": "a"}, 10 + i) for i in range(3)])
+    reports: list[Any] = []
+    engine = Runner(config, spark=spark)
+    runner = threading.Thread(target=lambda: reports.append(engine.run(mode="continuous", stop_after=120)))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while (t := open_table(config.table_path("live"))) is None or read_all(t).num_rows < 3:
+        assert time.monotonic() < deadline, "the continuous run did not apply the first records"
+        time.sleep(0.5)
+
+    log.delete_topic("app.live")
+    _produce(log, "app.live", [("c", {"id": 9, "body": "new"}, 90)])
+    runner.join(timeout=90)
+    assert not runner.is_alive(), "the run went on reading a topic that ends before its offsets"
+    engine.stop()
+    (report,) = reports
+    assert "topic app.live partition 0 ends at offset 0, before offset 3 the stream reads next" in (
+        report.tables["live"].error or ""), report.tables["live"].error
+
+    again = Runner(config, spark=spark).run()
+    assert again.failed == ["live"] and "TopicBehindTableError" in (again.tables["live"].error or "")

@@ -36,7 +36,7 @@ from ingest import logs, secrets
 from ingest.config import KafkaSpec
 from ingest.errors import SourceUnavailableError, TopicLogError
 from ingest.heap import freeze_start_up
-from ingest.source.kafkalog import KEPT_READ, KafkaLog
+from ingest.source.kafkalog import KEPT_READ, DataLossError, KafkaLog
 from ingest.source.topiclog import KAFKA_ROW_SCHEMA, TopicLog
 
 KAFKA_SCHEMA_DDL = (
@@ -145,7 +145,11 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         """Where the next micro-batch ends. A source that does not answer (a broker restarting for longer
         than one request waits) has nothing new: the query keeps its offsets and asks again at the next
-        trigger, so that a continuous run rides the outage out instead of ending."""
+        trigger, so that a continuous run rides the outage out instead of ending.
+
+        Raises:
+            DataLossError: a partition ends before the offset the stream reads next (:func:`_refuse_ends_before`).
+        """
         try:
             ends = self._latest = self._end_offsets()
         except SourceUnavailableError as exc:
@@ -159,6 +163,7 @@ class TopicLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning("the source answers again after %.0f s; the stream goes on",
                         time.monotonic() - self._away_since)
             self._away_since = None
+        _refuse_ends_before(start, ends)
         lag = {(t, p): max(0, e - start.get(t, {}).get(p, 0)) for t, parts in ends.items() for p, e in parts.items()}
         if self.max_per_topic is not None:
             # Each topic's share first (one table's MERGE), then the micro-batch's bound over what is left.
@@ -237,6 +242,26 @@ def batch_spans(start: Mapping[str, Mapping[_P, int]], end: Mapping[str, Mapping
             if stop > begin:
                 spans.append((topic, int(p), begin, stop))
     return spans
+
+
+def _refuse_ends_before(start: Offsets, ends: Offsets) -> None:
+    """Refuse a partition that ends before the offset the stream reads next. Kafka's end offsets only
+    grow (a new leader answers "not available" until it has caught up, KIP-207), so the topic was
+    deleted and created again while the stream read it, or the broker lost records. Reading on by
+    offset would wait, then skip as many of the new topic's records as the old one had, without a
+    word; a run's start stops that table alone (:class:`ingest.errors.TopicBehindTableError`).
+
+    Raises:
+        DataLossError: such a partition (terminal: the query stops).
+    """
+    for topic, parts in sorted(ends.items()):
+        for p, end in sorted(parts.items()):
+            if end < (reads := start.get(topic, {}).get(p, 0)):
+                raise DataLossError(
+                    f"topic {topic} partition {p} ends at offset {end - 1}, before offset {reads} the stream reads "
+                    "next: the topic was deleted and created again, or the broker lost records. Start the run again: "
+                    "its start stops the table of this topic and runs the others "
+                    "(docs/operations.md#a-topic-that-ends-before-its-table)")
 
 
 def _share(lag: dict[tuple[str, str], int], budget: int) -> dict[tuple[str, str], int]:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import TableSpec
-from ingest.errors import first_line, is_cancellation, is_unavailability, unavailability_in
+from ingest.errors import engine_error_in, first_line, is_cancellation, is_unavailability, unavailability_in
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
@@ -347,7 +347,8 @@ class StreamingRun:
             if is_cancellation(real or failure):
                 continue  # the run was stopped mid-batch (Ctrl-C): no table failed, the next run applies it
             outside = None if real else unavailability_in(str(failure))
-            text = f"{type(real).__name__}: {real}" if real else outside or _short(failure)
+            text = (f"{type(real).__name__}: {real}" if real
+                    else outside or secrets.redact(engine_error_in(str(failure)) or "") or _short(failure))
             for spec in q.specs:
                 if not report.tables[spec.name].error:
                     report.tables[spec.name].error = secrets.redact(text)

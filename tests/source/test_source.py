@@ -68,6 +68,22 @@ def test_available_now_freezes_the_target(log):
     assert r.latestOffset(r.initialOffset(), ReadAllAvailable())["t"]["0"] == 60
 
 
+def test_a_topic_created_again_under_a_running_stream_stops_it_instead_of_skipping_its_records(log):
+    """The stream had read t up to its ends when t was deleted and created again with a few records: it
+    waited with nothing to read and, once t grew past the old offsets, read on from there, skipping
+    the new topic's first records."""
+    from ingest.source.kafkalog import DataLossError
+
+    r = reader(log)
+    at = r.latestOffset(r.initialOffset(), ReadAllAvailable())
+    log.delete_topic("t")
+    log.create_topic("t", 3)
+    log.append("t", [ProducerRecord(0, None, b"new", 3) for _ in range(5)])
+    with pytest.raises(DataLossError, match=r"^topic t partition 0 ends at offset 4, before offset 60 the stream "
+                                            r"reads next: the topic was deleted and created again"):
+        r.latestOffset(at, ReadAllAvailable())
+
+
 def test_partitions_and_read_cover_exactly_the_range(log):
     r = reader(log)
     parts = r.partitions({"t": {"0": 10, "1": 30, "2": 0}}, {"t": {"0": 12, "1": 30, "2": 3}})
