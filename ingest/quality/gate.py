@@ -136,7 +136,8 @@ class QualityGate:
     @classmethod
     def at_start(cls, config: IngestConfig, spec: TableSpec, *, spark: Any = None) -> QualityGate | None:
         """:meth:`for_table` against the table's columns as its Delta log holds them now (none before its
-        first commit): the gate a run, a replay, ``ingest check`` and ``ingest quality check`` build.
+        first commit): the gate a run, a replay and ``ingest quality check`` build (``ingest check`` builds it
+        with :meth:`for_table`, and before the first commit checks the suite against the source's columns).
 
         Raises:
             SuiteError: as :meth:`for_table`.
