@@ -196,3 +196,40 @@ def stale_reads(history: dict[Any, list[dict[str, Any]]]) -> set[Any]:
         if streamed and (streamed[-1]["op"] == "d" or streamed[-1]["row"] != changes[-1]["row"]):
             stale.add(key)
     return stale
+
+
+def topic_ends(stack: Any, topic: str) -> dict[int, int]:
+    """The end offset of each of ``topic``'s partitions, as Kafka has them now (``{}``: no such topic)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers(), "group.id": "stack-tests-ends"})
+    try:
+        found = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        if found is None or found.error is not None:
+            return {}
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in found.partitions}
+    finally:
+        consumer.close()
+
+
+def reread_until_equal(stack: Any, config: Path, dsn: str, table: str, source_table: str, topic: str,
+                       rows: int) -> None:
+    """The runbooks' re-read of one table from the database: ``ingest resnapshot`` (which names the
+    ``source_table`` it asked for), a wait until Debezium has written its ``rows`` into ``topic`` again, a
+    run, and ``ingest verify --source-db`` equal (nothing ingests after that run, so verify's wait for
+    the tables is short)."""
+    import time
+
+    from tests.harness import ingest_cli
+
+    before = sum(topic_ends(stack, topic).values())
+    asked = ingest_cli("resnapshot", table, "-c", str(config), timeout=120)
+    assert asked.returncode == 0 and source_table in asked.stdout, asked.stdout + asked.stderr
+    deadline = time.monotonic() + 180
+    while sum(topic_ends(stack, topic).values()) < before + rows:
+        assert time.monotonic() < deadline, f"Debezium did not re-read {table} within 180 s"
+        time.sleep(2)
+    done = ingest_cli("run", "-c", str(config))
+    assert done.returncode == 0, done.stderr[-2000:]
+    verify = ingest_cli("verify", "-c", str(config), "--source-db", dsn, "--wait", "10")
+    assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -11,18 +11,17 @@ Debezium read the table again, and the next runs make it equal to PostgreSQL.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from ingest.verify.capture import wait_for_capture
 from tests.harness import ingest_cli
-from tests.stack.helpers import PREFIX, config_file, fresh_schema, stack_config
+from tests.stack.helpers import PREFIX, config_file, fresh_schema, reread_until_equal, stack_config, topic_ends
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -37,7 +36,7 @@ def test_adding_a_table_whose_topic_lost_its_beginning(stack: Any, pg_dsn: str, 
             f"CREATE TABLE {SCHEMA}.{t} (id integer PRIMARY KEY, body text)",
             f"INSERT INTO {SCHEMA}.{t} SELECT i, '{t} ' || i FROM generate_series(1, 40) i")])
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers()})
-    ends = _ends(stack, TOPICS["b"])
+    ends = topic_ends(stack, TOPICS["b"])
     assert ends, "Debezium has not created b's topic"
     cut = [TopicPartition(TOPICS["b"], p, end) for p, end in ends.items()]
     for future in admin.delete_records(cut).values():  # retention: b's first 40 inserts are gone
@@ -67,28 +66,6 @@ def test_adding_a_table_whose_topic_lost_its_beginning(stack: Any, pg_dsn: str, 
     verify = ingest_cli("verify", "-c", str(path), "--source-db", pg_dsn, "-t", "b", "--wait", "60")
     assert verify.returncode == 1 and "b" in verify.stdout, verify.stdout + verify.stderr
 
-    # Step 4: re-read the table from the database while the deployment runs.
-    before = sum(_ends(stack, TOPICS["b"]).values())
-    asked = ingest_cli("resnapshot", "b", "-c", str(path), timeout=120)
-    assert asked.returncode == 0 and f"{SCHEMA}.b" in asked.stdout, asked.stdout + asked.stderr
-
-    # Step 5: once Debezium has read b's 41 rows again into its topic, the next run applies them and
-    # verify says equal (nothing ingests after that run, so verify's wait for the tables is short).
-    deadline = time.monotonic() + 180
-    while sum(_ends(stack, TOPICS["b"]).values()) < before + 41:
-        assert time.monotonic() < deadline, "Debezium did not re-read b within 180 s"
-        time.sleep(2)
-    done = ingest_cli("run", "-c", str(path))
-    assert done.returncode == 0, done.stderr[-2000:]
-    verify = ingest_cli("verify", "-c", str(path), "--source-db", pg_dsn, "--wait", "10")
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-
-
-def _ends(stack: Any, topic: str) -> dict[int, int]:
-    """The end offset of each of ``topic``'s partitions."""
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers(), "group.id": "add-table-test"})
-    try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
-    finally:
-        consumer.close()
+    # Steps 4-5: re-read the table from the database while the deployment runs; once Debezium has read
+    # b's 41 rows again into its topic, the next run applies them and verify says equal.
+    reread_until_equal(stack, path, pg_dsn, "b", f"{SCHEMA}.b", TOPICS["b"], 41)

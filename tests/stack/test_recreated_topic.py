@@ -17,12 +17,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from ingest.cli.outcome import Exit
 from ingest.verify.capture import delete_topics, wait_for_capture
 from tests.harness import ingest_cli
-from tests.stack.helpers import PREFIX, config_file, fresh_schema, stack_config
+from tests.stack.helpers import PREFIX, config_file, fresh_schema, reread_until_equal, stack_config, topic_ends
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -37,17 +36,17 @@ def test_a_topic_created_again_stops_its_table_until_it_is_rebuilt(stack: Any, p
     path = config_file(config, tmp_path / "config.yaml")
     done = ingest_cli("run", "-c", str(path))
     assert done.returncode == 0, done.stderr[-2000:]
-    (applied,) = _ends(stack, TOPIC).values()  # the stack's topics have one partition
+    (applied,) = topic_ends(stack, TOPIC).values()  # the stack's topics have one partition
 
     delete_topics(stack.bootstrap_servers(), [TOPIC])
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"UPDATE {SCHEMA}.r SET body = 'changed' WHERE id <= 3")
     assert wait_for_capture(pg_dsn, timeout=120, on_stall=stack.unstick_capture).ok
     deadline = time.monotonic() + 120
-    while sum(_ends(stack, TOPIC).values()) < 3:
+    while sum(topic_ends(stack, TOPIC).values()) < 3:
         assert time.monotonic() < deadline, "Debezium did not write r's changes into its new topic within 120 s"
         time.sleep(1)
-    (end,) = _ends(stack, TOPIC).values()
+    (end,) = topic_ends(stack, TOPIC).values()
     assert end < applied, (end, applied)
 
     stopped = ingest_cli("run", "-c", str(path))
@@ -62,26 +61,4 @@ def test_a_topic_created_again_stops_its_table_until_it_is_rebuilt(stack: Any, p
     root = config.tables_root
     removed = subprocess.run(f"rm -rf {root}/r {root}/_cdc_tombstones/r {root}/_cdc_moves/r", shell=True, check=False)
     assert removed.returncode == 0
-    before = sum(_ends(stack, TOPIC).values())
-    asked = ingest_cli("resnapshot", "r", "-c", str(path), timeout=120)
-    assert asked.returncode == 0, asked.stdout + asked.stderr
-    deadline = time.monotonic() + 180
-    while sum(_ends(stack, TOPIC).values()) < before + 40:
-        assert time.monotonic() < deadline, "Debezium did not re-read r within 180 s"
-        time.sleep(2)
-    done = ingest_cli("run", "-c", str(path))
-    assert done.returncode == 0, done.stderr[-2000:]
-    verify = ingest_cli("verify", "-c", str(path), "--source-db", pg_dsn, "--wait", "10")
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-
-
-def _ends(stack: Any, topic: str) -> dict[int, int]:
-    """The end offset of each of ``topic``'s partitions (``{}`` while it does not exist)."""
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers(), "group.id": "recreated-topic-test"})
-    try:
-        found = consumer.list_topics(topic, timeout=30).topics.get(topic)
-        if found is None or found.error is not None:
-            return {}
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in found.partitions}
-    finally:
-        consumer.close()
+    reread_until_equal(stack, path, pg_dsn, "r", f"{SCHEMA}.r", TOPIC, 40)
