@@ -18,7 +18,8 @@ starts until it ends. The counters count what this process did: Prometheus' ``ra
   ran (a trigger that found nothing to read is left out), looked at every few seconds;
 * ``lag_records{table}``: records in the topic the table's Delta log does not hold yet, from the
   source's end offsets (asked at most every few seconds, when scraped); absent while the source does
-  not answer, and ``source_up`` is then 0 -- never a lag of 0 that is not known;
+  not answer, and ``source_up`` is then 0, and for a table whose topic ends before offsets it applied
+  (a recreated topic) -- never a lag of 0 that is not known;
 * ``lag_seconds{table}``: at the table's last commit, its Delta commit time minus the source commit
   time of the newest change it applied;
 * ``last_commit_timestamp_seconds{table}``;
@@ -221,7 +222,8 @@ class RunMetrics:
 
     def lag(self) -> tuple[dict[str, int], bool]:
         """Records each table's Delta log lacks, and whether the source answered (at most every
-        :data:`LAG_REFRESH_SECONDS`; the last answer in between)."""
+        :data:`LAG_REFRESH_SECONDS`; the last answer in between). A table whose topic ends before an
+        offset it applied (:class:`~ingest.errors.TopicBehindTableError`) has none."""
         if self._catalog is None:
             return {}, False
         with self._asking:  # one question at a time, and the tables' reports never wait for it
@@ -236,8 +238,13 @@ class RunMetrics:
         with self._lock:
             if self._ends is None:
                 return {}, False
-            return {name: sum(max(0, end - (t.last(p) + 1)) for p, end in self._ends.get(t.topic, {}).items())
-                    for name, t in self._tables.items()}, True
+            lags = {}
+            for name, t in self._tables.items():
+                ends = self._ends.get(t.topic, {})
+                if any(end <= t.last(p) for p, end in ends.items()):
+                    continue  # a topic that ends before the table is not the one it read: no lag is known
+                lags[name] = sum(end - (t.last(p) + 1) for p, end in ends.items())
+            return lags, True
 
 
 class _Lag(Collector):

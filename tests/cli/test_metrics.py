@@ -225,6 +225,10 @@ def test_lag_states_and_outcomes_as_a_scrape_shows_them(monkeypatch: pytest.Monk
         maintenance_failed(logging.getLogger("test"), "pack", "a pack failed")
         assert value(scrape(port), "cdc_ingest_maintenance_failures_total", work="pack") == failed["pack"] + 1
 
+        catalog.ends = {0: 8, 1: 4}  # tags' topic ends before offset 9, which it applied: recreated, no lag known
+        samples = scrape(port)
+        assert value(samples, "cdc_ingest_lag_records", table="tags") is None
+        assert value(samples, "cdc_ingest_lag_records", table="notes") == 1 + 2
         catalog.ends = None  # the lag is then not known: no sample, and the source is down
         samples = scrape(port)
         assert value(samples, "cdc_ingest_lag_records", table="notes") is None
