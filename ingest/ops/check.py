@@ -22,7 +22,7 @@ from typing import Final
 import pyarrow as pa
 
 from ingest import secrets
-from ingest.commit.state import load_state
+from ingest.commit.state import TableState, load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode.avro import newest_row_columns
 from ingest.decode.columnar import DecoderSpec
@@ -34,7 +34,6 @@ from ingest.ops.resnapshot import signals_for
 from ingest.quality import QualityGate
 from ingest.quality.suites import LoadedSuite, check_columns
 from ingest.source.catalog import Catalog, catalog_for
-from ingest.source.kafka_admin import KafkaAdmin
 from ingest.source.kafkalog import KafkaLog
 from ingest.source.topiclog import TopicLog
 from ingest.spark.jars import classpath_conf
@@ -60,16 +59,20 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
     """
     storage = config.target.storage.model_copy(update={"retry_seconds": 0})
     config = config.model_copy(update={"target": config.target.model_copy(update={"storage": storage})})
-    names = functools.cache(functools.partial(_topic_names, config))  # one listing for three checks
+    catalog = functools.cache(functools.partial(catalog_for, config))  # one client for every check
+    names = functools.cache(lambda: catalog().topics())  # one listing for three checks
+    states = functools.cache(lambda table: load_state(config.table_path(table)))  # one read for two checks
     failed: set[str] = set()
     source_columns = _SourceColumns(config, failed)  # asked by two checks, once per table
     steps: list[tuple[str, Callable[[IngestConfig], Check | list[Check]]]] = [
-        ("java", _java), ("jvm artifacts", _artifacts), ("source", functools.partial(_source, names=names)),
+        ("java", _java), ("jvm artifacts", _artifacts),
+        ("source", functools.partial(_source, names=names, catalog=catalog)),
         ("topics", functools.partial(_topics, names=names)), ("registry", _registry),
         ("columns", functools.partial(_columns, newest=source_columns)), ("lake", _lake),
         ("checkpoints", _checkpoints),
-        ("tables", functools.partial(_tables, source=lambda: None if "source" in failed else catalog_for(config))),
-        ("quality", functools.partial(_quality, newest=source_columns)),
+        ("tables", functools.partial(_tables, states=states,
+                                     source=lambda: None if "source" in failed else catalog())),
+        ("quality", functools.partial(_quality, states=states, newest=source_columns)),
         ("signals", functools.partial(_signals, names=names))]
     # what a step asks: when that failed, the step says so in one line instead of asking again (each
     # question waiting its timeout) or failing once per table
@@ -139,23 +142,14 @@ def _artifacts(config: IngestConfig) -> Check:
     return Check("jvm artifacts", True, f"{', '.join(connectors)}: {len(jars)} artifacts ready")
 
 
-def _source(config: IngestConfig, *, names: Callable[[], list[str]]) -> Check:
+def _source(config: IngestConfig, *, names: Callable[[], list[str]], catalog: Callable[[], Catalog]) -> Check:
     if config.source.kind != "kafka":
         return Check("source", True, f"embedded topic log at {config.log_dir}: {len(names())} topics")
     spec = config.source.kafka
     assert spec is not None
-    admin = KafkaAdmin(spec, secrets_file=str(config.secrets_path) if config.secrets_path else None)
     topics = names()
     how = spec.options.get("kafka.security.protocol", "PLAINTEXT")
-    return Check("source", True, f"{admin.describe()} answered over {how}: {len(topics)} topics")
-
-
-def _topic_names(config: IngestConfig) -> list[str]:
-    if config.source.kind != "kafka":
-        return TopicLog(config.log_dir).topics()
-    spec = config.source.kafka
-    assert spec is not None
-    return KafkaAdmin(spec, secrets_file=str(config.secrets_path) if config.secrets_path else None).topics()
+    return Check("source", True, f"{catalog().describe()} answered over {how}: {len(topics)} topics")
 
 
 def _topics(config: IngestConfig, *, names: Callable[[], list[str]]) -> list[Check]:
@@ -362,13 +356,15 @@ def _checkpoints(config: IngestConfig) -> Check:
     return _writable("checkpoints", config.checkpoint_location)
 
 
-def _tables(config: IngestConfig, *, source: Callable[[], Catalog | None]) -> list[Check]:
-    """Each table's Delta log, and whether its topic (``source``: ``None`` when the source did not answer
-    its check) still reaches the offsets the table applied: a recreated topic stops the table."""
+def _tables(config: IngestConfig, *, states: Callable[[str], TableState], source: Callable[[], Catalog | None]
+            ) -> list[Check]:
+    """Each table's Delta log (``states``), and whether its topic (``source``: ``None`` when the source
+    did not answer its check) still reaches the offsets the table applied: a recreated topic stops the
+    table."""
     out = []
     catalog = None
     for spec in config.tables:
-        state = load_state(config.table_path(spec.name))
+        state = states(spec.name)
         if state.table is None:
             out.append(Check("tables", True, f"{spec.name}: not created yet (its first run creates it)"))
             continue
@@ -383,7 +379,7 @@ def _tables(config: IngestConfig, *, source: Callable[[], Catalog | None]) -> li
     return out
 
 
-def _quality(config: IngestConfig, *, newest: ColumnsOf) -> list[Check]:
+def _quality(config: IngestConfig, *, states: Callable[[str], TableState], newest: ColumnsOf) -> list[Check]:
     """Each table's quality gate builds as a run builds it at start-up: the suite loads with Great
     Expectations, strictly, and its policy overrides name its expectations. The columns it reads must be
     the table's, as a run asks at its start, or, before the table's first commit, the columns the table
@@ -394,7 +390,7 @@ def _quality(config: IngestConfig, *, newest: ColumnsOf) -> list[Check]:
         return [Check("quality", True, "no table names an expectations suite")]
     out = []
     for spec in specs:
-        state = load_state(config.table_path(spec.name))
+        state = states(spec.name)
         try:
             gate = QualityGate.for_table(config, spec, table_columns=state.columns)
             assert gate is not None
