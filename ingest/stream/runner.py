@@ -160,7 +160,7 @@ class Runner:
             if self.metrics is not None:
                 for spec in specs:
                     self.metrics.track(spec.name, spec.topic, states[spec.name])
-            catalog = catalog_for(self.config)  # one client for the start's questions
+            catalog = catalog_for(self.config)  # one client for the topics' ends and the caught-up count
             behind = self._topics_behind(specs, states, catalog)
             specs = [s for s in specs if s.name not in behind]
             report, on_driver = None, None
