@@ -15,27 +15,20 @@ import functools
 import re
 import subprocess
 import uuid
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final
-
-import pyarrow as pa
 
 from ingest import secrets
 from ingest.commit.state import TableState, load_state
 from ingest.config import IngestConfig, TableSpec
-from ingest.decode.avro import newest_row_columns
-from ingest.decode.columnar import DecoderSpec
-from ingest.decode.registry import confluent_registry, driver_registry
+from ingest.decode.registry import confluent_registry
 from ingest.errors import ConfigError, DecodeError, IngestError, SuiteError, TopicBehindTableError, first_line
 from ingest.lake.location import LakePath, s3_client
-from ingest.model import ChangeEvent, KafkaCoordinates
 from ingest.ops.resnapshot import signals_for
+from ingest.ops.source_columns import ColumnsOf, SourceColumns, columns_from
 from ingest.quality import QualityGate
 from ingest.quality.suites import LoadedSuite, check_columns
 from ingest.source.catalog import Catalog, catalog_for
-from ingest.source.kafkalog import KafkaLog
-from ingest.source.topiclog import TopicLog
 from ingest.spark.jars import classpath_conf
 from ingest.spark.java import check_java, java_binary
 from ingest.verify.source_db import source_database
@@ -63,7 +56,7 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
     names = functools.cache(lambda: catalog().topics())  # one listing for three checks
     states = functools.cache(lambda table: load_state(config.table_path(table)))  # one read for two checks
     failed: set[str] = set()
-    source_columns = _SourceColumns(config, failed)  # asked by two checks, once per table
+    source_columns = SourceColumns(config, failed)  # asked by two checks, once per table
     steps: list[tuple[str, Callable[[IngestConfig], Check | list[Check]]]] = [
         ("java", _java), ("jvm artifacts", _artifacts),
         ("source", functools.partial(_source, names=names, catalog=catalog)),
@@ -197,7 +190,7 @@ def _columns(config: IngestConfig, *, newest: ColumnsOf) -> list[Check]:
             where, columns = newest(spec)
         except IngestError as exc:
             fix = ("check tables[].topic and source.value_format" if isinstance(exc, DecodeError)
-                   else _fix(_columns_from(config)))
+                   else _fix(columns_from(config)))
             out.append(Check("columns", False, secrets.redact(f"{spec.name}: {exc}"), fix))
             continue
         if columns is None:
@@ -210,116 +203,6 @@ def _columns(config: IngestConfig, *, newest: ColumnsOf) -> list[Check]:
             found = ", ".join(f"{setting} ({', '.join(names)})" for setting, names in named.items())
             out.append(Check("columns", True, f"{spec.name}: {found} found in the newest {where}"))
     return out
-
-
-def _columns_from(config: IngestConfig) -> str:
-    """Which check's subject says a table's source columns: the registry (Avro) or the source (JSON)."""
-    return "registry" if config.source.value_format == "avro" else "source"
-
-
-class _SourceColumns:
-    """The columns each table's source has now -- its topic's newest value schema (Avro) or newest
-    change (JSON) -- asked once per table for the checks that need them (``columns``, ``quality``),
-    through one registry client or one consumer, made at the first question and closed by :meth:`close`.
-    """
-
-    def __init__(self, config: IngestConfig, failed: Container[str]) -> None:
-        self._config = config
-        #: the check whose failure means nothing can be asked: ``registry`` (Avro) or ``source`` (JSON)
-        self.subject = _columns_from(config)
-        self._failed = failed  # the checks failed so far
-        self._log: KafkaLog | TopicLog | None = None
-        self._found: dict[str, tuple[str, tuple[str, ...] | None] | IngestError] = {}
-
-    def __call__(self, spec: TableSpec) -> tuple[str, tuple[str, ...] | None]:
-        """Where the columns were read (``schema under <subject>``) and the columns (``None``: none yet).
-
-        Raises:
-            IngestError: the registry or the source did not answer a check before, or this table's
-                first question.
-        """
-        if self.subject in self._failed:
-            raise IngestError(f"the {self.subject} did not answer")
-        if spec.name not in self._found:
-            try:
-                self._found[spec.name] = self._newest(spec)
-            except IngestError as exc:
-                self._found[spec.name] = exc
-        found = self._found[spec.name]
-        if isinstance(found, IngestError):
-            raise found
-        return found
-
-    @functools.cached_property
-    def _newest(self) -> ColumnsOf:
-        config = self._config
-        if self.subject == "registry":
-            return _newest_schema_columns(config)
-        kafka = config.source.kafka
-        secrets_file = str(config.secrets_path) if config.secrets_path else None
-        # one consumer for every read (a table's partitions, the tables)
-        self._log = (KafkaLog(kafka, secrets_file, keep_open=True) if kafka is not None
-                     else TopicLog(config.log_dir))
-        return _newest_change_columns(config, self._log)
-
-    def close(self) -> None:
-        if isinstance(self._log, KafkaLog):
-            self._log.close()
-
-
-#: Where a table's source columns were read (the newest "schema under <subject>"), and the columns
-#: (``None``: nothing holds them yet).
-ColumnsOf = Callable[[TableSpec], tuple[str, tuple[str, ...] | None]]
-
-
-def _newest_schema_columns(config: IngestConfig) -> ColumnsOf:
-    """Avro: the row columns of the schema last registered under the topic's value subject.
-
-    Raises:
-        DecodeError: the newest schema is not a Debezium change's (a wrong topic).
-    """
-    registry = driver_registry(config)
-
-    def columns(spec: TableSpec) -> tuple[str, tuple[str, ...] | None]:
-        return f"schema under {spec.topic}-value", newest_row_columns(registry, spec.topic)
-    return columns
-
-
-def _newest_change_columns(config: IngestConfig, log: KafkaLog | TopicLog) -> ColumnsOf:
-    """JSON: the row columns of the newest change among the last records of each partition of the topic
-    in ``log`` (a JSON message names its own columns; no registry holds them)."""
-    decoder = DecoderSpec.for_source(config)()  # no key override: the check is whether the key is there
-
-    def columns(spec: TableSpec) -> tuple[str, tuple[str, ...] | None]:
-        where = f"change in topic {spec.topic}"
-        if not log.exists(spec.topic):
-            return where, None
-        starts = log.start_offsets(spec.topic)
-        tails = [log.read(spec.topic, p, max(starts.get(p, 0), end - _TAIL), end)
-                 for p, end in log.end_offsets(spec.topic).items() if end > starts.get(p, 0)]
-        if not tails:
-            return where, None
-        records = pa.concat_tables(tails).sort_by([("timestamp", "descending"), ("offset", "descending")])
-        refused: list[DecodeError] = []
-        for record in records.select(["key", "value", "partition", "offset"]).to_pylist():
-            try:
-                event = decoder.decode(record["key"], record["value"],
-                                       KafkaCoordinates(spec.topic, record["partition"], record["offset"]))
-            except DecodeError as exc:
-                refused.append(exc)
-                continue
-            if isinstance(event, ChangeEvent) and event.columns:
-                return where, tuple(c.name for c in event.columns)
-        if refused:
-            raise DecodeError(f"none of the newest {records.num_rows} records of topic {spec.topic} is a change "
-                              f"as a run decodes it ({len(refused)} refused: {refused[0].reason})")
-        return where, None
-    return columns
-
-
-#: Records read from the end of each partition to find the newest change (heartbeats, tombstones
-#: and schema changes sit among them).
-_TAIL: Final = 20
 
 
 def _writable(name: str, where: LakePath) -> Check:
