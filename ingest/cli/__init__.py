@@ -1,5 +1,11 @@
 """The ``ingest`` command line (:mod:`ingest.cli.commands`).
 
+Its commands by module: :mod:`.commands` (run, status, verify, resnapshot, retype, produce),
+:mod:`.setup` (init, check), :mod:`.read` (the analysts' query, history, changes), :mod:`.quality`
+(quality and quarantine) and :mod:`.maintain`; :mod:`.verify` prints the report of ``verify
+--source-db``, and :mod:`.plugins` adds the installed extensions' commands.
+:mod:`.common` is what they share and :mod:`.outcome` how a command ends (exit code, one line).
+
 ``app`` and ``main`` are loaded on first use, so that an extension's command module may import the
 shared pieces (:mod:`ingest.cli.common`) without loading the app, which loads the extensions.
 """

@@ -3,7 +3,8 @@
 The journey of a message: the wire reader for the configured format (:mod:`.avro` for
 Confluent-framed Avro, :mod:`.jsonconv` for JsonConverter JSON) turns bytes into a record and the
 cached plan of its schema; :mod:`.envelope` reads what the record means (envelope, flattened row or
-control record) and builds the position and key; :mod:`.semantic` converts the column values. Every
+control record) and builds the position and key; :mod:`.semantic` converts the column values, and
+:mod:`.parts` gathers them in the decode step's output format. Every
 failure is a :class:`ingest.errors.DecodeError` whose reason says what was wrong, for quarantine.
 
 Use one :class:`MessageDecoder` per table (or per task) and call :meth:`MessageDecoder.decode` for
