@@ -112,10 +112,10 @@ from rich.table import Table
 from ingest.config import IngestConfig, load_config
 from ingest.decode.columnar import DecoderSpec
 from ingest.lake.layout import TablePaths
+from ingest.ops.verify_source import wait_for_tables
 from ingest.records import audit
 from ingest.source.kafkalog import KafkaLog
 from ingest.verify.capture import wait_for_capture
-from ingest.verify.source_db import wait_for_tables
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gc_probe import Collections, collections, environment

@@ -46,6 +46,25 @@ def test_a_broken_contract_is_reported(tmp_path: Path) -> None:
     assert done.returncode != 0 and "BROKEN" in done.stdout
 
 
+def namespace_packages(root: Path) -> list[str]:
+    """Folders of Python modules under ``root`` without an ``__init__.py``: the import contracts do not
+    see such a folder as a package, so a cycle through it goes unreported."""
+    return sorted(str(d.relative_to(root.parent)) for d in [root, *root.rglob("*")]
+                  if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py"))
+                  and not (d / "__init__.py").exists())
+
+
+def test_every_folder_of_the_runtime_is_a_package_the_contracts_see() -> None:
+    assert namespace_packages(RUNTIME) == []
+
+
+def test_a_folder_without_its_init_is_found(tmp_path: Path) -> None:
+    (tmp_path / "ingest" / "verify").mkdir(parents=True)
+    (tmp_path / "ingest" / "__init__.py").write_text("")
+    (tmp_path / "ingest" / "verify" / "source_db.py").write_text("")
+    assert namespace_packages(tmp_path / "ingest") == ["ingest/verify"]
+
+
 def unexplained_function_imports(path: Path) -> list[int]:
     """Lines of import statements inside functions (in any block of theirs: ``if``, ``try``, ``with``)
     that no comment explains: the first import of a run of imports needs a comment on its line or on

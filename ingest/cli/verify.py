@@ -12,7 +12,8 @@ from ingest.config import IngestConfig
 def verify_source(config: IngestConfig, dsn: str, *, wait: float, tables: list[str] | None = None) -> bool:
     """Run ``verify --source-db`` and print its report; returns whether everything is equal."""
     # the decoders, the lake and the source database's client: loaded when the command runs
-    from ingest.verify.source_db import reached, source_database, verify_source_db
+    from ingest.ops.verify_source import verify_source_db
+    from ingest.verify.source_db import reached, source_database
 
     source = source_database(dsn)
     where = source.describe(dsn)

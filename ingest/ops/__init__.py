@@ -7,6 +7,8 @@
   configuration's tables, as ``ingest maintain`` does.
 * :mod:`ingest.ops.check`: a deployment's pre-flight (``ingest check``);
   :mod:`ingest.ops.source_columns` gives it the columns each table's source delivers now.
+* :mod:`ingest.ops.verify_source`: ``ingest verify --source-db``, which waits for Debezium and the
+  tables, then compares each table with its source database (:mod:`ingest.verify`).
 * :mod:`ingest.ops.init`: a new pipeline's files (``ingest init``).
 * :mod:`ingest.ops.resnapshot`: Debezium's incremental snapshot of a table, while its stream flows.
 * :mod:`ingest.ops.retype`: a table rewritten once to follow a source's incompatible column change.

@@ -71,9 +71,9 @@ def test_kafka_topics_are_discovered_and_a_transaction_topic_is_refused(stack: A
 def test_a_whole_schema_is_discovered_ingested_while_running_and_equals_postgres(
         stack: Any, spark: Any, pg_dsn: str, tmp_path: Path) -> None:
     from ingest.lake.delta import has_deletion_vectors, open_table, read_all
+    from ingest.ops.verify_source import verify_source_db
     from ingest.stream.runner import Runner
     from ingest.verify.capture import wait_for_capture
-    from ingest.verify.source_db import verify_source_db
 
     schema = f"disc{uuid.uuid4().hex[:8]}"  # fresh topics, whatever ran on this stack before
     with psycopg.connect(pg_dsn, autocommit=True) as conn:

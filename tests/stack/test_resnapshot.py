@@ -38,10 +38,10 @@ from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError
 from ingest.ops.check import run_checks
 from ingest.ops.resnapshot import Signal, insert
+from ingest.ops.verify_source import verify_source_db
 from ingest.records import audit
 from ingest.stream.runner import Runner
 from ingest.verify.capture import delete_topics, wait_for_capture
-from ingest.verify.source_db import verify_source_db
 from tests.stack.helpers import PREFIX, avro_history, config_file, fresh_schema, stack_config, stale_reads
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]

@@ -52,8 +52,8 @@ from harness.stack_proofs.setup import reset_source, stack_config
 from psycopg import sql
 
 from ingest.config import load_config
+from ingest.ops.verify_source import verify_source_db
 from ingest.verify.capture import wait_for_capture
-from ingest.verify.source_db import verify_source_db
 
 pytestmark = pytest.mark.stack
 

@@ -3,7 +3,7 @@
 The stack's counterpart of :func:`harness.torture.consistency.check` (which needs the simulator's truth):
 
 * every table equals its PostgreSQL or MariaDB table (``verify --source-db``:
-  :func:`ingest.verify.source_db.verify_source_db`, which first waits for Debezium and for the
+  :func:`ingest.ops.verify_source.verify_source_db`, which first waits for Debezium and for the
   tables to apply their topics' end offsets);
 * no primary key twice in a Delta table;
 * every audit row balanced
@@ -26,10 +26,11 @@ from harness.postgres.schema import TABLES
 from harness.torture.consistency import ConsistencyReport, account_table
 from ingest.config import IngestConfig
 from ingest.lake.layout import TablePaths
+from ingest.ops.verify_source import SourceVerification, verify_source_db
 from ingest.records import quarantine
 from ingest.source.sources import source_for
 from ingest.verify.compare import TableVerification
-from ingest.verify.source_db import SourceVerification, source_table_of, verify_source_db
+from ingest.verify.source_db import source_table_of
 
 Say = Callable[[str], None]
 _SHOP_KEYS = {t.name: t.key for t in TABLES}

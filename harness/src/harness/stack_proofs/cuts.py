@@ -41,10 +41,10 @@ from ingest.config import IngestConfig, load_config
 from ingest.cuts import store
 from ingest.cuts.transactions import TransactionTopic
 from ingest.errors import IngestError, first_line
+from ingest.ops.verify_source import verify_source_db
 from ingest.read.consistent import run_consistent
 from ingest.read.query import run_sql
 from ingest.verify.capture import wait_for_capture
-from ingest.verify.source_db import verify_source_db
 
 #: Seconds after a fault began during which its transactions are not steady-state samples.
 SETTLE = 45.0

@@ -36,8 +36,9 @@ from harness.postgres import schema as pg_schema
 from harness.postgres.workload import WorkloadReport, WorkloadSpec, run_workload
 from ingest.config import IngestConfig
 from ingest.errors import IngestError
+from ingest.ops.verify_source import SourceVerification, verify_source_db
 from ingest.verify.capture import CaptureResult, delete_topics, wait_for_capture
-from ingest.verify.source_db import SourceVerification, source_table_of, verify_source_db
+from ingest.verify.source_db import source_table_of
 
 Say = Callable[[str], None]
 #: What an engine workdir holds; a directory with anything else in it is not removed.
