@@ -54,6 +54,11 @@ and alike the batches during which the table's remembered deletes were packed (a
 The measured connector runs with Debezium's ``poll.interval.ms`` at 50 ms (the stack's keep
 Debezium's 500 ms: see ``docs/operations.md``); ``--poll-ms 500,50`` runs each case once per value,
 taking turns, and the connector is registered as the stack configures it at the end.
+``--engine-cpus all,1`` runs each case once per value, taking turns: ``all`` leaves the scheduler alone;
+a CPU list (``1``, ``2-3``, ``0+2``) puts the engine (its Python driver, its JVM and its Python workers) on those
+CPUs and every other process of the machine -- the stack, the load generators, this script -- on the
+rest, for the run; the figures then show what the changes wait for when the engine does not share its
+cores with the stack and the load.
 ``--baseline REV`` runs each case also with the engine of an earlier commit (checked out beside, in
 the work directory), taking turns with this checkout's: everything else -- the stack, the load and
 the measurement -- is this checkout's. The figures go to a result file (``benchmarks/results/``) for
@@ -64,6 +69,7 @@ the measurement -- is this checkout's. The figures go to a result file (``benchm
     .venv/bin/python benchmarks/bench_latency.py --rates 500 --trigger 0.25  # a short trigger
     .venv/bin/python benchmarks/bench_latency.py --tables one --rates 500 --poll-ms 500,50   # Debezium's poll
     .venv/bin/python benchmarks/bench_latency.py --rates 500 --trigger 0.25 --baseline HEAD~1  # an engine change
+    .venv/bin/python benchmarks/bench_latency.py --tables one --rates 500 --engine-cpus all,1  # cores not shared
 """
 
 from __future__ import annotations
@@ -180,6 +186,8 @@ class RateResult:
     run: int
     poll_ms: int
     engine: str
+    #: the engine's CPUs (``all``: not pinned, the machine's cores shared with the stack and the load)
+    engine_cpus: str
     target: float
     generators: int
     achieved: float
@@ -280,11 +288,12 @@ def arrivals(config: IngestConfig, rows: object) -> dict[tuple[str, int, int], t
 
 
 def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Namespace,
-            poll_ms: int, engine: Engine = THIS_CHECKOUT) -> RateResult:
+            poll_ms: int, engine: Engine = THIS_CHECKOUT, engine_cpus: str = "all") -> RateResult:
     """One run at one rate with one table set (see the module docstring), with Debezium's
-    ``poll.interval.ms`` at ``poll_ms``, of ``engine``."""
+    ``poll.interval.ms`` at ``poll_ms``, of ``engine``, on ``engine_cpus`` (a CPU list, or ``all``)."""
     dsn = stack.pg_dsn()  # type: ignore[attr-defined]
-    workdir = args.workdir / f"{tables}-rate-{int(rate)}-run-{run}" / f"poll-{poll_ms}" / engine.name.replace(" ", "-")
+    workdir = (args.workdir / f"{tables}-rate-{int(rate)}-run-{run}" / f"poll-{poll_ms}"
+               / engine.name.replace(" ", "-") / f"cpus-{engine_cpus}")
     poll(stack, args.format, poll_ms)
     shutil.rmtree(workdir, ignore_errors=True)
     reset_source(stack, SCHEMA, say=console.print)
@@ -299,8 +308,12 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
     probe = workdir / "gc-probe"
     process = IngestProcess(config_path, workdir / "logs", engine_environment(stack, **environment(probe)),
                             cwd=engine.cwd, args=("--metrics-port", str(port)))
+    cores = CoreSplit.of(engine_cpus)
+    cores.others()  # the engine's process starts from this one: on the other CPUs, until it is moved
     process.start()
     try:
+        assert process.pid is not None
+        cores.engine(process.pid)
         # the catalog's topics exist once Debezium has captured it: before, they have no end offsets to wait for
         wait_for_capture(dsn, timeout=600, say=console.print)
         catch_up = wait_for_tables(config, list(config.tables), wait=600, say=console.print)
@@ -331,6 +344,7 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
             raise SystemExit(f"the {other} connector did not catch up after the load: {rest.problem}")
     finally:
         process.stop(timeout=60)
+        cores.release()
     since = datetime.fromtimestamp(start_at + args.warmup, UTC)
     until = datetime.fromtimestamp(start_at + duration, UTC)
     items = config.table_path("order_items")
@@ -353,7 +367,8 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
     committed = sum(r.committed_changes for r in reports)
     seconds = max(r.seconds for r in reports)
     return RateResult(
-        tables=tables, run=run, poll_ms=poll_ms, engine=engine.name, target=rate, generators=generators,
+        tables=tables, run=run, poll_ms=poll_ms, engine=engine.name, engine_cpus=engine_cpus, target=rate,
+        generators=generators,
         achieved=committed / seconds,
         per_generator=[r.rate for r in reports], engine_rate=received / args.measure,
         p50=lat.percentile(50), p95=lat.percentile(95), p99=lat.percentile(99), rows=len(lat.values),
@@ -373,6 +388,80 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
         full_collections=collections(probe, start_at + args.warmup, start_at + duration),
         stack_pauses={server: pauses(stack.component(server).dir,  # type: ignore[attr-defined]
                                      start_at + args.warmup, start_at + duration) for server in STACK_JVMS})
+
+
+@dataclass(frozen=True)
+class CoreSplit:
+    """The machine's CPUs split between the engine and everything else, for one run (``--engine-cpus``).
+
+    Affinity is set per thread (every task of a process); a thread or process started later takes its
+    parent's, so the engine's JVM and Python workers follow its driver.
+    """
+
+    #: the engine's CPUs (empty: nothing is pinned)
+    mine: frozenset[int]
+
+    @staticmethod
+    def of(spec: str) -> CoreSplit:
+        if spec == "all":
+            return CoreSplit(frozenset())
+        cpus: set[int] = set()
+        for part in spec.split("+"):
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+        if not cpus < os.sched_getaffinity(0):
+            raise SystemExit(f"--engine-cpus {spec}: leave at least one of CPUs "
+                             f"{sorted(os.sched_getaffinity(0))} to the stack and the load")
+        return CoreSplit(frozenset(cpus))
+
+    def others(self) -> None:
+        """Every process of the machine onto the CPUs the engine does not take."""
+        if self.mine:
+            _pin(_every_pid(), _all_cpus() - self.mine)
+
+    def engine(self, pid: int) -> None:
+        """The engine's process and its children onto its CPUs."""
+        if self.mine:
+            _pin(_tree(pid), set(self.mine))
+
+    def release(self) -> None:
+        """Every process of the machine onto every CPU again."""
+        if self.mine:
+            _pin(_every_pid(), _all_cpus())
+
+
+def _all_cpus() -> set[int]:
+    return set(range(os.cpu_count() or 1))
+
+
+def _every_pid() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and its descendants, from each process's parent in ``/proc/<pid>/stat``."""
+    parents: dict[int, int] = {}
+    for pid in _every_pid():
+        try:
+            # the fourth field, after the command in parentheses (which may hold spaces)
+            parents[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, grown = {root}, True
+    while grown:
+        found = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= found
+        grown = bool(found)
+    return sorted(tree)
+
+
+def _pin(pids: list[int], cpus: set[int]) -> None:
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                os.sched_setaffinity(int(task.name), cpus)
+            except OSError:  # a kernel thread, or a thread that ended meanwhile
+                continue
 
 
 def poll(stack: object, value_format: str, poll_ms: int | None) -> None:
@@ -545,6 +634,10 @@ def _stack_pauses(seen: Pauses | None, seconds: float) -> str:
     return _pauses(Collections(seen.count, seen.milliseconds, 1), seconds, seen.longest)
 
 
+def _cpus(spec: str) -> str:
+    return "cores shared" if spec == "all" else f"engine on CPU {spec}, the rest on the others"
+
+
 def _poll(ms: int) -> str:
     return f"{ms} ms"
 
@@ -568,6 +661,10 @@ def main() -> None:
     parser.add_argument("--poll-ms", default="50",
                         help="Debezium's poll.interval.ms for the measured connector, comma separated to compare "
                              "settings run by run (the stack's connectors keep Debezium's 500)")
+    parser.add_argument("--engine-cpus", default="all",
+                        help="the engine's CPUs for a run (1, 2-3 or 0+2; all: not pinned), comma "
+                             "separated to compare settings run by run; the stack, the load and this script "
+                             "take the others")
     parser.add_argument("--baseline", default=None, metavar="REV",
                         help="also run the engine of this git revision, taking turns with this checkout's")
     parser.add_argument("--workdir", type=Path, default=Path("bench-work/latency"))
@@ -584,21 +681,24 @@ def main() -> None:
     stack.wait_connectors()
     os.environ.update(stack.engine_env())
     polls = [int(p) for p in args.poll_ms.split(",")]
+    splits = args.engine_cpus.split(",")
+    for split in splits:
+        CoreSplit.of(split)  # refuses a bad list before the first run
     engines = [baseline_engine(args.baseline, args.workdir), THIS_CHECKOUT] if args.baseline else [THIS_CHECKOUT]
     try:
-        results = [measure(stack, tables, float(rate), run, args, poll_ms, engine)
+        results = [measure(stack, tables, float(rate), run, args, poll_ms, engine, cpus)
                    for tables in sets for rate in args.rates.split(",") for run in range(1, args.runs + 1)
-                   for poll_ms in polls for engine in engines]
+                   for poll_ms in polls for engine in engines for cpus in splits]
     finally:
         poll(stack, args.format, None)
         for engine in engines:
             remove_engine(engine)
 
-    several = {"poll": len(polls) > 1, "engine from": len(engines) > 1}
+    several = {"poll": len(polls) > 1, "engine from": len(engines) > 1, "engine CPUs": len(splits) > 1}
     keys = ["tables", "target rate", "run", *(k for k, shown in several.items() if shown)]
 
     def key(r: RateResult) -> list[str]:
-        shown = {"poll": _poll(r.poll_ms), "engine from": r.engine}
+        shown = {"poll": _poll(r.poll_ms), "engine from": r.engine, "engine CPUs": _cpus(r.engine_cpus)}
         return [r.tables, f"{r.target:,.0f}/s", str(r.run), *(v for k, v in shown.items() if several[k])]
 
     def table(title: str, columns: tuple[str, ...]) -> Table:
@@ -630,6 +730,7 @@ def main() -> None:
     for r in results:
         name = f"{r.tables}, {r.target:,.0f}/s, " + (f"poll {r.poll_ms} ms, " if several["poll"] else "") + \
             (f"engine {r.engine}, " if several["engine from"] else "") + \
+            (f"{_cpus(r.engine_cpus)}, " if several["engine CPUs"] else "") + \
             f"run {r.run}"
         ratio = r.p99 / r.p50 if r.p50 and r.p99 is not None else None
         ends = None if r.batch_ends is None else f"{r.batch_ends[0] / 1000:.2f} / {r.batch_ends[1] / 1000:.2f}"

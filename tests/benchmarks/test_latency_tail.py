@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, write_deltalake
 from harness.cpu import busy_seconds, cpu_shares, cpu_ticks
 from harness.latency import CommitIndex, compaction_times
@@ -116,9 +119,9 @@ def test_a_commit_index_keeps_each_commits_time_by_version() -> None:
 def _result(**figures: Any) -> Any:
     """A run's result with its latency and batch figures (ms) as given, the rest of no concern."""
     return bench_latency.RateResult(
-        tables="one", run=1, poll_ms=50, engine="this checkout", target=500, generators=1, achieved=500,
-        per_generator=[500], engine_rate=500, p95=900, rows=1, unmatched=0, drain_seconds=1, caught_up=True,
-        failed_transactions=0, trigger_ms=250, batch_ends=None, copied_ends=None, stages={}, tail={},
+        tables="one", run=1, poll_ms=50, engine="this checkout", engine_cpus="all", target=500, generators=1,
+        achieved=500, per_generator=[500], engine_rate=500, p95=900, rows=1, unmatched=0, drain_seconds=1,
+        caught_up=True, failed_transactions=0, trigger_ms=250, batch_ends=None, copied_ends=None, stages={}, tail={},
         spark_steps={}, full_collections={}, **figures)
 
 
@@ -172,3 +175,30 @@ def test_the_machines_cpu_in_the_window_is_taken_from_two_readings_of_proc_stat(
     assert cpu_shares(after, after) is None
     total, busy, steal = cpu_ticks()  # this machine's, now
     assert 0 <= steal <= busy <= total and busy_seconds() >= 0
+
+
+def test_a_core_split_reads_cpu_lists_and_keeps_a_cpu_for_the_rest() -> None:
+    assert bench_latency.CoreSplit.of("all").mine == frozenset()
+    if len(os.sched_getaffinity(0)) < 2:
+        return  # one CPU: no list leaves one to the rest
+    assert bench_latency.CoreSplit.of("1").mine == {1}
+    assert bench_latency.CoreSplit.of("1-1+1").mine == {1}
+    with pytest.raises(SystemExit, match="leave at least one"):
+        bench_latency.CoreSplit.of(f"0-{max(os.sched_getaffinity(0))}")
+
+
+def test_the_engine_and_the_children_it_starts_later_take_its_cpus() -> None:
+    split = bench_latency.CoreSplit.of("all" if len(os.sched_getaffinity(0)) < 2 else "1")
+    # a parent that starts its child only after it was moved, as the engine starts its JVM
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; time.sleep(1); "
+                               "subprocess.run([sys.executable, '-c', 'import time; time.sleep(5)'])"])
+    try:
+        split.engine(parent.pid)
+        time.sleep(2)
+        tree = bench_latency._tree(parent.pid)
+        assert len(tree) == 2
+        want = set(split.mine) or os.sched_getaffinity(0)
+        assert [os.sched_getaffinity(pid) for pid in tree] == [want, want]
+    finally:
+        parent.kill()
+        parent.wait()
