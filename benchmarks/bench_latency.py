@@ -310,8 +310,8 @@ def measure(stack: object, tables: str, rate: float, run: int, args: argparse.Na
                             cwd=engine.cwd, args=("--metrics-port", str(port)))
     cores = CoreSplit.of(engine_cpus)
     cores.others()  # the engine's process starts from this one: on the other CPUs, until it is moved
-    process.start()
     try:
+        process.start()
         assert process.pid is not None
         cores.engine(process.pid)
         # the catalog's topics exist once Debezium has captured it: before, they have no end offsets to wait for

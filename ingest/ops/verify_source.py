@@ -25,9 +25,7 @@ from ingest.config import IngestConfig, TableSpec
 from ingest.ops.status import table_status
 from ingest.source.catalog import catalog_for
 from ingest.verify.captured import CaptureResult
-from ingest.verify.source_db import TableCheck, check_table, source_database
-
-Say = Callable[[str], None]
+from ingest.verify.source_db import Say, TableCheck, check_table, source_database
 
 
 @dataclass

@@ -194,8 +194,9 @@ def test_the_engine_and_the_children_it_starts_later_take_its_cpus() -> None:
                                "subprocess.run([sys.executable, '-c', 'import time; time.sleep(5)'])"])
     try:
         split.engine(parent.pid)
-        time.sleep(2)
-        tree = bench_latency._tree(parent.pid)
+        deadline = time.monotonic() + 30
+        while len(tree := bench_latency._tree(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert len(tree) == 2
         want = set(split.mine) or os.sched_getaffinity(0)
         assert [os.sched_getaffinity(pid) for pid in tree] == [want, want]
