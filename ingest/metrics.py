@@ -56,6 +56,7 @@ from ingest.errors import (
     TableLockedError,
     is_unavailability,
 )
+from ingest.model import ends_before
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -241,7 +242,7 @@ class RunMetrics:
             lags = {}
             for name, t in self._tables.items():
                 ends = self._ends.get(t.topic, {})
-                if any(end <= t.last(p) for p, end in ends.items()):
+                if ends_before(ends, t.last):
                     continue  # a topic that ends before the table is not the one it read: no lag is known
                 lags[name] = sum(end - (t.last(p) + 1) for p, end in ends.items())
             return lags, True

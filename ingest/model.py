@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import builtins
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple, TypeVar
 
 Op = Literal["c", "u", "d", "r", "t"]
 ControlKind = Literal["tombstone", "heartbeat", "schema_change", "transaction", "message"]
@@ -178,6 +179,21 @@ class KafkaCoordinates(NamedTuple):
     partition: int
     offset: int
     timestamp_ms: int | None = None
+
+
+_P = TypeVar("_P", int, str)  # a partition: its number, or as Kafka's JSON names it
+
+
+def ends_before(ends: Mapping[_P, int], applied: Callable[[_P], int | None]) -> dict[_P, tuple[int, int]]:
+    """The partitions of a topic that end (``ends``: the next offset of each) at or before the last offset
+    ``applied`` gives for them (``None``: none), as ``partition -> (that offset, the end)``.
+
+    Kafka keeps a topic's offsets through retention and compaction, and its end offsets only grow, so
+    such a topic is not the one that was read: it was deleted and created again, or it is another
+    cluster's (:class:`ingest.errors.TopicBehindTableError`).
+    """
+    return {p: (done, end) for p, end in sorted(ends.items())
+            if (done := applied(p)) is not None and end <= done}
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from ingest.commit.remembered import RememberedDeletes
 from ingest.lake.delta import has_deletion_vectors, latest_table, table_schema
 from ingest.lake.location import Location
 from ingest.lake.side import SideTable
-from ingest.model import ColumnSpec, SourceMark
+from ingest.model import ColumnSpec, SourceMark, ends_before
 
 if TYPE_CHECKING:
     from ingest.lake.layout import TablePaths
@@ -93,8 +93,7 @@ class TableState:
         """The partitions of ``topic`` that end (``ends``: next offset per partition) at or before an offset
         this table applied, as a deleted and recreated topic does (:class:`~ingest.errors.TopicBehindTableError`):
         partition -> (the last offset applied, the end offset)."""
-        return {p: (applied, end) for p, end in sorted(ends.items())
-                if (applied := self.applied_offset(topic, p)) is not None and end <= applied}
+        return ends_before(ends, lambda p: self.applied_offset(topic, p))
 
     @property
     def deletion_vectors(self) -> bool:

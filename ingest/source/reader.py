@@ -36,6 +36,7 @@ from ingest import logs, secrets
 from ingest.config import KafkaSpec
 from ingest.errors import SourceUnavailableError, TopicLogError
 from ingest.heap import freeze_start_up
+from ingest.model import ends_before
 from ingest.source.kafkalog import KEPT_READ, DataLossError, KafkaLog
 from ingest.source.topiclog import KAFKA_ROW_SCHEMA, TopicLog
 
@@ -255,13 +256,15 @@ def _refuse_ends_before(start: Offsets, ends: Offsets) -> None:
         DataLossError: such a partition (terminal: the query stops).
     """
     for topic, parts in sorted(ends.items()):
-        for p, end in sorted(parts.items()):
-            if end < (reads := start.get(topic, {}).get(p, 0)):
-                raise DataLossError(
-                    f"topic {topic} partition {p} ends at offset {end - 1}, before offset {reads} the stream reads "
-                    "next: the topic was deleted and created again, or the broker lost records. Start the run again: "
-                    "its start stops the table of this topic and runs the others "
-                    "(docs/operations.md#a-topic-that-ends-before-its-table)")
+        read = start.get(topic, {})
+        # the last offset read is the one before the next, which a partition not read yet has at 0
+        if behind := ends_before(parts, {p: read.get(p, 0) - 1 for p in parts}.get):
+            p, (done, end) = next(iter(behind.items()))
+            raise DataLossError(
+                f"topic {topic} partition {p} ends at offset {end - 1}, before offset {done + 1} the stream reads "
+                "next: the topic was deleted and created again, or the broker lost records. Start the run again: "
+                "its start stops the table of this topic and runs the others "
+                "(docs/operations.md#a-topic-that-ends-before-its-table)")
 
 
 def _share(lag: dict[tuple[str, str], int], budget: int) -> dict[tuple[str, str], int]:
