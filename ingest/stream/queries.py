@@ -347,8 +347,8 @@ class StreamingRun:
             if is_cancellation(real or failure):
                 continue  # the run was stopped mid-batch (Ctrl-C): no table failed, the next run applies it
             outside = None if real else unavailability_in(str(failure))
-            text = (f"{type(real).__name__}: {real}" if real
-                    else outside or secrets.redact(engine_error_in(str(failure)) or "") or _short(failure))
+            text = f"{type(real).__name__}: {real}" if real else (
+                outside or engine_error_in(str(failure)) or _short(failure))
             for spec in q.specs:
                 if not report.tables[spec.name].error:
                     report.tables[spec.name].error = secrets.redact(text)
