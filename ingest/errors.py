@@ -163,9 +163,10 @@ class RegistryUnavailableError(IngestError):
 
     @property
     def refused(self) -> bool:
-        """The registry answered and refused the credentials (HTTP 401 or 403), as
-        :attr:`SourceUnavailableError.refused` says of the source: waiting does not mend it."""
-        return self.status in (401, 403)
+        """The registry answered, and waiting does not mend its answer, as
+        :attr:`SourceUnavailableError.refused` says of the source: it refused the credentials (HTTP 401
+        or 403), or the URL leads to no registry API (404 without the registry's error code)."""
+        return self.status in (401, 403, 404)
 
 
 class SourceUnavailableError(IngestError):

@@ -1,5 +1,6 @@
 """A Confluent-compatible schema registry on loopback for tests: basic auth, the ``schemas/ids/<id>``
-lookup, and an outage mode that answers every request with one status (nginx's 502 while the
+lookup (a path outside ``schemas/`` and ``subjects/`` is not found as a web server says it, without a
+registry's error code), and an outage mode that answers every request with one status (nginx's 502 while the
 registry behind it restarts, say). It serves what is registered in a local embedded registry once
 :meth:`FakeRegistry.publish` is called, and records the paths it was asked."""
 
@@ -28,6 +29,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Authorization") != expected:
             return self._reply(401, {"error_code": 40101, "message": "Unauthorized"})
         parts = urlsplit(self.path).path.strip("/").split("/")
+        if parts[0] not in ("schemas", "subjects"):  # no registry API here: a web server's own 404
+            return self._reply(404, {"status": 404, "title": f"Could not find resource for {self.path}"})
         if parts[:2] == ["schemas", "ids"] and parts[2].isdigit() and int(parts[2]) in fake.schemas:
             return self._reply(200, {"schema": json.dumps(fake.schemas[int(parts[2])])})
         return self._reply(404, {"error_code": 40403, "message": "Schema not found"})

@@ -87,6 +87,20 @@ def test_a_refused_registry_login_ends_the_run_before_spark(tmp_path: Path, refu
     assert asked and all(p.startswith(f"/subjects/{TOPIC}-value") for p in asked), asked
 
 
+def test_a_registry_url_without_its_api_ends_the_run_before_spark(tmp_path: Path, refusing: FakeRegistry) -> None:
+    """Apicurio's root instead of its ``/apis/ccompat/v7``: every question is a web server's 404. The run
+    used to take each as "no such schema", quarantine every record and exit 0."""
+    path = _config(tmp_path, f"{refusing.url}/elsewhere")
+    produce(load_config(path), TOPIC, [("c", {"id": 1, "body": "one"}, 10)])
+
+    result = _run(path, {**os.environ, "SCHEMA_REGISTRY_USER_INFO": "ingest:the-password"})
+    assert result["code"] == 3, result["output"]
+    assert (f"schema registry {refusing.url}/elsewhere has no Confluent-compatible API: HTTP 404 for subject "
+            f"{TOPIC}-value") in result["output"], result["output"]
+    assert "Traceback" not in result["output"] and result["loaded"] == [], result
+    assert not (load_config(path).tables_root / "_cdc_quarantine").exists()
+
+
 @pytest.mark.parametrize("answer", ["none", 502])
 def test_a_registry_outage_at_the_start_is_left_to_the_run(tmp_path: Path, answer: str | int,
                                                           caplog: pytest.LogCaptureFixture, refused_port: int) -> None:

@@ -79,7 +79,8 @@ class RegistrySpec(Model):
         "embedded", description="embedded files or a Confluent-compatible registry"
     )
     dir: Path = Field(Path("schemas"), description="embedded: directory of the registry, relative to workdir")
-    url: str | None = Field(None, description="confluent: registry URL")
+    url: str | None = Field(None, description="confluent: the root of the registry's Confluent-compatible API "
+                                              "(Apicurio's ends in /apis/ccompat/v7)")
     credentials_env: str = Field(
         "SCHEMA_REGISTRY_USER_INFO",
         description="confluent: name of the environment variable holding 'user:password' (never the secret itself)",

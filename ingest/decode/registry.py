@@ -155,8 +155,9 @@ class ConfluentSchemaRegistry:
     """Adapter over ``confluent_kafka.schema_registry.SchemaRegistryClient`` for production registries.
 
     Credentials come from the environment or the secrets file (:meth:`from_settings`), never from
-    the configuration or code. Only "this id does not exist" (HTTP 404) is the message's fault and
-    ends in quarantine; any other failure (unreachable, 401/403, 5xx) raises
+    the configuration or code. Only the registry's "this id does not exist" (HTTP 404 with its error
+    code) is the message's fault and ends in quarantine; any other failure (unreachable, 401/403, 5xx,
+    a 404 from a URL without the registry's API) raises
     :class:`RegistryUnavailableError` with a redacted message, so the batch fails and nothing is
     quarantined for a registry outage.
     """
@@ -166,7 +167,9 @@ class ConfluentSchemaRegistry:
         from confluent_kafka.schema_registry import SchemaRegistryClient
 
         _register_url_credentials(str(client_config.get("url", "")))
-        self._where = urlsplit(str(client_config.get("url", ""))).netloc.rpartition("@")[2] or "(no url)"
+        url = urlsplit(str(client_config.get("url", "")))
+        self._where = url.netloc.rpartition("@")[2] or "(no url)"
+        self._url = f"{url.scheme}://{self._where}{url.path}"  # as configured, without credentials
         secrets.register(client_config.get("basic.auth.user.info"))
         try:
             self._client = SchemaRegistryClient(client_config)
@@ -197,6 +200,17 @@ class ConfluentSchemaRegistry:
         return RegistryUnavailableError(secrets.redact(
             f"schema registry {self._where} unreachable while {doing}: {cause}"))
 
+    def _refused(self, asked: str, exc: Any) -> RegistryUnavailableError:
+        """The registry answered the question about ``asked`` with an error other than its "not found"."""
+        if exc.http_status_code == 404:  # not the registry's 404: the URL does not lead to its API
+            return RegistryUnavailableError(secrets.redact(
+                f"schema registry {self._url} has no Confluent-compatible API: HTTP 404 for {asked}, without "
+                "a registry's error code (source.registry.url names the API's root; Apicurio's ends in "
+                "/apis/ccompat/v7)"), status=404)
+        return RegistryUnavailableError(secrets.redact(
+            f"schema registry refused {asked}: HTTP {exc.http_status_code} {exc.error_message}"
+        ), status=exc.http_status_code)
+
     def get_schema(self, schema_id: int) -> dict[str, Any]:
         # the registry client (about 1 s to import): only for a Confluent-compatible registry
         from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
@@ -205,11 +219,9 @@ class ConfluentSchemaRegistry:
             try:
                 schema = self._client.get_schema(schema_id)
             except ClientError as exc:
-                if exc.http_status_code == 404:
+                if _not_found(exc):
                     raise SchemaRegistryError(f"schema id {schema_id} is not in the registry") from None
-                raise RegistryUnavailableError(secrets.redact(
-                    f"schema registry refused schema id {schema_id}: HTTP {exc.http_status_code} {exc.error_message}"
-                ), status=exc.http_status_code) from None
+                raise self._refused(f"schema id {schema_id}", exc) from None
             except Exception as exc:  # httpx transport errors and the like: the registry is not there
                 raise self._unreachable(f"fetching schema id {schema_id}", exc) from None
             try:
@@ -237,9 +249,9 @@ class ConfluentSchemaRegistry:
         try:
             registered = self._client.get_latest_version(subject)
         except ClientError as exc:
-            if exc.http_status_code == 404:
+            if _not_found(exc):
                 return None
-            raise _refused(subject, exc) from None
+            raise self._refused(f"subject {subject}", exc) from None
         except Exception as exc:  # httpx transport errors and the like: the registry is not there
             raise self._unreachable(f"reading subject {subject}", exc) from None
         try:
@@ -272,19 +284,18 @@ class ConfluentSchemaRegistry:
                     schema_id, text = self._versions[key]
                     found[schema_id] = text
             except ClientError as exc:
-                if exc.http_status_code == 404:
+                if _not_found(exc):
                     continue
-                raise _refused(subject, exc) from None
+                raise self._refused(f"subject {subject}", exc) from None
             except Exception as exc:
                 raise self._unreachable(f"listing subject {subject}", exc) from None
         return found
 
 
-def _refused(subject: str, exc: Any) -> RegistryUnavailableError:
-    """The registry answered a question about ``subject`` with an error other than "not found"."""
-    return RegistryUnavailableError(secrets.redact(
-        f"schema registry refused subject {subject}: HTTP {exc.http_status_code} {exc.error_message}"
-    ), status=exc.http_status_code)
+def _not_found(exc: Any) -> bool:
+    """The registry's own "not found": HTTP 404 with a Confluent error code 404xx (40401 subject, 40402
+    version, 40403 schema). A 404 without one comes from a server with no registry API at that path."""
+    return exc.http_status_code == 404 and isinstance(exc.error_code, int) and exc.error_code // 100 == 404
 
 
 def confluent_registry(config: IngestConfig) -> ConfluentSchemaRegistry | None:

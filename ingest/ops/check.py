@@ -15,7 +15,7 @@ import functools
 import re
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
 from ingest import secrets
@@ -65,7 +65,7 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
         ("checkpoints", _checkpoints),
         ("tables", functools.partial(_tables, states=states,
                                      source=lambda: None if "source" in failed else catalog())),
-        ("quality", functools.partial(_quality, states=states, newest=source_columns)),
+        ("quality", functools.partial(_quality, states=states, newest=source_columns, failed=failed)),
         ("signals", functools.partial(_signals, names=names))]
     # what a step asks: when that failed, the step says so in one line instead of asking again (each
     # question waiting its timeout) or failing once per table
@@ -77,7 +77,7 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
             if not only(name):
                 continue
             if (needed := asks.get(name)) in failed:
-                yield Check(name, False, f"not checked: the {needed} did not answer", _fix(needed))
+                yield Check(name, False, f"not checked: the {needed} check failed", _fix(needed))
                 continue
             try:
                 found = step(config)
@@ -262,22 +262,26 @@ def _tables(config: IngestConfig, *, states: Callable[[str], TableState], source
     return out
 
 
-def _quality(config: IngestConfig, *, states: Callable[[str], TableState], newest: ColumnsOf) -> list[Check]:
+def _quality(config: IngestConfig, *, states: Callable[[str], TableState], newest: ColumnsOf,
+             failed: Container[str]) -> list[Check]:
     """Each table's quality gate builds as a run builds it at start-up: the suite loads with Great
     Expectations, strictly, and its policy overrides name its expectations. The columns it reads must be
     the table's, as a run asks at its start, or, before the table's first commit, the columns the table
     will take from its source's newest schema or change (``newest``), which a run would otherwise find
-    missing at its first batch."""
+    missing at its first batch. When the lake's check ``failed``, the suites still load, and their
+    columns are not checked: whether a table exists, and with which columns, is the lake's to say."""
     specs = [spec for spec in config.tables if spec.expectations]
     if not specs:
         return [Check("quality", True, "no table names an expectations suite")]
+    lake = "lake" not in failed
     out = []
     for spec in specs:
-        state = states(spec.name)
+        columns = states(spec.name).columns if lake else None
         try:
-            gate = QualityGate.for_table(config, spec, table_columns=state.columns)
+            gate = QualityGate.for_table(config, spec, table_columns=columns)
             assert gate is not None
-            fits = ("; the table has the columns it reads" if state.columns is not None
+            fits = ("; the columns it reads not checked: the lake check failed" if not lake
+                    else "; the table has the columns it reads" if columns is not None
                     else _suite_fits_source(spec, gate.suite, newest))
         except SuiteError as exc:
             out.append(Check("quality", False, f"{spec.name}: {exc}", _fix("quality")))

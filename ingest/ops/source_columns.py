@@ -51,11 +51,11 @@ class SourceColumns:
         """Where the columns were read (``schema under <subject>``) and the columns (``None``: none yet).
 
         Raises:
-            IngestError: the registry or the source did not answer a check before, or this table's
+            IngestError: the registry's or the source's check failed before, or this table's
                 first question.
         """
         if self.subject in self._failed:
-            raise IngestError(f"the {self.subject} did not answer")
+            raise IngestError(f"the {self.subject} check failed")
         if spec.name not in self._found:
             try:
                 self._found[spec.name] = self._newest(spec)

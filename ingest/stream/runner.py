@@ -135,7 +135,7 @@ class Runner:
             TableLockedError: another process is writing one of the tables.
             SourceUnavailableError: the Kafka cluster does not answer or refuses the credentials.
             RegistryUnavailableError: a table has work and the registry of its Avro records refuses the
-                credentials (asked before Spark starts).
+                credentials, or its URL leads to no registry API (asked before Spark starts).
         """
         self._draining = mode != "continuous"
         discovering = not tables and self.config.discover is not None
@@ -259,15 +259,16 @@ class Runner:
                  )(catalog.topics)
 
     def _ask_registry(self, specs: list[TableSpec]) -> None:
-        """A question to the registry of Avro records before Spark starts: a refused login fails the run
-        here, in a second, with the registry's answer, instead of after the session's start and the
-        first batch's retries. A registry that does not answer (or answers 5xx) is an outage, which the
-        run rides out as any other (docs/operations.md): it goes on, with a warning. The question is the
-        newest schema of each table that names columns, and a column it lacks is said at once
-        (:func:`_say_missing_columns`).
+        """A question to the registry of Avro records before Spark starts: a refused login, or a URL
+        without the registry's API, fails the run here, in a second, with the registry's answer,
+        instead of after the session's start and the first batch's retries. A registry that does not
+        answer (or answers 5xx) is an outage, which the run rides out as any other
+        (docs/operations.md): it goes on, with a warning. The question is the newest schema of each
+        table that names columns, and a column it lacks is said at once (:func:`_say_missing_columns`).
 
         Raises:
-            RegistryUnavailableError: the registry refused the credentials (HTTP 401 or 403).
+            RegistryUnavailableError: the registry refused the credentials (HTTP 401 or 403), or its URL
+                leads to no registry API (HTTP 404 without the registry's error code).
         """
         if self.config.source.value_format != "avro" or not specs:
             return

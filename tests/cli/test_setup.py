@@ -134,7 +134,28 @@ def test_check_asks_a_store_that_does_not_answer_once_instead_of_riding_it_out(
     assert time.monotonic() - started < 120  # a run rides out each request for retry_seconds (600 s)
     assert [(c.name, c.ok) for c in found] == [("lake", False), ("checkpoints", True), ("tables", False)]
     assert "s3://lake/cdc" in found[0].detail and "cannot write" in found[0].detail
-    assert found[2].detail == "not checked: the lake did not answer"  # one line, however many tables
+    assert found[2].detail == "not checked: the lake check failed"  # one line, however many tables
+
+
+def test_check_loads_the_suites_of_a_lake_that_failed_its_check(tmp_path: Path, monkeypatch: Any,
+                                                                refused_port: int) -> None:
+    """The suite still loads; the table's columns are the lake's to say, so they are not checked. The
+    quality check used to read each table's log itself, fail on the lake's error, and tell the user to
+    correct the suite."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "t.json").write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "id"}}]}))
+    path = tmp_path / "ingest.yaml"
+    path.write_text(yaml.safe_dump({
+        "tables": [{"name": "t", "topic": "t", "expectations": "t"}],
+        "quality": {"expectations_dir": str(tmp_path / "suites")},
+        "target": {"root": "s3://lake/cdc", "storage": {"endpoint_url": f"http://127.0.0.1:{refused_port}"}}}))
+    found = {c.name: c for c in run_checks(load_config(path), only=lambda name: name in ("lake", "quality"))}
+    assert not found["lake"].ok
+    assert found["quality"].ok and found["quality"].detail == (
+        "t: suite t, 1 expectations; the columns it reads not checked: the lake check failed"), found["quality"]
 
 
 def test_check_loads_each_tables_suite_as_a_run_would(tmp_path: Path) -> None:
@@ -320,7 +341,7 @@ def test_check_lists_the_topics_once_and_skips_what_needs_a_source_that_did_not_
     listings.clear()
     found = {c.name: c for c in run_checks(config, only=lambda name: name in wanted)}
     assert len(listings) == 1 and not any(c.ok for c in found.values()), (listings, found)
-    assert found["signals"].detail == found["topics"].detail == "not checked: the source did not answer"
+    assert found["signals"].detail == found["topics"].detail == "not checked: the source check failed"
     (tmp_path / "suites").mkdir()
     (tmp_path / "suites" / "t.json").write_text(json.dumps({"expectations": [
         {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "id"}}]}))
@@ -330,7 +351,7 @@ def test_check_lists_the_topics_once_and_skips_what_needs_a_source_that_did_not_
         "quality": {"expectations_dir": str(tmp_path / "suites")}}))
     found = {c.name: c for c in run_checks(load_config(path),
                                            only=lambda name: name in ("source", "columns", "quality"))}
-    assert found["columns"].detail == "not checked: the source did not answer"  # its newest change is in Kafka
+    assert found["columns"].detail == "not checked: the source check failed"  # its newest change is in Kafka
     # the suite still loads; the columns it reads are not asked of the source again
     assert found["quality"].ok and found["quality"].detail == (
-        "t: suite t, 1 expectations; the columns it reads not checked: the source did not answer")
+        "t: suite t, 1 expectations; the columns it reads not checked: the source check failed")

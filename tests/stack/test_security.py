@@ -290,6 +290,26 @@ def test_a_wrong_registry_password_names_the_registry_refusal(stack: Any, writte
     assert not (tables / "_cdc_quarantine").exists()  # a refused login is not bad data
 
 
+def test_the_registrys_root_instead_of_its_api_is_one_line_not_a_quarantine(stack: Any, written: Written) -> None:
+    """Apicurio's own URL without ``/apis/ccompat/v7``, behind nginx and its basic auth: every question
+    is answered 404 by a server with no registry API there. A run used to take each for "no such
+    schema id", send every record to quarantine and exit 0."""
+    fresh = _config(stack, written, "registry-root")
+    raw = yaml.safe_load(fresh.read_text())
+    api = raw["source"]["registry"]["url"]
+    raw["source"]["registry"]["url"] = root = api.removesuffix("/apis/ccompat/v7")
+    assert root != api
+    fresh.write_text(yaml.safe_dump(raw))
+    done = _ingest(written, "run registry root", _env(stack), "run", "-c", str(fresh), timeout=300)
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"schema registry {root} has no Confluent-compatible API: HTTP 404" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert not (load_config(fresh).tables_root / "_cdc_quarantine").exists()
+    check = _ingest(written, "check registry root", _env(stack), "check", "-c", str(fresh), timeout=300)
+    [registry] = [line for line in check.stdout.splitlines() if line.startswith("FAIL registry:")]
+    assert "no Confluent-compatible API" in registry and "/apis/ccompat/v7" in registry, check.stdout
+
+
 def test_rotating_the_credentials_in_the_secrets_file(stack: Any, written: Written,
                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
     """The runbook's steps (docs/operations.md#rotating-the-kafka-or-registry-credentials): with the
