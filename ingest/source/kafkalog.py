@@ -14,6 +14,7 @@ hold no record (transaction markers, compaction).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -22,7 +23,7 @@ from typing import Any, ClassVar, Final, cast
 
 import pyarrow as pa
 
-from ingest import secrets
+from ingest import logs, secrets
 from ingest.config import KafkaSpec
 from ingest.errors import SourceUnavailableError, TopicLogError
 from ingest.source.kafka_admin import KafkaAdmin, admin_config
@@ -104,8 +105,13 @@ class KafkaLog:
         conf = admin_config(spec, self.source.secrets_file)
         conf.pop("logger", None)
         given = {key.removeprefix("kafka."): value for key, value in spec.options.items()}
+        # librdkafka's own lines go to stderr; like the admin client's, they are for --log-level debug: a
+        # read that fails says why once, and one that succeeded must not print "SASL authentication error"
+        # because its consumer closed while logging in to the group coordinator, which the reader never uses
+        debugging = logging.getLogger(logs.LIBRDKAFKA).isEnabledFor(logging.DEBUG)
         return {
             **conf,
+            "log_level": 7 if debugging else 2,  # syslog's levels: 2 is critical, 7 debug
             "group.id": "ingest-reader",  # required by librdkafka; nothing is committed under it
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,

@@ -1,5 +1,7 @@
 import json
 import logging
+import subprocess
+import sys
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -492,3 +494,30 @@ def test_the_lag_counts_the_records_after_the_last_applied_offset():
         return TableStatus("t", "t", applied, end, 0, 0, None).lag
 
     assert lag({0: 0, 1: None, 2: 4}, {0: 1, 1: 3, 2: 9}) == 0 + 3 + 4
+
+
+_READ_FROM_NOWHERE = """
+import sys
+from ingest import logs
+from ingest.config import KafkaSpec
+from ingest.errors import SourceUnavailableError
+from ingest.source.kafkalog import KafkaLog
+logs.configure("text", sys.argv[2])
+try:
+    KafkaLog(KafkaSpec(bootstrap_servers="127.0.0.1:" + sys.argv[1]), timeout=3).read("t", 0, 0, 10)
+except SourceUnavailableError as exc:
+    print("engine:", exc)
+"""
+
+
+@pytest.mark.parametrize("level", ["warning", "debug"])
+def test_the_readers_librdkafka_lines_show_only_when_debugging(refused_port: int, level: str) -> None:
+    """The engine says once why a read failed; librdkafka's own lines (each failed connection, and on a
+    SASL cluster a consumer closed while it still logs in to the group coordinator it never uses:
+    "SASL authentication error" after a read that succeeded) are for ``--log-level debug``, as the
+    admin client's are."""
+    done = subprocess.run([sys.executable, "-c", _READ_FROM_NOWHERE, str(refused_port), level],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert "engine: Kafka at 127.0.0.1:" in done.stdout and "nothing from t[0]" in done.stdout, done
+    raw = [line for line in done.stderr.splitlines() if line.startswith("%")]
+    assert (raw != []) == (level == "debug"), done.stderr[-2000:]
