@@ -164,3 +164,19 @@ def test_json_logging_leaves_a_callers_captured_stderr_open() -> None:
     assert len(lines) == 2, done.stdout + done.stderr
     said = "error: /nowhere/missing.yaml: configuration file not found"
     assert all(ln.startswith("2 SystemExit(") and ln.endswith(said) for ln in lines), lines
+
+
+@pytest.mark.spark
+def test_a_run_through_spark_prints_no_banner_of_sparks(tmp_path: Path) -> None:
+    """A driver started from Python counts, for Spark, as an interactive shell: it set its console to
+    WARN and said so on stderr ("Setting default log level to ...", "To adjust logging level use
+    sc.setLogLevel ...") at every run that started Spark, in the middle of the engine's own lines."""
+    raw = {"workdir": str(tmp_path / "work"), "source": {"value_format": "json", "driver_seconds": 0},
+           "tables": [{"name": "notes", "topic": TOPIC}]}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    produce(load_config(path), TOPIC, [("c", {"id": i, "body": f"note {i}"}, 100 + i) for i in range(5)])
+    done = _ingest("run", "-c", str(path))
+    assert done.returncode == 0 and "notes: batch 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Spark was not started" not in done.stdout  # through Spark's queries
+    assert "log level" not in done.stderr and "setLogLevel" not in done.stderr, done.stderr
