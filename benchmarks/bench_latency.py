@@ -124,6 +124,7 @@ from ingest.source.kafkalog import KafkaLog
 from ingest.verify.capture import wait_for_capture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_meter import descendants
 from gc_probe import Collections, collections, environment
 from record import Figure, changed_options, write_result
 
@@ -422,7 +423,7 @@ class CoreSplit:
     def engine(self, pid: int) -> None:
         """The engine's process and its children onto its CPUs."""
         if self.mine:
-            _pin(_tree(pid), set(self.mine))
+            _pin(descendants(pid), set(self.mine))
 
     def release(self) -> None:
         """Every process of the machine onto every CPU again."""
@@ -436,23 +437,6 @@ def _all_cpus() -> set[int]:
 
 def _every_pid() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-
-
-def _tree(root: int) -> list[int]:
-    """``root`` and its descendants, from each process's parent in ``/proc/<pid>/stat``."""
-    parents: dict[int, int] = {}
-    for pid in _every_pid():
-        try:
-            # the fourth field, after the command in parentheses (which may hold spaces)
-            parents[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    tree, grown = {root}, True
-    while grown:
-        found = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= found
-        grown = bool(found)
-    return sorted(tree)
 
 
 def _pin(pids: list[int], cpus: set[int]) -> None:

@@ -33,6 +33,25 @@ def _stat(pid: int | str, task: str | None = None) -> tuple[str, int, float] | N
     return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def processes() -> dict[int, tuple[str, int, float]]:
+    """Every process of the machine: ``pid -> (name, parent pid, CPU seconds)``, read from ``/proc`` at once."""
+    return {int(entry): stat for entry in os.listdir(_PROC) if entry.isdigit() and (stat := _stat(entry)) is not None}
+
+
+def descendants(root: int, seen: dict[int, tuple[str, int, float]] | None = None) -> list[int]:
+    """``root`` and every process under it, from ``seen`` (:func:`processes`; read now by default)."""
+    seen = processes() if seen is None else seen
+    children: dict[int, list[int]] = {}
+    for pid, (_, parent, _) in seen.items():
+        children.setdefault(parent, []).append(pid)
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
 def _kind(pid: int, root: int) -> str | None:
     if pid == root:
         return "driver"
@@ -102,20 +121,12 @@ class CpuMeter:
 
     def _sample(self) -> dict[int, tuple[str, float, float]]:
         root = os.getpid()
-        children: dict[int, list[int]] = {}
-        stats: dict[int, tuple[str, float]] = {}
-        for entry in os.listdir(_PROC):
-            if entry.isdigit() and (stat := _stat(entry)) is not None:
-                children.setdefault(stat[1], []).append(int(entry))
-                stats[int(entry)] = (stat[0], stat[2])
+        seen = processes()
         out: dict[int, tuple[str, float, float]] = {}
-        todo = [root]
-        while todo:
-            pid = todo.pop()
-            todo.extend(children.get(pid, ()))
-            if pid not in stats:
+        for pid in descendants(root, seen):
+            if pid not in seen:
                 continue
-            name, cpu = stats[pid]
+            name, _, cpu = seen[pid]
             if (pid, name) not in self._kinds:
                 self._kinds[(pid, name)] = _kind(pid, root)
             kind = self._kinds[(pid, name)]

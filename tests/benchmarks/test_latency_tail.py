@@ -21,6 +21,7 @@ from ingest.commit.state import BATCH_KEY
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_latency
+from cpu_meter import descendants
 
 
 def test_the_slowest_rows_are_those_with_the_largest_sum_each_stage_apart() -> None:
@@ -195,7 +196,7 @@ def test_the_engine_and_the_children_it_starts_later_take_its_cpus() -> None:
     try:
         split.engine(parent.pid)
         deadline = time.monotonic() + 30
-        while len(tree := bench_latency._tree(parent.pid)) < 2 and time.monotonic() < deadline:
+        while len(tree := descendants(parent.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(tree) == 2
         want = set(split.mine) or os.sched_getaffinity(0)
