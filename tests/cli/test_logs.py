@@ -27,8 +27,9 @@ from tests.harness import ingest_cli
 TOPIC = "app.public.notes"
 
 
-def _config(tmp_path: Path) -> Path:
-    raw = {"workdir": str(tmp_path / "work"), "source": {"value_format": "json", "max_records_per_batch": 7},
+def _config(tmp_path: Path, **source: Any) -> Path:
+    raw = {"workdir": str(tmp_path / "work"),
+           "source": {"value_format": "json", "max_records_per_batch": 7, **source},
            "tables": [{"name": "notes", "topic": TOPIC}, {"name": "tags", "topic": "app.public.tags"}]}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -171,10 +172,7 @@ def test_a_run_through_spark_prints_no_banner_of_sparks(tmp_path: Path) -> None:
     """A driver started from Python counts, for Spark, as an interactive shell: it set its console to
     WARN and said so on stderr ("Setting default log level to ...", "To adjust logging level use
     sc.setLogLevel ...") at every run that started Spark, in the middle of the engine's own lines."""
-    raw = {"workdir": str(tmp_path / "work"), "source": {"value_format": "json", "driver_seconds": 0},
-           "tables": [{"name": "notes", "topic": TOPIC}]}
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path = _config(tmp_path, driver_seconds=0)
     produce(load_config(path), TOPIC, [("c", {"id": i, "body": f"note {i}"}, 100 + i) for i in range(5)])
     done = _ingest("run", "-c", str(path))
     assert done.returncode == 0 and "notes: batch 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
