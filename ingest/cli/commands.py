@@ -36,7 +36,7 @@ from ingest.cli.common import (
     progress_printer,
 )
 from ingest.cli.maintain import maintain
-from ingest.cli.outcome import EXIT_CODES_HELP, Exit, classify
+from ingest.cli.outcome import EXIT_CODES_HELP, Exit, classify, discard_output, output_closed
 from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, cuts, history, query
 from ingest.cli.setup import check, init, jars
@@ -57,10 +57,15 @@ class _Commands(TyperGroup):
 
     def invoke(self, ctx: Any) -> Any:  # typer's vendored click.Context, which typer does not export
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a reader that went away shows here, not as Python leaves
+            return result
         except (typer.Exit, typer.Abort, typer.TyperException):  # an exit, or a usage error Typer reports itself
             raise
         except Exception as exc:
+            if output_closed(exc):
+                discard_output()
+                raise typer.Exit(Exit.OUTPUT_CLOSED) from None
             if _debug:
                 raise
             code, line = classify(exc)
@@ -195,9 +200,10 @@ def resnapshot(
         help="read only the rows of the (one) table that match this SQL condition, e.g. \"id IN (5, 9)\" "
              "(Debezium's additional-conditions)", show_default=False)] = None,
 ) -> None:
-    """Ask the tables' Debezium connectors for an incremental snapshot of them, through their Kafka
-    signal topic or their signal table, while the stream keeps flowing; the next runs apply the reads
-    (docs/operations.md)."""
+    """Read tables again from their database while the stream keeps flowing (an incremental snapshot).
+
+    Asks the tables' Debezium connectors through their Kafka signal topic or their signal table; the
+    next runs apply the reads (docs/operations.md)."""
     from ingest.ops.resnapshot import insert_at, send, signals_for  # librdkafka: when the command runs
 
     if (signal_table is None) != (source_db is None):
@@ -227,8 +233,9 @@ def retype(
     config: ConfigOpt = DEFAULT_CONFIG,
     workdir: WorkdirOpt = None,
 ) -> None:
-    """Rewrite a table with one column cast to a new type, after an incompatible change at the source
-    stopped it; the next run applies the change (docs/operations.md)."""
+    """Rewrite a table with one column cast to a new type, after an incompatible source change.
+
+    Such a change stops the table; after the rewrite the next run applies it (docs/operations.md)."""
     from ingest.ops.retype import retype as rewrite  # Delta (and Spark for delta-spark tables): when it runs
 
     done = rewrite(load(config, workdir), table, column, new_type)
@@ -244,8 +251,9 @@ def _or_dash(value: int | None) -> str:
 @app.command(rich_help_panel=OPERATE)
 def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
            output: FormatOpt = TableOrJson.table) -> None:
-    """Per table: applied offsets, lag, Delta version, last batch (exit 3: the source did not answer; 4: a
-    topic ends before the offsets its table applied)."""
+    """Per table: applied offsets, lag, Delta version, last batch.
+
+    Exit 3: the source did not answer; 4: a topic ends before the offsets its table applied."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.ops.status import cut_status, table_status
 

@@ -4,7 +4,9 @@ JSON, CSV, the per-batch progress line)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -17,9 +19,20 @@ from rich.table import Table
 from ingest.config import IngestConfig, load_config
 from ingest.errors import ConfigError
 
+
+class _Console(Console):
+    """Rich's console, but a reader that goes away (``| head``) ends the command as it does for any other
+    write (:func:`ingest.cli.outcome.output_closed`); Rich's own answer is exit 1, a code ``ingest`` gives
+    a lake that differs from its source."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 # Piped output (CI logs, files) gets a width that fits the summary tables instead of 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+console = _Console(width=None if sys.stdout.isatty() else 160)
+err = _Console(stderr=True)
 
 
 def say(line: str) -> None:

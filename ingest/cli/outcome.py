@@ -11,6 +11,10 @@ error: one line too, and the traceback with ``--debug``.
 from __future__ import annotations
 
 import errno
+import os
+import select
+import signal
+import sys
 from enum import IntEnum
 from typing import Final
 
@@ -43,6 +47,9 @@ class Exit(IntEnum):
     TABLE_FAILED = 4
     #: an error no rule recognises (a bug: run again with --debug and report it)
     INTERNAL = 5
+    #: whoever read the output stopped reading (``| head``): ended quietly, as the shell reports a
+    #: command that SIGPIPE stopped
+    OUTPUT_CLOSED = 128 + signal.SIGPIPE
 
 
 #: The codes, as ``ingest --help`` lists them.
@@ -54,6 +61,27 @@ EXIT_CODES_HELP = ("Exit codes: 0 success; 1 the lake differs from its source; 2
 def classify(exc: BaseException) -> tuple[Exit, str]:
     """The exit code and the one line for ``exc`` (redacted)."""
     return _code(exc), secrets.redact(_line(exc))
+
+
+def output_closed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the command's standard output refusing a write because its reader went away.
+
+    A broken pipe elsewhere (a socket the command talks to) is an error like any other."""
+    if not isinstance(exc, BrokenPipeError):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))  # a pipe without its reader
+    except (OSError, ValueError, AttributeError):  # no file descriptor: not a pipe the system closed
+        return False
+
+
+def discard_output() -> None:
+    """Send what is left to write on standard output nowhere, so that leaving does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _code(exc: BaseException) -> Exit:

@@ -3,8 +3,9 @@ over the live rows, now or as of a version or time (``query``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -28,6 +29,9 @@ from ingest.cli.common import (
     print_table,
     write_csv,
 )
+
+if TYPE_CHECKING:
+    from ingest.read.query import Commit  # Delta and DuckDB: not loaded when the CLI starts
 
 
 def cuts(
@@ -114,7 +118,7 @@ def history(
     if output == TableOrJson.json:
         print(history_json(commits))
         return
-    out = Table(title=f"{table}: {len(commits)} commits, newest first")
+    out = Table(title=f"{table}: {_versions(commits)}")
     for name in ("version", "time (UTC)", "operation", "kind", "batch", "engine", "offsets", "received",
                  "+ins", "~upd", "-del", "quarantined", "quality"):
         out.add_column(name, justify="right" if name in ("version", "batch", "received", "+ins", "~upd", "-del",
@@ -125,6 +129,13 @@ def history(
             offsets_text(c.offsets), c.received, c.inserted, c.updated, c.deleted, c.quarantined,
             c.quality_status)))
     console.print(out)
+
+
+def _versions(commits: Sequence[Commit]) -> str:
+    """What part of a table's history ``commits`` is: ``--limit`` and log clean-up leave older versions out."""
+    made = commits[0].version + 1 if commits else 0  # versions count from 0, one per commit
+    return (f"{made} commit{'' if made == 1 else 's'}, newest first" if len(commits) == made
+            else f"the newest {len(commits)} of {made} commits")
 
 
 def query(
@@ -143,8 +154,10 @@ def query(
         "--consistent-as-of", help="as --consistent, at the latest cut at or before a cut number (#12), a "
         "transaction id, a cut's position or a TIMESTAMP ('ingest cuts' lists them)")] = None,
 ) -> None:
-    """Run SQL (DuckDB) over the live rows of the Delta tables, now, as they were (--as-of), or at one
-    source transaction across tables (--consistent)."""
+    """Run SQL (DuckDB) over the tables' live rows: now, as they were, or at one source transaction.
+
+    --as-of reads tables as they were; --consistent reads a transaction group's tables at one source
+    transaction, so that a join never sees half of one."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.read.query import AsOf, run_sql
 

@@ -29,8 +29,10 @@ def init(
         help="also write a Dagster code location into this directory")] = None,
     force: Annotated[bool, typer.Option(help="replace files that exist")] = False,
 ) -> None:
-    """Write a commented configuration for your own stack (Kafka with SASL, a schema registry, Avro, S3), a
-    first quality suite, and with --dagster a Dagster code location; secrets stay in the environment."""
+    """Write a commented configuration for your own stack and a first quality suite.
+
+    The stack: Kafka with SASL, a schema registry, Avro, S3. With --dagster, also a Dagster code
+    location. Secrets stay in the environment: the file names their variables."""
     if value_format not in ("avro", "json"):
         raise typer.BadParameter("choose avro or json", param_hint="--value-format")
     stack = Stack(bootstrap_servers, registry_url, lake, region, topic_pattern, value_format)
@@ -48,9 +50,11 @@ def check(
     workdir: WorkdirOpt = None,
     output: FormatOpt = TableOrJson.table,
 ) -> None:
-    """Check a deployment before its first run: Java and the JVM artifacts, the broker (and its credentials),
-    the topics, the registry and the columns each table names, the lake and checkpoint locations (a real write),
-    each table's state, its suite and the columns the suite reads.
+    """Check a deployment before its first run: one line per check, ok or its cause and fix.
+
+    Java and the JVM artifacts, the broker (and its credentials), the topics, the registry and the
+    columns each table names, the lake and checkpoint locations (a real write), each table's state,
+    its suite and the columns the suite reads.
     Exit 0: ready; 3: something is missing or refused (each line says what to do)."""
     from ingest.ops.check import run_checks  # loads delta-rs: not before a command runs
 

@@ -6,6 +6,7 @@ The table is written by the journey on the driver (no Spark): the commands read 
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer.main
 from typer.testing import CliRunner
 
 from ingest.apply.journey import apply_parts
@@ -252,3 +254,40 @@ def test_no_configuration_outside_a_checkout_says_how_to_give_one(tmp_path: Path
     assert done.stderr.strip().splitlines() == [
         "error: configs/demo.yaml: configuration file not found; it is the default, the demo's in a checkout: "
         "give -c FILE or set CDC_INGEST_CONFIG (ingest init writes one)"], done.stderr
+
+
+@pytest.mark.parametrize("command", [["history", "t", "--format", "json"], ["changes", "t", "--from-version", "0"]])
+def test_a_reader_that_stops_reading_ends_the_command_quietly(lake: Path, command: list[str]) -> None:
+    """``ingest changes ... | head`` printed "error: unavailable: BrokenPipeError" and exited 3, as for an outage."""
+    done = subprocess.Popen([sys.executable, "-m", "ingest.cli", *command, "-c", str(lake)], cwd=lake.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert done.stdout is not None
+    done.stdout.close()  # the reader goes away before the command writes (it is still importing)
+    _, stderr = done.communicate(timeout=120)
+    assert (done.returncode, stderr) == (Exit.OUTPUT_CLOSED, "")
+
+
+def test_a_broken_pipe_that_is_not_the_output_is_an_error() -> None:
+    """A socket the command writes to is not its reader: a broken one is an outage, not a quiet end."""
+    assert classify(BrokenPipeError(32, "Broken pipe"))[0] == Exit.UNAVAILABLE
+
+
+def test_history_says_when_it_shows_part_of_a_tables_commits(lake: Path) -> None:
+    whole = _invoke("history", "t", "-c", str(lake))
+    part = _invoke("history", "t", "-c", str(lake), "--limit", "1")
+    assert whole.exit_code == part.exit_code == 0, whole.output + part.output
+    assert "t: 2 commits, newest first" in whole.output
+    assert "t: the newest 1 of 2 commits" in part.output, part.output
+
+
+def test_every_command_sums_itself_up_in_one_line_for_the_list_of_commands() -> None:
+    """Typer's list of commands keeps a summary's line breaks: ``ingest --help`` broke seven of them mid-sentence."""
+    def commands(group: Any, prefix: str = "") -> Any:
+        for name, command in group.commands.items():
+            yield prefix + name, command
+            if hasattr(command, "commands"):
+                yield from commands(command, f"{prefix}{name} ")
+
+    broken = [name for name, command in commands(typer.main.get_command(app))
+              if "\n" in inspect.cleandoc(command.short_help or command.help or "").split("\n\n")[0]]
+    assert broken == []

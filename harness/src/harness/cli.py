@@ -230,8 +230,10 @@ def demo_stack(
     scale: Annotated[float, typer.Option(help="workload size (1.0: ~800 transactions, ~3,000 row changes)")] = 1.0,
     wait: Annotated[float, typer.Option(help="seconds to wait for Debezium and for each verification")] = 180.0,
 ) -> None:
-    """Real stack end to end: reset the sources, run the SQL workloads, ingest PostgreSQL's in Avro and JSON and
-    MariaDB's in Avro, verify each against its database."""
+    """The real stack end to end: SQL workloads ingested and verified against their databases.
+
+    Resets the sources, runs the SQL workloads, ingests PostgreSQL's in Avro and JSON and MariaDB's
+    in Avro, and verifies each against its database."""
     # the workload, the stack, the PostgreSQL client and Spark: loaded when the command runs
     from harness.postgres.workload import WorkloadSpec
     from harness.stack import StackError
