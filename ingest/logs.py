@@ -2,7 +2,8 @@
 
 ``ingest --log-format json`` (or ``CDC_INGEST_LOG_FORMAT=json``) writes each record as one JSON
 object with ``time``, ``level``, ``logger`` and ``message``, and, for the engine's events, ``event``
-with its ``table``, ``batch`` and ``figures`` (:func:`event`). ``--log-level`` sets how much. Every
+with its ``table``, ``batch`` and ``figures`` (:func:`event`). ``--log-level`` sets how much the engine
+says; the libraries it uses are heard from warning, or from debug with ``--log-level debug``. Every
 line, in either format, is redacted as a whole after it is rendered (:func:`ingest.secrets.redact`),
 so no credential the process knows reaches a log, whichever field carried it.
 
@@ -33,6 +34,8 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 FORMAT_VARIABLE: Final = "CDC_INGEST_LOG_FORMAT"
 LEVEL_VARIABLE: Final = "CDC_INGEST_LOG_LEVEL"
 TEXT: Final = "%(levelname)s %(name)s: %(message)s"
+#: the engine's loggers, which ``--log-level`` sets; other libraries' show from warning (all with debug)
+ENGINE: Final = "ingest"
 #: the logger librdkafka's own lines go to (shown with ``--log-level debug``)
 LIBRDKAFKA: Final = "ingest.librdkafka"
 #: pyspark's loggers of the query context of every captured error (shown with ``--log-level debug``)
@@ -63,9 +66,11 @@ def configure(fmt: LogFormat = "text", level: LogLevel = "warning") -> None:
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(level.upper())
-    # py4j logs every call between the JVM and Python at info: shown only when debugging
-    logging.getLogger("py4j").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+    # the level is the engine's: libraries (Great Expectations, py4j, the HTTP clients) log hundreds of
+    # lines at info about themselves, so their lines show from warning, and all of them when debugging
+    engine = logging.getLevelNamesMapping()[level.upper()]
+    root.setLevel(engine if level == "debug" else max(logging.WARNING, engine))
+    logging.getLogger(ENGINE).setLevel(engine)
     # librdkafka repeats every failed connection attempt; the engine's own error says why, once
     logging.getLogger(LIBRDKAFKA).setLevel(logging.DEBUG if level == "debug" else logging.CRITICAL)
     # pyspark logs each error a DataFrame operation raises, with the JVM's stack trace, as JSON of its own

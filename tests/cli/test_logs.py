@@ -178,3 +178,20 @@ def test_a_run_through_spark_prints_no_banner_of_sparks(tmp_path: Path) -> None:
     assert done.returncode == 0 and "notes: batch 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Spark was not started" not in done.stdout  # through Spark's queries
     assert "log level" not in done.stderr and "setLogLevel" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+def test_the_log_level_is_the_engines_and_libraries_speak_up_from_warning(level: str) -> None:
+    """``--log-level info`` printed 209 lines of Great Expectations' about its own functions (and each HTTP
+    request) around the engine's four lines of a run. Debugging shows them all."""
+    code = ("import logging; from ingest import logs; "
+            f"logs.configure('text', {level!r}); "
+            "import great_expectations; "
+            "logging.getLogger('httpx').info('HTTP Request: GET /subjects'); "
+            "logging.getLogger('great_expectations').warning('a library warns'); "
+            "logging.getLogger('ingest.stream.runner').info('run finished')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    lines = done.stderr.splitlines()
+    assert "INFO ingest.stream.runner: run finished" in lines and "WARNING great_expectations: a library warns" in lines
+    libraries = [line for line in lines if line.startswith(("INFO great_expectations", "INFO httpx"))]
+    assert (len(libraries) > 100) if level == "debug" else libraries == [], lines[:5]
