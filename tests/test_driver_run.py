@@ -206,6 +206,46 @@ def test_ctrl_c_in_a_terminal_ends_the_run_with_its_table_and_no_traceback(tmp_p
     assert _ids(cfg, "tags") == list(range(3000))
 
 
+def test_sigterm_ends_the_run_as_ctrl_c_does_and_leaves_no_table_held(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """SIGTERM to the run alone, as a service manager, ``docker stop`` or Kubernetes sends it. It killed the
+    run outright: no report, exit -15, and every table's lease left for the next run to take over."""
+    path, cfg = _config(tmp_path, driver_seconds=60)
+    produce(cfg, TOPICS["tags"], _changes(0, 3000))
+    run = subprocess.Popen([sys.executable, "-m", "ingest.cli", "run", "-c", str(path)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] < 3000, what="the first batch", timeout=120)
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+
+    assert run.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert "the batch under way finishes, then the run ends" in err and "applied on the driver" in out
+    left = pending(cfg, list(cfg.tables))["tags"]
+    assert 0 < left < 3000
+    assert Runner(cfg).run().tables["tags"].total("received") == left
+    assert "took over the lease" not in caplog.text
+    assert _ids(cfg, "tags") == list(range(3000))
+
+
+@pytest.mark.spark
+def test_sigterm_ends_a_continuous_spark_run_with_its_report(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The service's case: ``run --continuous`` through Spark's queries, stopped by SIGTERM."""
+    path, cfg = _config(tmp_path, driver_seconds=0)
+    produce(cfg, TOPICS["tags"], _changes(0, 50))
+    run = subprocess.Popen([sys.executable, "-m", "ingest.cli", "run", "-c", str(path), "--continuous"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] == 0, what="the backlog applied", timeout=240)
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+
+    assert run.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert "interrupted: stopping the queries" in err
+    assert "│ tags" in out and "applied on the driver" not in out  # the run's report, of a Spark run
+    produce(cfg, TOPICS["tags"], _changes(50, 5))
+    assert Runner(cfg).run().tables["tags"].total("received") == 5
+    assert "took over the lease" not in caplog.text
+
+
 def test_a_checkpoint_the_store_will_not_delete_does_not_fail_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     _, cfg = _config(tmp_path, driver_seconds=60)

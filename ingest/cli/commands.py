@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import signal
 import sys
 import time
 from importlib.metadata import PackageNotFoundError
@@ -36,7 +37,14 @@ from ingest.cli.common import (
     progress_printer,
 )
 from ingest.cli.maintain import maintain
-from ingest.cli.outcome import EXIT_CODES_HELP, Exit, classify, discard_output, output_closed
+from ingest.cli.outcome import (
+    EXIT_CODES_HELP,
+    Exit,
+    classify,
+    discard_output,
+    output_closed,
+    stop_as_interrupted,
+)
 from ingest.cli.quality import quality_app, quarantine_app
 from ingest.cli.read import changes, cuts, history, query
 from ingest.cli.setup import check, init, jars
@@ -214,13 +222,13 @@ def resnapshot(
         sent_to = [insert_at(source_db, signal_table, signals)] * len(signals)
     else:
         send(cfg, signals)
-        sent_to = [signal.topic for signal in signals]
+        sent_to = [asked.topic for asked in signals]
     out = Table(title="Incremental snapshots asked for")
     for col in ("connector (topic prefix)", "sent to", "source tables", "tables", "rows"):
         out.add_column(col)
-    for signal, to in zip(signals, sent_to, strict=True):
-        out.add_row(signal.prefix, to, ", ".join(signal.collections), ", ".join(signal.tables),
-                    signal.where or "all")
+    for asked, to in zip(signals, sent_to, strict=True):
+        out.add_row(asked.prefix, to, ", ".join(asked.collections), ", ".join(asked.tables),
+                    asked.where or "all")
     console.print(out)
 
 
@@ -402,6 +410,7 @@ plugins.register_commands(app)
 def main() -> None:
     """The ``ingest`` command: every error ends in one line and a documented exit code (:mod:`ingest.cli.outcome`)."""
     logs.configure()  # redacted text at warning until the options say otherwise: no credential reaches a log line
+    signal.signal(signal.SIGTERM, stop_as_interrupted)
     app()
 
 

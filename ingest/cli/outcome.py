@@ -16,7 +16,7 @@ import select
 import signal
 import sys
 from enum import IntEnum
-from typing import Final
+from typing import Any, Final
 
 from ingest import secrets
 from ingest.errors import (
@@ -50,6 +50,9 @@ class Exit(IntEnum):
     #: whoever read the output stopped reading (``| head``): ended quietly, as the shell reports a
     #: command that SIGPIPE stopped
     OUTPUT_CLOSED = 128 + signal.SIGPIPE
+    #: interrupted (Ctrl-C, SIGINT or SIGTERM) before it finished: Typer's code for a KeyboardInterrupt,
+    #: as the shell reports a command SIGINT stopped; ``run`` ends its run instead, with its report and exit 0
+    INTERRUPTED = 128 + signal.SIGINT
 
 
 #: The codes, as ``ingest --help`` lists them.
@@ -75,6 +78,17 @@ def output_closed(exc: BaseException) -> bool:
         return any(events & select.POLLERR for _, events in poller.poll(0))  # a pipe without its reader
     except (OSError, ValueError, AttributeError):  # no file descriptor: not a pipe the system closed
         return False
+
+
+def stop_as_interrupted(signum: int, frame: Any) -> None:
+    """SIGTERM -- a service manager's stop, ``docker stop``, Kubernetes, ``kill`` -- does what Ctrl-C does:
+    a run lets the batch under way commit, releases its tables and prints its report; a second one
+    interrupts at once. A process that ignores Ctrl-C (a script's background job) still stops."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
 
 
 def discard_output() -> None:

@@ -304,9 +304,11 @@ _worker: tuple[DecodingSource, BatchDecoder] | None = None  # a decoding process
 def _start_decoder(config: IngestConfig, decoder: BatchDecoder) -> None:
     global _worker
     _worker = (cast(DecodingSource, source_for(config)), decoder)
-    # Ctrl-C reaches the terminal's whole process group: the driver stops the pool, and a decoder
-    # finishing its piece is no failure to print a traceback for.
+    # Ctrl-C reaches the terminal's whole process group, and a service manager's SIGTERM may reach every
+    # process of the service: the driver stops the pool, and a decoder finishing its piece is no failure
+    # to print a traceback for.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # A driver killed outright (SIGKILL, the OOM killer) cannot shut its pool down, and a forked
     # decoder holds its own copy of the pipe it waits on, so it would wait forever: it leaves when
     # its parent is gone.

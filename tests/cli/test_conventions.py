@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 import typer.main
+from harness.stack.process import wait_until
 from typer.testing import CliRunner
 
 from ingest.apply.journey import apply_parts
@@ -291,3 +293,17 @@ def test_every_command_sums_itself_up_in_one_line_for_the_list_of_commands() -> 
     broken = [name for name, command in commands(typer.main.get_command(app))
               if "\n" in inspect.cleandoc(command.short_help or command.help or "").split("\n\n")[0]]
     assert broken == []
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_sigterm_interrupts_a_command_as_ctrl_c_does(tmp_path: Path, stop: signal.Signals) -> None:
+    """Ctrl-C ends a command with 130, quietly (Typer's answer); SIGTERM killed it outright (-15)."""
+    (tmp_path / "c.yaml").write_text("tables: [{name: t, topic: t}]\n")
+    waiting = subprocess.Popen([sys.executable, "-m", "ingest.cli", "produce", "t", "-c", str(tmp_path / "c.yaml")],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wchan = Path(f"/proc/{waiting.pid}/wchan")
+    wait_until(lambda: "pipe_read" in wchan.read_text(), what="produce reading stdin", timeout=60,
+               pid=waiting.pid)  # stdin stays open
+    waiting.send_signal(stop)
+    _, stderr = waiting.communicate(timeout=60)
+    assert (waiting.returncode, stderr) == (Exit.INTERRUPTED, "")
