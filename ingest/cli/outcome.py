@@ -82,8 +82,9 @@ def output_closed(exc: BaseException) -> bool:
 
 def stop_as_interrupted(signum: int, frame: Any) -> None:
     """SIGTERM -- a service manager's stop, ``docker stop``, Kubernetes, ``kill`` -- does what Ctrl-C does:
-    a run lets the batch under way commit, releases its tables and prints its report; a second one
-    interrupts at once. A process that ignores Ctrl-C (a script's background job) still stops."""
+    a run lets the batch under way commit or cancels it before its commit, releases its tables and
+    prints its report; a second one interrupts at once. A process that ignores Ctrl-C (a script's
+    background job) still stops."""
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):
         handler(signal.SIGINT, frame)
