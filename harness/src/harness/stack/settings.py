@@ -220,7 +220,8 @@ class StackSettings:
             registry_auth_user=env.get("STACK_REGISTRY_AUTH_USER") or "registry",
             s3_port=_port(env, "STACK_S3_PORT"),
             s3_console_port=_port(env, "STACK_S3_CONSOLE_PORT"),
-            s3_access_key=env.get("STACK_S3_ACCESS_KEY") or "lake",
+            # not a word that appears in paths or log lines: the engine masks the access key wherever it appears
+            s3_access_key=env.get("STACK_S3_ACCESS_KEY") or "stack-s3-admin",
             s3_bucket=env.get("STACK_S3_BUCKET") or "lake",
             connectors=connectors,
             timeout=float(timeout_raw) if timeout_raw else None,
