@@ -254,8 +254,7 @@ def bucket(s3: S3Server) -> str:
 @pytest.fixture
 def refused_port() -> Iterator[int]:
     """A loopback port that refuses every connection for the whole test. Its socket stays bound and never
-    listens: a port bound and closed again may be taken meanwhile by a server another test worker starts
-    (it was: a lake that was to "not answer" answered "access denied")."""
+    listens: a port bound and closed again may be taken meanwhile by a server another test worker starts."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield sock.getsockname()[1]

@@ -281,7 +281,10 @@ _ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
 _STORE_CAUSES: Final = (
     (("169.254.169.254", "imds", "credential", "no valid credential", "invalidaccesskeyid"),
      "no usable S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (environment or secrets_file)"),
-    (("signaturedoesnotmatch", "accessdenied", "403"), "the store refused the credentials (access denied)"),
+    # the status as botocore ("(403)") and delta-rs ("403 Forbidden") write it: a bare "403" is also in
+    # URLs, such as an endpoint's port 40395 that did not answer
+    (("signaturedoesnotmatch", "accessdenied", "(403)", "403 forbidden"),
+     "the store refused the credentials (access denied)"),
     (("nosuchbucket",), "the bucket does not exist"),
     (("connection refused", "error sending request", "dns error", "timed out", "tcp connect",
       "could not connect to the endpoint"),

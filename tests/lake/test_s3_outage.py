@@ -14,7 +14,7 @@ from harness.stack.s3 import S3Server
 from ingest.errors import LakeUnavailableError
 from ingest.lake.delta import open_table, write_table
 from ingest.lake.lease import Lease
-from ingest.lake.location import LakePath, delta_storage_options, s3_client
+from ingest.lake.location import LakePath, delta_storage_options, s3_client, unavailable
 from tests.lake.outage import Relay
 
 
@@ -95,6 +95,23 @@ def test_a_lease_the_store_does_not_answer_for_is_one_line_naming_the_setting(mo
         Lease(root, "t", ttl=60).acquire()
     assert str(info.value) == ("lake s3://b/lake/_cdc_locks/t.lease: the store's endpoint does not answer "
                                "(target.storage.endpoint_url)")
+
+
+@pytest.mark.parametrize(("error", "cause"), [
+    ('Could not connect to the endpoint URL: "http://127.0.0.1:40395/b/lake/_cdc_locks/t.lease"',
+     "the store's endpoint does not answer (target.storage.endpoint_url)"),
+    ("An error occurred (403) when calling the HeadObject operation: Forbidden",
+     "the store refused the credentials (access denied)"),
+    ("Generic S3 error: Client error with status 403 Forbidden: No Body",
+     "the store refused the credentials (access denied)"),
+    ("An error occurred (AccessDenied) when calling the PutObject operation: Access Denied",
+     "the store refused the credentials (access denied)"),
+])
+def test_a_403_in_a_url_is_not_a_refusal(error: str, cause: str) -> None:
+    """An endpoint on port 40395 that did not answer was reported as "refused the credentials": the
+    needle "403" matched the port (this file's lease test failed so when its free port was 403xx)."""
+    where = LakePath("s3://b/lake/_cdc_locks/t.lease", {})
+    assert unavailable(where, RuntimeError(error)) == f"lake s3://b/lake/_cdc_locks/t.lease: {cause}"
 
 
 def test_a_store_that_does_not_answer_is_said_once_while_it_is_waited_for(caplog: pytest.LogCaptureFixture) -> None:
