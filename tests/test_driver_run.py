@@ -7,11 +7,13 @@ Spark run, resume exactly where the driver stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -186,16 +188,47 @@ def test_a_driver_run_killed_mid_way_leaves_no_process_and_the_next_run_converge
     assert received == {"notes": 250, "tags": 150}  # every record in exactly one committed batch's audit row
 
 
-def test_ctrl_c_in_a_terminal_ends_the_run_with_its_table_and_no_traceback(tmp_path: Path) -> None:
-    """SIGINT to the whole process group, as a terminal sends it: the driver and its decoders. The
-    batch under way finishes (cut short inside DuckDB, it would fail its table), then the run ends."""
-    path, cfg = _config(tmp_path, driver_seconds=60)
-    produce(cfg, TOPICS["tags"], _changes(0, 3000))  # thirty batches: the run is still busy when interrupted
-    run = subprocess.Popen([sys.executable, "-m", "ingest.cli", "run", "-c", str(path)], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True)
-    wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] < 3000, what="the first batch", timeout=120)
-    os.killpg(run.pid, signal.SIGINT)
+#: How a run gets stopped: Ctrl-C in a terminal (SIGINT to its whole process group); SIGTERM to the
+#: run alone, as ``docker stop``, Kubernetes or systemd's ``KillMode=mixed`` send it; SIGTERM to
+#: every process of the run at once, as systemd's default ``KillMode=control-group`` sends it.
+STOPS = ("ctrl-c", "sigterm", "sigterm-to-all")
+
+
+def _start(path: Path, marker: str, *options: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "ingest.cli", "run", "-c", str(path), *options],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "INGEST_TEST_MARKER": marker})
+
+
+def _stop(run: subprocess.Popen[str], how: str, marker: str) -> tuple[str, str]:
+    if how == "ctrl-c":
+        os.killpg(run.pid, signal.SIGINT)
+    elif how == "sigterm":
+        run.send_signal(signal.SIGTERM)
+    else:  # the run's decoders, Spark's JVM and its Python workers first, and the run a second later
+        for pid in _processes_with(marker):
+            if pid != run.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        time.sleep(1)
+        run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=120)
+    wait_until(lambda: not _processes_with(marker), what="the run's processes to leave", timeout=15)
+    return out, err
+
+
+@pytest.mark.parametrize("how", STOPS)
+def test_a_stopped_driver_run_ends_with_its_report_and_leaves_no_table_held(tmp_path: Path, how: str,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The batch under way finishes (cut short inside DuckDB, it would fail its table), then the run
+    ends. SIGTERM killed the run outright before: no report, exit -15, every table's lease left for the
+    next run to take over."""
+    path, cfg = _config(tmp_path, driver_seconds=60)
+    produce(cfg, TOPICS["tags"], _changes(0, 3000))  # thirty batches: the run is still busy when stopped
+    marker = f"driver-run-{uuid.uuid4().hex}"
+    run = _start(path, marker)
+    wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] < 3000, what="the first batch", timeout=120)
+    out, err = _stop(run, how, marker)
 
     assert run.returncode == 0 and "Traceback" not in err, err[-3000:]
     assert "the batch under way finishes, then the run ends" in err and "applied on the driver" in out
@@ -203,42 +236,25 @@ def test_ctrl_c_in_a_terminal_ends_the_run_with_its_table_and_no_traceback(tmp_p
     left = pending(cfg, list(cfg.tables))["tags"]
     assert 0 < left < 3000
     assert Runner(cfg).run().tables["tags"].total("received") == left  # the next run applies exactly the rest
-    assert _ids(cfg, "tags") == list(range(3000))
-
-
-def test_sigterm_ends_the_run_as_ctrl_c_does_and_leaves_no_table_held(tmp_path: Path,
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
-    """SIGTERM to the run alone, as a service manager, ``docker stop`` or Kubernetes sends it. It killed the
-    run outright: no report, exit -15, and every table's lease left for the next run to take over."""
-    path, cfg = _config(tmp_path, driver_seconds=60)
-    produce(cfg, TOPICS["tags"], _changes(0, 3000))
-    run = subprocess.Popen([sys.executable, "-m", "ingest.cli", "run", "-c", str(path)], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] < 3000, what="the first batch", timeout=120)
-    run.send_signal(signal.SIGTERM)
-    out, err = run.communicate(timeout=120)
-
-    assert run.returncode == 0 and "Traceback" not in err, err[-3000:]
-    assert "the batch under way finishes, then the run ends" in err and "applied on the driver" in out
-    left = pending(cfg, list(cfg.tables))["tags"]
-    assert 0 < left < 3000
-    assert Runner(cfg).run().tables["tags"].total("received") == left
     assert "took over the lease" not in caplog.text
     assert _ids(cfg, "tags") == list(range(3000))
 
 
 @pytest.mark.spark
-def test_sigterm_ends_a_continuous_spark_run_with_its_report(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The service's case: ``run --continuous`` through Spark's queries, stopped by SIGTERM."""
+@pytest.mark.parametrize("how", STOPS)
+def test_a_stopped_continuous_spark_run_ends_with_its_report(tmp_path: Path, how: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The service's case: ``run --continuous`` through Spark's queries, caught up and waiting. SIGTERM
+    to every process reached Spark's JVM too, which shut down under the run: "error: internal error:
+    Py4JJavaError: An error occurred while calling o101.stop", exit 5."""
     path, cfg = _config(tmp_path, driver_seconds=0)
     produce(cfg, TOPICS["tags"], _changes(0, 50))
-    run = subprocess.Popen([sys.executable, "-m", "ingest.cli", "run", "-c", str(path), "--continuous"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marker = f"spark-run-{uuid.uuid4().hex}"
+    run = _start(path, marker, "--continuous")
     wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] == 0, what="the backlog applied", timeout=240)
-    run.send_signal(signal.SIGTERM)
-    out, err = run.communicate(timeout=120)
+    out, err = _stop(run, how, marker)
 
-    assert run.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert run.returncode == 0 and "Traceback" not in err and "error:" not in err, err[-3000:]
     assert "interrupted: stopping the queries" in err
     assert "│ tags" in out and "applied on the driver" not in out  # the run's report, of a Spark run
     produce(cfg, TOPICS["tags"], _changes(50, 5))

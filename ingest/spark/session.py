@@ -120,11 +120,23 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    _leave_sigterm_to_the_driver(spark)
     snapshot_tasks(spark)
 
     spark.dataSource.register(TopicLogDataSource)
     warm_up(spark)
     return spark
+
+
+def _leave_sigterm_to_the_driver(spark: SparkSession) -> None:
+    """Spark's JVM ignores SIGTERM, as PySpark has it ignore SIGINT: the run stops it (``ingest.cli.outcome``).
+
+    A service manager may send SIGTERM to every process of the service at once (systemd's default
+    ``KillMode=control-group``); the JVM then shut down under the run's own stop, which failed on it.
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a session's context has its gateway
+    jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal("TERM"), jvm.sun.misc.SignalHandler.SIG_IGN)
 
 
 def _import_decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
