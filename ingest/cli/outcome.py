@@ -58,7 +58,8 @@ class Exit(IntEnum):
 #: The codes, as ``ingest --help`` lists them.
 EXIT_CODES_HELP = ("Exit codes: 0 success; 1 the lake differs from its source; 2 usage or configuration error; "
                    "3 source, registry, lake or Java unavailable; 4 a table failed; 5 internal error "
-                   "(--debug shows the traceback).")
+                   "(--debug shows the traceback); 130 interrupted (Ctrl-C, SIGTERM; run ends with 0); "
+                   "141 the output's reader stopped reading.")
 
 
 def classify(exc: BaseException) -> tuple[Exit, str]:

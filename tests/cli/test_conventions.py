@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -293,6 +294,13 @@ def test_every_command_sums_itself_up_in_one_line_for_the_list_of_commands() -> 
     broken = [name for name, command in commands(typer.main.get_command(app))
               if "\n" in inspect.cleandoc(command.short_help or command.help or "").split("\n\n")[0]]
     assert broken == []
+
+
+def test_the_help_lists_every_exit_code() -> None:
+    """``ingest --help`` listed 0-5, not 130 (interrupted) nor 141 (the output's reader went away)."""
+    shown = " ".join(runner.invoke(app, ["--help"], env={"COLUMNS": "200"}).output.replace("│", " ").split())
+    listed = shown[shown.index("Exit codes:"):]
+    assert [code.value for code in Exit if not re.search(rf"[:;] {code.value} \w", listed)] == []
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
