@@ -200,17 +200,19 @@ def _start(path: Path, marker: str, *options: str) -> subprocess.Popen[str]:
                             env={**os.environ, "INGEST_TEST_MARKER": marker})
 
 
-def _stop(run: subprocess.Popen[str], how: str, marker: str) -> tuple[str, str]:
+def _stop(run: subprocess.Popen[str], how: str, marker: str, *, head_start: float = 0) -> tuple[str, str]:
+    """Stop ``run`` as ``how`` says; SIGTERM to every process reaches the run ``head_start`` seconds
+    after the others (its decoders, Spark's JVM and its Python workers)."""
     if how == "ctrl-c":
         os.killpg(run.pid, signal.SIGINT)
     elif how == "sigterm":
         run.send_signal(signal.SIGTERM)
-    else:  # the run's decoders, Spark's JVM and its Python workers first, and the run a second later
+    else:
         for pid in _processes_with(marker):
             if pid != run.pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
-        time.sleep(1)
+        time.sleep(head_start)
         run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=120)
     wait_until(lambda: not _processes_with(marker), what="the run's processes to leave", timeout=15)
@@ -252,14 +254,55 @@ def test_a_stopped_continuous_spark_run_ends_with_its_report(tmp_path: Path, how
     marker = f"spark-run-{uuid.uuid4().hex}"
     run = _start(path, marker, "--continuous")
     wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] == 0, what="the backlog applied", timeout=240)
-    out, err = _stop(run, how, marker)
+    out, err = _stop(run, how, marker, head_start=1)  # time for the JVM to shut down, when it did
 
     assert run.returncode == 0 and "Traceback" not in err and "error:" not in err, err[-3000:]
-    assert "interrupted: stopping the queries" in err
+    assert "interrupted: the micro-batch under way finishes, then the queries stop" in err
     assert "│ tags" in out and "applied on the driver" not in out  # the run's report, of a Spark run
     produce(cfg, TOPICS["tags"], _changes(50, 5))
     assert Runner(cfg).run().tables["tags"].total("received") == 5
     assert "took over the lease" not in caplog.text
+
+
+def _reading(marker: str) -> bool:
+    """Whether one of the run's Spark Python workers is busy (its CPU time grows within 20 ms)."""
+    def cpu() -> dict[int, int]:
+        times = {}
+        for pid in _processes_with(marker):
+            with contextlib.suppress(OSError):
+                if b"pyspark.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    times[pid] = int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+        return times
+
+    before = cpu()
+    time.sleep(0.02)
+    return any(ticks > before.get(pid, ticks) for pid, ticks in cpu().items())
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("how", STOPS[:2])
+def test_a_continuous_run_stopped_mid_catch_up_lets_the_micro_batch_under_way_commit(
+        tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Micro-batches too big for the driver, read by Spark's Python workers. PySpark's SIGINT handler
+    cancelled every Spark job, so the read under way failed: tracebacks from py4j, Spark and its
+    Python daemon, and at times "error: internal error: Py4JError: Gateway must be connected to send
+    cancel cmd", exit 5. (SIGTERM to every process reaches those workers too: see operations.md.)"""
+    path, cfg = _config(tmp_path, driver_seconds=0, max_records_per_batch=5000)
+    produce(cfg, TOPICS["tags"], _changes(0, 60_000))
+    marker = f"spark-run-{uuid.uuid4().hex}"
+    run = _start(path, marker, "--continuous")
+    wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] < 60_000, what="the first micro-batch", timeout=240)
+    wait_until(lambda: _reading(marker), what="a Python worker reading a micro-batch", timeout=60)
+    out, err = _stop(run, how, marker)
+
+    assert run.returncode == 0 and "│ tags" in out, err[-3000:]
+    assert [line for line in err.splitlines() if "Traceback" in line or "ERROR" in line or "error:" in line] == []
+    left = pending(cfg, list(cfg.tables))["tags"]
+    assert 0 < left < 60_000 and left % 5000 == 0  # whole micro-batches committed, none cut short
+    assert Runner(cfg).run().tables["tags"].total("received") == left
+    assert "took over the lease" not in caplog.text and "cannot be trusted" not in caplog.text
+    assert _ids(cfg, "tags") == list(range(60_000))
 
 
 def test_a_checkpoint_the_store_will_not_delete_does_not_fail_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

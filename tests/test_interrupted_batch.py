@@ -100,3 +100,35 @@ def test_a_job_that_cancel_all_jobs_ended_is_a_cancellation(spark: Any) -> None:
     spark.sparkContext.cancelAllJobs()
     worker.join(60)
     assert len(errors) == 1 and is_cancellation(errors[0]), errors
+
+
+def test_a_stop_waits_for_the_micro_batch_being_taken_in_and_lets_later_ones_pass(tmp_path: Path,
+                                                                                  monkeypatch: Any) -> None:
+    """A continuous run stops its queries between micro-batches (``take_no_more``): stopping them
+    cancelled the one under way mid-read, with tracebacks from py4j, Spark and its Python daemon."""
+    config = make_config(tmp_path, value_format="json")
+    spec = config.tables[0]
+    handler = ForEachBatch(config.model_copy(update={"tables": [spec]}), [spec],
+                           RunReport("r1", {spec.name: TableRun(spec.name)}), "r1", None, {})
+    entered, release, taken = threading.Event(), threading.Event(), []
+
+    def take(frame: Any, batch_id: int) -> None:
+        taken.append(batch_id)
+        entered.set()
+        release.wait(30)
+
+    monkeypatch.setattr(handler, "_take", take)
+    under_way = threading.Thread(target=handler, args=(None, 0))
+    under_way.start()
+    assert entered.wait(30)
+    stopping = threading.Thread(target=handler.take_no_more)
+    stopping.start()
+    stopping.join(0.5)
+    assert stopping.is_alive()  # it waits for the micro-batch under way
+    release.set()
+    stopping.join(30)
+    under_way.join(30)
+    assert not stopping.is_alive() and not handler.passed
+    handler(None, 1)  # Spark's next micro-batch, started before the query stopped
+    assert taken == [0] and handler.passed  # untouched: the run discards the checkpoint that claims it
+    handler.close()

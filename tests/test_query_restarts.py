@@ -50,6 +50,10 @@ class FakeHandler:
     error = None
     batches = 0
     settled = 0
+    passed = False
+
+    def take_no_more(self) -> None:
+        pass
 
     def settle(self) -> None:
         self.settled += 1

@@ -18,6 +18,7 @@ table stood still.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -114,8 +115,26 @@ class ForEachBatch:
         #: this micro-batch's decoded parts as a DataFrame, persisted, while tables read it on the executors
         self._parts_frame: DataFrame | None = None
         self._applier = Behind("apply")
+        #: held while a micro-batch is taken in; once :meth:`take_no_more` closed it, micro-batches pass
+        self._taking = threading.Lock()
+        self._closed = False
+        #: a micro-batch went by untouched after :meth:`take_no_more`: Spark's checkpoint claims it
+        self.passed = False
+
+    def take_no_more(self) -> None:
+        """Return once the micro-batch being taken in is handed on (see :meth:`settle`); any later
+        one passes untouched, so the query can be stopped without cancelling a batch's Spark job."""
+        with self._taking:
+            self._closed = True
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        with self._taking:
+            if self._closed:
+                self.passed = True
+            else:
+                self._take(frame, batch_id)
+
+    def _take(self, frame: DataFrame, batch_id: int) -> None:
         try:
             t0 = time.perf_counter()
             if self.report.startup_seconds is None:
