@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,10 +195,24 @@ def test_a_driver_run_killed_mid_way_leaves_no_process_and_the_next_run_converge
 STOPS = ("ctrl-c", "sigterm", "sigterm-to-all")
 
 
-def _start(path: Path, marker: str, *options: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "ingest.cli", "run", "-c", str(path), *options],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "INGEST_TEST_MARKER": marker})
+@pytest.fixture
+def start() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """``start(config, marker, *options)``: ``ingest run`` in a session of its own, killed with its
+    processes if a failing test left it running."""
+    started: list[subprocess.Popen[str]] = []
+
+    def run(path: Path, marker: str, *options: str) -> subprocess.Popen[str]:
+        started.append(subprocess.Popen(
+            [sys.executable, "-m", "ingest.cli", "run", "-c", str(path), *options], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env={**os.environ, "INGEST_TEST_MARKER": marker}))
+        return started[-1]
+
+    yield run
+    for left in started:
+        if left.poll() is None:
+            os.killpg(left.pid, signal.SIGKILL)
+            left.communicate()
 
 
 def _stop(run: subprocess.Popen[str], how: str, marker: str, *, head_start: float = 0) -> tuple[str, str]:
@@ -220,7 +235,7 @@ def _stop(run: subprocess.Popen[str], how: str, marker: str, *, head_start: floa
 
 
 @pytest.mark.parametrize("how", STOPS)
-def test_a_stopped_driver_run_ends_with_its_report_and_leaves_no_table_held(tmp_path: Path, how: str,
+def test_a_stopped_driver_run_ends_with_its_report_and_leaves_no_table_held(tmp_path: Path, how: str, start: Any,
                                                                             caplog: pytest.LogCaptureFixture) -> None:
     """The batch under way finishes (cut short inside DuckDB, it would fail its table), then the run
     ends. SIGTERM killed the run outright before: no report, exit -15, every table's lease left for the
@@ -228,7 +243,7 @@ def test_a_stopped_driver_run_ends_with_its_report_and_leaves_no_table_held(tmp_
     path, cfg = _config(tmp_path, driver_seconds=60)
     produce(cfg, TOPICS["tags"], _changes(0, 3000))  # thirty batches: the run is still busy when stopped
     marker = f"driver-run-{uuid.uuid4().hex}"
-    run = _start(path, marker)
+    run = start(path, marker)
     wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] < 3000, what="the first batch", timeout=120)
     out, err = _stop(run, how, marker)
 
@@ -244,7 +259,7 @@ def test_a_stopped_driver_run_ends_with_its_report_and_leaves_no_table_held(tmp_
 
 @pytest.mark.spark
 @pytest.mark.parametrize("how", STOPS)
-def test_a_stopped_continuous_spark_run_ends_with_its_report(tmp_path: Path, how: str,
+def test_a_stopped_continuous_spark_run_ends_with_its_report(tmp_path: Path, how: str, start: Any,
                                                              caplog: pytest.LogCaptureFixture) -> None:
     """The service's case: ``run --continuous`` through Spark's queries, caught up and waiting. SIGTERM
     to every process reached Spark's JVM too, which shut down under the run: "error: internal error:
@@ -252,7 +267,7 @@ def test_a_stopped_continuous_spark_run_ends_with_its_report(tmp_path: Path, how
     path, cfg = _config(tmp_path, driver_seconds=0)
     produce(cfg, TOPICS["tags"], _changes(0, 50))
     marker = f"spark-run-{uuid.uuid4().hex}"
-    run = _start(path, marker, "--continuous")
+    run = start(path, marker, "--continuous")
     wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] == 0, what="the backlog applied", timeout=240)
     out, err = _stop(run, how, marker, head_start=1)  # time for the JVM to shut down, when it did
 
@@ -283,7 +298,7 @@ def _reading(marker: str) -> bool:
 @pytest.mark.spark
 @pytest.mark.parametrize("how", STOPS[:2])
 def test_a_continuous_run_stopped_mid_catch_up_lets_the_micro_batch_under_way_commit(
-        tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, how: str, start: Any, caplog: pytest.LogCaptureFixture) -> None:
     """Micro-batches too big for the driver, read by Spark's Python workers. PySpark's SIGINT handler
     cancelled every Spark job, so the read under way failed: tracebacks from py4j, Spark and its
     Python daemon, and at times "error: internal error: Py4JError: Gateway must be connected to send
@@ -291,7 +306,7 @@ def test_a_continuous_run_stopped_mid_catch_up_lets_the_micro_batch_under_way_co
     path, cfg = _config(tmp_path, driver_seconds=0, max_records_per_batch=5000)
     produce(cfg, TOPICS["tags"], _changes(0, 60_000))
     marker = f"spark-run-{uuid.uuid4().hex}"
-    run = _start(path, marker, "--continuous")
+    run = start(path, marker, "--continuous")
     wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] < 60_000, what="the first micro-batch", timeout=240)
     wait_until(lambda: _reading(marker), what="a Python worker reading a micro-batch", timeout=60)
     out, err = _stop(run, how, marker)
