@@ -156,3 +156,18 @@ def test_a_query_whose_batch_failed_is_not_started_again_and_the_log_says_why(
         assert not run._restart_failed(q, "continuous", "r") and started == []
     assert [m for m in caplog.messages if "not started again" in m and "the audit append failed" in m
             and "PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR" in m], caplog.messages
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_checkpoint_claiming_a_micro_batch_that_passed_untouched_is_discarded(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, refused: bool) -> None:
+    """A micro-batch that came after the stop's ``take_no_more`` passed untouched: Spark's checkpoint
+    claims it, the tables do not. A store that refuses the delete leaves it to the next run."""
+    run, q, _ = _run(monkeypatch, [])
+    if refused:
+        monkeypatch.setattr(queries.checkpoints, "discard", lambda _d: (_ for _ in ()).throw(PermissionError("403")))
+    q.query, q.handler.passed = FakeQuery(isActive=True), True  # type: ignore[attr-defined]
+    with caplog.at_level("WARNING", logger="ingest.stream.queries"):
+        run._await([q], RunReport("r", {}), "continuous", stop_after=0.01, run_id="r")
+    assert q.query.stopped and discarded == ([] if refused else ["checkpoint"])
+    assert ("could not discard its Spark checkpoint checkpoint (PermissionError: 403)" in caplog.text) == refused

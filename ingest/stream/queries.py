@@ -328,7 +328,12 @@ class StreamingRun:
                 if q.query.isActive:
                     q.query.stop()
                 if q.handler.passed:  # the tables' Delta logs say what was applied; the next run resumes there
-                    checkpoints.discard(q.directory)
+                    try:
+                        checkpoints.discard(q.directory)
+                    except Exception as exc:
+                        log.warning("query %s: could not discard its Spark checkpoint %s (%s), which claims a "
+                                    "micro-batch its tables did not apply; the next run discards it", q.name,
+                                    q.directory, secrets.describe(exc))
         for q in queries:
             failure: Exception | None = None
             while True:
