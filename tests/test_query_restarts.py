@@ -6,6 +6,10 @@ initialOffset and at its latestOffset."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -72,7 +76,8 @@ def _run(monkeypatch: pytest.MonkeyPatch, starts: list[FakeQuery]) -> tuple[Stre
     monkeypatch.setattr(queries, "_UNAVAILABLE_WAIT", 0.01)
     monkeypatch.setattr(queries.checkpoints, "discard", lambda _directory: discarded.append(_directory))
     # The pauses (between restarts, between the loop's looks) end at a stop request: none is made.
-    run = StreamingRun(SimpleNamespace(pause=lambda _s: False, stopping=False, metrics=None))  # type: ignore[arg-type]
+    run = StreamingRun(SimpleNamespace(pause=lambda _s: False, stopping=False, stop=lambda: None,  # type: ignore[arg-type]
+                                       metrics=None))
     started: list[FakeQuery] = []
 
     def start(_q: Any, _mode: Any, _run_id: Any) -> FakeQuery:
@@ -171,3 +176,58 @@ def test_a_checkpoint_claiming_a_micro_batch_that_passed_untouched_is_discarded(
         run._await([q], RunReport("r", {}), "continuous", stop_after=0.01, run_id="r")
     assert q.query.stopped and discarded == ([] if refused else ["checkpoint"])
     assert ("could not discard its Spark checkpoint checkpoint (PermissionError: 403)" in caplog.text) == refused
+
+
+class _SlowQuery:
+    """A query whose ``isActive`` takes 0.2 s, as a py4j call to a busy JVM may; it notes an
+    interruption raised inside it."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self.interrupted_inside: list[BaseException] = []
+
+    @property
+    def isActive(self) -> bool:
+        try:
+            time.sleep(0.2)
+        except BaseException as exc:
+            self.interrupted_inside.append(exc)
+            raise
+        return not self.stopped
+
+    def exception(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def awaitTermination(self) -> None:
+        pass
+
+
+class _Runner:
+    def __init__(self) -> None:
+        self.metrics = None
+        self._stop = threading.Event()
+        self.stop = self._stop.set
+        self.pause = self._stop.wait
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+
+def test_ctrl_c_in_a_continuous_run_only_asks_its_loop_to_end(caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C (and SIGTERM) was raised wherever the driver was, at times inside a py4j call, whose
+    connection it broke: "error: internal error: Py4JNetworkError: Answer from Java side is empty",
+    exit 5. The first one now only asks the loop to end, which then stops the queries."""
+    before = signal.getsignal(signal.SIGINT)  # PySpark's, if a test before started Spark
+    run = StreamingRun(_Runner())  # type: ignore[arg-type]
+    query = _SlowQuery()
+    q = _Query("q", [], "checkpoint", FakeHandler(), None, query)  # type: ignore[arg-type]
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()  # while isActive is asked
+    with caplog.at_level("WARNING"):
+        run._await([q], RunReport("r", {}), "continuous", stop_after=None, run_id="r")
+    assert query.interrupted_inside == [] and query.stopped
+    assert "interrupted: the micro-batch under way finishes, then the queries stop" in caplog.text
+    assert signal.getsignal(signal.SIGINT) is before  # put back

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Final
@@ -140,22 +137,6 @@ def _leave_sigterm_to_the_driver(spark: SparkSession) -> None:
     jvm = spark.sparkContext._jvm
     assert jvm is not None  # a session's context has its gateway
     jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal("TERM"), jvm.sun.misc.SignalHandler.SIG_IGN)
-
-
-@contextmanager
-def interrupt_without_cancelling() -> Iterator[None]:
-    """Ctrl-C (and SIGTERM, which does the same: ``ingest.cli.outcome``) only raises KeyboardInterrupt
-    in the driver's main thread: PySpark's own handler first cancels every Spark job, which failed the
-    micro-batch under way mid-read, with tracebacks from py4j, Spark and its Python daemon."""
-    handler = signal.getsignal(signal.SIGINT)
-    if not callable(handler) or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
 
 
 def _import_decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

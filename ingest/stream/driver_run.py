@@ -41,6 +41,7 @@ from ingest.source.sources import DecodingSource, EmbeddedSource, decodes_at_rea
 from ingest.stream import checkpoint as checkpoints
 from ingest.stream.callback import ForEachBatch
 from ingest.stream.caught_up import backlog, chunks
+from ingest.stream.ctrl_c import FirstCtrlC
 from ingest.stream.queries import query_groups, query_name
 from ingest.stream.report import RunReport, TableRun
 
@@ -158,7 +159,7 @@ class DriverRun:
         records: list[AuditRecord] = []
         began = time.perf_counter()
         warm: tuple[int, float] | None = None  # records done and time when the first batch ended
-        ctrl_c = _FirstCtrlC()
+        ctrl_c = FirstCtrlC("interrupted: the batch under way finishes, then the run ends (Ctrl-C again: at once)")
         try:
             for piece, parts, decode_ms in decoded:
                 if piece.spec.name not in handler.stops:
@@ -209,30 +210,6 @@ class DriverRun:
                 log.warning("run %s: could not discard the Spark checkpoint %s (%s); the next Spark run reads "
                             "again what this run applied, and skips it", self.report.run_id, where,
                             secrets.describe(exc))
-
-
-class _FirstCtrlC:
-    """While batches are applied: the first Ctrl-C lets the batch under way finish and then ends the
-    run; a second one interrupts at once. Interrupted inside DuckDB, a batch would fail its table
-    ("Query interrupted") instead of ending the run. Only the main thread can handle a signal; in
-    any other, Ctrl-C is left as it is."""
-
-    def __init__(self) -> None:
-        self.pressed = False
-        self._installed = threading.current_thread() is threading.main_thread()
-        self._previous: Any = signal.signal(signal.SIGINT, self._press) if self._installed else None
-
-    def _press(self, signum: int, frame: Any) -> None:
-        if self.pressed:
-            raise KeyboardInterrupt
-        self.pressed = True
-        log.warning("interrupted: the batch under way finishes, then the run ends (Ctrl-C again: at once)")
-
-    def restore(self) -> None:
-        if self._installed:
-            # A handler installed outside Python reads as None and cannot be put back: the default then.
-            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
-            self._installed = False
 
 
 class _DecodedPieces:

@@ -41,9 +41,10 @@ from ingest.quality.suites import gx_context
 from ingest.source.catalog import catalog_for
 from ingest.source.discovery import with_discovered
 from ingest.source.sources import LATEST, Offsets, read_topics
-from ingest.spark.session import interrupt_without_cancelling, spark_location
+from ingest.spark.session import spark_location
 from ingest.stream import checkpoint as checkpoints
 from ingest.stream.callback import AllTablesStopped, ForEachBatch, ProgressFn
+from ingest.stream.ctrl_c import FirstCtrlC
 from ingest.stream.report import RunReport, TableRun
 
 if TYPE_CHECKING:
@@ -295,34 +296,41 @@ class StreamingRun:
             deadline = time.monotonic() + stop_after if stop_after else None
             next_look = time.monotonic() + (refresh or 0)
             next_progress = time.monotonic() + _PROGRESS_EVERY
+            # Ctrl-C (or SIGTERM) asks the loop to end; the micro-batch under way is then taken in
+            ctrl_c = FirstCtrlC("interrupted: the micro-batch under way finishes, then the queries stop (Ctrl-C "
+                                "again: at once, cancelling it before its commit; the next run applies it)",
+                                on_press=self.runner.stop)
+            at_once = False
             try:
-                with interrupt_without_cancelling():
-                    while True:
-                        restarted = False
+                while True:
+                    restarted = False
+                    for q in queries:
+                        if not q.query.isActive and q.query.exception() is not None:
+                            restarted = self._restart_failed(q, mode, run_id) or restarted
+                    # A query started again may have failed already: it is looked at again. With
+                    # discovery the run goes on without a table, waiting for topics to appear.
+                    if pick_up is None and not restarted and not any(q.query.isActive for q in queries):
+                        break
+                    if self.runner.stopping or (deadline and time.monotonic() > deadline):
+                        break
+                    if pick_up is not None and refresh and time.monotonic() >= next_look:
+                        queries.extend(pick_up())
+                        next_look = time.monotonic() + refresh
+                    if metrics is not None and time.monotonic() >= next_progress:
                         for q in queries:
-                            if not q.query.isActive and q.query.exception() is not None:
-                                restarted = self._restart_failed(q, mode, run_id) or restarted
-                        # A query started again may have failed already: it is looked at again. With
-                        # discovery the run goes on without a table, waiting for topics to appear.
-                        if pick_up is None and not restarted and not any(q.query.isActive for q in queries):
-                            break
-                        if self.runner.stopping or (deadline and time.monotonic() > deadline):
-                            break
-                        if pick_up is not None and refresh and time.monotonic() >= next_look:
-                            queries.extend(pick_up())
-                            next_look = time.monotonic() + refresh
-                        if metrics is not None and time.monotonic() >= next_progress:
-                            for q in queries:
-                                q.report_progress(metrics)
-                            next_progress = time.monotonic() + _PROGRESS_EVERY
-                        self.runner.pause(0.5)
-            except KeyboardInterrupt:
-                log.warning("interrupted: the micro-batch under way finishes, then the queries stop (Ctrl-C "
-                            "again: at once, cancelling it before its commit; the next run applies it)")
+                            q.report_progress(metrics)
+                        next_progress = time.monotonic() + _PROGRESS_EVERY
+                    self.runner.pause(0.5)
+            except KeyboardInterrupt:  # a second Ctrl-C
+                at_once = True
+            finally:
+                ctrl_c.restore()  # PySpark's, which cancels every Spark job
             try:  # stopped between micro-batches, no Spark job of one is cancelled
-                for q in queries:
+                for q in queries if not at_once else []:
                     q.handler.take_no_more()
             except KeyboardInterrupt:
+                at_once = True
+            if at_once:
                 log.warning("interrupted again: stopping the queries now")
             for q in queries:
                 if q.query.isActive:

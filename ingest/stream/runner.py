@@ -67,8 +67,8 @@ class Runner:
         self._stop = threading.Event()
 
     def stop(self) -> None:
-        """Ask a continuous run (in another thread) to stop its queries (a batch under way may be cancelled
-        before its commit; the next run applies it)."""
+        """Ask a continuous run to stop its queries once the micro-batch under way is taken in (Ctrl-C
+        asks it too: :mod:`ingest.stream.ctrl_c`)."""
         self._stop.set()
 
     @property
