@@ -163,6 +163,18 @@ def test_a_query_whose_batch_failed_is_not_started_again_and_the_log_says_why(
             and "PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR" in m], caplog.messages
 
 
+def test_a_query_left_ended_is_not_looked_at_again_while_the_others_run(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Its warning came every half second while another query ran, or discovery kept the run going."""
+    run, failed, started = _run(monkeypatch, [])
+    failed.handler.error = RuntimeError("the audit append failed")  # type: ignore[attr-defined]
+    running = _Query("r", [], "other", FakeHandler(), None, FakeQuery(isActive=True))  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="ingest.stream.queries"):
+        run._await([failed, running], RunReport("r", {}), "continuous", stop_after=0.2, run_id="r")
+    assert len([m for m in caplog.messages if "not started again" in m]) == 1 and started == []
+    assert running.query.stopped
+
+
 @pytest.mark.parametrize("refused", [False, True])
 def test_a_checkpoint_claiming_a_micro_batch_that_passed_untouched_is_discarded(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, refused: bool) -> None:
@@ -175,7 +187,8 @@ def test_a_checkpoint_claiming_a_micro_batch_that_passed_untouched_is_discarded(
     with caplog.at_level("WARNING", logger="ingest.stream.queries"):
         run._await([q], RunReport("r", {}), "continuous", stop_after=0.01, run_id="r")
     assert q.query.stopped and discarded == ([] if refused else ["checkpoint"])
-    assert ("could not discard its Spark checkpoint checkpoint (PermissionError: 403)" in caplog.text) == refused
+    refusal = "query q: could not discard the Spark checkpoint checkpoint (PermissionError: 403)"
+    assert (refusal in caplog.text) == refused
 
 
 class _SlowQuery:
@@ -201,8 +214,13 @@ class _SlowQuery:
     def stop(self) -> None:
         self.stopped = True
 
-    def awaitTermination(self) -> None:
-        pass
+    def awaitTermination(self) -> None:  # as Spark's: returns once the query stopped (here, within 2 s)
+        deadline = time.monotonic() + 2
+        try:
+            while not self.stopped and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except KeyboardInterrupt as exc:  # noted, and kept from pytest, which would end the session
+            self.interrupted_inside.append(exc)
 
 
 class _Runner:
@@ -217,17 +235,19 @@ class _Runner:
         return self._stop.is_set()
 
 
-def test_ctrl_c_in_a_continuous_run_only_asks_its_loop_to_end(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("mode", ["continuous", "available_now"])
+def test_ctrl_c_only_asks_the_runs_loop_to_end(caplog: pytest.LogCaptureFixture, mode: Any) -> None:
     """Ctrl-C (and SIGTERM) was raised wherever the driver was, at times inside a py4j call, whose
     connection it broke: "error: internal error: Py4JNetworkError: Answer from Java side is empty",
-    exit 5. The first one now only asks the loop to end, which then stops the queries."""
+    exit 5. A draining run waited in ``awaitTermination``, and got it there. The first one now only
+    asks the loop to end, which then stops the queries."""
     before = signal.getsignal(signal.SIGINT)  # PySpark's, if a test before started Spark
     run = StreamingRun(_Runner())  # type: ignore[arg-type]
     query = _SlowQuery()
     q = _Query("q", [], "checkpoint", FakeHandler(), None, query)  # type: ignore[arg-type]
     threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()  # while isActive is asked
     with caplog.at_level("WARNING"):
-        run._await([q], RunReport("r", {}), "continuous", stop_after=None, run_id="r")
+        run._await([q], RunReport("r", {}), mode, stop_after=None, run_id="r")
     assert query.interrupted_inside == [] and query.stopped
     assert "interrupted: the micro-batch under way finishes, then the queries stop" in caplog.text
     assert signal.getsignal(signal.SIGINT) is before  # put back

@@ -19,6 +19,7 @@ the same way from either, its files listed once.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import struct
 import zlib
@@ -26,8 +27,11 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ingest import secrets
 from ingest.lake.location import LakePath, Location, s3_client, s3_errors
 from ingest.records import audit
+
+log = logging.getLogger(__name__)
 
 _CRC_MAGIC: Final = b"crc\x00"
 #: Offsets per partition applied to the table (``None``: nothing applied yet).
@@ -127,6 +131,16 @@ def discard(directory: Location) -> None:
     for start in range(0, len(keys), 1000):  # the most one DeleteObjects request takes
         s3_client(where).delete_objects(Bucket=where.bucket, Delete={
             "Objects": [{"Key": k} for k in keys[start:start + 1000]], "Quiet": True})
+
+
+def discard_or_warn(directory: Location, who: str, if_kept: str) -> None:
+    """:func:`discard`, where a store that refuses is worth a warning and not a failure: ``who``
+    (a run, a query) and ``if_kept`` (what keeping it costs) say so in the warning."""
+    try:
+        discard(directory)
+    except Exception as exc:
+        log.warning("%s: could not discard the Spark checkpoint %s (%s); %s", who, directory,
+                    secrets.describe(exc), if_kept)
 
 
 # -- files ------------------------------------------------------------------------------------------

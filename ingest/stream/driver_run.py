@@ -30,7 +30,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from ingest import logs, secrets
+from ingest import logs
 from ingest.commit.state import TableState, load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode.columnar import BatchDecoder
@@ -203,13 +203,8 @@ class DriverRun:
         A store that refuses the deletion costs that re-read only: the run does not fail for it."""
         config = self.runner.config
         for group in query_groups(self.specs, config.source.queries):
-            where = config.checkpoint_location / query_name(group)
-            try:
-                checkpoints.discard(where)
-            except Exception as exc:
-                log.warning("run %s: could not discard the Spark checkpoint %s (%s); the next Spark run reads "
-                            "again what this run applied, and skips it", self.report.run_id, where,
-                            secrets.describe(exc))
+            checkpoints.discard_or_warn(config.checkpoint_location / query_name(group), f"run {self.report.run_id}",
+                                        "the next Spark run reads again what this run applied, and skips it")
 
 
 class _DecodedPieces:

@@ -56,6 +56,8 @@ _START_ATTEMPTS = 3  # restarts of a query that dies before its first batch (see
 _UNAVAILABLE_WAIT = 30.0  # at most this many seconds between starts of a continuous query whose source did not answer
 _SOURCE_INIT_WAIT = 30.0  # seconds to let one query's source start before starting the next
 _PROGRESS_EVERY = 5.0  # seconds between two looks at the queries' progress, for the metrics
+#: seconds between two looks at the queries: a draining run ends as soon as its queries did
+_LOOK_EVERY: dict[str, float] = {"continuous": 0.5, "available_now": 0.1}
 Mode = Literal["available_now", "continuous"]
 
 
@@ -84,6 +86,7 @@ class _Query:
     restarts: int = 0  # restarts since it last ran a batch
     batches_seen: int = 0  # its handler's batches at its last restart
     reported: int = -1  # the last micro-batch of ``query`` whose progress went to the metrics
+    ended: bool = False  # it failed and is not started again
 
     def report_progress(self, metrics: RunMetrics) -> None:
         """Hand the metrics the steps' durations of the micro-batches Spark ran since the last call
@@ -288,72 +291,77 @@ class StreamingRun:
             log.warning("query %s: the restart failed too: %s", q.name, secrets.describe(exc))
             return False
 
+    def _watch(self, queries: list[_Query], mode: Mode, stop_after: float | None, run_id: str, *,
+               pick_up: Callable[[], list[_Query]] | None, refresh: float | None) -> None:
+        """Look after the queries until they end (a draining run's, once they read what was there), the
+        run is stopped (Ctrl-C, SIGTERM, :meth:`Runner.stop`) or ``stop_after`` seconds passed; then
+        stop them between micro-batches: the one under way commits, no Spark job of it is cancelled.
+
+        A query that failed is started again where :meth:`_restart_failed` says so, and otherwise left
+        ended. With ``pick_up`` (discovery) a continuous run goes on without any query, waiting for
+        topics to appear.
+        """
+        metrics = self.runner.metrics
+        deadline = time.monotonic() + stop_after if stop_after else None
+        next_look = time.monotonic() + (refresh or 0)
+        next_progress = time.monotonic() + _PROGRESS_EVERY
+        ctrl_c = FirstCtrlC("interrupted: the micro-batch under way finishes, then the queries stop (Ctrl-C "
+                            "again: at once, cancelling it before its commit; the next run applies it)",
+                            on_press=self.runner.stop)
+        at_once = False
+        try:
+            while True:
+                restarted = False
+                for q in queries:
+                    if not q.ended and not q.query.isActive and q.query.exception() is not None:
+                        q.ended = not self._restart_failed(q, mode, run_id)
+                        restarted = restarted or not q.ended
+                # A query started again may have failed already: it is looked at again.
+                if pick_up is None and not restarted and not any(q.query.isActive for q in queries):
+                    break
+                if self.runner.stopping or (deadline and time.monotonic() > deadline):
+                    break
+                if pick_up is not None and refresh and time.monotonic() >= next_look:
+                    queries.extend(pick_up())
+                    next_look = time.monotonic() + refresh
+                if metrics is not None and time.monotonic() >= next_progress:
+                    for q in queries:
+                        q.report_progress(metrics)
+                    next_progress = time.monotonic() + _PROGRESS_EVERY
+                self.runner.pause(_LOOK_EVERY[mode])
+        except KeyboardInterrupt:  # a second Ctrl-C
+            at_once = True
+        finally:
+            ctrl_c.restore()  # PySpark's, which cancels every Spark job
+        try:
+            for q in queries if not at_once else []:
+                q.handler.take_no_more()
+        except KeyboardInterrupt:
+            at_once = True
+        if at_once:
+            log.warning("interrupted again: stopping the queries now")
+        for q in queries:
+            if q.query.isActive:
+                q.query.stop()
+            if q.handler.passed:  # the tables' Delta logs say what was applied; the next run resumes there
+                checkpoints.discard_or_warn(q.directory, f"query {q.name}",
+                                            "it claims a micro-batch its tables did not apply; the next run "
+                                            "discards it")
+
     def _await(self, queries: list[_Query], report: RunReport, mode: Mode, stop_after: float | None,
                run_id: str, *, pick_up: Callable[[], list[_Query]] | None = None,
                refresh: float | None = None) -> None:
-        metrics = self.runner.metrics
-        if mode == "continuous":
-            deadline = time.monotonic() + stop_after if stop_after else None
-            next_look = time.monotonic() + (refresh or 0)
-            next_progress = time.monotonic() + _PROGRESS_EVERY
-            # Ctrl-C (or SIGTERM) asks the loop to end; the micro-batch under way is then taken in
-            ctrl_c = FirstCtrlC("interrupted: the micro-batch under way finishes, then the queries stop (Ctrl-C "
-                                "again: at once, cancelling it before its commit; the next run applies it)",
-                                on_press=self.runner.stop)
-            at_once = False
-            try:
-                while True:
-                    restarted = False
-                    for q in queries:
-                        if not q.query.isActive and q.query.exception() is not None:
-                            restarted = self._restart_failed(q, mode, run_id) or restarted
-                    # A query started again may have failed already: it is looked at again. With
-                    # discovery the run goes on without a table, waiting for topics to appear.
-                    if pick_up is None and not restarted and not any(q.query.isActive for q in queries):
-                        break
-                    if self.runner.stopping or (deadline and time.monotonic() > deadline):
-                        break
-                    if pick_up is not None and refresh and time.monotonic() >= next_look:
-                        queries.extend(pick_up())
-                        next_look = time.monotonic() + refresh
-                    if metrics is not None and time.monotonic() >= next_progress:
-                        for q in queries:
-                            q.report_progress(metrics)
-                        next_progress = time.monotonic() + _PROGRESS_EVERY
-                    self.runner.pause(0.5)
-            except KeyboardInterrupt:  # a second Ctrl-C
-                at_once = True
-            finally:
-                ctrl_c.restore()  # PySpark's, which cancels every Spark job
-            try:  # stopped between micro-batches, no Spark job of one is cancelled
-                for q in queries if not at_once else []:
-                    q.handler.take_no_more()
-            except KeyboardInterrupt:
-                at_once = True
-            if at_once:
-                log.warning("interrupted again: stopping the queries now")
-            for q in queries:
-                if q.query.isActive:
-                    q.query.stop()
-                if q.handler.passed:  # the tables' Delta logs say what was applied; the next run resumes there
-                    try:
-                        checkpoints.discard(q.directory)
-                    except Exception as exc:
-                        log.warning("query %s: could not discard its Spark checkpoint %s (%s), which claims a "
-                                    "micro-batch its tables did not apply; the next run discards it", q.name,
-                                    q.directory, secrets.describe(exc))
+        """Watch the queries until they end or are stopped, then take in their outcomes: a failure
+        goes to the report as its tables' error."""
+        self._watch(queries, mode, stop_after, run_id, pick_up=pick_up, refresh=refresh)
         for q in queries:
             failure: Exception | None = None
-            while True:
-                try:
-                    q.query.awaitTermination()
-                except Exception as exc:
-                    if mode == "available_now" and self._restart_failed(q, mode, run_id):
-                        continue
-                    failure = exc
-                break
-            if metrics is not None:
-                q.report_progress(metrics)
+            try:
+                q.query.awaitTermination()  # ended or stopped: at once, raising what it failed with
+            except Exception as exc:
+                failure = exc
+            if self.runner.metrics is not None:
+                q.report_progress(self.runner.metrics)
             try:
                 q.handler.settle()  # the last micro-batch may still be being applied
             except Exception as exc:

@@ -67,7 +67,7 @@ class Runner:
         self._stop = threading.Event()
 
     def stop(self) -> None:
-        """Ask a continuous run to stop its queries once the micro-batch under way is taken in (Ctrl-C
+        """Ask a run to stop its Spark queries once the micro-batch under way is taken in (Ctrl-C
         asks it too: :mod:`ingest.stream.ctrl_c`)."""
         self._stop.set()
 
