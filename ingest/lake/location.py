@@ -277,6 +277,7 @@ def _say_away(endpoint: str, why: str, seconds: float) -> None:
 
 
 _ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
+_URL_PATH: Final = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s\"'<>]*)[^\s\"'<>]*", re.IGNORECASE)
 #: What delta-rs's object store says, and what to do about it.
 _STORE_CAUSES: Final = (
     (("169.254.169.254", "imds", "credential", "no valid credential", "invalidaccesskeyid"),
@@ -296,7 +297,9 @@ def unavailable(where: LakePath, exc: BaseException) -> str:
     """One line naming ``where`` and why the store failed (delta-rs's message is several lines; botocore's
     names the URL, not the setting)."""
     text = _ANSI.sub("", str(exc))
-    lowered = text.lower()
+    # The paths the message names are not why it failed: a table called "credentials" is no
+    # missing credential. Hosts stay (IMDS is one).
+    lowered = _URL_PATH.sub(r"\1", text.replace(where.key, "") if where.key else text).lower()
     for needles, cause in _STORE_CAUSES:
         if any(n in lowered for n in needles):
             return f"lake {where.uri}: {cause}"

@@ -114,6 +114,28 @@ def test_a_403_in_a_url_is_not_a_refusal(error: str, cause: str) -> None:
     assert unavailable(where, RuntimeError(error)) == f"lake s3://b/lake/_cdc_locks/t.lease: {cause}"
 
 
+@pytest.mark.parametrize("error", [
+    "Generic S3 error: Error after 10 retries in 2.1s, max_retries:10, retry_timeout:180s, source:error sending "
+    "request for url (http://127.0.0.1:9000/b/lake/credentials/_delta_log/_last_checkpoint)",
+    'Could not connect to the endpoint URL: "http://127.0.0.1:9000/b/lake/credentials/_delta_log/0.json"',
+    "Object at location lake/credentials/_delta_log/0.json not found: tcp connect error",
+])
+def test_a_path_that_names_credentials_is_not_a_missing_credential(error: str) -> None:
+    """A table called "credentials" on an endpoint that did not answer was reported as "no usable S3
+    credentials": the needle "credential" matched its path."""
+    where = LakePath("s3://b/lake/credentials", {})
+    assert unavailable(where, RuntimeError(error)) == ("lake s3://b/lake/credentials: the store's endpoint does not "
+                                                      "answer (target.storage.endpoint_url)")
+
+
+def test_imds_in_a_url_still_says_the_credentials_are_missing() -> None:
+    error = "Generic S3 error: Error performing token request: http://169.254.169.254/latest/api/token"
+    assert unavailable(LakePath("s3://b/lake", {}), RuntimeError(error)).endswith("no usable S3 credentials: set "
+                                                                                 "AWS_ACCESS_KEY_ID and "
+                                                                                 "AWS_SECRET_ACCESS_KEY (environment "
+                                                                                 "or secrets_file)")
+
+
 def test_a_store_that_does_not_answer_is_said_once_while_it_is_waited_for(caplog: pytest.LogCaptureFixture) -> None:
     """A run against a wrong endpoint printed nothing for retry_seconds (two minutes by default)."""
     from botocore.exceptions import EndpointConnectionError
