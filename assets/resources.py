@@ -76,13 +76,6 @@ class SparkIngestPipeline(IngestPipeline):
     executor every step is a process of its own, so each drained table starts one.
     """
 
-    def statuses(self, tables: list[str]) -> dict[str, TableStatus]:
-        """:meth:`status` of several tables, with one configuration load and one source connection."""
-        config = self.config()
-        wanted = set(tables)  # a table whose topic is gone (discovered tables) is left out
-        only = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name in wanted)})
-        return {s.table: s for s in table_status(only)}
-
     def drain(self, table: str) -> TableRun:
         report = Runner(self.config()).run(tables=[table], mode="available_now")
         return report.tables[table]
@@ -99,13 +92,6 @@ class StubIngestPipeline(IngestPipeline):
         default="{}",
         description='JSON {table: {"batches": [audit record fields...], "error": str | null}} that drain returns.',
     )
-
-    def statuses(self, tables: list[str]) -> dict[str, TableStatus]:
-        """:meth:`status` of several tables, with one configuration load and one source connection."""
-        config = self.config()
-        wanted = set(tables)  # a table whose topic is gone (discovered tables) is left out
-        only = config.model_copy(update={"tables": tuple(t for t in config.tables if t.name in wanted)})
-        return {s.table: s for s in table_status(only)}
 
     def drain(self, table: str) -> TableRun:
         prepared = json.loads(self.runs_json).get(table, {})
