@@ -333,11 +333,12 @@ class StreamingRun:
             at_once = True
         finally:
             ctrl_c.restore()  # PySpark's, which cancels every Spark job
-        try:
-            for q in queries if not at_once else []:
-                q.handler.take_no_more()
-        except KeyboardInterrupt:
-            at_once = True
+        if not at_once:
+            try:
+                for q in queries:
+                    q.handler.take_no_more()
+            except KeyboardInterrupt:
+                at_once = True
         if at_once:
             log.warning("interrupted again: stopping the queries now")
         for q in queries:
