@@ -27,6 +27,7 @@ def check_java() -> None:
     if java is None:
         raise EnvironmentProblem(JAVA_HINT)
     try:
-        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=30)
+        # in a session of its own: the terminal's Ctrl-C, which the run takes as a stop, does not kill it
+        subprocess.run([java, "-version"], capture_output=True, check=True, timeout=30, start_new_session=True)
     except (OSError, subprocess.SubprocessError) as exc:
         raise EnvironmentProblem(f"{JAVA_HINT} ({java} -version failed: {exc})") from exc

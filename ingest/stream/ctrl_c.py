@@ -38,6 +38,12 @@ class FirstCtrlC:
         if self._on_press is not None:
             self._on_press()
 
+    def reclaim(self) -> None:
+        """Be the handler again after a library put its own in place, which :meth:`restore` then puts
+        back (PySpark's context installs one, which cancels every Spark job, as it starts)."""
+        if self._installed and signal.getsignal(signal.SIGINT) != self._press:
+            self._previous = signal.signal(signal.SIGINT, self._press)
+
     def restore(self) -> None:
         """Put the handler that was there back (PySpark's, in a run that started Spark)."""
         if self._installed:

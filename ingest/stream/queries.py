@@ -125,17 +125,38 @@ class StreamingRun:
                 gates[spec.name] = gate
         return gates
 
-    def run(self, specs: list[TableSpec], gates: dict[str, QualityGate], held: list[locks.WriterLock], *,
+    def run(self, specs: list[TableSpec], held: list[locks.WriterLock], *, mode: Mode, reset_checkpoints: bool,
+            from_beginning: bool, progress: ProgressFn | None, stop_after: float | None, discover: bool,
+            run_id: str | None = None) -> RunReport:
+        """Start Spark, the quality gates and the queries, and watch the queries to their end.
+
+        ``run_id``: the run's, when the driver began it (:mod:`ingest.stream.driver_run`); else a new
+        one. Ctrl-C while the run starts lets the start finish and starts no query: cut short inside
+        Spark's launch, the start left Spark's JVM running after the run had gone, holding the run's
+        output open (PySpark's launch deletes the file the JVM was about to report its port in).
+        """
+        starting = FirstCtrlC("interrupted while the run starts: it ends once Spark has started, before any "
+                              "micro-batch (Ctrl-C again: at once)", on_press=self.runner.stop)
+        try:
+            gates = self.quality_gates_beside_spark(specs)
+            starting.reclaim()  # from PySpark's, which its context puts in place as it starts
+            return self._run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
+                             from_beginning=from_beginning, progress=progress, stop_after=stop_after,
+                             discover=discover, run_id=run_id, starting=starting)
+        finally:
+            starting.restore()
+
+    def _run(self, specs: list[TableSpec], gates: dict[str, QualityGate], held: list[locks.WriterLock], *,
              mode: Mode, reset_checkpoints: bool, from_beginning: bool, progress: ProgressFn | None,
-             stop_after: float | None, discover: bool, run_id: str | None = None) -> RunReport:
-        """``run_id``: the run's, when the driver began it (:mod:`ingest.stream.driver_run`); else a new one."""
+             stop_after: float | None, discover: bool, run_id: str | None, starting: FirstCtrlC) -> RunReport:
         run_id = run_id or uuid.uuid4().hex[:12]
         report = RunReport(run_id, {s.name: TableRun(s.name) for s in specs})
         started = time.perf_counter()
-        _ = self.runner.spark  # start Spark before the per-query set-up
         cuts = self.runner.cuts_publisher(specs, run_id)  # one for the run: its queries share the group
 
         def launch(group: list[TableSpec], *, fresh: bool = False) -> _Query | None:
+            if self.runner.stopping:  # interrupted while the run starts
+                return None
             name = query_name(group)
             directory = self.runner.config.checkpoint_location / name
             try:  # the store may fail here too (an outage longer than storage.retry_seconds)
@@ -185,6 +206,7 @@ class StreamingRun:
 
         queries = [q for group in query_groups(specs, self.runner.config.source.queries) if (q := launch(group))]
         refresh = self.runner.config.discover.refresh_seconds if discover and self.runner.config.discover else None
+        starting.restore()  # the watch has its own
         self._await(queries, report, mode, stop_after, run_id,
                     pick_up=pick_up if refresh is not None and mode == "continuous" else None, refresh=refresh)
         if cuts is not None:  # an END record may have come after the last batch
@@ -224,7 +246,8 @@ class StreamingRun:
         # Start the queries one after another: each spawns a Python source runner that must connect
         # back to the JVM within 10 s, which several at once on a busy machine can miss.
         deadline = time.monotonic() + _SOURCE_INIT_WAIT
-        while query.isActive and query.status["message"] == "Initializing sources" and time.monotonic() < deadline:
+        while (query.isActive and query.status["message"] == "Initializing sources" and time.monotonic() < deadline
+               and not self.runner.stopping):
             time.sleep(0.2)
         return query
 

@@ -185,11 +185,10 @@ class Runner:
             if report is None:
                 from ingest.stream.queries import StreamingRun  # Spark and GX: only for a run that needs them
 
-                streaming = StreamingRun(self)
-                gates = streaming.quality_gates_beside_spark(specs)
-                report = streaming.run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
-                                       from_beginning=from_beginning, progress=progress, stop_after=stop_after,
-                                       discover=discovering, run_id=on_driver.report.run_id if on_driver else None)
+                report = StreamingRun(self).run(specs, held, mode=mode, reset_checkpoints=reset_checkpoints,
+                                                from_beginning=from_beginning, progress=progress,
+                                                stop_after=stop_after, discover=discovering,
+                                                run_id=on_driver.report.run_id if on_driver else None)
                 if on_driver is not None:  # what the driver applied before it handed the rest to Spark
                     report.add_before(on_driver.report)
             for name, error in behind.items():
