@@ -105,13 +105,16 @@ class StreamingRun:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
 
-    def quality_gates_beside_spark(self, specs: list[TableSpec]) -> dict[str, QualityGate]:
-        """The tables' quality gates, with Great Expectations' import and context (seconds) made in a
-        thread while Spark's JVM starts (seconds): the two starts overlap instead of adding up."""
-        if any(spec.expectations for spec in specs):
-            with ThreadPoolExecutor(1, thread_name_prefix="gx-start") as pool:
-                ready = pool.submit(gx_context)
-                _ = self.runner.spark
+    def spark_and_quality_gates(self, specs: list[TableSpec], *, spark_started: Callable[[], None]
+                                ) -> dict[str, QualityGate]:
+        """Start Spark and return the tables' quality gates, with Great Expectations' import and
+        context (seconds) made in a thread while Spark's JVM starts (seconds): the two starts overlap
+        instead of adding up. ``spark_started`` is called as soon as Spark is up."""
+        with ThreadPoolExecutor(1, thread_name_prefix="gx-start") as pool:
+            ready = pool.submit(gx_context) if any(spec.expectations for spec in specs) else None
+            _ = self.runner.spark
+            spark_started()
+            if ready is not None:
                 ready.result()
         return self.quality_gates(specs)
 
@@ -138,8 +141,8 @@ class StreamingRun:
         starting = FirstCtrlC("interrupted while the run starts: it ends once Spark has started, before any "
                               "micro-batch (Ctrl-C again: at once)", on_press=self.runner.stop)
         try:
-            gates = self.quality_gates_beside_spark(specs)
-            starting.reclaim()  # from PySpark's, which its context puts in place as it starts
+            # from PySpark's handler, which its context put in place as it started
+            gates = self.spark_and_quality_gates(specs, spark_started=starting.reclaim)
             return self._run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
                              from_beginning=from_beginning, progress=progress, stop_after=stop_after,
                              discover=discover, run_id=run_id, starting=starting)
