@@ -134,14 +134,14 @@ class StreamingRun:
         """Start Spark, the quality gates and the queries, and watch the queries to their end.
 
         ``run_id``: the run's, when the driver began it (:mod:`ingest.stream.driver_run`); else a new
-        one. Ctrl-C while the run starts lets the start finish and starts no query: cut short inside
-        Spark's launch, the start left Spark's JVM running after the run had gone, holding the run's
-        output open (PySpark's launch deletes the file the JVM was about to report its port in).
+        one. Ctrl-C while the run starts lets the start finish and starts no query; cut short, the
+        start printed py4j's tracebacks (and Spark's launch, its JVM left behind: see
+        ``ingest.spark.session``).
         """
         starting = FirstCtrlC("interrupted while the run starts: it ends once Spark has started, before any "
                               "micro-batch (Ctrl-C again: at once)", on_press=self.runner.stop)
         try:
-            # from PySpark's handler, which its context put in place as it started
+            # reclaim: Ctrl-C is the start's again, not PySpark's, whose context put its handler in place
             gates = self.spark_and_quality_gates(specs, spark_started=starting.reclaim)
             return self._run(specs, gates, held, mode=mode, reset_checkpoints=reset_checkpoints,
                              from_beginning=from_beginning, progress=progress, stop_after=stop_after,
