@@ -184,7 +184,7 @@ def test_a_checkpoint_claiming_a_micro_batch_that_passed_untouched_is_discarded(
     if refused:
         monkeypatch.setattr(queries.checkpoints, "discard", lambda _d: (_ for _ in ()).throw(PermissionError("403")))
     q.query, q.handler.passed = FakeQuery(isActive=True), True  # type: ignore[attr-defined]
-    with caplog.at_level("WARNING", logger="ingest.stream.queries"):
+    with caplog.at_level("WARNING", logger="ingest.stream.checkpoint"):
         run._await([q], RunReport("r", {}), "continuous", stop_after=0.01, run_id="r")
     assert q.query.stopped and discarded == ([] if refused else ["checkpoint"])
     refusal = "query q: could not discard the Spark checkpoint checkpoint (PermissionError: 403)"

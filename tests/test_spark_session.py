@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from typing import Any
 
@@ -160,26 +158,3 @@ def test_a_streaming_checkpoint_resumes_however_its_files_are_written(spark, tmp
     written = [p.name for p in checkpoint.rglob("*") if p.is_file()]
     assert {"0", "1"} <= set(written)
     assert bool([name for name in written if name.endswith(".crc")]) is (through == "file systems")
-
-
-@pytest.mark.parametrize("replaced", [False, True])
-def test_ctrl_c_while_the_session_starts_reaches_the_handler_before_it_once_it_has_started(replaced: bool) -> None:
-    """Cut short, PySpark's launch left Spark's JVM running after the process, for good. The press is
-    held, then handed to the handler that was there; one the start put in place (PySpark's) stays."""
-    presses: list[int] = []
-    pyspark_like = signal.default_int_handler
-    before = signal.signal(signal.SIGINT, lambda signum, _frame: presses.append(signum))
-    try:
-        with spark_module._ctrl_c_once_started() as retake:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.1)  # the launch goes on: nothing is raised in it
-            if replaced:
-                signal.signal(signal.SIGINT, pyspark_like)
-                retake()
-                os.kill(os.getpid(), signal.SIGINT)  # held too, after the context started
-                time.sleep(0.1)
-            assert presses == []
-        assert presses == [signal.SIGINT]
-        assert (signal.getsignal(signal.SIGINT) is pyspark_like) is replaced
-    finally:
-        signal.signal(signal.SIGINT, before)

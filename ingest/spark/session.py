@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import pyarrow as pa
 from pyspark.java_gateway import ensure_callback_server_started
@@ -19,6 +16,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
 from ingest.columns import arrow_type
 from ingest.config import IngestConfig, SparkSpec, local_cores
+from ingest.ctrl_c import HeldCtrlC
 from ingest.lake.location import LakePath
 from ingest.source.sources import TopicLogDataSource, decodes_at_read
 from ingest.spark.class_archive import java_option
@@ -121,9 +119,12 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
     for key, value in extra:
         if key != DRIVER_JAVA_OPTIONS:
             builder = builder.config(key, value)
-    with _ctrl_c_once_started() as retake:
+    # Ctrl-C is held while the session starts, then handed on: cut short, the launch leaves Spark's
+    # JVM running after the process, and a KeyboardInterrupt later comes out of a py4j call. A run's
+    # start takes the press as a stop; any other command is interrupted once the session is up.
+    with HeldCtrlC() as ctrl_c:
         spark = builder.getOrCreate()
-        retake()
+        ctrl_c.reclaim()  # from PySpark's context, which put its handler in place as it started
         spark.sparkContext.setLogLevel("ERROR")
         _leave_sigterm_to_the_driver(spark)
         snapshot_tasks(spark)
@@ -131,47 +132,6 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
         spark.dataSource.register(TopicLogDataSource)
         warm_up(spark)
     return spark
-
-
-@contextmanager
-def _ctrl_c_once_started() -> Iterator[Callable[[], None]]:
-    """Hold Ctrl-C while the session starts, and hand it to the handler that was there once it has.
-
-    Cut short, PySpark's launch deletes the directory Spark's JVM is about to write its port in; the
-    JVM then outlives the process for good, holding its standard output and error open, so whatever
-    reads them waits for ever. A KeyboardInterrupt a little later comes out of a py4j call, which
-    logs it with its traceback. A run's start takes the press as a stop (``ingest.stream.ctrl_c``);
-    any other command is interrupted, as it would have been, once the session is up.
-
-    Yields ``retake``, to call once the context has started: PySpark's context puts its own handler
-    in place then, which is put back when the start is done.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: None
-        return
-    pressed: list[int] = []
-
-    def hold(signum: int, _frame: Any) -> None:
-        pressed.append(signum)
-
-    before = signal.signal(signal.SIGINT, hold)
-    stays = [before]  # the handler in place once the session is up
-
-    def retake() -> None:
-        if (current := signal.getsignal(signal.SIGINT)) is not hold:
-            stays[0] = current
-            signal.signal(signal.SIGINT, hold)
-
-    try:
-        yield retake
-    finally:
-        if signal.getsignal(signal.SIGINT) is hold:
-            signal.signal(signal.SIGINT, stays[0] if stays[0] is not None else signal.default_int_handler)
-    if pressed and before is not signal.SIG_IGN:
-        if callable(before):
-            before(signal.SIGINT, None)
-        else:
-            raise KeyboardInterrupt
 
 
 def _leave_sigterm_to_the_driver(spark: SparkSession) -> None:

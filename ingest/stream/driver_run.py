@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from ingest import logs
 from ingest.commit.state import TableState, load_state
 from ingest.config import IngestConfig, TableSpec
+from ingest.ctrl_c import FirstCtrlC
 from ingest.decode.columnar import BatchDecoder
 from ingest.lake.layout import TablePaths
 from ingest.quality import QualityGate
@@ -41,7 +42,6 @@ from ingest.source.sources import DecodingSource, EmbeddedSource, decodes_at_rea
 from ingest.stream import checkpoint as checkpoints
 from ingest.stream.callback import ForEachBatch
 from ingest.stream.caught_up import backlog, chunks
-from ingest.stream.ctrl_c import FirstCtrlC
 from ingest.stream.queries import query_groups, query_name
 from ingest.stream.report import RunReport, TableRun
 

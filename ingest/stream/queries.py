@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import TableSpec
+from ingest.ctrl_c import FirstCtrlC
 from ingest.errors import engine_error_in, first_line, is_cancellation, is_unavailability, unavailability_in
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
@@ -44,7 +45,6 @@ from ingest.source.sources import LATEST, Offsets, read_topics
 from ingest.spark.session import spark_location
 from ingest.stream import checkpoint as checkpoints
 from ingest.stream.callback import AllTablesStopped, ForEachBatch, ProgressFn
-from ingest.stream.ctrl_c import FirstCtrlC
 from ingest.stream.report import RunReport, TableRun
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class StreamingRun:
         ``run_id``: the run's, when the driver began it (:mod:`ingest.stream.driver_run`); else a new
         one. Ctrl-C while the run starts lets the start finish and starts no query; cut short, the
         start printed py4j's tracebacks (and Spark's launch, its JVM left behind: see
-        ``ingest.spark.session``).
+        :mod:`ingest.ctrl_c`).
         """
         starting = FirstCtrlC("interrupted while the run starts: it ends once Spark has started, before any "
                               "micro-batch (Ctrl-C again: at once)", on_press=self.runner.stop)

@@ -68,7 +68,7 @@ class Runner:
 
     def stop(self) -> None:
         """Ask a run to stop its Spark queries once the micro-batch under way is taken in (Ctrl-C
-        asks it too: :mod:`ingest.stream.ctrl_c`)."""
+        asks it too: :mod:`ingest.ctrl_c`)."""
         self._stop.set()
 
     @property
