@@ -1,6 +1,6 @@
 """Ctrl-C where a KeyboardInterrupt would do harm: while a run applies batches, and while Spark starts.
 
-SIGTERM does what Ctrl-C does (``ingest.cli.outcome.stop_as_interrupted``). Raised where the driver
+SIGTERM does what Ctrl-C does (:func:`terminate`). Raised where the driver
 happened to be, a KeyboardInterrupt cuts short a batch inside DuckDB (which fails its table: "Query
 interrupted") or inside a py4j call, whose connection to Spark's JVM it breaks ("Answer from Java
 side is empty"); PySpark's own handler also cancels every Spark job first. Cut short, PySpark's
@@ -24,28 +24,57 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+#: This module's handlers in place, the innermost last: SIGTERM goes to it (:func:`terminate`).
+_active: list[_OwnCtrlC] = []
+
+
 class _OwnCtrlC:
-    """SIGINT's handler from construction until :meth:`restore`, in the main thread."""
+    """SIGINT's handler from construction until :meth:`restore`, in the main thread, and SIGTERM's
+    through :func:`terminate`. Where SIGINT is ignored (a script's background job, ``trap '' INT``,
+    as the shell's convention has it), it stays ignored: the handler only takes SIGTERM."""
 
     def __init__(self) -> None:
-        self._installed = threading.current_thread() is threading.main_thread()
+        self._main = threading.current_thread() is threading.main_thread()
+        self._ignored = self._main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        self._installed = self._main and not self._ignored
         self._previous: Any = signal.signal(signal.SIGINT, self._press) if self._installed else None
+        if self._main:
+            _active.append(self)
 
     def _press(self, signum: int, frame: Any) -> None:
         raise NotImplementedError
 
     def reclaim(self) -> None:
         """Be the handler again after a library put its own in place, which :meth:`restore` then puts
-        back (PySpark's context installs one, which cancels every Spark job, as it starts)."""
-        if self._installed and signal.getsignal(signal.SIGINT) != self._press:
+        back (PySpark's context installs one, which cancels every Spark job, as it starts). Where
+        SIGINT was ignored, it is ignored again, and stays so after :meth:`restore`."""
+        if self._ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        elif self._installed and signal.getsignal(signal.SIGINT) != self._press:
             self._previous = signal.signal(signal.SIGINT, self._press)
 
     def restore(self) -> None:
         """Put the handler that was there back (PySpark's, once a session started)."""
+        if self in _active:
+            _active.remove(self)
         if self._installed:
             # A handler installed outside Python reads as None and cannot be put back: the default then.
             signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
             self._installed = False
+
+
+def terminate(frame: Any) -> None:
+    """SIGTERM does what Ctrl-C does, even where Ctrl-C is ignored: the innermost of this module's
+    handlers takes it, else SIGINT's handler (PySpark's, once a session started), else Python's
+    KeyboardInterrupt."""
+    if _active:
+        _active[-1]._press(signal.SIGINT, frame)
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
 
 
 class FirstCtrlC(_OwnCtrlC):
@@ -69,13 +98,15 @@ class FirstCtrlC(_OwnCtrlC):
 
 class HeldCtrlC(_OwnCtrlC):
     """A context in which every press is held. Leaving it without an error hands one to the handler
-    that was there on entry (a :class:`FirstCtrlC`, or Python's, which raises KeyboardInterrupt), and
-    puts back the handler :meth:`reclaim` took back from a library, if it did."""
+    outside it (a run's :class:`FirstCtrlC`, or the one there on entry: Python's raises
+    KeyboardInterrupt), and puts back the handler :meth:`reclaim` took back from a library, if it did.
+    Where SIGINT is ignored, only SIGTERM is held, and handed on as an interrupt."""
 
     def __init__(self) -> None:
         self.pressed = False
         super().__init__()
-        self._first = self._previous
+        self._outer = _active[-2] if self._main and len(_active) > 1 else None
+        self._on_entry = self._previous
 
     def _press(self, signum: int, frame: Any) -> None:
         self.pressed = True
@@ -85,9 +116,11 @@ class HeldCtrlC(_OwnCtrlC):
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         self.restore()
-        if exc_type is not None or not self.pressed or self._first is signal.SIG_IGN:
+        if exc_type is not None or not self.pressed:
             return
-        if callable(self._first):
-            self._first(signal.SIGINT, None)
-        else:  # SIG_DFL, or a handler from outside Python: the process is being interrupted
+        if self._outer is not None:
+            self._outer._press(signal.SIGINT, None)
+        elif callable(self._on_entry):
+            self._on_entry(signal.SIGINT, None)
+        else:  # SIG_DFL, a handler from outside Python, or SIGTERM where SIGINT is ignored
             raise KeyboardInterrupt

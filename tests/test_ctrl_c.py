@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ingest.ctrl_c import FirstCtrlC, HeldCtrlC
+from ingest.ctrl_c import FirstCtrlC, HeldCtrlC, terminate
 
 
 def press() -> None:
@@ -116,4 +116,75 @@ def test_the_first_press_stops_and_the_second_interrupts(caplog: pytest.LogCaptu
             press()
     finally:
         run.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.fixture
+def ignored() -> Iterator[None]:
+    """Ctrl-C ignored, as the shell has it for a script's background job (``ingest run &``)."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("ignored")
+def test_where_ctrl_c_is_ignored_a_run_ignores_it_and_sigterm_still_stops_it(caplog: pytest.LogCaptureFixture) -> None:
+    """The run's handler replaced the ignore: Ctrl-C at a script's terminal stopped its background runs."""
+    stops: list[bool] = []
+    run = FirstCtrlC("interrupted: the batch under way finishes", on_press=lambda: stops.append(True))
+    try:
+        press()
+        assert not run.pressed and stops == [] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        terminate(None)  # SIGTERM, as the command's handler passes it on
+        assert run.pressed and stops == [True]
+        with pytest.raises(KeyboardInterrupt):
+            terminate(None)
+    finally:
+        run.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+@pytest.mark.usefixtures("ignored")
+def test_where_ctrl_c_is_ignored_it_is_ignored_again_once_spark_has_started() -> None:
+    """PySpark's context puts its handler in place whatever was there: taken back, it is the ignore again."""
+    with HeldCtrlC() as held:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # PySpark's, as its context starts
+        held.reclaim()
+        press()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+@pytest.mark.usefixtures("ignored")
+def test_sigterm_while_spark_starts_is_held_then_ends_a_command_that_ignores_ctrl_c() -> None:
+    with pytest.raises(KeyboardInterrupt), HeldCtrlC():
+        terminate(None)
+        time.sleep(0.1)  # the launch goes on
+
+
+@pytest.mark.usefixtures("ignored")
+def test_sigterm_while_a_runs_spark_starts_stops_the_run_where_ctrl_c_is_ignored() -> None:
+    stops: list[bool] = []
+    run = FirstCtrlC("interrupted while the run starts", on_press=lambda: stops.append(True))
+    try:
+        with HeldCtrlC():
+            terminate(None)
+            assert stops == []
+        assert stops == [True]
+    finally:
+        run.restore()
+
+
+@pytest.mark.usefixtures("python_default")
+def test_sigterm_reaches_the_innermost_handler_else_interrupts() -> None:
+    with pytest.raises(KeyboardInterrupt):
+        terminate(None)
+    outer, inner = FirstCtrlC("outer"), FirstCtrlC("inner")
+    try:
+        terminate(None)
+        assert (outer.pressed, inner.pressed) == (False, True)
+    finally:
+        inner.restore()
+        outer.restore()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

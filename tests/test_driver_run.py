@@ -197,13 +197,15 @@ STOPS = ("ctrl-c", "sigterm", "sigterm-to-all")
 
 @pytest.fixture
 def start() -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """``start(config, marker, *options)``: ``ingest run`` in a session of its own, killed with its
-    processes if a failing test left it running."""
+    """``start(config, marker, *options, ignoring_ctrl_c=False)``: ``ingest run`` in a session of its
+    own, killed with its processes if a failing test left it running; ``ignoring_ctrl_c``: started as
+    a shell starts a script's background job, with Ctrl-C ignored."""
     started: list[subprocess.Popen[str]] = []
 
-    def run(path: Path, marker: str, *options: str) -> subprocess.Popen[str]:
+    def run(path: Path, marker: str, *options: str, ignoring_ctrl_c: bool = False) -> subprocess.Popen[str]:
+        shell = ["sh", "-c", 'trap "" INT; exec "$@"', "sh"] if ignoring_ctrl_c else []
         started.append(subprocess.Popen(
-            [sys.executable, "-m", "ingest.cli", "run", "-c", str(path), *options], stdout=subprocess.PIPE,
+            [*shell, sys.executable, "-m", "ingest.cli", "run", "-c", str(path), *options], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, start_new_session=True,
             env={**os.environ, "INGEST_TEST_MARKER": marker}))
         return started[-1]
@@ -255,6 +257,27 @@ def test_a_stopped_driver_run_ends_with_its_report_and_leaves_no_table_held(tmp_
     assert Runner(cfg).run().tables["tags"].total("received") == left  # the next run applies exactly the rest
     assert "took over the lease" not in caplog.text
     assert _ids(cfg, "tags") == list(range(3000))
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_run_started_ignoring_ctrl_c_ignores_it_and_stops_on_sigterm(tmp_path: Path, how: str, start: Any) -> None:
+    """A script's background job (``ingest run &``) starts with Ctrl-C ignored, as the shell's
+    convention has it, so that Ctrl-C at the script's terminal stops the script and not its jobs.
+    The run's handler replaced the ignore: the run stopped. SIGTERM still stops it, with its report."""
+    path, cfg = _config(tmp_path, driver_seconds=60)
+    produce(cfg, TOPICS["tags"], _changes(0, 3000))
+    marker = f"driver-run-{uuid.uuid4().hex}"
+    run = start(path, marker, ignoring_ctrl_c=True)
+    wait_until(lambda: pending(cfg, list(cfg.tables))["tags"] < 3000, what="the first batch", timeout=120)
+    out, err = _stop(run, how, marker)
+
+    assert run.returncode == 0 and "Traceback" not in err and "applied on the driver" in out, err[-3000:]
+    left = pending(cfg, list(cfg.tables))["tags"]
+    if how == "ctrl-c":
+        assert left == 0 and "interrupted" not in err
+    else:
+        assert 0 < left < 3000 and "the batch under way finishes, then the run ends" in err
+    assert _ids(cfg, "tags") == list(range(3000 - left))
 
 
 @pytest.mark.spark

@@ -19,6 +19,7 @@ from enum import IntEnum
 from typing import Any, Final
 
 from ingest import secrets
+from ingest.ctrl_c import terminate
 from ingest.errors import (
     ConfigError,
     EnvironmentProblem,
@@ -85,12 +86,8 @@ def stop_as_interrupted(signum: int, frame: Any) -> None:
     """SIGTERM -- a service manager's stop, ``docker stop``, Kubernetes, ``kill`` -- does what Ctrl-C does:
     a run lets the batch under way commit or cancels it before its commit, releases its tables and
     prints its report; a second one interrupts at once. A process that ignores Ctrl-C (a script's
-    background job) still stops."""
-    handler = signal.getsignal(signal.SIGINT)
-    if callable(handler):
-        handler(signal.SIGINT, frame)
-    else:
-        raise KeyboardInterrupt
+    background job) still stops (:func:`ingest.ctrl_c.terminate`)."""
+    terminate(frame)
 
 
 def discard_output() -> None:
