@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -158,3 +160,35 @@ def test_a_streaming_checkpoint_resumes_however_its_files_are_written(spark, tmp
     written = [p.name for p in checkpoint.rglob("*") if p.is_file()]
     assert {"0", "1"} <= set(written)
     assert bool([name for name in written if name.endswith(".crc")]) is (through == "file systems")
+
+
+_SPY_ON_THE_START = """
+import signal
+from pyspark.sql import SparkSession
+from ingest.spark.session import get_spark
+
+handlers = []
+start = SparkSession.__init__
+
+def spy(self, *args, **kwargs):
+    handlers.append(getattr(signal.getsignal(signal.SIGINT), "__qualname__", "?"))
+    start(self, *args, **kwargs)
+
+SparkSession.__init__ = spy
+get_spark()
+print(handlers, signal.getsignal(signal.SIGINT).__qualname__)
+"""
+
+
+@pytest.mark.spark
+def test_pysparks_handler_is_not_in_place_while_the_session_starts() -> None:
+    """PySpark's context puts its handler in place as the last step of its start, and the session's
+    start followed it: a second of py4j calls in which Ctrl-C was PySpark's, four py4j tracebacks
+    and exit 130 (``benchmarks/bench_ctrl_c.py``: 5 presses of 7 between 4.75 and 6 s into a run).
+    Once it is up, the handler is PySpark's again, for whatever the command does next."""
+    done = subprocess.run([sys.executable, "-c", _SPY_ON_THE_START], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    at_start, after = done.stdout.strip().splitlines()[-1].rsplit("] ", 1)
+    assert at_start == "['HeldCtrlC._press'"
+    assert after == "SparkContext._do_init.<locals>.signal_handler"

@@ -7,9 +7,10 @@ import sys
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import pyarrow as pa
+from pyspark import SparkConf, SparkContext
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
@@ -90,41 +91,43 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     java_opts = driver_java_options(extra)
-    builder = (
-        SparkSession.builder.master(master)
-        .appName("cdc-ingest")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    options: dict[str, Any] = {
+        "spark.master": master,
+        "spark.app.name": "cdc-ingest",
+        "spark.pyspark.python": sys.executable,
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Arrow batches between the JVM and Python stay far below the 2 GiB per binary column,
         # however large the messages (the decode step bounds its own output the same way).
-        .config("spark.sql.execution.arrow.maxBytesPerBatch", str(256 * 1024 * 1024))
-        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        "spark.sql.execution.arrow.maxBytesPerBatch": str(256 * 1024 * 1024),
+        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         # Local files through FileContexts without Hadoop's checksum files: a checkpoint written that
         # way (a user's choice of manager; the engine's own go through FileSystems, LOCAL_CHECKPOINTS)
         # took 41-47 ms of an idle micro-batch for its two writes, 76-82 ms with a .crc beside each
         # (benchmarks/bench_checkpoint_files.py), and delta-spark's log store writes through them too.
         # Renames are the same; S3, HDFS and other schemes are untouched. A user's value wins (extra).
-        .config("spark.hadoop.fs.AbstractFileSystem.file.impl", RAW_LOCAL_FS)
-        .config("spark.driver.memory", "2g")
-        .config(DRIVER_JAVA_OPTIONS, java_opts)
-    )
+        "spark.hadoop.fs.AbstractFileSystem.file.impl": RAW_LOCAL_FS,
+        "spark.driver.memory": "2g",
+        DRIVER_JAVA_OPTIONS: java_opts,
+    }
     # One task per core for Delta's snapshots in every session of a local context (see snapshot_tasks).
     cores = local_cores(master)
     if cores and SNAPSHOT_PARTITIONS not in dict(extra):
-        builder = builder.config(SNAPSHOT_PARTITIONS, str(cores))
-    for key, value in extra:
-        if key != DRIVER_JAVA_OPTIONS:
-            builder = builder.config(key, value)
+        options[SNAPSHOT_PARTITIONS] = str(cores)
+    options |= {key: value for key, value in extra if key != DRIVER_JAVA_OPTIONS}
     # Ctrl-C is held while the session starts, then handed on: cut short, the launch leaves Spark's
     # JVM running after the process, and a KeyboardInterrupt later comes out of a py4j call. A run's
     # start takes the press as a stop; any other command is interrupted once the session is up.
     with HeldCtrlC() as ctrl_c:
-        spark = builder.getOrCreate()
-        ctrl_c.reclaim()  # from PySpark's context, which put its handler in place as it started
+        # The context first, as the session's builder would start it: PySpark's handler, which the
+        # context puts in place as the last step of its start, is taken back at once, before the
+        # session's own start (a second or so, in py4j calls a press would break).
+        SparkContext.getOrCreate(SparkConf().setAll(list(options.items())))
+        ctrl_c.reclaim()
+        spark = SparkSession.builder.config(map=options).getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         _leave_sigterm_to_the_driver(spark)
         snapshot_tasks(spark)
