@@ -164,31 +164,38 @@ def test_a_streaming_checkpoint_resumes_however_its_files_are_written(spark, tmp
 
 _SPY_ON_THE_START = """
 import signal
+import sys
 from pyspark.sql import SparkSession
 from ingest.spark.session import get_spark
+
+def name(handler):
+    return getattr(handler, "__qualname__", str(handler))
 
 handlers = []
 start = SparkSession.__init__
 
 def spy(self, *args, **kwargs):
-    handlers.append(getattr(signal.getsignal(signal.SIGINT), "__qualname__", "?"))
+    handlers.append(name(signal.getsignal(signal.SIGINT)))
     start(self, *args, **kwargs)
 
+signal.signal(signal.SIGINT, signal.SIG_IGN if sys.argv[1] == "ignored" else signal.default_int_handler)
 SparkSession.__init__ = spy
 get_spark()
-print(handlers, signal.getsignal(signal.SIGINT).__qualname__)
+print(handlers, name(signal.getsignal(signal.SIGINT)))
 """
 
 
 @pytest.mark.spark
-def test_pysparks_handler_is_not_in_place_while_the_session_starts() -> None:
+@pytest.mark.parametrize(("ctrl_c", "at_start", "after"), [
+    ("default", "HeldCtrlC._press", "SparkContext._do_init.<locals>.signal_handler"),
+    ("ignored", "1", "1")])  # SIG_IGN
+def test_pysparks_handler_is_not_in_place_while_the_session_starts(ctrl_c: str, at_start: str, after: str) -> None:
     """PySpark's context puts its handler in place as the last step of its start, and the session's
     start followed it: a second of py4j calls in which Ctrl-C was PySpark's, four py4j tracebacks
     and exit 130 (``benchmarks/bench_ctrl_c.py``: 5 presses of 7 between 4.75 and 6 s into a run).
-    Once it is up, the handler is PySpark's again, for whatever the command does next."""
-    done = subprocess.run([sys.executable, "-c", _SPY_ON_THE_START], capture_output=True, text=True, timeout=300,
-                          check=False)
+    Once it is up, the handler is PySpark's again, for whatever the command does next; where Ctrl-C
+    was ignored (a script's background job), the ignore is put back."""
+    done = subprocess.run([sys.executable, "-c", _SPY_ON_THE_START, ctrl_c], capture_output=True, text=True,
+                          timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    at_start, after = done.stdout.strip().splitlines()[-1].rsplit("] ", 1)
-    assert at_start == "['HeldCtrlC._press'"
-    assert after == "SparkContext._do_init.<locals>.signal_handler"
+    assert done.stdout.strip().splitlines()[-1] == f"['{at_start}'] {after}"
