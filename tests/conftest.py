@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import uuid
@@ -32,7 +33,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     A full disk otherwise shows up as hundreds of unrelated errors: Kafka stops when it cannot
     write its log, and every test of the stack then fails to reach it.
+
+    Ctrl-C gets its default action in the suite and the commands its tests start, as in a
+    terminal's foreground: a shell starts a background job (``nohup make test &``) with Ctrl-C
+    ignored, which the commands inherit and keep (a run started ignoring it ignores it), so the
+    tests that press Ctrl-C would find it ignored.
     """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for place in (Path(tempfile.gettempdir()), Path(__file__).resolve().parents[1]):
         free = shutil.disk_usage(place).free
         if free < DISK_NEEDED:
