@@ -4,9 +4,9 @@ The demo's tables over a workload of ``--events`` changes, applied through Spark
 (``source.driver_seconds: 0``) in micro-batches of ``--batch`` records, the suites kept. For each
 moment in ``--at`` (seconds after the command starts), the lake is emptied, ``ingest run`` starts in
 a session of its own, and SIGINT goes to its process group, as a terminal's Ctrl-C does. The table
-says which handler took the press (from what the run printed: the start's guard, the run's watch
-of its queries, PySpark's own, Python's before Spark started), the exit codes, how long the run
-took to end after the press, whether it printed its report, the tracebacks and error lines it
+says which handler took the press (from what the run printed: the start's guard, the run's watch of
+its queries, PySpark's own, Python's before Spark or in its launch), the exit codes, how long the
+run took to end after the press, whether it printed its report, the tracebacks and error lines it
 printed, and the processes of its session still there 3 s after it ended (a Spark JVM left behind
 holds its memory and the run's output for good: they are killed then). A run that has not ended
 120 s after the press is killed and shown as such.
@@ -112,10 +112,12 @@ def _press(config: Path, at: float, checkout: Path | None, work: Path) -> Press:
     lines = stderr.splitlines()
     taken_by = next((who for said, who in TAKEN_BY.items() if said in stderr), None)
     if taken_by is None:
-        if "cancelAllJobs" in stderr or "py4j" in stderr:
+        if "cancelAllJobs" in stderr or "py4j" in stderr.lower():
             taken_by = "PySpark's handler"
+        elif code == 130 and left:  # cut short, Spark's launch leaves its JVM behind
+            taken_by = "Python's, in Spark's launch"
         elif code == 130:
-            taken_by = "Python's (before Spark)"
+            taken_by = "Python's, before Spark"
         else:
             taken_by = "no one: ignored"
     return Press(taken_by, code, seconds, "│ customers" in stdout, sum("Traceback" in line for line in lines),
