@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -18,25 +19,35 @@ def press() -> None:
     time.sleep(0.1)  # the handler runs between the main thread's bytecodes
 
 
+@contextlib.contextmanager
+def _sigint(handler: Any) -> Iterator[None]:
+    before = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.fixture
 def presses() -> Iterator[list[int]]:
     """SIGINT's handler for the test: it records each press."""
     seen: list[int] = []
-    before = signal.signal(signal.SIGINT, lambda signum, _frame: seen.append(signum))
-    try:
+    with _sigint(lambda signum, _frame: seen.append(signum)):
         yield seen
-    finally:
-        signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture
 def python_default() -> Iterator[None]:
     """Python's own handler, as in a command's process (a test runner's worker may have its own)."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
+    with _sigint(signal.default_int_handler):
         yield
-    finally:
-        signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
+def ignored() -> Iterator[None]:
+    """Ctrl-C ignored, as the shell has it for a script's background job (``ingest run &``)."""
+    with _sigint(signal.SIG_IGN):
+        yield
 
 
 @pytest.mark.parametrize("replaced", [False, True])
@@ -95,14 +106,11 @@ def test_python_default_handler_raises_once_spark_has_started() -> None:
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.usefixtures("ignored")
 def test_an_ignored_ctrl_c_stays_ignored() -> None:
-    before: Any = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        with HeldCtrlC():
-            press()
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, before)
+    with HeldCtrlC():
+        press()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 @pytest.mark.usefixtures("python_default")
@@ -119,18 +127,8 @@ def test_the_first_press_stops_and_the_second_interrupts(caplog: pytest.LogCaptu
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-@pytest.fixture
-def ignored() -> Iterator[None]:
-    """Ctrl-C ignored, as the shell has it for a script's background job (``ingest run &``)."""
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
-
-
 @pytest.mark.usefixtures("ignored")
-def test_where_ctrl_c_is_ignored_a_run_ignores_it_and_sigterm_still_stops_it(caplog: pytest.LogCaptureFixture) -> None:
+def test_where_ctrl_c_is_ignored_a_run_ignores_it_and_sigterm_still_stops_it() -> None:
     """The run's handler replaced the ignore: Ctrl-C at a script's terminal stopped its background runs."""
     stops: list[bool] = []
     run = FirstCtrlC("interrupted: the batch under way finishes", on_press=lambda: stops.append(True))
