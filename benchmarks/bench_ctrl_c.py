@@ -40,7 +40,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.demo import prepare_workload
-from record import Figure, changed_options, write_result
+from record import Figure, changed_options, checkout_commit, write_result
 
 from ingest.config import load_config
 from ingest.spark.class_archive import build
@@ -196,9 +196,7 @@ def main() -> None:
     console.print(table)
     variant = changed_options(parser, args, ignore=["against", "keep"])
     if args.against:
-        commit = subprocess.run(["git", "-C", str(args.against), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        variant["against"] = commit
+        variant["against"] = checkout_commit(args.against)
     console.print(f"result: {write_result('bench_ctrl_c', variant, figures)}")
 
 

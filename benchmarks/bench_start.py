@@ -46,7 +46,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.demo import prepare_workload
-from record import Figure, changed_options, write_result
+from record import Figure, changed_options, checkout_commit, write_result
 
 from ingest.config import load_config
 from ingest.spark.class_archive import SWITCH, build
@@ -83,11 +83,7 @@ def _run(config: Path, side: Side) -> float:
 
 def _against(args: argparse.Namespace) -> dict[str, str]:
     """The other checkout, by its commit, for the result file's name."""
-    if not args.against:
-        return {}
-    commit = subprocess.run(["git", "-C", str(args.against), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    return {"against": commit}
+    return {"against": checkout_commit(args.against)} if args.against else {}
 
 
 def _knows_full_start(checkout: Path) -> bool:

@@ -74,6 +74,11 @@ def commit() -> dict[str, Any]:
             "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))}
 
 
+def checkout_commit(checkout: Path) -> str:
+    """Another checkout's commit, short: what a run ``--against DIR`` was measured against."""
+    return _git("-C", str(checkout), "rev-parse", "--short", "HEAD") or "unknown"
+
+
 def machine() -> dict[str, Any]:
     """What ran it: cores, memory, processor, system and Python."""
     memory_gib = None
