@@ -201,18 +201,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 #: Seconds the costliest modules took in a clean clone's run of the suite here (2 cores, -n 3), for the schedule
 #: (``scripts/suite_times.py`` prints these lines from a run's JUnit XML); only their order matters.
 MODULE_SECONDS: Final = {
-    "tests/packaging/test_upgrade.py": 170, "tests/proof/torture/test_maintain_beside_a_run.py": 170,
-    "tests/apply/test_spark_batch.py": 140, "tests/proof/torture/test_crash_windows.py": 130,
-    "tests/cuts/test_run.py": 90, "tests/proof/torture/test_torture_fast.py": 60, "tests/lake/test_s3_lake.py": 60,
-    "tests/test_engine_e2e.py": 60, "tests/packaging/test_wheel.py": 50, "tests/lake/test_s3_torture.py": 45,
-    "tests/cli/test_retype_runbook.py": 40, "tests/apply/test_writers_agree.py": 40,
-    "tests/test_semantics_edges.py": 40, "tests/test_time_travel.py": 40, "tests/test_discovery.py": 40,
-    "tests/cli/test_metrics.py": 30, "tests/test_driver_run.py": 30, "tests/apply/test_engines_interchange.py": 20,
-    "tests/proof/torture/test_checkpoint_loss.py": 20, "tests/cuts/test_cuts.py": 20,
-    "tests/dagster/test_observe.py": 20, "tests/lake/test_s3_outage.py": 20, "tests/test_change_feed.py": 20,
-    "tests/proof/torture/test_secrets.py": 20, "tests/test_maintain.py": 20, "tests/dagster/test_materialize.py": 20,
-    "tests/apply/test_new_keys_append.py": 20, "tests/lake/test_lease.py": 20, "tests/apply/test_batch_apply.py": 20,
-    "tests/apply/test_moves.py": 20, "tests/test_caught_up.py": 20, "tests/dagster/test_incremental.py": 20,
+    "tests/test_driver_run.py": 510, "tests/proof/torture/test_maintain_beside_a_run.py": 420,
+    "tests/packaging/test_upgrade.py": 410, "tests/apply/test_spark_batch.py": 250,
+    "tests/proof/torture/test_crash_windows.py": 230, "tests/lake/test_s3_torture.py": 210,
+    "tests/lake/test_s3_lake.py": 170, "tests/test_engine_e2e.py": 140,
+    "tests/proof/torture/test_torture_fast.py": 140, "tests/packaging/test_wheel.py": 130,
+    "tests/test_semantics_edges.py": 110, "tests/apply/test_writers_agree.py": 110, "tests/cuts/test_run.py": 90,
+    "tests/cli/test_retype_runbook.py": 90, "tests/quality/test_quality_gate.py": 90,
+    "tests/cli/test_metrics.py": 80, "tests/test_discovery.py": 70, "tests/apply/test_batch_apply.py": 60,
+    "tests/test_caught_up.py": 60, "tests/cli/test_logs.py": 50, "tests/dagster/test_observe.py": 50,
+    "tests/quality/test_replay.py": 50, "tests/test_time_travel.py": 50, "tests/test_maintain.py": 40,
+    "tests/apply/test_engines_interchange.py": 40, "tests/test_change_feed.py": 40,
+    "tests/test_spark_session.py": 40, "tests/proof/torture/test_checkpoint_loss.py": 20,
+    "tests/cuts/test_cuts.py": 20, "tests/lake/test_s3_outage.py": 20, "tests/proof/torture/test_secrets.py": 20,
+    "tests/dagster/test_materialize.py": 20, "tests/apply/test_new_keys_append.py": 20,
+    "tests/lake/test_lease.py": 20, "tests/apply/test_moves.py": 20, "tests/dagster/test_incremental.py": 20,
 }
 
 
