@@ -28,18 +28,20 @@ pytest_plugins = ["tests.memory"]
 DISK_NEEDED = 6 * 1024**3
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C gets its default action in the suite and the commands its tests start, as in a
+    terminal's foreground: a shell starts a background job (``nohup make test &``) with Ctrl-C
+    ignored, which the commands inherit and keep (a run started ignoring it ignores it), so the
+    tests that press Ctrl-C would find it ignored."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Stop at once, with the reason, when the disk cannot hold the suite's files.
 
     A full disk otherwise shows up as hundreds of unrelated errors: Kafka stops when it cannot
     write its log, and every test of the stack then fails to reach it.
-
-    Ctrl-C gets its default action in the suite and the commands its tests start, as in a
-    terminal's foreground: a shell starts a background job (``nohup make test &``) with Ctrl-C
-    ignored, which the commands inherit and keep (a run started ignoring it ignores it), so the
-    tests that press Ctrl-C would find it ignored.
     """
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     for place in (Path(tempfile.gettempdir()), Path(__file__).resolve().parents[1]):
         free = shutil.disk_usage(place).free
         if free < DISK_NEEDED:
