@@ -105,18 +105,22 @@ def _rows(config: IngestConfig) -> dict[Any, dict[str, Any]]:
 
 @pytest.mark.parametrize(("writer", "lake"), [("delta-rs", "s3"), ("delta-spark", "local")])
 def test_maintenance_beside_a_continuous_run_leaves_its_table_as_a_run_alone_makes_it(
-        tmp_path: Path, request: pytest.FixtureRequest, spark: Any, writer: str, lake: str) -> None:
+        tmp_path: Path, request: pytest.FixtureRequest, writer: str, lake: str) -> None:
     target: dict[str, Any] = {}
     if lake == "s3":
         s3 = request.getfixturevalue("s3")
         bucket = f"beside-{uuid.uuid4().hex[:10]}"
         s3.create_bucket(bucket)
         target = {"root": f"s3://{bucket}/lake", "storage": s3.storage(), "checkpoint_dir": f"s3://{bucket}/ckpt"}
-    path, config = _write_config(tmp_path / "work", writer, target)
-    for step in range(3):  # a table no run holds, with a file per run and three remembered deletes
-        produce(config, IDLE, [("c", {"id": 4 * step + i, "body": "x"}, 10 * step + i) for i in range(4)]
+    # A table no run holds, with a file per run and three remembered deletes: written on the driver by
+    # delta-rs, whichever writer then maintains it (tests/apply/test_engines_interchange.py).
+    _, filler = _write_config(tmp_path / "work", "delta-rs", target)
+    for step in range(3):
+        produce(filler, IDLE, [("c", {"id": 4 * step + i, "body": "x"}, 10 * step + i) for i in range(4)]
                 + [("d", {"id": 4 * step}, 10 * step + 5)])
-        assert not Runner(config, spark=spark).run(tables=["idle"]).failed
+        report = Runner(filler).run(tables=["idle"])
+        assert report.on_driver and not report.failed
+    path, config = _write_config(tmp_path / "work", writer, target)
     idle_before = {r["id"]: user_columns(r) for r in read_all(open_table(config.table_path("idle"))).to_pylist()
                    if not r["_cdc_deleted"]}
     changes = Changes(config)
@@ -151,10 +155,12 @@ def test_maintenance_beside_a_continuous_run_leaves_its_table_as_a_run_alone_mak
             run.wait()
     assert run.returncode == 0, log.read_text()[-4000:]
 
-    # The same records, ingested by a run alone in a workdir of its own.
-    _, alone = _write_config(tmp_path / "alone", writer)
+    # The same records, ingested by a run alone in a workdir of its own (on the driver: both writers
+    # leave the same rows, tests/apply/test_writers_agree.py).
+    _, alone = _write_config(tmp_path / "alone", "delta-rs")
     shutil.copytree(config.log_dir, alone.log_dir)
-    assert not Runner(alone, spark=spark).run(tables=["notes"]).failed
+    report = Runner(alone).run(tables=["notes"])
+    assert report.on_driver and not report.failed
     assert _rows(config) == _rows(alone) and len(_rows(config)) >= 24  # three rounds or more
     assert _applied(config) == _applied(alone) == _end(config)
 
