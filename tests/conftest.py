@@ -152,20 +152,21 @@ def apply_engine(request: pytest.FixtureRequest) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the delta-spark runs of a ``rules_only`` test, and of a ``hard_mode_on_delta_spark``
-    test those in soft-delete mode (a case whose id has ``soft``).
+    """Deselect the delta-spark runs of a ``rules_only`` or ``writer_agnostic`` test, and of a
+    ``hard_mode_on_delta_spark`` test those in soft-delete mode (a case whose id has ``soft``).
 
-    A delta-spark MERGE costs about 3 s on 2 cores; cases that differ only in the decode step or
-    a per-key rule (the same code on both engines) would cost minutes without testing the engine:
-    tests/apply/test_writers_agree.py compares the two writers' tables over every rule at once.
+    A delta-spark MERGE costs about 3 s on 2 cores; cases that differ only in the decode step, a
+    per-key rule or the quality gate (the same code on both engines), or in what a reader makes of
+    the table, would cost minutes without testing the engine: tests/apply/test_writers_agree.py
+    compares the two writers' tables over every rule at once.
     """
     keep, drop = [], []
     for item in items:
         spec = getattr(item, "callspec", None)
         on_spark = spec is not None and spec.params.get("apply_engine") == "delta-spark"
-        rules_only = item.get_closest_marker("rules_only") is not None
+        one_writer = any(item.get_closest_marker(name) for name in ("rules_only", "writer_agnostic"))
         soft = spec is not None and "soft" in spec.id.split("-")
-        if on_spark and (rules_only or (soft and item.get_closest_marker("hard_mode_on_delta_spark"))):
+        if on_spark and (one_writer or (soft and item.get_closest_marker("hard_mode_on_delta_spark"))):
             drop.append(item)
         else:
             keep.append(item)

@@ -486,6 +486,7 @@ def _user_columns(paths):
     return [f.name for f in table_schema(open_table(paths.table)) if not f.name.startswith("_cdc_")]
 
 
+@pytest.mark.writer_agnostic
 def test_included_columns_only_and_the_key(tmp_path):
     spec = TableSpec(name="t", topic="t", columns={"include": ["a"]})
     paths, topic = paths_in(tmp_path), Topic()
@@ -496,6 +497,7 @@ def test_included_columns_only_and_the_key(tmp_path):
     assert all(r.record.balanced for r in results) and results[1].record.updated == 1
 
 
+@pytest.mark.writer_agnostic
 def test_an_excluded_column_never_touches_the_table_even_when_its_type_breaks(tmp_path):
     spec = TableSpec(name="t", topic="t", columns={"exclude": ["secret", "id"]})  # the key is kept anyway
     paths, topic = paths_in(tmp_path), Topic()
