@@ -152,8 +152,8 @@ def apply_engine(request: pytest.FixtureRequest) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the delta-spark runs of a ``rules_only`` or ``writer_agnostic`` test, and of a
-    ``hard_mode_on_delta_spark`` test those in soft-delete mode (a case whose id has ``soft``).
+    """Deselect the delta-spark runs of a ``one_writer`` test, and of a ``hard_mode_on_delta_spark``
+    test those in soft-delete mode (a case whose id has ``soft``).
 
     A delta-spark MERGE costs about 3 s on 2 cores; cases that differ only in the decode step, a
     per-key rule or the quality gate (the same code on both engines), or in what a reader makes of
@@ -164,8 +164,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         spec = getattr(item, "callspec", None)
         on_spark = spec is not None and spec.params.get("apply_engine") == "delta-spark"
-        one_writer = any(item.get_closest_marker(name) for name in ("rules_only", "writer_agnostic"))
         soft = spec is not None and "soft" in spec.id.split("-")
+        one_writer = item.get_closest_marker("one_writer") is not None
         if on_spark and (one_writer or (soft and item.get_closest_marker("hard_mode_on_delta_spark"))):
             drop.append(item)
         else:

@@ -87,7 +87,7 @@ def _difference(before: dict[Any, tuple[Any, ...]], after: dict[Any, tuple[Any, 
     return out
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 @pytest.mark.parametrize("delete_mode", ["hard", "soft"])
 def test_each_commits_changes_are_the_difference_between_its_snapshots(tmp_path: Path, delete_mode: str) -> None:
     _, config = _config(tmp_path, delete_mode)
@@ -162,7 +162,7 @@ def test_a_table_created_without_the_feed_records_it_from_its_next_batch(tmp_pat
     assert sorted(read_all(table, columns=["id"])["id"].to_pylist()) == [1, 3]
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_a_table_without_the_feed_and_a_bad_range_are_clear_errors(tmp_path: Path) -> None:
     _, config = _config(tmp_path, change_data_feed=False)
     use_engine(build(config.writer_of(config.table("t")), config))  # the config's engines: feed off
@@ -173,7 +173,7 @@ def test_a_table_without_the_feed_and_a_bad_range_are_clear_errors(tmp_path: Pat
         changes(config, "nope", ChangeRange(from_version=0))
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_the_cli_exports_changes_from_a_version_or_a_time(tmp_path: Path) -> None:
     path, config = _config(tmp_path)
     _workload(config, batches=2)

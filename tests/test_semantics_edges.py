@@ -61,7 +61,7 @@ def test_a_change_after_a_truncate_that_created_the_table_applies(tmp_path, spec
 
 
 # -- 2. deletes carried only by a Kafka tombstone ------------------------------------------------------
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 @MODES
 @pytest.mark.parametrize("with_lsn", [True, False], ids=["lsn-added", "no-position-fields"])
 def test_tombstone_deletes_its_key_in_a_flattened_stream(tmp_path, spec, with_lsn):
@@ -76,7 +76,7 @@ def test_tombstone_deletes_its_key_in_a_flattened_stream(tmp_path, spec, with_ls
     assert record.deleted == 1 and record.skipped == 0 and record.balanced
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 @MODES
 def test_tombstone_in_a_later_batch_deletes_the_stored_row_and_keeps_order(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
@@ -95,7 +95,7 @@ def test_tombstone_in_a_later_batch_deletes_the_stored_row_and_keeps_order(tmp_p
     assert all(r["balanced"] for r in audit_rows(paths))
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_tombstone_after_a_full_envelope_delete_changes_nothing(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     topic.send(key(1), pg("c", {"id": 1, "v": "a"}, lsn=100))
@@ -109,7 +109,7 @@ def test_tombstone_after_a_full_envelope_delete_changes_nothing(tmp_path):
         assert sum(r.record.skipped for r in results) == 1  # the tombstone: log compaction only
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_tombstones_can_be_forced_or_ignored_per_table(tmp_path):
     topic = Topic()
     topic.send(key(1), flat({"id": 1, "v": "a"}, lsn=100))
@@ -123,7 +123,7 @@ def test_tombstones_can_be_forced_or_ignored_per_table(tmp_path):
     assert rows(auto) == {}
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_remembered_deletes_stay_in_few_files_and_keep_guarding(tmp_path):
     """Each batch that deletes adds a file of remembered deletes, and each batch reads them all:
     past :data:`PACK_AFTER_FILES` they are packed, and every delete still guards its key."""
@@ -144,7 +144,7 @@ def test_remembered_deletes_stay_in_few_files_and_keep_guarding(tmp_path):
 
 
 # -- 3. PostgreSQL re-snapshot -------------------------------------------------------------------------
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 @MODES
 def test_resnapshot_read_orders_by_its_lsn(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
@@ -272,7 +272,7 @@ def _db2(commit: str, change: str):
      _db2("00000000:00000001:0000000000000030", "00000000:00000001:0000000000000005")),
 ], ids=["sqlserver-commit", "sqlserver-serial", "sqlserver-80-bit", "oracle-commit", "oracle-txseq",
         "oracle-big-scn", "mongo-ord", "mongo-ts", "db2-commit"])
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_other_connectors_order_by_their_source_position(tmp_path, earlier, later):
     for reverse in (False, True):
         paths, topic = paths_in(tmp_path / str(reverse)), Topic()
@@ -283,7 +283,7 @@ def test_other_connectors_order_by_their_source_position(tmp_path, earlier, late
         assert rows(paths)[1]["v"] == "later"
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 @MODES
 def test_fallback_truncate_removes_what_was_stored_before_it_from_every_partition(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
@@ -300,7 +300,7 @@ def test_fallback_truncate_removes_what_was_stored_before_it_from_every_partitio
     assert truncate.partition == 0
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_fallback_change_from_another_partition_is_not_stale(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     source = {"connector": "spanner"}
@@ -360,7 +360,7 @@ def test_two_fresh_runs_give_identical_tables(tmp_path, spec, apply_engine):
 
 
 # -- 8. an unchanged-TOAST placeholder on a key never seen ----------------------------------------------
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_toast_placeholder_on_an_unseen_key_is_marked_unknown(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     marker = "__debezium_unavailable_value"
@@ -428,7 +428,7 @@ def test_nanosecond_keys_stay_distinct(tmp_path):
 PARTIAL = TableSpec(name="t", topic="t", ignore_null_updates=True)
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 @pytest.mark.parametrize("spec", [PARTIAL, PARTIAL.model_copy(update={"delete_mode": "soft"})], ids=["hard", "soft"])
 def test_ignore_null_updates_keeps_stored_values(tmp_path, spec):
     paths, topic = paths_in(tmp_path), Topic()
@@ -457,7 +457,7 @@ def test_ignore_null_updates_keeps_stored_values(tmp_path, spec):
     assert 2 not in got
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_without_ignore_null_updates_a_null_overwrites(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     topic.send(key(1), pg("c", {"id": 1, "a": "x", "b": "y"}, lsn=10))
@@ -486,7 +486,7 @@ def _user_columns(paths):
     return [f.name for f in table_schema(open_table(paths.table)) if not f.name.startswith("_cdc_")]
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_included_columns_only_and_the_key(tmp_path):
     spec = TableSpec(name="t", topic="t", columns={"include": ["a"]})
     paths, topic = paths_in(tmp_path), Topic()
@@ -497,7 +497,7 @@ def test_included_columns_only_and_the_key(tmp_path):
     assert all(r.record.balanced for r in results) and results[1].record.updated == 1
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_an_excluded_column_never_touches_the_table_even_when_its_type_breaks(tmp_path):
     spec = TableSpec(name="t", topic="t", columns={"exclude": ["secret", "id"]})  # the key is kept anyway
     paths, topic = paths_in(tmp_path), Topic()

@@ -76,7 +76,7 @@ def test_as_of_a_version_or_a_time_shows_the_table_as_it_was(tmp_path: Path) -> 
         assert _rows(config, LIVE, (times[v1] + timedelta(milliseconds=1)).isoformat()) == first
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_history_of_a_table_says_whether_it_is_configured_or_not_yet_created(tmp_path: Path) -> None:
     """Both said "no table 'x' under <root>", for a misspelled name and for a table before its first run."""
     _, config = _config(tmp_path, tables=("t", "u"))
@@ -88,7 +88,7 @@ def test_history_of_a_table_says_whether_it_is_configured_or_not_yet_created(tmp
         history(config, "nope")
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_an_as_of_outside_the_history_is_a_clear_error(tmp_path: Path) -> None:
     _, config = _config(tmp_path)
     seen = _three_batches(config)
@@ -108,7 +108,7 @@ def test_an_as_of_outside_the_history_is_a_clear_error(tmp_path: Path) -> None:
         AsOf.parse("yesterday")
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_a_bare_version_must_name_its_table_when_a_query_reads_two(tmp_path: Path) -> None:
     _, config = _config(tmp_path, ("t", "u"))
     _three_batches(config)
@@ -141,7 +141,7 @@ def test_history_lists_each_batch_with_its_offsets_counts_and_quality(tmp_path: 
     assert (batches[-1].inserted, batches[1].updated, batches[1].deleted) == (2, 1, 1)
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_the_cli_prints_history_and_reads_as_of(tmp_path: Path) -> None:
     path, config = _config(tmp_path)
     seen = _three_batches(config)

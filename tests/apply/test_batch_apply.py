@@ -63,7 +63,7 @@ SOFT = TableSpec(name="customers", topic="t", delete_mode="soft")
         ([("c", 1, 10, "a"), ("c", 1, 10, "a"), ("c", 2, 11, "b")], {1: "a", 2: "b"}),  # duplicates
     ],
 )
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 @pytest.mark.parametrize("split", [False, True], ids=["one-batch", "batch-per-event"])
 def test_op_sequences_converge(tmp_path, ops, expected, split):
     paths = paths_in(tmp_path)
@@ -76,7 +76,7 @@ def test_op_sequences_converge(tmp_path, ops, expected, split):
     assert {k: v["name"] for k, v in live(paths).items()} == expected
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_stale_delete_after_reinsert_does_not_remove_newer_row(tmp_path):
     paths = paths_in(tmp_path)
     apply(HARD, paths, [change("c", 1, 10), change("d", 1, 20), change("c", 1, 30, name="back")])
@@ -85,7 +85,7 @@ def test_stale_delete_after_reinsert_does_not_remove_newer_row(tmp_path):
     assert rec.stale == 1 and rec.deleted == 0 and rec.balanced
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_delete_is_remembered_across_batches_no_resurrection(tmp_path):
     paths = paths_in(tmp_path)
     apply(HARD, paths, [change("c", 1, 10), change("c", 2, 10)])
@@ -118,7 +118,7 @@ def test_kept_handles_follow_commits_made_elsewhere(tmp_path):
     assert load_state(paths.table).applied_offset("t", 0) == 7
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_a_kept_state_reads_only_the_commits_since_the_last_batch(tmp_path, monkeypatch):
     """A continuous run reads its table's state before every batch: the newest CDC commit is looked
     for among the commits since the last read, another writer's and maintenance's included."""
@@ -141,7 +141,7 @@ def test_a_kept_state_reads_only_the_commits_since_the_last_batch(tmp_path, monk
     assert opened.state().newest == state.newest and asked == [3]  # nothing new: nothing read
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_a_state_read_from_a_table_opened_afresh_searches_a_whole_page(tmp_path, monkeypatch):
     """When the kept handle cannot follow the log, the table is opened again: what was known of the
     old handle's log says nothing of the new one's."""
@@ -163,7 +163,7 @@ def test_a_state_read_from_a_table_opened_afresh_searches_a_whole_page(tmp_path,
     assert opened.target is not kept and asked == [50] and state.applied_offset("t", 0) == 1
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_truncate_removes_older_rows_and_blocks_older_events(tmp_path):
     paths = paths_in(tmp_path)
     apply(HARD, paths, [change("c", 1, 10), change("c", 2, 11)])
@@ -174,7 +174,7 @@ def test_truncate_removes_older_rows_and_blocks_older_events(tmp_path):
     assert set(live(paths)) == {3} and late.stale == 1
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_toast_placeholder_keeps_stored_value(tmp_path):
     paths = paths_in(tmp_path)
     apply(HARD, paths, [change("c", 1, 10, notes="8 KB of text")])
@@ -267,7 +267,7 @@ def test_undecodable_messages_are_quarantined_and_balance_holds(tmp_path):
     assert rows[0]["balanced"] and rows[0]["quarantined"] == 1
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_soft_delete_mode_keeps_flagged_rows(tmp_path):
     paths = paths_in(tmp_path)
     apply(SOFT, paths, [change("c", 1, 10, name="a"), change("c", 2, 10)])
@@ -288,7 +288,7 @@ def test_audit_is_restored_from_commit_info(tmp_path):
     assert row["delta_version"] == rec.delta_version and row["inserted"] == 1 and row["balanced"]
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_toast_not_filled_from_a_redelivered_older_image(tmp_path):
     """A stale duplicate in the same batch as a placeholder must not overwrite the newer stored value."""
     paths = paths_in(tmp_path)

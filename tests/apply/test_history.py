@@ -105,7 +105,7 @@ def deliver(rng: random.Random, topic: Topic, events: list[tuple[int, str, int |
     return messages
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 @pytest.mark.parametrize("seed", range(6))
 def test_versions_match_the_source_history_whatever_the_delivery(tmp_path, seed):
     rng = random.Random(seed)
@@ -133,7 +133,7 @@ def test_versions_match_the_source_history_whatever_the_delivery(tmp_path, seed)
     assert not history_problems(open_table(paths.table), ["id"])
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_a_late_change_lands_between_its_neighbours(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     first = [topic.send(key(1), pg("c", {"id": 1, "v": "a", "w": "x"}, lsn=10, ts_ms=TS + 10_000)),
@@ -147,7 +147,7 @@ def test_a_late_change_lands_between_its_neighbours(tmp_path):
     assert (record.inserted, record.updated, record.stale) == (1, 0, 0) and record.balanced
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_untracked_columns_update_the_current_version_in_place(tmp_path):
     spec = SCD2.model_copy(update={"track_history": ColumnSelection(include=("v",))})
     paths, topic = paths_in(tmp_path), Topic()
@@ -161,7 +161,7 @@ def test_untracked_columns_update_the_current_version_in_place(tmp_path):
     assert [(r.inserted, r.updated) for r in records] == [(1, 0), (0, 1), (1, 0), (0, 1)]
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_an_unchanged_toast_column_takes_the_previous_versions_value(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     placeholder = "__debezium_unavailable_value"
@@ -174,7 +174,7 @@ def test_an_unchanged_toast_column_takes_the_previous_versions_value(tmp_path):
     assert table[(2, "n")]["w"] is None and table[(2, "n")]["_cdc_unknown_columns"] == ["w"]
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_truncate_ends_every_current_version_touched_or_not(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     ingest_batch(SCD2, paths, topic, [topic.send(key(i), pg("c", {"id": i, "v": "a", "w": "x"}, lsn=10 + i,
@@ -191,7 +191,7 @@ def test_truncate_ends_every_current_version_touched_or_not(tmp_path):
     assert {r["_cdc_end_op"] for r in read_all(open_table(paths.table)).to_pylist() if r["v"] == "a"} == {"u", "t"}
 
 
-@pytest.mark.rules_only
+@pytest.mark.one_writer
 def test_a_truncate_seen_before_its_table_exists_ends_the_late_insert(tmp_path):
     paths, topic = paths_in(tmp_path), Topic()
     insert = topic.send(key(1), pg("c", {"id": 1, "v": "a", "w": "x"}, lsn=3, ts_ms=TS + 3000), partition=0)

@@ -19,7 +19,7 @@ from ingest.config import TableSpec
 from ingest.lake.delta import PACK_AFTER_FILES, open_table, read_all
 from tests.harness import TS, Topic, ingest_batch, key, paths_in, pg
 
-pytestmark = [pytest.mark.usefixtures("apply_engine"), pytest.mark.rules_only]
+pytestmark = [pytest.mark.usefixtures("apply_engine"), pytest.mark.one_writer]
 
 PLACEHOLDER = "__debezium_unavailable_value"
 NOTE = {1: "first " * 700, 2: "second " * 700, 3: "third " * 600}

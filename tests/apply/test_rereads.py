@@ -21,7 +21,7 @@ from ingest.rules.rereads import SuspectReads, condition, suspect_reads
 from ingest.stream.rereads import MOST, ask_again
 from tests.harness import Topic, current_writer, ingest_batch, key, paths_in, pg
 
-pytestmark = [pytest.mark.usefixtures("apply_engine"), pytest.mark.rules_only]
+pytestmark = [pytest.mark.usefixtures("apply_engine"), pytest.mark.one_writer]
 
 PLACEHOLDER = "__debezium_unavailable_value"
 SPECS = {"hard": TableSpec(name="t", topic="t", primary_key=["id"]),

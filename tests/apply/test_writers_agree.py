@@ -9,7 +9,7 @@ each with its own commit and change data feed.
 So one seeded story holding every edge those rules know goes through both writers, for every table
 shape, cut into the same batches, its last batch replayed; after each batch the two writers' tables,
 remembered deletes and moved rows, and at the end their change data feeds, must be equal row by row.
-That is what lets a test of one rule (marked ``rules_only``) run on delta-rs alone; a test of what a
+That is what lets a test of one rule (marked ``one_writer``) run on delta-rs alone; a test of what a
 writer does itself (schema changes, commit state, deletion vectors) still runs on both.
 """
 

@@ -67,7 +67,7 @@ def held(paths: TablePaths) -> list[dict]:
     return sorted(quarantine.read(paths.quarantine).to_pylist(), key=lambda r: r["offset"])
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_warn_applies_everything_and_records_the_failures(tmp_path):
     spec, paths = spec_with("warn"), paths_in(tmp_path)
     gate = gate_for(tmp_path, spec)
@@ -112,7 +112,7 @@ def test_a_key_whose_winning_change_fails_is_held_with_all_its_changes_in_the_ba
     assert rec.received == 3 and rec.quarantined == 2 and rec.superseded == 0 and rec.updated == 1 and rec.balanced
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_a_failing_change_superseded_in_the_batch_is_not_judged(tmp_path):
     spec, paths = spec_with("quarantine"), paths_in(tmp_path)
     gate = gate_for(tmp_path, spec)
@@ -146,7 +146,7 @@ def test_fail_commits_nothing_and_does_not_advance_the_offsets(tmp_path):
                          run_id="test").record.inserted == 1
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_meta_policy_overrides_the_table_policy(tmp_path):
     suite = [PEOPLE[1], {**PEOPLE[2], "meta": {"policy": "fail"}}]
     spec, paths = spec_with("warn"), paths_in(tmp_path)
@@ -156,7 +156,7 @@ def test_meta_policy_overrides_the_table_policy(tmp_path):
         run(spec, paths, gate, [change("c", 2, 11, balance="500.00")], first_offset=1, batch_id=1)
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_config_override_beats_meta_policy(tmp_path):
     suite = [PEOPLE[1], {**PEOPLE[2], "meta": {"policy": "fail"}}]
     spec, paths = spec_with("warn", expectation_policies={BALANCE: "quarantine"}), paths_in(tmp_path)
@@ -167,7 +167,7 @@ def test_config_override_beats_meta_policy(tmp_path):
     assert rec.quality_status == "quarantined" and rec.balanced
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_a_failed_batch_level_expectation_under_quarantine_holds_every_validated_row(tmp_path):
     suite = [{"type": "expect_table_row_count_to_be_between", "kwargs": {"max_value": 1}}]
     spec, paths = spec_with("quarantine"), paths_in(tmp_path)
@@ -182,7 +182,7 @@ def test_a_failed_batch_level_expectation_under_quarantine_holds_every_validated
     assert json.loads(rec.quality_failures) == {"expect_table_row_count_to_be_between": 2}
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_mostly_lets_the_expectation_pass_and_its_rows_apply(tmp_path):
     suite = [{"type": "expect_column_values_to_match_regex",
               "kwargs": {"column": "name", "regex": "^[a-z]+$", "mostly": 0.5}}]
@@ -193,7 +193,7 @@ def test_mostly_lets_the_expectation_pass_and_its_rows_apply(tmp_path):
     assert set(live(paths)) == {1, 2, 3} and rec.quality_status == "passed"
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_column_pair_expectation_names_its_rows(tmp_path):
     columns = (*COLUMNS, ColumnSpec("credit", "decimal(12,2)"))
     suite = [{"type": "expect_column_pair_values_a_to_be_greater_than_b",
@@ -209,7 +209,7 @@ def test_column_pair_expectation_names_its_rows(tmp_path):
     assert "credit=Decimal('9.00'), balance=Decimal('50.00')" in row["reason"]
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_deletes_only_is_skipped_and_no_suite_is_skipped(tmp_path):
     spec, paths = spec_with("fail"), paths_in(tmp_path)
     gate = gate_for(tmp_path, spec, [{"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 5}}])
@@ -233,7 +233,7 @@ def test_a_table_with_a_suite_needs_its_gate(tmp_path):
         run(spec_with("warn"), paths_in(tmp_path), None, [change("c", 1, 10)])
 
 
-@pytest.mark.writer_agnostic
+@pytest.mark.one_writer
 def test_multicolumn_expectations_name_their_rows(tmp_path):
     suite = [{"type": "expect_compound_columns_to_be_unique", "kwargs": {"column_list": ["name", "balance"]}},
              {"type": "expect_select_column_values_to_be_unique_within_record",
