@@ -1,0 +1,95 @@
+"""A materialization terminated while it drains (docs/dagster.md, "Terminating a run").
+
+``dagster asset materialize`` drains two tables under the project's code location and its
+multiprocess executor, each table's step in a process of its own. Once both have committed a batch,
+the orchestrating process gets SIGINT, as a run worker does when the run is terminated. Each step's
+drain finishes the batch under way and stops; the step succeeds with what it applied (its
+materialization says the lag left), the run fails as interrupted, and the next drain applies the
+rest: every change once, whole batches only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+
+from dagster_project.settings import CONFIG_ENV, PROJECT_ROOT
+from ingest.config import IngestConfig
+from ingest.lake.delta import open_table, read_all
+from ingest.records import audit
+from ingest.stream.runner import Runner
+from tests.dagster.conftest import produce, write_config
+
+CHANGES, BATCH = 4_000, 100
+TABLES = ("notes", "tags")
+
+
+def _committed(config: IngestConfig) -> bool:
+    """Whether both tables have a Delta commit (the audit rows come in a run's last commit)."""
+    return all(open_table(config.table_path(name)) is not None for name in TABLES)
+
+
+def _received(audit_path: Path) -> dict[str, list[int]]:
+    """Each table's audit rows' received counts, batch by batch."""
+    rows = audit.read(audit_path).to_pylist() if open_table(audit_path) is not None else []
+    return {table: [r["received"] for r in rows if r["table"] == table] for table in TABLES}
+
+
+def test_a_terminated_materialization_commits_whole_batches_and_the_next_applies_the_rest(tmp_path: Path) -> None:
+    path, config = write_config(tmp_path / "work", batch=BATCH, value_format="json",
+                                tables=[{"name": name, "topic": f"app.public.{name}"} for name in TABLES])
+    for name in TABLES:
+        produce(config, f"app.public.{name}", [("c", {"id": i, "body": f"{name} {i}"}, 10 + i) for i in range(CHANGES)])
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    env = {**os.environ, CONFIG_ENV: str(path), "DAGSTER_HOME": str(home)}
+    audit_path = config.tables_root / config.target.audit_table
+    select = ",".join(f"cdc/{name}" for name in TABLES)
+    run = subprocess.Popen([sys.executable, "-m", "dagster", "asset", "materialize",
+                            "-m", "dagster_project.definitions", "--select", select],
+                           cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not _committed(config):
+            assert run.poll() is None and time.monotonic() < deadline, "both steps did not commit a batch"
+            time.sleep(0.2)
+        os.kill(run.pid, signal.SIGINT)  # the orchestrating process alone, as a terminated run's worker
+        out, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:  # fail, but leave no Dagster process behind
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+
+    assert run.returncode != 0, out[-3000:]
+    assert "DagsterExecutionInterruptedError" in out, out[-3000:]
+    assert "Traceback" not in out.split("RUN_FAILURE")[0], out[-5000:]  # no step's traceback before the run's end
+    stopped = _received(audit_path)
+    for name in TABLES:  # whole batches only
+        assert stopped[name] and all(received == BATCH for received in stopped[name]), stopped
+    # The step that started first may have drained its table before the signal; the other stopped early.
+    assert min(sum(stopped[name]) for name in TABLES) < CHANGES, stopped
+
+    instance = dg.DagsterInstance.from_config(str(home))
+    [record] = instance.get_runs()
+    assert record.status == dg.DagsterRunStatus.FAILURE
+    for name in TABLES:
+        event = instance.get_latest_materialization_event(dg.AssetKey(["cdc", name]))
+        assert event is not None and event.asset_materialization is not None, f"step of {name} did not succeed"
+        metadata = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+        assert metadata["lag"] == CHANGES - sum(stopped[name]), metadata
+        assert metadata["batches"] == len(stopped[name]), metadata
+
+    rest = Runner(config).run()
+    assert not rest.failed and rest.on_driver
+    done = _received(audit_path)
+    for name in TABLES:
+        assert sum(done[name]) == CHANGES, done  # every change once: none lost, none applied twice
+        rows = read_all(open_table(config.table_path(name))).to_pylist()  # type: ignore[arg-type]
+        assert sorted(r["id"] for r in rows) == list(range(CHANGES))
