@@ -199,3 +199,38 @@ def test_pysparks_handler_is_not_in_place_while_the_session_starts(ctrl_c: str, 
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == f"['{at_start}'] {after}"
+
+
+def _hang_up_after_one_update(server: Any) -> None:
+    """What Spark's JVM does to PySpark's accumulator server: connect, authenticate, send an update
+    (of no accumulator), read the acknowledgement, and close the connection."""
+    import socket
+    import struct
+
+    with socket.create_connection(server.server_address[:2]) as conn:
+        conn.sendall(server.auth_token.encode() + struct.pack("!i", 0))
+        assert conn.recv(1) == b"\x01"
+    time.sleep(1.5)  # the server polls its connection once a second
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_jvm_closing_its_accumulator_connection_prints_no_traceback(capfd: pytest.CaptureFixture[str],
+                                                                       quiet: bool) -> None:
+    from pyspark.accumulators import _start_update_server
+
+    server = _start_update_server("t0ken", False)  # PySpark's own server, as a context starts it
+    try:
+        if quiet:
+            spark_module.quiet_hangups(server)
+        _hang_up_after_one_update(server)
+        _hang_up_after_one_update(server)  # it serves the next connection after a hang-up
+    finally:
+        server.shutdown()
+        server.server_close()
+    printed = capfd.readouterr().err
+    if quiet:
+        assert printed == ""
+    else:  # PySpark alone: the traceback this is about (the test would pass on a server that never failed)
+        assert printed.count("Exception occurred during processing of request") == 2, printed
+        assert printed.count("\nEOFError") == 2, printed
+

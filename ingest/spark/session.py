@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import socketserver
 import sys
 from collections.abc import Iterator
 from functools import cache
@@ -23,6 +25,8 @@ from ingest.source.sources import TopicLogDataSource, decodes_at_read
 from ingest.spark.class_archive import java_option
 from ingest.spark.jars import Connector, classpath_conf
 from ingest.spark.java import check_java
+
+log = logging.getLogger(__name__)
 
 #: The driver JVM's options (``spark.driver.extraJavaOptions``).
 DRIVER_JAVA_OPTIONS: Final = "spark.driver.extraJavaOptions"
@@ -125,8 +129,9 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
         # The context first, as the session's builder would start it: PySpark's handler, which the
         # context puts in place as the last step of its start, is taken back at once, before the
         # session's own start (a second or so, in py4j calls a press would break).
-        SparkContext.getOrCreate(SparkConf().setAll(list(options.items())))
+        context = SparkContext.getOrCreate(SparkConf().setAll(list(options.items())))
         ctrl_c.reclaim()
+        quiet_hangups(context._accumulatorServer)
         spark = SparkSession.builder.config(map=options).getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         _leave_sigterm_to_the_driver(spark)
@@ -135,6 +140,29 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
         spark.dataSource.register(TopicLogDataSource)
         warm_up(spark)
     return spark
+
+
+def quiet_hangups(server: socketserver.BaseServer | None) -> None:
+    """The JVM closing its connection to PySpark's accumulator server is not an error to print.
+
+    The server reads the JVM's accumulator updates in a thread of the run's process, and takes the
+    end of that connection for a failed request: Python's server prints its traceback (an
+    ``EOFError``) on stderr. It was seen when a run stopped on Ctrl-C, its report printed after it.
+    The connection's end is logged at debug level instead; the JVM opens a new one for its next
+    updates, and any other failure is printed as before.
+    """
+    if server is None:
+        return
+    loud = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        failure = sys.exc_info()[1]
+        if isinstance(failure, EOFError | ConnectionError):
+            log.debug("Spark's JVM closed its accumulator connection (%s)", type(failure).__name__)
+        else:
+            loud(request, client_address)
+
+    server.handle_error = handle_error  # type: ignore[method-assign]
 
 
 def _leave_sigterm_to_the_driver(spark: SparkSession) -> None:
