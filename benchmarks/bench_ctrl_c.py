@@ -9,7 +9,8 @@ its queries, PySpark's own, Python's before Spark or in its launch), the exit co
 run took to end after the press, whether it printed its report, the tracebacks and error lines it
 printed, and the processes of its session still there 3 s after it ended (a Spark JVM left behind
 holds its memory and the run's output for good: they are killed then). A run that has not ended
-120 s after the press is killed and shown as such.
+120 s after the press is killed and shown as such, once its threads' stacks are taken: its JVMs'
+with ``jstack``, its Python threads' on its stderr (``--keep`` keeps both).
 
 With ``--against DIR``, the same presses go to another checkout's run too (``git worktree add
 /tmp/before <commit>``), taking turns: what a change to the stop gained.
@@ -86,8 +87,20 @@ def _session(sid: int) -> dict[int, float]:
     return found
 
 
+def _dump_stacks(pid: int, into: Path) -> None:
+    """Where a run that did not end is stuck: its JVMs' threads (``jstack``) into ``into``, then its
+    Python threads on its stderr (SIGABRT, which faulthandler answers with every thread's stack)."""
+    with into.open("w") as out:
+        for java in _session(pid):
+            if Path(f"/proc/{java}/exe").resolve().name == "java":
+                subprocess.run(["jstack", str(java)], stdout=out, stderr=subprocess.STDOUT, check=False, timeout=60)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGABRT)
+    time.sleep(2)
+
+
 def _press(config: Path, at: float, checkout: Path | None, work: Path) -> Press:
-    env = dict(os.environ)
+    env = dict(os.environ) | {"PYTHONFAULTHANDLER": "1"}  # SIGABRT then prints every thread's stack
     if checkout is not None:
         env["PYTHONPATH"] = f"{checkout}{os.pathsep}{checkout / 'harness' / 'src'}"
     out_path, err_path = work / "stdout.txt", work / "stderr.txt"
@@ -102,6 +115,8 @@ def _press(config: Path, at: float, checkout: Path | None, work: Path) -> Press:
         except subprocess.TimeoutExpired:
             code = None
         seconds = time.perf_counter() - pressed
+        if code is None:
+            _dump_stacks(run.pid, work / "stacks.txt")
         time.sleep(LINGER)
         left = _session(run.pid)
         for pid in left:
@@ -161,9 +176,11 @@ def main() -> None:
                     press = _press(config, at, checkout, work)
                     if args.keep:
                         args.keep.mkdir(parents=True, exist_ok=True)
-                        for stream in ("stdout", "stderr"):
-                            shutil.copy(work / f"{stream}.txt",
-                                        args.keep / f"{n + 1}-{label.replace(' ', '-')}-{at:g}s.{stream}.txt")
+                        for stream in ("stdout", "stderr", "stacks"):
+                            if (work / f"{stream}.txt").exists():
+                                shutil.copy(work / f"{stream}.txt",
+                                            args.keep / f"{n + 1}-{label.replace(' ', '-')}-{at:g}s.{stream}.txt")
+                    (work / "stacks.txt").unlink(missing_ok=True)
                     presses[(label, at)].append(press)
                     ended = f"exit {press.code}" if press.code is not None else f"not ended in {PATIENCE:.0f} s"
                     console.print(f"round {n + 1}, {label}, Ctrl-C at {at:g} s ({press.taken_by}): {ended} "
