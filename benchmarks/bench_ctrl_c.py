@@ -92,8 +92,10 @@ def _dump_stacks(pid: int, into: Path) -> None:
     Python threads on its stderr (SIGABRT, which faulthandler answers with every thread's stack)."""
     with into.open("w") as out:
         for java in _session(pid):
-            if Path(f"/proc/{java}/exe").resolve().name == "java":
-                subprocess.run(["jstack", str(java)], stdout=out, stderr=subprocess.STDOUT, check=False, timeout=60)
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):  # it ended, or jstack hung
+                if Path(f"/proc/{java}/exe").resolve(strict=True).name == "java":
+                    subprocess.run(["jstack", str(java)], stdout=out, stderr=subprocess.STDOUT, check=False,
+                                   timeout=60)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGABRT)
     time.sleep(2)
