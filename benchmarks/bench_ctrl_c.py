@@ -6,11 +6,12 @@ moment in ``--at`` (seconds after the command starts), the lake is emptied, ``in
 a session of its own, and SIGINT goes to its process group, as a terminal's Ctrl-C does. The table
 says which handler took the press (from what the run printed: the start's guard, the run's watch of
 its queries, PySpark's own, Python's before Spark or in its launch), the exit codes, how long the
-run took to end after the press, whether it printed its report, the tracebacks and error lines it
-printed, and the processes of its session still there 3 s after it ended (a Spark JVM left behind
-holds its memory and the run's output for good: they are killed then). A run that has not ended
-120 s after the press is killed and shown as such, once its threads' stacks are taken: its JVMs'
-with ``jstack``, its Python threads' on its stderr (``--keep`` keeps both).
+run took to end after the press, whether it printed its report, the tracebacks it printed (and
+which part of PySpark printed them), its error lines, and the processes of its session still there
+3 s after it ended (a Spark JVM left behind holds its memory and the run's output for good: they
+are killed then). A run that has not ended 120 s after the press is killed and shown as such, once
+its threads' stacks are taken: its JVMs' with ``jstack``, its Python threads' on its stderr
+(``--keep`` keeps both).
 
 With ``--against DIR``, the same presses go to another checkout's run too (``git worktree add
 /tmp/before <commit>``), taking turns: what a change to the stop gained.
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +58,9 @@ LINGER = 3.0
 TAKEN_BY = {"interrupted while the run starts": "the start's guard",
             "the micro-batch under way finishes": "the run's watch",
             "the batch under way finishes": "the driver's batches"}
+#: Who printed a traceback, by a file its stack passes through (else "elsewhere").
+TRACEBACK_FROM = {"pyspark/accumulators.py": "accumulator server",
+                  "python_streaming_source_runner.py": "streaming source runner"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class Press:
     seconds: float  # from the press to the run's end
     report: bool
     tracebacks: int
+    traceback_from: frozenset[str]
     errors: int
     left: int  # processes of the run's session still there LINGER s after it ended
     left_mib: float
@@ -99,6 +105,14 @@ def _dump_stacks(pid: int, into: Path) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGABRT)
     time.sleep(2)
+
+
+def _traceback_from(stderr: str) -> frozenset[str]:
+    """Who printed the tracebacks in ``stderr`` (chained ones count with the first)."""
+    found = set()
+    for block in stderr.split("Traceback (most recent call last):")[1:]:
+        found.add(next((who for file, who in TRACEBACK_FROM.items() if file in block), "elsewhere"))
+    return frozenset(found)
 
 
 def _press(config: Path, at: float, checkout: Path | None, work: Path) -> Press:
@@ -138,6 +152,7 @@ def _press(config: Path, at: float, checkout: Path | None, work: Path) -> Press:
         else:
             taken_by = "no one: ignored"
     return Press(taken_by, code, seconds, "│ customers" in stdout, sum("Traceback" in line for line in lines),
+                 _traceback_from(stderr),
                  sum("error:" in line or " ERROR " in line for line in lines), len(left), sum(left.values()))
 
 
@@ -194,7 +209,7 @@ def main() -> None:
     table = Table(title=f"Ctrl-C to `ingest run` through Spark ({args.events:,} changes, micro-batches of "
                         f"{args.batch:,}), {args.rounds} round(s)")
     for col in ("run", "pressed at", "taken by", "exit codes", "ended after (median)", "report",
-                "tracebacks", "error lines", "processes left", "their memory"):
+                "tracebacks", "tracebacks from", "error lines", "processes left", "their memory"):
         table.add_column(col, justify="left" if col in ("run", "taken by", "exit codes") else "right")
     figures = []
     for (label, at), runs in presses.items():
@@ -203,14 +218,17 @@ def main() -> None:
         seconds = statistics.median(p.seconds for p in runs)
         reports = sum(p.report for p in runs)
         worst = max(runs, key=lambda p: (p.left, p.tracebacks, p.errors))
+        by_whom = Counter(who for p in runs for who in p.traceback_from)
+        printed_by = ", ".join(f"{who} ({n} of {len(runs)})" for who, n in sorted(by_whom.items())) or "-"
         table.add_row(label, f"{at:g} s", taken, codes, f"{seconds:.1f} s", f"{reports} of {len(runs)}",
-                      str(sum(p.tracebacks for p in runs)), str(sum(p.errors for p in runs)),
+                      str(sum(p.tracebacks for p in runs)), printed_by, str(sum(p.errors for p in runs)),
                       str(sum(p.left for p in runs)), f"{worst.left_mib:.0f} MiB")
         name = f"{label}, Ctrl-C at {at:g} s"
         figures += [Figure(f"{name}: taken by", taken), Figure(f"{name}: exit codes", codes),
                     Figure(f"{name}: ended after (median)", round(seconds, 1), "s"),
                     Figure(f"{name}: reports printed", reports),
                     Figure(f"{name}: tracebacks", sum(p.tracebacks for p in runs)),
+                    Figure(f"{name}: tracebacks from", printed_by),
                     Figure(f"{name}: processes left", sum(p.left for p in runs))]
     console.print(table)
     variant = changed_options(parser, args, ignore=["against", "keep"])
