@@ -210,7 +210,6 @@ def _hang_up_after_one_update(server: Any) -> None:
     with socket.create_connection(server.server_address[:2]) as conn:
         conn.sendall(server.auth_token.encode() + struct.pack("!i", 0))
         assert conn.recv(1) == b"\x01"
-    time.sleep(1.5)  # the server polls its connection once a second
 
 
 @pytest.mark.parametrize("quiet", [False, True])
@@ -224,6 +223,9 @@ def test_the_jvm_closing_its_accumulator_connection_prints_no_traceback(capfd: p
             spark_module.quiet_hangups(server)
         _hang_up_after_one_update(server)
         _hang_up_after_one_update(server)  # it serves the next connection after a hang-up
+        # The server serves one connection at a time: a third one answered means the first two
+        # hang-ups have been handled (and printed, or not).
+        _hang_up_after_one_update(server)
     finally:
         server.shutdown()
         server.server_close()
@@ -231,6 +233,5 @@ def test_the_jvm_closing_its_accumulator_connection_prints_no_traceback(capfd: p
     if quiet:
         assert printed == ""
     else:  # PySpark alone: the traceback this is about (the test would pass on a server that never failed)
-        assert printed.count("Exception occurred during processing of request") == 2, printed
-        assert printed.count("\nEOFError") == 2, printed
-
+        assert printed.count("Exception occurred during processing of request") >= 2, printed
+        assert printed.count("\nEOFError") >= 2, printed
