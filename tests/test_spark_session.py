@@ -235,3 +235,26 @@ def test_the_jvm_closing_its_accumulator_connection_prints_no_traceback(capfd: p
     else:  # PySpark alone: the traceback this is about (the test would pass on a server that never failed)
         assert printed.count("Exception occurred during processing of request") >= 2, printed
         assert printed.count("\nEOFError") >= 2, printed
+
+
+def test_a_failure_of_the_accumulator_server_other_than_a_hang_up_is_still_printed(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """Only the JVM's hang-up is quiet: a connection with the wrong token, say, still prints its traceback."""
+    import socket
+
+    from pyspark.accumulators import _start_update_server
+
+    server = _start_update_server("t0ken", False)
+    try:
+        spark_module.quiet_hangups(server)
+        with socket.create_connection(server.server_address[:2]) as conn:
+            conn.sendall(b"wrong")
+            conn.recv(1)  # the server closes the connection once it has refused the token
+        _hang_up_after_one_update(server)  # served after the refusal: the refusal was handled
+    finally:
+        server.shutdown()
+        server.server_close()
+    printed = capfd.readouterr().err
+    assert "Exception occurred during processing of request" in printed, printed
+    assert "ValueError: The value of the provided token to the AccumulatorServer is not correct" in printed
+    assert "EOFError" not in printed, printed

@@ -142,7 +142,7 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
     return spark
 
 
-def quiet_hangups(server: socketserver.BaseServer | None) -> None:
+def quiet_hangups(server: socketserver.BaseServer) -> None:
     """The JVM closing its connection to PySpark's accumulator server is not an error to print.
 
     The server reads the JVM's accumulator updates in a thread of the run's process, and takes the
@@ -151,8 +151,6 @@ def quiet_hangups(server: socketserver.BaseServer | None) -> None:
     The connection's end is logged at debug level instead; the JVM opens a new one for its next
     updates, and any other failure is printed as before.
     """
-    if server is None:
-        return
     loud = server.handle_error
 
     def handle_error(request: Any, client_address: Any) -> None:
