@@ -141,6 +141,8 @@ def _press(config: Path, at: float, checkout: Path | None, work: Path) -> Press:
         run.wait()
     stdout, stderr = out_path.read_text(), err_path.read_text()
     lines = stderr.splitlines()
+    if code is None:  # the run's own error lines, not the abort that took its stacks
+        lines = [line for line in lines if not line.startswith("Fatal Python error: Aborted")]
     taken_by = next((who for said, who in TAKEN_BY.items() if said in stderr), None)
     if taken_by is None:
         if "cancelAllJobs" in stderr or "py4j" in stderr.lower():
