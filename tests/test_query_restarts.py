@@ -196,6 +196,7 @@ class _SlowQuery:
     interruption raised inside it."""
 
     def __init__(self) -> None:
+        self.status = {"message": "Waiting for next trigger"}
         self.stopped = False
         self.interrupted_inside: list[BaseException] = []
 
@@ -251,3 +252,50 @@ def test_ctrl_c_only_asks_the_runs_loop_to_end(caplog: pytest.LogCaptureFixture,
     assert query.interrupted_inside == [] and query.stopped
     assert "interrupted: the micro-batch under way finishes, then the queries stop" in caplog.text
     assert signal.getsignal(signal.SIGINT) is before  # put back
+
+
+class _InitializingQuery:
+    """A query that initializes its sources for its first ``polls`` looks at its status; it notes the
+    status it was stopped in."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.isActive, self.stopped_in = polls, True, ""
+
+    @property
+    def status(self) -> dict[str, str]:
+        self.polls -= 1
+        return {"message": "Initializing sources" if self.polls >= 0 else "Waiting for next trigger"}
+
+    def exception(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        self.stopped_in = "Initializing sources" if self.polls >= 0 else "after"
+        self.isActive = False
+
+    def awaitTermination(self) -> None:
+        pass
+
+
+def test_a_query_stopped_while_its_source_initializes_is_stopped_once_it_has(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the run starts stopped a query amid its source's start: Spark interrupted it while
+    it talked to the Python source runner, which then read a closed connection and printed an
+    EOFError traceback and a BrokenPipeError one (``benchmarks/bench_ctrl_c.py``: 4 presses of 12 at
+    11-11.5 s). The stop now waits for the source's start; a query that never finishes it is stopped
+    after ``_SOURCE_INIT_WAIT`` all the same."""
+    monkeypatch.setattr(queries, "_SOURCE_INIT_WAIT", 5.0)
+    runner = _Runner()
+    runner.stop()  # pressed while the run starts
+    run = StreamingRun(runner)  # type: ignore[arg-type]
+    query = _InitializingQuery(polls=3)
+    run._await([_Query("q", [], "checkpoint", FakeHandler(), None, query)],  # type: ignore[arg-type]
+               RunReport("r", {}), "available_now", stop_after=None, run_id="r")
+    assert query.stopped_in == "after"
+
+    monkeypatch.setattr(queries, "_SOURCE_INIT_WAIT", 0.2)
+    stuck = _InitializingQuery(polls=10**6)
+    started = time.monotonic()
+    run._await([_Query("q", [], "checkpoint", FakeHandler(), None, stuck)],  # type: ignore[arg-type]
+               RunReport("r", {}), "available_now", stop_after=None, run_id="r")
+    assert stuck.stopped_in == "Initializing sources" and time.monotonic() - started < 5

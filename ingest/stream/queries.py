@@ -248,10 +248,7 @@ class StreamingRun:
         query = writer.start()
         # Start the queries one after another: each spawns a Python source runner that must connect
         # back to the JVM within 10 s, which several at once on a busy machine can miss.
-        deadline = time.monotonic() + _SOURCE_INIT_WAIT
-        while (query.isActive and query.status["message"] == "Initializing sources" and time.monotonic() < deadline
-               and not self.runner.stopping):
-            time.sleep(0.2)
+        _await_sources(query, unless=lambda: self.runner.stopping)
         return query
 
     def _check_checkpoint(self, specs: list[TableSpec], directory: LakePath) -> None:
@@ -363,6 +360,8 @@ class StreamingRun:
             try:
                 for q in queries:
                     q.handler.take_no_more()
+                for q in queries:  # stopped amid it, the query's source runner printed a traceback
+                    _await_sources(q.query)
             except KeyboardInterrupt:
                 at_once = True
         if at_once:
@@ -409,6 +408,20 @@ class StreamingRun:
                 if not report.tables[spec.name].error:
                     report.tables[spec.name].error = secrets.redact(text)
                     report.tables[spec.name].unavailable = is_unavailability(real or failure) or outside is not None
+
+
+def _await_sources(query: Any, *, unless: Callable[[], bool] = lambda: False) -> None:
+    """Return once ``query`` has initialized its sources (or ended), after :data:`_SOURCE_INIT_WAIT`
+    seconds at most, or as soon as ``unless()``.
+
+    A query stopped while it initializes them is interrupted amid its exchange with the Python
+    source runner, and the interrupt closes their connection: the runner, reading its next command,
+    printed an ``EOFError`` traceback and a ``BrokenPipeError`` one (a Ctrl-C while the run starts).
+    """
+    deadline = time.monotonic() + _SOURCE_INIT_WAIT
+    while (query.isActive and query.status["message"] == "Initializing sources" and time.monotonic() < deadline
+           and not unless()):
+        time.sleep(0.05)
 
 
 def _short(exc: BaseException | str) -> str:
