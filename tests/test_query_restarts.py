@@ -281,9 +281,9 @@ def test_a_query_stopped_while_its_source_initializes_is_stopped_once_it_has(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while the run starts stopped a query amid its source's start: Spark interrupted it while
     it talked to the Python source runner, which then read a closed connection and printed an
-    EOFError traceback and a BrokenPipeError one (``benchmarks/bench_ctrl_c.py``: 4 presses of 12 at
-    11-11.5 s). The stop now waits for the source's start; a query that never finishes it is stopped
-    after ``_SOURCE_INIT_WAIT`` all the same."""
+    EOFError traceback and a BrokenPipeError one (``benchmarks/bench_ctrl_c.py``: 2 presses of 16 at
+    10-11.5 s, none after). The stop now waits for the source's start; a query that never finishes it
+    is stopped after ``_SOURCE_INIT_WAIT`` all the same."""
     monkeypatch.setattr(queries, "_SOURCE_INIT_WAIT", 5.0)
     runner = _Runner()
     runner.stop()  # pressed while the run starts
