@@ -2,11 +2,14 @@
 
 ``dagster asset materialize`` drains two tables under the project's code location and its
 multiprocess executor, each table's step in a process of its own. Once both have committed a batch,
-the orchestrating process gets SIGINT, as a run worker does when the run is terminated, or every
-process of the command gets it, as a terminal's Ctrl-C sends it. Each step's drain finishes the
-batch under way and stops; the step succeeds with what it applied (its
+the orchestrating process gets SIGINT, as a run worker does when the run is terminated. Each step's
+drain finishes the batch under way and stops; the step succeeds with what it applied (its
 materialization says the lag left), the run fails as interrupted, and the next drain applies the
 rest: every change once, whole batches only.
+
+A terminal's Ctrl-C sends SIGINT to every process of the command, and Dagster passes it on to the
+steps again: each takes that as a second Ctrl-C and stops at once, and may fail without a
+materialization. The run still fails as interrupted, and the next drain still applies every change once.
 """
 
 from __future__ import annotations
