@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -204,31 +207,32 @@ def test_pysparks_handler_is_not_in_place_while_the_session_starts(ctrl_c: str, 
 def _hang_up_after_one_update(server: Any) -> None:
     """What Spark's JVM does to PySpark's accumulator server: connect, authenticate, send an update
     (of no accumulator), read the acknowledgement, and close the connection."""
-    import socket
-    import struct
-
     with socket.create_connection(server.server_address[:2]) as conn:
         conn.sendall(server.auth_token.encode() + struct.pack("!i", 0))
         assert conn.recv(1) == b"\x01"
 
 
-@pytest.mark.parametrize("quiet", [False, True])
-def test_the_jvm_closing_its_accumulator_connection_prints_no_traceback(capfd: pytest.CaptureFixture[str],
-                                                                       quiet: bool) -> None:
+@pytest.fixture
+def accumulator_server() -> Iterator[Any]:
+    """PySpark's own accumulator server, as a context starts it (token ``t0ken``)."""
     from pyspark.accumulators import _start_update_server
 
-    server = _start_update_server("t0ken", False)  # PySpark's own server, as a context starts it
-    try:
-        if quiet:
-            spark_module.quiet_hangups(server)
-        _hang_up_after_one_update(server)
-        _hang_up_after_one_update(server)  # it serves the next connection after a hang-up
-        # The server serves one connection at a time: a third one answered means the first two
-        # hang-ups have been handled (and printed, or not).
-        _hang_up_after_one_update(server)
-    finally:
-        server.shutdown()
-        server.server_close()
+    server = _start_update_server("t0ken", False)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_jvm_closing_its_accumulator_connection_prints_no_traceback(capfd: pytest.CaptureFixture[str],
+                                                                       accumulator_server: Any, quiet: bool) -> None:
+    if quiet:
+        spark_module.quiet_hangups(accumulator_server)
+    _hang_up_after_one_update(accumulator_server)
+    _hang_up_after_one_update(accumulator_server)  # it serves the next connection after a hang-up
+    # The server serves one connection at a time: a third one answered means the first two
+    # hang-ups have been handled (and printed, or not).
+    _hang_up_after_one_update(accumulator_server)
     printed = capfd.readouterr().err
     if quiet:
         assert printed == ""
@@ -238,22 +242,13 @@ def test_the_jvm_closing_its_accumulator_connection_prints_no_traceback(capfd: p
 
 
 def test_a_failure_of_the_accumulator_server_other_than_a_hang_up_is_still_printed(
-        capfd: pytest.CaptureFixture[str]) -> None:
+        capfd: pytest.CaptureFixture[str], accumulator_server: Any) -> None:
     """Only the JVM's hang-up is quiet: a connection with the wrong token, say, still prints its traceback."""
-    import socket
-
-    from pyspark.accumulators import _start_update_server
-
-    server = _start_update_server("t0ken", False)
-    try:
-        spark_module.quiet_hangups(server)
-        with socket.create_connection(server.server_address[:2]) as conn:
-            conn.sendall(b"wrong")
-            conn.recv(1)  # the server closes the connection once it has refused the token
-        _hang_up_after_one_update(server)  # served after the refusal: the refusal was handled
-    finally:
-        server.shutdown()
-        server.server_close()
+    spark_module.quiet_hangups(accumulator_server)
+    with socket.create_connection(accumulator_server.server_address[:2]) as conn:
+        conn.sendall(b"wrong")
+        conn.recv(1)  # the server closes the connection once it has refused the token
+    _hang_up_after_one_update(accumulator_server)  # served after the refusal: the refusal was handled
     printed = capfd.readouterr().err
     assert "Exception occurred during processing of request" in printed, printed
     assert "ValueError: The value of the provided token to the AccumulatorServer is not correct" in printed
