@@ -13,7 +13,8 @@ import json
 import sys
 
 from pyspark import SparkConf
-from pyspark.java_gateway import launch_gateway
+
+from ingest.spark.gateway import launch
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +22,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     conf = SparkConf(loadDefaults=False).setAll(sorted(json.loads(argv[0]).items()))
-    gateway = launch_gateway(conf, popen_kwargs={"stdout": sys.stderr})  # only our line on stdout
+    gateway = launch(conf, stdout=sys.stderr)  # only our line on stdout
     try:
         jars = gateway.jvm.java.lang.System.getProperty("spark.jars")
     finally:

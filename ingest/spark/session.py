@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pyarrow as pa
-from pyspark import SparkConf, SparkContext
+from pyspark import SparkConf
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
@@ -22,6 +22,7 @@ from ingest.config import IngestConfig, SparkSpec, local_cores
 from ingest.ctrl_c import HeldCtrlC
 from ingest.lake.location import LakePath
 from ingest.source.sources import TopicLogDataSource, decodes_at_read
+from ingest.spark import gateway
 from ingest.spark.class_archive import java_option
 from ingest.spark.jars import Connector, classpath_conf
 from ingest.spark.java import check_java
@@ -129,7 +130,7 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
         # The context first, as the session's builder would start it: PySpark's handler, which the
         # context puts in place as the last step of its start, is taken back at once, before the
         # session's own start (a second or so, in py4j calls a press would break).
-        context = SparkContext.getOrCreate(SparkConf().setAll(list(options.items())))
+        context = gateway.context(SparkConf().setAll(list(options.items())))
         ctrl_c.reclaim()
         quiet_hangups(context._accumulatorServer)
         spark = SparkSession.builder.config(map=options).getOrCreate()

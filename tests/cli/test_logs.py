@@ -171,13 +171,15 @@ def test_json_logging_leaves_a_callers_captured_stderr_open() -> None:
 def test_a_run_through_spark_prints_no_banner_of_sparks(tmp_path: Path) -> None:
     """A driver started from Python counts, for Spark, as an interactive shell: it set its console to
     WARN and said so on stderr ("Setting default log level to ...", "To adjust logging level use
-    sc.setLogLevel ...") at every run that started Spark, in the middle of the engine's own lines."""
+    sc.setLogLevel ...") at every run that started Spark, in the middle of the engine's own lines. Its
+    JVM's boot printed "WARNING: Using incubator modules: jdk.incubator.vector" (ingest.spark.gateway)."""
     path = _config(tmp_path, driver_seconds=0)
     produce(load_config(path), TOPIC, [("c", {"id": i, "body": f"note {i}"}, 100 + i) for i in range(5)])
     done = _ingest("run", "-c", str(path))
     assert done.returncode == 0 and "notes: batch 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Spark was not started" not in done.stdout  # through Spark's queries
     assert "log level" not in done.stderr and "setLogLevel" not in done.stderr, done.stderr
+    assert "incubator" not in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("level", ["info", "debug"])
