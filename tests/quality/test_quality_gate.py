@@ -182,6 +182,19 @@ def test_a_failed_batch_level_expectation_under_quarantine_holds_every_validated
     assert json.loads(rec.quality_failures) == {"expect_table_row_count_to_be_between": 2}
 
 
+def test_a_new_table_whose_first_changes_all_fail_is_created_empty_with_its_offsets(tmp_path):
+    """The next run starts past them, as docs/quality.md says; only a new table none of whose records
+    could be decoded has no columns to be created from, and is read again by the next run."""
+    spec, paths = spec_with("quarantine"), paths_in(tmp_path)
+    failing = [change("c", 1, 1, name="Ann"), change("c", 2, 2, name="B")]  # the suite wants ^[a-z]+$
+    rec = run(spec, paths, gate_for(tmp_path, spec), failing).record
+    assert (rec.status, rec.quarantined, live(paths)) == ("committed", 2, {})
+    assert load_state(paths.table).applied_offset("t", 0) == 1
+    undecodable = paths_in(tmp_path, "orders")
+    rec = run(TableSpec(name="orders", topic="t"), undecodable, None, ["not JSON", "nor this"]).record
+    assert (rec.status, rec.quarantined, open_table(undecodable.table)) == ("nothing-to-commit", 2, None)
+
+
 @pytest.mark.one_writer
 def test_mostly_lets_the_expectation_pass_and_its_rows_apply(tmp_path):
     suite = [{"type": "expect_column_values_to_match_regex",
