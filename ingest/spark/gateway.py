@@ -2,10 +2,11 @@
 
 Spark's launcher adds ``--add-modules=jdk.incubator.vector`` to every JVM it starts (a fixed list in
 its ``JavaModuleOptions``), and Java then prints :data:`INCUBATOR_WARNING` as it boots, with no
-option to silence it. It was the one line of every Spark run that was not the engine's: in the demo's
-output, and beside the one line of an operational error. The JVM's stderr goes to a pipe; a thread of
-this process copies it to our stderr as it comes, less that line. Everything else the JVM and its
-Python workers print passes unchanged.
+option to silence it: left alone, it is the one line of every Spark run that is not the engine's, in
+the demo's output and beside an operational error's one line. The JVM's stderr goes to a pipe; a
+thread of this process copies it to our stderr as it comes, less that line. Everything else the JVM
+and its Python workers print passes unchanged, and with ``--log-format json`` it then goes through
+:func:`ingest.logs.json_stderr` as any other line of our stderr.
 """
 
 from __future__ import annotations
