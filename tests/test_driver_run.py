@@ -28,6 +28,7 @@ from ingest.config import IngestConfig, load_config
 from ingest.lake.layout import TablePaths
 from ingest.records import audit
 from ingest.stream import checkpoint as checkpoints
+from ingest.stream import driver_run
 from ingest.stream.caught_up import pending
 from ingest.stream.driver_run import DriverRun, refusal
 from ingest.stream.queries import query_name
@@ -152,6 +153,34 @@ def test_ctrl_c_ends_a_driver_run_with_its_report_and_the_next_run_applies_the_r
     assert pending(cfg, list(cfg.tables))["tags"] == 150  # the first batch of 100 committed, nothing else
     assert Runner(cfg).run().tables["tags"].total("received") == 150
     assert _ids(cfg, "tags") == list(range(250))
+
+
+def test_ctrl_c_as_the_driver_hands_the_rest_to_spark_ends_the_run_before_spark_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The press comes after the driver's last batch, while its decoders close: the run's, not the
+    caller's (a KeyboardInterrupt out of the run, or under Dagster a failed step)."""
+    _, hurried = _config(tmp_path, driver_seconds=1e-6)  # the rest is handed to Spark after one batch
+    produce(hurried, TOPICS["tags"], _changes(0, 250))
+    close = driver_run._DecodedPieces.close
+
+    def close_pressed(self: Any) -> None:
+        signal.raise_signal(signal.SIGINT)
+        close(self)
+
+    def caller(signum: int, frame: Any) -> None:
+        raise AssertionError("Ctrl-C reached the run's caller")
+
+    monkeypatch.setattr(driver_run._DecodedPieces, "close", close_pressed)
+    previous = signal.signal(signal.SIGINT, caller)
+    try:
+        with caplog.at_level("WARNING", logger="ingest.stream.driver_run"):
+            report = Runner(hurried).run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert report.on_driver and not report.failed  # it ended there: Spark did not start
+    assert report.tables["tags"].total("received") == 100
+    assert [r.event for r in caplog.records if hasattr(r, "event")] == ["run-interrupted"]
+    assert pending(hurried, list(hurried.tables))["tags"] == 150
 
 
 def _processes_with(marker: str) -> list[int]:

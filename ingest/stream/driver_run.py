@@ -116,27 +116,38 @@ class DriverRun:
         gates: dict[str, QualityGate] = {}  # filled below, while the first pieces are decoded
         handler = ForEachBatch(config, self.specs, self.report, self.report.run_id, self.progress, gates,
                                metrics=self.runner.metrics)
-        decoded = None
+        decoded, ctrl_c = None, None
         try:
-            handler.read.prefetch_schemas(self.specs)
-            states = {spec.name: load_state(TablePaths.of(config, spec.name).table) for spec in self.specs}
-            pieces = self._pieces(handler, states)
-            logs.event(log, "driver-run", f"run {self.report.run_id}: {sum(p.records for p in pieces)} records "
-                       f"to apply on the driver, without Spark", run=self.report.run_id,
-                       records=sum(p.records for p in pieces))
-            decoded = _DecodedPieces(config, handler, pieces)
-            for spec in self.specs:  # Great Expectations' import: seconds, beside the decoders
-                gate = QualityGate.for_table(config, spec, table_columns=states[spec.name].columns)
-                if gate is not None:
-                    gates[spec.name] = gate
-            finished = self._apply(handler, pieces, decoded)
+            try:
+                handler.read.prefetch_schemas(self.specs)
+                states = {spec.name: load_state(TablePaths.of(config, spec.name).table) for spec in self.specs}
+                pieces = self._pieces(handler, states)
+                logs.event(log, "driver-run", f"run {self.report.run_id}: {sum(p.records for p in pieces)} "
+                           f"records to apply on the driver, without Spark", run=self.report.run_id,
+                           records=sum(p.records for p in pieces))
+                decoded = _DecodedPieces(config, handler, pieces)
+                for spec in self.specs:  # Great Expectations' import: seconds, beside the decoders
+                    gate = QualityGate.for_table(config, spec, table_columns=states[spec.name].columns)
+                    if gate is not None:
+                        gates[spec.name] = gate
+                ctrl_c = FirstCtrlC("interrupted: the batch under way finishes, then the run ends (Ctrl-C again: "
+                                    "at once)")
+                finished = self._apply(handler, pieces, decoded, ctrl_c)
+            finally:
+                if decoded is not None:
+                    decoded.close()
+                handler.close()
+            if any(t.batches for t in self.report.tables.values()):
+                self._discard_checkpoints()
+            # A press while the rest is handed to Spark (the decoders closing, the checkpoints going)
+            # ends the run here, as one during a batch does: Spark does not start.
+            if not finished and ctrl_c.pressed:
+                self._interrupted()
+                finished = True
         finally:
-            if decoded is not None:
-                decoded.close()
-            handler.close()
+            if ctrl_c is not None:
+                ctrl_c.restore()
         self.report.seconds = time.perf_counter() - self.report.started
-        if any(t.batches for t in self.report.tables.values()):
-            self._discard_checkpoints()
         return finished
 
     def _pieces(self, handler: ForEachBatch, states: dict[str, TableState]) -> list[_Piece]:
@@ -151,15 +162,15 @@ class DriverRun:
             pieces += [_Piece(spec, lo, hi, sum(hi[p] - lo[p] for p in hi)) for lo, hi in chunks(start, end, limit)]
         return pieces
 
-    def _apply(self, handler: ForEachBatch, pieces: list[_Piece], decoded: _DecodedPieces) -> bool:
+    def _apply(self, handler: ForEachBatch, pieces: list[_Piece], decoded: _DecodedPieces, ctrl_c: FirstCtrlC
+               ) -> bool:
         """Apply the pieces in order, the next ones read and decoded while one is applied; ``False``
-        when the rest was left to Spark."""
+        when the rest was left to Spark. A press of ``ctrl_c`` ends it after the batch under way."""
         budget = self.runner.config.source.driver_seconds
         total, done, batch_id = sum(p.records for p in pieces), 0, 0
         records: list[AuditRecord] = []
         began = time.perf_counter()
         warm: tuple[int, float] | None = None  # records done and time when the first batch ended
-        ctrl_c = FirstCtrlC("interrupted: the batch under way finishes, then the run ends (Ctrl-C again: at once)")
         try:
             for piece, parts, decode_ms in decoded:
                 if piece.spec.name not in handler.stops:
@@ -188,14 +199,16 @@ class DriverRun:
                     return False
             return True
         except KeyboardInterrupt:  # Ctrl-C: the run ends with its report, as a Spark run's does
-            logs.event(log, "run-interrupted", f"run {self.report.run_id} interrupted: the batch under way either "
-                       "committed or left nothing, and the next run applies the rest", run=self.report.run_id,
-                       level=logging.WARNING)
+            self._interrupted()
             return True
         finally:
-            ctrl_c.restore()
             if records:  # one audit commit for the run's batches (each table's commit holds its row already)
                 audit.append(TablePaths.of(self.runner.config, records[0].table).audit, records)
+
+    def _interrupted(self) -> None:
+        logs.event(log, "run-interrupted", f"run {self.report.run_id} interrupted: the batch under way either "
+                   "committed or left nothing, and the next run applies the rest", run=self.report.run_id,
+                   level=logging.WARNING)
 
     def _discard_checkpoints(self) -> None:
         """The Spark checkpoints of these tables' queries are behind their Delta logs now: the queries

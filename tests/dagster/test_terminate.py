@@ -3,9 +3,11 @@
 ``dagster asset materialize`` drains two tables under the project's code location and its
 multiprocess executor, each table's step in a process of its own. Once both have committed a batch,
 the orchestrating process gets SIGINT, as a run worker does when the run is terminated. Each step's
-drain finishes the batch under way and stops; the step succeeds with what it applied (its
-materialization says the lag left), the run fails as interrupted, and the next drain applies the
-rest: every change once, whole batches only.
+drain finishes the batch under way and stops, also when the interrupt comes as the drain hands its
+rest to Spark; the step succeeds with what it applied (its materialization says the lag left), the
+run fails as interrupted, and the next drain applies the rest: every change once, whole batches
+only. A step whose drain had applied everything before the interrupt may be stopped by Dagster as it
+reports, without a materialization.
 
 A terminal's Ctrl-C sends SIGINT to every process of the command, and Dagster passes it on to the
 steps again: each takes that as a second Ctrl-C and stops at once, and may fail without a
@@ -96,12 +98,17 @@ def test_a_terminated_materialization_commits_whole_batches_and_the_next_applies
         for name in TABLES:
             assert stopped[name] and all(received == BATCH for received in stopped[name]), stopped
             event = instance.get_latest_materialization_event(dg.AssetKey(["cdc", name]))
-            assert event is not None and event.asset_materialization is not None, f"step of {name} did not succeed"
+            if event is None and sum(stopped[name]) == CHANGES:
+                continue  # its drain was over, and Dagster stopped the step as it reported: no lag to check
+            assert event is not None and event.asset_materialization is not None, \
+                f"step of {name} did not succeed ({sum(stopped[name])} of {CHANGES} applied):\n{out[-6000:]}"
             metadata = {k: v.value for k, v in event.asset_materialization.metadata.items()}
             assert metadata["lag"] == CHANGES - sum(stopped[name]), metadata
             assert metadata["batches"] == len(stopped[name]), metadata
 
-    rest = Runner(config).run()
+    # The rest on the driver whatever the machine's load: its first batch's pace could hand it to Spark.
+    patient = config.model_copy(update={"source": config.source.model_copy(update={"driver_seconds": 3600})})
+    rest = Runner(patient).run()
     assert not rest.failed and rest.on_driver
     done = _received(audit_path)
     for name in TABLES:  # every change once, in whole batches: none lost, none applied twice
