@@ -77,16 +77,20 @@ class ColumnSpec:
         type: Delta primitive type name, e.g. ``long``, ``decimal(10,2)``, ``timestamp``.
         nullable: whether the source allows nulls.
         semantic: the Debezium/Connect semantic type name it came from, if any (for docs/debugging).
+        default: the source's default value for the column as its schema states it, as SQL-like text
+            (``'x'``, ``5``), or ``None`` for none or NULL. Informative only: two specs that differ
+            in it are the same column.
     """
 
     name: str
     type: str
     nullable: bool = True
     semantic: str | None = None
+    default: str | None = field(default=None, compare=False)
 
     def __reduce__(self) -> tuple[builtins.type[ColumnSpec], tuple[Any, ...]]:
         # Events cross the Spark worker boundary pickled; the dataclass default is ~10x slower.
-        return (ColumnSpec, (self.name, self.type, self.nullable, self.semantic))
+        return (ColumnSpec, (self.name, self.type, self.nullable, self.semantic, self.default))
 
 
 #: Phases of a change at one source point: a snapshot read orders before a streamed change there,

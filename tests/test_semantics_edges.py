@@ -512,3 +512,48 @@ def test_an_excluded_column_never_touches_the_table_even_when_its_type_breaks(tm
     other = paths_in(tmp_path / "plain")
     with pytest.raises(SchemaIncompatibleError, match="secret"):
         ingest_in_batches(HARD, other, topic, [1, 2])
+
+
+# -- a column added at the source with a default --------------------------------------------------------
+def _defaults_schema(*extra):
+    value = {"type": "struct", "name": "t.Value", "optional": True,
+             "fields": [{"field": "id", "type": "int32", "optional": False},
+                        {"field": "v", "type": "string", "optional": True}, *extra]}
+    return {"type": "struct", "name": "t.Envelope", "optional": False,
+            "fields": [{**value, "field": "before"}, {**value, "field": "after"},
+                       {"field": "op", "type": "string", "optional": False}]}
+
+
+def test_a_column_added_with_a_default_is_named_once_where_rows_keep_null(tmp_path, caplog):
+    """The source fills existing rows with the default and sends nothing for them: the table cannot
+    know their value, so the batch that adds the column says so, and its audit row names the default."""
+    paths, topic = paths_in(tmp_path), Topic()
+    region = {"field": "region", "type": "string", "optional": True, "default": "eu"}
+    tier = {"field": "tier", "type": "int32", "optional": False, "default": 3}
+    topic.send(key(1), pg("c", {"id": 1, "v": "a"}, lsn=10, schema=_defaults_schema()))
+    topic.send(key(2), pg("c", {"id": 2, "v": "b", "region": "us", "tier": 1}, lsn=20,
+                          schema=_defaults_schema(region, tier)))
+    topic.send(key(3), pg("c", {"id": 3, "v": "c", "region": "eu", "tier": 3}, lsn=30,
+                          schema=_defaults_schema(region, tier)))
+    with caplog.at_level("WARNING", logger="ingest.apply.journey"):
+        results = ingest_in_batches(HARD, paths, topic, [1, 2])
+    warned = [r.getMessage() for r in caplog.records if r.name == "ingest.apply.journey"]
+    assert len(warned) == 1, warned  # the batch that adds the columns, not the one after it
+    event = next(r for r in caplog.records if r.name == "ingest.apply.journey")
+    assert (event.event, event.table, event.batch, event.figures) == (  # type: ignore[attr-defined]
+        "source-defaults-not-filled", "t", 1, {"columns": {"region": "'eu'", "tier": "3"}})
+    assert warned[0].startswith("table 't': new columns 'region' (source default 'eu'), 'tier' (source default 3): "
+                                "the table's earlier rows hold null there")
+    assert "ingest resnapshot t" in warned[0] and "operations.md#a-column-added-with-a-default" in warned[0]
+    assert results[1].record.schema_change == "added region string (source default 'eu'); " \
+                                              "added tier integer (source default 3)"
+    assert results[2].record.schema_change == ""
+    assert {k: (r["region"], r["tier"]) for k, r in rows(paths).items()} == \
+        {1: (None, None), 2: ("us", 1), 3: ("eu", 3)}
+
+    # A table whose first batch brings the column has no rows from before it: nothing to say.
+    caplog.clear()
+    fresh = paths_in(tmp_path / "fresh")
+    with caplog.at_level("WARNING", logger="ingest.apply.journey"):
+        ingest_in_batches(HARD, fresh, topic, [])
+    assert not [r for r in caplog.records if r.name == "ingest.apply.journey"]

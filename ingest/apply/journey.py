@@ -33,6 +33,7 @@ consistency proof kills the process.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -42,7 +43,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest import crashpoints
+from ingest import crashpoints, logs
 from ingest.apply.batch import BatchResult, Held, MicroBatch, RawFetch, foreign_key_reasons, unify_parts
 from ingest.apply.moves import fill_moves
 from ingest.apply.placement import CurrentPlan, Placement, VersionsPlan, Withdrawn
@@ -69,6 +70,8 @@ from ingest.rules.kafka_tombstones import are_deletes, resolve
 from ingest.rules.ordering import later_than_stored
 from ingest.rules.rereads import SuspectReads
 from ingest.rules.schema import SchemaPlan, check_column_names, plan_schema
+
+log = logging.getLogger(__name__)
 
 #: The state a replay assembles against: the messages it re-applies sit below the table's offsets.
 _NOTHING_APPLIED = TableState(None, None, None, None)
@@ -192,6 +195,10 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
 
         # 9. The audit row.
         record.status = "replayed" if replay else "committed" if outcome.committed else "nothing-to-commit"
+        unfilled = schema.unfilled_defaults(spec.name) if outcome.committed and state.table is not None else None
+        if unfilled:
+            logs.event(log, "source-defaults-not-filled", unfilled, table=spec.name, batch=batch_id,
+                       level=logging.WARNING, columns={c.name: c.default for c in schema.added if c.default})
         record.rows_truncated = outcome.rows_truncated
         record.delta_version = outcome.delta_version
         record.apply_ms = outcome.merge_ms

@@ -221,11 +221,15 @@ def _image_record(field: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _field(field: Mapping[str, Any]) -> FieldPlan:
-    return _describe(field["name"], field["type"], nullable=False)
+    return _describe(field["name"], field["type"], nullable=False, default=field.get("default"))
 
 
-def _describe(name: str, avro_type: Any, *, nullable: bool) -> FieldPlan:
-    """Map an (expanded) Avro type to a Connect description and build the column plan."""
+def _describe(name: str, avro_type: Any, *, nullable: bool, default: Any = None) -> FieldPlan:
+    """Map an (expanded) Avro type to a Connect description and build the column plan.
+
+    ``default`` is the field's Avro default; the Connect converters also keep a column's default
+    on its type, as ``connect.default``, which is read when the field gives none.
+    """
     if isinstance(avro_type, list):
         branches = [b for b in avro_type if b != "null"]
         nullable = nullable or len(branches) < len(avro_type)
@@ -234,10 +238,13 @@ def _describe(name: str, avro_type: Any, *, nullable: bool) -> FieldPlan:
         avro_type = branches[0]
     if isinstance(avro_type, str):
         base = _PRIMITIVES.get(avro_type, "null")
-        return field_plan(name, base=base, semantic=None, params={}, nullable=nullable, wire="avro")
+        return field_plan(name, base=base, semantic=None, params={}, nullable=nullable, wire="avro",
+                          default=_avro_default(base, default))
+    if default is None:
+        default = avro_type.get("connect.default")
     inner = avro_type.get("type")
     if isinstance(inner, dict | list):  # {"type": {"type": ...}} nesting
-        return _describe(name, inner, nullable=nullable)
+        return _describe(name, inner, nullable=nullable, default=default)
     base = _COMPLEX.get(inner) or _PRIMITIVES.get(inner, "null")
     if base == "int32" and avro_type.get("connect.type") in ("int8", "int16"):
         base = avro_type["connect.type"]
@@ -252,7 +259,19 @@ def _describe(name: str, avro_type: Any, *, nullable: bool) -> FieldPlan:
         semantic = "org.apache.kafka.connect.data.Decimal" if logical == "decimal" else str(logical)
     if semantic is None and base == "struct":
         semantic = avro_type.get("name")
-    return field_plan(name, base=base, semantic=semantic, params=params, nullable=nullable, wire="avro")
+    return field_plan(name, base=base, semantic=semantic, params=params, nullable=nullable, wire="avro",
+                      default=_avro_default(base, default))
+
+
+def _avro_default(base: str, default: Any) -> Any:
+    """A default as its wire value: Avro's JSON writes a ``bytes`` default as a string of code points
+    0-255 (Avro specification, "Complex Types", field defaults)."""
+    if base == "bytes" and isinstance(default, str):
+        try:
+            return default.encode("latin-1")
+        except UnicodeEncodeError:
+            return None
+    return default
 
 
 def _strip_logical_types(schema: Any) -> Any:

@@ -216,6 +216,7 @@ def _field(schema: Mapping[str, Any], what: str) -> FieldPlan:
         nullable=schema.get("optional") is True,
         wire="json",
         check=_PRIMITIVE_CHECKS.get(base),
+        default=schema.get("default"),
     )
 
 

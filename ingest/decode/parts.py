@@ -88,7 +88,7 @@ def user_field(index: int) -> str:
 def columns_of(schema: pa.Schema) -> tuple[ColumnSpec, ...]:
     """The user columns a part declares (Delta types), from its schema metadata."""
     raw = json.loads((schema.metadata or {}).get(COLUMNS_KEY, b"[]"))
-    return tuple(ColumnSpec(name, typ, nullable, semantic) for name, typ, nullable, semantic in raw)
+    return tuple(ColumnSpec(*column) for column in raw)
 
 
 def part_kind(schema: pa.Schema) -> str:
@@ -119,7 +119,8 @@ def read_parts(blobs: Sequence[bytes]) -> list[pa.RecordBatch]:
 
 def _metadata(kind: str, columns: tuple[ColumnSpec, ...]) -> dict[bytes, bytes]:
     return {KIND_KEY: kind.encode(),
-            COLUMNS_KEY: json.dumps([[c.name, c.type, c.nullable, c.semantic] for c in columns]).encode()}
+            COLUMNS_KEY: json.dumps([[c.name, c.type, c.nullable, c.semantic, c.default]
+                                    for c in columns]).encode()}
 
 
 def assemble(kind: str, columns: tuple[ColumnSpec, ...], rows: list[int], given: dict[str, pa.Array],

@@ -92,7 +92,7 @@ class FieldPlan(NamedTuple):
 
 def field_plan(
     name: str, *, base: str, semantic: str | None, params: Mapping[str, Any], nullable: bool, wire: Wire,
-    check: Converter | None = None,
+    check: Converter | None = None, default: Any = None,
 ) -> FieldPlan:
     """Build the plan of one column from its Connect description.
 
@@ -106,6 +106,7 @@ def field_plan(
         wire: ``avro`` (values as fastavro returns them) or ``json`` (JsonConverter values).
         check: converter for the value of a plain primitive column (no semantic type): JSON
             values need a type check, fastavro's are already right (``None``).
+        default: the column's default value in the schema, as a wire value (``None``: none).
 
     Returns:
         The column's plan.
@@ -116,7 +117,35 @@ def field_plan(
     if base not in _BASE_TYPES and base not in COMPOSITE_TYPES:
         raise DecodeError(f"schema: column '{name}' has unknown Connect type {base!r}")
     delta, convert = _semantic(base, semantic, params, name, check)
-    return FieldPlan(name, convert, _toast_values(base, wire), ColumnSpec(name, delta, nullable, semantic))
+    return FieldPlan(name, convert, _toast_values(base, wire),
+                     ColumnSpec(name, delta, nullable, semantic, default_text(default, convert)))
+
+
+def default_text(default: Any, convert: Converter | None) -> str | None:
+    """A schema's default value as SQL-like text (``'x'``, ``5``, ``2024-01-01``) for messages.
+
+    The value goes through the column's converter, as a row's would; a default the converter
+    refuses is shown as the schema states it.
+    """
+    if default is None:
+        return None
+    value = default
+    if convert is not None:
+        try:
+            value = convert(default)
+        except (ValueError, TypeError, ArithmeticError):
+            value = default
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, bytes | bytearray):
+        return "'\\x" + bytes(value).hex() + "'"
+    return str(value)
 
 
 def _semantic(base: str, semantic: str | None, params: Mapping[str, Any], name: str,
@@ -158,7 +187,7 @@ def as_key_field(plan: FieldPlan) -> FieldPlan:
     """
     semantic = plan.spec.semantic
     if semantic in _NANO_KEYS and plan.spec.type in ("timestamp_ntz", "long"):
-        spec = ColumnSpec(plan.name, "long", plan.spec.nullable, semantic)
+        spec = ColumnSpec(plan.name, "long", plan.spec.nullable, semantic, plan.spec.default)
         return FieldPlan(plan.name, _exact_nanos, plan.toast, spec)
     if semantic == ZONED_TIMESTAMP and plan.spec.type == "timestamp":
         return FieldPlan(plan.name, _zoned_timestamp_key, plan.toast, plan.spec)

@@ -1,6 +1,7 @@
 """Schema evolution between a batch and its target table (docs/architecture.md#schema-evolution).
 
-New columns are added (existing rows read null). Safe widenings are applied: integers to wider
+New columns are added (existing rows read null, even where the source's default filled them: see
+:meth:`SchemaPlan.unfilled_defaults`). Safe widenings are applied: integers to wider
 integers, ``float`` to ``double``, integers to ``double`` (schemaless JSON reads ``1`` as a long
 and ``1.5`` as a double in one column; integers beyond 2**53 are rounded, as any double would hold
 them), decimals to more precision without fewer integer digits or less scale. Anything else stops
@@ -49,9 +50,28 @@ class SchemaPlan:
         return bool(self.added or self.widened)
 
     def describe(self) -> str:
-        parts = [f"added {c.name} {c.type}" for c in self.added]
+        parts = [f"added {c.name} {c.type}" + (f" (source default {c.default})" if c.default else "")
+                 for c in self.added]
         parts += [f"widened {name} {old}->{new}" for name, old, new in self.widened]
         return "; ".join(parts)
+
+    def unfilled_defaults(self, table: str) -> str | None:
+        """What to tell when columns added to an existing table carry a default at the source.
+
+        Adding a column with a default fills the source's existing rows without a change event
+        (PostgreSQL, MySQL and MariaDB alike), so the table's rows that do not change again hold
+        null where the source holds the default. The engine cannot tell that from a column given
+        its default later, so it says so rather than fill the rows.
+        """
+        defaulted = [c for c in self.added if c.default]
+        if not defaulted:
+            return None
+        named = ", ".join(f"{c.name!r} (source default {c.default})" for c in defaulted)
+        return (f"table {table!r}: new column{'s' if len(defaulted) > 1 else ''} {named}: the table's earlier "
+                f"rows hold null there, where the source may hold the default (adding a column with a default "
+                f"fills existing rows without change events). `ingest verify --source-db` shows them; "
+                f"`ingest resnapshot {table}` reads them again "
+                f"(docs/operations.md#a-column-added-with-a-default)")
 
 
 def combine(table: str, images: Iterable[Iterable[ColumnSpec]]) -> list[ColumnSpec]:

@@ -328,3 +328,27 @@ def test_unchanged_toast_bytes_column(decoder: MessageDecoder, registry: Embedde
     event = change(decoder, key(registry, 1), value(registry, record, avro_envelope_schema(fields)))
     assert event.after == {"id": 1, "blob": UNAVAILABLE, "tags": UNAVAILABLE}
     assert event.unavailable == frozenset({"blob", "tags"})
+
+
+def test_a_columns_source_default_is_read_from_its_schema_as_text(
+    decoder: MessageDecoder, registry: EmbeddedSchemaRegistry
+) -> None:
+    """The Connect converters keep a column's default twice: as the field's Avro default (a union
+    then lists the type before null) and as ``connect.default`` on the type; either is read."""
+    fields: list[dict[str, Any]] = [
+        {"name": "id", "type": "long"},
+        {"name": "region", "type": [{"type": "string", "connect.default": "eu"}, "null"], "default": "eu"},
+        {"name": "tier", "type": {"type": "int", "connect.default": 3}, "default": 3},
+        {"name": "price", "type": [{"type": "bytes", "scale": 2, "precision": 10, "logicalType": "decimal",
+                                    "connect.default": "\u0000\u0096", "connect.parameters": {"scale": "2"},
+                                    "connect.name": "org.apache.kafka.connect.data.Decimal"}, "null"],
+         "default": "\u0000\u0096"},
+        {"name": "on_type_only", "type": ["null", {"type": "boolean", "connect.default": True}], "default": None},
+        {"name": "plain", "type": optional("string"), "default": None},
+    ]
+    row = {"id": 1, "region": "us", "tier": 1, "price": None, "on_type_only": None, "plain": None}
+    record = envelope("c", after=row, source=pg_source(lsn=1, committed=1))
+    event = change(decoder, key(registry, 1), value(registry, record, avro_envelope_schema(fields)))
+    assert {c.name: c.default for c in event.columns} == {
+        "id": None, "region": "'eu'", "tier": "3", "price": "1.50", "on_type_only": "true", "plain": None}
+    assert event.after is not None and (event.after["region"], event.after["tier"]) == ("us", 1)

@@ -401,3 +401,31 @@ def test_avro_read_as_json_is_named_in_the_reason(value: bytes, reason: str) -> 
     """A table read as JSON from an Avro topic quarantined each message as "not valid UTF-8"."""
     with pytest.raises(DecodeError, match=r"^json: " + reason):
         json_decoder().decode(json_key(7), value, COORDS)
+
+
+def test_a_columns_source_default_is_read_from_its_schema_as_text() -> None:
+    """JsonConverter writes a column's default in the field schema, as a wire value of its type."""
+    fields = [
+        cfield("id", "int32", optional=False),
+        cfield("region", "string", default="eu"),
+        cfield("quote", "string", default="it's"),
+        cfield("qty", "int32", optional=False, default=5),
+        cfield("active", "boolean", default=True),
+        cfield("price", "bytes", name="org.apache.kafka.connect.data.Decimal",
+               parameters={"scale": "2", "connect.decimal.precision": "10"}, default=dec_b64(150)),
+        cfield("since", "int64", name="io.debezium.time.MicroTimestamp", default=1_700_000_000_123_456),
+        cfield("blob", "bytes", default="AP8="),
+        cfield("plain", "string"),
+        cfield("nulled", "string", default=None),
+    ]
+    schema = envelope_schema(fields)
+    row = {"id": 1, "region": "us", "quote": None, "qty": 1, "active": False, "price": None, "since": None,
+           "blob": None, "plain": None, "nulled": None}
+    event = json_change(json_message(envelope("c", after=row, source=pg_source(lsn=10, committed=9)), schema),
+                        json_key(1))
+    assert {c.name: c.default for c in event.columns} == {
+        "id": None, "region": "'eu'", "quote": "'it''s'", "qty": "5", "active": "true", "price": "1.50",
+        "since": "2023-11-14 22:13:20.123456", "blob": "'\\x00ff'", "plain": None, "nulled": None,
+    }
+    assert event.after is not None and event.after["region"] == "us"  # a default never stands in for a value
+    assert ColumnSpec("region", "string", True, None) in event.columns  # nor does it make another column

@@ -29,7 +29,10 @@ from deltalake import DeltaTable
 from harness.mariadb import capture as maria_capture
 
 from ingest.config import IngestConfig, TableSpec
+from ingest.decode import MessageDecoder
+from ingest.decode.registry import driver_registry
 from ingest.lake.delta import open_table, read_all
+from ingest.model import ChangeEvent, KafkaCoordinates
 from ingest.stream.runner import Runner
 from tests.harness import ingest_cli
 from tests.stack.helpers import avro_columns, config_file, documented_types, read_topic, stack_config
@@ -111,6 +114,10 @@ def probe(stack: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> A
         cur.execute(f"ALTER TABLE {table} ADD COLUMN c_note VARCHAR(10), MODIFY c_varchar VARCHAR(200)")
         cur.execute(f"INSERT INTO {table} (id, c_varchar, c_note) VALUES (20, REPEAT('w', 150), 'added')")
         cur.execute(f"UPDATE {table} SET c_note = 'later' WHERE id = 1")
+        # With a DEFAULT, then every row changed, so the table can equal MariaDB: Debezium's schema
+        # states the default (test_a_default_is_read_from_the_avro_schema).
+        cur.execute(f"ALTER TABLE {table} ADD COLUMN c_flag CHAR(1) NOT NULL DEFAULT 'y'")
+        cur.execute(f"UPDATE {table} SET c_flag = 'n'")
         cur.execute(f"CREATE TABLE {truncated} (id INT PRIMARY KEY, v VARCHAR(5))")
         cur.execute(f"INSERT INTO {truncated} VALUES (1, 'a'), (2, 'b'), (3, 'c')")
         cur.execute(f"TRUNCATE TABLE {truncated}")
@@ -121,7 +128,7 @@ def probe(stack: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> A
         TableSpec(name="probe", topic=topic),
         TableSpec(name="truncated", topic=f"mariaavro.{s.mariadb_db}.{truncated}"))})
     path = config_file(config, tmp_path_factory.mktemp("mariadb-config") / "config.yaml")
-    _wait_for_events(topic, 4 + 1 + 2 + 1 + 1 + 1)
+    _wait_for_events(topic, 4 + 1 + 2 + 1 + 1 + 1 + 4)
     _wait_for_events(f"mariaavro.{s.mariadb_db}.{truncated}", 5)
     report = Runner(config, spark=spark).run()
     assert not report.failed, {n: t.error for n, t in report.tables.items()}
@@ -202,6 +209,18 @@ def test_verify_finds_every_table_equal_to_mariadb_then_a_change_not_applied(pro
     verify = ingest_cli("verify", "-c", str(probe.path), "--source-db", url, "--wait", "3", "-t", "probe")
     assert verify.returncode == 1, verify.stdout + verify.stderr
     assert "1 different" in verify.stdout and "column 'c_set' expected 'b', got 'a,c'" in verify.stdout
+
+
+def test_a_default_is_read_from_the_avro_schema(probe: Probe) -> None:
+    """Adding a column with a default fills MariaDB's rows without a binlog event; the engine names the
+    default, read from the schema Debezium registered, when such a column reaches an existing table
+    (docs/operations.md#a-column-added-with-a-default)."""
+    decoder = MessageDecoder(value_format="avro", registry=driver_registry(probe.config))
+    key, value = read_topic(probe.config.tables[0].topic)[-1]
+    event = decoder.decode(key, value, KafkaCoordinates(probe.config.tables[0].topic, 0, 0, 0))
+    assert isinstance(event, ChangeEvent) and event.after is not None and event.after["c_flag"] == "n"
+    defaults = {c.name: c.default for c in event.columns}
+    assert defaults["c_flag"] == "'y'" and defaults["c_note"] is None, defaults
 
 
 def test_a_stopped_stack_leaves_the_mariadb_connector_with_nothing_to_skip(stack: Any) -> None:
