@@ -551,9 +551,16 @@ def test_a_column_added_with_a_default_is_named_once_where_rows_keep_null(tmp_pa
     assert {k: (r["region"], r["tier"]) for k, r in rows(paths).items()} == \
         {1: (None, None), 2: ("us", 1), 3: ("eu", 3)}
 
-    # A table whose first batch brings the column has no rows from before it: nothing to say.
+    # A table whose first batch brings the column has no rows from before it: nothing to say. Nor
+    # has one that a truncate created, without columns, before its first change.
     caplog.clear()
-    fresh = paths_in(tmp_path / "fresh")
+    fresh, truncated = paths_in(tmp_path / "fresh"), paths_in(tmp_path / "truncated")
+    truncate = Topic()
+    truncate.send(None, pg("t", None, lsn=5))
+    truncate.send(key(2), pg("c", {"id": 2, "v": "b", "region": "us", "tier": 1}, lsn=20,
+                             schema=_defaults_schema(region, tier)))
     with caplog.at_level("WARNING", logger="ingest.apply.journey"):
         ingest_in_batches(HARD, fresh, topic, [])
+        ingest_in_batches(HARD, truncated, truncate, [1])
     assert not [r for r in caplog.records if r.name == "ingest.apply.journey"]
+    assert {k: r["region"] for k, r in rows(truncated).items()} == {2: "us"}

@@ -195,7 +195,8 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
 
         # 9. The audit row.
         record.status = "replayed" if replay else "committed" if outcome.committed else "nothing-to-commit"
-        unfilled = schema.unfilled_defaults(spec.name) if outcome.committed and state.table is not None else None
+        # Only a table with columns can hold rows from before (a truncate creates one without any).
+        unfilled = schema.unfilled_defaults(spec.name) if outcome.committed and state.columns else None
         if unfilled:
             logs.event(log, "source-defaults-not-filled", unfilled, table=spec.name, batch=batch_id,
                        level=logging.WARNING, columns={c.name: c.default for c in schema.added if c.default})
