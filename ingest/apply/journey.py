@@ -199,7 +199,7 @@ def apply_batch(spec: TableSpec, paths: TablePaths, decoded: Any, *, placement: 
         unfilled = schema.unfilled_defaults(spec.name) if outcome.committed and state.columns else None
         if unfilled:
             logs.event(log, "source-defaults-not-filled", unfilled, table=spec.name, batch=batch_id,
-                       level=logging.WARNING, columns={c.name: c.default for c in schema.added if c.default})
+                       level=logging.WARNING, columns=schema.added_defaults())
         record.rows_truncated = outcome.rows_truncated
         record.delta_version = outcome.delta_version
         record.apply_ms = outcome.merge_ms

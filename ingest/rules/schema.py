@@ -55,6 +55,10 @@ class SchemaPlan:
         parts += [f"widened {name} {old}->{new}" for name, old, new in self.widened]
         return "; ".join(parts)
 
+    def added_defaults(self) -> dict[str, str]:
+        """The added columns that carry a default at the source, and their defaults as text."""
+        return {c.name: c.default for c in self.added if c.default}
+
     def unfilled_defaults(self, table: str) -> str | None:
         """What to tell when columns added to an existing table carry a default at the source.
 
@@ -63,10 +67,10 @@ class SchemaPlan:
         null where the source holds the default. The engine cannot tell that from a column given
         its default later, so it says so rather than fill the rows.
         """
-        defaulted = [c for c in self.added if c.default]
+        defaulted = self.added_defaults()
         if not defaulted:
             return None
-        named = ", ".join(f"{c.name!r} (source default {c.default})" for c in defaulted)
+        named = ", ".join(f"{name!r} (source default {default})" for name, default in defaulted.items())
         return (f"table {table!r}: new column{'s' if len(defaulted) > 1 else ''} {named}: the table's earlier "
                 f"rows hold null there, where the source may hold the default (adding a column with a default "
                 f"fills existing rows without change events). `ingest verify --source-db` shows them; "
