@@ -564,3 +564,18 @@ def test_a_column_added_with_a_default_is_named_once_where_rows_keep_null(tmp_pa
         ingest_in_batches(HARD, truncated, truncate, [1])
     assert not [r for r in caplog.records if r.name == "ingest.apply.journey"]
     assert {k: r["region"] for k, r in rows(truncated).items()} == {2: "us"}
+
+
+# -- timestamps far from today --------------------------------------------------------------------------
+def test_a_timestamp_outside_the_nanosecond_years_reads_back_as_written(tmp_path):
+    """Both writers keep timestamps as Parquet's int64 microseconds. Spark's legacy INT96, which readers
+    other than Spark take as nanoseconds (the years 1677-2262), gave 9999-12-31 back as 2262-04-11."""
+    paths, topic = paths_in(tmp_path), Topic()
+    schema = _defaults_schema(
+        {"field": "tz", "type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp"})
+    sent = {1: "9999-12-31T23:59:59.999999Z", 2: "1500-06-01T12:00:00.5Z", 3: "2024-02-29T00:00:00Z"}
+    for n, tz in sent.items():
+        topic.send(key(n), pg("c", {"id": n, "v": str(n), "tz": tz}, lsn=10 * n, schema=schema))
+    ingest_in_batches(HARD, paths, topic, [])
+    assert {k: r["tz"] for k, r in rows(paths).items()} == {
+        k: datetime.fromisoformat(v) for k, v in sent.items()}

@@ -105,6 +105,10 @@ def get_spark(master: str = "local[2]", shuffle_partitions: int = 2,
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Timestamps in Parquet as int64 microseconds, not Spark's legacy INT96: other Delta readers
+        # (delta-rs, polars, DuckDB) read INT96 as nanoseconds, which hold only the years 1677-2262,
+        # so a later or earlier value (9999-12-31, PostgreSQL's infinity) read back wrong there.
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         # Arrow batches between the JVM and Python stay far below the 2 GiB per binary column,
         # however large the messages (the decode step bounds its own output the same way).
         "spark.sql.execution.arrow.maxBytesPerBatch": str(256 * 1024 * 1024),
