@@ -579,3 +579,26 @@ def test_a_timestamp_outside_the_nanosecond_years_reads_back_as_written(tmp_path
     ingest_in_batches(HARD, paths, topic, [])
     assert {k: r["tz"] for k, r in rows(paths).items()} == {
         k: datetime.fromisoformat(v) for k, v in sent.items()}
+
+
+# -- PostgreSQL's infinity and -infinity ----------------------------------------------------------------
+def test_infinite_dates_and_timestamps_keep_their_rows_as_the_latest_and_earliest_values(tmp_path):
+    """Debezium sends PostgreSQL's ``infinity`` as values beyond any date (docs/types.md). The rows stay,
+    holding Delta's latest or earliest value, whether a batch converts the column at once or row by row."""
+    paths, topic = paths_in(tmp_path), Topic()
+    schema = _defaults_schema(
+        {"field": "ts", "type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp"},
+        {"field": "tz", "type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp"},
+        {"field": "d", "type": "int32", "optional": True, "name": "io.debezium.time.Date"})
+    sent = {1: (9_223_372_036_825_200_000, "infinity", -2_147_472_692),
+            2: (-9_223_372_036_832_400_000, "-infinity", -2_147_472_691),
+            3: (86_400_000_000, "1970-01-02T00:00:00Z", 1),
+            4: (9_223_372_036_825_200_000, "infinity", -2_147_472_692)}
+    for n, (ts, tz, d) in sent.items():
+        topic.send(key(n), pg("c", {"id": n, "v": str(n), "ts": ts, "tz": tz, "d": d}, lsn=10 * n, schema=schema))
+    results = ingest_in_batches(HARD, paths, topic, [3])  # three rows at once, then one alone
+    latest, earliest, day = datetime(9999, 12, 31, 23, 59, 59), datetime(1, 1, 1), datetime(1970, 1, 2)
+    expected = {1: latest, 2: earliest, 3: day, 4: latest}
+    got = {k: (r["ts"], r["tz"], r["d"]) for k, r in rows(paths).items()}
+    assert got == {k: (v, v.replace(tzinfo=UTC), v.date()) for k, v in expected.items()}
+    assert [r.record.quarantined for r in results] == [0, 0]

@@ -30,6 +30,21 @@ _EPOCH_NAIVE: Final = datetime(1970, 1, 1)
 _EPOCH_UTC: Final = datetime(1970, 1, 1, tzinfo=UTC)
 # Wide enough that quantize/scaleb on a 38-digit value never rounds (the default context has 28).
 _EXACT: Final = Context(prec=200)
+#: What the engine writes for PostgreSQL's ``infinity`` and ``-infinity`` dates and timestamps: the
+#: latest and the earliest values Delta holds, to the second, as Spark's own PostgreSQL reader does.
+LATEST: Final = datetime(9999, 12, 31, 23, 59, 59)
+EARLIEST: Final = datetime(1, 1, 1)
+# How Debezium's PostgreSQL connector sends them (True: ``infinity``, False: ``-infinity``):
+# timestamps as pgjdbc's DATE_POSITIVE_INFINITY and DATE_NEGATIVE_INFINITY read as microseconds or
+# milliseconds; dates as the epoch days of its infinity dates, -5877611-06-21 in 3.6 (+5877611-06-21
+# in later versions) and -5877611-06-22. All lie beyond any finite value PostgreSQL stores.
+_INFINITE_TIMESTAMPS: Final = {
+    MICRO: {9_223_372_036_825_200_000: True, -9_223_372_036_832_400_000: False},
+    MILLI: {9_223_372_036_825_200: True, -9_223_372_036_832_400: False},
+    NANO: {},
+}
+_INFINITE_DAYS: Final = {-2_147_472_692: True, 2_146_033_979: True, -2_147_472_691: False}
+_INFINITE_TEXT: Final = {"infinity": True, "-infinity": False}  # ZonedTimestamp
 
 
 class ConvertError(ValueError):
@@ -147,6 +162,8 @@ def to_date(value: Any) -> date:
     try:
         return date.fromordinal(_EPOCH_ORDINAL + value)
     except (ValueError, OverflowError) as exc:
+        if (latest := _INFINITE_DAYS.get(value)) is not None:
+            return (LATEST if latest else EARLIEST).date()
         raise ConvertError(f"date out of range: {value!r} days since epoch") from exc
 
 
@@ -166,6 +183,7 @@ def _time_micros(unit: str) -> Converter:
 def _timestamp(unit: str, *, utc: bool) -> Converter:
     mul, div = _UNIT_TO_MICROS[unit]
     epoch = _EPOCH_UTC if utc else _EPOCH_NAIVE
+    infinite = _INFINITE_TIMESTAMPS[unit]
 
     def convert(value: Any) -> datetime:
         if type(value) is int:
@@ -173,6 +191,8 @@ def _timestamp(unit: str, *, utc: bool) -> Converter:
                 # Floor division truncates nanoseconds towards the past, as Java's Instant.truncatedTo.
                 return epoch + timedelta(0, 0, value * mul // div)
             except OverflowError as exc:
+                if (latest := infinite.get(value)) is not None:
+                    return _extreme(latest, utc=utc)
                 raise ConvertError(f"timestamp out of range: {value!r} {unit} since epoch") from exc
         if isinstance(value, datetime):  # fastavro's timestamp logical types
             if utc:
@@ -191,7 +211,15 @@ def zoned_timestamp(value: Any) -> datetime:
         # A ZonedTimestamp always carries an offset; a bare one is read as UTC rather than local time.
         return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
     except (ValueError, OverflowError) as exc:
+        if (latest := _INFINITE_TEXT.get(value)) is not None:
+            return _extreme(latest, utc=True)
         raise ConvertError(f"timestamp out of range or malformed: {value!r}") from exc
+
+
+def _extreme(latest: bool, *, utc: bool) -> datetime:
+    """:data:`LATEST` or :data:`EARLIEST`, in UTC or naive."""
+    value = LATEST if latest else EARLIEST
+    return value.replace(tzinfo=UTC) if utc else value
 
 
 TIME_CONVERTERS: Final = {unit: _time_micros(unit) for unit in (MILLI, MICRO, NANO)}

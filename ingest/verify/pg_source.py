@@ -23,6 +23,9 @@ timestamptz                         timestamp (UTC)                 instant
 arrays of text/number/boolean       string (JSON of the array)      ``to_json(list)``
 ==================================  ==============================  ==================================
 
+``infinity`` and ``-infinity`` dates and timestamps are read as the values the engine writes for
+them (:data:`ingest.decode.values.LATEST` and :data:`~ingest.decode.values.EARLIEST`).
+
 Other types (interval, money, geometric, ranges, hstore ...) are not compared; the verifier says so.
 """
 
@@ -39,7 +42,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from ingest import secrets
-from ingest.decode.values import MAX_PRECISION, VARIABLE_SCALE, to_json
+from ingest.decode.values import EARLIEST, LATEST, MAX_PRECISION, VARIABLE_SCALE, to_json
 from ingest.errors import ConfigError
 from ingest.verify.capture import wait_for_capture
 from ingest.verify.source_values import SourceColumn, decimal_convert, parse_json, time_micros, zoned_time
@@ -155,19 +158,27 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
     if typname == "bytea":
         return SourceColumn(name, pg_type, pa.binary(), ident, convert=bytes)
     if typname == "date":
-        return SourceColumn(name, pg_type, pa.date32(), ident)
+        return SourceColumn(name, pg_type, pa.date32(), _finite(ident, LATEST.date(), EARLIEST.date()))
     if typname == "time":
         return SourceColumn(name, pg_type, pa.int64(), ident, convert=time_micros)
     if typname == "timetz":
         return SourceColumn(name, pg_type, pa.string(), ident, convert=zoned_time)
     if typname == "timestamp":
-        return SourceColumn(name, pg_type, pa.timestamp("us"), ident)
+        return SourceColumn(name, pg_type, pa.timestamp("us"), _finite(ident, LATEST, EARLIEST))
     if typname == "timestamptz":
-        return SourceColumn(name, pg_type, pa.timestamp("us", tz="UTC"), ident, convert=lambda d: d.astimezone(UTC))
+        return SourceColumn(name, pg_type, pa.timestamp("us", tz="UTC"),
+                            _finite(ident, LATEST.replace(tzinfo=UTC), EARLIEST.replace(tzinfo=UTC)),
+                            convert=lambda d: d.astimezone(UTC))
     if element is not None and element in _ARRAY_ELEMENTS:
         return SourceColumn(name, pg_type, pa.string(), ident, convert=to_json)
     return SourceColumn(name, pg_type, None, ident, note=f"type {pg_type} is not compared (no known engine "
                                                            "representation for it in verify)")
+
+
+def _finite(ident: sql.Composable, latest: object, earliest: object) -> sql.Composable:
+    """A date or timestamp column with ``infinity`` and ``-infinity`` read as the engine writes them."""
+    return sql.SQL("CASE {c} WHEN 'infinity' THEN {latest} WHEN '-infinity' THEN {earliest} ELSE {c} END").format(
+        c=ident, latest=sql.Literal(latest), earliest=sql.Literal(earliest))
 
 
 def _numeric(name: str, pg_type: str, typmod: int, ident: sql.Composable) -> SourceColumn:

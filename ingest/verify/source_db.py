@@ -154,7 +154,7 @@ def read_source(source: SourceDatabase, conn: Any, schema: str, table: str,
                 except NotRepresentable as exc:
                     unrepresentable += 1
                     if unrepresentable <= 3:
-                        notes.append(f"column {plan.name!r}: {exc}; compared as null (the engine quarantines it)")
+                        notes.append(f"column {plan.name!r}: {exc}; compared as null")
                     value = None
             values[i].append(value)
     arrays = {p.name: pa.array(v, type=p.arrow) for p, v in zip(compared, values, strict=True)}

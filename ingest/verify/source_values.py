@@ -49,16 +49,18 @@ def decimal_convert(precision: int, scale: int) -> Convert:
     """The engine's own rule for a ``decimal(precision, scale)`` column: exact, or :class:`NotRepresentable`."""
 
     def convert(value: Decimal) -> Decimal:
+        if not value.is_finite():  # PostgreSQL's NaN and ±Infinity
+            raise NotRepresentable(f"{value} has no Delta decimal, and Debezium sends it as null")
         try:
             return fit_decimal(value, precision, scale)  # the engine's own rule: exact or refused
         except ConvertError as exc:
-            raise NotRepresentable(str(exc)) from None
+            raise NotRepresentable(f"{exc}, and the engine quarantines it") from None
 
     return convert
 
 
 class NotRepresentable(ValueError):
-    """A source value the engine's column type cannot hold (the engine quarantines such a change)."""
+    """A source value the engine's column type cannot hold; the message says what becomes of it."""
 
 
 def time_micros(value: time) -> int:

@@ -396,6 +396,26 @@ CASES = [
     ),
 ]
 
+# PostgreSQL's infinity and -infinity as Debezium 3.6's PostgreSQL connector sends them (seen on the real
+# stack: tests/stack/test_types.py), and the infinity date of later Debezium versions (+5877611-06-21):
+# written as Delta's latest and earliest values to the second, as Spark's own PostgreSQL reader gives them.
+LATEST, EARLIEST = datetime(9999, 12, 31, 23, 59, 59), datetime(1, 1, 1)
+INFINITIES = [
+    ("micro-timestamp", "int64", "long", "io.debezium.time.MicroTimestamp", "timestamp_ntz",
+     {9_223_372_036_825_200_000: LATEST, -9_223_372_036_832_400_000: EARLIEST}),
+    ("timestamp-ms", "int64", "long", "io.debezium.time.Timestamp", "timestamp_ntz",
+     {9_223_372_036_825_200: LATEST, -9_223_372_036_832_400: EARLIEST}),
+    ("zoned-timestamp", "string", "string", "io.debezium.time.ZonedTimestamp", "timestamp",
+     {"infinity": LATEST.replace(tzinfo=UTC), "-infinity": EARLIEST.replace(tzinfo=UTC)}),
+    ("date", "int32", "int", "io.debezium.time.Date", "date",
+     {-2_147_472_692: LATEST.date(), 2_146_033_979: LATEST.date(), -2_147_472_691: EARLIEST.date()}),
+]
+CASES += [
+    Case(f"{name}-{wire_value}", sem(base, semantic), wire_value, avro_semantic(avro, semantic), wire_value, delta,
+         expected)
+    for name, base, avro, semantic, delta, values in INFINITIES for wire_value, expected in values.items()
+]
+
 
 def decode_json(case: Case) -> ChangeEvent:
     schema = envelope_schema([cfield("id", "int64", optional=False), case.json_field])
@@ -449,6 +469,14 @@ ERROR_CASES = [
         avro_semantic("long", "io.debezium.time.MicroTimestamp"),
         253_402_300_800_000_000,
         r"^timestamp out of range: 253402300800000000 us since epoch \(column 'v'\)$",
+    ),
+    (
+        "micro-timestamp-next-to-infinity",
+        sem("int64", "io.debezium.time.MicroTimestamp"),
+        9_223_372_036_825_200_001,
+        avro_semantic("long", "io.debezium.time.MicroTimestamp"),
+        9_223_372_036_825_200_001,
+        r"^timestamp out of range: 9223372036825200001 us since epoch \(column 'v'\)$",
     ),
     (
         "timestamp-before-year-1",

@@ -33,7 +33,7 @@ from tests.stack.helpers import PREFIX, avro_columns, documented_types, json_eve
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
 SCHEMA = "typeprobe"
-TABLES = ["edge", "toast_pk", "floats"]
+TABLES = ["edge", "toast_pk", "floats", "special"]
 FLOAT_COLUMNS = ("c_real", "c_double")
 # Random text, so PostgreSQL cannot compress it below its ~2 kB TOAST threshold: stored out of line.
 BIG = large_text(random.Random(7))
@@ -48,6 +48,8 @@ CREATE TABLE typeprobe.edge (
     c_varchar varchar(10), c_char char(3), c_boolean boolean, c_big text);
 CREATE TABLE typeprobe.toast_pk (id integer PRIMARY KEY, note text, c_big text);
 CREATE TABLE typeprobe.floats (id integer PRIMARY KEY, c_real real, c_double double precision);
+CREATE TABLE typeprobe.special (id integer PRIMARY KEY, c_timestamp timestamp, c_timestamp3 timestamp(3),
+    c_timestamptz timestamptz, c_date date, c_numeric numeric, c_numeric_12_2 numeric(12,2));
 """
 ROW_1 = """INSERT INTO typeprobe.edge VALUES (1, -32768, -9223372036854775808, -1234567890.12,
   -123456789012345678.123456789012345678, '1969-07-20 20:17:40.123456+00', '1900-01-01 00:00:00.000001',
@@ -74,6 +76,9 @@ STATEMENTS = [
     ("UPDATE typeprobe.toast_pk SET note = 'k' WHERE id = 3", None),
     ("INSERT INTO typeprobe.floats VALUES (1, -1.5, 1.0000000000000002), (2, 'Infinity', '-Infinity'), "
      "(3, NULL, -0.1)", None),
+    ("INSERT INTO typeprobe.special VALUES (1, 'infinity', 'infinity', 'infinity', 'infinity', 'NaN', 'NaN'), "
+     "(2, '-infinity', '-infinity', '-infinity', '-infinity', '-Infinity', 1.5), "
+     "(3, '2024-02-29 12:00', '2024-02-29 12:00', '2024-02-29 12:00+00', '2024-02-29', 2.5, 2.5)", None),
 ]
 
 
@@ -218,3 +223,41 @@ def test_real_and_double_columns(probe: dict[str, IngestConfig], fmt: str) -> No
 def test_workdirs_are_separate(probe: dict[str, IngestConfig]) -> None:
     assert probe["avro"].workdir != probe["json"].workdir
     assert all(Path(c.workdir).is_dir() for c in probe.values())
+
+
+def test_debezium_sends_infinity_and_nan_as_the_engine_expects(probe: dict[str, IngestConfig]) -> None:
+    """PostgreSQL's ±infinity as Debezium 3.6 sends it (ingest/decode/values.py reads these), NaN and
+    ±Infinity numerics as null: if a Debezium upgrade changes them, this says so first."""
+    after = {e["payload"]["after"]["id"]: e["payload"]["after"]
+             for e in json_events(f"{PREFIX['json']}.{SCHEMA}.special")}
+    columns = ("c_timestamp", "c_timestamp3", "c_timestamptz", "c_date", "c_numeric", "c_numeric_12_2")
+    assert [tuple(after[n][c] for c in columns) for n in (1, 2)] == [
+        (9_223_372_036_825_200_000, 9_223_372_036_825_200, "infinity", -2_147_472_692, None, None),
+        (-9_223_372_036_832_400_000, -9_223_372_036_832_400, "-infinity", -2_147_472_691, None, "AJY="),  # 1.50
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_infinity_is_the_latest_or_earliest_value_and_the_table_equals_its_source(
+        probe: dict[str, IngestConfig], fmt: str, pg_dsn: str) -> None:
+    """No row is quarantined for an infinite date or timestamp; verify reads the source the same way
+    and names the numerics Debezium sent as null."""
+    rows = _delta_rows(probe[fmt], "special")
+    latest, earliest = datetime(9999, 12, 31, 23, 59, 59), datetime(1, 1, 1)
+    columns = ("c_timestamp", "c_timestamp3", "c_timestamptz", "c_date", "c_numeric", "c_numeric_12_2")
+    assert {n: tuple(r[c] for c in columns) for n, r in rows.items()} == {
+        1: (latest, latest, latest.replace(tzinfo=UTC), latest.date(), None, None),
+        2: (earliest, earliest, earliest.replace(tzinfo=UTC), earliest.date(), None, Decimal("1.50")),
+        3: (datetime(2024, 2, 29, 12), datetime(2024, 2, 29, 12), datetime(2024, 2, 29, 12, tzinfo=UTC),
+            date(2024, 2, 29), Decimal("2.5").quantize(Decimal("1e-18")), Decimal("2.50")),
+    }
+    config = probe[fmt]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        check = check_table(config, config.table("special"), conn, pg_source)
+    assert check.error is None and check.verification is not None
+    assert check.verification.ok and check.verification.expected_rows == 3, check.verification.examples
+    assert sorted(n for n in check.notes if "Debezium sends it as null" in n) == [
+        "column 'c_numeric': -Infinity has no Delta decimal, and Debezium sends it as null; compared as null",
+        "column 'c_numeric': NaN has no Delta decimal, and Debezium sends it as null; compared as null",
+        "column 'c_numeric_12_2': NaN has no Delta decimal, and Debezium sends it as null; compared as null",
+    ]
