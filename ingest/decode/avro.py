@@ -259,8 +259,9 @@ def _describe(name: str, avro_type: Any, *, nullable: bool, default: Any = None)
         semantic = "org.apache.kafka.connect.data.Decimal" if logical == "decimal" else str(logical)
     if semantic is None and base == "struct":
         semantic = avro_type.get("name")
+    items = _describe(name, avro_type["items"], nullable=True) if base == "array" and "items" in avro_type else None
     return field_plan(name, base=base, semantic=semantic, params=params, nullable=nullable, wire="avro",
-                      default=_avro_default(base, default))
+                      default=_avro_default(base, default), items=items)
 
 
 def _avro_default(base: str, default: Any) -> Any:

@@ -208,6 +208,7 @@ def _field(schema: Mapping[str, Any], what: str) -> FieldPlan:
     base = _JSON_TYPE_NAMES.get(raw.lower(), raw.lower())
     semantic = schema.get("name")
     params = schema.get("parameters")
+    items = schema.get("items") if base == "array" else None
     return field_plan(
         schema["field"],
         base=base,
@@ -217,6 +218,7 @@ def _field(schema: Mapping[str, Any], what: str) -> FieldPlan:
         wire="json",
         check=_PRIMITIVE_CHECKS.get(base),
         default=schema.get("default"),
+        items=_field({**items, "field": schema["field"]}, what) if isinstance(items, dict) else None,
     )
 
 

@@ -29,7 +29,9 @@ from ingest.decode.values import (
     VARIABLE_SCALE,
     Converter,
     ConvertError,
+    array_of,
     decimal_type,
+    exact_variable_scale_decimal,
     to_date,
     to_json,
     variable_scale_decimal,
@@ -92,7 +94,7 @@ class FieldPlan(NamedTuple):
 
 def field_plan(
     name: str, *, base: str, semantic: str | None, params: Mapping[str, Any], nullable: bool, wire: Wire,
-    check: Converter | None = None, default: Any = None,
+    check: Converter | None = None, default: Any = None, items: FieldPlan | None = None,
 ) -> FieldPlan:
     """Build the plan of one column from its Connect description.
 
@@ -107,6 +109,8 @@ def field_plan(
         check: converter for the value of a plain primitive column (no semantic type): JSON
             values need a type check, fastavro's are already right (``None``).
         default: the column's default value in the schema, as a wire value (``None``: none).
+        items: an array's plan of its elements: elements of a semantic type (dates, timestamps,
+            decimals) are converted as a column of that type would be, then written as JSON.
 
     Returns:
         The column's plan.
@@ -117,8 +121,16 @@ def field_plan(
     if base not in _BASE_TYPES and base not in COMPOSITE_TYPES:
         raise DecodeError(f"schema: column '{name}' has unknown Connect type {base!r}")
     delta, convert = _semantic(base, semantic, params, name, check)
+    if base == "array" and items is not None and items.spec.semantic is not None and items.convert is not None:
+        convert = array_of(_element(items.convert))
     return FieldPlan(name, convert, _toast_values(base, wire),
                      ColumnSpec(name, delta, nullable, semantic, default_text(default, convert)))
+
+
+def _element(convert: Converter) -> Converter:
+    """An array element's converter: a ``VariableScaleDecimal`` keeps the digits it was sent with
+    (PostgreSQL's ``numeric[]`` prints ``1.5``, not a column's ``1.500000000000000000``)."""
+    return exact_variable_scale_decimal if convert is variable_scale_decimal else convert
 
 
 def default_text(default: Any, convert: Converter | None) -> str | None:

@@ -21,6 +21,7 @@ timetz                              string (UTC, ``HH:MM:SS[.f]Z``) text
 timestamp                           timestamp_ntz                   naive datetime
 timestamptz                         timestamp (UTC)                 instant
 arrays of text/number/boolean       string (JSON of the array)      ``to_json(list)``
+numeric/uuid/date/timestamp(tz)[]   string (JSON of the array)      ``array_to_json``, compared parsed
 ==================================  ==============================  ==================================
 
 ``infinity`` and ``-infinity`` dates and timestamps are read as the values the engine writes for
@@ -60,6 +61,11 @@ _AS_TEXT: Final = frozenset({"uuid", "json", "jsonb", "xml", "inet", "cidr", "ma
 _STRINGS: Final = frozenset({"text", "varchar", "bpchar", "name"})
 _ARRAY_ELEMENTS: Final = frozenset({"text", "varchar", "bpchar", "name", "int2", "int4", "int8", "bool",
                                     "float4", "float8"})
+#: Arrays whose elements the engine converts as columns of their type: compared as JSON text.
+_JSON_ARRAY_ELEMENTS: Final[dict[str, tuple[object, object] | None]] = {
+    "numeric": None, "uuid": None, "date": (LATEST.date(), EARLIEST.date()), "timestamp": (LATEST, EARLIEST),
+    "timestamptz": (LATEST.replace(tzinfo=UTC), EARLIEST.replace(tzinfo=UTC)),
+}
 _COLUMNS_QUERY = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname, t.typtype, a.atttypmod,
        CASE WHEN t.typcategory = 'A' THEN et.typname END
@@ -114,6 +120,7 @@ def read_columns(conn: psycopg.Connection, schema: str, table: str, key_override
     Raises:
         ConfigError: the table does not exist.
     """
+    conn.execute("SET TIME ZONE 'UTC'")  # timestamptz[] as JSON text: in UTC, as the engine writes them
     relid = conn.execute("SELECT to_regclass(%s)::oid", (f'"{schema}"."{table}"',)).fetchone()
     if relid is None or relid[0] is None:
         raise ConfigError(f"source table {schema}.{table} does not exist")
@@ -171,6 +178,9 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
                             convert=lambda d: d.astimezone(UTC))
     if element is not None and element in _ARRAY_ELEMENTS:
         return SourceColumn(name, pg_type, pa.string(), ident, convert=to_json)
+    if element is not None and element in _JSON_ARRAY_ELEMENTS:
+        return SourceColumn(name, pg_type, pa.string(), _array_json(ident, _JSON_ARRAY_ELEMENTS[element]),
+                            normalize=parse_json)
     return SourceColumn(name, pg_type, None, ident, note=f"type {pg_type} is not compared (no known engine "
                                                            "representation for it in verify)")
 
@@ -179,6 +189,15 @@ def _finite(ident: sql.Composable, latest: object, earliest: object) -> sql.Comp
     """A date or timestamp column with ``infinity`` and ``-infinity`` read as the engine writes them."""
     return sql.SQL("CASE {c} WHEN 'infinity' THEN {latest} WHEN '-infinity' THEN {earliest} ELSE {c} END").format(
         c=ident, latest=sql.Literal(latest), earliest=sql.Literal(earliest))
+
+
+def _array_json(ident: sql.Composable, bounds: tuple[object, object] | None) -> sql.Composable:
+    """A one-dimensional array as PostgreSQL's own ``array_to_json`` text, ``±infinity`` elements read
+    as the engine writes them (``bounds``: the latest and earliest values of the element type)."""
+    element = sql.Identifier("x")
+    value = _finite(element, *bounds) if bounds else element
+    return sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE coalesce((SELECT array_to_json(array_agg({value} ORDER BY n)) "
+                   "FROM unnest({c}) WITH ORDINALITY AS u(x, n)), '[]')::text END").format(c=ident, value=value)
 
 
 def _numeric(name: str, pg_type: str, typmod: int, ident: sql.Composable) -> SourceColumn:

@@ -31,6 +31,7 @@ from .fixtures import (
     envelope,
     envelope_schema,
     json_message,
+    optional,
     pg_source,
 )
 
@@ -414,6 +415,39 @@ CASES += [
     Case(f"{name}-{wire_value}", sem(base, semantic), wire_value, avro_semantic(avro, semantic), wire_value, delta,
          expected)
     for name, base, avro, semantic, delta, values in INFINITIES for wire_value, expected in values.items()
+]
+
+def item(base: str, name: str | None = None, **params: str) -> dict[str, Any]:
+    """An array's element schema as JsonConverter writes it (optional, as PostgreSQL's are)."""
+    return {"type": base, "optional": True, **({"name": name} if name else {}),
+            **({"parameters": params} if params else {})}
+
+
+# Arrays of a semantic type: each element as a column of its type, JSON as PostgreSQL's array_to_json.
+ARRAYS = [
+    ("date", item("int32", "io.debezium.time.Date"), optional(avro_semantic("int", "io.debezium.time.Date")),
+     [19_782, None, -2_147_472_692], [19_782, None, -2_147_472_692], '["2024-02-29", null, "9999-12-31"]'),
+    ("numeric-12-2", item("bytes", DECIMAL, scale="2", **{"connect.decimal.precision": "12"}),
+     optional(avro_decimal(12, 2)), [dec_b64(150), dec_b64(-225), None], [dec_bytes(150), dec_bytes(-225), None],
+     "[1.50, -2.25, null]"),
+    ("numeric", {**item("struct", VSD), "fields": VSD_JSON_FIELDS}, optional(VSD_AVRO),
+     [{"scale": 1, "value": dec_b64(15)}, {"scale": 0, "value": dec_b64(10**30)}],
+     [{"scale": 1, "value": dec_bytes(15)}, {"scale": 0, "value": dec_bytes(10**30)}],
+     "[1.5, 1000000000000000000000000000000]"),
+    ("timestamp", item("int64", "io.debezium.time.MicroTimestamp"),
+     optional(avro_semantic("long", "io.debezium.time.MicroTimestamp")),
+     [1_709_208_000_500_000, 0], [1_709_208_000_500_000, 0], '["2024-02-29T12:00:00.5", "1970-01-01T00:00:00"]'),
+    ("timestamptz", item("string", "io.debezium.time.ZonedTimestamp"),
+     optional(avro_semantic("string", "io.debezium.time.ZonedTimestamp")),
+     ["2024-02-29T13:00:00.25+01:00"], ["2024-02-29T13:00:00.25+01:00"], '["2024-02-29T12:00:00.25+00:00"]'),
+    ("uuid", item("string", "io.debezium.data.Uuid"), optional(avro_semantic("string", "io.debezium.data.Uuid")),
+     ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"], ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"],
+     '["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]'),
+]
+CASES += [
+    Case(f"array-of-{name}", cfield("v", "array", optional=False, items=json_items), json_value,
+         {"type": "array", "items": avro_items}, avro_value, "string", expected)
+    for name, json_items, avro_items, json_value, avro_value, expected in ARRAYS
 ]
 
 

@@ -33,7 +33,7 @@ from tests.stack.helpers import PREFIX, avro_columns, documented_types, json_eve
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
 SCHEMA = "typeprobe"
-TABLES = ["edge", "toast_pk", "floats", "special"]
+TABLES = ["edge", "toast_pk", "floats", "special", "lost"]
 FLOAT_COLUMNS = ("c_real", "c_double")
 # Random text, so PostgreSQL cannot compress it below its ~2 kB TOAST threshold: stored out of line.
 BIG = large_text(random.Random(7))
@@ -45,9 +45,12 @@ CREATE TABLE typeprobe.edge (
     c_timestamptz timestamptz, c_timestamp timestamp, c_timestamp3 timestamp(3), c_date date, c_time time,
     c_time3 time(3), c_timetz timetz, c_interval interval, c_jsonb jsonb, c_json json, c_uuid uuid,
     c_enum typeprobe.mood, c_bytea bytea, c_text_array text[], c_int_array integer[], c_text text,
-    c_varchar varchar(10), c_char char(3), c_boolean boolean, c_big text);
+    c_varchar varchar(10), c_char char(3), c_boolean boolean, c_big text, c_date_array date[],
+    c_numeric_array numeric(12,2)[], c_vsd_array numeric[], c_timestamp_array timestamp[],
+    c_timestamptz_array timestamptz[], c_uuid_array uuid[], c_time_array time[]);
 CREATE TABLE typeprobe.toast_pk (id integer PRIMARY KEY, note text, c_big text);
 CREATE TABLE typeprobe.floats (id integer PRIMARY KEY, c_real real, c_double double precision);
+CREATE TABLE typeprobe.lost (id integer PRIMARY KEY, nan_array numeric[], matrix integer[][]);
 CREATE TABLE typeprobe.special (id integer PRIMARY KEY, c_timestamp timestamp, c_timestamp3 timestamp(3),
     c_timestamptz timestamptz, c_date date, c_numeric numeric, c_numeric_12_2 numeric(12,2));
 """
@@ -56,12 +59,15 @@ ROW_1 = """INSERT INTO typeprobe.edge VALUES (1, -32768, -9223372036854775808, -
   '1960-02-29 12:00:00.5', '0001-01-01', '23:59:59.999999', '23:59:59.999', '23:59:59.999999+05:30',
   '1 year 2 mons 3 days 04:05:06.789', '{"ü": [1, 2.50, null], "a": {"b": "✓"}, "big": 1e400}',
   '{"x" :  1}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 'ünïcode', '\\x00ff00', '{}', '{}', '', 'äöü€ 🚀',
-  'x', false, %s)"""
+  'x', false, %s, '{2024-02-29,NULL,0001-01-01,9999-12-31}', '{1.50,-2.25,NULL}', '{1.5,100,-0.000001}',
+  '{"2024-02-29 12:00:00.5",infinity,-infinity,"1970-01-01 00:00:00.000001"}',
+  '{"2024-02-29 13:00:00.25+01",infinity,"1999-12-31 23:59:59.123456-08"}',
+  '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,NULL}', '{12:00:01.5,NULL}')"""
 ROW_3 = """INSERT INTO typeprobe.edge VALUES (3, 32767, 9223372036854775807, 9999999999.99,
   0.000000000000000001, '9999-12-31 23:59:59.999999+00', '2262-04-11 23:47:16.854775', '1970-01-01 00:00:00',
   '9999-12-31', '00:00:00', '00:00:00.001', '00:00:00-08:00', '-3 days', '[]', 'null',
   '00000000-0000-0000-0000-000000000000', 'happy', '', '{"a,b", NULL, "c\\"d", "ü"}', '{1, NULL, -3}',
-  'it''s; DROP TABLE x; --', 'abcdefghij', 'abc', true, 'short')"""
+  'it''s; DROP TABLE x; --', 'abcdefghij', 'abc', true, 'short', '{}', '{}', '{}', '{}', '{}', '{}', '{}')"""
 STATEMENTS = [
     ("INSERT INTO typeprobe.edge (id) VALUES (2)", None),
     ("UPDATE typeprobe.edge SET c_text = 'updated ✓' WHERE id = 1", None),  # c_big unchanged: TOAST placeholder
@@ -76,6 +82,7 @@ STATEMENTS = [
     ("UPDATE typeprobe.toast_pk SET note = 'k' WHERE id = 3", None),
     ("INSERT INTO typeprobe.floats VALUES (1, -1.5, 1.0000000000000002), (2, 'Infinity', '-Infinity'), "
      "(3, NULL, -0.1)", None),
+    ("INSERT INTO typeprobe.lost VALUES (1, '{1.5,NaN}', '{{1,2},{3,4}}')", None),
     ("INSERT INTO typeprobe.special VALUES (1, 'infinity', 'infinity', 'infinity', 'infinity', 'NaN', 'NaN'), "
      "(2, '-infinity', '-infinity', '-infinity', '-infinity', '-Infinity', 1.5), "
      "(3, '2024-02-29 12:00', '2024-02-29 12:00', '2024-02-29 12:00+00', '2024-02-29', 2.5, 2.5)", None),
@@ -177,6 +184,17 @@ def test_edge_values_as_the_engine_writes_them(probe: dict[str, IngestConfig], f
     # The update left c_big unchanged: Debezium sent a placeholder and the engine kept the stored value.
     assert one["c_big"] == BIG and not one["_cdc_unknown_columns"]
     assert rows[60]["c_text"] == "moves" and rows[60]["c_big"] == "small"
+    # Arrays of a semantic type: each element as a column of its type, JSON as PostgreSQL prints it.
+    assert one["c_date_array"] == '["2024-02-29", null, "0001-01-01", "9999-12-31"]'
+    assert one["c_numeric_array"] == "[1.50, -2.25, null]" and one["c_vsd_array"] == "[1.5, 100, -0.000001]"
+    assert one["c_timestamp_array"] == ('["2024-02-29T12:00:00.5", "9999-12-31T23:59:59", "0001-01-01T00:00:00", '
+                                        '"1970-01-01T00:00:00.000001"]')
+    assert one["c_timestamptz_array"] == ('["2024-02-29T12:00:00.25+00:00", "9999-12-31T23:59:59+00:00", '
+                                          '"2000-01-01T07:59:59.123456+00:00"]')
+    assert one["c_uuid_array"] == '["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", null]'
+    assert one["c_time_array"] == "[43201500000, null]"
+    assert all(three[c] == "[]" for c in ("c_date_array", "c_numeric_array", "c_vsd_array", "c_timestamp_array",
+                                          "c_timestamptz_array", "c_uuid_array", "c_time_array"))
 
 
 def test_debezium_really_sent_the_unchanged_toast_placeholder(probe: dict[str, IngestConfig]) -> None:
@@ -261,3 +279,19 @@ def test_infinity_is_the_latest_or_earliest_value_and_the_table_equals_its_sourc
         "column 'c_numeric': NaN has no Delta decimal, and Debezium sends it as null; compared as null",
         "column 'c_numeric_12_2': NaN has no Delta decimal, and Debezium sends it as null; compared as null",
     ]
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_what_debezium_loses_in_an_array_verify_reports(probe: dict[str, IngestConfig], fmt: str,
+                                                        pg_dsn: str) -> None:
+    """Debezium sends a numeric[] holding NaN as null and a two-dimensional array as one null per row
+    (docs/types.md): the engine writes what it is sent, and verify names both columns."""
+    after = json_events(f"{PREFIX['json']}.{SCHEMA}.lost")[0]["payload"]["after"]
+    assert (after["nan_array"], after["matrix"]) == (None, [None, None])
+    config = probe[fmt]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        check = check_table(config, config.table("lost"), conn, pg_source)
+    assert check.verification is not None and not check.verification.ok
+    assert check.verification.examples == [
+        "lost (id=1): column 'nan_array' expected '[1.5,\"NaN\"]', got None; "
+        "column 'matrix' expected '[[1, 2], [3, 4]]', got '[null, null]'"]
