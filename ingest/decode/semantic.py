@@ -121,7 +121,8 @@ def field_plan(
     if base not in _BASE_TYPES and base not in COMPOSITE_TYPES:
         raise DecodeError(f"schema: column '{name}' has unknown Connect type {base!r}")
     delta, convert = _semantic(base, semantic, params, name, check)
-    if base == "array" and items is not None and items.spec.semantic is not None and items.convert is not None:
+    if (base == "array" and items is not None and items.spec.semantic is not None
+            and items.convert not in (None, to_json)):  # structs stay JSON objects
         convert = array_of(_element(items.convert))
     return FieldPlan(name, convert, _toast_values(base, wire),
                      ColumnSpec(name, delta, nullable, semantic, default_text(default, convert)))
