@@ -61,11 +61,13 @@ _AS_TEXT: Final = frozenset({"uuid", "json", "jsonb", "xml", "inet", "cidr", "ma
 _STRINGS: Final = frozenset({"text", "varchar", "bpchar", "name"})
 _ARRAY_ELEMENTS: Final = frozenset({"text", "varchar", "bpchar", "name", "int2", "int4", "int8", "bool",
                                     "float4", "float8"})
-#: Arrays whose elements the engine converts as columns of their type: compared as JSON text.
-_JSON_ARRAY_ELEMENTS: Final[dict[str, tuple[object, object] | None]] = {
-    "numeric": None, "uuid": None, "date": (LATEST.date(), EARLIEST.date()), "timestamp": (LATEST, EARLIEST),
+#: What the engine writes for ``infinity`` and ``-infinity`` of each date and timestamp type.
+_BOUNDS: Final[dict[str, tuple[object, object]]] = {
+    "date": (LATEST.date(), EARLIEST.date()), "timestamp": (LATEST, EARLIEST),
     "timestamptz": (LATEST.replace(tzinfo=UTC), EARLIEST.replace(tzinfo=UTC)),
 }
+#: Arrays whose elements the engine converts as columns of their type: compared as JSON text.
+_JSON_ARRAY_ELEMENTS: Final = frozenset({"numeric", "uuid", *_BOUNDS})
 _COLUMNS_QUERY = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname, t.typtype, a.atttypmod,
        CASE WHEN t.typcategory = 'A' THEN et.typname END
@@ -165,21 +167,20 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
     if typname == "bytea":
         return SourceColumn(name, pg_type, pa.binary(), ident, convert=bytes)
     if typname == "date":
-        return SourceColumn(name, pg_type, pa.date32(), _finite(ident, LATEST.date(), EARLIEST.date()))
+        return SourceColumn(name, pg_type, pa.date32(), _finite(ident, *_BOUNDS[typname]))
     if typname == "time":
         return SourceColumn(name, pg_type, pa.int64(), ident, convert=time_micros)
     if typname == "timetz":
         return SourceColumn(name, pg_type, pa.string(), ident, convert=zoned_time)
     if typname == "timestamp":
-        return SourceColumn(name, pg_type, pa.timestamp("us"), _finite(ident, LATEST, EARLIEST))
+        return SourceColumn(name, pg_type, pa.timestamp("us"), _finite(ident, *_BOUNDS[typname]))
     if typname == "timestamptz":
-        return SourceColumn(name, pg_type, pa.timestamp("us", tz="UTC"),
-                            _finite(ident, LATEST.replace(tzinfo=UTC), EARLIEST.replace(tzinfo=UTC)),
+        return SourceColumn(name, pg_type, pa.timestamp("us", tz="UTC"), _finite(ident, *_BOUNDS[typname]),
                             convert=lambda d: d.astimezone(UTC))
     if element is not None and element in _ARRAY_ELEMENTS:
         return SourceColumn(name, pg_type, pa.string(), ident, convert=to_json)
     if element is not None and element in _JSON_ARRAY_ELEMENTS:
-        return SourceColumn(name, pg_type, pa.string(), _array_json(ident, _JSON_ARRAY_ELEMENTS[element]),
+        return SourceColumn(name, pg_type, pa.string(), _array_json(ident, _BOUNDS.get(element)),
                             normalize=parse_json)
     return SourceColumn(name, pg_type, None, ident, note=f"type {pg_type} is not compared (no known engine "
                                                            "representation for it in verify)")
