@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,25 @@ def test_every_column_type_keeps_its_type_and_values_on_both_engines(tmp_path, s
     assert [(f.name, f.type) for f in ds_schema] == [(f.name, f.type) for f in rs_schema]
     assert ds_rows.to_pylist() == rs_rows.to_pylist()
     assert ds_rows.to_pylist()[0] == {"id": 1, **values, "name": "second"}
+
+
+def test_a_table_with_int96_files_from_before_reads_the_same_with_new_files(tmp_path, spark):
+    """delta-spark wrote timestamps as INT96 until the engine asked for int64 microseconds: a table
+    from before holds both kinds of files, and delta-rs and Spark read every row's timestamps alike."""
+    import pyarrow.parquet as pq
+
+    paths = paths_in(tmp_path, "customers")
+    ds = DeltaSparkWriter(spark)
+    ds.session().conf.set("spark.sql.parquet.outputTimestampType", "INT96")  # Spark's default, as before
+    _apply(ds, paths, [change("c", k, 10 + k, name=f"old{k}") for k in range(2)], first_offset=0, batch_id=0)
+    # a writer of the engine's session as it is now
+    _apply(DeltaSparkWriter(spark), paths, [change("c", 5, 20, name="new")], first_offset=2, batch_id=1)
+    kinds = {pq.ParquetFile(f).metadata.schema.column(
+        pq.ParquetFile(f).schema_arrow.get_field_index("_cdc_ingested_at")).physical_type
+        for f in Path(str(paths.table)).glob("*.parquet")}
+    assert kinds == {"INT96", "INT64"}
+    stamps = {r["id"]: r["_cdc_ingested_at"] for r in read_all(open_table(paths.table)).to_pylist()}
+    by_spark = {r["id"]: r["_cdc_ingested_at"] for r in spark.read.format("delta").load(str(paths.table)).collect()}
+    assert sorted(stamps) == [0, 1, 5]
+    assert all(abs((stamps[k] - by_spark[k].replace(tzinfo=UTC)).total_seconds()) < 1e-6 for k in stamps)
+    assert all(abs((datetime.now(UTC) - t).total_seconds()) < 600 for t in stamps.values())
