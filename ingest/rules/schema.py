@@ -50,8 +50,7 @@ class SchemaPlan:
         return bool(self.added or self.widened)
 
     def describe(self) -> str:
-        parts = [f"added {c.name} {c.type}" + (f" (source default {c.default})" if c.default else "")
-                 for c in self.added]
+        parts = [f"added {c.name} {c.type}" + (_source_default(c.default) if c.default else "") for c in self.added]
         parts += [f"widened {name} {old}->{new}" for name, old, new in self.widened]
         return "; ".join(parts)
 
@@ -70,12 +69,16 @@ class SchemaPlan:
         defaulted = self.added_defaults()
         if not defaulted:
             return None
-        named = ", ".join(f"{name!r} (source default {default})" for name, default in defaulted.items())
+        named = ", ".join(f"{name!r}{_source_default(default)}" for name, default in defaulted.items())
         return (f"table {table!r}: new column{'s' if len(defaulted) > 1 else ''} {named}: the table's earlier "
                 f"rows hold null there, where the source may hold the default (adding a column with a default "
                 f"fills existing rows without change events). `ingest verify --source-db` shows them; "
                 f"`ingest resnapshot {table}` reads them again "
                 f"(docs/operations.md#a-column-added-with-a-default)")
+
+
+def _source_default(default: str) -> str:
+    return f" (source default {default})"
 
 
 def combine(table: str, images: Iterable[Iterable[ColumnSpec]]) -> list[ColumnSpec]:
