@@ -24,6 +24,8 @@ from harness.postgres.values import large_text
 
 from ingest.config import IngestConfig
 from ingest.lake.delta import open_table, read_all
+from ingest.lake.layout import TablePaths
+from ingest.records import quarantine
 from ingest.stream.runner import Runner
 from ingest.verify import pg_source
 from ingest.verify.capture import delete_topics, wait_for_capture
@@ -33,7 +35,7 @@ from tests.stack.helpers import PREFIX, avro_columns, documented_types, json_eve
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
 SCHEMA = "typeprobe"
-TABLES = ["edge", "toast_pk", "floats", "special", "lost"]
+TABLES = ["edge", "toast_pk", "floats", "special", "lost", "quirks"]
 FLOAT_COLUMNS = ("c_real", "c_double")
 # Random text, so PostgreSQL cannot compress it below its ~2 kB TOAST threshold: stored out of line.
 BIG = large_text(random.Random(7))
@@ -51,6 +53,7 @@ CREATE TABLE typeprobe.edge (
 CREATE TABLE typeprobe.toast_pk (id integer PRIMARY KEY, note text, c_big text);
 CREATE TABLE typeprobe.floats (id integer PRIMARY KEY, c_real real, c_double double precision);
 CREATE TABLE typeprobe.lost (id integer PRIMARY KEY, nan_array numeric[], matrix integer[][]);
+CREATE TABLE typeprobe.quirks (id integer PRIMARY KEY, old_stamps timestamp[], dates date[], stamps timestamptz[]);
 CREATE TABLE typeprobe.special (id integer PRIMARY KEY, c_timestamp timestamp, c_timestamp3 timestamp(3),
     c_timestamptz timestamptz, c_date date, c_numeric numeric, c_numeric_12_2 numeric(12,2));
 """
@@ -83,6 +86,8 @@ STATEMENTS = [
     ("INSERT INTO typeprobe.floats VALUES (1, -1.5, 1.0000000000000002), (2, 'Infinity', '-Infinity'), "
      "(3, NULL, -0.1)", None),
     ("INSERT INTO typeprobe.lost VALUES (1, '{1.5,NaN}', '{{1,2},{3,4}}')", None),
+    ("INSERT INTO typeprobe.quirks VALUES (1, '{\"1500-06-01 12:00\"}', NULL, NULL), (2, NULL, '{infinity}', NULL), "
+     "(3, NULL, NULL, '{-infinity}')", None),
     ("INSERT INTO typeprobe.special VALUES (1, 'infinity', 'infinity', 'infinity', 'infinity', 'NaN', 'NaN'), "
      "(2, '-infinity', '-infinity', '-infinity', '-infinity', '-Infinity', 1.5), "
      "(3, '2024-02-29 12:00', '2024-02-29 12:00', '2024-02-29 12:00+00', '2024-02-29', 2.5, 2.5)", None),
@@ -295,3 +300,20 @@ def test_what_debezium_loses_in_an_array_verify_reports(probe: dict[str, IngestC
     assert check.verification.examples == [
         "lost (id=1): column 'nan_array' expected '[1.5,\"NaN\"]', got None; "
         "column 'matrix' expected '[[1, 2], [3, 4]]', got '[null, null]'"]
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_what_debezium_shifts_or_sends_out_of_range_in_an_array(probe: dict[str, IngestConfig], fmt: str,
+                                                                 pg_dsn: str) -> None:
+    """Debezium's array path reads a timestamp[] element before 1582-10-15 in the Julian calendar, and
+    sends infinity in a date[] and -infinity in a timestamptz[] beyond any Delta range (docs/types.md):
+    the first is written as sent and verify reports it, the others go to quarantine with their reason."""
+    config = probe[fmt]
+    assert {n: r["old_stamps"] for n, r in _delta_rows(config, "quirks").items()} == {1: '["1500-06-11T12:00:00"]'}
+    held = quarantine.read(TablePaths.of(config, "quirks").quarantine).to_pylist()
+    assert sorted(r["reason"].split(":")[0] for r in held) == ["date out of range",
+                                                               "timestamp out of range or malformed"]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        check = check_table(config, config.table("quirks"), conn, pg_source)
+    assert check.verification is not None
+    assert (check.verification.missing, check.verification.different) == (2, 1), check.verification.examples
