@@ -17,6 +17,7 @@ unchanged-TOAST placeholder is the :data:`UNAVAILABLE` sentinel: the stored valu
 from __future__ import annotations
 
 import builtins
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -183,6 +184,12 @@ class KafkaCoordinates(NamedTuple):
     partition: int
     offset: int
     timestamp_ms: int | None = None
+
+
+def key_text(key: Mapping[str, Any]) -> str:
+    """A row's primary key as the quarantine names it (``row_key``): JSON of ``{column: value}``, a
+    value JSON cannot hold (a date, a decimal, a timestamp) written as its text."""
+    return json.dumps(dict(key), default=str)
 
 
 _P = TypeVar("_P", int, str)  # a partition: its number, or as Kafka's JSON names it

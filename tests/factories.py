@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ingest.decode import MessageDecoder
 from ingest.decode.parts import PartsBuilder
 from ingest.model import ChangeEvent, ColumnSpec, ControlRecord, SourcePosition
 
@@ -55,10 +56,10 @@ def decoded_rows(items: list[ChangeEvent | ControlRecord | str], *, topic: str =
         "offset": pa.array(range(first_offset, first_offset + n), pa.int64()),
         "timestamp": pa.array([datetime(2026, 1, 1, tzinfo=UTC)] * n, pa.timestamp("us", tz="UTC")),
     })
-    out = PartsBuilder(source)
+    out, decoder = PartsBuilder(source), MessageDecoder(value_format="json", registry=None)
     for row, item in enumerate(items):
         if isinstance(item, str):
-            out.error((None, row, b"k", b"garbage"), item)  # type: ignore[arg-type]
+            out.error(decoder, (None, row, b"k", b"garbage"), item)  # type: ignore[arg-type]
         elif isinstance(item, ControlRecord):
             out.control(item, row, b"k")
         else:

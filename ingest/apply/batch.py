@@ -329,10 +329,11 @@ class Held:
     def add_rows(self, rows: pa.Table, stage: Stage, reasons: Sequence[str] | None = None,
                  expectations: Sequence[str] | None = None, row_keys: Sequence[str | None] | None = None) -> None:
         for i, row in enumerate(rows.select(["_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_timestamp",
-                                             "_cdc_reason", "_cdc_raw_key", "_cdc_raw_value"]).to_pylist()):
+                                             "_cdc_reason", "_cdc_raw_key", "_cdc_raw_value",
+                                             "_cdc_row_key"]).to_pylist()):
             reason = reasons[i] if reasons is not None else row["_cdc_reason"]
             self.pending.append((row, stage, reason, expectations[i] if expectations else "",
-                                 row_keys[i] if row_keys else None))
+                                 row_keys[i] if row_keys else row["_cdc_row_key"]))
 
     def __len__(self) -> int:
         return len(self.pending)

@@ -113,6 +113,14 @@ class MessageDecoder:
         """
         return self._read_value(value)
 
+    def read_key(self, key: bytes | None) -> dict[str, Any] | None:
+        """The values of a message's Kafka key, ``{column: value}`` (``None`` for a message without key).
+
+        Raises:
+            DecodeError: the bytes are not a key of this format.
+        """
+        return self._read_key(key)
+
     def key_names(self, key: bytes | None) -> tuple[str, ...] | None:
         """The primary-key columns of a message: the configured ones, else the Kafka key schema's fields.
 

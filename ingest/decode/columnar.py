@@ -282,7 +282,7 @@ class BatchDecoder:
             try:
                 record, plan = decoder.read_value(value)
             except DecodeError as exc:
-                out.error(message, exc.reason)
+                out.error(decoder, message, exc.reason)
                 continue
             except RegistryUnavailableError:
                 raise

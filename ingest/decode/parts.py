@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from ingest.columns import arrow_type
 from ingest.decode import MessageDecoder
 from ingest.errors import DecodeError, RegistryUnavailableError
-from ingest.model import UNAVAILABLE, ChangeEvent, ColumnSpec, ControlRecord, KafkaCoordinates
+from ingest.model import UNAVAILABLE, ChangeEvent, ColumnSpec, ControlRecord, KafkaCoordinates, key_text
 
 if TYPE_CHECKING:
     pass
@@ -64,6 +64,9 @@ FRAME: Final = pa.schema([
     # headers by row (docs/architecture.md#primary-key-moves).
     ("_cdc_old_key", pa.string()),
     ("_cdc_new_key", pa.string()),
+    # A message that did not decode: its Kafka key's values as the quarantine names a row
+    # (:func:`ingest.model.key_text`), when the key decodes.
+    ("_cdc_row_key", pa.string()),
 ])
 _FRAME_NAMES: Final = tuple(FRAME.names)
 #: Framework columns taken from the input batch by row number.
@@ -192,7 +195,7 @@ class _Rows:
     def add(self, kind: str, row: int, *, op: str | None = None, position: str | None = None,
             source_ts_ms: int | None = None, flattened: bool = False, toast: list[str] | None = None,
             key_columns: tuple[str, ...] = (), schema: str | None = None, reason: str | None = None,
-            raw_key: bytes | None = None, raw_value: bytes | None = None,
+            raw_key: bytes | None = None, raw_value: bytes | None = None, row_key: str | None = None,
             image: dict[str, Any] | None = None, transaction: tuple[str, int] | None = None,
             snapshot: str | None = None) -> None:
         f = self.frame
@@ -208,6 +211,7 @@ class _Rows:
         f["_cdc_reason"].append(reason)
         f["_cdc_raw_key"].append(raw_key)
         f["_cdc_raw_value"].append(raw_value)
+        f["_cdc_row_key"].append(row_key)
         f["_cdc_txn"].append(transaction[0] if transaction else None)
         f["_cdc_txn_order"].append(transaction[1] if transaction else None)
         f["_cdc_snapshot"].append(snapshot)
@@ -243,9 +247,10 @@ class PartsBuilder:
             out.append(self.meta.part(self.source))
         return out
 
-    def error(self, message: Message, reason: str, *, raw_value: bool = True) -> None:
+    def error(self, decoder: MessageDecoder, message: Message, reason: str) -> None:
+        """A message that did not decode, named by its Kafka key's values where the key decodes."""
         _coords, row, key, value = message
-        self.meta.add("error", row, reason=reason, raw_key=key, raw_value=value if raw_value else None)
+        self.meta.add("error", row, reason=reason, raw_key=key, raw_value=value, row_key=_row_key(decoder, key))
 
     def slow(self, decoder: MessageDecoder, message: Message, *, record: Any = None, plan: Any = None) -> None:
         """One message through the per-message decoder (the reference for every rule)."""
@@ -254,12 +259,12 @@ class PartsBuilder:
             result = (decoder.event_of(record, plan, key, coords) if record is not None
                       else decoder.decode(key, value, coords))
         except DecodeError as exc:
-            self.error(message, exc.reason)
+            self.error(decoder, message, exc.reason)
             return
         except RegistryUnavailableError:
             raise  # not the message's fault: fail the batch (the table stops, a rerun retries)
         except Exception as exc:  # a decoder bug must not lose the message either
-            self.error(message, f"decoder failure: {type(exc).__name__}: {exc}")
+            self.error(decoder, message, f"decoder failure: {type(exc).__name__}: {exc}")
             return
         if isinstance(result, ControlRecord):
             self.control(result, row, key)
@@ -297,3 +302,13 @@ class PartsBuilder:
                      flattened=event.flattened, toast=toast, key_columns=event.key_columns,
                      schema=event.schema_ref, image=image, transaction=event.transaction,
                      snapshot=event.snapshot if event.op == "r" else None)
+
+
+def _row_key(decoder: MessageDecoder, key: bytes | None) -> str | None:
+    """The key's values as the quarantine names a row; ``None`` when the key is absent or does not
+    decode either (the raw key is kept all the same)."""
+    try:
+        values = decoder.read_key(key)
+    except Exception:  # a key that fails here adds nothing to the message's own reason
+        return None
+    return key_text(values) if values else None

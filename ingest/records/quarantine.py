@@ -72,7 +72,7 @@ class QuarantineRecord:
     run_id: str
     quarantined_at: datetime
     expectations: str = ""  # quality: the failed expectations' names, a JSON list
-    row_key: str | None = None  # the change's primary key as JSON, when it decoded
+    row_key: str | None = None  # the row's primary key as JSON: the change's, or its Kafka key's at stage decode
     replayed_at: datetime | None = None
     replay_version: int | None = None
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.model import key_text
 from ingest.rules.reduce import Reduction
 from ingest.rules.sql import connect, ident, literal, query
 
@@ -71,13 +72,9 @@ def withdraw(reduction: Reduction, changes: pa.Table, held: Mapping[int, Hold]) 
             FROM rows r JOIN info i ON {match} WHERE TRUE {cut} ORDER BY r._cdc_partition, r._cdc_offset""")
     finally:
         con.close()
-    row_keys = [json.dumps(_key(row, key_columns), default=str) for row in out.select(key_columns).to_pylist()]
+    row_keys = [key_text(row) for row in out.select(key_columns).to_pylist()]
     keep = pc.invert(pc.is_in(pa.array(range(winners.num_rows), pa.int64()), pa.array(indices, pa.int64())))
     reduction.winners = winners.filter(keep)
     reduction.superseded -= out.num_rows - len(indices)
     return Withdrawal(out, out["w_reason"].to_pylist(), out["w_expectations"].to_pylist(), row_keys)
 
-
-
-def _key(row: dict[str, Any], key_columns: list[str]) -> dict[str, Any]:
-    return {k: row[k] for k in key_columns}

@@ -23,6 +23,7 @@ CDC_PREFIX: Final = "_cdc_"
 DELETED_COLUMN: Final = "_cdc_deleted"
 MAX_EXAMPLES: Final = 5
 _EPOCH_UTC: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_CAST_ERRORS: Final = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 
 
 @dataclass
@@ -39,6 +40,7 @@ class TableVerification:
         ok: no missing, unexpected or different keys.
         examples: up to :data:`MAX_EXAMPLES` readable findings, mismatches first.
         explained: keys that differ but are explained elsewhere (e.g. quarantined); not counted.
+        held: findings, counted, on keys whose changes are held back (``held`` of :func:`verify_table`).
     """
 
     table: str
@@ -50,6 +52,7 @@ class TableVerification:
     ok: bool
     examples: list[str] = field(default_factory=list)
     explained: int = 0
+    held: int = 0
 
 
 def verify_table(
@@ -59,6 +62,7 @@ def verify_table(
     key_columns: tuple[str, ...],
     *,
     explained_keys: set[tuple[Any, ...]] | None = None,
+    held: Mapping[tuple[Any, ...], str] | None = None,
     normalizers: Mapping[str, Callable[[Any], Any]] | None = None,
 ) -> TableVerification:
     """Compare the Delta table at ``delta_path`` with ``expected``.
@@ -69,6 +73,8 @@ def verify_table(
         expected: the true rows (e.g. ``Truth.tables[name]``).
         key_columns: primary-key columns.
         explained_keys: keys whose mismatch is explained elsewhere; reported, not counted.
+        held: keys (as :func:`keys_of` gives them) whose changes are held back, with where: a
+            finding on such a key says so, and still counts, for the table does differ.
         normalizers: per non-key column, a function applied to both sides' non-null values before
             they are compared (e.g. parse JSON text, so that formatting does not count).
 
@@ -93,12 +99,15 @@ def verify_table(
     act_rows = _index(actual, key_columns, expected, normalizers) if actual is not None else {}
     problems: list[str] = []
     notes: list[str] = []
-    missing = unexpected = different = explained_hits = 0
+    missing = unexpected = different = explained_hits = held_hits = 0
 
     def record(key: tuple[Any, ...], message: str) -> bool:
         """Count unless explained; returns True when counted."""
-        nonlocal explained_hits
+        nonlocal explained_hits, held_hits
         text = f"{name} {_fmt_key(key_columns, key)}: {message}"
+        if held and (where := held.get(key)):
+            held_hits += 1
+            text += f"; {where}"
         if key in explained:
             explained_hits += 1
             notes.append(f"{text} (explained)")
@@ -140,7 +149,28 @@ def verify_table(
         ok=not (missing or unexpected or different),
         examples=(problems + notes)[:MAX_EXAMPLES],
         explained=explained_hits,
+        held=held_hits,
     )
+
+
+def keys_of(keys: Iterable[Mapping[str, Any]], key_columns: tuple[str, ...], reference: pa.Table
+            ) -> list[tuple[Any, ...]]:
+    """Keys given as ``{column: value}`` (values may be text, as JSON holds a date or a decimal), in
+    the form :func:`verify_table` finds ``reference``'s keys in; a value that does not read as its
+    column's type stays as it is, and so matches no key."""
+    keys = list(keys)
+    columns = [_read_as([key.get(k) for key in keys], reference.schema.field(k).type) for k in key_columns]
+    return list(zip(*columns, strict=True)) if keys else []
+
+
+def _read_as(values: list[Any], target: pa.DataType) -> list[Any]:
+    """``values`` cast to ``target`` and normalized as :func:`_index` does; value by value when some do not cast."""
+    try:
+        return _normalized(pa.chunked_array([pa.array(values)]).cast(target, safe=True))
+    except _CAST_ERRORS:
+        if len(values) == 1:
+            return values
+        return [v for value in values for v in _read_as([value], target)]
 
 
 def _read_live(path: Location) -> pa.Table | None:
@@ -208,7 +238,7 @@ def _aligned(column: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
         return column
     try:
         return column.cast(target, safe=True)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+    except _CAST_ERRORS:
         return column  # e.g. a value too wide for the truth's type: compare the raw values
 
 

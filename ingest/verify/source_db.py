@@ -10,6 +10,7 @@ connection failures into one line. :func:`check_table` compares one configured t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -22,8 +23,11 @@ from ingest import secrets
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError, EnvironmentProblem, SourceUnavailableError, first_line
 from ingest.lake.delta import open_table, read_all
+from ingest.lake.layout import TablePaths
+from ingest.lake.location import LakePath
+from ingest.records import quarantine
 from ingest.verify.captured import CaptureResult
-from ingest.verify.compare import TableVerification, verify_table
+from ingest.verify.compare import TableVerification, keys_of, verify_table
 from ingest.verify.source_values import NotRepresentable, SourceColumn
 
 Say = Callable[[str], None]
@@ -191,11 +195,32 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: Any, source: Source
         return check
     check.notes = list(rows.notes)
     path = config.table_path(spec.name)
-    check.verification = verify_table(spec.name, path, rows.rows, rows.key, normalizers=rows.normalizers)
+    held = held_in_quarantine(TablePaths.of(config, spec.name).quarantine, spec.name, rows)
+    check.verification = verify_table(spec.name, path, rows.rows, rows.key, held=held, normalizers=rows.normalizers)
+    if check.verification.held:
+        check.notes.append(f"{check.verification.held} of the differences are rows whose changes are held in "
+                           f"quarantine: `ingest quarantine list -t {spec.name}` shows them, and after a fix "
+                           f"`ingest quarantine replay -t {spec.name}` applies them")
     check.unknown_rows, unknown_note = _unknown_values(path, rows.key)
     if unknown_note:
         check.notes.append(unknown_note)
     return check
+
+
+def held_in_quarantine(quarantine_path: LakePath, table: str, source: SourceRows) -> dict[tuple[Any, ...], str]:
+    """The table's changes held in quarantine and not replayed yet, by the key of the row each would
+    change, as ``held in quarantine: <message id> (<stage>: <reason>)``: what a difference there comes from."""
+    rows = quarantine.read(quarantine_path, table=table, pending=True)
+    named = [r for r in rows.select(["topic", "partition", "offset", "stage", "reason", "row_key"]).to_pylist()
+             if r["row_key"]]
+    keys = keys_of((json.loads(r["row_key"]) for r in named), source.key, source.rows)
+    held: dict[tuple[Any, ...], list[str]] = {}
+    for key, r in zip(keys, named, strict=True):
+        reason = first_line(r["reason"])
+        held.setdefault(key, []).append(f"{r['topic']}:{r['partition']}:{r['offset']} ({r['stage']}: "
+                                        f"{reason if len(reason) <= 120 else reason[:117] + '...'})")
+    return {key: "held in quarantine: " + ", ".join(ids[:2]) + (f" and {len(ids) - 2} more" if len(ids) > 2 else "")
+            for key, ids in held.items()}
 
 
 def _unknown_values(path: Any, key: tuple[str, ...]) -> tuple[int, str | None]:

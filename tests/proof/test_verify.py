@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from ingest.verify.compare import verify_table
+from ingest.verify.compare import keys_of, verify_table
 
 UTC = dt.UTC
 EXPECTED = pa.table(
@@ -136,6 +136,34 @@ def test_explained_keys_are_reported_not_counted(tmp_path: Path) -> None:
     partly = verify_table("t", tmp_path / "t", EXPECTED, KEY, explained_keys={(2,)})
     assert (partly.ok, partly.missing, partly.explained) == (False, 1, 1)
     assert partly.examples[0] == "t (id=3): missing"  # real problems come before explained ones
+
+
+def test_held_keys_are_named_and_still_counted(tmp_path: Path) -> None:
+    """A difference on a key whose change the quarantine holds says so; the table still differs."""
+    changed = _actual(name=pa.array(["a", "B", "c"])).slice(0, 2)  # id=2 differs, id=3 missing
+    held = dict(zip(keys_of([{"id": 3}], KEY, EXPECTED), ["held in quarantine: t:0:7 (decode: bad)"], strict=True))
+    result = verify_table("t", _write(tmp_path / "t", changed), EXPECTED, KEY, held=held)
+    assert (result.ok, result.missing, result.different, result.held) == (False, 1, 1, 1)
+    assert result.examples == ["t (id=2): column 'name' expected 'b', got 'B'",
+                               "t (id=3): missing; held in quarantine: t:0:7 (decode: bad)"]
+
+
+def test_keys_given_as_json_text_read_as_the_truths_key_types() -> None:
+    """The quarantine keeps a key as JSON, with dates, decimals and timestamps as text: they find
+    the truth's keys all the same, and a value that is not of its column's type finds none."""
+    truth = pa.table({
+        "day": pa.array([dt.date(2024, 2, 29)], pa.date32()),
+        "amount": pa.array([Decimal("1.50")], pa.decimal128(12, 2)),
+        "at": pa.array([dt.datetime(2024, 1, 1, 12, tzinfo=UTC)], pa.timestamp("us", tz="UTC")),
+        "n": pa.array([7], pa.int16()),
+    })
+    key = ("day", "amount", "at", "n")
+    found = keys_of([{"day": "2024-02-29", "amount": "1.50", "at": "2024-01-01 12:00:00+00:00", "n": 7},
+                     {"day": "not a day", "amount": "1.50", "at": "2024-01-01 12:00:00+00:00", "n": 7}],
+                    key, truth)
+    expected = list(verify_table("t", Path("/nonexistent"), truth, key, held=dict.fromkeys(found, "held")).examples)
+    assert expected == ["t (day=datetime.date(2024, 2, 29), amount=Decimal('1.50'), at=1704110400000000, n=7): "
+                        "missing; held"]
 
 
 def test_examples_are_capped_at_five(tmp_path: Path) -> None:

@@ -313,7 +313,18 @@ def test_what_debezium_shifts_or_sends_out_of_range_in_an_array(probe: dict[str,
     held = quarantine.read(TablePaths.of(config, "quirks").quarantine).to_pylist()
     assert sorted(r["reason"].split(":")[0] for r in held) == ["date out of range",
                                                                "timestamp out of range or malformed"]
+    # The quarantine names each held change's row from its Kafka key, and verify names the message
+    # behind each difference it comes from.
+    ids = {json.loads(r["row_key"])["id"]: f"{r['topic']}:{r['partition']}:{r['offset']}" for r in held}
+    assert set(ids) == {2, 3}
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         check = check_table(config, config.table("quirks"), conn, pg_source)
     assert check.verification is not None
     assert (check.verification.missing, check.verification.different) == (2, 1), check.verification.examples
+    assert check.verification.held == 2
+    missing = sorted(e for e in check.verification.examples if "missing" in e)
+    assert len(missing) == 2, missing
+    assert missing[0].startswith(f"quirks (id=2): missing; held in quarantine: {ids[2]} (decode: date out of range: ")
+    assert missing[1].startswith(f"quirks (id=3): missing; held in quarantine: {ids[3]} "
+                                 "(decode: timestamp out of range or malformed: "), missing
+    assert "`ingest quarantine list -t quirks` shows them" in " ".join(check.notes)

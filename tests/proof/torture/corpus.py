@@ -37,6 +37,7 @@ class Bad:
     key: bytes | None
     value: bytes | None
     reason: str
+    row_key: str | None = '{"id": 2}'  # how the quarantine names its row: from the Kafka key, where it decodes
 
 
 @dataclass(slots=True)
@@ -186,14 +187,14 @@ def avro_corpus(registry: EmbeddedSchemaRegistry) -> tuple[Topic, Topic, dict[st
         Bad("timestamp_out_of_range", t.key(2), t.value("c", item(2, seen=2**62)[0], next(lsn)),
             "timestamp out of range"),
         Bad("date_out_of_range", t.key(2), t.value("c", item(2, born=2**31 - 1)[0], next(lsn)), "date out of range"),
-        Bad("key_wrong_magic", b"\x07garbage", t.value("c", item(2)[0], next(lsn)), "key: confluent framing"),
-        Bad("key_missing", None, t.value("c", item(2)[0], next(lsn)), "no Kafka key"),
+        Bad("key_wrong_magic", b"\x07garbage", t.value("c", item(2)[0], next(lsn)), "key: confluent framing", None),
+        Bad("key_missing", None, t.value("c", item(2)[0], next(lsn)), "no Kafka key", None),
     ]
     missing_op = AvroTable(registry, hostile.name, ITEM_FIELDS, op_type=["null", "string"], subject_suffix="-v2")
     bads.append(Bad("missing_op", t.key(2), missing_op.value(None, item(2)[0], next(lsn)), "missing 'op'"))
     null_key = AvroTable(registry, hostile.name, ITEM_FIELDS, key_type=["null", "int"], subject_suffix="-nullable")
     bads.append(Bad("null_primary_key", null_key.key(None), t.value("c", item(2)[0], next(lsn)),
-                    "null primary key column 'id'"))
+                    "null primary key column 'id'", '{"id": null}'))
     string_id = registry.register("plain-string", {"type": "string"})
     bads.append(Bad("not_a_record_schema", t.key(2), frame(string_id, _avro("string", "hello")), "not a record schema"))
     bads += _hostile_schemas(registry, t)
@@ -340,8 +341,9 @@ def json_corpus() -> tuple[Topic, Topic, Topic, Topic, dict[str, Topic]]:
         Bad("zoned_timestamp_garbage", k2, t.value("c", {**w2, "at": "99999-99-99T99:99:99Z"}, next(lsn)),
             "timestamp out of range or malformed"),
         Bad("bad_lsn", k2, t.value("c", w2, "not-a-number"), "lsn"),
-        Bad("null_primary_key", t.key(id=None), t.value("c", {**w2, "id": None}, next(lsn)), "null primary key"),
-        Bad("key_not_json", b"\x00\x01garbage", t.value("c", w2, next(lsn)), "key"),
+        Bad("null_primary_key", t.key(id=None), t.value("c", {**w2, "id": None}, next(lsn)), "null primary key",
+            '{"id": null}'),
+        Bad("key_not_json", b"\x00\x01garbage", t.value("c", w2, next(lsn)), "key", None),
     ]
     for n, bad in enumerate(bads):
         hostile.add_bad(bad)

@@ -86,8 +86,9 @@ def test_each_bad_message_is_quarantined_with_its_reason(run: Run) -> None:
     wrong = []
     for offset, bad in tables[name].bad.items():
         row = held.get(offset)
-        if row is None or bad.reason not in row["reason"] or row["raw_value"] != bad.value:
-            wrong.append((bad.kind, row and row["reason"]))
+        if (row is None or bad.reason not in row["reason"] or row["raw_value"] != bad.value
+                or row["row_key"] != bad.row_key):
+            wrong.append((bad.kind, row and row["reason"], row and row["row_key"]))
     assert not wrong, wrong
     assert len(held) == len(tables[name].bad)  # and nothing else was held back
 
