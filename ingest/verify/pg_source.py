@@ -13,7 +13,14 @@ boolean                             boolean                         bool
 numeric(p,s)                        decimal(p,s) (p capped at 38)   Decimal
 numeric (no typmod)                 decimal(38,18)                  Decimal
 text, varchar, char(n), enum, uuid  string                          text as PostgreSQL prints it
+inet, cidr, macaddr, citext, xml    string                          text as PostgreSQL prints it
+ranges (not tstzrange), tsvector,   string                          text as PostgreSQL prints it
+ltree, "char"
 json, jsonb                         string                          compared as parsed JSON
+hstore                              string (JSON object)            compared as parsed JSON
+money                               decimal(38,2)                   Decimal
+oid                                 long                            int
+bit(1) / bit(n), bit varying        boolean / binary                bool / bytes (Java's BitSet bytes)
 bytea                               binary                          bytes
 date                                date                            date
 time                                long (microseconds of the day)  int
@@ -22,12 +29,15 @@ timestamp                           timestamp_ntz                   naive dateti
 timestamptz                         timestamp (UTC)                 instant
 arrays of text/number/boolean       string (JSON of the array)      ``to_json(list)``
 numeric/uuid/date/timestamp(tz)[]   string (JSON of the array)      ``array_to_json``, compared parsed
+enum[]                              string (JSON of the array)      ``array_to_json``, compared parsed
 ==================================  ==============================  ==================================
+
+A domain's column is compared as the type it is defined over.
 
 ``infinity`` and ``-infinity`` dates and timestamps are read as the values the engine writes for
 them (:data:`ingest.decode.values.LATEST` and :data:`~ingest.decode.values.EARLIEST`).
 
-Other types (interval, money, geometric, ranges, hstore ...) are not compared; the verifier says so.
+Other types (interval, geometric, ``tstzrange`` ...) are not compared; the verifier says so.
 """
 
 from __future__ import annotations
@@ -56,8 +66,10 @@ Error = psycopg.Error
 OperationalError = psycopg.OperationalError
 _INTS: Final = {"int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64()}
 _FLOATS: Final = {"float4": pa.float32(), "float8": pa.float64()}
-#: Read as PostgreSQL's own text output (what Debezium sends for them).
-_AS_TEXT: Final = frozenset({"uuid", "json", "jsonb", "xml", "inet", "cidr", "macaddr", "macaddr8", "citext"})
+#: Read as PostgreSQL's own text output (what Debezium sends for them). A range's text is the same
+#: in every session but a ``tstzrange``'s, which is in the time zone of Debezium's session.
+_AS_TEXT: Final = frozenset({"uuid", "json", "jsonb", "xml", "cidr", "macaddr", "macaddr8", "citext", "tsvector",
+                             "ltree", "char", "int4range", "int8range", "numrange", "daterange", "tsrange"})
 _STRINGS: Final = frozenset({"text", "varchar", "bpchar", "name"})
 _ARRAY_ELEMENTS: Final = frozenset({"text", "varchar", "bpchar", "name", "int2", "int4", "int8", "bool",
                                     "float4", "float8"})
@@ -68,11 +80,16 @@ _BOUNDS: Final[dict[str, tuple[object, object]]] = {
 }
 #: Arrays whose elements the engine converts as columns of their type: compared as JSON text.
 _JSON_ARRAY_ELEMENTS: Final = frozenset({"numeric", "uuid", *_BOUNDS})
+#: Each column's type; a domain's is the type it is defined over (with its length or precision), as
+#: Debezium sends it. An array's element type is named with its kind (``e`` for an enum).
 _COLUMNS_QUERY = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname, t.typtype, a.atttypmod,
-       CASE WHEN t.typcategory = 'A' THEN et.typname END
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname, t.typtype, b.typmod,
+       CASE WHEN t.typcategory = 'A' THEN et.typname END, CASE WHEN t.typcategory = 'A' THEN et.typtype END
 FROM pg_attribute a
-JOIN pg_type t ON t.oid = a.atttypid
+JOIN pg_type d ON d.oid = a.atttypid
+CROSS JOIN LATERAL (SELECT CASE WHEN d.typtype = 'd' THEN d.typbasetype ELSE d.oid END AS oid,
+                           CASE WHEN d.typtype = 'd' THEN d.typtypmod ELSE a.atttypmod END AS typmod) b
+JOIN pg_type t ON t.oid = b.oid
 LEFT JOIN pg_type et ON et.oid = t.typelem
 WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
@@ -135,16 +152,19 @@ def read_columns(conn: psycopg.Connection, schema: str, table: str, key_override
 
 
 def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int,
-                element: str | None) -> SourceColumn:
+                element: str | None, element_kind: str | None = None) -> SourceColumn:
     """The :class:`SourceColumn` of a column, from its ``pg_type`` catalog entry.
 
     Args:
         name: column name.
         pg_type: ``format_type(atttypid, atttypmod)``, for messages.
         typname: ``pg_type.typname`` (``int4``, ``numeric``, ``_text`` ...).
-        typtype: ``pg_type.typtype`` (``b`` base, ``e`` enum, ``d`` domain ...).
+        typtype: ``pg_type.typtype`` (``b`` base, ``e`` enum ...).
         typmod: ``pg_attribute.atttypmod`` (-1: none).
         element: the element type's ``typname`` for an array, else ``None``.
+        element_kind: the element type's ``typtype`` for an array.
+
+    A domain's column is planned as the type the domain is defined over (the caller names that type).
     """
     ident = sql.Identifier(name)
     as_text = sql.SQL("{}::text").format(ident)
@@ -164,6 +184,19 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
         return SourceColumn(name, pg_type, pa.string(), as_text, normalize=parse_json)
     if typname in _AS_TEXT:
         return SourceColumn(name, pg_type, pa.string(), as_text)
+    if typname == "inet":  # its output text: a host's address without the /32 or /128 that ::text adds
+        return SourceColumn(name, pg_type, pa.string(), sql.SQL("abbrev({})").format(ident))
+    if typname == "hstore":  # Debezium's hstore.handling.mode=json
+        return SourceColumn(name, pg_type, pa.string(), sql.SQL("{}::json::text").format(ident), normalize=parse_json)
+    if typname == "money":  # a decimal of money.fraction.digits (2) fraction digits
+        return SourceColumn(name, pg_type, pa.decimal128(MAX_PRECISION, 2), sql.SQL("{}::numeric").format(ident),
+                            convert=decimal_convert(MAX_PRECISION, 2))
+    if typname == "oid":
+        return SourceColumn(name, pg_type, pa.int64(), sql.SQL("{}::bigint").format(ident))
+    if typname == "bit" and typmod == 1:
+        return SourceColumn(name, pg_type, pa.bool_(), sql.SQL("{} = B'1'").format(ident))
+    if typname in ("bit", "varbit"):
+        return SourceColumn(name, pg_type, pa.binary(), as_text, convert=bit_set_bytes)
     if typname == "bytea":
         return SourceColumn(name, pg_type, pa.binary(), ident, convert=bytes)
     if typname == "date":
@@ -179,11 +212,18 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
                             convert=lambda d: d.astimezone(UTC))
     if element is not None and element in _ARRAY_ELEMENTS:
         return SourceColumn(name, pg_type, pa.string(), ident, convert=to_json)
-    if element is not None and element in _JSON_ARRAY_ELEMENTS:
+    if element is not None and (element in _JSON_ARRAY_ELEMENTS or element_kind == "e"):
         return SourceColumn(name, pg_type, pa.string(), _array_json(ident, _BOUNDS.get(element)),
                             normalize=parse_json)
     return SourceColumn(name, pg_type, None, ident, note=f"type {pg_type} is not compared (no known engine "
                                                            "representation for it in verify)")
+
+
+def bit_set_bytes(bits: str) -> bytes:
+    """A ``bit(n)`` or ``bit varying`` as Debezium's ``Bits`` bytes: Java's ``BitSet.toByteArray``,
+    least significant byte first and no byte above the highest set bit (all zeros: no bytes)."""
+    number = int(bits, 2) if bits else 0
+    return number.to_bytes((number.bit_length() + 7) // 8, "little")
 
 
 def _finite(ident: sql.Composable, latest: object, earliest: object) -> sql.Composable:

@@ -41,7 +41,11 @@ FLOAT_COLUMNS = ("c_real", "c_double")
 BIG = large_text(random.Random(7))
 BIG2 = large_text(random.Random(8))
 DDL = """
+CREATE EXTENSION IF NOT EXISTS hstore;
+CREATE EXTENSION IF NOT EXISTS citext;
+CREATE EXTENSION IF NOT EXISTS ltree;
 CREATE TYPE typeprobe.mood AS ENUM ('happy', 'sad', 'ünïcode');
+CREATE DOMAIN typeprobe.positive AS numeric(10,2) CHECK (VALUE > 0);
 CREATE TABLE typeprobe.edge (
     id integer PRIMARY KEY, c_smallint smallint, c_bigint bigint, c_numeric_12_2 numeric(12,2), c_numeric numeric,
     c_timestamptz timestamptz, c_timestamp timestamp, c_timestamp3 timestamp(3), c_date date, c_time time,
@@ -49,10 +53,14 @@ CREATE TABLE typeprobe.edge (
     c_enum typeprobe.mood, c_bytea bytea, c_text_array text[], c_int_array integer[], c_text text,
     c_varchar varchar(10), c_char char(3), c_boolean boolean, c_big text, c_date_array date[],
     c_numeric_array numeric(12,2)[], c_vsd_array numeric[], c_timestamp_array timestamp[],
-    c_timestamptz_array timestamptz[], c_uuid_array uuid[], c_time_array time[]);
+    c_timestamptz_array timestamptz[], c_uuid_array uuid[], c_time_array time[], c_inet inet, c_cidr cidr,
+    c_macaddr macaddr, c_money money, c_domain typeprobe.positive, c_int4range int4range, c_daterange daterange,
+    c_tsrange tsrange, c_tstzrange tstzrange, c_bit bit(10), c_bit1 bit(1), c_varbit bit varying(20), c_xml xml,
+    c_tsvector tsvector, c_hstore hstore, c_citext citext, c_ltree ltree, c_oid oid, c_char1 "char", c_point point);
 CREATE TABLE typeprobe.toast_pk (id integer PRIMARY KEY, note text, c_big text);
 CREATE TABLE typeprobe.floats (id integer PRIMARY KEY, c_real real, c_double double precision);
-CREATE TABLE typeprobe.lost (id integer PRIMARY KEY, nan_array numeric[], matrix integer[][]);
+CREATE TABLE typeprobe.lost (id integer PRIMARY KEY, nan_array numeric[], matrix integer[][], moods typeprobe.mood[],
+    pg_name name);
 CREATE TABLE typeprobe.quirks (id integer PRIMARY KEY, old_stamps timestamp[], dates date[], stamps timestamptz[]);
 CREATE TABLE typeprobe.special (id integer PRIMARY KEY, c_timestamp timestamp, c_timestamp3 timestamp(3),
     c_timestamptz timestamptz, c_date date, c_numeric numeric, c_numeric_12_2 numeric(12,2));
@@ -65,12 +73,18 @@ ROW_1 = """INSERT INTO typeprobe.edge VALUES (1, -32768, -9223372036854775808, -
   'x', false, %s, '{2024-02-29,NULL,0001-01-01,9999-12-31}', '{1.50,-2.25,NULL}', '{1.5,100,-0.000001}',
   '{"2024-02-29 12:00:00.5",infinity,-infinity,"1970-01-01 00:00:00.000001"}',
   '{"2024-02-29 13:00:00.25+01",infinity,"1999-12-31 23:59:59.123456-08"}',
-  '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,NULL}', '{12:00:01.5,NULL}')"""
+  '{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,NULL}', '{12:00:01.5,NULL}', '10.0.0.1', '192.168.0.0/24',
+  '08:00:2b:01:02:03', '-92233720368547758.08', 12.50, '[1,10)', '[2024-01-01,2024-02-29]',
+  '["2024-02-29 12:00","2024-03-01 00:00:00.5")', '[2024-01-01 00:00+05:30,)', B'1000000001', B'1',
+  B'10000000000000000001', '<a b="ü">x &amp; y</a>', 'a fat cat', 'a=>1, "b c"=>NULL, ü=>"✓"', 'MiXeD ✓',
+  'top.science.astro', 4294967295, 'x', '(1.5,-2)')"""
 ROW_3 = """INSERT INTO typeprobe.edge VALUES (3, 32767, 9223372036854775807, 9999999999.99,
   0.000000000000000001, '9999-12-31 23:59:59.999999+00', '2262-04-11 23:47:16.854775', '1970-01-01 00:00:00',
   '9999-12-31', '00:00:00', '00:00:00.001', '00:00:00-08:00', '-3 days', '[]', 'null',
   '00000000-0000-0000-0000-000000000000', 'happy', '', '{"a,b", NULL, "c\\"d", "ü"}', '{1, NULL, -3}',
-  'it''s; DROP TABLE x; --', 'abcdefghij', 'abc', true, 'short', '{}', '{}', '{}', '{}', '{}', '{}', '{}')"""
+  'it''s; DROP TABLE x; --', 'abcdefghij', 'abc', true, 'short', '{}', '{}', '{}', '{}', '{}', '{}', '{}',
+  '::1', '2001:db8::/32', '00:00:00:00:00:00', '92233720368547758.07', 0.01, 'empty', '(,)', 'empty', '(,)',
+  B'0000000000', B'0', B'', '<r/>', '', '', '', '', 0, '', '(0,0)')"""
 STATEMENTS = [
     ("INSERT INTO typeprobe.edge (id) VALUES (2)", None),
     ("UPDATE typeprobe.edge SET c_text = 'updated ✓' WHERE id = 1", None),  # c_big unchanged: TOAST placeholder
@@ -85,7 +99,7 @@ STATEMENTS = [
     ("UPDATE typeprobe.toast_pk SET note = 'k' WHERE id = 3", None),
     ("INSERT INTO typeprobe.floats VALUES (1, -1.5, 1.0000000000000002), (2, 'Infinity', '-Infinity'), "
      "(3, NULL, -0.1)", None),
-    ("INSERT INTO typeprobe.lost VALUES (1, '{1.5,NaN}', '{{1,2},{3,4}}')", None),
+    ("INSERT INTO typeprobe.lost VALUES (1, '{1.5,NaN}', '{{1,2},{3,4}}', '{happy,NULL}', 'pg_name')", None),
     ("INSERT INTO typeprobe.quirks VALUES (1, '{\"1500-06-01 12:00\"}', NULL, NULL), (2, NULL, '{infinity}', NULL), "
      "(3, NULL, NULL, '{-infinity}')", None),
     ("INSERT INTO typeprobe.special VALUES (1, 'infinity', 'infinity', 'infinity', 'infinity', 'NaN', 'NaN'), "
@@ -200,6 +214,28 @@ def test_edge_values_as_the_engine_writes_them(probe: dict[str, IngestConfig], f
     assert one["c_time_array"] == "[43201500000, null]"
     assert all(three[c] == "[]" for c in ("c_date_array", "c_numeric_array", "c_vsd_array", "c_timestamp_array",
                                           "c_timestamptz_array", "c_uuid_array", "c_time_array"))
+    # Types sent as PostgreSQL prints them; money and a domain over numeric(10,2) as decimals; bits as
+    # Java's BitSet bytes (least significant byte first, none above the highest set bit).
+    assert (one["c_inet"], three["c_inet"]) == ("10.0.0.1", "::1")  # a host's address without /32 or /128
+    assert (one["c_cidr"], three["c_cidr"]) == ("192.168.0.0/24", "2001:db8::/32")
+    assert (one["c_macaddr"], three["c_macaddr"]) == ("08:00:2b:01:02:03", "00:00:00:00:00:00")
+    assert (one["c_money"], three["c_money"]) == (Decimal("-92233720368547758.08"), Decimal("92233720368547758.07"))
+    assert (one["c_domain"], three["c_domain"]) == (Decimal("12.50"), Decimal("0.01"))
+    assert (one["c_int4range"], three["c_int4range"]) == ("[1,10)", "empty")
+    assert (one["c_daterange"], three["c_daterange"]) == ("[2024-01-01,2024-03-01)", "(,)")  # made canonical
+    assert (one["c_tsrange"], three["c_tsrange"]) == ('["2024-02-29 12:00:00","2024-03-01 00:00:00.5")', "empty")
+    assert (one["c_tstzrange"], three["c_tstzrange"]) == ('["2023-12-31 18:30:00+00",)', "(,)")  # UTC session
+    assert (one["c_bit"], three["c_bit"]) == (b"\x01\x02", b"")  # B'1000000001' = 513; all zeros: no bytes
+    assert (one["c_bit1"], three["c_bit1"]) == (True, False)
+    assert (one["c_varbit"], three["c_varbit"]) == (b"\x01\x00\x08", b"")  # 2^19 + 1
+    assert (one["c_xml"], three["c_xml"]) == ('<a b="ü">x &amp; y</a>', "<r/>")
+    assert (one["c_tsvector"], three["c_tsvector"]) == ("'a' 'cat' 'fat'", "")
+    assert json.loads(one["c_hstore"]) == {"a": "1", "b c": None, "ü": "✓"} and three["c_hstore"] == "{}"
+    assert (one["c_citext"], three["c_citext"]) == ("MiXeD ✓", "")
+    assert (one["c_ltree"], three["c_ltree"]) == ("top.science.astro", "")
+    assert (one["c_oid"], three["c_oid"]) == (4294967295, 0)
+    assert (one["c_char1"], three["c_char1"]) == ("x", "")
+    assert json.loads(one["c_point"]) == {"x": 1.5, "y": -2.0, "srid": None, "wkb": "AQEAAAAAAAAAAAD4PwAAAAAAAADA"}
 
 
 def test_debezium_really_sent_the_unchanged_toast_placeholder(probe: dict[str, IngestConfig]) -> None:
@@ -215,7 +251,8 @@ def test_edge_table_equals_its_source(probe: dict[str, IngestConfig], fmt: str, 
     assert check.error is None
     assert check.verification is not None and check.verification.ok, check.verification.examples
     assert check.verification.expected_rows == 4
-    assert any("c_interval" in note and "not compared" in note for note in check.notes)
+    assert sorted(note.split("'")[1] for note in check.notes if "not compared" in note) == [
+        "c_interval", "c_point", "c_time_array", "c_tstzrange"]
 
 
 @pytest.mark.parametrize("fmt", ["avro", "json"])
@@ -289,17 +326,19 @@ def test_infinity_is_the_latest_or_earliest_value_and_the_table_equals_its_sourc
 @pytest.mark.parametrize("fmt", ["avro", "json"])
 def test_what_debezium_loses_in_an_array_verify_reports(probe: dict[str, IngestConfig], fmt: str,
                                                         pg_dsn: str) -> None:
-    """Debezium sends a numeric[] holding NaN as null and a two-dimensional array as one null per row
-    (docs/types.md): the engine writes what it is sent, and verify names both columns."""
+    """Debezium sends a numeric[] holding NaN as null, a two-dimensional array as one null per row,
+    an enum[] holding a null element as null, and a ``name`` column as null (docs/types.md): the
+    engine writes what it is sent, and verify names each column."""
     after = json_events(f"{PREFIX['json']}.{SCHEMA}.lost")[0]["payload"]["after"]
-    assert (after["nan_array"], after["matrix"]) == (None, [None, None])
+    assert (after["nan_array"], after["matrix"], after["moods"], after["pg_name"]) == (None, [None, None], None, None)
     config = probe[fmt]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         check = check_table(config, config.table("lost"), conn, pg_source)
     assert check.verification is not None and not check.verification.ok
     assert check.verification.examples == [
         "lost (id=1): column 'nan_array' expected '[1.5,\"NaN\"]', got None; "
-        "column 'matrix' expected '[[1, 2], [3, 4]]', got '[null, null]'"]
+        "column 'matrix' expected '[[1, 2], [3, 4]]', got '[null, null]'; "
+        "column 'moods' expected '[\"happy\",null]', got None; column 'pg_name' expected 'pg_name', got None"]
 
 
 @pytest.mark.parametrize("fmt", ["avro", "json"])
