@@ -28,6 +28,10 @@ datetime(n)                              timestamp_ntz                   naive d
 timestamp(n)                             timestamp (UTC)                 instant (read in UTC)
 =======================================  ==============================  ==============================
 
+A zero date (``0000-00-00``, or a zero month or day) is read as Debezium sends it: null in a nullable
+``date`` or ``datetime`` column, else the column's default date, else 1970-01-01; a zero
+``timestamp`` is the epoch in any column.
+
 Other types (geometry, vector ...) are not compared; the verifier says so. MariaDB and MySQL keep
 no record a client can read of how far a Debezium connector has read their binlog, so
 :func:`wait_for_capture` waits for nothing: it reads the binlog position for the report, and
@@ -61,8 +65,9 @@ Error = pymysql.Error
 OperationalError = pymysql.OperationalError
 _STRINGS: Final = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set"})
 _BINARIES: Final = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
+_EPOCH: Final = datetime(1970, 1, 1)
 _COLUMNS_QUERY = """
-SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE
+SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, IS_NULLABLE = 'YES', COLUMN_DEFAULT
 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION
 """
 _KEY_QUERY = """
@@ -143,8 +148,8 @@ def insert_signal(conn: pymysql.connections.Connection, table: str, row: tuple[s
         cur.execute(f"INSERT INTO {_quote(database)}.{_quote(name)} (id, type, data) VALUES (%s, %s, %s)", row)
 
 
-def column_plan(name: str, data_type: str, column_type: str, precision: int | None, scale: int | None
-                ) -> SourceColumn:
+def column_plan(name: str, data_type: str, column_type: str, precision: int | None, scale: int | None,
+                nullable: bool = True, default: str | None = None) -> SourceColumn:
     """The :class:`SourceColumn` of a column, from its ``information_schema.COLUMNS`` entry.
 
     Args:
@@ -153,6 +158,8 @@ def column_plan(name: str, data_type: str, column_type: str, precision: int | No
         column_type: ``COLUMN_TYPE`` (``int(10) unsigned``, ``bit(10)``, ``enum('a','b')`` ...).
         precision: ``NUMERIC_PRECISION`` (decimal and bit).
         scale: ``NUMERIC_SCALE`` (decimal).
+        nullable: ``IS_NULLABLE``; with ``default`` (``COLUMN_DEFAULT``), what Debezium sends for a
+            zero date (``0000-00-00``, or a zero month or day) depends on it.
     """
     data_type, column_type = data_type.lower(), column_type.lower()
     unsigned = "unsigned" in column_type
@@ -182,16 +189,31 @@ def column_plan(name: str, data_type: str, column_type: str, precision: int | No
         return plan(pa.string(), normalize=parse_json)
     if data_type in _BINARIES:
         return plan(pa.binary(), convert=bytes)
+    # A zero date (which the client returns as text) is read as what Debezium sends for it.
     if data_type == "date":
-        return plan(pa.date32(), convert=lambda d: d if isinstance(d, date) else None)  # a zero date: null
+        zero_date = _zero_date(nullable, default, date.fromisoformat, _EPOCH.date())
+        return plan(pa.date32(), convert=lambda d: d if isinstance(d, date) else zero_date)
     if data_type == "time":
         return plan(pa.int64(), convert=lambda t: t // timedelta(microseconds=1))
     if data_type == "datetime":
-        return plan(pa.timestamp("us"), convert=lambda d: d if isinstance(d, datetime) else None)
+        zero_datetime = _zero_date(nullable, default, datetime.fromisoformat, _EPOCH)
+        return plan(pa.timestamp("us"), convert=lambda d: d if isinstance(d, datetime) else zero_datetime)
     if data_type == "timestamp":
         return plan(pa.timestamp("us", tz="UTC"),
-                    convert=lambda d: d.replace(tzinfo=UTC) if isinstance(d, datetime) else None)
+                    convert=lambda d: (d if isinstance(d, datetime) else _EPOCH).replace(tzinfo=UTC))
     return plan(None, note=f"type {column_type} is not compared (no known engine representation for it in verify)")
+
+
+def _zero_date(nullable: bool, default: str | None, parse: Callable[[str], Any], epoch: Any) -> Any:
+    """What Debezium's MySQL connector sends for a zero ``date`` or ``datetime``: null where the column
+    is nullable, else the column's default when that is a date (MariaDB quotes it, MySQL does not),
+    else the epoch. (A zero ``timestamp`` is the epoch itself, in any column.)"""
+    if nullable:
+        return None
+    try:
+        return parse((default or "").strip("'"))
+    except ValueError:  # no default, CURRENT_TIMESTAMP, or a zero date itself
+        return epoch
 
 
 def _integer(data_type: str, unsigned: bool) -> pa.DataType:

@@ -63,6 +63,16 @@ ROW_MIN = (
     "'2000-01-01 00:00:00', '2000-01-01 00:00:00')"
 )
 NULLS = "(2" + ", NULL" * 33 + ")"
+#: Zero dates and years below 100, as MariaDB's default sql_mode accepts them (docs/types-mysql.md).
+DATES = """(id INT PRIMARY KEY, d_null DATE NULL, d_nn DATE NOT NULL, d_default DATE NOT NULL DEFAULT '2000-02-02',
+  dt_null DATETIME NULL, dt_nn DATETIME(3) NOT NULL, dt_now DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP,
+  ts_null TIMESTAMP NULL, ts_default TIMESTAMP NOT NULL DEFAULT '2000-03-03 00:00:00', d_year DATE NULL)"""
+DATE_ROWS = (
+    "(1, '0000-00-00', '0000-00-00', '0000-00-00', '0000-00-00', '0000-00-00', '0000-00-00', '0000-00-00 00:00:00', "
+    "'0000-00-00 00:00:00', '0001-01-01'), "
+    "(2, '2024-00-00', '2024-02-00', '2024-00-01', '2024-02-00 10:00:00', '2024-02-00 10:00:00', "
+    "'2024-02-00 10:00:00', NULL, '2000-01-01 05:30:00', '0069-12-31')"
+)
 MOVED = ("(3, 3, 3, 1, TRUE, 3, 3, 3, 3, 3, 3, 3.5, 3.0, 3.0, b'1', b'11', 'abc', 'three', 't', 'calm', 'b', "
          "'{}', X'01', X'01', X'01', 2000, '2000-01-01', '00:00:03', '00:00:03', '2000-01-01 00:00:03', "
          "'2000-01-01 00:00:03', '2000-01-01 00:00:03', '2000-01-01 00:00:03', '2000-01-01 00:00:03')")
@@ -76,6 +86,7 @@ class Probe:
     path: Path
     table: str
     truncated: str
+    dates: str
     conn: pymysql.connections.Connection
 
 
@@ -100,7 +111,7 @@ def _wait_for_events(topic: str, at_least: int, timeout: float = 120.0) -> None:
 def probe(stack: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     s = stack.settings
     name = f"probe_{uuid.uuid4().hex[:8]}"
-    table, truncated = name, f"{name}_trunc"
+    table, truncated, dates = name, f"{name}_trunc", f"{name}_dates"
     conn = stack.component("mariadb").connect(s.mariadb_db)
     with conn.cursor() as cur:
         cur.execute("SET time_zone = '+05:30'")
@@ -122,19 +133,23 @@ def probe(stack: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> A
         cur.execute(f"INSERT INTO {truncated} VALUES (1, 'a'), (2, 'b'), (3, 'c')")
         cur.execute(f"TRUNCATE TABLE {truncated}")
         cur.execute(f"INSERT INTO {truncated} VALUES (4, 'd')")
+        cur.execute(f"CREATE TABLE {dates} {DATES}")
+        cur.execute(f"INSERT INTO {dates} VALUES {DATE_ROWS}")
     topic = f"mariaavro.{s.mariadb_db}.{table}"
     config = stack_config("avro", tmp_path_factory.mktemp("mariadb"))
     config = config.model_copy(update={"tables": (
         TableSpec(name="probe", topic=topic),
-        TableSpec(name="truncated", topic=f"mariaavro.{s.mariadb_db}.{truncated}"))})
+        TableSpec(name="truncated", topic=f"mariaavro.{s.mariadb_db}.{truncated}"),
+        TableSpec(name="dates", topic=f"mariaavro.{s.mariadb_db}.{dates}"))})
     path = config_file(config, tmp_path_factory.mktemp("mariadb-config") / "config.yaml")
     _wait_for_events(topic, 4 + 1 + 2 + 1 + 1 + 1 + 4)
     _wait_for_events(f"mariaavro.{s.mariadb_db}.{truncated}", 5)
+    _wait_for_events(f"mariaavro.{s.mariadb_db}.{dates}", 2)
     report = Runner(config, spark=spark).run()
     assert not report.failed, {n: t.error for n, t in report.tables.items()}
-    yield Probe(config, path, table, truncated, conn)
+    yield Probe(config, path, table, truncated, dates, conn)
     with conn.cursor() as cur:
-        cur.execute(f"DROP TABLE {table}, {truncated}")
+        cur.execute(f"DROP TABLE {table}, {truncated}, {dates}")
     conn.close()
 
 
@@ -194,6 +209,20 @@ def test_edge_values_as_the_engine_writes_them(probe: Probe) -> None:
 
 def test_truncate_empties_the_table(probe: Probe) -> None:
     assert sorted(_rows(probe, "truncated")) == [4]
+
+
+def test_zero_dates_and_early_years_arrive_as_debezium_sends_them(probe: Probe) -> None:
+    """A zero date, or one with a zero month or day, arrives as null in a nullable DATE or DATETIME,
+    else as the column's default date, else as the epoch; a zero TIMESTAMP as the epoch in any column.
+    Years below 100 keep their year with enable.time.adjuster=false (its default adds 2000 or 1900).
+    The verify test below finds the table equal to MariaDB: verify reads zero dates the same way."""
+    epoch, utc_epoch = datetime(1970, 1, 1), datetime(1970, 1, 1, tzinfo=UTC)
+    columns = ("d_null", "d_nn", "d_default", "dt_null", "dt_nn", "dt_now", "ts_null", "ts_default", "d_year")
+    assert {n: tuple(r[c] for c in columns) for n, r in _rows(probe, "dates").items()} == {
+        1: (None, epoch.date(), date(2000, 2, 2), None, epoch, epoch, utc_epoch, utc_epoch, date(1, 1, 1)),
+        2: (None, epoch.date(), date(2000, 2, 2), None, epoch, epoch, None, datetime(2000, 1, 1, tzinfo=UTC),
+            date(69, 12, 31)),
+    }
 
 
 def test_verify_finds_every_table_equal_to_mariadb_then_a_change_not_applied(probe: Probe, stack: Any) -> None:
