@@ -196,7 +196,7 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
     if typname == "bit" and typmod == 1:
         return SourceColumn(name, pg_type, pa.bool_(), sql.SQL("{} = B'1'").format(ident))
     if typname in ("bit", "varbit"):
-        return SourceColumn(name, pg_type, pa.binary(), as_text, convert=bit_set_bytes)
+        return SourceColumn(name, pg_type, pa.binary(), as_text, convert=_bit_set_bytes)
     if typname == "bytea":
         return SourceColumn(name, pg_type, pa.binary(), ident, convert=bytes)
     if typname == "date":
@@ -219,7 +219,7 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
                                                            "representation for it in verify)")
 
 
-def bit_set_bytes(bits: str) -> bytes:
+def _bit_set_bytes(bits: str) -> bytes:
     """A ``bit(n)`` or ``bit varying`` as Debezium's ``Bits`` bytes: Java's ``BitSet.toByteArray``,
     least significant byte first and no byte above the highest set bit (all zeros: no bytes)."""
     number = int(bits, 2) if bits else 0

@@ -60,6 +60,23 @@ def test_types_and_their_representation() -> None:
     assert column_plan("j", "jsonb", "jsonb", "b", -1, None).normalize is parse_json
 
 
+def test_more_types_as_debezium_sends_them() -> None:
+    """The values docs/types.md documents, as tests/stack/test_types.py saw Debezium send them."""
+    bits = column_plan("b", "bit(10)", "bit", "b", 10, None)
+    assert bits.arrow == pa.binary() and bits.convert is not None
+    assert [bits.convert(t) for t in ("1000000001", "0000000000", "10000000000000000001")] == [
+        b"\x01\x02", b"", b"\x01\x00\x08"]  # Java's BitSet bytes: least significant first, none above
+    assert column_plan("b", "bit(1)", "bit", "b", 1, None).arrow == pa.bool_()
+    money = column_plan("m", "money", "money", "b", -1, None)
+    assert money.arrow == pa.decimal128(38, 2) and money.convert is not None
+    assert money.convert(Decimal("-92233720368547758.08")) == Decimal("-92233720368547758.08")
+    assert column_plan("o", "oid", "oid", "b", -1, None).arrow == pa.int64()
+    assert column_plan("h", "hstore", "hstore", "b", -1, None).normalize is parse_json
+    enums = column_plan("a", "mood[]", "_mood", "b", -1, "mood", "e")
+    assert enums.arrow == pa.string() and enums.normalize is parse_json
+    assert column_plan("a", "mood[]", "_mood", "b", -1, "mood").arrow is None  # an element kind not known
+
+
 def test_unknown_types_are_not_compared_and_say_so() -> None:
     plan = column_plan("i", "interval", "interval", "b", -1, None)
     assert plan.arrow is None and plan.note is not None and "interval" in plan.note
