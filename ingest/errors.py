@@ -23,6 +23,12 @@ def first_line(error: BaseException | str) -> str:
     return type(error).__name__ if isinstance(error, BaseException) else ""
 
 
+def shortened(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, ending in ``...`` where it was cut: a value or a
+    reason shown in one line of a report."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class IngestError(Exception):
     """Root of every error raised by the engine.
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from harness.demo import TableFingerprint, prepare_workload, truth_dir, verify_all
+from harness.demo import TableFingerprint, explained_keys, prepare_workload, truth_dir, verify_all
 
 from ingest.records import audit, quarantine
 from ingest.source.topiclog import ProducerRecord, TopicLog
@@ -96,7 +96,7 @@ def test_history_tables_hold_the_source_as_current_rows_and_well_formed_versions
         everything = read_all(state.table)
         assert everything.num_rows > len(live_by_key(state.table, keys)), spec.name  # past versions are kept
         # The keys the quality gate holds differ from the source, and only those (as verify_all says).
-        held = quarantine.explained_keys(TablePaths.of(config, spec.name).quarantine, spec.name, tuple(keys))
+        held = explained_keys(TablePaths.of(config, spec.name).quarantine, spec.name, tuple(keys))
         want = versions_of_history(Truth.load(truth_dir(config)).history[spec.name], keys)
         got = stored_versions(state.table, keys)
         compared = (want.keys() | got.keys()) - held

@@ -21,7 +21,7 @@ from ingest.cli.common import (
     print_json,
 )
 from ingest.config import IngestConfig
-from ingest.errors import DecodeError, IngestError
+from ingest.errors import DecodeError, IngestError, shortened
 from ingest.lake.layout import TablePaths
 from ingest.model import ChangeEvent, KafkaCoordinates
 
@@ -30,8 +30,7 @@ quarantine_app = typer.Typer(help="Messages held back: list, inspect, re-apply a
 
 
 def _short(value: Any, limit: int = 70) -> str:
-    text = "" if value is None else str(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return shortened("" if value is None else str(value), limit)
 
 
 # -- quality ------------------------------------------------------------------------------------------

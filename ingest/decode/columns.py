@@ -16,7 +16,7 @@ from __future__ import annotations
 import binascii
 import weakref
 from collections.abc import Callable, Sequence
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, Final
 
 import pyarrow as pa
@@ -24,11 +24,14 @@ import pyarrow.compute as pc
 
 ColumnConverter = Callable[[Sequence[Any], pa.DataType], pa.Array]
 _NONE: Final = type(None)
-_EPOCH_ORDINAL: Final = date(1970, 1, 1).toordinal()
+#: The Unix epoch, naive and in UTC, and as a ``date`` ordinal: what Debezium counts times and dates from.
+EPOCH: Final = datetime(1970, 1, 1)
+EPOCH_UTC: Final = EPOCH.replace(tzinfo=UTC)
+EPOCH_ORDINAL: Final = EPOCH.toordinal()
 #: Days since the epoch that Python's ``date`` holds (the per-value converter refuses the rest).
-_DAYS: Final = (date.min.toordinal() - _EPOCH_ORDINAL, date.max.toordinal() - _EPOCH_ORDINAL)
+_DAYS: Final = (date.min.toordinal() - EPOCH_ORDINAL, date.max.toordinal() - EPOCH_ORDINAL)
 #: Microseconds since the epoch that Python's ``datetime`` holds.
-_MICROS: Final = tuple((d - datetime(1970, 1, 1)) // timedelta(microseconds=1) for d in (datetime.min, datetime.max))
+_MICROS: Final = tuple((d - EPOCH) // timedelta(microseconds=1) for d in (datetime.min, datetime.max))
 #: Decimals whose unscaled value fits 64 bits are built by Arrow; wider ones value by value.
 _MAX_INT64_PRECISION: Final = 18
 

@@ -17,6 +17,7 @@ from decimal import Context, Decimal, InvalidOperation
 from typing import Any, Final
 
 from ingest.decode import columns
+from ingest.decode.columns import EPOCH, EPOCH_ORDINAL, EPOCH_UTC
 from ingest.errors import DecodeError
 
 Converter = Callable[[Any], Any]
@@ -25,9 +26,6 @@ MAX_PRECISION: Final = 38  # Delta's decimal limit
 VARIABLE_SCALE: Final = 18  # VariableScaleDecimal lands in decimal(38,18)
 MILLI, MICRO, NANO = "ms", "us", "ns"
 _UNIT_TO_MICROS: Final = {MILLI: (1000, 1), MICRO: (1, 1), NANO: (1, 1000)}  # value * mul // div
-_EPOCH_ORDINAL: Final = date(1970, 1, 1).toordinal()
-_EPOCH_NAIVE: Final = datetime(1970, 1, 1)
-_EPOCH_UTC: Final = datetime(1970, 1, 1, tzinfo=UTC)
 # Wide enough that quantize/scaleb on a 38-digit value never rounds (the default context has 28).
 _EXACT: Final = Context(prec=200)
 #: What the engine writes for PostgreSQL's ``infinity`` and ``-infinity`` dates and timestamps: the
@@ -195,7 +193,7 @@ def to_date(value: Any) -> date:
     if type(value) is date:
         return value
     try:
-        return date.fromordinal(_EPOCH_ORDINAL + value)
+        return date.fromordinal(EPOCH_ORDINAL + value)
     except (ValueError, OverflowError) as exc:
         if (latest := _INFINITE_DAYS.get(value)) is not None:
             return (LATEST if latest else EARLIEST).date()
@@ -217,7 +215,7 @@ def _time_micros(unit: str) -> Converter:
 
 def _timestamp(unit: str, *, utc: bool) -> Converter:
     mul, div = _UNIT_TO_MICROS[unit]
-    epoch = _EPOCH_UTC if utc else _EPOCH_NAIVE
+    epoch = EPOCH_UTC if utc else EPOCH
     infinite = _INFINITE_TIMESTAMPS[unit]
 
     def convert(value: Any) -> datetime:

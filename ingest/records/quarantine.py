@@ -155,12 +155,11 @@ def mark_replayed(path: Location, table: str, ids: Iterable[tuple[str, int, int,
         return int(metrics.get("num_target_rows_updated", 0))
 
 
-def explained_keys(path: Location, table: str, key_columns: tuple[str, ...]) -> set[tuple[object, ...]]:
-    """Keys whose changes the quality gate holds (not replayed yet): where a table may differ from its source."""
-    rows = read(path, table=table, stage="quality", pending=True)
-    keys = set()
-    for text in rows["row_key"].to_pylist():
-        if text:
-            key = json.loads(text)
-            keys.add(tuple(key.get(k) for k in key_columns))
-    return keys
+def pending_row_keys(path: Location, table: str, *, stage: str | None = None) -> list[tuple[dict, dict]]:
+    """The table's held messages not replayed yet that name the row they would change: each as the row's
+    key (its values by key column, as JSON gave them) and the message's record (``topic``,
+    ``partition``, ``offset``, ``stage``, ``reason``)."""
+    rows = read(path, table=table, stage=stage, pending=True)
+    return [(json.loads(r["row_key"]), r)
+            for r in rows.select(["topic", "partition", "offset", "stage", "reason", "row_key"]).to_pylist()
+            if r["row_key"]]

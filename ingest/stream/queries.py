@@ -33,7 +33,7 @@ from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import TableSpec
 from ingest.ctrl_c import FirstCtrlC
-from ingest.errors import engine_error_in, first_line, is_cancellation, is_unavailability, unavailability_in
+from ingest.errors import engine_error_in, first_line, is_cancellation, is_unavailability, shortened, unavailability_in
 from ingest.lake import locks
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
@@ -425,4 +425,4 @@ def _await_sources(query: Any, *, unless: Callable[[], bool] = lambda: False) ->
 
 
 def _short(exc: BaseException | str) -> str:
-    return secrets.redact(first_line(exc)[:500])
+    return shortened(secrets.redact(first_line(exc)), 500)  # redacted whole: a cut secret would not match

@@ -16,13 +16,14 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingest.decode.columns import EPOCH_UTC
+from ingest.errors import shortened
 from ingest.lake.delta import open_table, read_all
 from ingest.lake.location import Location
 
 CDC_PREFIX: Final = "_cdc_"
 DELETED_COLUMN: Final = "_cdc_deleted"
 MAX_EXAMPLES: Final = 5
-_EPOCH_UTC: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _CAST_ERRORS: Final = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 
 
@@ -259,7 +260,7 @@ def _norm_key(key: Iterable[Any]) -> tuple[Any, ...]:
     for v in key:
         if isinstance(v, dt.datetime):
             aware = v if v.tzinfo else v.replace(tzinfo=dt.UTC)
-            v = (aware - _EPOCH_UTC) // dt.timedelta(microseconds=1)
+            v = (aware - EPOCH_UTC) // dt.timedelta(microseconds=1)
         out.append(v)
     return tuple(out)
 
@@ -269,5 +270,4 @@ def _fmt_key(key_columns: tuple[str, ...], key: tuple[Any, ...]) -> str:
 
 
 def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return shortened(repr(value), limit)

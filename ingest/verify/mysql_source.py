@@ -51,6 +51,7 @@ import pyarrow as pa
 import pymysql
 
 from ingest import secrets
+from ingest.decode.columns import EPOCH
 from ingest.decode.values import MAX_PRECISION
 from ingest.errors import ConfigError
 from ingest.verify.captured import CaptureResult
@@ -65,7 +66,6 @@ Error = pymysql.Error
 OperationalError = pymysql.OperationalError
 _STRINGS: Final = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set"})
 _BINARIES: Final = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
-_EPOCH: Final = datetime(1970, 1, 1)
 _COLUMNS_QUERY = """
 SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, IS_NULLABLE = 'YES', COLUMN_DEFAULT
 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION
@@ -191,16 +191,16 @@ def column_plan(name: str, data_type: str, column_type: str, precision: int | No
         return plan(pa.binary(), convert=bytes)
     # A zero date (which the client returns as text) is read as what Debezium sends for it.
     if data_type == "date":
-        zero_date = _zero_date(nullable, default, date.fromisoformat, _EPOCH.date())
+        zero_date = _zero_date(nullable, default, date.fromisoformat, EPOCH.date())
         return plan(pa.date32(), convert=lambda d: d if isinstance(d, date) else zero_date)
     if data_type == "time":
         return plan(pa.int64(), convert=lambda t: t // timedelta(microseconds=1))
     if data_type == "datetime":
-        zero_datetime = _zero_date(nullable, default, datetime.fromisoformat, _EPOCH)
+        zero_datetime = _zero_date(nullable, default, datetime.fromisoformat, EPOCH)
         return plan(pa.timestamp("us"), convert=lambda d: d if isinstance(d, datetime) else zero_datetime)
     if data_type == "timestamp":
         return plan(pa.timestamp("us", tz="UTC"),
-                    convert=lambda d: (d if isinstance(d, datetime) else _EPOCH).replace(tzinfo=UTC))
+                    convert=lambda d: (d if isinstance(d, datetime) else EPOCH).replace(tzinfo=UTC))
     return plan(None, note=f"type {column_type} is not compared (no known engine representation for it in verify)")
 
 

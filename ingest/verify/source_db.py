@@ -10,7 +10,6 @@ connection failures into one line. :func:`check_table` compares one configured t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import pyarrow.compute as pc
 
 from ingest import secrets
 from ingest.config import IngestConfig, TableSpec
-from ingest.errors import ConfigError, EnvironmentProblem, SourceUnavailableError, first_line
+from ingest.errors import ConfigError, EnvironmentProblem, SourceUnavailableError, first_line, shortened
 from ingest.lake.delta import open_table, read_all
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import LakePath
@@ -210,15 +209,12 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: Any, source: Source
 def held_in_quarantine(quarantine_path: LakePath, table: str, source: SourceRows) -> dict[tuple[Any, ...], str]:
     """The table's changes held in quarantine and not replayed yet, by the key of the row each would
     change, as ``held in quarantine: <message id> (<stage>: <reason>)``: what a difference there comes from."""
-    rows = quarantine.read(quarantine_path, table=table, pending=True)
-    named = [r for r in rows.select(["topic", "partition", "offset", "stage", "reason", "row_key"]).to_pylist()
-             if r["row_key"]]
-    keys = keys_of((json.loads(r["row_key"]) for r in named), source.key, source.rows)
+    named = quarantine.pending_row_keys(quarantine_path, table)
+    keys = keys_of((key for key, _ in named), source.key, source.rows)
     held: dict[tuple[Any, ...], list[str]] = {}
-    for key, r in zip(keys, named, strict=True):
-        reason = first_line(r["reason"])
+    for key, (_, r) in zip(keys, named, strict=True):
         held.setdefault(key, []).append(f"{r['topic']}:{r['partition']}:{r['offset']} ({r['stage']}: "
-                                        f"{reason if len(reason) <= 120 else reason[:117] + '...'})")
+                                        f"{shortened(first_line(r['reason']), 120)})")
     return {key: "held in quarantine: " + ", ".join(ids[:2]) + (f" and {len(ids) - 2} more" if len(ids) > 2 else "")
             for key, ids in held.items()}
 
