@@ -16,6 +16,7 @@ text, varchar, char(n), enum, uuid  string                          text as Post
 inet, cidr, macaddr, citext, xml    string                          text as PostgreSQL prints it
 ranges (not tstzrange), tsvector,   string                          text as PostgreSQL prints it
 ltree, "char"
+tstzrange                           string                          compared as bounds and instants
 json, jsonb                         string                          compared as parsed JSON
 hstore                              string (JSON object)            compared as parsed JSON
 money                               decimal(38,2)                   Decimal
@@ -24,12 +25,15 @@ bit(1) / bit(n), bit varying        boolean / binary                bool / bytes
 bytea                               binary                          bytes
 date                                date                            date
 time                                long (microseconds of the day)  int
+interval                            long (MicroDuration)            int, as Debezium computes it
 timetz                              string (UTC, ``HH:MM:SS[.f]Z``) text
 timestamp                           timestamp_ntz                   naive datetime
 timestamptz                         timestamp (UTC)                 instant
 arrays of text/number/boolean       string (JSON of the array)      ``to_json(list)``
 numeric/uuid/date/timestamp(tz)[]   string (JSON of the array)      ``array_to_json``, compared parsed
 enum[]                              string (JSON of the array)      ``array_to_json``, compared parsed
+time[]                              string (JSON of microseconds)   compared parsed (Debezium: ms)
+point                               string (JSON of the struct)     compared parsed
 ==================================  ==============================  ==================================
 
 A domain's column is compared as the type it is defined over.
@@ -37,14 +41,18 @@ A domain's column is compared as the type it is defined over.
 ``infinity`` and ``-infinity`` dates and timestamps are read as the values the engine writes for
 them (:data:`ingest.decode.values.LATEST` and :data:`~ingest.decode.values.EARLIEST`).
 
-Other types (interval, geometric, ``tstzrange`` ...) are not compared; the verifier says so.
+Other types (``box``, ``polygon``, multiranges ...) are not compared; the verifier says so.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import re
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Final
 
 import psycopg
@@ -64,6 +72,10 @@ __all__ = ["Error", "OperationalError", "column_plan", "connect", "describe", "i
 #: What the client raises (a connection failure is its OperationalError).
 Error = psycopg.Error
 OperationalError = psycopg.OperationalError
+#: A range's text: its opening bracket, lower and upper bounds (each quoted or not) and closing bracket.
+_RANGE: Final = re.compile(r'([\[(])("(?:[^"\\]|\\.|"")*"|[^,]*),("(?:[^"\\]|\\.|"")*"|[^\])]*)([\])])')
+_DAYS_PER_MONTH: Final = 365.25 / 12.0  # Debezium's MicroDuration.DAYS_PER_MONTH_AVG
+_LONG: Final = (-(2**63), 2**63 - 1)
 _INTS: Final = {"int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64()}
 _FLOATS: Final = {"float4": pa.float32(), "float8": pa.float64()}
 #: Read as PostgreSQL's own text output (what Debezium sends for them). A range's text is the same
@@ -205,6 +217,13 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
         return SourceColumn(name, pg_type, pa.int64(), ident, convert=time_micros)
     if typname == "timetz":
         return SourceColumn(name, pg_type, pa.string(), ident, convert=zoned_time)
+    if typname == "interval":
+        return SourceColumn(name, pg_type, pa.int64(), _interval_fields(ident), convert=_micro_duration)
+    if typname == "tstzrange":  # its text follows the zone of Debezium's session: compared as instants
+        return SourceColumn(name, pg_type, pa.string(), as_text, normalize=_instant_range)
+    if typname == "point":
+        coordinates = sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE ARRAY[{0}[0], {0}[1]] END").format(ident)
+        return SourceColumn(name, pg_type, pa.string(), coordinates, convert=_point_json, normalize=parse_json)
     if typname == "timestamp":
         return SourceColumn(name, pg_type, pa.timestamp("us"), _finite(ident, *_BOUNDS[typname]))
     if typname == "timestamptz":
@@ -212,6 +231,9 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
                             convert=lambda d: d.astimezone(UTC))
     if element is not None and element in _ARRAY_ELEMENTS:
         return SourceColumn(name, pg_type, pa.string(), ident, convert=to_json)
+    if element == "time":
+        return SourceColumn(name, pg_type, pa.string(), ident, normalize=parse_json,
+                            convert=lambda times: to_json([None if t is None else time_micros(t) for t in times]))
     if element is not None and (element in _JSON_ARRAY_ELEMENTS or element_kind == "e"):
         return SourceColumn(name, pg_type, pa.string(), _array_json(ident, _BOUNDS.get(element)),
                             normalize=parse_json)
@@ -224,6 +246,57 @@ def _bit_set_bytes(bits: str) -> bytes:
     least significant byte first and no byte above the highest set bit (all zeros: no bytes)."""
     number = int(bits, 2) if bits else 0
     return number.to_bytes((number.bit_length() + 7) // 8, "little")
+
+
+def _interval_fields(ident: sql.Composable) -> sql.Composable:
+    """An interval's fields as pgjdbc parses its text: months (years included), days, hours, minutes
+    and the seconds field in microseconds, each with its own sign."""
+    fields = [sql.SQL("extract(year from {0}) * 12 + extract(month from {0})").format(ident),
+              *(sql.SQL("extract({} from {})").format(sql.SQL(f), ident)
+                for f in ("day", "hour", "minute", "microseconds"))]
+    return sql.SQL("CASE WHEN {} IS NULL THEN NULL ELSE ARRAY[{}]::bigint[] END").format(
+        ident, sql.SQL(", ").join(fields))
+
+
+def _micro_duration(fields: list[int]) -> int:
+    """Debezium's ``MicroDuration`` of an interval's fields, in the same floating-point steps as
+    ``MicroDuration.durationMicros`` (a month is 365.25 / 12 days) over pgjdbc's ``PGInterval``, whose
+    seconds are whole seconds plus microseconds / 10⁶; so the result is the same to the microsecond,
+    beyond 2⁵³ microseconds (285 years) too, where the double rounds."""
+    months, days, hours, minutes, micros = fields
+    whole = abs(micros) // 1_000_000 * (1 if micros >= 0 else -1)
+    seconds = whole + (micros - whole * 1_000_000) / 1_000_000
+    in_days = months * _DAYS_PER_MONTH + days
+    micros_f = ((((in_days * 24 + hours) * 60) + minutes) * 60 + seconds) * 1e6
+    return min(max(int(micros_f), _LONG[0]), _LONG[1])  # Java's (long) saturates beyond 292,000 years
+
+
+def _point_json(xy: list[float]) -> str:
+    """A ``point`` as the engine writes Debezium's ``Point`` struct: its coordinates and their WKB
+    (little-endian, type 1), base64, with no SRID."""
+    wkb = b"\x01" + struct.pack("<Idd", 1, *xy)
+    return json.dumps({"x": xy[0], "y": xy[1], "wkb": base64.b64encode(wkb).decode(), "srid": None})
+
+
+def _instant_range(text: object) -> object:
+    """A ``tstzrange``'s text as its bounds and their instants (each side may print another zone);
+    text that does not parse (a BC year) stays as it is."""
+    match = _RANGE.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        return text
+    opening, lower, upper, closing = match.groups()
+    try:
+        return opening, _instant(lower), _instant(upper), closing
+    except ValueError:
+        return text
+
+
+def _instant(bound: str) -> object:
+    if bound.startswith('"'):
+        bound = re.sub(r'\\(.)|""', lambda m: m.group(1) or '"', bound[1:-1])
+    if bound in ("", "infinity", "-infinity"):
+        return bound or None
+    return datetime.fromisoformat(bound).astimezone(UTC)
 
 
 def _finite(ident: sql.Composable, latest: object, earliest: object) -> sql.Composable:

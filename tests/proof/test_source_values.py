@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, time, timedelta, timezone
 from decimal import Decimal
 
@@ -78,5 +79,41 @@ def test_more_types_as_debezium_sends_them() -> None:
 
 
 def test_unknown_types_are_not_compared_and_say_so() -> None:
+    plan = column_plan("b", "box", "box", "b", -1, None)
+    assert plan.arrow is None and plan.note is not None and "box" in plan.note
+
+
+def test_an_interval_is_the_microseconds_debezium_computes() -> None:
+    """Fields as verify selects them: months, days, hours, minutes, microseconds of the seconds field.
+    The figures are what Debezium 3.6 sent on the stack (tests/stack/test_types.py)."""
     plan = column_plan("i", "interval", "interval", "b", -1, None)
-    assert plan.arrow is None and plan.note is not None and "interval" in plan.note
+    assert plan.arrow == pa.int64() and plan.convert is not None
+    assert plan.convert([14, 3, 4, 5, 6_789_000]) == 37_091_106_789_000  # 1 year 2 mons 3 days 04:05:06.789
+    assert plan.convert([0, -3, 0, 0, 0]) == -259_200_000_000
+    assert plan.convert([0, 0, 0, 0, -1]) == -1
+    assert plan.convert([1, 0, 0, 0, -1_000_000]) == 2_629_799_000_000  # 1 mon -1 sec: 30.4375 days
+    assert plan.convert([0, 7, 0, 0, 300_000]) == 604_800_300_000  # 0.3 s through a double, still exact
+    assert plan.convert([178_000_000 * 12, 0, 0, 0, 0]) == 2**63 - 1  # Java's cast saturates
+    assert plan.convert([-178_000_000 * 12, 0, 0, 0, 0]) == -(2**63)
+
+
+def test_a_tstzrange_compares_its_instants_in_any_zone() -> None:
+    plan = column_plan("r", "tstzrange", "tstzrange", "r", -1, None)
+    assert plan.arrow == pa.string() and plan.normalize is not None
+    same = plan.normalize('["2024-01-01 00:00:00+05:30","2024-06-01 20:00:00.5+00")')
+    assert same == plan.normalize('["2023-12-31 18:30:00+00","2024-06-01 12:00:00.5-08")')
+    assert same != plan.normalize('("2023-12-31 18:30:00+00","2024-06-01 12:00:00.5-08")')  # bounds kept
+    assert plan.normalize("(,)") == ("(", None, None, ")")
+    assert plan.normalize("[-infinity,infinity]") == ("[", "-infinity", "infinity", "]")
+    assert plan.normalize("empty") == "empty"
+    assert plan.normalize('["0044-03-15 00:00:00+00 BC",)') == '["0044-03-15 00:00:00+00 BC",)'  # as text
+
+
+def test_a_point_and_a_time_array_as_the_engine_writes_them() -> None:
+    point = column_plan("p", "point", "point", "b", -1, None)
+    assert point.convert is not None and point.normalize is parse_json
+    assert json.loads(point.convert([1.5, -2.0])) == {"x": 1.5, "y": -2.0, "srid": None,
+                                                      "wkb": "AQEAAAAAAAAAAAD4PwAAAAAAAADA"}  # as Debezium sent
+    times = column_plan("t", "time without time zone[]", "_time", "b", -1, "time", "b")
+    assert times.convert is not None and times.normalize is parse_json
+    assert json.loads(times.convert([time(12, 0, 1, 500_000), None])) == [43_201_500_000, None]
