@@ -23,6 +23,9 @@ starts until it ends. The counters count what this process did: Prometheus' ``ra
 * ``lag_seconds{table}``: at the table's last commit, its Delta commit time minus the source commit
   time of the newest change it applied;
 * ``last_commit_timestamp_seconds{table}``;
+* ``source_heartbeat_timestamp_seconds{topic}``: when each connector's heartbeat topic
+  (``source.kafka.heartbeat_topic``) got its newest record, asked with the lag: a connector that
+  stopped writes none, however quiet or busy its tables are;
 * ``maintenance_failures_total{work}``: the Delta checkpoints (``checkpoint``) and packs of the
   side tables' small files (``pack``: remembered deletes, moves) done behind the batches that failed
   in this process;
@@ -46,6 +49,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ingest.behind import maintenance_failures
+from ingest.config.tables import topic_prefix
 from ingest.errors import (
     CommitConflictError,
     EnvironmentProblem,
@@ -110,10 +114,17 @@ class _Topic:
 class RunMetrics:
     """The metrics of one run, in a registry of their own (two runs in one process do not mix)."""
 
-    def __init__(self, catalog: Catalog | None = None, *, registry: CollectorRegistry | None = None) -> None:
-        """``catalog``: where the source's end offsets are asked (without one, no lag in records)."""
+    def __init__(self, catalog: Catalog | None = None, *, heartbeat_topic: str = "",
+                 registry: CollectorRegistry | None = None) -> None:
+        """``catalog``: where the source's end offsets are asked (without one, no lag in records);
+        ``heartbeat_topic``: the heartbeat topic of the connector of each table's topic, ``{prefix}``
+        its topic prefix (``source.kafka.heartbeat_topic``; empty: none), whose newest record's time
+        is served."""
         self.registry = registry or CollectorRegistry()
         self._catalog = catalog
+        self._heartbeat_topic = heartbeat_topic
+        self._heartbeat_topics: set[str] = set()
+        self._beats: dict[str, float] = {}
         self._tables: dict[str, _Topic] = {}
         self._lock = threading.Lock()  # tables report from the applier's threads; scrapes from the server's
         self._asking = threading.Lock()
@@ -144,13 +155,15 @@ class RunMetrics:
                                  labels, namespace=ns, registry=r)
         self.state = Enum("table_state", "Running, or stopped and why.", labels, states=list(STATES),
                           namespace=ns, registry=r)
-        r.register(_Lag(self))
+        r.register(_Source(self))
         r.register(_Maintenance())
 
     def track(self, table: str, topic: str, state: TableState) -> None:
         """Report on ``table`` from now on, whose Delta log is at ``state``."""
         with self._lock:
             self._tables[table] = _Topic(topic, state)
+            if self._heartbeat_topic and (prefix := topic_prefix(topic)) is not None:
+                self._heartbeat_topics.add(self._heartbeat_topic.format(prefix=prefix))
         self.state.labels(table).state("running")
         if state.table is not None:  # until the run commits: the table's latest commit, not none
             latest = state.table.history(1)
@@ -221,21 +234,42 @@ class RunMetrics:
             self._server.server_close()
             self._server = None
 
+    def heartbeats(self) -> dict[str, float]:
+        """When each heartbeat topic's newest record was written, as last asked (at most every
+        :data:`LAG_REFRESH_SECONDS`); a topic that does not exist or holds none is left out."""
+        if self._catalog is None or not self._heartbeat_topic:
+            return {}
+        self._ask(self._catalog)
+        with self._lock:
+            return dict(self._beats)
+
+    def _ask(self, catalog: Catalog) -> None:
+        """Ask the source for its topics' end offsets and its heartbeats, unless it was asked less than
+        :data:`LAG_REFRESH_SECONDS` ago."""
+        with self._asking:  # one question at a time, and the tables' reports never wait for it
+            if time.monotonic() - self._ends_at < LAG_REFRESH_SECONDS:
+                return
+            with self._lock:
+                topics = sorted({t.topic for t in self._tables.values()})
+                watched = sorted(self._heartbeat_topics)
+            ends: dict[str, dict[int, int]] | None
+            try:
+                ends = {topic: catalog.end_offsets(topic) for topic in topics}
+                beats = {topic: written for topic in watched
+                         if (written := catalog.newest_timestamp(topic)) is not None}
+            except SourceUnavailableError:
+                ends, beats = None, {}
+            with self._lock:
+                self._ends, self._beats = ends, beats
+            self._ends_at = time.monotonic()
+
     def lag(self) -> tuple[dict[str, int], bool]:
         """Records each table's Delta log lacks, and whether the source answered (at most every
         :data:`LAG_REFRESH_SECONDS`; the last answer in between). A table whose topic ends before an
         offset it applied (:class:`~ingest.errors.TopicBehindTableError`) has none."""
         if self._catalog is None:
             return {}, False
-        with self._asking:  # one question at a time, and the tables' reports never wait for it
-            if time.monotonic() - self._ends_at >= LAG_REFRESH_SECONDS:
-                with self._lock:
-                    topics = sorted({t.topic for t in self._tables.values()})
-                try:
-                    self._ends = {topic: self._catalog.end_offsets(topic) for topic in topics}
-                except SourceUnavailableError:
-                    self._ends = None
-                self._ends_at = time.monotonic()
+        self._ask(self._catalog)
         with self._lock:
             if self._ends is None:
                 return {}, False
@@ -248,8 +282,9 @@ class RunMetrics:
             return lags, True
 
 
-class _Lag(Collector):
-    """``lag_records`` and ``source_up``, worked out when Prometheus scrapes."""
+class _Source(Collector):
+    """``lag_records``, ``source_up`` and ``source_heartbeat_timestamp_seconds``, asked of the source
+    when Prometheus scrapes."""
 
     def __init__(self, metrics: RunMetrics) -> None:
         self.metrics = metrics
@@ -262,7 +297,12 @@ class _Lag(Collector):
             records.add_metric([table], count)
         up = GaugeMetricFamily(f"{NAMESPACE}_source_up", "Whether the source answered the last question about "
                                "its end offsets.", value=1 if answered else 0)
-        return [records, up]
+        beats = GaugeMetricFamily(f"{NAMESPACE}_source_heartbeat_timestamp_seconds", "When the connector wrote "
+                                  "its newest heartbeat (absent: no heartbeat topic, or the source does not "
+                                  "answer).", labels=["topic"])
+        for topic, written in sorted(self.metrics.heartbeats().items()):
+            beats.add_metric([topic], written)
+        return [records, up, beats]
 
 
 class _Maintenance(Collector):

@@ -155,7 +155,8 @@ def run(
         from ingest.metrics import RunMetrics  # the Prometheus client: only for a run that serves it
         from ingest.source.catalog import catalog_for
 
-        metrics = RunMetrics(catalog_for(cfg))
+        kafka = cfg.source.kafka if cfg.source.kind == "kafka" else None
+        metrics = RunMetrics(catalog_for(cfg), heartbeat_topic=kafka.heartbeat_topic if kafka else "")
         port = metrics.serve(metrics_port, metrics_address)
         logs.event(log, "metrics-serving", f"metrics at http://{metrics_address}:{port}/metrics", port=port)
     runner = Runner(cfg, full_start=full_start, metrics=metrics)
@@ -263,12 +264,13 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
 
     Exit 3: the source did not answer; 4: a topic ends before the offsets its table applied."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
-    from ingest.ops.status import cut_status, table_status
+    from ingest.ops.status import cut_status, heartbeat_status, table_status
 
     cfg = load(config, workdir)
     statuses = table_status(cfg)
     cut = cut_status(cfg)
     unreachable = {s.source_error for s in statuses if s.source_error}
+    beats = [] if unreachable else heartbeat_status(cfg)
     if output == TableOrJson.json:
         for s in statuses:
             print_json({"table": s.table, "topic": s.topic, "applied": s.applied, "end": s.end, "lag": s.lag,
@@ -280,6 +282,8 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
                         "commit_ts": latest.commit_ts if latest else None,
                         "versions": latest.versions if latest else None, "lag_seconds": cut.lag_seconds,
                         "waiting": cut.waiting, "error": cut.error})
+        for beat in beats:
+            print_json({"heartbeat_topic": beat.topic, "newest_heartbeat": beat.written})
         if unreachable:
             raise typer.Exit(Exit.UNAVAILABLE)
         if any(s.behind for s in statuses):
@@ -299,6 +303,9 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
     console.print(out)
     if cut is not None:
         console.print(escape(cut.describe()), highlight=False)
+    now = time.time()
+    for beat in beats:
+        console.print(escape(beat.describe(now)), highlight=False)
     for problem in sorted(unreachable):
         err.print(f"[red]source unavailable:[/] {escape(problem)}", soft_wrap=True)
     for s in statuses:

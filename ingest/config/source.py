@@ -122,6 +122,11 @@ class KafkaSpec(Model):
         "{prefix}-signal", description="the connectors' Kafka signal topic (their signal.kafka.topic), where "
         "ingest resnapshot asks for an incremental snapshot; {prefix} is the table's topic prefix (its topic "
         "without .<schema>.<table>), as in Debezium's default")
+    heartbeat_topic: str = Field(
+        "__debezium-heartbeat.{prefix}", description="the connectors' heartbeat topic (Debezium's "
+        "topic.heartbeat.prefix, a dot and its topic.prefix), written every heartbeat.interval.ms: when its "
+        "newest record was written is served as cdc_ingest_source_heartbeat_timestamp_seconds and shown by "
+        "ingest status, so a connector that stopped is seen; {prefix} is the table's topic prefix; empty: none")
     reread_suspect_reads: bool = Field(
         False, description="when an incremental snapshot read contradicts the change streamed just before it (on "
         "PostgreSQL: a chunk read before that change's commit was visible), write an execute-snapshot signal "
@@ -147,6 +152,15 @@ class KafkaSpec(Model):
     def _servers(cls, value: str) -> str:
         if not all(server.strip() for server in value.split(",")):
             raise ValueError(f"expected host:port[,host:port...], not {value!r}")
+        return value
+
+    @field_validator("signal_topic", "heartbeat_topic")
+    @classmethod
+    def _prefix_only(cls, value: str) -> str:
+        try:
+            value.format(prefix="p")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"may use only {{prefix}}, not {exc}") from None
         return value
 
     @field_validator("options")

@@ -40,6 +40,13 @@ class ColumnSelection(Model):
         return name in self.include if self.include is not None else name not in (self.exclude or ())
 
 
+def topic_prefix(topic: str) -> str | None:
+    """The topic prefix (Debezium's ``topic.prefix``) of a connector's table topic: the topic without
+    ``.<schema>.<table>``; ``None`` for a topic not named that way."""
+    parts = topic.rsplit(".", 2)
+    return parts[0] if len(parts) == 3 and all(parts) else None
+
+
 class TableSpec(Model):
     """One target table fed by one Debezium topic."""
 
@@ -93,6 +100,10 @@ class TableSpec(Model):
         None, description="schema.table in the source database, for verify --source-db; default from a "
         "Debezium topic name <prefix>.<schema>.<table>"
     )
+
+    def topic_prefix(self) -> str | None:
+        """The connector's topic prefix (:func:`topic_prefix`)."""
+        return topic_prefix(self.topic)
 
     def named_columns(self) -> dict[str, tuple[str, ...]]:
         """The source columns this table's settings name, by setting (``primary_key``,

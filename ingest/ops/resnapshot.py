@@ -127,9 +127,8 @@ def insert_at(dsn: str, table: str, signals: list[Signal]) -> str:
 
 def _connector_of(spec: TableSpec) -> tuple[str, str]:
     """``(topic prefix, data collection)`` of a table: ``<prefix>.<schema>.<table>`` topics."""
-    parts = spec.topic.rsplit(".", 2)
-    if len(parts) != 3 or not all(parts):
+    prefix = spec.topic_prefix()
+    if prefix is None:
         raise ConfigError(f"table {spec.name}: topic {spec.topic!r} is not <prefix>.<schema>.<table>, so its "
                           "connector cannot be told which table to read again")
-    prefix, schema, table = parts
-    return prefix, spec.source_table or f"{schema}.{table}"
+    return prefix, spec.source_table or spec.topic.removeprefix(prefix + ".")

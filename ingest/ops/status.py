@@ -1,4 +1,4 @@
-"""Per-table status: applied offsets, lag, Delta version, last batch.
+"""Per-table status: applied offsets, lag, Delta version, last batch; and the connectors' heartbeats.
 
 End offsets come from the configured source (Kafka's admin API or the embedded log). A source that
 cannot answer leaves the lag unknown and says why (``source_error``); it is never reported as 0. Nor is
@@ -19,7 +19,7 @@ from ingest.lake.delta import open_table, query
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import Location
 from ingest.records import audit
-from ingest.source.catalog import Catalog, catalog_for
+from ingest.source.catalog import Catalog, catalog_for, heartbeat_topics
 
 
 @dataclass(slots=True)
@@ -69,6 +69,33 @@ def table_status(config: IngestConfig, *, source: Catalog | None = None) -> list
         out.append(TableStatus(spec.name, spec.topic, applied, end, state.version, live_row_count(paths.table), last,
                                error, str(TopicBehindTableError(spec.name, spec.topic, behind)) if behind else None))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A connector's heartbeat topic and when its newest record was written (``None``: it has none)."""
+
+    topic: str
+    written: float | None
+
+    def describe(self, now: float) -> str:
+        if self.written is None:
+            return (f"no heartbeats in {self.topic}: set the connector's heartbeat.interval.ms so that a connector "
+                    "that stopped can be seen (docs/operations.md#a-connector-that-stopped)")
+        return f"heartbeats: {self.topic}, the newest {max(0.0, now - self.written):.0f} s ago"
+
+
+def heartbeat_status(config: IngestConfig, *, source: Catalog | None = None) -> list[Heartbeat]:
+    """The newest heartbeat of each connector of the configured tables (``source.kafka.heartbeat_topic``).
+
+    Raises:
+        SourceUnavailableError: the source cannot answer.
+    """
+    topics = heartbeat_topics(config)
+    if not topics:
+        return []
+    source = source or catalog_for(config)
+    return [Heartbeat(topic, source.newest_timestamp(topic)) for topic in topics]
 
 
 def live_row_count(path: Location) -> int:

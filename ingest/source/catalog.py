@@ -46,6 +46,15 @@ class Catalog(Protocol):
         """
         ...
 
+    def newest_timestamp(self, topic: str) -> float | None:
+        """When the newest record of ``topic`` was written (seconds since the epoch); ``None`` when the
+        topic does not exist or holds none.
+
+        Raises:
+            SourceUnavailableError: the source cannot answer.
+        """
+        ...
+
 
 class EmbeddedCatalog:
     """The embedded topic log under ``log_dir``."""
@@ -65,6 +74,19 @@ class EmbeddedCatalog:
 
     def start_offsets(self, topic: str) -> dict[int, int]:
         return dict.fromkeys(self.end_offsets(topic), 0)  # the embedded log keeps every record
+
+    def newest_timestamp(self, topic: str) -> float | None:
+        return None  # no connector writes here: nothing to watch
+
+
+def heartbeat_topics(config: IngestConfig) -> list[str]:
+    """The heartbeat topics of the connectors that write the configured tables' topics
+    (``source.kafka.heartbeat_topic``), one per topic prefix; none for the embedded log."""
+    spec = config.source.kafka
+    if config.source.kind != "kafka" or spec is None or not spec.heartbeat_topic:
+        return []
+    return sorted({spec.heartbeat_topic.format(prefix=prefix) for table in config.tables
+                   if (prefix := table.topic_prefix()) is not None})
 
 
 def catalog_for(config: IngestConfig) -> Catalog:

@@ -189,6 +189,20 @@ class KafkaAdmin:
 
         return self._offsets(topic, OffsetSpec.earliest())
 
+    def newest_timestamp(self, topic: str) -> float | None:
+        """When the newest record of ``topic`` was written, by its Kafka timestamp (seconds since the
+        epoch); ``None`` when the topic does not exist or holds none.
+
+        Raises:
+            SourceUnavailableError: the cluster did not answer, or refused the credentials.
+        """
+        # librdkafka: only for a Kafka source (the CLI starts without it)
+        from confluent_kafka.admin import OffsetSpec
+
+        found = [i.timestamp for i in self._listed(topic, OffsetSpec.max_timestamp()).values()
+                 if i.offset >= 0 and i.timestamp >= 0]
+        return max(found) / 1000 if found else None
+
     def _metadata(self, topic: str | None = None) -> Any:
         """The cluster's metadata; a refused login fails at once rather than after the whole timeout.
 
@@ -214,6 +228,10 @@ class KafkaAdmin:
         return error.startswith("_AUTHENTICATION") or tls.is_tls_failure(error)
 
     def _offsets(self, topic: str, which: Any) -> dict[int, int]:
+        return {partition: info.offset for partition, info in self._listed(topic, which).items()}
+
+    def _listed(self, topic: str, which: Any) -> dict[int, Any]:
+        """Each partition's ``ListOffsetsResultInfo`` (offset, timestamp) for the ``OffsetSpec`` ``which``."""
         # librdkafka: only for a Kafka source (the CLI starts without it)
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -227,7 +245,7 @@ class KafkaAdmin:
                 raise KafkaException(info.error)
             wanted = {TopicPartition(topic, p): which for p in info.partitions}
             futures = admin.list_offsets(wanted, request_timeout=self.timeout, isolation_level=self._isolation())
-            return {tp.partition: future.result().offset for tp, future in futures.items()}
+            return {tp.partition: future.result() for tp, future in futures.items()}
         except KafkaException as exc:
             raise SourceUnavailableError(secrets.redact(
                 f"{self.describe()} did not answer for topic {topic!r}: {self._why(exc)}"),

@@ -175,11 +175,19 @@ class _Catalog:
 
     def __init__(self) -> None:
         self.ends: dict[int, int] | None = {0: 10, 1: 4}
+        self.beats: dict[str, float] = {}
+        self.asked: set[str] = set()
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         if self.ends is None:
             raise SourceUnavailableError("broker localhost:1 did not answer")
         return self.ends
+
+    def newest_timestamp(self, topic: str) -> float | None:
+        self.asked.add(topic)
+        if self.ends is None:
+            raise SourceUnavailableError("broker localhost:1 did not answer")
+        return self.beats.get(topic)
 
 
 def test_lag_states_and_outcomes_as_a_scrape_shows_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -237,6 +245,33 @@ def test_lag_states_and_outcomes_as_a_scrape_shows_them(monkeypatch: pytest.Monk
         metrics.close()
 
 
+def test_each_connectors_newest_heartbeat_as_a_scrape_shows_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One heartbeat topic per topic prefix of the tracked tables; a topic without a record, or a source
+    that does not answer, gives no sample rather than an old one."""
+    monkeypatch.setattr("ingest.metrics.LAG_REFRESH_SECONDS", 0.0)
+    catalog = _Catalog()
+    catalog.beats = {"beats.shop": 1_796_000_000.5}
+    metrics = RunMetrics(catalog, heartbeat_topic="beats.{prefix}")  # type: ignore[arg-type]
+    port = metrics.serve(0)
+    try:
+        nothing = TableState(None, None, None, None)
+        for table, topic in (("orders", "shop.public.orders"), ("items", "shop.public.items"),
+                             ("people", "crm.public.people"), ("notes", "app.notes")):
+            metrics.track(table, topic, nothing)
+        samples = scrape(port)
+        assert value(samples, "cdc_ingest_source_heartbeat_timestamp_seconds", topic="beats.shop") == 1_796_000_000.5
+        assert value(samples, "cdc_ingest_source_heartbeat_timestamp_seconds", topic="beats.crm") is None
+        assert catalog.asked == {"beats.shop", "beats.crm"}  # app.notes names no schema: no connector prefix
+        catalog.ends = None
+        assert value(scrape(port), "cdc_ingest_source_heartbeat_timestamp_seconds", topic="beats.shop") is None
+    finally:
+        metrics.close()
+    quiet = _Catalog()
+    unwatched = RunMetrics(quiet)  # type: ignore[arg-type]  # source.kafka.heartbeat_topic empty: none watched
+    unwatched.track("orders", "shop.public.orders", TableState(None, None, None, None))
+    assert unwatched.heartbeats() == {} and quiet.asked == set()
+
+
 def test_a_port_already_taken_is_one_line() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -272,10 +307,13 @@ def test_the_alerting_rules_are_valid_and_fire_as_their_tests_say() -> None:
 
 
 def test_the_dashboard_and_the_rules_ask_only_for_what_a_run_serves() -> None:
-    metrics = RunMetrics(_Catalog())  # type: ignore[arg-type]
+    catalog = _Catalog()
+    catalog.beats = {"__debezium-heartbeat.shop": 1_796_000_000.0}
+    metrics = RunMetrics(catalog, heartbeat_topic="__debezium-heartbeat.{prefix}")  # type: ignore[arg-type]
     port = metrics.serve(0)
     try:
         metrics.track("notes", "app.notes", TableState(None, None, None, None))
+        metrics.track("orders", "shop.public.orders", TableState(None, None, None, None))
         metrics.batch(_record("notes", received=1, inserted=1, offsets='{"app.notes:0": [0, 0]}'))
         metrics.micro_batch({"triggerExecution": 250, "addBatch": 120})
         served = {name for name, _ in scrape(port)}

@@ -6,9 +6,12 @@ import io
 import json
 import re
 import struct
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 import yaml
 
@@ -111,6 +114,25 @@ def read_topic(topic: str, bootstrap: str | None = None, timeout: float = 5.0) -
         return out
     finally:
         consumer.close()
+
+
+def change_count(topic: str) -> int:
+    """Records in ``topic`` that are not tombstones (0 while the topic does not exist)."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return sum(1 for _key, value in read_topic(topic) if value is not None)
+    except KafkaException:  # the topic is not there yet
+        return 0
+
+
+def wait_until(what: str, condition: Callable[[], bool], timeout: float = 90) -> None:
+    """Poll ``condition`` every half second; fail the test with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} after {timeout:.0f} s")
+        time.sleep(0.5)
 
 
 def json_events(topic: str) -> list[dict[str, Any]]:
