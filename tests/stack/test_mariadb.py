@@ -24,7 +24,6 @@ from typing import Any
 
 import pymysql
 import pytest
-from confluent_kafka import KafkaException
 from deltalake import DeltaTable
 from harness.mariadb import capture as maria_capture
 
@@ -35,7 +34,7 @@ from ingest.lake.delta import open_table, read_all
 from ingest.model import ChangeEvent, KafkaCoordinates
 from ingest.stream.runner import Runner
 from tests.harness import ingest_cli
-from tests.stack.helpers import avro_columns, config_file, documented_types, read_topic, stack_config
+from tests.stack.helpers import avro_columns, change_count, config_file, documented_types, read_topic, stack_config
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -93,16 +92,9 @@ class Probe:
 DOCUMENTED = documented_types("types-mysql.md")
 
 
-def _events(topic: str) -> int:
-    try:
-        return sum(1 for _key, value in read_topic(topic) if value is not None)
-    except KafkaException:  # the topic is not there yet
-        return 0
-
-
 def _wait_for_events(topic: str, at_least: int, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
-    while _events(topic) < at_least:
+    while change_count(topic) < at_least:
         assert time.monotonic() < deadline, f"Debezium wrote fewer than {at_least} events to {topic}"
         time.sleep(1.0)
 
