@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -49,7 +49,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ingest.behind import maintenance_failures
-from ingest.config.tables import topic_prefix
 from ingest.errors import (
     CommitConflictError,
     EnvironmentProblem,
@@ -114,15 +113,14 @@ class _Topic:
 class RunMetrics:
     """The metrics of one run, in a registry of their own (two runs in one process do not mix)."""
 
-    def __init__(self, catalog: Catalog | None = None, *, heartbeat_topic: str = "",
+    def __init__(self, catalog: Catalog | None = None, *, heartbeat_of: Callable[[str], str | None] | None = None,
                  registry: CollectorRegistry | None = None) -> None:
         """``catalog``: where the source's end offsets are asked (without one, no lag in records);
-        ``heartbeat_topic``: the heartbeat topic of the connector of each table's topic, ``{prefix}``
-        its topic prefix (``source.kafka.heartbeat_topic``; empty: none), whose newest record's time
-        is served."""
+        ``heartbeat_of``: the heartbeat topic of the connector that writes a table's topic
+        (:meth:`~ingest.config.KafkaSpec.heartbeat_topic_of`), whose newest record's time is served."""
         self.registry = registry or CollectorRegistry()
         self._catalog = catalog
-        self._heartbeat_topic = heartbeat_topic
+        self._heartbeat_of = heartbeat_of
         self._heartbeat_topics: set[str] = set()
         self._beats: dict[str, float] = {}
         self._tables: dict[str, _Topic] = {}
@@ -162,8 +160,8 @@ class RunMetrics:
         """Report on ``table`` from now on, whose Delta log is at ``state``."""
         with self._lock:
             self._tables[table] = _Topic(topic, state)
-            if self._heartbeat_topic and (prefix := topic_prefix(topic)) is not None:
-                self._heartbeat_topics.add(self._heartbeat_topic.format(prefix=prefix))
+            if self._heartbeat_of is not None and (heartbeat := self._heartbeat_of(topic)) is not None:
+                self._heartbeat_topics.add(heartbeat)
         self.state.labels(table).state("running")
         if state.table is not None:  # until the run commits: the table's latest commit, not none
             latest = state.table.history(1)
@@ -237,7 +235,7 @@ class RunMetrics:
     def heartbeats(self) -> dict[str, float]:
         """When each heartbeat topic's newest record was written, as last asked (at most every
         :data:`LAG_REFRESH_SECONDS`); a topic that does not exist or holds none is left out."""
-        if self._catalog is None or not self._heartbeat_topic:
+        if self._catalog is None or self._heartbeat_of is None:
             return {}
         self._ask(self._catalog)
         with self._lock:

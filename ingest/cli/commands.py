@@ -156,7 +156,7 @@ def run(
         from ingest.source.catalog import catalog_for
 
         kafka = cfg.source.kafka if cfg.source.kind == "kafka" else None
-        metrics = RunMetrics(catalog_for(cfg), heartbeat_topic=kafka.heartbeat_topic if kafka else "")
+        metrics = RunMetrics(catalog_for(cfg), heartbeat_of=kafka.heartbeat_topic_of if kafka else None)
         port = metrics.serve(metrics_port, metrics_address)
         logs.event(log, "metrics-serving", f"metrics at http://{metrics_address}:{port}/metrics", port=port)
     runner = Runner(cfg, full_start=full_start, metrics=metrics)
@@ -265,12 +265,14 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
     Exit 3: the source did not answer; 4: a topic ends before the offsets its table applied."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
     from ingest.ops.status import cut_status, heartbeat_status, table_status
+    from ingest.source.catalog import catalog_for
 
     cfg = load(config, workdir)
-    statuses = table_status(cfg)
+    source = catalog_for(cfg)  # one connection for the offsets and the heartbeats
+    statuses = table_status(cfg, source=source)
     cut = cut_status(cfg)
     unreachable = {s.source_error for s in statuses if s.source_error}
-    beats = [] if unreachable else heartbeat_status(cfg)
+    beats = [] if unreachable else heartbeat_status(cfg, source=source)
     if output == TableOrJson.json:
         for s in statuses:
             print_json({"table": s.table, "topic": s.topic, "applied": s.applied, "end": s.end, "lag": s.lag,

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from ingest.config.base import SECRET_OPTION, URL_USERINFO, Model
+from ingest.config.tables import topic_prefix
 
 #: Java client options (``kafka.<name>`` in ``source.kafka.options``) that mean the same to librdkafka,
 #: which the admin client and the engine's own reader use.
@@ -153,6 +154,12 @@ class KafkaSpec(Model):
         if not all(server.strip() for server in value.split(",")):
             raise ValueError(f"expected host:port[,host:port...], not {value!r}")
         return value
+
+    def heartbeat_topic_of(self, topic: str) -> str | None:
+        """The heartbeat topic of the connector that writes ``topic`` (``None``: none watched, or a topic
+        not named ``<prefix>.<schema>.<table>``)."""
+        prefix = topic_prefix(topic)
+        return self.heartbeat_topic.format(prefix=prefix) if self.heartbeat_topic and prefix is not None else None
 
     @field_validator("signal_topic", "heartbeat_topic")
     @classmethod

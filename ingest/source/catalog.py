@@ -83,10 +83,9 @@ def heartbeat_topics(config: IngestConfig) -> list[str]:
     """The heartbeat topics of the connectors that write the configured tables' topics
     (``source.kafka.heartbeat_topic``), one per topic prefix; none for the embedded log."""
     spec = config.source.kafka
-    if config.source.kind != "kafka" or spec is None or not spec.heartbeat_topic:
+    if config.source.kind != "kafka" or spec is None:
         return []
-    return sorted({spec.heartbeat_topic.format(prefix=prefix) for table in config.tables
-                   if (prefix := table.topic_prefix()) is not None})
+    return sorted({topic for table in config.tables if (topic := spec.heartbeat_topic_of(table.topic))})
 
 
 def catalog_for(config: IngestConfig) -> Catalog:

@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.behind import maintenance_failed
 from ingest.commit.state import TableState
-from ingest.config import load_config
+from ingest.config import KafkaSpec, load_config
 from ingest.errors import EnvironmentProblem, QualityGateError, SourceUnavailableError
 from ingest.metrics import OUTCOMES, RunMetrics
 from ingest.records import audit
@@ -251,7 +251,8 @@ def test_each_connectors_newest_heartbeat_as_a_scrape_shows_it(monkeypatch: pyte
     monkeypatch.setattr("ingest.metrics.LAG_REFRESH_SECONDS", 0.0)
     catalog = _Catalog()
     catalog.beats = {"beats.shop": 1_796_000_000.5}
-    metrics = RunMetrics(catalog, heartbeat_topic="beats.{prefix}")  # type: ignore[arg-type]
+    watched = KafkaSpec(bootstrap_servers="k:9092", heartbeat_topic="beats.{prefix}")
+    metrics = RunMetrics(catalog, heartbeat_of=watched.heartbeat_topic_of)  # type: ignore[arg-type]
     port = metrics.serve(0)
     try:
         nothing = TableState(None, None, None, None)
@@ -267,7 +268,8 @@ def test_each_connectors_newest_heartbeat_as_a_scrape_shows_it(monkeypatch: pyte
     finally:
         metrics.close()
     quiet = _Catalog()
-    unwatched = RunMetrics(quiet)  # type: ignore[arg-type]  # source.kafka.heartbeat_topic empty: none watched
+    none = KafkaSpec(bootstrap_servers="k:9092", heartbeat_topic="")  # source.kafka.heartbeat_topic empty
+    unwatched = RunMetrics(quiet, heartbeat_of=none.heartbeat_topic_of)  # type: ignore[arg-type]
     unwatched.track("orders", "shop.public.orders", TableState(None, None, None, None))
     assert unwatched.heartbeats() == {} and quiet.asked == set()
 
@@ -309,7 +311,7 @@ def test_the_alerting_rules_are_valid_and_fire_as_their_tests_say() -> None:
 def test_the_dashboard_and_the_rules_ask_only_for_what_a_run_serves() -> None:
     catalog = _Catalog()
     catalog.beats = {"__debezium-heartbeat.shop": 1_796_000_000.0}
-    metrics = RunMetrics(catalog, heartbeat_topic="__debezium-heartbeat.{prefix}")  # type: ignore[arg-type]
+    metrics = RunMetrics(catalog, heartbeat_of=KafkaSpec(bootstrap_servers="k:9092").heartbeat_topic_of)  # type: ignore[arg-type]
     port = metrics.serve(0)
     try:
         metrics.track("notes", "app.notes", TableState(None, None, None, None))
