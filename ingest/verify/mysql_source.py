@@ -26,13 +26,15 @@ date                                     date                            date
 time(n)                                  long (microseconds)             int (may be negative)
 datetime(n)                              timestamp_ntz                   naive datetime
 timestamp(n)                             timestamp (UTC)                 instant (read in UTC)
+point, geometry, linestring ...          string (JSON of the struct)     compared parsed: SRID, WKB
+                                                                         (a point: and x, y)
 =======================================  ==============================  ==============================
 
 A zero date (``0000-00-00``, or a zero month or day) is read as Debezium sends it: null in a nullable
 ``date`` or ``datetime`` column, else the column's default date, else 1970-01-01; a zero
 ``timestamp`` is the epoch in any column.
 
-Other types (geometry, vector ...) are not compared; the verifier says so. MariaDB and MySQL keep
+Other types (MariaDB 11's ``vector`` ...) are not compared; the verifier says so. MariaDB and MySQL keep
 no record a client can read of how far a Debezium connector has read their binlog, so
 :func:`wait_for_capture` waits for nothing: it reads the binlog position for the report, and
 ``verify`` compares until the tables are equal or its wait has passed.
@@ -55,7 +57,7 @@ from ingest.decode.columns import EPOCH
 from ingest.decode.values import MAX_PRECISION
 from ingest.errors import ConfigError
 from ingest.verify.captured import CaptureResult
-from ingest.verify.source_values import SourceColumn, decimal_convert, parse_json
+from ingest.verify.source_values import SourceColumn, decimal_convert, geometry_json, parse_json
 
 __all__ = ["Error", "OperationalError", "column_plan", "connect", "describe", "insert_signal", "read_columns",
            "wait_for_capture"]
@@ -66,6 +68,9 @@ Error = pymysql.Error
 OperationalError = pymysql.OperationalError
 _STRINGS: Final = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set"})
 _BINARIES: Final = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
+#: Spatial types: Debezium's ``Point`` struct for a ``point``, its ``Geometry`` struct for the others.
+_SPATIAL: Final = frozenset({"point", "geometry", "linestring", "polygon", "multipoint", "multilinestring",
+                             "multipolygon", "geometrycollection"})
 _COLUMNS_QUERY = """
 SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, IS_NULLABLE = 'YES', COLUMN_DEFAULT
 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION
@@ -201,7 +206,22 @@ def column_plan(name: str, data_type: str, column_type: str, precision: int | No
     if data_type == "timestamp":
         return plan(pa.timestamp("us", tz="UTC"),
                     convert=lambda d: (d if isinstance(d, datetime) else EPOCH).replace(tzinfo=UTC))
+    if data_type in _SPATIAL:  # the stored value, as the binlog has it: a 4-byte SRID, then the WKB
+        return plan(pa.string(), convert=_point_json if data_type == "point" else _geometry_json, normalize=parse_json)
     return plan(None, note=f"type {column_type} is not compared (no known engine representation for it in verify)")
+
+
+def _geometry_json(stored: bytes) -> str:
+    """A spatial value as Debezium's ``Geometry`` struct: the WKB after the stored SRID, and the SRID
+    (0, unset, as null)."""
+    return geometry_json(bytes(stored[4:]), int.from_bytes(stored[:4], "little") or None)
+
+
+def _point_json(stored: bytes) -> str:
+    """A ``point`` as Debezium's ``Point`` struct: a ``Geometry`` with the coordinates its WKB holds."""
+    wkb = bytes(stored[4:])
+    x, y = struct.unpack("<dd" if wkb[0] == 1 else ">dd", wkb[5:21])
+    return geometry_json(wkb, int.from_bytes(stored[:4], "little") or None, (x, y))
 
 
 def _zero_date(nullable: bool, default: str | None, parse: Callable[[str], Any], epoch: Any) -> Any:

@@ -46,8 +46,6 @@ Other types (``box``, ``polygon``, multiranges ...) are not compared; the verifi
 
 from __future__ import annotations
 
-import base64
-import json
 import re
 import struct
 from collections.abc import Iterator
@@ -64,7 +62,14 @@ from ingest import secrets
 from ingest.decode.values import EARLIEST, LATEST, MAX_PRECISION, VARIABLE_SCALE, to_json
 from ingest.errors import ConfigError
 from ingest.verify.capture import wait_for_capture
-from ingest.verify.source_values import SourceColumn, decimal_convert, parse_json, time_micros, zoned_time
+from ingest.verify.source_values import (
+    SourceColumn,
+    decimal_convert,
+    geometry_json,
+    parse_json,
+    time_micros,
+    zoned_time,
+)
 
 __all__ = ["Error", "OperationalError", "column_plan", "connect", "describe", "insert_signal", "read_columns",
            "wait_for_capture"]
@@ -272,10 +277,10 @@ def _micro_duration(fields: list[int]) -> int:
 
 
 def _point_json(xy: list[float]) -> str:
-    """A ``point`` as the engine writes Debezium's ``Point`` struct: its coordinates and their WKB
-    (little-endian, type 1), base64, with no SRID."""
-    wkb = b"\x01" + struct.pack("<Idd", 1, *xy)
-    return json.dumps({"x": xy[0], "y": xy[1], "wkb": base64.b64encode(wkb).decode(), "srid": None})
+    """A ``point`` as Debezium's ``Point`` struct: its coordinates and their WKB (little-endian,
+    type 1), with no SRID."""
+    x, y = xy
+    return geometry_json(b"\x01" + struct.pack("<Idd", 1, x, y), None, (x, y))
 
 
 def _instant_range(text: object) -> object:

@@ -8,6 +8,7 @@ more than one source needs live here.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,6 +80,15 @@ def zoned_time(value: time) -> str:
     if micros:
         text += "." + f"{micros:06d}".rstrip("0")
     return text + "Z"
+
+
+def geometry_json(wkb: bytes, srid: int | None, point: tuple[float, float] | None = None) -> str:
+    """Debezium's ``Geometry`` struct (its WKB and SRID), or its ``Point`` struct (with the point's
+    coordinates too), as the engine writes a struct: JSON text, the WKB in base64."""
+    value: dict[str, Any] = {"wkb": base64.b64encode(wkb).decode(), "srid": srid}
+    if point is not None:
+        value["x"], value["y"] = point
+    return json.dumps(value)
 
 
 def parse_json(text: Any) -> Any:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import struct
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pyarrow as pa
 
 from ingest.verify.mysql_source import column_plan, describe
+from ingest.verify.source_values import parse_json
 
 
 def test_integer_widths_follow_debeziums_mapping() -> None:
@@ -37,8 +40,21 @@ def test_values_become_the_engines() -> None:
 
 
 def test_an_unknown_type_is_named_not_compared() -> None:
-    plan = column_plan("g", "geometry", "geometry", None, None)
-    assert plan.arrow is None and plan.note is not None and "geometry" in plan.note
+    plan = column_plan("v", "vector", "vector(3)", None, None)
+    assert plan.arrow is None and plan.note is not None and "vector" in plan.note
+
+
+def test_a_spatial_value_is_debeziums_struct_of_its_stored_bytes() -> None:
+    """The stored value, as the binlog has it: a little-endian SRID, then the WKB (here POINT(10 20)
+    with SRID 4326, as MariaDB returned it on the stack)."""
+    stored = (4326).to_bytes(4, "little") + b"\x01\x01\x00\x00\x00" + struct.pack("<dd", 10.0, 20.0)
+    point = column_plan("p", "point", "point", None, None)
+    assert point.arrow == pa.string() and point.convert is not None and point.normalize is parse_json
+    assert json.loads(point.convert(stored)) == {"x": 10.0, "y": 20.0, "srid": 4326,
+                                                 "wkb": "AQEAAAAAAAAAAAAkQAAAAAAAADRA"}  # as Debezium sent it
+    shape = column_plan("g", "geometry", "geometry", None, None)
+    assert shape.convert is not None
+    assert json.loads(shape.convert(bytes(4) + stored[4:])) == {"srid": None, "wkb": "AQEAAAAAAAAAAAAkQAAAAAAAADRA"}
 
 
 def test_describe_hides_the_password() -> None:
