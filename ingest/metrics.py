@@ -253,10 +253,16 @@ class RunMetrics:
             ends: dict[str, dict[int, int]] | None
             try:
                 ends = {topic: catalog.end_offsets(topic) for topic in topics}
-                beats = {topic: written for topic in watched
-                         if (written := catalog.newest_timestamp(topic)) is not None}
             except SourceUnavailableError:
-                ends, beats = None, {}
+                ends = None
+            beats = {}
+            for topic in watched if ends is not None else ():
+                try:
+                    written = catalog.newest_timestamp(topic)
+                except SourceUnavailableError:  # a topic the engine may not read: no sample, the lag stays
+                    continue
+                if written is not None:
+                    beats[topic] = written
             with self._lock:
                 self._ends, self._beats = ends, beats
             self._ends_at = time.monotonic()

@@ -260,7 +260,7 @@ def _or_dash(value: int | None) -> str:
 @app.command(rich_help_panel=OPERATE)
 def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
            output: FormatOpt = TableOrJson.table) -> None:
-    """Per table: applied offsets, lag, Delta version, last batch.
+    """Per table: applied offsets, lag, Delta version, last batch; and how old each connector's newest heartbeat is.
 
     Exit 3: the source did not answer; 4: a topic ends before the offsets its table applied."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
@@ -285,7 +285,7 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
                         "versions": latest.versions if latest else None, "lag_seconds": cut.lag_seconds,
                         "waiting": cut.waiting, "error": cut.error})
         for beat in beats:
-            print_json({"heartbeat_topic": beat.topic, "newest_heartbeat": beat.written})
+            print_json({"heartbeat_topic": beat.topic, "newest_heartbeat": beat.written, "error": beat.error})
         if unreachable:
             raise typer.Exit(Exit.UNAVAILABLE)
         if any(s.behind for s in statuses):

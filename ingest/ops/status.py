@@ -77,8 +77,11 @@ class Heartbeat:
 
     topic: str
     written: float | None
+    error: str | None = None  # why the source did not say (a topic the engine may not read)
 
     def describe(self, now: float) -> str:
+        if self.error is not None:
+            return f"heartbeats: {self.topic} not read: {self.error}"
         if self.written is None:
             return (f"no heartbeats in {self.topic}: set the connector's heartbeat.interval.ms so that a connector "
                     "that stopped can be seen (docs/operations.md#a-connector-that-stopped)")
@@ -86,16 +89,19 @@ class Heartbeat:
 
 
 def heartbeat_status(config: IngestConfig, *, source: Catalog | None = None) -> list[Heartbeat]:
-    """The newest heartbeat of each connector of the configured tables (``source.kafka.heartbeat_topic``).
-
-    Raises:
-        SourceUnavailableError: the source cannot answer.
-    """
+    """The newest heartbeat of each connector of the configured tables (``source.kafka.heartbeat_topic``);
+    a topic the source does not answer for (one the engine may not read) says why."""
     topics = heartbeat_topics(config)
     if not topics:
         return []
     source = source or catalog_for(config)
-    return [Heartbeat(topic, source.newest_timestamp(topic)) for topic in topics]
+    out = []
+    for topic in topics:
+        try:
+            out.append(Heartbeat(topic, source.newest_timestamp(topic)))
+        except SourceUnavailableError as exc:
+            out.append(Heartbeat(topic, None, str(exc)))
+    return out
 
 
 def live_row_count(path: Location) -> int:

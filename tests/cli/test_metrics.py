@@ -32,9 +32,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.behind import maintenance_failed
 from ingest.commit.state import TableState
-from ingest.config import KafkaSpec, load_config
+from ingest.config import IngestConfig, KafkaSpec, load_config
 from ingest.errors import EnvironmentProblem, QualityGateError, SourceUnavailableError
 from ingest.metrics import OUTCOMES, RunMetrics
+from ingest.ops.status import heartbeat_status
 from ingest.records import audit
 from ingest.records.audit import AuditRecord
 from tests.dagster.conftest import produce
@@ -177,6 +178,7 @@ class _Catalog:
         self.ends: dict[int, int] | None = {0: 10, 1: 4}
         self.beats: dict[str, float] = {}
         self.asked: set[str] = set()
+        self.refused: set[str] = set()  # topics the engine may not read
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         if self.ends is None:
@@ -185,8 +187,8 @@ class _Catalog:
 
     def newest_timestamp(self, topic: str) -> float | None:
         self.asked.add(topic)
-        if self.ends is None:
-            raise SourceUnavailableError("broker localhost:1 did not answer")
+        if self.ends is None or topic in self.refused:
+            raise SourceUnavailableError(f"broker localhost:1 did not answer for topic {topic!r}")
         return self.beats.get(topic)
 
 
@@ -263,6 +265,11 @@ def test_each_connectors_newest_heartbeat_as_a_scrape_shows_it(monkeypatch: pyte
         assert value(samples, "cdc_ingest_source_heartbeat_timestamp_seconds", topic="beats.shop") == 1_796_000_000.5
         assert value(samples, "cdc_ingest_source_heartbeat_timestamp_seconds", topic="beats.crm") is None
         assert catalog.asked == {"beats.shop", "beats.crm"}  # app.notes names no schema: no connector prefix
+        catalog.refused = {"beats.crm"}  # a heartbeat topic the engine may not read costs only its own sample
+        samples = scrape(port)
+        assert value(samples, "cdc_ingest_source_heartbeat_timestamp_seconds", topic="beats.shop") == 1_796_000_000.5
+        assert value(samples, "cdc_ingest_source_up") == 1
+        assert value(samples, "cdc_ingest_lag_records", table="orders") == 14
         catalog.ends = None
         assert value(scrape(port), "cdc_ingest_source_heartbeat_timestamp_seconds", topic="beats.shop") is None
     finally:
@@ -272,6 +279,21 @@ def test_each_connectors_newest_heartbeat_as_a_scrape_shows_it(monkeypatch: pyte
     unwatched = RunMetrics(quiet, heartbeat_of=none.heartbeat_topic_of)  # type: ignore[arg-type]
     unwatched.track("orders", "shop.public.orders", TableState(None, None, None, None))
     assert unwatched.heartbeats() == {} and quiet.asked == set()
+
+
+def test_status_tells_each_connectors_heartbeat_and_one_it_may_not_read() -> None:
+    config = IngestConfig.model_validate({
+        "source": {"kind": "kafka", "kafka": {"bootstrap_servers": "k:9092"}, "value_format": "json"},
+        "tables": [{"name": "orders", "topic": "shop.public.orders"}, {"name": "items", "topic": "shop.public.items"},
+                   {"name": "people", "topic": "crm.public.people"}, {"name": "notes", "topic": "notes"}]})
+    catalog = _Catalog()
+    catalog.beats, catalog.refused = {"__debezium-heartbeat.shop": 100.0}, {"__debezium-heartbeat.crm"}
+    told = [b.describe(now=160.0) for b in heartbeat_status(config, source=catalog)]  # type: ignore[arg-type]
+    assert told == ["heartbeats: __debezium-heartbeat.crm not read: broker localhost:1 did not answer for topic "
+                    "'__debezium-heartbeat.crm'", "heartbeats: __debezium-heartbeat.shop, the newest 60 s ago"]
+    catalog.refused = set()
+    assert heartbeat_status(config, source=catalog)[0].describe(now=160.0).startswith(  # type: ignore[arg-type]
+        "no heartbeats in __debezium-heartbeat.crm: set the connector's heartbeat.interval.ms")
 
 
 def test_a_port_already_taken_is_one_line() -> None:
