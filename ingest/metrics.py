@@ -60,6 +60,7 @@ from ingest.errors import (
     is_unavailability,
 )
 from ingest.model import ends_before
+from ingest.source.catalog import newest_heartbeats
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -255,14 +256,9 @@ class RunMetrics:
                 ends = {topic: catalog.end_offsets(topic) for topic in topics}
             except SourceUnavailableError:
                 ends = None
-            beats = {}
-            for topic in watched if ends is not None else ():
-                try:
-                    written = catalog.newest_timestamp(topic)
-                except SourceUnavailableError:  # a topic the engine may not read: no sample, the lag stays
-                    continue
-                if written is not None:
-                    beats[topic] = written
+            # a topic the engine may not read loses only its own sample; the lag stays
+            beats = {} if ends is None else {beat.topic: beat.written for beat in newest_heartbeats(catalog, watched)
+                                             if beat.written is not None}
             with self._lock:
                 self._ends, self._beats = ends, beats
             self._ends_at = time.monotonic()

@@ -153,10 +153,9 @@ def run(
     metrics = None
     if metrics_port is not None:
         from ingest.metrics import RunMetrics  # the Prometheus client: only for a run that serves it
-        from ingest.source.catalog import catalog_for
+        from ingest.source.catalog import catalog_for, heartbeat_of
 
-        kafka = cfg.source.kafka if cfg.source.kind == "kafka" else None
-        metrics = RunMetrics(catalog_for(cfg), heartbeat_of=kafka.heartbeat_topic_of if kafka else None)
+        metrics = RunMetrics(catalog_for(cfg), heartbeat_of=heartbeat_of(cfg))
         port = metrics.serve(metrics_port, metrics_address)
         logs.event(log, "metrics-serving", f"metrics at http://{metrics_address}:{port}/metrics", port=port)
     runner = Runner(cfg, full_start=full_start, metrics=metrics)

@@ -19,7 +19,7 @@ from ingest.lake.delta import open_table, query
 from ingest.lake.layout import TablePaths
 from ingest.lake.location import Location
 from ingest.records import audit
-from ingest.source.catalog import Catalog, catalog_for, heartbeat_topics
+from ingest.source.catalog import Catalog, Heartbeat, catalog_for, heartbeat_topics, newest_heartbeats
 
 
 @dataclass(slots=True)
@@ -71,37 +71,10 @@ def table_status(config: IngestConfig, *, source: Catalog | None = None) -> list
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """A connector's heartbeat topic and when its newest record was written (``None``: it has none)."""
-
-    topic: str
-    written: float | None
-    error: str | None = None  # why the source did not say (a topic the engine may not read)
-
-    def describe(self, now: float) -> str:
-        if self.error is not None:
-            return f"heartbeats: {self.topic} not read: {self.error}"
-        if self.written is None:
-            return (f"no heartbeats in {self.topic}: set the connector's heartbeat.interval.ms so that a connector "
-                    "that stopped can be seen (docs/operations.md#a-connector-that-stopped)")
-        return f"heartbeats: {self.topic}, the newest {max(0.0, now - self.written):.0f} s ago"
-
-
 def heartbeat_status(config: IngestConfig, *, source: Catalog | None = None) -> list[Heartbeat]:
-    """The newest heartbeat of each connector of the configured tables (``source.kafka.heartbeat_topic``);
-    a topic the source does not answer for (one the engine may not read) says why."""
+    """The newest heartbeat of each connector of the configured tables (``source.kafka.heartbeat_topic``)."""
     topics = heartbeat_topics(config)
-    if not topics:
-        return []
-    source = source or catalog_for(config)
-    out = []
-    for topic in topics:
-        try:
-            out.append(Heartbeat(topic, source.newest_timestamp(topic)))
-        except SourceUnavailableError as exc:
-            out.append(Heartbeat(topic, None, str(exc)))
-    return out
+    return newest_heartbeats(source or catalog_for(config), topics) if topics else []
 
 
 def live_row_count(path: Location) -> int:

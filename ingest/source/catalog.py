@@ -7,10 +7,13 @@ log answers from its files, Kafka through the admin client (:class:`ingest.sourc
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from ingest.config import IngestConfig
+from ingest.errors import SourceUnavailableError
 from ingest.source.kafka_admin import KafkaAdmin
 from ingest.source.topiclog import TopicLog
 
@@ -79,13 +82,47 @@ class EmbeddedCatalog:
         return None  # no connector writes here: nothing to watch
 
 
-def heartbeat_topics(config: IngestConfig) -> list[str]:
-    """The heartbeat topics of the connectors that write the configured tables' topics
-    (``source.kafka.heartbeat_topic``), one per topic prefix; none for the embedded log."""
+def heartbeat_of(config: IngestConfig) -> Callable[[str], str | None] | None:
+    """The heartbeat topic of the connector that writes a table topic (``source.kafka.heartbeat_topic``);
+    ``None`` for the embedded log, which no connector writes."""
     spec = config.source.kafka
-    if config.source.kind != "kafka" or spec is None:
-        return []
-    return sorted({topic for table in config.tables if (topic := spec.heartbeat_topic_of(table.topic))})
+    return spec.heartbeat_topic_of if config.source.kind == "kafka" and spec is not None else None
+
+
+def heartbeat_topics(config: IngestConfig) -> list[str]:
+    """The heartbeat topics of the connectors that write the configured tables' topics, one per topic
+    prefix; none for the embedded log."""
+    of = heartbeat_of(config)
+    return [] if of is None else sorted({topic for table in config.tables if (topic := of(table.topic))})
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A connector's heartbeat topic and when its newest record was written (``None``: it has none)."""
+
+    topic: str
+    written: float | None
+    error: str | None = None  # why the source did not say (a topic the engine may not read)
+
+    def describe(self, now: float) -> str:
+        if self.error is not None:
+            return f"heartbeats: {self.topic} not read: {self.error}"
+        if self.written is None:
+            return (f"no heartbeats in {self.topic}: set the connector's heartbeat.interval.ms so that a connector "
+                    "that stopped can be seen (docs/operations.md#a-connector-that-stopped)")
+        return f"heartbeats: {self.topic}, the newest {max(0.0, now - self.written):.0f} s ago"
+
+
+def newest_heartbeats(catalog: Catalog, topics: Iterable[str]) -> list[Heartbeat]:
+    """Each heartbeat topic's newest record, asked on its own: a topic the source does not answer for
+    (one the engine may not read) says why and costs no other topic its answer."""
+    out = []
+    for topic in topics:
+        try:
+            out.append(Heartbeat(topic, catalog.newest_timestamp(topic)))
+        except SourceUnavailableError as exc:
+            out.append(Heartbeat(topic, None, str(exc)))
+    return out
 
 
 def catalog_for(config: IngestConfig) -> Catalog:

@@ -38,6 +38,7 @@ from ingest.metrics import OUTCOMES, RunMetrics
 from ingest.ops.status import heartbeat_status
 from ingest.records import audit
 from ingest.records.audit import AuditRecord
+from ingest.source.catalog import heartbeat_of
 from tests.dagster.conftest import produce
 
 TABLES = {"notes": "app.public.notes", "tags": "app.public.tags"}
@@ -294,6 +295,10 @@ def test_status_tells_each_connectors_heartbeat_and_one_it_may_not_read() -> Non
     catalog.refused = set()
     assert heartbeat_status(config, source=catalog)[0].describe(now=160.0).startswith(  # type: ignore[arg-type]
         "no heartbeats in __debezium-heartbeat.crm: set the connector's heartbeat.interval.ms")
+    of = heartbeat_of(config)  # what a run's metrics watch: the same topics status asks
+    assert of is not None and of("shop.public.orders") == "__debezium-heartbeat.shop" and of("notes") is None
+    embedded = IngestConfig.model_validate({"tables": [{"name": "orders", "topic": "shop.public.orders"}]})
+    assert heartbeat_of(embedded) is None and heartbeat_status(embedded, source=catalog) == []  # type: ignore[arg-type]
 
 
 def test_a_port_already_taken_is_one_line() -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from ingest.commit.state import TableState
 from ingest.metrics import RunMetrics
-from ingest.source.catalog import catalog_for, heartbeat_topics
+from ingest.source.catalog import catalog_for, heartbeat_of, heartbeat_topics
 from tests.harness import ingest_cli
 from tests.stack.helpers import PREFIX, stack_config, wait_until, write_config
 
@@ -38,7 +38,7 @@ def test_a_paused_connector_stops_its_heartbeats_and_the_metric_shows_it(
     monkeypatch.setattr("ingest.metrics.LAG_REFRESH_SECONDS", 0.0)
     config = stack_config("json", tmp_path)
     assert config.source.kafka is not None and heartbeat_topics(config) == [TOPIC]
-    metrics = RunMetrics(catalog_for(config), heartbeat_of=config.source.kafka.heartbeat_topic_of)
+    metrics = RunMetrics(catalog_for(config), heartbeat_of=heartbeat_of(config))
     for spec in config.tables:
         metrics.track(spec.name, spec.topic, TableState(None, None, None, None))
     assert time.time() - _newest(metrics) < 15
