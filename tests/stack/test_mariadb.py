@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -34,7 +33,15 @@ from ingest.lake.delta import open_table, read_all
 from ingest.model import ChangeEvent, KafkaCoordinates
 from ingest.stream.runner import Runner
 from tests.harness import ingest_cli
-from tests.stack.helpers import avro_columns, change_count, config_file, documented_types, read_topic, stack_config
+from tests.stack.helpers import (
+    avro_columns,
+    change_count,
+    config_file,
+    documented_types,
+    read_topic,
+    stack_config,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
@@ -100,11 +107,9 @@ class Probe:
 DOCUMENTED = documented_types("types-mysql.md")
 
 
-def _wait_for_events(topic: str, at_least: int, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while change_count(topic) < at_least:
-        assert time.monotonic() < deadline, f"Debezium wrote fewer than {at_least} events to {topic}"
-        time.sleep(1.0)
+def _wait_for_events(topic: str, at_least: int) -> None:
+    wait_until(f"Debezium wrote fewer than {at_least} events to {topic}", lambda: change_count(topic) >= at_least,
+               timeout=120)
 
 
 @pytest.fixture(scope="module")
