@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import subprocess
@@ -204,12 +205,31 @@ def test_pysparks_handler_is_not_in_place_while_the_session_starts(ctrl_c: str, 
     assert done.stdout.strip().splitlines()[-1] == f"['{at_start}'] {after}"
 
 
-def _hang_up_after_one_update(server: Any) -> None:
+@contextlib.contextmanager
+def _one_update(server: Any) -> Iterator[None]:
     """What Spark's JVM does to PySpark's accumulator server: connect, authenticate, send an update
-    (of no accumulator), read the acknowledgement, and close the connection."""
+    (of no accumulator) and read the acknowledgement; it closes the connection when the block ends."""
     with socket.create_connection(server.server_address[:2]) as conn:
         conn.sendall(server.auth_token.encode() + struct.pack("!i", 0))
         assert conn.recv(1) == b"\x01"
+        yield
+
+
+def _hang_up_after_one_update(server: Any) -> None:
+    with _one_update(server):
+        pass
+
+
+def _printed_then_shut_down(capfd: pytest.CaptureFixture[str], server: Any) -> str:
+    """What the server printed for the connections so far; then it is shut down. It serves one
+    connection at a time, so an answered update means the earlier ones have been handled (and printed,
+    or not). That last connection stays open until the server has shut down (its handler then returns
+    without a failure): a hang-up would print while pytest rewinds the capture file, over the head of
+    the first traceback, or after the capture has closed."""
+    with _one_update(server):
+        printed = capfd.readouterr().err
+        server.shutdown()
+    return printed
 
 
 @pytest.fixture
@@ -230,15 +250,12 @@ def test_the_jvm_closing_its_accumulator_connection_prints_no_traceback(capfd: p
         spark_module.quiet_hangups(accumulator_server)
     _hang_up_after_one_update(accumulator_server)
     _hang_up_after_one_update(accumulator_server)  # it serves the next connection after a hang-up
-    # The server serves one connection at a time: a third one answered means the first two
-    # hang-ups have been handled (and printed, or not).
-    _hang_up_after_one_update(accumulator_server)
-    printed = capfd.readouterr().err
+    printed = _printed_then_shut_down(capfd, accumulator_server)
     if quiet:
         assert printed == ""
     else:  # PySpark alone: the traceback this is about (the test would pass on a server that never failed)
-        assert printed.count("Exception occurred during processing of request") >= 2, printed
-        assert printed.count("\nEOFError") >= 2, printed
+        assert printed.count("Exception occurred during processing of request") == 2, printed
+        assert printed.count("\nEOFError") == 2, printed
 
 
 def test_a_failure_of_the_accumulator_server_other_than_a_hang_up_is_still_printed(
@@ -248,8 +265,7 @@ def test_a_failure_of_the_accumulator_server_other_than_a_hang_up_is_still_print
     with socket.create_connection(accumulator_server.server_address[:2]) as conn:
         conn.sendall(b"wrong")
         conn.recv(1)  # the server closes the connection once it has refused the token
-    _hang_up_after_one_update(accumulator_server)  # served after the refusal: the refusal was handled
-    printed = capfd.readouterr().err
+    printed = _printed_then_shut_down(capfd, accumulator_server)  # served after the refusal: it was handled
     assert "Exception occurred during processing of request" in printed, printed
     assert "ValueError: The value of the provided token to the AccumulatorServer is not correct" in printed
     assert "EOFError" not in printed, printed
