@@ -33,6 +33,7 @@ arrays of text/number/boolean       string (JSON of the array)      ``to_json(li
 numeric/uuid/date/timestamp(tz)[]   string (JSON of the array)      ``array_to_json``, compared parsed
 enum[]                              string (JSON of the array)      ``array_to_json``, compared parsed
 time[]                              string (JSON of microseconds)   compared parsed (Debezium: ms)
+timetz[]                            string (JSON of UTC texts)      compared parsed (Debezium: s)
 point                               string (JSON of the struct)     compared parsed
 ==================================  ==============================  ==================================
 
@@ -46,9 +47,10 @@ Other types (``box``, ``polygon``, multiranges ...) are not compared; the verifi
 
 from __future__ import annotations
 
+import json
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Final
@@ -67,7 +69,6 @@ from ingest.verify.source_values import (
     decimal_convert,
     geometry_json,
     parse_json,
-    time_micros,
     zoned_time,
 )
 
@@ -218,10 +219,10 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
         return SourceColumn(name, pg_type, pa.binary(), ident, convert=bytes)
     if typname == "date":
         return SourceColumn(name, pg_type, pa.date32(), _finite(ident, *_BOUNDS[typname]))
-    if typname == "time":
-        return SourceColumn(name, pg_type, pa.int64(), ident, convert=time_micros)
+    if typname == "time":  # selected as microseconds: Python's time has no 24:00:00
+        return SourceColumn(name, pg_type, pa.int64(), _day_micros(ident))
     if typname == "timetz":
-        return SourceColumn(name, pg_type, pa.string(), ident, convert=zoned_time)
+        return SourceColumn(name, pg_type, pa.string(), _day_micros(ident), convert=zoned_time)
     if typname == "interval":
         return SourceColumn(name, pg_type, pa.int64(), _interval_fields(ident), convert=_micro_duration)
     if typname == "tstzrange":  # its text follows the zone of Debezium's session: compared as instants
@@ -237,8 +238,10 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
     if element is not None and element in _ARRAY_ELEMENTS:
         return SourceColumn(name, pg_type, pa.string(), ident, convert=to_json)
     if element == "time":
-        return SourceColumn(name, pg_type, pa.string(), ident, normalize=parse_json,
-                            convert=lambda times: to_json([None if t is None else time_micros(t) for t in times]))
+        return SourceColumn(name, pg_type, pa.string(), _array_json(ident, each=_day_micros), normalize=parse_json)
+    if element == "timetz":
+        return SourceColumn(name, pg_type, pa.string(), _array_json(ident, each=_day_micros), convert=_zoned_times,
+                            normalize=parse_json)
     if element is not None and (element in _JSON_ARRAY_ELEMENTS or element_kind == "e"):
         return SourceColumn(name, pg_type, pa.string(), _array_json(ident, _BOUNDS.get(element)),
                             normalize=parse_json)
@@ -310,13 +313,27 @@ def _finite(ident: sql.Composable, latest: object, earliest: object) -> sql.Comp
         c=ident, latest=sql.Literal(latest), earliest=sql.Literal(earliest))
 
 
-def _array_json(ident: sql.Composable, bounds: tuple[object, object] | None) -> sql.Composable:
+def _array_json(ident: sql.Composable, bounds: tuple[object, object] | None = None, *,
+                each: Callable[[sql.Composable], sql.Composable] | None = None) -> sql.Composable:
     """A one-dimensional array as PostgreSQL's own ``array_to_json`` text, ``±infinity`` elements read
-    as the engine writes them (``bounds``: the latest and earliest values of the element type)."""
+    as the engine writes them (``bounds``: the latest and earliest values of the element type), or
+    each element as ``each`` selects it."""
     element = sql.Identifier("x")
-    value = _finite(element, *bounds) if bounds else element
+    value = each(element) if each else _finite(element, *bounds) if bounds else element
     return sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE coalesce((SELECT array_to_json(array_agg({value} ORDER BY n)) "
                    "FROM unnest({c}) WITH ORDINALITY AS u(x, n)), '[]')::text END").format(c=ident, value=value)
+
+
+def _zoned_times(micros: str) -> str:
+    """A ``timetz[]`` selected as microseconds since midnight UTC, as the engine writes Debezium's
+    array of ``ZonedTime`` texts."""
+    return to_json([None if m is None else zoned_time(m) for m in json.loads(micros)])
+
+
+def _day_micros(ident: sql.Composable) -> sql.Composable:
+    """A ``time`` as microseconds since midnight (``24:00:00`` too), a ``timetz`` as microseconds since
+    midnight UTC (before or beyond that day when its offset takes it there)."""
+    return sql.SQL("CAST(extract(epoch FROM {}) * 1000000 AS bigint)").format(ident)
 
 
 def _numeric(name: str, pg_type: str, typmod: int, ident: sql.Composable) -> SourceColumn:

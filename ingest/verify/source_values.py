@@ -12,9 +12,8 @@ import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import time
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 
@@ -64,21 +63,19 @@ class NotRepresentable(ValueError):
     """A source value the engine's column type cannot hold; the message says what becomes of it."""
 
 
-def time_micros(value: time) -> int:
-    """A ``time`` as microseconds since midnight (Debezium ``MicroTime``)."""
-    return ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + value.microsecond
+#: microseconds in a day
+DAY_MICROS: Final = 86_400_000_000
 
 
-def zoned_time(value: time) -> str:
-    """A ``timetz`` as Debezium's ``ZonedTime`` text: the same instant of the day in UTC, ``HH:MM:SS[.f]Z``."""
-    offset = value.utcoffset()
-    seconds = time_micros(value) - (int(offset.total_seconds() * 1_000_000) if offset else 0)
-    seconds %= 86_400_000_000
-    micros = seconds % 1_000_000
-    whole = seconds // 1_000_000
+def zoned_time(utc_micros: int) -> str:
+    """A ``timetz`` as Debezium's ``ZonedTime`` text, from its microseconds past midnight UTC (which may
+    lie before or beyond that day, as PostgreSQL's ``extract(epoch ...)`` gives them): the time of day
+    in UTC, ``HH:MM:SS[.f]Z``."""
+    micros = utc_micros % DAY_MICROS
+    whole = micros // 1_000_000
     text = f"{whole // 3600:02d}:{whole // 60 % 60:02d}:{whole % 60:02d}"
-    if micros:
-        text += "." + f"{micros:06d}".rstrip("0")
+    if micros % 1_000_000:
+        text += "." + f"{micros % 1_000_000:06d}".rstrip("0")
     return text + "Z"
 
 

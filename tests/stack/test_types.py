@@ -35,7 +35,7 @@ from tests.stack.helpers import PREFIX, avro_columns, documented_types, json_eve
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
 SCHEMA = "typeprobe"
-TABLES = ["edge", "toast_pk", "floats", "special", "lost", "quirks", "spans"]
+TABLES = ["edge", "toast_pk", "floats", "special", "lost", "quirks", "spans", "clock"]
 FLOAT_COLUMNS = ("c_real", "c_double")
 # Random text, so PostgreSQL cannot compress it below its ~2 kB TOAST threshold: stored out of line.
 BIG = large_text(random.Random(7))
@@ -63,6 +63,7 @@ CREATE TABLE typeprobe.lost (id integer PRIMARY KEY, nan_array numeric[], matrix
     pg_name name);
 CREATE TABLE typeprobe.quirks (id integer PRIMARY KEY, old_stamps timestamp[], dates date[], stamps timestamptz[]);
 CREATE TABLE typeprobe.spans (id integer PRIMARY KEY, i interval, r tstzrange, p point, ts time[]);
+CREATE TABLE typeprobe.clock (id integer PRIMARY KEY, t time, t3 time(3), tz timetz, ta time[], tza timetz[]);
 CREATE TABLE typeprobe.special (id integer PRIMARY KEY, c_timestamp timestamp, c_timestamp3 timestamp(3),
     c_timestamptz timestamptz, c_date date, c_numeric numeric, c_numeric_12_2 numeric(12,2));
 """
@@ -117,6 +118,11 @@ STATEMENTS = [
      "days => (g * 104729) % 100 - 50, hours => g % 50 - 25, mins => g % 61, secs => (g * 7877) % 100000007 / 1e6), "
      "tstzrange(timestamptz '2000-01-01 00:00:00.123456+00' + g * interval '1 day 0.000007 sec', NULL, '(]'), "
      "point(g / 7.0, -g / 3.0), ARRAY[make_time(g % 24, g % 60, g / 1000.0)] FROM generate_series(13, 212) g", None),
+    # PostgreSQL's 24:00:00, which Python's time cannot hold, and offsets that take a timetz past midnight UTC.
+    ("INSERT INTO typeprobe.clock VALUES (1, '24:00:00', '24:00:00', '24:00:00+00', '{24:00:00,NULL}', "
+     "'{24:00:00+02}'), (2, '00:00:00', '23:59:59.999', '00:00:00-14:59', '{00:00:00}', "
+     "'{23:59:59.999999+14:59,12:00:00-09:30}'), (3, '12:34:56.789123', NULL, '12:00:00.5+00', '{}', '{}'), "
+     "(4, NULL, NULL, NULL, NULL, NULL)", None),
     ("INSERT INTO typeprobe.special VALUES (1, 'infinity', 'infinity', 'infinity', 'infinity', 'NaN', 'NaN'), "
      "(2, '-infinity', '-infinity', '-infinity', '-infinity', '-Infinity', 1.5), "
      "(3, '2024-02-29 12:00', '2024-02-29 12:00', '2024-02-29 12:00+00', '2024-02-29', 2.5, 2.5)", None),
@@ -285,7 +291,29 @@ def test_intervals_ranges_points_and_time_arrays_equal_their_source(probe: dict[
         check = check_table(config, config.table("spans"), conn, pg_source)
     assert check.verification is not None and check.verification.expected_rows == 212 and not check.notes
     assert check.verification.examples == [
-        "spans (id=3): column 'ts' expected '[0, 86399999999]', got '[0, 86399999000]'"]
+        "spans (id=3): column 'ts' expected '[0,86399999999]', got '[0, 86399999000]'"]
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_times_of_day_at_24_00_and_past_midnight_utc_equal_their_source(probe: dict[str, IngestConfig], fmt: str,
+                                                                       pg_dsn: str) -> None:
+    """verify selects a time as microseconds, so PostgreSQL's 24:00:00 is compared rather than failing
+    the table, and a timetz whose offset takes it past midnight UTC wraps as Debezium's text does.
+    Debezium's array path loses two things (docs/types.md), which verify reports: a time[] element
+    24:00:00 arrives as 0, and a timetz[] element loses its fraction of a second."""
+    rows = _delta_rows(probe[fmt], "clock")
+    assert (rows[1]["t"], rows[1]["t3"], rows[1]["tz"]) == (86_400_000_000, 86_400_000_000, "00:00:00Z")
+    assert (rows[2]["t3"], rows[2]["tz"], rows[3]["tz"]) == (86_399_999_000, "14:59:00Z", "12:00:00.5Z")
+    assert json.loads(rows[1]["tza"]) == ["22:00:00Z"]
+    config = probe[fmt]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        check = check_table(config, config.table("clock"), conn, pg_source)
+    assert check.error is None and not check.notes
+    assert check.verification is not None and check.verification.expected_rows == 4
+    assert check.verification.examples == [
+        "clock (id=1): column 'ta' expected '[86400000000,null]', got '[0, null]'",
+        "clock (id=2): column 'tza' expected '[\"09:00:59.999999Z\", \"21:30:00Z\"]', "
+        "got '[\"09:00:59Z\", \"21:30:00Z\"]'"]
 
 
 @pytest.mark.parametrize("fmt", ["avro", "json"])
