@@ -53,18 +53,21 @@ import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import psycopg
 import pyarrow as pa
 from psycopg import sql
+from psycopg.adapt import AdaptersMap, Buffer, Loader
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import Format
 
 from ingest import secrets
 from ingest.decode.values import EARLIEST, LATEST, MAX_PRECISION, VARIABLE_SCALE, to_json
 from ingest.errors import ConfigError
 from ingest.verify.capture import wait_for_capture
 from ingest.verify.source_values import (
+    NotRepresentable,
     SourceColumn,
     decimal_convert,
     geometry_json,
@@ -166,7 +169,9 @@ def read_columns(conn: psycopg.Connection, schema: str, table: str, key_override
     compared = [p for p in plans if p.arrow is not None]
     query = sql.SQL("SELECT {} FROM {}.{}").format(
         sql.SQL(", ").join(p.select for p in compared), sql.Identifier(schema), sql.Identifier(table))
-    return plans, key, iter(conn.execute(query)) if compared else iter(())
+    cursor = conn.cursor()
+    _load_beyond_python(cursor.adapters)
+    return plans, key, iter(cursor.execute(query)) if compared else iter(())
 
 
 def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int,
@@ -218,7 +223,7 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
     if typname == "bytea":
         return SourceColumn(name, pg_type, pa.binary(), ident, convert=bytes)
     if typname == "date":
-        return SourceColumn(name, pg_type, pa.date32(), _finite(ident, *_BOUNDS[typname]))
+        return SourceColumn(name, pg_type, pa.date32(), _finite(ident, *_BOUNDS[typname]), convert=_within_delta)
     if typname == "time":  # selected as microseconds: Python's time has no 24:00:00
         return SourceColumn(name, pg_type, pa.int64(), _day_micros(ident))
     if typname == "timetz":
@@ -231,10 +236,11 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
         coordinates = sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE ARRAY[{0}[0], {0}[1]] END").format(ident)
         return SourceColumn(name, pg_type, pa.string(), coordinates, convert=_point_json, normalize=parse_json)
     if typname == "timestamp":
-        return SourceColumn(name, pg_type, pa.timestamp("us"), _finite(ident, *_BOUNDS[typname]))
+        return SourceColumn(name, pg_type, pa.timestamp("us"), _finite(ident, *_BOUNDS[typname]),
+                            convert=_within_delta)
     if typname == "timestamptz":
         return SourceColumn(name, pg_type, pa.timestamp("us", tz="UTC"), _finite(ident, *_BOUNDS[typname]),
-                            convert=lambda d: d.astimezone(UTC))
+                            convert=lambda d: _within_delta(d).astimezone(UTC))
     if element is not None and element in _ARRAY_ELEMENTS:
         return SourceColumn(name, pg_type, pa.string(), ident, convert=to_json)
     if element == "time":
@@ -305,6 +311,43 @@ def _instant(bound: str) -> object:
     if bound in ("", "infinity", "-infinity"):
         return bound or None
     return datetime.fromisoformat(bound).astimezone(UTC)
+
+
+class _Beyond(str):
+    """A date or timestamp before year 1 or after year 9999, as PostgreSQL prints it: Python's dates,
+    like Delta's, do not reach it."""
+
+
+def _load_beyond_python(adapters: AdaptersMap) -> None:
+    """Load a date or timestamp that Python cannot hold as :class:`_Beyond` (psycopg would fail the
+    whole read on it), through the loader ``adapters`` would use otherwise."""
+    for name in ("date", "timestamp", "timestamptz"):
+        oid = adapters.types[name].oid
+        usual = adapters.get_loader(oid, Format.TEXT)
+        assert usual is not None  # psycopg loads every date and timestamp type
+        adapters.register_loader(name, type(f"Beyond{usual.__name__}", (_BeyondLoader,), {"usual": usual}))
+
+
+class _BeyondLoader(Loader):
+    usual: type[Loader]
+
+    def __init__(self, oid: int, context: Any = None) -> None:
+        super().__init__(oid, context)
+        self._usual = self.usual(oid, context)
+
+    def load(self, data: Buffer) -> Any:
+        try:
+            return self._usual.load(data)
+        except psycopg.DataError:
+            return _Beyond(bytes(data).decode())
+
+
+def _within_delta(value: Any) -> Any:
+    """A date or timestamp, unless it lies beyond Delta's years 1 to 9999."""
+    if isinstance(value, _Beyond):
+        raise NotRepresentable(f"{value} is beyond the years 1 to 9999 of a Delta date or timestamp, and the "
+                               "engine quarantines it")
+    return value
 
 
 def _finite(ident: sql.Composable, latest: object, earliest: object) -> sql.Composable:

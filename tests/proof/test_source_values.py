@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
+import psycopg
 import pyarrow as pa
 import pytest
+from psycopg.adapt import AdaptersMap
+from psycopg.pq import Format
 
+from ingest.verify import pg_source
 from ingest.verify.pg_source import column_plan
 from ingest.verify.source_values import NotRepresentable, parse_json, zoned_time
 
@@ -114,3 +118,28 @@ def test_a_point_and_a_time_array_as_the_engine_writes_them() -> None:
     zoned = column_plan("z", "time with time zone[]", "_timetz", "b", -1, "timetz", "b")
     assert zoned.convert is not None and zoned.normalize is parse_json
     assert json.loads(zoned.convert("[43201500000, -3600000000, null]")) == ["12:00:01.5Z", "23:00:00Z", None]
+
+
+@pytest.mark.parametrize(("typname", "text", "within"), [
+    ("date", b"2024-02-29", True), ("date", b"10000-01-01", False), ("date", b"0001-12-31 BC", False),
+    ("timestamp", b"9999-12-31 23:59:59.999999", True), ("timestamp", b"0044-03-15 12:00:00 BC", False),
+    ("timestamptz", b"2024-02-29 12:00:00.5+00", True), ("timestamptz", b"294276-12-31 23:59:59+00", False),
+])
+def test_a_date_or_timestamp_beyond_python_is_named_not_a_failed_read(typname: str, text: bytes,
+                                                                      within: bool) -> None:
+    """psycopg cannot load a PostgreSQL date after year 9999 or before year 1 and would fail the whole
+    table's read; verify loads it as its text and compares it as null, saying why (the engine
+    quarantines such a change)."""
+    adapters = AdaptersMap(psycopg.adapters)
+    pg_source._load_beyond_python(adapters)
+    oid = adapters.types[typname].oid
+    loader = adapters.get_loader(oid, Format.TEXT)
+    assert loader is not None
+    value = loader(oid, None).load(text)
+    convert = column_plan("c", typname, typname, "b", -1, None).convert
+    assert convert is not None
+    if within:
+        assert convert(value).year <= 9999
+    else:
+        with pytest.raises(NotRepresentable, match="beyond the years 1 to 9999"):
+            convert(value)

@@ -35,7 +35,7 @@ from tests.stack.helpers import PREFIX, avro_columns, documented_types, json_eve
 pytestmark = [pytest.mark.stack, pytest.mark.spark]
 
 SCHEMA = "typeprobe"
-TABLES = ["edge", "toast_pk", "floats", "special", "lost", "quirks", "spans", "clock"]
+TABLES = ["edge", "toast_pk", "floats", "special", "lost", "quirks", "spans", "clock", "eras"]
 FLOAT_COLUMNS = ("c_real", "c_double")
 # Random text, so PostgreSQL cannot compress it below its ~2 kB TOAST threshold: stored out of line.
 BIG = large_text(random.Random(7))
@@ -63,6 +63,7 @@ CREATE TABLE typeprobe.lost (id integer PRIMARY KEY, nan_array numeric[], matrix
     pg_name name);
 CREATE TABLE typeprobe.quirks (id integer PRIMARY KEY, old_stamps timestamp[], dates date[], stamps timestamptz[]);
 CREATE TABLE typeprobe.spans (id integer PRIMARY KEY, i interval, r tstzrange, p point, ts time[]);
+CREATE TABLE typeprobe.eras (id integer PRIMARY KEY, d date, ts timestamp, tstz timestamptz);
 CREATE TABLE typeprobe.clock (id integer PRIMARY KEY, t time, t3 time(3), tz timetz, ta time[], tza timetz[]);
 CREATE TABLE typeprobe.special (id integer PRIMARY KEY, c_timestamp timestamp, c_timestamp3 timestamp(3),
     c_timestamptz timestamptz, c_date date, c_numeric numeric, c_numeric_12_2 numeric(12,2));
@@ -118,6 +119,10 @@ STATEMENTS = [
      "days => (g * 104729) % 100 - 50, hours => g % 50 - 25, mins => g % 61, secs => (g * 7877) % 100000007 / 1e6), "
      "tstzrange(timestamptz '2000-01-01 00:00:00.123456+00' + g * interval '1 day 0.000007 sec', NULL, '(]'), "
      "point(g / 7.0, -g / 3.0), ARRAY[make_time(g % 24, g % 60, g / 1000.0)] FROM generate_series(13, 212) g", None),
+    # Years PostgreSQL holds and Python and Delta do not: after 9999, and BC.
+    ("INSERT INTO typeprobe.eras VALUES (1, '10000-01-01', NULL, NULL), (2, NULL, '0044-03-15 12:00 BC', NULL), "
+     "(3, NULL, NULL, '294276-12-31 23:59:59+00'), (4, '9999-12-31', '9999-12-31 23:59:59.999999', "
+     "'0001-01-01 00:00:00+00')", None),
     # PostgreSQL's 24:00:00, which Python's time cannot hold, and offsets that take a timetz past midnight UTC.
     ("INSERT INTO typeprobe.clock VALUES (1, '24:00:00', '24:00:00', '24:00:00+00', '{24:00:00,NULL}', "
      "'{24:00:00+02}'), (2, '00:00:00', '23:59:59.999', '00:00:00-14:59', '{00:00:00}', "
@@ -295,6 +300,31 @@ def test_intervals_ranges_points_and_time_arrays_equal_their_source(probe: dict[
 
 
 @pytest.mark.parametrize("fmt", ["avro", "json"])
+def test_years_beyond_delta_go_to_quarantine_and_verify_names_them(probe: dict[str, IngestConfig], fmt: str,
+                                                                   pg_dsn: str) -> None:
+    """A date or timestamp after year 9999 or before year 1 has no Delta value: the engine quarantines
+    the change with its reason. verify compared nothing of such a table before (psycopg cannot load the
+    value: "date too large"); it now reads the table, and names the quarantined message behind each row."""
+    config = probe[fmt]
+    rows = _delta_rows(config, "eras")
+    assert list(rows) == [4]
+    assert (rows[4]["d"].year, rows[4]["ts"].microsecond, rows[4]["tstz"].year) == (9999, 999_999, 1)
+    held = quarantine.read(TablePaths.of(config, "eras").quarantine, table="eras").to_pylist()
+    assert sorted(r["reason"].split(":")[0] for r in held) == ["date out of range", "timestamp out of range",
+                                                               "timestamp out of range or malformed"]
+    assert sorted(json.loads(r["row_key"])["id"] for r in held) == [1, 2, 3]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        check = check_table(config, config.table("eras"), conn, pg_source)
+    assert check.error is None
+    assert check.verification is not None and check.verification.expected_rows == 4
+    assert (check.verification.missing, check.verification.different, check.verification.held) == (3, 0, 3), \
+        check.verification.examples
+    assert all("held in quarantine" in e for e in check.verification.examples), check.verification.examples
+    beyond = [note for note in check.notes if "beyond the years 1 to 9999" in note]
+    assert sorted(note.split(":")[0] for note in beyond) == ["column 'd'", "column 'ts'", "column 'tstz'"], check.notes
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json"])
 def test_times_of_day_at_24_00_and_past_midnight_utc_equal_their_source(probe: dict[str, IngestConfig], fmt: str,
                                                                        pg_dsn: str) -> None:
     """verify selects a time as microseconds, so PostgreSQL's 24:00:00 is compared rather than failing
@@ -410,7 +440,7 @@ def test_what_debezium_shifts_or_sends_out_of_range_in_an_array(probe: dict[str,
     the first is written as sent and verify reports it, the others go to quarantine with their reason."""
     config = probe[fmt]
     assert {n: r["old_stamps"] for n, r in _delta_rows(config, "quirks").items()} == {1: '["1500-06-11T12:00:00"]'}
-    held = quarantine.read(TablePaths.of(config, "quirks").quarantine).to_pylist()
+    held = quarantine.read(TablePaths.of(config, "quirks").quarantine, table="quirks").to_pylist()
     assert sorted(r["reason"].split(":")[0] for r in held) == ["date out of range",
                                                                "timestamp out of range or malformed"]
     # The quarantine names each held change's row from its Kafka key, and verify names the message
