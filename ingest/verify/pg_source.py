@@ -329,6 +329,8 @@ def _load_beyond_python(adapters: AdaptersMap) -> None:
 
 
 class _BeyondLoader(Loader):
+    """psycopg's ``usual`` loader of a type, but a value it refuses is kept as its text (:class:`_Beyond`)."""
+
     usual: type[Loader]
 
     def __init__(self, oid: int, context: Any = None) -> None:

@@ -64,14 +64,14 @@ class NotRepresentable(ValueError):
 
 
 #: microseconds in a day
-DAY_MICROS: Final = 86_400_000_000
+_DAY_MICROS: Final = 86_400_000_000
 
 
 def zoned_time(utc_micros: int) -> str:
     """A ``timetz`` as Debezium's ``ZonedTime`` text, from its microseconds past midnight UTC (which may
     lie before or beyond that day, as PostgreSQL's ``extract(epoch ...)`` gives them): the time of day
     in UTC, ``HH:MM:SS[.f]Z``."""
-    micros = utc_micros % DAY_MICROS
+    micros = utc_micros % _DAY_MICROS
     whole = micros // 1_000_000
     text = f"{whole // 3600:02d}:{whole // 60 % 60:02d}:{whole % 60:02d}"
     if micros % 1_000_000:
