@@ -228,6 +228,9 @@ class ChangeEvent:
         transaction: the envelope's ``transaction`` block (connector option
             ``provide.transaction.metadata``): the source transaction's id and this change's
             ``data_collection_order``, its place among the transaction's changes of this table.
+        moved_from: an update that moved the row from another key, when the table's key is the
+            configured ``primary_key`` (Debezium, not knowing that key, sends the move as one
+            update): the old key's values, read from the before image.
     """
 
     op: Op
@@ -243,6 +246,7 @@ class ChangeEvent:
     schema_ref: str | None = None
     flattened: bool = False
     transaction: tuple[str, int] | None = None
+    moved_from: dict[str, Any] | None = None
 
     @property
     def is_delete(self) -> bool:
@@ -251,7 +255,7 @@ class ChangeEvent:
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
         return (ChangeEvent, (self.op, self.key, self.after, self.before, self.position, self.columns,
                               self.key_columns, self.source_ts_ms, self.snapshot, self.unavailable, self.schema_ref,
-                              self.flattened, self.transaction))
+                              self.flattened, self.transaction, self.moved_from))
 
 
 @dataclass(frozen=True, slots=True)

@@ -228,8 +228,11 @@ def _decoded(cfg: IngestConfig, row: dict[str, Any]) -> str:
         return f"(does not decode: {exc.reason})"
     if not isinstance(result, ChangeEvent):
         return repr(result)
-    return json.dumps({"op": result.op, "key": result.key, "after": result.after, "before": result.before,
-                       "position": result.position.encode()}, default=str)
+    shown = {"op": result.op, "key": result.key, "after": result.after, "before": result.before,
+             "position": result.position.encode()}
+    if result.moved_from is not None:  # applied as a delete of this key, then the row under the new one
+        shown["moved_from"] = result.moved_from
+    return json.dumps(shown, default=str)
 
 
 @quarantine_app.command("replay")

@@ -173,6 +173,8 @@ def _fast_change(decoder: MessageDecoder, record: Any, plan: Any, key: bytes | N
     names = decoder.key_names(key)
     if not names:
         return None
+    if op == "u" and decoder.key_columns and _may_move(record.get("before"), image, names):
+        return None  # the per-message decoder splits a move of a configured key
     try:
         position = source_position(source, SNAPSHOT if op == "r" else STREAMED, coords, trust_connector=True)
     except DecodeError:
@@ -184,6 +186,12 @@ def _fast_change(decoder: MessageDecoder, record: Any, plan: Any, key: bytes | N
     return _FastChange(names, op, position.encode(), ts_ms, image,
                        None if block is None else transaction_of(block, source.get("connector")),
                        snapshot_mark(source.get("snapshot")) if op == "r" else None)
+
+
+def _may_move(before: Any, after: dict[str, Any], names: tuple[str, ...]) -> bool:
+    """Whether an update's before image holds other values in the key columns ``names`` (raw, as
+    sent: equal raw values are equal keys)."""
+    return type(before) is dict and any(before.get(n) is not None and before.get(n) != after.get(n) for n in names)
 
 
 @contextmanager

@@ -164,7 +164,9 @@ def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None,
         return ChangeEvent("t", {}, None, None, position, columns, (), source_ts_ms, snapshot,
                            _NO_UNAVAILABLE, schema_ref, transaction=transaction)
     plan, kafka_key = _keyed(plan, key_columns, key, read_key)
-    raw_before = record.get("before") if keep_before or op == "d" else None
+    # A configured key's update may move the row: only its before image says from where.
+    reads_before = keep_before or op == "d" or (bool(key_columns) and op == "u")
+    raw_before = record.get("before") if reads_before else None
     before, before_columns, before_unavailable = _image(raw_before, plan, "before")
     after, after_columns, after_unavailable = _image(record.get("after"), plan, "after")
     if op == "d":
@@ -174,8 +176,23 @@ def _envelope(record: dict[str, Any], plan: ValuePlan | None, key: bytes | None,
     else:
         image, columns, unavailable = after, after_columns, after_unavailable
     key_values, key_names = resolve_key(image, key_columns, key, read_key, kafka_key)
+    moved_from = _moved_from(before, key_values) if key_columns and op == "u" else None
+    if moved_from is None and op == "u" and not keep_before:
+        before = None
     return ChangeEvent(op, key_values, after, before, position, columns, key_names, source_ts_ms, snapshot,
-                       unavailable, schema_ref, transaction=transaction)
+                       unavailable, schema_ref, transaction=transaction, moved_from=moved_from)
+
+
+def _moved_from(before: Mapping[str, Any] | None, key: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The old key of an update whose configured key columns changed, from its before image;
+    ``None`` when they did not change or the before image does not hold them all (PostgreSQL's
+    ``REPLICA IDENTITY DEFAULT`` sends only the table's own primary key there)."""
+    if before is None:
+        return None
+    old = {name: before.get(name) for name in key}
+    if any(value is None or value is UNAVAILABLE for value in old.values()) or old == key:
+        return None
+    return old
 
 
 def transaction_of(block: Any, connector: Any = None) -> tuple[str, int] | None:

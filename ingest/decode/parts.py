@@ -291,17 +291,28 @@ class PartsBuilder:
             known = {c.name for c in columns}
             extra = tuple(ColumnSpec(k, INFERRED) for k in event.key_columns if k not in known)
             entry = self.changes[id(columns)] = (columns, _Rows("changes", columns + extra))
+        if event.moved_from is not None and event.before is not None:
+            # A configured key moved: the delete of the old key first, at the update's position, as
+            # Debezium sends a move of the key it knows (docs/architecture.md#primary-key-moves).
+            before = event.before
+            self._add(entry[1], event, row, "d", {**before, **event.moved_from},
+                      frozenset(k for k, v in before.items() if v is UNAVAILABLE))
         image = event.after if event.after is not None else event.before
         if image is not None and event.key:
             image = {**image, **event.key}
+        self._add(entry[1], event, row, event.op, image, event.unavailable)
+
+    @staticmethod
+    def _add(rows: _Rows, event: ChangeEvent, row: int, op: str, image: dict[str, Any] | None,
+             unavailable: frozenset[str]) -> None:
         toast = None
-        if event.unavailable:
-            toast = sorted(event.unavailable)
+        if unavailable:
+            toast = sorted(unavailable)
             image = {k: (None if v is UNAVAILABLE else v) for k, v in (image or {}).items()}
-        entry[1].add("change", row, op=event.op, position=event.position.encode(), source_ts_ms=event.source_ts_ms,
-                     flattened=event.flattened, toast=toast, key_columns=event.key_columns,
-                     schema=event.schema_ref, image=image, transaction=event.transaction,
-                     snapshot=event.snapshot if event.op == "r" else None)
+        rows.add("change", row, op=op, position=event.position.encode(), source_ts_ms=event.source_ts_ms,
+                 flattened=event.flattened, toast=toast, key_columns=event.key_columns,
+                 schema=event.schema_ref, image=image, transaction=event.transaction,
+                 snapshot=event.snapshot if op == "r" else None)
 
 
 def _row_key(decoder: MessageDecoder, key: bytes | None) -> str | None:

@@ -9,7 +9,9 @@ delete -- in a flattened stream a tombstone is a delete and counts as one --, he
 schema-change and transaction records). ``quarantined`` counts every message held back, whether it
 did not decode or failed the quality gate; when the gate holds a key's winning change, the key's
 earlier changes in the batch (which it would have superseded) are held with it and counted as
-quarantined rather than superseded, so each message stays in exactly one term.
+quarantined rather than superseded, so each message stays in exactly one term. The terms count
+changes: an update that moves a configured ``primary_key`` is two (the delete of the old key and the
+new key's row, see docs/architecture.md#primary-key-moves), so ``received`` counts it twice.
 
 Quality columns: ``expectations_evaluated``, ``expectations_failed``, ``quality_status``
 (``passed``, ``warned``, ``quarantined``, ``failed``, ``skipped``) and ``quality_failures`` (JSON
