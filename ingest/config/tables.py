@@ -53,8 +53,8 @@ class TableSpec(Model):
     name: str = Field(description="table name: letters, digits and underscores; also its directory name")
     topic: str = Field(description="Debezium topic carrying this table's changes")
     primary_key: tuple[str, ...] | None = Field(
-        None, description="primary-key columns (one column may be given as a name); default: the fields of the "
-        "Kafka message key"
+        None, description="primary-key columns (one column may be given as a name), unique in the source: a "
+        "source table without a primary key names them here; default: the fields of the Kafka message key"
     )
     delete_mode: Literal["hard", "soft"] = Field(
         "hard", description="hard: readers see live rows only; soft: deleted rows stay, flagged _cdc_deleted"

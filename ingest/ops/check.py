@@ -61,7 +61,8 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
         ("java", _java), ("jvm artifacts", _artifacts),
         ("source", functools.partial(_source, names=names, catalog=catalog)),
         ("topics", functools.partial(_topics, names=names)), ("registry", _registry),
-        ("columns", functools.partial(_columns, newest=source_columns)), ("lake", _lake),
+        ("columns", functools.partial(_columns, newest=source_columns)),
+        ("keys", functools.partial(_keys, tails=source_columns)), ("lake", _lake),
         ("checkpoints", _checkpoints),
         ("tables", functools.partial(_tables, states=states,
                                      source=lambda: None if "source" in failed else catalog())),
@@ -69,7 +70,7 @@ def run_checks(config: IngestConfig, *, only: Callable[[str], bool] = lambda nam
         ("signals", functools.partial(_signals, names=names))]
     # what a step asks: when that failed, the step says so in one line instead of asking again (each
     # question waiting its timeout) or failing once per table
-    asks = {"topics": "source", "columns": source_columns.subject, "tables": "lake"}
+    asks = {"topics": "source", "columns": source_columns.subject, "keys": "source", "tables": "lake"}
     if _signal_topics(config):
         asks["signals"] = "source"
     try:
@@ -103,6 +104,8 @@ def _fix(name: str) -> str:
                     "https, source.registry.tls",
         "columns": "name the source's columns, as the schema spells them, in tables[].primary_key, columns and "
                    "track_history",
+        "keys": "give the source table a primary key, or name columns it holds unique in tables[].primary_key, "
+                "then replay what was held (docs/operations.md#a-table-without-a-primary-key)",
         "lake": "check target.root, target.storage and the store's credentials (AWS_ACCESS_KEY_ID, ...)",
         "checkpoints": "check target.checkpoint_dir, target.storage and the store's credentials",
         "tables": "see the cause: a table's Delta log must be readable with the lake's credentials",
@@ -203,6 +206,29 @@ def _columns(config: IngestConfig, *, newest: ColumnsOf) -> list[Check]:
             found = ", ".join(f"{setting} ({', '.join(names)})" for setting, names in named.items())
             out.append(Check("columns", True, f"{spec.name}: {found} found in the newest {where}"))
     return out
+
+
+def _keys(config: IngestConfig, *, tails: SourceColumns) -> list[Check]:
+    """A table without ``primary_key`` is keyed by the Kafka message key: a topic whose newest changes
+    have none (Debezium's, for a source table without a primary key) sends every change to quarantine."""
+    out, keyed, empty = [], 0, 0
+    for spec in config.tables:
+        if spec.primary_key:
+            continue
+        changes, unkeyed = tails.unkeyed(spec)
+        if unkeyed:
+            out.append(Check("keys", False, f"{spec.name}: {unkeyed} of the newest {changes} changes in topic "
+                                            f"{spec.topic} have no Kafka key (a source table without a primary key), "
+                                            "and a run holds them in quarantine", _fix("keys")))
+        elif changes:
+            keyed += 1
+        else:
+            empty += 1
+    if out:
+        return out
+    keyed_by = f"{keyed} tables keyed by the message key: their newest changes carry one" if keyed else ""
+    unread = f"{empty} not checked, no change yet" if empty else ""
+    return [Check("keys", True, "; ".join(filter(None, (keyed_by, unread))) or "every table names its primary_key")]
 
 
 def _writable(name: str, where: LakePath) -> Check:

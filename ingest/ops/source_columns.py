@@ -3,7 +3,8 @@
 A table's topic says its columns in its newest value schema (Avro: the schema last registered under
 the topic's value subject) or in its newest change (JSON: a message names its own columns). ``ingest
 check`` asks for them twice -- the columns a table names, and those its suite reads before the
-table's first commit -- and :class:`SourceColumns` asks each table once, through one client.
+table's first commit -- and :class:`SourceColumns` asks each table once, through one client. It also
+says whether a topic's newest changes carry a Kafka key, which a table without ``primary_key`` is keyed by.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Container
 from typing import Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.config import IngestConfig, TableSpec
 from ingest.decode.avro import newest_row_columns
@@ -66,17 +68,33 @@ class SourceColumns:
             raise found
         return found
 
+    def unkeyed(self, spec: TableSpec) -> tuple[int, int]:
+        """Among the newest records of the table's topic: how many carry a change (a value), and
+        how many of those have no Kafka key (a source table without a primary key); ``(0, 0)``
+        while the topic does not exist or holds nothing."""
+        log = self._source_log()
+        if not log.exists(spec.topic):
+            return 0, 0
+        records = _tail(log, spec.topic)
+        if records is None:
+            return 0, 0
+        changes = records.filter(pc.is_valid(records["value"]))
+        return changes.num_rows, changes.num_rows - pc.count(changes["key"]).as_py()
+
+    def _source_log(self) -> KafkaLog | TopicLog:
+        if self._log is None:
+            kafka = self._config.source.kafka
+            secrets_file = str(self._config.secrets_path) if self._config.secrets_path else None
+            # one consumer for every read (a table's partitions, the tables)
+            self._log = (KafkaLog(kafka, secrets_file, keep_open=True) if kafka is not None
+                         else TopicLog(self._config.log_dir))
+        return self._log
+
     @functools.cached_property
     def _newest(self) -> ColumnsOf:
-        config = self._config
         if self.subject == "registry":
-            return _newest_schema_columns(config)
-        kafka = config.source.kafka
-        secrets_file = str(config.secrets_path) if config.secrets_path else None
-        # one consumer for every read (a table's partitions, the tables)
-        self._log = (KafkaLog(kafka, secrets_file, keep_open=True) if kafka is not None
-                     else TopicLog(config.log_dir))
-        return _newest_change_columns(config, self._log)
+            return _newest_schema_columns(self._config)
+        return _newest_change_columns(self._config, self._source_log())
 
     def close(self) -> None:
         if isinstance(self._log, KafkaLog):
@@ -105,12 +123,9 @@ def _newest_change_columns(config: IngestConfig, log: KafkaLog | TopicLog) -> Co
         where = f"change in topic {spec.topic}"
         if not log.exists(spec.topic):
             return where, None
-        starts = log.start_offsets(spec.topic)
-        tails = [log.read(spec.topic, p, max(starts.get(p, 0), end - _TAIL), end)
-                 for p, end in log.end_offsets(spec.topic).items() if end > starts.get(p, 0)]
-        if not tails:
+        records = _tail(log, spec.topic)
+        if records is None:
             return where, None
-        records = pa.concat_tables(tails).sort_by([("timestamp", "descending"), ("offset", "descending")])
         refused: list[DecodeError] = []
         for record in records.select(["key", "value", "partition", "offset"]).to_pylist():
             try:
@@ -126,6 +141,16 @@ def _newest_change_columns(config: IngestConfig, log: KafkaLog | TopicLog) -> Co
                               f"as a run decodes it ({len(refused)} refused: {refused[0].reason})")
         return where, None
     return columns
+
+
+def _tail(log: KafkaLog | TopicLog, topic: str) -> pa.Table | None:
+    """The last :data:`_TAIL` records of each partition of ``topic``, newest first (``None``: none)."""
+    starts = log.start_offsets(topic)
+    tails = [log.read(topic, p, max(starts.get(p, 0), end - _TAIL), end)
+             for p, end in log.end_offsets(topic).items() if end > starts.get(p, 0)]
+    if not tails:
+        return None
+    return pa.concat_tables(tails).sort_by([("timestamp", "descending"), ("offset", "descending")])
 
 
 #: Records read from the end of each partition to find the newest change (heartbeats, tombstones

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest import secrets
+from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
 from ingest.errors import ConfigError, EnvironmentProblem, SourceUnavailableError, first_line, shortened
 from ingest.lake.delta import open_table, read_all
@@ -187,13 +188,19 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: Any, source: Source
     except ConfigError as exc:
         return TableCheck(spec.name, "?", error=str(exc))
     check = TableCheck(spec.name, f"{schema}.{table}")
+    path = config.table_path(spec.name)
+    # The lake's rows are keyed as the engine keyed them: by the configured key, else by the one its
+    # commits record (Debezium's message key, which need not be a primary key of the source table).
+    key = spec.primary_key or load_state(path).key_columns
     try:
-        rows = read_source(source, conn, schema, table, spec.primary_key)
+        rows = read_source(source, conn, schema, table, key)
     except (ConfigError, source.Error) as exc:
         check.error = first_line(exc)
         return check
+    if repeated := _repeated_keys(rows):
+        check.error = repeated
+        return check
     check.notes = list(rows.notes)
-    path = config.table_path(spec.name)
     held = held_in_quarantine(TablePaths.of(config, spec.name).quarantine, spec.name, rows)
     check.verification = verify_table(spec.name, path, rows.rows, rows.key, held=held, normalizers=rows.normalizers)
     if check.verification.held:
@@ -204,6 +211,22 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: Any, source: Source
     if unknown_note:
         check.notes.append(unknown_note)
     return check
+
+
+def _repeated_keys(source: SourceRows) -> str | None:
+    """Why the source rows cannot be compared key by key, when their key holds a value twice: the
+    configured ``primary_key`` is not unique in the source, and the lake keeps one row per key."""
+    if not source.rows.num_rows:
+        return None
+    counts = source.rows.group_by(list(source.key)).aggregate([([], "count_all")])
+    repeated = counts.filter(pc.greater(counts["count_all"], 1))
+    if not repeated.num_rows:
+        return None
+    first = repeated.slice(0, 1).to_pylist()[0]
+    example = ", ".join(f"{k}={first[k]!r}" for k in source.key)
+    return (f"the key ({', '.join(source.key)}) is not unique in the source table: {repeated.num_rows} value(s) "
+            f"held by more than one row, e.g. ({example}) by {first['count_all']}; the lake keeps one row per key, "
+            f"so name columns the source holds unique in tables[].primary_key")
 
 
 def held_in_quarantine(quarantine_path: LakePath, table: str, source: SourceRows) -> dict[tuple[Any, ...], str]:

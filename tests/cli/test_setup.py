@@ -8,6 +8,7 @@ loopback), a machine without Java, and the embedded default.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -105,7 +106,7 @@ def test_check_on_the_embedded_default_says_what_is_missing_line_by_line(tmp_pat
     lines = done.stdout.splitlines()
     assert done.returncode == Exit.UNAVAILABLE  # no topic yet
     assert [line.split(":")[0] for line in lines] == ["ok   java", "ok   jvm artifacts", "ok   source",
-                                                      "FAIL topics", "ok   registry", "ok   lake",
+                                                      "FAIL topics", "ok   registry", "ok   keys", "ok   lake",
                                                       "ok   checkpoints", "ok   tables", "ok   quality"]
     assert "topic t is missing" in lines[3] and "->" in lines[3]
     subprocess.run([sys.executable, "-m", "ingest.cli", "produce", "t", "-c", str(path)], input='{"key": null}\n',
@@ -113,6 +114,22 @@ def test_check_on_the_embedded_default_says_what_is_missing_line_by_line(tmp_pat
     ready = _ingest("check", "-c", str(path), "--format", "json", cwd=tmp_path)
     assert ready.returncode == Exit.OK, ready.stdout
     assert all(json.loads(line)["ok"] for line in ready.stdout.splitlines())
+
+
+def test_check_names_a_topic_whose_changes_have_no_key_until_the_table_names_its_key(tmp_path: Path) -> None:
+    path = _embedded(tmp_path)
+    change = {"op": "c", "after": {"id": 1}, "source": {"lsn": 1}}
+    record = {"key": None, "value": base64.b64encode(json.dumps(change).encode()).decode()}
+    subprocess.run([sys.executable, "-m", "ingest.cli", "produce", "t", "-c", str(path)], input=json.dumps(record),
+                   text=True, check=True, capture_output=True, cwd=tmp_path)
+    unkeyed = _ingest("check", "-c", str(path), cwd=tmp_path)
+    line = next(line for line in unkeyed.stdout.splitlines() if line.startswith("FAIL keys"))
+    assert unkeyed.returncode != Exit.OK
+    assert "t: 1 of the newest 1 changes in topic t have no Kafka key" in line
+    assert "tables[].primary_key" in line and "#a-table-without-a-primary-key" in line
+    path.write_text(yaml.safe_dump({"tables": [{"name": "t", "topic": "t", "primary_key": "id"}]}))
+    keyed = _ingest("check", "-c", str(path), cwd=tmp_path)
+    assert "ok   keys: every table names its primary_key" in keyed.stdout.splitlines(), keyed.stdout
 
 
 def test_check_finds_a_lake_whose_bucket_does_not_exist(tmp_path: Path, s3: Any) -> None:
