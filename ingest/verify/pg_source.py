@@ -42,11 +42,14 @@ A domain's column is compared as the type it is defined over.
 ``infinity`` and ``-infinity`` dates and timestamps are read as the values the engine writes for
 them (:data:`ingest.decode.values.LATEST` and :data:`~ingest.decode.values.EARLIEST`).
 
-Other types (``box``, ``polygon``, multiranges ...) are not compared; the verifier says so.
+Other types (``box``, ``polygon``, multiranges ...) are not compared; the verifier says so. Nor is a
+stored generated column before PostgreSQL 18: logical replication publishes none, so no change
+carries its value.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import struct
@@ -105,7 +108,8 @@ _JSON_ARRAY_ELEMENTS: Final = frozenset({"numeric", "uuid", *_BOUNDS})
 #: Debezium sends it. An array's element type is named with its kind (``e`` for an enum).
 _COLUMNS_QUERY = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typname, t.typtype, b.typmod,
-       CASE WHEN t.typcategory = 'A' THEN et.typname END, CASE WHEN t.typcategory = 'A' THEN et.typtype END
+       CASE WHEN t.typcategory = 'A' THEN et.typname END, CASE WHEN t.typcategory = 'A' THEN et.typtype END,
+       a.attgenerated = 's'
 FROM pg_attribute a
 JOIN pg_type d ON d.oid = a.atttypid
 CROSS JOIN LATERAL (SELECT CASE WHEN d.typtype = 'd' THEN d.typbasetype ELSE d.oid END AS oid,
@@ -164,7 +168,9 @@ def read_columns(conn: psycopg.Connection, schema: str, table: str, key_override
     relid = conn.execute("SELECT to_regclass(%s)::oid", (f'"{schema}"."{table}"',)).fetchone()
     if relid is None or relid[0] is None:
         raise ConfigError(f"source table {schema}.{table} does not exist")
-    plans = [column_plan(*row) for row in conn.execute(_COLUMNS_QUERY, (relid[0],)).fetchall()]
+    unpublished = conn.info.server_version < _PUBLISHES_GENERATED
+    plans = [_unpublished(column_plan(*row)) if generated and unpublished else column_plan(*row)
+             for *row, generated in conn.execute(_COLUMNS_QUERY, (relid[0],)).fetchall()]
     key = key_override or tuple(r[0] for r in conn.execute(_KEY_QUERY, (relid[0],)).fetchall())
     compared = [p for p in plans if p.arrow is not None]
     query = sql.SQL("SELECT {} FROM {}.{}").format(
@@ -172,6 +178,16 @@ def read_columns(conn: psycopg.Connection, schema: str, table: str, key_override
     cursor = conn.cursor()
     _load_beyond_python(cursor.adapters)
     return plans, key, iter(cursor.execute(query)) if compared else iter(())
+
+
+#: The first PostgreSQL whose logical replication can publish generated columns (``publish_generated_columns``).
+_PUBLISHES_GENERATED: Final = 180000
+
+
+def _unpublished(plan: SourceColumn) -> SourceColumn:
+    """A stored generated column before PostgreSQL 18: no change carries it, so the lake has none."""
+    return dataclasses.replace(plan, arrow=None, note="a generated column, which PostgreSQL's logical replication "
+                                                      "does not publish before version 18; not compared")
 
 
 def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int,

@@ -274,6 +274,31 @@ def test_a_default_is_read_from_the_avro_schema(probe: Probe) -> None:
     assert defaults["c_flag"] == "'y'" and defaults["c_note"] is None, defaults
 
 
+def test_generated_columns_arrive_with_their_values(stack: Any, tmp_path: Path) -> None:
+    """MariaDB's binlog carries a generated column's value, stored or virtual (PostgreSQL publishes
+    none: docs/types.md), so the Delta table has it, and equals MariaDB."""
+    s = stack.settings
+    name = f"derived_{uuid.uuid4().hex[:8]}"  # a table of its own: no topic of a previous run is read
+    with stack.component("mariadb").connect(s.mariadb_db) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {name} (id INT PRIMARY KEY, price DECIMAL(10,2), qty INT, "
+                    "total DECIMAL(12,2) AS (price * qty) STORED, half DECIMAL(12,2) AS (price / 2) VIRTUAL)")
+        cur.execute(f"INSERT INTO {name} (id, price, qty) VALUES (1, 2.50, 4), (2, 1.00, 3)")
+        cur.execute(f"UPDATE {name} SET qty = 5 WHERE id = 1")
+        conn.commit()
+    topic = f"mariaavro.{s.mariadb_db}.{name}"
+    _wait_for_events(topic, 3)
+    config = stack_config("avro", tmp_path / "work")
+    config = config.model_copy(update={"tables": (TableSpec(name="derived", topic=topic),)})
+    path = config_file(config, tmp_path / "config.yaml")
+    run = ingest_cli("run", "-c", str(path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {r["id"]: (r["total"], r["half"]) for r in read_all(open_table(config.table_path("derived"))).to_pylist()}
+    assert rows == {1: (Decimal("12.50"), Decimal("1.25")), 2: (Decimal("3.00"), Decimal("0.50"))}
+    verify = ingest_cli("verify", "-c", str(path), "--source-db", s.mariadb_url())
+    assert verify.returncode == 0 and "every table equals its source table" in verify.stdout, \
+        verify.stdout + verify.stderr
+
+
 def test_a_stopped_stack_leaves_the_mariadb_connector_with_nothing_to_skip(stack: Any) -> None:
     """docs/stack.md: the stack's connector takes a DDL's GTID as a transaction's begin and counts each
     later event as one a restart must skip, so ``down`` first has it commit an offset at or past a row
