@@ -228,7 +228,7 @@ def _keys(config: IngestConfig, *, tails: SourceColumns) -> list[Check]:
         return out
     keyed_by = f"{keyed} tables keyed by the message key: their newest changes carry one" if keyed else ""
     unread = f"{empty} not checked, no change yet" if empty else ""
-    return [Check("keys", True, "; ".join(filter(None, (keyed_by, unread))) or "every table names its primary_key")]
+    return [Check("keys", True, "; ".join(filter(None, (keyed_by, unread))) or "no table is keyed by the message key")]
 
 
 def _writable(name: str, where: LakePath) -> Check:
