@@ -263,7 +263,7 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
 
     Exit 3: the source did not answer; 4: a topic ends before the offsets its table applied."""
     # Delta and DuckDB: loaded when the command runs, not when the CLI starts
-    from ingest.ops.status import cut_status, heartbeat_status, table_status
+    from ingest.ops.status import cut_status, describe_heartbeat, heartbeat_status, table_status
     from ingest.source.catalog import catalog_for
 
     cfg = load(config, workdir)
@@ -306,7 +306,7 @@ def status(config: ConfigOpt = DEFAULT_CONFIG, workdir: WorkdirOpt = None,
         console.print(escape(cut.describe()), highlight=False)
     now = time.time()
     for beat in beats:
-        console.print(escape(beat.describe(now)), highlight=False)
+        console.print(escape(describe_heartbeat(beat, now)), highlight=False)
     for problem in sorted(unreachable):
         err.print(f"[red]source unavailable:[/] {escape(problem)}", soft_wrap=True)
     for s in statuses:

@@ -77,6 +77,16 @@ def heartbeat_status(config: IngestConfig, *, source: Catalog | None = None) -> 
     return newest_heartbeats(source or catalog_for(config), topics) if topics else []
 
 
+def describe_heartbeat(beat: Heartbeat, now: float) -> str:
+    """One heartbeat topic as ``ingest status`` says it: how old its newest record is, or why it has none."""
+    if beat.error is not None:
+        return f"heartbeats: {beat.topic} not read: {beat.error}"
+    if beat.written is None:
+        return (f"no heartbeats in {beat.topic}: set the connector's heartbeat.interval.ms so that a connector "
+                "that stopped can be seen (docs/operations.md#a-connector-that-stopped)")
+    return f"heartbeats: {beat.topic}, the newest {max(0.0, now - beat.written):.0f} s ago"
+
+
 def live_row_count(path: Location) -> int:
     """Rows a reader sees (soft-deleted rows excluded)."""
     table = open_table(path)

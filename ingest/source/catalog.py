@@ -104,14 +104,6 @@ class Heartbeat:
     written: float | None
     error: str | None = None  # why the source did not say (a topic the engine may not read)
 
-    def describe(self, now: float) -> str:
-        if self.error is not None:
-            return f"heartbeats: {self.topic} not read: {self.error}"
-        if self.written is None:
-            return (f"no heartbeats in {self.topic}: set the connector's heartbeat.interval.ms so that a connector "
-                    "that stopped can be seen (docs/operations.md#a-connector-that-stopped)")
-        return f"heartbeats: {self.topic}, the newest {max(0.0, now - self.written):.0f} s ago"
-
 
 def newest_heartbeats(catalog: Catalog, topics: Iterable[str]) -> list[Heartbeat]:
     """Each heartbeat topic's newest record, asked on its own: a topic the source does not answer for

@@ -35,7 +35,7 @@ from ingest.commit.state import TableState
 from ingest.config import IngestConfig, KafkaSpec, load_config
 from ingest.errors import EnvironmentProblem, QualityGateError, SourceUnavailableError
 from ingest.metrics import OUTCOMES, RunMetrics
-from ingest.ops.status import heartbeat_status
+from ingest.ops.status import describe_heartbeat, heartbeat_status
 from ingest.records import audit
 from ingest.records.audit import AuditRecord
 from ingest.source.catalog import heartbeat_of
@@ -289,11 +289,11 @@ def test_status_tells_each_connectors_heartbeat_and_one_it_may_not_read() -> Non
                    {"name": "people", "topic": "crm.public.people"}, {"name": "notes", "topic": "notes"}]})
     catalog = _Catalog()
     catalog.beats, catalog.refused = {"__debezium-heartbeat.shop": 100.0}, {"__debezium-heartbeat.crm"}
-    told = [b.describe(now=160.0) for b in heartbeat_status(config, source=catalog)]  # type: ignore[arg-type]
+    told = [describe_heartbeat(b, 160.0) for b in heartbeat_status(config, source=catalog)]  # type: ignore[arg-type]
     assert told == ["heartbeats: __debezium-heartbeat.crm not read: broker localhost:1 did not answer for topic "
                     "'__debezium-heartbeat.crm'", "heartbeats: __debezium-heartbeat.shop, the newest 60 s ago"]
     catalog.refused = set()
-    assert heartbeat_status(config, source=catalog)[0].describe(now=160.0).startswith(  # type: ignore[arg-type]
+    assert describe_heartbeat(heartbeat_status(config, source=catalog)[0], 160.0).startswith(  # type: ignore[arg-type]
         "no heartbeats in __debezium-heartbeat.crm: set the connector's heartbeat.interval.ms")
     of = heartbeat_of(config)  # what a run's metrics watch: the same topics status asks
     assert of is not None and of("shop.public.orders") == "__debezium-heartbeat.shop" and of("notes") is None
