@@ -209,16 +209,17 @@ def _columns(config: IngestConfig, *, newest: ColumnsOf) -> list[Check]:
 
 
 def _keys(config: IngestConfig, *, tails: SourceColumns) -> list[Check]:
-    """A table without ``primary_key`` is keyed by the Kafka message key: a topic whose newest changes
-    have none (Debezium's, for a source table without a primary key) sends every change to quarantine."""
+    """A table without ``primary_key`` is keyed by the Kafka message key: a topic none of whose newest
+    changes has one (Debezium's, for a source table without a primary key) sends every change to
+    quarantine. (A truncate has no key either, so one unkeyed change says nothing.)"""
     out, keyed, empty = [], 0, 0
     for spec in config.tables:
         if spec.primary_key:
             continue
-        changes, unkeyed = tails.unkeyed(spec)
-        if unkeyed:
-            out.append(Check("keys", False, f"{spec.name}: {unkeyed} of the newest {changes} changes in topic "
-                                            f"{spec.topic} have no Kafka key (a source table without a primary key), "
+        changes, with_key = tails.keyed(spec)
+        if changes and not with_key:
+            out.append(Check("keys", False, f"{spec.name}: none of the newest {changes} changes in topic "
+                                            f"{spec.topic} has a Kafka key (a source table without a primary key), "
                                             "and a run holds them in quarantine", _fix("keys")))
         elif changes:
             keyed += 1
@@ -226,7 +227,7 @@ def _keys(config: IngestConfig, *, tails: SourceColumns) -> list[Check]:
             empty += 1
     if out:
         return out
-    keyed_by = f"{keyed} tables keyed by the message key: their newest changes carry one" if keyed else ""
+    keyed_by = f"{keyed} tables keyed by the message key: their newest changes have one" if keyed else ""
     unread = f"{empty} not checked, no change yet" if empty else ""
     return [Check("keys", True, "; ".join(filter(None, (keyed_by, unread))) or "no table is keyed by the message key")]
 

@@ -68,10 +68,10 @@ class SourceColumns:
             raise found
         return found
 
-    def unkeyed(self, spec: TableSpec) -> tuple[int, int]:
+    def keyed(self, spec: TableSpec) -> tuple[int, int]:
         """Among the newest records of the table's topic: how many carry a change (a value), and
-        how many of those have no Kafka key (a source table without a primary key); ``(0, 0)``
-        while the topic does not exist or holds nothing."""
+        how many of those have a Kafka key (none, for a source table without a primary key; a
+        truncate has none either); ``(0, 0)`` while the topic does not exist or holds nothing."""
         log = self._source_log()
         if not log.exists(spec.topic):
             return 0, 0
@@ -79,7 +79,7 @@ class SourceColumns:
         if records is None:
             return 0, 0
         changes = records.filter(pc.is_valid(records["value"]))
-        return changes.num_rows, changes.num_rows - pc.count(changes["key"]).as_py()
+        return changes.num_rows, pc.count(changes["key"]).as_py()
 
     def _source_log(self) -> KafkaLog | TopicLog:
         if self._log is None:

@@ -117,15 +117,22 @@ def test_check_on_the_embedded_default_says_what_is_missing_line_by_line(tmp_pat
 
 
 def test_check_names_a_topic_whose_changes_have_no_key_until_the_table_names_its_key(tmp_path: Path) -> None:
-    path = _embedded(tmp_path)
-    change = {"op": "c", "after": {"id": 1}, "source": {"lsn": 1}}
-    record = {"key": None, "value": base64.b64encode(json.dumps(change).encode()).decode()}
-    subprocess.run([sys.executable, "-m", "ingest.cli", "produce", "t", "-c", str(path)], input=json.dumps(record),
-                   text=True, check=True, capture_output=True, cwd=tmp_path)
+    path = tmp_path / "ingest.yaml"
+    path.write_text(yaml.safe_dump({"tables": [{"name": "t", "topic": "t"}, {"name": "k", "topic": "k"}]}))
+
+    def produce(topic: str, key: dict[str, Any] | None, value: dict[str, Any]) -> None:
+        encoded = {"key": None if key is None else base64.b64encode(json.dumps(key).encode()).decode(),
+                   "value": base64.b64encode(json.dumps(value).encode()).decode()}
+        subprocess.run([sys.executable, "-m", "ingest.cli", "produce", topic, "-c", str(path)],
+                       input=json.dumps(encoded), text=True, check=True, capture_output=True, cwd=tmp_path)
+
+    produce("t", None, {"op": "c", "after": {"id": 1}, "source": {"lsn": 1}})
+    produce("k", {"id": 1}, {"op": "c", "after": {"id": 1}, "source": {"lsn": 1}})
+    produce("k", None, {"op": "t", "source": {"lsn": 2}})  # a truncate has no key: k is keyed all the same
     unkeyed = _ingest("check", "-c", str(path), cwd=tmp_path)
-    line = next(line for line in unkeyed.stdout.splitlines() if line.startswith("FAIL keys"))
+    [line] = [line for line in unkeyed.stdout.splitlines() if line.startswith("FAIL keys")]
     assert unkeyed.returncode != Exit.OK
-    assert "t: 1 of the newest 1 changes in topic t have no Kafka key" in line
+    assert "t: none of the newest 1 changes in topic t has a Kafka key" in line
     assert "tables[].primary_key" in line and "#a-table-without-a-primary-key" in line
     path.write_text(yaml.safe_dump({"tables": [{"name": "t", "topic": "t", "primary_key": "id"}]}))
     keyed = _ingest("check", "-c", str(path), cwd=tmp_path)
