@@ -294,9 +294,8 @@ class PartsBuilder:
         if event.moved_from is not None and event.before is not None:
             # A configured key moved: the delete of the old key first, at the update's position, as
             # Debezium sends a move of the key it knows (docs/architecture.md#primary-key-moves).
-            before = event.before
-            self._add(entry[1], event, row, "d", {**before, **event.moved_from},
-                      frozenset(k for k, v in before.items() if v is UNAVAILABLE))
+            before = event.before  # it holds the old key: moved_from was read from it
+            self._add(entry[1], event, row, "d", before, frozenset(k for k, v in before.items() if v is UNAVAILABLE))
         image = event.after if event.after is not None else event.before
         if image is not None and event.key:
             image = {**image, **event.key}

@@ -5,8 +5,8 @@ A source table without a primary key has no Kafka key: the table names its key i
 update, its before image (PostgreSQL's ``REPLICA IDENTITY FULL``, MySQL's full row image) holding the
 old key. The decode step turns it into what Debezium sends for a key it knows -- a delete of the old
 key and the new key's row at the update's position -- so the old key's row goes, in every delete
-and history mode, however the stream is cut into batches. (With ``REPLICA IDENTITY FULL`` Debezium
-fills an unchanged TOASTed value of the after image from the old row itself: the stack's
+and history mode, however the stream is cut into batches. (With ``REPLICA IDENTITY FULL`` an
+unchanged TOASTed value arrives whole in the after image, as part of the identity: the stack's
 ``tests/stack/test_keyless.py`` moves such a row.)
 """
 

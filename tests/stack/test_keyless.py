@@ -74,8 +74,8 @@ def test_a_table_without_a_primary_key_is_named_held_then_applied_by_its_configu
     assert "the message has no Kafka key" in held.stdout and "uniq" not in held.stdout
 
     # The fix: name the key, replay what was held; then the key of two rows moves, one with its
-    # TOASTed value unchanged (Debezium fills it from the old row, which REPLICA IDENTITY FULL sends),
-    # and one row moves onto a key deleted before.
+    # TOASTed value unchanged (stored out of line, it arrives whole all the same: REPLICA IDENTITY
+    # FULL makes it part of the identity), and one row moves onto a key deleted before.
     data = yaml.safe_load(config.read_text())
     for table in data["tables"]:
         if table["name"] in ("logs", "full"):
