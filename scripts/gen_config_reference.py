@@ -34,6 +34,7 @@ from ingest.config import (  # noqa: E402 -- after the path above
     RENAMED_KEYS,
     ColumnSelection,
     DagsterSpec,
+    DebeziumModes,
     DiscoverySpec,
     IngestConfig,
     KafkaSpec,
@@ -82,6 +83,12 @@ registry:
     Section("source.transactions", TransactionsSpec, """\
 topic: shop.transaction
 tables: [orders, order_items, customers]
+"""),
+    Section("source.debezium", DebeziumModes, """\
+decimal.handling.mode: string     # as the connector's own configuration sets them
+time.precision.mode: connect
+binary.handling.mode: hex
+interval.handling.mode: string
 """),
     Section("source.kafka", KafkaSpec, """\
 bootstrap_servers: broker-1:9092,broker-2:9092
@@ -228,6 +235,8 @@ def _names(name: str, field: FieldInfo) -> str:
     others = []
     if isinstance(field.validation_alias, AliasChoices):
         others = [c for c in field.validation_alias.choices if isinstance(c, str) and c != name]
+    if field.alias:  # the name users write (a Debezium property's), and the field's own
+        name, others = field.alias, [name]
     return f"`{name}`" + "".join(f" (also `{o}`)" for o in others)
 
 

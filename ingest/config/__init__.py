@@ -19,15 +19,15 @@ from pydantic import Field, ValidationError, model_validator
 
 from ingest import secrets, yaml_file
 from ingest.config.base import Duration, Model, PlacementName, QualityPolicy, WriterName
-from ingest.config.source import KafkaSpec, RegistrySpec, SourceSpec, TlsSpec, TransactionsSpec
+from ingest.config.source import DebeziumModes, KafkaSpec, RegistrySpec, SourceSpec, TlsSpec, TransactionsSpec
 from ingest.config.tables import ColumnSelection, DiscoverySpec, TableSpec
 from ingest.config.target import StorageSpec, TargetSpec
 from ingest.errors import ConfigError
 from ingest.lake.location import LakePath, is_uri
 
 __all__ = [
-    "ColumnSelection", "DagsterSpec", "DiscoverySpec", "Duration", "IngestConfig", "KafkaSpec", "PlacementName",
-    "QualityPolicy",
+    "ColumnSelection", "DagsterSpec", "DebeziumModes", "DiscoverySpec", "Duration", "IngestConfig", "KafkaSpec",
+    "PlacementName", "QualityPolicy",
     "QualitySpec", "RegistrySpec", "SourceSpec", "SparkSpec", "StorageSpec", "TableSpec", "TargetSpec", "TlsSpec",
     "TransactionsSpec", "WriterName",
     "load_config",

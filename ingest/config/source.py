@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ingest.config.base import SECRET_OPTION, URL_USERINFO, Model
 from ingest.config.tables import topic_prefix
@@ -239,6 +239,35 @@ class TransactionsSpec(Model):
         return value
 
 
+class DebeziumModes(Model):
+    """How the Debezium connector sends values, as its configuration sets it (``decimal.handling.mode`` ...).
+
+    The engine writes what the connector sends, in every mode: a decimal sent as text is a ``string``
+    column, one sent as a float a ``double``. ``ingest verify --source-db`` reads the source table as the
+    connector sends it, so it has to know the connector's modes where they are not Debezium's defaults
+    (docs/types.md#other-handling-modes).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    decimal_handling_mode: Literal["precise", "double", "string"] = Field(
+        "precise", alias="decimal.handling.mode", description="numeric, decimal and money columns: precise "
+        "(decimals), double or string")
+    time_precision_mode: Literal["adaptive", "adaptive_time_microseconds", "connect"] = Field(
+        "adaptive", alias="time.precision.mode", description="adaptive and adaptive_time_microseconds (the "
+        "PostgreSQL and MySQL connectors' defaults) both keep microseconds; connect keeps milliseconds")
+    binary_handling_mode: Literal["bytes", "base64", "base64-url-safe", "hex"] = Field(
+        "bytes", alias="binary.handling.mode", description="binary columns (bytea, blob, binary ...): bytes, "
+        "or text in base64, base64-url-safe or hex")
+    interval_handling_mode: Literal["numeric", "string"] = Field(
+        "numeric", alias="interval.handling.mode", description="PostgreSQL interval columns: numeric "
+        "(microseconds) or string (ISO 8601, P1Y2M3DT4H5M6.78S)")
+
+
+#: Debezium's own handling modes (each connector keeps microseconds by default).
+DEBEZIUM_DEFAULTS: Final = DebeziumModes()
+
+
 class SourceSpec(Model):
     """Where change events come from."""
 
@@ -279,6 +308,9 @@ class SourceSpec(Model):
         "time up to 10 minutes, at the next micro-batch; it first catches up from the offsets its Delta log "
         "records. A table stopped by any other error stays stopped until the run is restarted"
     )
+    debezium: DebeziumModes = Field(
+        default_factory=DebeziumModes, description="the connector's handling modes, where they are not "
+        "Debezium's defaults: what verify --source-db reads the source as")
     transactions: TransactionsSpec | None = Field(
         None, description="publish cuts: points at which every table of the group holds exactly the same "
         "source transactions, for readers that ask for consistency across tables (query --consistent)")

@@ -42,6 +42,8 @@ class TableVerification:
         examples: up to :data:`MAX_EXAMPLES` readable findings, mismatches first.
         explained: keys that differ but are explained elsewhere (e.g. quarantined); not counted.
         held: findings, counted, on keys whose changes are held back (``held`` of :func:`verify_table`).
+        other_types: the columns whose table type is of another kind than the truth's (a string
+            where a decimal is expected), with both types: their values cannot be equal.
     """
 
     table: str
@@ -54,6 +56,7 @@ class TableVerification:
     examples: list[str] = field(default_factory=list)
     explained: int = 0
     held: int = 0
+    other_types: dict[str, tuple[pa.DataType, pa.DataType]] = field(default_factory=dict)
 
 
 def verify_table(
@@ -151,7 +154,21 @@ def verify_table(
         examples=(problems + notes)[:MAX_EXAMPLES],
         explained=explained_hits,
         held=held_hits,
+        other_types=_other_types(expected.schema, actual) if actual is not None else {},
     )
+
+
+def _other_types(expected: pa.Schema, actual: pa.Table) -> dict[str, tuple[pa.DataType, pa.DataType]]:
+    """Columns of both whose types are of different kinds (timestamps of any unit or zone are one
+    kind), where the table holds values: a column first seen holding only nulls is a string."""
+    kinds = {}
+    for f in expected:
+        if f.name not in actual.column_names or actual[f.name].null_count == actual.num_rows:
+            continue
+        held = actual.schema.field(f.name).type
+        if not _compatible(f.type, held) and not (pa.types.is_timestamp(f.type) and pa.types.is_timestamp(held)):
+            kinds[f.name] = (f.type, held)
+    return kinds
 
 
 def keys_of(keys: Iterable[Mapping[str, Any]], key_columns: tuple[str, ...], reference: pa.Table

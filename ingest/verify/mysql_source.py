@@ -53,11 +53,22 @@ import pyarrow as pa
 import pymysql
 
 from ingest import secrets
+from ingest.config.source import DEBEZIUM_DEFAULTS, DebeziumModes
 from ingest.decode.columns import EPOCH
 from ingest.decode.values import MAX_PRECISION
 from ingest.errors import ConfigError
 from ingest.verify.captured import CaptureResult
-from ingest.verify.source_values import SourceColumn, decimal_convert, geometry_json, parse_json
+from ingest.verify.source_values import (
+    NotRepresentable,
+    SourceColumn,
+    binary_text,
+    decimal_convert,
+    decimal_text,
+    geometry_json,
+    parse_json,
+    same_nan,
+    to_millis,
+)
 
 __all__ = ["Error", "OperationalError", "column_plan", "connect", "describe", "insert_signal", "read_columns",
            "wait_for_capture"]
@@ -121,16 +132,17 @@ def connect(dsn: str) -> Iterator[pymysql.connections.Connection]:
 
 
 def read_columns(conn: pymysql.connections.Connection, schema: str, table: str,
-                 key_override: tuple[str, ...] | None
+                 key_override: tuple[str, ...] | None, modes: DebeziumModes = DEBEZIUM_DEFAULTS
                  ) -> tuple[list[SourceColumn], tuple[str, ...], Iterator[tuple[Any, ...]]]:
-    """The column plans of ``schema.table`` (database and table), its key, and its rows.
+    """The column plans of ``schema.table`` (database and table) as a connector of ``modes`` sends
+    them, its key, and its rows.
 
     Raises:
         ConfigError: the table does not exist.
     """
     with conn.cursor() as cur:
         cur.execute(_COLUMNS_QUERY, (schema, table))
-        plans = [column_plan(*row) for row in cur.fetchall()]
+        plans = [column_plan(*row, modes=modes) for row in cur.fetchall()]
         if not plans:
             raise ConfigError(f"source table {schema}.{table} does not exist")
         cur.execute(_KEY_QUERY, (schema, table))
@@ -154,7 +166,8 @@ def insert_signal(conn: pymysql.connections.Connection, table: str, row: tuple[s
 
 
 def column_plan(name: str, data_type: str, column_type: str, precision: int | None, scale: int | None,
-                nullable: bool = True, default: str | None = None) -> SourceColumn:
+                nullable: bool = True, default: str | None = None, *,
+                modes: DebeziumModes = DEBEZIUM_DEFAULTS) -> SourceColumn:
     """The :class:`SourceColumn` of a column, from its ``information_schema.COLUMNS`` entry.
 
     Args:
@@ -165,6 +178,7 @@ def column_plan(name: str, data_type: str, column_type: str, precision: int | No
         scale: ``NUMERIC_SCALE`` (decimal).
         nullable: ``IS_NULLABLE``; with ``default`` (``COLUMN_DEFAULT``), what Debezium sends for a
             zero date (``0000-00-00``, or a zero month or day) depends on it.
+        modes: the connector's handling modes (docs/types-mysql.md#other-handling-modes).
     """
     data_type, column_type = data_type.lower(), column_type.lower()
     unsigned = "unsigned" in column_type
@@ -175,6 +189,10 @@ def column_plan(name: str, data_type: str, column_type: str, precision: int | No
 
     if data_type in ("tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year"):
         return plan(_integer(data_type, unsigned))
+    if data_type == "decimal" and modes.decimal_handling_mode == "string":
+        return plan(pa.string(), convert=decimal_text)
+    if data_type == "decimal" and modes.decimal_handling_mode == "double":
+        return plan(pa.float64(), convert=float, normalize=same_nan)
     if data_type == "decimal" and precision is not None and scale is not None:
         if scale > MAX_PRECISION:
             return plan(None, note=f"{column_type}: scale above 38 has no Delta type")
@@ -192,16 +210,23 @@ def column_plan(name: str, data_type: str, column_type: str, precision: int | No
         return plan(pa.string())
     if data_type == "json":
         return plan(pa.string(), normalize=parse_json)
+    if data_type in _BINARIES and modes.binary_handling_mode != "bytes":
+        return plan(pa.string(), convert=binary_text(modes.binary_handling_mode))
     if data_type in _BINARIES:
         return plan(pa.binary(), convert=bytes)
     # A zero date (which the client returns as text) is read as what Debezium sends for it.
     if data_type == "date":
         zero_date = _zero_date(nullable, default, date.fromisoformat, EPOCH.date())
         return plan(pa.date32(), convert=lambda d: d if isinstance(d, date) else zero_date)
+    connect = modes.time_precision_mode == "connect"  # Kafka Connect's types: milliseconds
     if data_type == "time":
+        if connect:
+            return plan(pa.int64(), convert=_time_of_day_millis)
         return plan(pa.int64(), convert=lambda t: t // timedelta(microseconds=1))
     if data_type == "datetime":
         zero_datetime = _zero_date(nullable, default, datetime.fromisoformat, EPOCH)
+        if connect:  # a Connect Timestamp: an instant
+            return plan(pa.timestamp("us", tz="UTC"), convert=lambda d: _instant_millis(d, zero_datetime))
         return plan(pa.timestamp("us"), convert=lambda d: d if isinstance(d, datetime) else zero_datetime)
     if data_type == "timestamp":
         return plan(pa.timestamp("us", tz="UTC"),
@@ -222,6 +247,22 @@ def _point_json(stored: bytes) -> str:
     wkb = bytes(stored[4:])
     x, y = struct.unpack("<dd" if wkb[0] == 1 else ">dd", wkb[5:21])
     return geometry_json(wkb, int.from_bytes(stored[:4], "little") or None, (x, y))
+
+
+def _time_of_day_millis(value: timedelta) -> int:
+    """A ``time`` as a Connect ``Time`` (``time.precision.mode=connect``): microseconds of the day, to
+    the millisecond; a Connect ``Time`` is a time of day, and Debezium sends any other as null."""
+    if not timedelta(0) <= value < timedelta(days=1):
+        raise NotRepresentable(f"{value} is no time of day, and with time.precision.mode=connect Debezium sends "
+                               "it as null")
+    return int(to_millis(value // timedelta(microseconds=1)))
+
+
+def _instant_millis(value: Any, zero_datetime: datetime | None) -> datetime | None:
+    """A ``datetime`` as a Connect ``Timestamp`` (``time.precision.mode=connect``): the instant of
+    its UTC reading, to the millisecond; a zero date as :func:`_zero_date` says."""
+    local = value if isinstance(value, datetime) else zero_datetime
+    return None if local is None else to_millis(local).replace(tzinfo=UTC)
 
 
 def _zero_date(nullable: bool, default: str | None, parse: Callable[[str], Any], epoch: Any) -> Any:

@@ -56,6 +56,7 @@ import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, Final
 
 import psycopg
@@ -66,15 +67,20 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 
 from ingest import secrets
+from ingest.config.source import DEBEZIUM_DEFAULTS, DebeziumModes
 from ingest.decode.values import EARLIEST, LATEST, MAX_PRECISION, VARIABLE_SCALE, to_json
 from ingest.errors import ConfigError
 from ingest.verify.capture import wait_for_capture
 from ingest.verify.source_values import (
     NotRepresentable,
     SourceColumn,
+    binary_text,
     decimal_convert,
+    decimal_text,
     geometry_json,
     parse_json,
+    same_nan,
+    to_millis,
     zoned_time,
 )
 
@@ -157,9 +163,11 @@ def insert_signal(conn: psycopg.Connection, table: str, row: tuple[str, str, str
         sql.Identifier(schema), sql.Identifier(name)), row)
 
 
-def read_columns(conn: psycopg.Connection, schema: str, table: str, key_override: tuple[str, ...] | None
+def read_columns(conn: psycopg.Connection, schema: str, table: str, key_override: tuple[str, ...] | None,
+                 modes: DebeziumModes = DEBEZIUM_DEFAULTS
                  ) -> tuple[list[SourceColumn], tuple[str, ...], Iterator[tuple[object, ...]]]:
-    """The column plans of ``schema.table``, its key, and its rows (the compared columns, in plan order).
+    """The column plans of ``schema.table`` as a connector of ``modes`` sends them, its key, and its
+    rows (the compared columns, in plan order).
 
     Raises:
         ConfigError: the table does not exist.
@@ -169,8 +177,9 @@ def read_columns(conn: psycopg.Connection, schema: str, table: str, key_override
     if relid is None or relid[0] is None:
         raise ConfigError(f"source table {schema}.{table} does not exist")
     unpublished = conn.info.server_version < _PUBLISHES_GENERATED
-    plans = [_unpublished(column_plan(*row)) if generated and unpublished else column_plan(*row)
-             for *row, generated in conn.execute(_COLUMNS_QUERY, (relid[0],)).fetchall()]
+    plans = [_unpublished(plan) if generated and unpublished else plan
+             for *row, generated in conn.execute(_COLUMNS_QUERY, (relid[0],)).fetchall()
+             for plan in [column_plan(*row, modes=modes)]]
     key = key_override or tuple(r[0] for r in conn.execute(_KEY_QUERY, (relid[0],)).fetchall())
     compared = [p for p in plans if p.arrow is not None]
     query = sql.SQL("SELECT {} FROM {}.{}").format(
@@ -191,7 +200,8 @@ def _unpublished(plan: SourceColumn) -> SourceColumn:
 
 
 def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int,
-                element: str | None, element_kind: str | None = None) -> SourceColumn:
+                element: str | None, element_kind: str | None = None, *,
+                modes: DebeziumModes = DEBEZIUM_DEFAULTS) -> SourceColumn:
     """The :class:`SourceColumn` of a column, from its ``pg_type`` catalog entry.
 
     Args:
@@ -202,6 +212,7 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
         typmod: ``pg_attribute.atttypmod`` (-1: none).
         element: the element type's ``typname`` for an array, else ``None``.
         element_kind: the element type's ``typtype`` for an array.
+        modes: the connector's handling modes (docs/types.md#other-handling-modes).
 
     A domain's column is planned as the type the domain is defined over (the caller names that type).
     """
@@ -215,6 +226,11 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
         return SourceColumn(name, pg_type, _FLOATS[typname], ident)
     if typname == "bool":
         return SourceColumn(name, pg_type, pa.bool_(), ident)
+    if typname in ("numeric", "money") and modes.decimal_handling_mode != "precise":
+        value = sql.SQL("{}::numeric").format(ident)
+        if modes.decimal_handling_mode == "string":
+            return SourceColumn(name, pg_type, pa.string(), value, convert=decimal_text)
+        return SourceColumn(name, pg_type, pa.float64(), value, convert=float, normalize=same_nan)
     if typname == "numeric":
         return _numeric(name, pg_type, typmod, ident)
     if typname in _STRINGS:
@@ -236,14 +252,19 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
         return SourceColumn(name, pg_type, pa.bool_(), sql.SQL("{} = B'1'").format(ident))
     if typname in ("bit", "varbit"):
         return SourceColumn(name, pg_type, pa.binary(), as_text, convert=_bit_set_bytes)
+    if typname == "bytea" and modes.binary_handling_mode != "bytes":
+        return SourceColumn(name, pg_type, pa.string(), ident, convert=binary_text(modes.binary_handling_mode))
     if typname == "bytea":
         return SourceColumn(name, pg_type, pa.binary(), ident, convert=bytes)
     if typname == "date":
         return SourceColumn(name, pg_type, pa.date32(), _finite(ident, *_BOUNDS[typname]), convert=_within_delta)
+    connect = modes.time_precision_mode == "connect"  # Kafka Connect's types: milliseconds
     if typname == "time":  # selected as microseconds: Python's time has no 24:00:00
-        return SourceColumn(name, pg_type, pa.int64(), _day_micros(ident))
+        return SourceColumn(name, pg_type, pa.int64(), _day_micros(ident), convert=to_millis if connect else None)
     if typname == "timetz":
         return SourceColumn(name, pg_type, pa.string(), _day_micros(ident), convert=zoned_time)
+    if typname == "interval" and modes.interval_handling_mode == "string":
+        return SourceColumn(name, pg_type, pa.string(), _interval_fields(ident), convert=_iso_interval)
     if typname == "interval":
         return SourceColumn(name, pg_type, pa.int64(), _interval_fields(ident), convert=_micro_duration)
     if typname == "tstzrange":  # its text follows the zone of Debezium's session: compared as instants
@@ -251,6 +272,9 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
     if typname == "point":
         coordinates = sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE ARRAY[{0}[0], {0}[1]] END").format(ident)
         return SourceColumn(name, pg_type, pa.string(), coordinates, convert=_point_json, normalize=parse_json)
+    if typname == "timestamp" and connect:  # a Connect Timestamp: an instant, in milliseconds
+        return SourceColumn(name, pg_type, pa.timestamp("us", tz="UTC"), _finite(ident, *_BOUNDS[typname]),
+                            convert=lambda d: to_millis(_within_delta(d)).replace(tzinfo=UTC))
     if typname == "timestamp":
         return SourceColumn(name, pg_type, pa.timestamp("us"), _finite(ident, *_BOUNDS[typname]),
                             convert=_within_delta)
@@ -264,6 +288,13 @@ def column_plan(name: str, pg_type: str, typname: str, typtype: str, typmod: int
     if element == "timetz":
         return SourceColumn(name, pg_type, pa.string(), _array_json(ident, each=_day_micros), convert=_zoned_times,
                             normalize=parse_json)
+    if element == "numeric" and modes.decimal_handling_mode != "precise":  # each element as a column's
+        text = modes.decimal_handling_mode == "string"
+        return SourceColumn(name, pg_type, pa.string(), _array_json(ident, each=lambda x: sql.SQL(
+            "{}::text" if text else "{}::float8").format(x)), normalize=parse_json)
+    if element == "timestamp" and connect:  # each element a Connect Timestamp: an instant, in milliseconds
+        return SourceColumn(name, pg_type, pa.string(), _array_json(ident, each=lambda x: sql.SQL(
+            "date_trunc('milliseconds', {}) AT TIME ZONE 'UTC'").format(x)), normalize=parse_json)
     if element is not None and (element in _JSON_ARRAY_ELEMENTS or element_kind == "e"):
         return SourceColumn(name, pg_type, pa.string(), _array_json(ident, _BOUNDS.get(element)),
                             normalize=parse_json)
@@ -299,6 +330,15 @@ def _micro_duration(fields: list[int]) -> int:
     in_days = months * _DAYS_PER_MONTH + days
     micros_f = ((((in_days * 24 + hours) * 60) + minutes) * 60 + seconds) * 1e6
     return min(max(int(micros_f), _LONG[0]), _LONG[1])  # Java's (long) saturates beyond 292,000 years
+
+
+def _iso_interval(fields: list[int]) -> str:
+    """An interval's fields as ``interval.handling.mode=string`` sends them: ISO 8601 with every part
+    (``P1Y2M3DT4H5M6.5S``), each with its own sign, and the seconds without trailing zeros."""
+    months, days, hours, minutes, micros = fields
+    years = abs(months) // 12 * (1 if months >= 0 else -1)  # as pgjdbc's PGInterval splits them
+    seconds = format((Decimal(micros) / 1_000_000).normalize(), "f")
+    return f"P{years}Y{months - years * 12}M{days}DT{hours}H{minutes}M{seconds}S"
 
 
 def _point_json(xy: list[float]) -> str:

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from ingest import secrets
 from ingest.commit.state import load_state
 from ingest.config import IngestConfig, TableSpec
+from ingest.config.source import DEBEZIUM_DEFAULTS, DebeziumModes
 from ingest.errors import ConfigError, EnvironmentProblem, SourceUnavailableError, first_line, shortened
 from ingest.lake.delta import open_table, read_all
 from ingest.lake.layout import TablePaths
@@ -47,7 +48,8 @@ class SourceDatabase(Protocol):
 
     def connect(self, dsn: str) -> AbstractContextManager[Any]: ...
 
-    def read_columns(self, conn: Any, schema: str, table: str, key_override: tuple[str, ...] | None
+    def read_columns(self, conn: Any, schema: str, table: str, key_override: tuple[str, ...] | None,
+                     modes: DebeziumModes = ...
                      ) -> tuple[list[SourceColumn], tuple[str, ...], Iterator[tuple[Any, ...]]]: ...
 
     def wait_for_capture(self, dsn: str, *, timeout: float = 120.0, say: Say | None = None,
@@ -134,13 +136,14 @@ def reached(source: SourceDatabase, where: str) -> Iterator[None]:
 
 
 def read_source(source: SourceDatabase, conn: Any, schema: str, table: str,
-                key_override: tuple[str, ...] | None = None) -> SourceRows:
-    """Read ``schema.table`` with each compared column converted to the engine's value and type.
+                key_override: tuple[str, ...] | None = None, modes: DebeziumModes | None = None) -> SourceRows:
+    """Read ``schema.table`` with each compared column converted to the engine's value and type, as
+    a connector of ``modes`` (default: Debezium's defaults) sends it.
 
     Raises:
         ConfigError: the table does not exist or has neither a primary key nor an override.
     """
-    plans, key, rows = source.read_columns(conn, schema, table, key_override)
+    plans, key, rows = source.read_columns(conn, schema, table, key_override, modes or DEBEZIUM_DEFAULTS)
     if not key:
         raise ConfigError(f"source table {schema}.{table} has no primary key; set primary_key in the configuration")
     compared = [p for p in plans if p.arrow is not None]
@@ -193,7 +196,7 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: Any, source: Source
     # commits record (Debezium's message key, which need not be a primary key of the source table).
     key = spec.primary_key or load_state(path).key_columns
     try:
-        rows = read_source(source, conn, schema, table, key)
+        rows = read_source(source, conn, schema, table, key, config.source.debezium)
     except (ConfigError, source.Error) as exc:
         check.error = first_line(exc)
         return check
@@ -203,6 +206,8 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: Any, source: Source
     check.notes = list(rows.notes)
     held = held_in_quarantine(TablePaths.of(config, spec.name).quarantine, spec.name, rows)
     check.verification = verify_table(spec.name, path, rows.rows, rows.key, held=held, normalizers=rows.normalizers)
+    if check.verification.other_types:
+        check.notes.append(_modes_hint(check.verification.other_types, config.source.debezium))
     if check.verification.held:
         check.notes.append(f"{check.verification.held} of the differences are rows whose changes are held in "
                            f"quarantine: `ingest quarantine list -t {spec.name}` shows them, and after a fix "
@@ -211,6 +216,16 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: Any, source: Source
     if unknown_note:
         check.notes.append(unknown_note)
     return check
+
+
+def _modes_hint(other: dict[str, tuple[pa.DataType, pa.DataType]], modes: DebeziumModes) -> str:
+    """What to set when columns hold another kind of value than verify reads the source as: most
+    likely the connector's handling modes, which ``source.debezium`` names."""
+    columns = ", ".join(f"{name!r} {lake} (verify reads {source})" for name, (source, lake) in other.items())
+    named = ", ".join(f"{k}={v}" for k, v in modes.model_dump(by_alias=True).items())
+    return (f"columns of another kind than verify reads from the source: {columns}; if the connector's "
+            f"decimal.handling.mode, binary.handling.mode, interval.handling.mode or time.precision.mode differs "
+            f"from what source.debezium names ({named}), name its values there (docs/types.md#other-handling-modes)")
 
 
 def _repeated_keys(source: SourceRows) -> str | None:

@@ -59,6 +59,36 @@ def decimal_convert(precision: int, scale: int) -> Convert:
     return convert
 
 
+#: What Debezium sends, as text, for a decimal that is not a number (``decimal.handling.mode=string``).
+_DECIMAL_NAMES: Final = {"NaN": "NAN", "Infinity": "POSITIVE_INFINITY", "-Infinity": "NEGATIVE_INFINITY"}
+
+
+def decimal_text(value: Decimal) -> str:
+    """A decimal as ``decimal.handling.mode=string`` sends it: plain notation with its scale kept
+    (``1E-20`` is ``0.00000000000000000001``), and ``NaN`` and ``±Infinity`` by Debezium's names."""
+    return _DECIMAL_NAMES[str(value)] if not value.is_finite() else format(value, "f")
+
+
+def same_nan(value: Any) -> Any:
+    """A float with NaN made equal to NaN, for comparing (``decimal.handling.mode=double`` sends NaN)."""
+    return "NaN" if isinstance(value, float) and value != value else value
+
+
+def binary_text(mode: str) -> Convert:
+    """Bytes as ``binary.handling.mode`` ``mode`` (``hex``, ``base64``, ``base64-url-safe``) sends them."""
+    if mode == "hex":
+        return lambda b: bytes(b).hex()
+    encode = base64.urlsafe_b64encode if mode == "base64-url-safe" else base64.b64encode
+    return lambda b: encode(bytes(b)).decode()
+
+
+def to_millis(value: Any) -> Any:
+    """Microseconds, or a timestamp, down to the millisecond before them (``time.precision.mode=connect``)."""
+    if isinstance(value, int):
+        return value - value % 1000
+    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
+
+
 class NotRepresentable(ValueError):
     """A source value the engine's column type cannot hold; the message says what becomes of it."""
 

@@ -8,9 +8,11 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pyarrow as pa
+import pytest
 
+from ingest.config import DebeziumModes
 from ingest.verify.mysql_source import column_plan, describe
-from ingest.verify.source_values import parse_json
+from ingest.verify.source_values import NotRepresentable, parse_json
 
 
 def test_integer_widths_follow_debeziums_mapping() -> None:
@@ -59,3 +61,25 @@ def test_a_spatial_value_is_debeziums_struct_of_its_stored_bytes() -> None:
 
 def test_describe_hides_the_password() -> None:
     assert describe("mysql://cdc:s3cret@127.0.0.1:3307/shop") == "127.0.0.1:3307/shop"
+
+
+def test_other_handling_modes_read_the_source_as_the_connector_sends_it() -> None:
+    """docs/types-mysql.md#other-handling-modes, as seen on the stack (tests/stack/test_connector_modes.py)."""
+    text = DebeziumModes.model_validate({"decimal.handling.mode": "string", "time.precision.mode": "connect",
+                                         "binary.handling.mode": "base64-url-safe"})
+    number = column_plan("n", "decimal", "decimal(12,2)", 12, 2, modes=text)
+    assert number.arrow == pa.string() and number.convert is not None and number.convert(Decimal("-0.01")) == "-0.01"
+    blob = column_plan("b", "varbinary", "varbinary(10)", None, None, modes=text)
+    assert blob.arrow == pa.string() and blob.convert is not None and blob.convert(b"\xfb\xff") == "-_8="
+    clock = column_plan("t", "time", "time(6)", None, None, modes=text)
+    assert clock.convert is not None and clock.convert(timedelta(seconds=1, microseconds=999)) == 1_000_000
+    for outside in (timedelta(hours=25), -timedelta(microseconds=500)):  # no time of day: Debezium sends null
+        with pytest.raises(NotRepresentable, match="no time of day"):
+            clock.convert(outside)
+    moment = column_plan("d", "datetime", "datetime(6)", None, None, False, None, modes=text)
+    assert moment.arrow == pa.timestamp("us", tz="UTC") and moment.convert is not None
+    assert moment.convert(datetime(2024, 1, 2, 3, 4, 5, 678901)) == datetime(2024, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    assert moment.convert("0000-00-00 00:00:00") == datetime(1970, 1, 1, tzinfo=UTC)  # a zero date: the epoch
+    double = column_plan("n", "decimal", "decimal(12,2)", 12, 2,
+                         modes=DebeziumModes.model_validate({"decimal.handling.mode": "double"}))
+    assert double.arrow == pa.float64() and double.convert is not None and double.convert(Decimal("1.10")) == 1.1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import psycopg
@@ -11,6 +12,7 @@ import pytest
 from psycopg.adapt import AdaptersMap
 from psycopg.pq import Format
 
+from ingest.config import DebeziumModes
 from ingest.verify import pg_source
 from ingest.verify.pg_source import column_plan
 from ingest.verify.source_values import NotRepresentable, parse_json, zoned_time
@@ -143,3 +145,34 @@ def test_a_date_or_timestamp_beyond_python_is_named_not_a_failed_read(typname: s
     else:
         with pytest.raises(NotRepresentable, match="beyond the years 1 to 9999"):
             convert(value)
+
+
+def test_other_handling_modes_read_the_source_as_the_connector_sends_it() -> None:
+    """docs/types.md#other-handling-modes: the values seen on the stack (tests/stack/test_connector_modes.py)."""
+    text = DebeziumModes.model_validate({"decimal.handling.mode": "string", "time.precision.mode": "connect",
+                                         "binary.handling.mode": "hex", "interval.handling.mode": "string"})
+    number = column_plan("n", "numeric", "numeric", "numeric", -1, None, modes=text)
+    assert number.arrow == pa.string() and number.convert is not None
+    assert [number.convert(Decimal(v)) for v in ("12.50", "1E-20", "NaN", "Infinity", "-Infinity")] == [
+        "12.50", "0.00000000000000000001", "NAN", "POSITIVE_INFINITY", "NEGATIVE_INFINITY"]
+    interval = column_plan("i", "interval", "interval", "b", -1, None, modes=text)
+    assert interval.arrow == pa.string() and interval.convert is not None
+    assert [interval.convert(f) for f in ([0, 1, 2, 3, 4_500_000], [-25, 0, 0, 0, -1_500_000], [0, 0, 0, 5, 0],
+                                          [0, 0, 0, 0, 4_100_000])] == [
+        "P0Y0M1DT2H3M4.5S", "P-2Y-1M0DT0H0M-1.5S", "P0Y0M0DT0H5M0S", "P0Y0M0DT0H0M4.1S"]
+    clock = column_plan("t", "time", "time", "b", -1, None, modes=text)
+    assert clock.convert is not None and clock.convert(47_655_123_456) == 47_655_123_000
+    stamp = column_plan("s", "timestamp", "timestamp", "b", -1, None, modes=text)
+    assert stamp.arrow == pa.timestamp("us", tz="UTC") and stamp.convert is not None
+    assert stamp.convert(datetime(1969, 12, 31, 23, 59, 59, 999999)) == datetime(1969, 12, 31, 23, 59, 59, 999000,
+                                                                                tzinfo=UTC)
+    binary = column_plan("b", "bytea", "bytea", "b", -1, None, modes=text)
+    assert binary.arrow == pa.string() and binary.convert is not None and binary.convert(b"\x00\xff\x10") == "00ff10"
+
+    double = DebeziumModes.model_validate({"decimal.handling.mode": "double", "binary.handling.mode": "base64"})
+    money = column_plan("m", "money", "money", "b", -1, None, modes=double)
+    assert money.arrow == pa.float64() and money.convert is not None and money.convert(Decimal("9.99")) == 9.99
+    assert money.normalize is not None and money.normalize(float("nan")) == money.normalize(float("nan"))
+    binary = column_plan("b", "bytea", "bytea", "b", -1, None, modes=double)
+    assert binary.convert is not None and binary.convert(b"\x00\xff\x10") == "AP8Q"
+    assert column_plan("t", "time", "time", "b", -1, None, modes=double).convert is None  # microseconds, as adaptive

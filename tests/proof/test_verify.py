@@ -185,6 +185,16 @@ def test_string_where_an_int_is_expected_is_different(tmp_path: Path) -> None:
     assert (result.different, result.ok) == (1, False)
 
 
+def test_columns_of_another_kind_are_named_unless_they_hold_only_nulls(tmp_path: Path) -> None:
+    """A string where a decimal is read (a connector's decimal.handling.mode=string) is named with
+    both types; a column the table first saw holding only nulls is a string, and is not."""
+    actual = _actual(balance=pa.array(["1.50", "-2.00", None]), name=pa.array([None, None, None], pa.string()))
+    expected = EXPECTED.set_column(1, "name", pa.array([None, None, None], pa.int64()))
+    result = verify_table("t", _write(tmp_path / "t", actual), expected, KEY)
+    assert result.other_types == {"balance": (pa.decimal128(12, 2), pa.string())}
+    assert verify_table("t", tmp_path / "t", EXPECTED.select(["id", "seen", "made"]), KEY).other_types == {}
+
+
 def test_table_without_the_key_column_matches_nothing(tmp_path: Path) -> None:
     result = verify_table("t", _write(tmp_path / "t", EXPECTED.drop_columns(["id"])), EXPECTED, KEY)
     assert (result.missing, result.unexpected, result.ok) == (3, 3, False)
