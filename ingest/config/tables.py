@@ -17,7 +17,7 @@ class ColumnSelection(Model):
     """Which source columns a table keeps: ``include`` (only these) or ``exclude`` (all but these).
 
     Primary-key columns are always kept. A column left out never reaches the table: its values,
-    its type and any change of its type are ignored.
+    its type and any change of its type are ignored, and ``verify --source-db`` does not compare it.
     """
 
     include: tuple[str, ...] | None = Field(None, description="keep only these columns (and the key)")

@@ -30,6 +30,10 @@ point, geometry, linestring ...          string (JSON of the struct)     compare
                                                                          (a point: and x, y)
 =======================================  ==============================  ==============================
 
+A connector of other handling modes (``source.debezium``) sends ``decimal``, the binary types,
+``time`` and ``datetime`` otherwise, and :func:`column_plan` reads them as it sends them
+(docs/types-mysql.md#other-handling-modes).
+
 A zero date (``0000-00-00``, or a zero month or day) is read as Debezium sends it: null in a nullable
 ``date`` or ``datetime`` column, else the column's default date, else 1970-01-01; a zero
 ``timestamp`` is the epoch in any column.

@@ -37,7 +37,10 @@ timetz[]                            string (JSON of UTC texts)      compared par
 point                               string (JSON of the struct)     compared parsed
 ==================================  ==============================  ==================================
 
-A domain's column is compared as the type it is defined over.
+A domain's column is compared as the type it is defined over. A connector of other handling modes
+(``source.debezium``) sends ``numeric``, ``money``, ``bytea``, ``interval``, ``time`` and
+``timestamp`` otherwise, and :func:`column_plan` reads them as it sends them
+(docs/types.md#other-handling-modes).
 
 ``infinity`` and ``-infinity`` dates and timestamps are read as the values the engine writes for
 them (:data:`ingest.decode.values.LATEST` and :data:`~ingest.decode.values.EARLIEST`).

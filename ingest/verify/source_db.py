@@ -203,6 +203,7 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: Any, source: Source
     if repeated := _repeated_keys(rows):
         check.error = repeated
         return check
+    rows = _selected(rows, spec)
     check.notes = list(rows.notes)
     held = held_in_quarantine(TablePaths.of(config, spec.name).quarantine, spec.name, rows)
     check.verification = verify_table(spec.name, path, rows.rows, rows.key, held=held, normalizers=rows.normalizers)
@@ -216,6 +217,22 @@ def check_table(config: IngestConfig, spec: TableSpec, conn: Any, source: Source
     if unknown_note:
         check.notes.append(unknown_note)
     return check
+
+
+def _selected(source: SourceRows, spec: TableSpec) -> SourceRows:
+    """The source rows without the columns the table leaves out (``tables[].columns``), which never
+    reach the lake; a note names them instead of what was said of them."""
+    if spec.columns is None:
+        return source
+    left_out = [c.name for c in source.columns if not spec.columns.keeps(c.name, source.key)]
+    if not left_out:
+        return source
+    said = tuple(f"column {name!r}" for name in left_out)
+    notes = [n for n in source.notes if not n.startswith(said)]
+    notes.append(f"column(s) {', '.join(map(repr, left_out))}: left out by tables[].columns "
+                 f"{spec.columns.selects}, so not in the lake; not compared")
+    return SourceRows(source.rows.drop_columns([c for c in left_out if c in source.rows.column_names]), source.key,
+                      [c for c in source.columns if c.name not in left_out], notes)
 
 
 def _modes_hint(other: dict[str, tuple[pa.DataType, pa.DataType]], modes: DebeziumModes) -> str:
