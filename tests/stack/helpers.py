@@ -7,7 +7,8 @@ import json
 import re
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,62 @@ def fresh_schema(stack: Any, dsn: str, schema: str, topics: list[str], *statemen
     # connector streams, and a wait for every slot passes over an inactive one.
     slots = [c["slot.name"] for c in map(stack.connector_template, stack.settings.connectors) if "slot.name" in c]
     assert wait_for_capture(dsn, timeout=120, on_stall=stack.unstick_capture, slots=slots).ok
+
+
+@contextmanager
+def own_connector(stack: Any, template: str, name: str, settings: dict[str, str]) -> Iterator[str]:
+    """A connector of its own for one test, yielding its topic prefix ``name``: the stack's connector
+    ``template`` (``pgjson``, ``pgavro``, ``mariaavro``) with a slot, server id and schema history of its
+    own and ``settings`` over it, running. At the end it is deleted with its replication slot and its
+    topics. ``name`` should be new in each run: Connect keeps a connector's offsets after it is deleted.
+    """
+    from ingest.verify.capture import delete_topics
+
+    base = stack.connector_template(template)
+    config = {**base, "topic.prefix": name, "signal.enabled.channels": "source"}
+    if "slot.name" in base:
+        config["slot.name"] = f"{name}_slot"
+    if "database.server.id" in base:
+        config["database.server.id"] = str(5500 + sum(map(ord, name)) % 400)
+        config["schema.history.internal.file.filename"] = base["schema.history.internal.file.filename"].replace(
+            template, name)
+    connect = stack._connect()
+    connect.register(name, {**config, **settings})
+    try:
+        stack.wait_connectors([name])
+        yield name
+    finally:
+        requests.delete(f"{connect.url}/connectors/{name}", timeout=30)
+        if "slot.name" in base:
+            import psycopg
+
+            with psycopg.connect(stack.pg_dsn(), autocommit=True) as conn:
+                wait_until("the deleted connector's slot to go inactive", lambda: not conn.execute(
+                    "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (config["slot.name"],)
+                ).fetchone())
+                conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                             "WHERE slot_name = %s", (config["slot.name"],))
+        delete_topics(stack.bootstrap_servers(), [t for t in _topics(stack) if t == name or t.startswith(
+            f"{name}.") or t == f"__debezium-heartbeat.{name}"])
+
+
+def _topics(stack: Any) -> list[str]:
+    from confluent_kafka.admin import AdminClient
+
+    return list(AdminClient({"bootstrap.servers": stack.bootstrap_servers()}).list_topics(timeout=10).topics)
+
+
+def run_and_verify(config: Path, dsn: str) -> str:
+    """``ingest run``, then ``ingest verify --source-db dsn``, which must find every table equal: its
+    report, its lines joined (a table's note wraps)."""
+    from tests.harness import ingest_cli
+
+    run = ingest_cli("run", "-c", str(config))
+    assert run.returncode == 0, run.stdout + run.stderr
+    verify = ingest_cli("verify", "-c", str(config), "--source-db", dsn)
+    assert verify.returncode == 0 and "every table equals its source table" in verify.stdout, \
+        verify.stdout + verify.stderr
+    return " ".join(verify.stdout.split())
 
 
 def config_file(config: IngestConfig, path: Path) -> Path:

@@ -17,11 +17,9 @@ from typing import Any
 
 import psycopg
 import pytest
-import requests
 import yaml
 
 from ingest.config import TableSpec
-from ingest.verify.capture import delete_topics
 from tests.harness import ingest_cli
 from tests.stack.helpers import (
     PREFIX,
@@ -29,6 +27,8 @@ from tests.stack.helpers import (
     config_file,
     fresh_schema,
     mariadb_config,
+    own_connector,
+    run_and_verify,
     stack_config,
     wait_until,
     write_config,
@@ -69,55 +69,44 @@ CASES = {
 def test_verify_reads_the_source_as_a_connector_of_other_modes_sends_it(
         stack: Any, pg_dsn: str, tmp_path: Path, case: str) -> None:
     fmt, modes, lake_row = CASES[case]
-    name = f"modes{case}{uuid.uuid4().hex[:6]}"  # Connect keeps a connector's offsets after it is deleted
-    topic = f"{name}.{SCHEMA}.m"
     fresh_schema(stack, pg_dsn, SCHEMA, [f"{prefix}.{SCHEMA}.m" for prefix in PREFIX.values()],
                  f"CREATE TABLE {SCHEMA}.m (id integer PRIMARY KEY, {COLUMNS})",
                  f"INSERT INTO {SCHEMA}.m VALUES {', '.join(ROWS)}")
-    connect = stack._connect()
-    connect.register(name, {
-        **stack.connector_template(PREFIX[fmt]), **modes, "topic.prefix": name, "slot.name": f"{name}_slot",
-        "table.include.list": f"{SCHEMA}.m", "signal.enabled.channels": "source"})
-    try:
-        stack.wait_connectors([name])
+    name = f"modes{case}{uuid.uuid4().hex[:6]}"
+    with own_connector(stack, PREFIX[fmt], name, {**modes, "table.include.list": f"{SCHEMA}.m"}):
+        topic = f"{name}.{SCHEMA}.m"
         wait_until(f"the snapshot of {SCHEMA}.m in {topic}", lambda: change_count(topic) >= len(ROWS), timeout=120)
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(f"UPDATE {SCHEMA}.m SET c_num = 1.25, c_interval = '5 minutes' WHERE id = 2")
             conn.execute(f"DELETE FROM {SCHEMA}.m WHERE id = 3")
         wait_until(f"two more changes in {topic}", lambda: change_count(topic) >= len(ROWS) + 2)
-
         settings = stack_config(fmt, tmp_path / "work", schema=SCHEMA, tables=["m"])
         spec = settings.tables[0].model_copy(update={"topic": topic})
         config = write_config(settings.model_copy(update={"tables": (spec,)}), tmp_path / "c.yaml")
-        run = ingest_cli("run", "-c", str(config))
-        assert run.returncode == 0 and "quarantined" in run.stdout, run.stdout + run.stderr
-        query = ingest_cli("query", "-c", str(config), "--format", "json",
-                           f"SELECT {', '.join(lake_row)} FROM m WHERE id = 1")
-        assert query.returncode == 0, query.stdout + query.stderr
-        assert json.loads(query.stdout) == lake_row
+        _lake_holds_what_was_sent_and_verify_needs_the_modes(config, pg_dsn, lake_row, modes)
 
-        # Verify reading the source as Debezium's defaults: rows differ, and it says what to set.
-        verify = ingest_cli("verify", "-c", str(config), "--source-db", pg_dsn)
-        assert verify.returncode != 0 and "DIFFERENT" in verify.stdout, verify.stdout + verify.stderr
-        flat = " ".join(verify.stdout.split())
-        assert "columns of another kind than verify reads from the source: 'c_num'" in flat, verify.stdout
-        assert "name its values there" in flat, verify.stdout
 
-        data = yaml.safe_load(config.read_text())
-        data["source"]["debezium"] = modes
-        config.write_text(yaml.safe_dump(data, sort_keys=False))
-        verify = ingest_cli("verify", "-c", str(config), "--source-db", pg_dsn)
-        assert verify.returncode == 0, verify.stdout + verify.stderr
-        lines = [line for line in verify.stdout.splitlines() if line.count("│") > 3 and "modes.m" in line]
-        assert len(lines) == 1 and "equal" in lines[0], verify.stdout
-    finally:
-        requests.delete(f"{connect.url}/connectors/{name}", timeout=30)
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            wait_until("the deleted connector's slot to go inactive", lambda: not conn.execute(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (f"{name}_slot",)).fetchone())
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                         (f"{name}_slot",))
-        delete_topics(stack.bootstrap_servers(), [topic, f"__debezium-heartbeat.{name}"])
+def _lake_holds_what_was_sent_and_verify_needs_the_modes(config: Path, dsn: str, lake_row: dict[str, Any],
+                                                         modes: dict[str, str]) -> str:
+    """Run; row 1 holds ``lake_row``; verify reading Debezium's defaults finds rows different and says
+    what to set; with ``source.debezium`` set to ``modes`` it finds the table equal (its report, joined)."""
+    run = ingest_cli("run", "-c", str(config))
+    assert run.returncode == 0, run.stdout + run.stderr
+    query = ingest_cli("query", "-c", str(config), "--format", "json",
+                       f"SELECT {', '.join(lake_row)} FROM m WHERE id = 1")
+    assert query.returncode == 0, query.stdout + query.stderr
+    assert json.loads(query.stdout) == lake_row
+
+    verify = ingest_cli("verify", "-c", str(config), "--source-db", dsn, "--wait", "5")
+    assert verify.returncode != 0 and "DIFFERENT" in verify.stdout, verify.stdout + verify.stderr
+    flat = " ".join(verify.stdout.split())
+    assert "columns of another kind than verify reads from the source: 'c_num'" in flat, verify.stdout
+    assert "name its values there" in flat, verify.stdout
+
+    data = yaml.safe_load(config.read_text())
+    data["source"]["debezium"] = modes
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    return run_and_verify(config, dsn)
 
 
 MARIADB_ROWS = [
@@ -142,48 +131,25 @@ def test_verify_reads_a_mariadb_table_as_a_connector_of_other_modes_sends_it(
     s = stack.settings
     suffix = uuid.uuid4().hex[:6]
     name, table = f"mariamodes{suffix}", f"modes_{suffix}"
-    topic = f"{name}.{s.mariadb_db}.{table}"
     conn = stack.component("mariadb").connect(s.mariadb_db)
     with conn.cursor() as cur:
         cur.execute(f"CREATE TABLE {table} (id INT PRIMARY KEY, c_num DECIMAL(12,2), c_time TIME(6), "
                     "c_dt DATETIME(6), c_bin VARBINARY(10), c_dbl DOUBLE)")
         cur.execute(f"INSERT INTO {table} VALUES {', '.join(MARIADB_ROWS)}")
     conn.commit()
-    connect = stack._connect()
-    template = stack.connector_template("mariaavro")
-    connect.register(name, {
-        **template, **modes, "topic.prefix": name, "database.server.id": str(5500 + int(suffix, 16) % 400),
-        "schema.history.internal.file.filename": template["schema.history.internal.file.filename"].replace(
-            "mariaavro", name),
-        "table.include.list": f"{s.mariadb_db}.{table}"})
     try:
-        stack.wait_connectors([name])
-        wait_until(f"the snapshot of {table} in {topic}", lambda: change_count(topic) >= len(MARIADB_ROWS),
-                   timeout=120)
-        settings = mariadb_config(tmp_path / "work", s.mariadb_db)
-        config = config_file(settings.model_copy(update={"tables": (TableSpec(name="m", topic=topic),)}),
-                             tmp_path / "c.yaml")
-        run = ingest_cli("run", "-c", str(config))
-        assert run.returncode == 0, run.stdout + run.stderr
-        query = ingest_cli("query", "-c", str(config), "--format", "json",
-                           f"SELECT {', '.join(lake_row)} FROM m WHERE id = 1")
-        assert query.returncode == 0, query.stdout + query.stderr
-        assert json.loads(query.stdout) == lake_row
-
-        verify = ingest_cli("verify", "-c", str(config), "--source-db", s.mariadb_url(), "--wait", "5")
-        assert verify.returncode != 0, verify.stdout + verify.stderr
-        assert "columns of another kind than verify reads from the source: 'c_num'" in " ".join(verify.stdout.split())
-        data = yaml.safe_load(config.read_text())
-        data["source"]["debezium"] = modes
-        config.write_text(yaml.safe_dump(data, sort_keys=False))
-        verify = ingest_cli("verify", "-c", str(config), "--source-db", s.mariadb_url())
-        assert verify.returncode == 0 and "every table equals its source table" in verify.stdout, \
-            verify.stdout + verify.stderr
-        outside = "-1 day, 22:57:56.999500 is no time of day, and with time.precision.mode=connect Debezium sends"
-        assert (outside in " ".join(verify.stdout.split())) == (modes.get("time.precision.mode") == "connect")
+        with own_connector(stack, "mariaavro", name, {**modes, "table.include.list": f"{s.mariadb_db}.{table}"}):
+            topic = f"{name}.{s.mariadb_db}.{table}"
+            wait_until(f"the snapshot of {table} in {topic}", lambda: change_count(topic) >= len(MARIADB_ROWS),
+                       timeout=120)
+            settings = mariadb_config(tmp_path / "work", s.mariadb_db)
+            config = config_file(settings.model_copy(update={"tables": (TableSpec(name="m", topic=topic),)}),
+                                 tmp_path / "c.yaml")
+            report = _lake_holds_what_was_sent_and_verify_needs_the_modes(config, s.mariadb_url(), lake_row, modes)
+            outside = ("-1 day, 22:57:56.999500 is no time of day, and with time.precision.mode=connect Debezium "
+                       "sends it as null")
+            assert (outside in report) == (modes.get("time.precision.mode") == "connect"), report
     finally:
-        requests.delete(f"{connect.url}/connectors/{name}", timeout=30)
         with conn.cursor() as cur:
             cur.execute(f"DROP TABLE IF EXISTS {table}")
         conn.close()
-        delete_topics(stack.bootstrap_servers(), [topic, name, f"__debezium-heartbeat.{name}"])

@@ -6,7 +6,8 @@ a table before a run, and a run holds its changes in quarantine with that reason
 names its key in ``tables[].primary_key``, the replay applies them. With ``REPLICA IDENTITY FULL``,
 an update of those columns moves the row, and the old key's row goes. ``verify --source-db``
 compares each table by the key the lake is keyed by, and refuses a configured key that the source
-holds twice. A MariaDB table without a primary key takes the same way.
+holds twice. A MariaDB table without a primary key takes the same way. Debezium's own
+``message.key.columns`` keys such a table without ``primary_key``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from tests.stack.helpers import (
     change_count,
     config_file,
     fresh_schema,
+    json_events,
     mariadb_config,
+    own_connector,
+    run_and_verify,
     stack_config,
     wait_until,
     write_config,
@@ -114,6 +118,41 @@ def _json(line: str) -> dict[str, Any]:
     import json
 
     return dict(json.loads(line))
+
+
+def test_message_key_columns_key_a_table_without_a_primary_key(stack: Any, pg_dsn: str, tmp_path: Path) -> None:
+    """Debezium's ``message.key.columns`` keys the table instead of ``primary_key``: an update of those
+    columns arrives as a delete of the old key, its tombstone and a create of the new one."""
+    s = SCHEMA + "_mk"
+    name = f"keyless{uuid.uuid4().hex[:6]}"
+    fresh_schema(stack, pg_dsn, s, [f"{prefix}.{s}.t" for prefix in PREFIX.values()],
+                 f"CREATE TABLE {s}.t (id integer, v integer, big text)",
+                 f"ALTER TABLE {s}.t REPLICA IDENTITY FULL",
+                 f"INSERT INTO {s}.t SELECT g, 0, {BIG} FROM generate_series(1, 3) g")
+    with own_connector(stack, PREFIX["json"], name, {"table.include.list": f"{s}.t",
+                                                     "message.key.columns": f"{s}.t:id"}):
+        topic = f"{name}.{s}.t"
+        wait_until(f"the snapshot in {topic}", lambda: change_count(topic) >= 3, timeout=120)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {s}.t SET id = 10 WHERE id = 1")
+            conn.execute(f"UPDATE {s}.t SET id = 11, v = 1 WHERE id = 2")
+            conn.execute(f"DELETE FROM {s}.t WHERE id = 3")
+            conn.execute(f"UPDATE {s}.t SET id = 3 WHERE id = 10")
+        wait_until(f"the changes in {topic}", lambda: change_count(topic) >= 10)
+        ops = [(e["payload"]["op"], (e["payload"]["before"] or e["payload"]["after"])["id"])
+               for e in json_events(topic)[3:]]
+        assert ops == [("d", 1), ("c", 10), ("d", 2), ("c", 11), ("d", 3), ("d", 10), ("c", 3)]
+
+        settings = stack_config("json", tmp_path / "work", schema=s, tables=["t"])
+        spec = settings.tables[0].model_copy(update={"topic": topic})  # no primary_key
+        config = write_config(settings.model_copy(update={"tables": (spec,)}), tmp_path / "c.yaml")
+        run_and_verify(config, pg_dsn)
+        query = ingest_cli("query", "-c", str(config), "--format", "json",
+                           "SELECT id, v, md5(big) AS big, _cdc_unknown_columns AS unknown FROM t ORDER BY id")
+        assert query.returncode == 0, query.stdout + query.stderr
+        with psycopg.connect(pg_dsn) as conn:
+            source = conn.execute(f"SELECT id, v, md5(big), NULL FROM {s}.t ORDER BY id").fetchall()
+        assert [tuple(_json(line).values()) for line in query.stdout.splitlines()] == [tuple(r) for r in source]
 
 
 def test_a_mariadb_table_without_a_primary_key_moves_its_rows_by_the_configured_key(
