@@ -7,6 +7,7 @@ import json
 import re
 import struct
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,7 +98,8 @@ def own_connector(stack: Any, template: str, name: str, settings: dict[str, str]
     if "slot.name" in base:
         config["slot.name"] = f"{name}_slot"
     if "database.server.id" in base:
-        config["database.server.id"] = str(5500 + sum(map(ord, name)) % 400)
+        # MariaDB drops a replica's connection when another one takes its server id: one of its own
+        config["database.server.id"] = str(10_000 + zlib.crc32(name.encode()) % 1_000_000)
         config["schema.history.internal.file.filename"] = base["schema.history.internal.file.filename"].replace(
             template, name)
     connect = stack._connect()
