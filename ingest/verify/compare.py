@@ -159,14 +159,18 @@ def verify_table(
 
 
 def _other_types(expected: pa.Schema, actual: pa.Table) -> dict[str, tuple[pa.DataType, pa.DataType]]:
-    """Columns of both whose types are of different kinds (timestamps of any unit or zone are one
-    kind), where the table holds values: a column first seen holding only nulls is a string."""
+    """Columns of both whose types are of different kinds, where the table holds values (a column
+    first seen holding only nulls is a string). Timestamps of any unit are one kind, but a zoned one
+    is not a naive one: their values compare as instants all the same."""
     kinds = {}
     for f in expected:
         if f.name not in actual.column_names or actual[f.name].null_count == actual.num_rows:
             continue
         held = actual.schema.field(f.name).type
-        if not _compatible(f.type, held) and not (pa.types.is_timestamp(f.type) and pa.types.is_timestamp(held)):
+        if pa.types.is_timestamp(f.type) and pa.types.is_timestamp(held):
+            if (f.type.tz is None) != (held.tz is None):
+                kinds[f.name] = (f.type, held)
+        elif not _compatible(f.type, held):
             kinds[f.name] = (f.type, held)
     return kinds
 

@@ -195,6 +195,14 @@ def test_columns_of_another_kind_are_named_unless_they_hold_only_nulls(tmp_path:
     assert verify_table("t", tmp_path / "t", EXPECTED.select(["id", "seen", "made"]), KEY).other_types == {}
 
 
+def test_a_zoned_timestamp_where_a_naive_one_is_read_is_named_and_still_compared(tmp_path: Path) -> None:
+    """A connector of time.precision.mode=connect sends a local timestamp as Connect's Timestamp,
+    an instant: named, though its values compare as instants (naive ones read as UTC)."""
+    made = pa.array([dt.datetime(2024, 1, 1, 8, 30, tzinfo=UTC)] * 3, pa.timestamp("ms", tz="UTC"))
+    result = verify_table("t", _write(tmp_path / "t", _actual(made=made)), EXPECTED, KEY)
+    assert result.ok and result.other_types == {"made": (pa.timestamp("us"), pa.timestamp("us", tz="UTC"))}
+
+
 def test_table_without_the_key_column_matches_nothing(tmp_path: Path) -> None:
     result = verify_table("t", _write(tmp_path / "t", EXPECTED.drop_columns(["id"])), EXPECTED, KEY)
     assert (result.missing, result.unexpected, result.ok) == (3, 3, False)

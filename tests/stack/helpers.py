@@ -118,14 +118,21 @@ def own_connector(stack: Any, template: str, name: str, settings: dict[str, str]
                 ).fetchone())
                 conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                              "WHERE slot_name = %s", (config["slot.name"],))
-        delete_topics(stack.bootstrap_servers(), [t for t in _topics(stack) if t == name or t.startswith(
-            f"{name}.") or t == f"__debezium-heartbeat.{name}"])
+        # A stopping task can still send a heartbeat or a change, which creates its topic again.
+        wait_until(f"connector {name} to be gone", lambda: requests.get(
+            f"{connect.url}/connectors/{name}", timeout=30).status_code == 404)
+        for _ in range(10):
+            if not delete_topics(stack.bootstrap_servers(), _topics(stack, name)):
+                break
+            time.sleep(2)
 
 
-def _topics(stack: Any) -> list[str]:
+def _topics(stack: Any, prefix: str) -> list[str]:
+    """The topics a connector of topic prefix ``prefix`` writes."""
     from confluent_kafka.admin import AdminClient
 
-    return list(AdminClient({"bootstrap.servers": stack.bootstrap_servers()}).list_topics(timeout=10).topics)
+    listed = AdminClient({"bootstrap.servers": stack.bootstrap_servers()}).list_topics(timeout=10).topics
+    return [t for t in listed if t == prefix or t.startswith(f"{prefix}.") or t == f"__debezium-heartbeat.{prefix}"]
 
 
 def run_and_verify(config: Path, dsn: str) -> str:

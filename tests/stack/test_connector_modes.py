@@ -83,13 +83,15 @@ def test_verify_reads_the_source_as_a_connector_of_other_modes_sends_it(
         settings = stack_config(fmt, tmp_path / "work", schema=SCHEMA, tables=["m"])
         spec = settings.tables[0].model_copy(update={"topic": topic})
         config = write_config(settings.model_copy(update={"tables": (spec,)}), tmp_path / "c.yaml")
-        _lake_holds_what_was_sent_and_verify_needs_the_modes(config, pg_dsn, lake_row, modes)
+        _lake_holds_what_was_sent_and_verify_needs_the_modes(config, pg_dsn, lake_row, modes, "c_ts")
 
 
 def _lake_holds_what_was_sent_and_verify_needs_the_modes(config: Path, dsn: str, lake_row: dict[str, Any],
-                                                         modes: dict[str, str]) -> str:
+                                                         modes: dict[str, str], local_time: str) -> str:
     """Run; row 1 holds ``lake_row``; verify reading Debezium's defaults finds rows different and says
-    what to set; with ``source.debezium`` set to ``modes`` it finds the table equal (its report, joined)."""
+    what to set, naming the ``local_time`` column (a timestamp without zone) when the connector sends
+    it as Connect's zoned Timestamp; with ``source.debezium`` set to ``modes`` it finds the table
+    equal (its report, joined)."""
     run = ingest_cli("run", "-c", str(config))
     assert run.returncode == 0, run.stdout + run.stderr
     query = ingest_cli("query", "-c", str(config), "--format", "json",
@@ -102,6 +104,8 @@ def _lake_holds_what_was_sent_and_verify_needs_the_modes(config: Path, dsn: str,
     flat = " ".join(verify.stdout.split())
     assert "columns of another kind than verify reads from the source: 'c_num'" in flat, verify.stdout
     assert "name its values there" in flat, verify.stdout
+    zoned = f"'{local_time}' timestamp[us, tz=UTC] (verify reads timestamp[us])"
+    assert (zoned in flat) == (modes.get("time.precision.mode") == "connect"), verify.stdout
 
     data = yaml.safe_load(config.read_text())
     data["source"]["debezium"] = modes
@@ -145,7 +149,8 @@ def test_verify_reads_a_mariadb_table_as_a_connector_of_other_modes_sends_it(
             settings = mariadb_config(tmp_path / "work", s.mariadb_db)
             config = config_file(settings.model_copy(update={"tables": (TableSpec(name="m", topic=topic),)}),
                                  tmp_path / "c.yaml")
-            report = _lake_holds_what_was_sent_and_verify_needs_the_modes(config, s.mariadb_url(), lake_row, modes)
+            report = _lake_holds_what_was_sent_and_verify_needs_the_modes(config, s.mariadb_url(), lake_row, modes,
+                                                                          "c_dt")
             outside = ("-1 day, 22:57:56.999500 is no time of day, and with time.precision.mode=connect Debezium "
                        "sends it as null")
             assert (outside in report) == (modes.get("time.precision.mode") == "connect"), report
